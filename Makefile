@@ -1,0 +1,33 @@
+# The two set-up commands: `make demo` and `make test`. Both create .venv on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test lint demo bench docs clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy src
+
+test: lint
+	$(VENV)/bin/pytest -q
+
+demo: $(STAMP)
+	$(VENV)/bin/unicron plan examples/cluster-128.yaml examples/tasks-gpt3.yaml
+	$(VENV)/bin/unicron plan examples/cluster-128.yaml examples/tasks-gpt3.yaml --event node-lost:3
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+docs: $(STAMP)
+	$(PY) bench/throughput_docs.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,1 @@
+"""The ``unicron`` command: thin wrappers that parse arguments and print results."""

@@ -1,0 +1,1 @@
+"""Vocabulary shared by every layer: specs, hardware catalogue, errors, events. No I/O."""

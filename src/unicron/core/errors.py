@@ -1,0 +1,42 @@
+"""Errors that users see. Each one names where the problem is and how to fix it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class UnicronError(Exception):
+    """Base class for errors shown to users as a message, never as a traceback."""
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """One problem in a spec: the field path (``tasks[2].weight``), what is wrong, the fix."""
+
+    path: str
+    message: str
+    fix: str
+
+    def render(self) -> str:
+        where = self.path or "(top level)"
+        return f"{where}: {self.message}; fix: {self.fix}"
+
+
+@dataclass
+class SpecError(UnicronError):
+    """An invalid spec (a cluster or task file, an API payload, a trace)."""
+
+    source: str
+    problems: list[SpecProblem] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        lines = [f"{self.source}: invalid spec ({len(self.problems)} problem(s))"]
+        lines += [f"  {p.render()}" for p in self.problems]
+        return "\n".join(lines)
+
+
+class UsageError(UnicronError):
+    """A malformed request on the command line or the API (an unknown event, a bad flag)."""

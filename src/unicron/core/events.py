@@ -1,0 +1,48 @@
+"""Cluster events the planner answers: a node lost or back, a task arriving or finishing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from unicron.core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    node: int
+
+    def __str__(self) -> str:
+        return f"node-lost:{self.node}"
+
+
+@dataclass(frozen=True)
+class NodeBack:
+    """One node (re)joins. Which one does not change the plan, only where workers go."""
+
+    def __str__(self) -> str:
+        return "node-back"
+
+
+@dataclass(frozen=True)
+class TaskDone:
+    task: str
+
+    def __str__(self) -> str:
+        return f"task-done:{self.task}"
+
+
+PlanEvent = NodeLost | NodeBack | TaskDone
+
+EVENT_FORMS = "node-lost:N, node-back, task-done:NAME"
+
+
+def parse_event(text: str) -> PlanEvent:
+    """Parse the command-line form of an event; a bad one is a UsageError naming the forms."""
+    kind, _, arg = text.strip().partition(":")
+    if kind == "node-lost" and arg.strip().isdigit():
+        return NodeLost(int(arg))
+    if kind == "node-back" and not arg:
+        return NodeBack()
+    if kind == "task-done" and arg.strip():
+        return TaskDone(arg.strip())
+    raise UsageError(f"unknown event {text!r}: use one of {EVENT_FORMS}")

@@ -1,0 +1,87 @@
+"""The error taxonomy: kinds of failure, their severity, and the action that handles each.
+
+Severities and actions follow the Unicron paper (arXiv 2401.00134, section 4; table in
+shared/design/system.md). Actions are ordered cheapest first; escalation moves up that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+
+
+class Severity(IntEnum):
+    SEV1 = 1  # hardware that needs repair: the node must be isolated
+    SEV2 = 2  # a process is broken: replace it
+    SEV3 = 3  # transient: retry in place
+
+
+class Action(IntEnum):
+    """Handling actions, cheapest first (compare with < to escalate)."""
+
+    REATTEMPT = 1
+    RESTART_PROCESS = 2
+    RECONFIGURE = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", " ")
+
+
+class StateSource(StrEnum):
+    """Where a new or restarted worker takes its state from, nearest first."""
+
+    LOCAL = "local"  # its own memory: nothing moves
+    SAME_NODE_REPLICA = "same_node_replica"
+    OTHER_NODE_REPLICA = "other_node_replica"
+    HOST_MEMORY_CHECKPOINT = "host_memory_checkpoint"
+    PERSISTENT_CHECKPOINT = "persistent_checkpoint"
+
+
+class ErrorKind(StrEnum):
+    NODE_LOST = "node_lost"
+    ECC_ERROR = "ecc_error"
+    NVLINK_ERROR = "nvlink_error"
+    GPU_DRIVER_ERROR = "gpu_driver_error"
+    INVALID_DMA_MAPPING = "invalid_dma_mapping"
+    CUDA_ERROR = "cuda_error"
+    ILLEGAL_MEMORY_ACCESS = "illegal_memory_access"
+    TASK_HANG = "task_hang"
+    EXITED_ABNORMALLY = "exited_abnormally"
+    NCCL_TIMEOUT = "nccl_timeout"
+    LINK_FLAPPING = "link_flapping"
+    CONNECTION_REFUSED = "connection_refused"
+    CONNECTION_RESET = "connection_reset"
+    OTHER_NETWORK_ERROR = "other_network_error"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    severity: Severity
+    action: Action
+    needs_repair: bool  # the node stays unusable until repaired
+
+
+_S1 = KindInfo(Severity.SEV1, Action.RECONFIGURE, True)
+_S2 = KindInfo(Severity.SEV2, Action.RESTART_PROCESS, False)
+_S3 = KindInfo(Severity.SEV3, Action.REATTEMPT, False)
+
+TAXONOMY: dict[ErrorKind, KindInfo] = {
+    ErrorKind.NODE_LOST: _S1,
+    ErrorKind.ECC_ERROR: _S1,
+    ErrorKind.NVLINK_ERROR: _S1,
+    ErrorKind.GPU_DRIVER_ERROR: _S1,
+    ErrorKind.INVALID_DMA_MAPPING: _S1,
+    ErrorKind.CUDA_ERROR: _S2,
+    ErrorKind.ILLEGAL_MEMORY_ACCESS: _S2,
+    ErrorKind.TASK_HANG: _S2,
+    ErrorKind.EXITED_ABNORMALLY: _S2,
+    ErrorKind.NCCL_TIMEOUT: _S3,
+    ErrorKind.LINK_FLAPPING: _S3,
+    ErrorKind.CONNECTION_REFUSED: _S3,
+    ErrorKind.CONNECTION_RESET: _S3,
+    ErrorKind.OTHER_NETWORK_ERROR: _S3,
+    # The paper leaves "others" unassigned; we restart the process, the middle of the ladder.
+    ErrorKind.OTHER: _S2,
+}

@@ -1,0 +1,343 @@
+"""The planner: from the cluster's state and an event to the best plan, with reasons.
+
+This is where the cost model meets the solver. For each task it lists the counts it may take
+after the event, scores each (WAF over the expected run time, minus the WAF lost while the task
+transitions), and lets the solver choose one count per task within the capacity.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone
+from unicron.core.gpus import GpuType
+from unicron.core.specs import ClusterSpec, PlannerSettings, TaskSpec
+from unicron.planning.costmodel import option_score, run_duration_s, waf
+from unicron.planning.placement import Assignment, pack, place
+from unicron.planning.solver import TaskOptions, solve
+from unicron.planning.throughput import CurvePoints, FloatArray, ThroughputCurve, curve_for
+from unicron.planning.transition import transition_seconds
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What the planner knows: healthy nodes, who runs where, the tasks and their curves."""
+
+    gpus_per_node: int
+    gpu: GpuType
+    node_mtbf_hours: float
+    settings: PlannerSettings
+    healthy: tuple[int, ...]
+    assignment: Mapping[int, Mapping[str, int]]
+    tasks: tuple[TaskSpec, ...]
+    curves: Mapping[str, ThroughputCurve]
+    down: tuple[int, ...] = ()  # nodes out of service, waiting for repair
+    next_node: int = 0  # id a new node gets when none is down
+
+    def returning_node(self) -> int:
+        """The node a ``node-back`` event brings: the longest-known down one, else a new one."""
+        return self.down[0] if self.down else self.next_node
+
+    @classmethod
+    def from_specs(
+        cls,
+        cluster: ClusterSpec,
+        tasks: list[TaskSpec],
+        measured: Mapping[str, Mapping[int, float]] | None = None,
+    ) -> ClusterState:
+        gpu = cluster.gpu_type()
+        nodes = tuple(range(cluster.nodes))
+        assignment: Assignment
+        if cluster.assignment:
+            assignment = {n: dict(t) for n, t in cluster.assignment.items()}
+        else:
+            wanted = {t.name: t.current_workers for t in tasks if t.current_workers}
+            if sum(wanted.values()) > cluster.total_gpus:
+                raise ValueError(
+                    f"current_workers add up to {sum(wanted.values())} GPUs, "
+                    f"the cluster has {cluster.total_gpus}"
+                )
+            assignment = pack(wanted, nodes, cluster.gpus_per_node)
+        curves = {
+            t.name: curve_for(t, gpu, cluster.gpus_per_node, (measured or {}).get(t.name))
+            for t in tasks
+        }
+        return cls(
+            cluster.gpus_per_node, gpu, cluster.node_mtbf_hours, cluster.planner, nodes,
+            assignment, tuple(tasks), curves, next_node=cluster.nodes,
+        )
+
+    @property
+    def capacity(self) -> int:
+        return len(self.healthy) * self.gpus_per_node
+
+    def workers(self, task: str) -> int:
+        return sum(tasks.get(task, 0) for n, tasks in self.assignment.items() if n in self.healthy)
+
+    def unit(self) -> int:
+        """GPUs per planning unit. ``auto`` is exact: the gcd of node size and every task's step."""
+        mode = self.settings.granularity
+        if mode == "gpu":
+            return 1
+        if mode == "node":
+            return self.gpus_per_node
+        unit = self.gpus_per_node
+        for task in self.tasks:
+            counts = list(task.throughput) if task.throughput is not None else [task.step]
+            for count in counts:
+                unit = math.gcd(unit, count)
+        return unit
+
+
+@dataclass(frozen=True)
+class Decision:
+    task: str
+    weight: float
+    before: int
+    after: int
+    waf_before: float
+    waf_after: float
+    transition_s: float
+    hit: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    event: str
+    decisions: tuple[Decision, ...]
+    objective: float  # plan score, FLOP (weighted)
+    waf: float  # cluster WAF of the plan, FLOP/s
+    capacity_gpus: int
+    run_duration_s: float
+    unit_gpus: int
+    solve_s: float = field(compare=False, default=0.0)
+
+    def allocation(self) -> dict[str, int]:
+        return {d.task: d.after for d in self.decisions}
+
+    def changed(self) -> list[Decision]:
+        return [d for d in self.decisions if d.after != d.before or d.hit]
+
+
+@dataclass(frozen=True)
+class _Situation:
+    """The cluster right after an event, before anything is moved."""
+
+    event: str
+    nodes: tuple[int, ...]
+    tasks: tuple[TaskSpec, ...]
+    current: dict[str, int]
+    survivors: dict[str, int]
+    failed: frozenset[str]
+    finished: tuple[str, ...]
+
+
+def _situation(state: ClusterState, event: PlanEvent | None) -> _Situation:
+    current = {t.name: state.workers(t.name) for t in state.tasks}
+    survivors = dict(current)
+    nodes, failed = state.healthy, frozenset[str]()
+    finished: tuple[str, ...] = ()
+    tasks = state.tasks
+    if isinstance(event, NodeLost):
+        if event.node not in state.healthy:
+            raise KeyError(f"node {event.node} is not in service")
+        nodes = tuple(n for n in state.healthy if n != event.node)
+        lost = state.assignment.get(event.node, {})
+        for name, gpus in lost.items():
+            survivors[name] -= gpus
+        failed = frozenset(lost)
+    elif isinstance(event, NodeBack):
+        nodes = (*state.healthy, state.returning_node())
+    elif isinstance(event, TaskDone):
+        if event.task not in current:
+            raise KeyError(f"task {event.task!r} is not known")
+        tasks = tuple(t for t in state.tasks if t.name != event.task)
+        finished = (event.task,)
+    return _Situation(
+        str(event) if event else "now", nodes, tasks, current, survivors, failed, finished
+    )
+
+
+def _candidates(task: TaskSpec, unit: int, capacity: int) -> np.ndarray:
+    """Counts (GPUs) a task may take: usable, multiples of the unit, within capacity."""
+    top = min(capacity, task.max_workers or capacity)
+    if task.throughput is not None:
+        counts = [c for c in task.throughput if c <= top and c % unit == 0 and task.is_usable(c)]
+        return np.array(sorted(counts), dtype=np.int64)
+    step = math.lcm(unit, task.step)
+    first = max(step, -(-task.minimum // step) * step)
+    return np.arange(first, top + 1, step, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _TaskChoices:
+    task: TaskSpec
+    current: int
+    waf_before: float
+    points: CurvePoints  # candidate counts, current first, then 0, then ascending
+    transition_s: FloatArray
+    options: TaskOptions
+
+
+@dataclass(frozen=True)
+class _Problem:
+    situation: _Situation
+    unit: int
+    capacity: int
+    run_s: float
+    choices: tuple[_TaskChoices, ...]
+
+
+def _problem(state: ClusterState, event: PlanEvent | None) -> _Problem:
+    sit = _situation(state, event)
+    unit = state.unit()
+    capacity = len(sit.nodes) * state.gpus_per_node
+    run_s = run_duration_s(len(sit.nodes), state.node_mtbf_hours)
+    detection = state.settings.transition.node_loss_detection_s
+    choices = []
+    for task in sit.tasks:
+        current = sit.current[task.name]
+        counts = _candidates(task, unit, capacity)
+        points = state.curves[task.name].evaluate(
+            np.concatenate([np.array([0, current], dtype=np.int64), counts])
+        )
+        before = points.take([1])
+        waf_before = float(waf(task.weight, before.rate)[0]) if current else 0.0
+        usable = np.flatnonzero(points.rate[2:] > 0) + 2
+        # Option order matters for ties: the current count first, then 0, then ascending.
+        order = [i for i in usable if points.gpus[i] == current] + [0]
+        order += [i for i in usable if points.gpus[i] != current]
+        chosen = points.take([int(i) for i in order])
+        failed = task.name in sit.failed
+        trans = transition_seconds(
+            state.settings.transition, before=before, after=chosen,
+            survivors=sit.survivors[task.name], failed=failed, detection_s=detection,
+        )
+        changed = (chosen.gpus != current) | failed
+        score = option_score(waf(task.weight, chosen.rate), waf_before, run_s, trans, changed)
+        choices.append(_TaskChoices(
+            task, current, waf_before, chosen, trans,
+            TaskOptions(chosen.gpus // unit, score, changed),
+        ))
+    return _Problem(sit, unit, capacity, run_s, tuple(choices))
+
+
+def plan(state: ClusterState, event: PlanEvent | None = None) -> Plan:
+    """The best plan for the cluster right after ``event`` (or now, with no event)."""
+    started = time.perf_counter()
+    problem = _problem(state, event)
+    sit = problem.situation
+    solution = solve([c.options for c in problem.choices], problem.capacity // problem.unit)
+    decisions = []
+    for c, pick in zip(problem.choices, solution.picks, strict=True):
+        after = int(c.points.gpus[pick])
+        failed = c.task.name in sit.failed
+        changed = after != c.current or failed
+        decisions.append(Decision(
+            c.task.name, c.task.weight, c.current, after, c.waf_before,
+            float(c.task.weight * c.points.rate[pick]),
+            float(c.transition_s[pick]) if changed else 0.0, failed,
+        ))
+    for name in sit.finished:
+        spec = next(t for t in state.tasks if t.name == name)
+        decisions.append(Decision(name, spec.weight, sit.current[name], 0, 0.0, 0.0, 0.0, False))
+    decisions = _explain(decisions, sit, problem.capacity, state)
+    return Plan(
+        sit.event, tuple(decisions), solution.score, sum(d.waf_after for d in decisions),
+        problem.capacity, problem.run_s, problem.unit, time.perf_counter() - started,
+    )
+
+
+def feasible_allocations(state: ClusterState, event: PlanEvent | None = None) -> list[list[int]]:
+    """Per task (in order), every count it may take after ``event``: for checks and baselines."""
+    return [[int(g) for g in c.points.gpus] for c in _problem(state, event).choices]
+
+
+def score_allocation(
+    state: ClusterState, event: PlanEvent | None, allocation: Mapping[str, int]
+) -> float:
+    """The plan score of any allocation, straight from the cost model (no search).
+
+    Raises ValueError for an infeasible allocation (unusable count or over capacity).
+    """
+    problem = _problem(state, event)
+    if sum(allocation.get(c.task.name, 0) for c in problem.choices) > problem.capacity:
+        raise ValueError("allocation exceeds the capacity")
+    total = 0.0
+    for c in problem.choices:
+        count = allocation.get(c.task.name, 0)
+        index = np.flatnonzero(c.points.gpus == count)
+        if len(index) == 0:
+            raise ValueError(f"{count} is not a usable count for {c.task.name}")
+        total += float(c.options.score[index[0]])
+    return total
+
+
+def _explain(
+    decisions: list[Decision], sit: _Situation, capacity: int, state: ClusterState
+) -> list[Decision]:
+    """A short reason for each decision, in the terms a user reasons in."""
+    # Who the freed GPUs serve: tasks that end with more workers than survived the event.
+    gainers = [d.task for d in decisions if d.after > sit.survivors.get(d.task, 0)]
+    used = sum(d.after for d in decisions)
+    specs = {t.name: t for t in state.tasks}
+    out = []
+    for d in decisions:
+        lost = sit.current.get(d.task, 0) - sit.survivors.get(d.task, 0)
+        if d.task in sit.finished:
+            why = f"finished; frees {d.before} GPUs"
+        elif d.hit and d.after == d.before:
+            why = f"lost {lost} GPUs with the node; replaced on healthy GPUs"
+        elif d.hit and d.after > d.before:
+            why = f"lost {lost} GPUs with the node; replaced, and grows to {d.after}"
+        elif d.hit and d.after > 0:
+            why = f"lost {lost} GPUs with the node; goes on with {d.after}"
+        elif d.hit:
+            why = f"lost {lost} GPUs with the node; waits for capacity"
+        elif d.after == d.before == 0:
+            minimum = specs[d.task].minimum
+            if minimum > capacity:
+                why = f"waits: needs at least {minimum} GPUs, the cluster has {capacity}"
+            elif minimum > capacity - used:
+                why = f"waits: needs {minimum} GPUs; they yield more WAF in other tasks"
+            else:
+                why = "waits: no usable count fits (memory or batch size)"
+        elif d.after == d.before:
+            why = "unchanged"
+        elif d.before == 0:
+            why = f"starts on {d.after} GPUs"
+        elif d.after > d.before:
+            gain = (d.waf_after - d.waf_before) / 1e15
+            why = f"grows by {d.after - d.before} GPUs (+{gain:.2f} PFLOP/s weighted)"
+        else:
+            to = ", ".join(g for g in gainers if g != d.task) or "no task (spares)"
+            why = f"shrinks by {d.before - d.after} GPUs, which serve {to} better"
+        if d.before and not d.waf_before and d.task not in sit.finished:
+            why = f"{d.before} GPUs was not a usable count (memory or batch split); {why}"
+        out.append(replace(d, reason=why))
+    return out
+
+
+def advance(state: ClusterState, event: PlanEvent | None, chosen: Plan) -> ClusterState:
+    """The state after ``event`` happened and ``chosen`` was carried out."""
+    sit = _situation(state, event)
+    previous = {n: dict(t) for n, t in state.assignment.items() if n in sit.nodes}
+    assignment = place(chosen.allocation(), sit.nodes, state.gpus_per_node, previous)
+    down, next_node = state.down, state.next_node
+    if isinstance(event, NodeLost):
+        down = (*down, event.node)
+    elif isinstance(event, NodeBack):
+        back = state.returning_node()
+        down = tuple(n for n in down if n != back)
+        next_node = max(next_node, back + 1)
+    curves = {k: v for k, v in state.curves.items() if k not in sit.finished}
+    return replace(
+        state, healthy=sit.nodes, assignment=assignment, tasks=sit.tasks, curves=curves,
+        down=down, next_node=next_node,
+    )

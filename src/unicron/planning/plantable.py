@@ -1,0 +1,78 @@
+"""Plans computed ahead for the likely next events, so an event is answered by a lookup.
+
+The table holds a plan for: each node lost (nodes whose loss hits the same tasks by the same
+amounts share one plan), one node back, and each task finishing. It is built from a state and is
+rebuilt after every event from the state that event leads to (:func:`refresh`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from unicron.core.errors import UsageError
+from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone
+from unicron.planning.planner import ClusterState, Plan, advance, plan
+
+
+@dataclass(frozen=True)
+class PlanTable:
+    state: ClusterState
+    now: Plan  # the best plan with no event (a rebalance of the present)
+    node_lost: Mapping[int, Plan]
+    node_back: Plan
+    task_done: Mapping[str, Plan]
+    build_s: float = field(compare=False, default=0.0)
+    distinct_solves: int = 0
+
+    def lookup(self, event: PlanEvent) -> Plan:
+        """The precomputed plan for ``event``; O(1)."""
+        if isinstance(event, NodeLost):
+            found = self.node_lost.get(event.node)
+            if found is None:
+                healthy = self.state.healthy
+                raise UsageError(
+                    f"node {event.node} is not in service; nodes in service: "
+                    f"{healthy[0]}..{healthy[-1]}" if healthy else "no node is in service"
+                )
+            # Nodes whose loss hits the same tasks share one plan; label it with this node.
+            return replace(found, event=str(event))
+        if isinstance(event, NodeBack):
+            return self.node_back
+        found = self.task_done.get(event.task)
+        if found is None:
+            raise UsageError(
+                f"no task named {event.task!r}; tasks: {', '.join(sorted(self.task_done))}"
+            )
+        return found
+
+
+def _loss_signature(state: ClusterState, node: int) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(state.assignment.get(node, {}).items()))
+
+
+def build(state: ClusterState) -> PlanTable:
+    started = time.perf_counter()
+    solves = 0
+    by_signature: dict[tuple[tuple[str, int], ...], Plan] = {}
+    node_lost: dict[int, Plan] = {}
+    for node in state.healthy:
+        signature = _loss_signature(state, node)
+        if signature not in by_signature:
+            by_signature[signature] = plan(state, NodeLost(node))
+            solves += 1
+        node_lost[node] = by_signature[signature]
+    task_done = {t.name: plan(state, TaskDone(t.name)) for t in state.tasks}
+    now = plan(state)
+    back = plan(state, NodeBack())
+    solves += len(task_done) + 2
+    return PlanTable(
+        state, now, node_lost, back, task_done, time.perf_counter() - started, solves
+    )
+
+
+def refresh(table: PlanTable, event: PlanEvent | None) -> PlanTable:
+    """Carry out the table's answer to ``event`` and precompute the next table."""
+    chosen = table.now if event is None else table.lookup(event)
+    return build(advance(table.state, event, chosen))

@@ -1,0 +1,292 @@
+"""Throughput curves A_t(x): achieved FLOP/s of a task on x GPUs.
+
+Three kinds of curve share one interface, :class:`ThroughputCurve`:
+
+- :class:`TableCurve`: a measured table; the task runs only at its counts.
+- :class:`AnalyticCurve`: an estimate for a GPT model. For each count it searches data (d),
+  tensor (t) and pipeline (p) parallel sizes and the micro-batch size (b) that fit in memory, and
+  prices compute (GEMM efficiency grows with the hidden size), tensor-parallel
+  all-reduces, pipeline sends, the 1F1B pipeline bubble and the data-parallel gradient all-reduce.
+  Its three coefficients are fitted to Megatron-LM's published weak scaling (calibration.py).
+- :class:`MeasuredCurve`: the seam for live tasks. Rates measured online replace the estimate at
+  their counts and rescale it elsewhere, so a running task's plan follows what it really achieves.
+
+Curves are evaluated on numpy arrays of counts, so a 16,384-GPU cluster costs a few vector ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from unicron.core.gpus import GpuType
+from unicron.core.specs import ModelSpec, TaskSpec
+from unicron.planning.gpt import (
+    BYTES_FP16,
+    MODEL_STATE_BYTES_PER_PARAM,
+    flops_per_iteration,
+    parameter_count,
+)
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+MICRO_BATCH_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class CurvePoints:
+    """A curve evaluated at some counts. Unusable counts have rate 0."""
+
+    gpus: IntArray
+    rate: FloatArray  # achieved FLOP/s
+    replica_gpus: IntArray  # GPUs that hold one full copy of the model state (t * p)
+    state_bytes_per_gpu: FloatArray  # model + optimizer state each GPU holds
+    iteration_s: FloatArray  # seconds per optimizer step (inf where unusable)
+
+    def take(self, index: IntArray | list[int]) -> CurvePoints:
+        """The points at the given positions, in that order."""
+        at = np.asarray(index, dtype=np.int64)
+        return CurvePoints(
+            self.gpus[at], self.rate[at], self.replica_gpus[at], self.state_bytes_per_gpu[at],
+            self.iteration_s[at],
+        )
+
+
+class ThroughputCurve(Protocol):
+    def evaluate(self, gpus: IntArray) -> CurvePoints: ...
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """The analytic model's fitted constants (see docs/throughput-model.md)."""
+
+    gemm_efficiency: float  # fraction of peak that large GEMMs reach
+    gemm_half_width: float  # hidden size at which GEMMs reach half of that
+    comm_efficiency: float  # fraction of link bandwidth that collectives reach
+    memory_usable: float = 0.9  # share of GPU memory the model may use (allocator, workspace)
+
+
+# Fitted by `python bench/throughput_docs.py` on megatron_sc21_weak_scaling.csv.
+DEFAULT_COEFFICIENTS = Coefficients(
+    gemm_efficiency=0.645, gemm_half_width=608.4, comm_efficiency=0.6
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    tensor: IntArray
+    pipeline: IntArray
+    data: IntArray
+    micro_batch: IntArray
+
+
+def iteration_model(
+    model: ModelSpec,
+    gpu: GpuType,
+    gpus_per_node: int,
+    layout: Layout,
+    coeffs: Coefficients = DEFAULT_COEFFICIENTS,
+) -> tuple[FloatArray, FloatArray]:
+    """Seconds per iteration and bytes of memory per GPU for the given layouts (arrays)."""
+    t = layout.tensor.astype(np.float64)
+    p = layout.pipeline.astype(np.float64)
+    d = layout.data.astype(np.float64)
+    b = layout.micro_batch.astype(np.float64)
+    h, s, layers = model.hidden_size, model.sequence_length, model.layers
+    params = parameter_count(model)
+    flops = flops_per_iteration(model)
+    micro_batches = model.global_batch / (d * b)
+
+    # Tensor parallelism splits a GEMM's output columns; its inner dimension stays h, so GEMM
+    # efficiency follows h (fitting on h / t instead doubles the calibration error).
+    efficiency = coeffs.gemm_efficiency * h / (h + coeffs.gemm_half_width)
+    compute = flops / model.global_batch * b / (t * p) / (gpu.peak_flops * efficiency)
+
+    nvlink = gpu.nvlink_bytes_per_s * coeffs.comm_efficiency
+    network = gpu.network_bytes_per_s * coeffs.comm_efficiency
+    activation = b * s * h * BYTES_FP16
+    # Six all-reduces per layer and micro-batch: two each in forward, recomputed forward, backward.
+    tp_link = np.where(t <= gpus_per_node, nvlink, network)
+    tensor_comm = (layers / p) * 6 * 2 * (t - 1) / t * activation / tp_link
+    # Activations forward and their gradients backward; scatter/gather splits them over t.
+    pp_link = np.where(t * p <= gpus_per_node, nvlink, network)
+    pipe_comm = np.where(p > 1, 2 * activation / t / pp_link, 0.0)
+    stage = compute + tensor_comm + pipe_comm
+    pipeline = (micro_batches + p - 1) * stage  # 1F1B: p - 1 stage times of bubble
+
+    grad_bytes = BYTES_FP16 * params / (t * p)
+    dp_link = np.where(d * t * p <= gpus_per_node, nvlink, network)
+    data_comm = np.where(d > 1, 2 * (d - 1) / d * grad_bytes / dp_link, 0.0)
+    seconds = pipeline + data_comm
+
+    states = MODEL_STATE_BYTES_PER_PARAM * params / (t * p)
+    in_flight = np.minimum(p, micro_batches)
+    stored_inputs = (layers / p) * activation * in_flight  # full recomputation keeps layer inputs
+    # One layer's full activations while it is recomputed (Korthikanti et al. 2022, eq. 2).
+    working = s * b * h * (34 + 5 * model.heads * s / h) / t
+    logits = s * b * model.vocabulary * 6 / t  # fp16 logits and fp32 loss gradient
+    memory = states + stored_inputs + working + logits
+    return seconds, memory
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+@lru_cache(maxsize=256)
+def _candidates(model: ModelSpec, gpus_per_node: int) -> tuple[tuple[int, int, int], ...]:
+    tensor = [t for t in _divisors(model.heads) if t <= gpus_per_node]
+    pipeline = _divisors(model.layers)
+    return tuple((t, p, b) for t in tensor for p in pipeline for b in MICRO_BATCH_SIZES)
+
+
+def best_layouts(
+    model: ModelSpec,
+    gpu: GpuType,
+    gpus_per_node: int,
+    gpus: IntArray,
+    coeffs: Coefficients = DEFAULT_COEFFICIENTS,
+) -> tuple[FloatArray, Layout]:
+    """The best achieved FLOP/s at each count and the layout reaching it (0 where none fits)."""
+    n = len(gpus)
+    best = np.zeros(n)
+    chosen = [np.zeros(n, dtype=np.int64) for _ in range(4)]
+    capacity = gpu.memory_bytes * coeffs.memory_usable
+    flops = flops_per_iteration(model)
+    for t, p, b in _candidates(model, gpus_per_node):
+        valid = (gpus % (t * p) == 0) & (gpus > 0)
+        data = np.where(valid, gpus // (t * p), 1)
+        valid &= model.global_batch % (data * b) == 0
+        if not valid.any():
+            continue
+        layout = Layout(
+            np.full(n, t, dtype=np.int64), np.full(n, p, dtype=np.int64), data,
+            np.full(n, b, dtype=np.int64),
+        )
+        seconds, memory = iteration_model(model, gpu, gpus_per_node, layout, coeffs)
+        rate = np.where(valid & (memory <= capacity), flops / seconds, 0.0)
+        better = rate > best
+        best = np.where(better, rate, best)
+        for slot, value in zip(chosen, (layout.tensor, layout.pipeline, data, layout.micro_batch),
+                               strict=True):
+            slot[better] = value[better]
+    return best, Layout(*chosen)
+
+
+@dataclass(frozen=True)
+class AnalyticCurve:
+    """Estimated A(x) for a GPT model on a given GPU type."""
+
+    model: ModelSpec
+    gpu: GpuType
+    gpus_per_node: int
+    coeffs: Coefficients = DEFAULT_COEFFICIENTS
+
+    def evaluate(self, gpus: IntArray) -> CurvePoints:
+        top = int(gpus.max(initial=0))
+        # Evaluate every count up to a power of two once and index into it: the planner asks
+        # for the same curve at every event, and the layout search dominates its cost.
+        full = _analytic_points(self, 1 << max(top, 1).bit_length())
+        return CurvePoints(
+            gpus, full.rate[gpus], full.replica_gpus[gpus], full.state_bytes_per_gpu[gpus],
+            full.iteration_s[gpus],
+        )
+
+    def _evaluate_range(self, top: int) -> CurvePoints:
+        gpus = np.arange(top + 1, dtype=np.int64)
+        rate, layout = best_layouts(self.model, self.gpu, self.gpus_per_node, gpus, self.coeffs)
+        replica = np.where(rate > 0, layout.tensor * layout.pipeline, 0).astype(np.int64)
+        state = np.where(
+            rate > 0,
+            MODEL_STATE_BYTES_PER_PARAM * parameter_count(self.model) / np.maximum(replica, 1),
+            0.0,
+        )
+        iteration = np.divide(
+            flops_per_iteration(self.model), rate, out=np.full(len(gpus), np.inf), where=rate > 0
+        )
+        return CurvePoints(gpus, rate, replica, state, iteration)
+
+
+@lru_cache(maxsize=128)
+def _analytic_points(curve: AnalyticCurve, top: int) -> CurvePoints:
+    return curve._evaluate_range(top)
+
+
+@dataclass(frozen=True)
+class TableCurve:
+    """A measured table: the task runs only at the listed counts."""
+
+    table: tuple[tuple[int, float], ...]
+    state_bytes: float = 0.0  # whole model + optimizer state; 0 when unknown
+    replica_gpus: int | None = None  # GPUs per model copy; defaults to the smallest count
+    iteration_s: float | None = None
+
+    def evaluate(self, gpus: IntArray) -> CurvePoints:
+        lookup = dict(self.table)
+        rate = np.array([lookup.get(int(g), 0.0) for g in gpus], dtype=np.float64)
+        replica_size = self.replica_gpus or min(lookup)
+        replica = np.where(rate > 0, replica_size, 0).astype(np.int64)
+        state = np.where(rate > 0, self.state_bytes / replica_size, 0.0)
+        seconds = np.inf if self.iteration_s is None else self.iteration_s
+        iteration = np.where(rate > 0, seconds, np.inf)
+        return CurvePoints(gpus, rate, replica, state, iteration)
+
+
+@dataclass(frozen=True)
+class MeasuredCurve:
+    """Live measurements layered on an estimate.
+
+    At a measured count the measurement is used as is. Elsewhere the estimate is scaled by the
+    ratio measured/estimated at the nearest measured count, so one measurement corrects the whole
+    curve's level while the estimate keeps its shape.
+    """
+
+    base: ThroughputCurve
+    measured: tuple[tuple[int, float], ...]
+
+    def evaluate(self, gpus: IntArray) -> CurvePoints:
+        points = self.base.evaluate(gpus)
+        if not self.measured:
+            return points
+        counts = np.array([c for c, _ in self.measured], dtype=np.int64)
+        values = np.array([r for _, r in self.measured], dtype=np.float64)
+        at_counts = self.base.evaluate(counts).rate
+        ratio = np.divide(values, at_counts, out=np.ones_like(values), where=at_counts > 0)
+        nearest = np.abs(gpus[:, None] - counts[None, :]).argmin(axis=1)
+        scaled = points.rate * ratio[nearest]
+        exact = gpus[:, None] == counts[None, :]
+        hit = exact.any(axis=1)
+        rate = np.where(hit & (points.rate > 0), values[exact.argmax(axis=1)], scaled)
+        rate = np.where(points.rate > 0, rate, 0.0)
+        iteration = points.iteration_s * np.divide(
+            points.rate, rate, out=np.ones_like(rate), where=rate > 0
+        )
+        return CurvePoints(gpus, rate, points.replica_gpus, points.state_bytes_per_gpu, iteration)
+
+
+def curve_for(
+    task: TaskSpec,
+    gpu: GpuType,
+    gpus_per_node: int,
+    measured: Mapping[int, float] | None = None,
+) -> ThroughputCurve:
+    """The curve the planner uses for a task, with live measurements if there are any."""
+    base: ThroughputCurve
+    if task.model is not None:
+        base = AnalyticCurve(task.model, gpu, gpus_per_node)
+    else:
+        assert task.throughput is not None
+        base = TableCurve(
+            tuple(sorted(task.throughput.items())),
+            task.state_bytes or 0.0,
+            task.replica_workers,
+            task.iteration_seconds,
+        )
+    if measured:
+        return MeasuredCurve(base, tuple(sorted(measured.items())))
+    return base

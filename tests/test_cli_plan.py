@@ -1,0 +1,83 @@
+"""`unicron plan` as users run it: a real subprocess, JSON output, events, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+EXAMPLE = [str(ROOT / "examples" / "cluster-128.yaml"), str(ROOT / "examples" / "tasks-gpt3.yaml")]
+
+
+def unicron(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "unicron.cli.main", *args], capture_output=True, text=True,
+        timeout=120,
+    )
+
+
+def test_plan_json_has_plan_waf_objective() -> None:
+    out = unicron("plan", *EXAMPLE, "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert set(data["plan"]) == {"gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b"}
+    assert sum(data["plan"].values()) <= 128
+    assert data["waf"] > 0 and data["objective"] > 0
+    assert data["waf"] == pytest.approx(sum(t["waf_after"] for t in data["tasks"]))
+
+
+@pytest.mark.parametrize("event", ["node-lost:3", "node-back", "task-done:gpt3-13b"])
+def test_plan_answers_events(event: str) -> None:
+    out = unicron("plan", *EXAMPLE, "--json", "--event", event)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["event"] == event
+    capacity = {"node-lost:3": 120, "node-back": 136, "task-done:gpt3-13b": 128}[event]
+    assert data["capacity_gpus"] == capacity and sum(data["plan"].values()) <= capacity
+    if event.startswith("task-done"):
+        assert data["plan"]["gpt3-13b"] == 0
+
+
+def test_plan_table_output() -> None:
+    out = unicron("plan", *EXAMPLE, "--event", "node-lost:0")
+    assert out.returncode == 0, out.stderr
+    assert "lost 8 GPUs with the node" in out.stdout and "cluster WAF" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--event", "node-lost:99"], "node 99 is not in service"),
+        (["--event", "explode"], "unknown event 'explode'"),
+        (["--event", "task-done:nobody"], "no task named 'nobody'"),
+    ],
+)
+def test_bad_events_are_messages(args: list[str], words: str) -> None:
+    out = unicron("plan", *EXAMPLE, *args)
+    assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bad_files_are_messages(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text("tasks:\n  - name: x\n    weight: -2\n    throughput: {8: 1e15}\n")
+    out = unicron("plan", EXAMPLE[0], str(tasks))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert str(tasks) in out.stderr and "tasks[0](x).weight" in out.stderr
+    missing = unicron("plan", str(tmp_path / "none.yaml"), str(tasks))
+    assert missing.returncode == 2 and "cannot read the file" in missing.stderr
+
+
+def test_plan_does_not_import_torch() -> None:
+    code = (
+        "import sys; from unicron.cli.main import main\n"
+        f"sys.argv = ['unicron', 'plan', {EXAMPLE[0]!r}, {EXAMPLE[1]!r}, '--json']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'planner imported torch'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
