@@ -24,10 +24,10 @@ demo: $(STAMP)
 	$(VENV)/bin/unicron plan examples/cluster-128.yaml examples/tasks-gpt3.yaml --event node-lost:3
 
 bench: $(STAMP)
-	$(PY) bench/run.py
+	$(PY) -m bench.run
 
 docs: $(STAMP)
-	$(PY) bench/throughput_docs.py
+	$(PY) -m bench.throughput_docs
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

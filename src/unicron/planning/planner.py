@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -76,8 +77,19 @@ class ClusterState:
     def capacity(self) -> int:
         return len(self.healthy) * self.gpus_per_node
 
+    @cached_property
+    def _workers(self) -> dict[str, int]:
+        healthy = set(self.healthy)
+        totals: dict[str, int] = {}
+        for node, tasks in self.assignment.items():
+            if node in healthy:
+                for name, gpus in tasks.items():
+                    totals[name] = totals.get(name, 0) + gpus
+        return totals
+
     def workers(self, task: str) -> int:
-        return sum(tasks.get(task, 0) for n, tasks in self.assignment.items() if n in self.healthy)
+        """GPUs the task holds on nodes in service."""
+        return self._workers.get(task, 0)
 
     def unit(self) -> int:
         """GPUs per planning unit. ``auto`` is exact: the gcd of node size and every task's step."""
