@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import planner_bench, throughput_docs  # noqa: E402
+from bench import planner_bench, throughput_docs
 
 
 def main() -> None:

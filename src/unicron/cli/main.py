@@ -39,6 +39,20 @@ def plan(
     run_plan(cluster, tasks, json_output=json_output, event=event)
 
 
+@app.command()
+def simulate(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML (cluster, tasks, days, trace)")],
+    trace: Annotated[Path | None, typer.Option(help="failure trace (CSV or JSON) instead of a generated one")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    plot: Annotated[Path | None, typer.Option(help="write WAF-over-time and lost-WAF plots (PNG)")] = None,
+    save_trace: Annotated[Path | None, typer.Option(help="write the trace used, as CSV")] = None,
+) -> None:
+    """Replay a failure trace against Unicron and the baselines."""
+    from unicron.cli.simulate_view import run_simulate
+
+    run_simulate(scenario, trace=trace, json_output=json_output, plot_path=plot, save_trace=save_trace)
+
+
 @app.callback()
 def root() -> None:
     """Self-healing workload manager for LLM training on shared GPU clusters."""

@@ -17,10 +17,13 @@ class NodeLost:
 
 @dataclass(frozen=True)
 class NodeBack:
-    """One node (re)joins. Which one does not change the plan, only where workers go."""
+    """One node (re)joins. Which one does not change the plan, only where workers go; without
+    a node id the longest-down node (or a new one) is meant."""
+
+    node: int | None = None
 
     def __str__(self) -> str:
-        return "node-back"
+        return "node-back" if self.node is None else f"node-back:{self.node}"
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class TaskDone:
 
 PlanEvent = NodeLost | NodeBack | TaskDone
 
-EVENT_FORMS = "node-lost:N, node-back, task-done:NAME"
+EVENT_FORMS = "node-lost:N, node-back[:N], task-done:NAME"
 
 
 def parse_event(text: str) -> PlanEvent:
@@ -43,6 +46,8 @@ def parse_event(text: str) -> PlanEvent:
         return NodeLost(int(arg))
     if kind == "node-back" and not arg:
         return NodeBack()
+    if kind == "node-back" and arg.strip().isdigit():
+        return NodeBack(int(arg))
     if kind == "task-done" and arg.strip():
         return TaskDone(arg.strip())
     raise UsageError(f"unknown event {text!r}: use one of {EVENT_FORMS}")

@@ -379,7 +379,7 @@ def load_yaml_text(text: str, source: str) -> Any:
         ) from None
 
 
-def _validate(model: type[_M], data: Any, source: str) -> _M:
+def validate_spec(model: type[_M], data: Any, source: str) -> _M:
     if not isinstance(data, Mapping):
         raise SpecError(
             source, [SpecProblem("", "the file must hold a YAML mapping", "see examples/")]
@@ -391,15 +391,15 @@ def _validate(model: type[_M], data: Any, source: str) -> _M:
 
 
 def parse_cluster(text: str, source: str = "<cluster>") -> ClusterSpec:
-    return _validate(ClusterSpec, load_yaml_text(text, source), source)
+    return validate_spec(ClusterSpec, load_yaml_text(text, source), source)
 
 
 def parse_tasks(text: str, source: str = "<tasks>") -> list[TaskSpec]:
-    return list(_validate(TaskList, load_yaml_text(text, source), source).tasks)
+    return list(validate_spec(TaskList, load_yaml_text(text, source), source).tasks)
 
 
 def parse_task(data: Any, source: str = "<task>") -> TaskSpec:
-    return _validate(TaskSpec, data, source)
+    return validate_spec(TaskSpec, data, source)
 
 
 def check_against_cluster(

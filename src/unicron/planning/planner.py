@@ -40,8 +40,11 @@ class ClusterState:
     down: tuple[int, ...] = ()  # nodes out of service, waiting for repair
     next_node: int = 0  # id a new node gets when none is down
 
-    def returning_node(self) -> int:
-        """The node a ``node-back`` event brings: the longest-known down one, else a new one."""
+    def returning_node(self, event: NodeBack | None = None) -> int:
+        """The node a ``node-back`` event brings: the one named, else the longest-down one,
+        else a new one."""
+        if event is not None and event.node is not None:
+            return event.node
         return self.down[0] if self.down else self.next_node
 
     @classmethod
@@ -165,7 +168,10 @@ def _situation(state: ClusterState, event: PlanEvent | None) -> _Situation:
             survivors[name] -= gpus
         failed = frozenset(lost)
     elif isinstance(event, NodeBack):
-        nodes = (*state.healthy, state.returning_node())
+        back = state.returning_node(event)
+        if back in state.healthy:
+            raise KeyError(f"node {back} is already in service")
+        nodes = (*state.healthy, back)
     elif isinstance(event, TaskDone):
         if event.task not in current:
             raise KeyError(f"task {event.task!r} is not known")
@@ -345,7 +351,7 @@ def advance(state: ClusterState, event: PlanEvent | None, chosen: Plan) -> Clust
     if isinstance(event, NodeLost):
         down = (*down, event.node)
     elif isinstance(event, NodeBack):
-        back = state.returning_node()
+        back = state.returning_node(event)
         down = tuple(n for n in down if n != back)
         next_node = max(next_node, back + 1)
     curves = {k: v for k, v in state.curves.items() if k not in sit.finished}

@@ -39,7 +39,9 @@ class PlanTable:
             # Nodes whose loss hits the same tasks share one plan; label it with this node.
             return replace(found, event=str(event))
         if isinstance(event, NodeBack):
-            return self.node_back
+            if event.node is not None and event.node in self.state.healthy:
+                raise UsageError(f"node {event.node} is already in service")
+            return replace(self.node_back, event=str(event))
         found = self.task_done.get(event.task)
         if found is None:
             raise UsageError(

@@ -100,7 +100,9 @@ def iteration_model(
     h, s, layers = model.hidden_size, model.sequence_length, model.layers
     params = parameter_count(model)
     flops = flops_per_iteration(model)
-    micro_batches = model.global_batch / (d * b)
+    # Replicas may hold unequal shares of the global batch (the survivors of a failure share
+    # out its micro-batches); an iteration waits for the replica with the most.
+    micro_batches = np.ceil(model.global_batch / (d * b))
 
     # Tensor parallelism splits a GEMM's output columns; its inner dimension stays h, so GEMM
     # efficiency follows h (fitting on h / t instead doubles the calibration error).
@@ -139,8 +141,10 @@ def _divisors(n: int) -> list[int]:
 
 
 @lru_cache(maxsize=256)
-def _candidates(model: ModelSpec, gpus_per_node: int) -> tuple[tuple[int, int, int], ...]:
-    tensor = [t for t in _divisors(model.heads) if t <= gpus_per_node]
+def _candidates(
+    model: ModelSpec, gpus_per_node: int, max_tensor: int
+) -> tuple[tuple[int, int, int], ...]:
+    tensor = [t for t in _divisors(model.heads) if t <= min(gpus_per_node, max_tensor)]
     pipeline = _divisors(model.layers)
     return tuple((t, p, b) for t in tensor for p in pipeline for b in MICRO_BATCH_SIZES)
 
@@ -151,6 +155,7 @@ def best_layouts(
     gpus_per_node: int,
     gpus: IntArray,
     coeffs: Coefficients = DEFAULT_COEFFICIENTS,
+    max_tensor: int = 1 << 30,
 ) -> tuple[FloatArray, Layout]:
     """The best achieved FLOP/s at each count and the layout reaching it (0 where none fits)."""
     n = len(gpus)
@@ -158,10 +163,10 @@ def best_layouts(
     chosen = [np.zeros(n, dtype=np.int64) for _ in range(4)]
     capacity = gpu.memory_bytes * coeffs.memory_usable
     flops = flops_per_iteration(model)
-    for t, p, b in _candidates(model, gpus_per_node):
+    for t, p, b in _candidates(model, gpus_per_node, max_tensor):
         valid = (gpus % (t * p) == 0) & (gpus > 0)
         data = np.where(valid, gpus // (t * p), 1)
-        valid &= model.global_batch % (data * b) == 0
+        valid &= data * b <= model.global_batch  # at least one micro-batch per replica
         if not valid.any():
             continue
         layout = Layout(
@@ -186,6 +191,7 @@ class AnalyticCurve:
     gpu: GpuType
     gpus_per_node: int
     coeffs: Coefficients = DEFAULT_COEFFICIENTS
+    max_tensor: int = 1 << 30  # systems without tensor parallelism are modelled with 1
 
     def evaluate(self, gpus: IntArray) -> CurvePoints:
         top = int(gpus.max(initial=0))
@@ -199,7 +205,9 @@ class AnalyticCurve:
 
     def _evaluate_range(self, top: int) -> CurvePoints:
         gpus = np.arange(top + 1, dtype=np.int64)
-        rate, layout = best_layouts(self.model, self.gpu, self.gpus_per_node, gpus, self.coeffs)
+        rate, layout = best_layouts(
+            self.model, self.gpu, self.gpus_per_node, gpus, self.coeffs, self.max_tensor
+        )
         replica = np.where(rate > 0, layout.tensor * layout.pipeline, 0).astype(np.int64)
         state = np.where(
             rate > 0,

@@ -17,6 +17,8 @@ lists the defaults and where they come from. Functions are vectorised over candi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from unicron.core.specs import TransitionSettings
@@ -56,7 +58,21 @@ def state_source(survivors: int, replica_gpus: int) -> StateSource:
     return StateSource.PERSISTENT_CHECKPOINT
 
 
-def transition_seconds(
+@dataclass(frozen=True)
+class TransitionParts:
+    """D_trans split by cause, each an array over the candidate counts."""
+
+    detection: FloatArray
+    setup: FloatArray
+    state: FloatArray
+    lost_work: FloatArray
+
+    @property
+    def total(self) -> FloatArray:
+        return np.asarray(self.detection + self.setup + self.state + self.lost_work)
+
+
+def transition_parts(
     settings: TransitionSettings,
     *,
     before: CurvePoints,
@@ -65,7 +81,7 @@ def transition_seconds(
     failed: bool,
     detection_s: float,
     action: Action = Action.RECONFIGURE,
-) -> FloatArray:
+) -> TransitionParts:
     """D_trans for moving a task from ``before`` (one count) to each count in ``after``.
 
     ``before`` is the curve at the task's current count (arrays of length 1); ``survivors`` is
@@ -82,6 +98,27 @@ def transition_seconds(
         lost = settings.lost_iteration_fraction * (iteration if np.isfinite(iteration) else 0.0)
         if source is StateSource.PERSISTENT_CHECKPOINT:
             lost += settings.checkpoint_interval_s / 2
-    detection = detection_s if failed else 0.0
-    total = detection + setup_seconds(settings, action) + moving + lost
-    return np.asarray(total, dtype=np.float64)
+    ones = np.ones(len(after.gpus))
+    return TransitionParts(
+        ones * (detection_s if failed else 0.0),
+        ones * setup_seconds(settings, action),
+        np.asarray(moving, dtype=np.float64),
+        ones * lost,
+    )
+
+
+def transition_seconds(
+    settings: TransitionSettings,
+    *,
+    before: CurvePoints,
+    after: CurvePoints,
+    survivors: int,
+    failed: bool,
+    detection_s: float,
+    action: Action = Action.RECONFIGURE,
+) -> FloatArray:
+    """D_trans in seconds for each candidate count (the sum of :func:`transition_parts`)."""
+    return transition_parts(
+        settings, before=before, after=after, survivors=survivors, failed=failed,
+        detection_s=detection_s, action=action,
+    ).total

@@ -1,0 +1,47 @@
+"""Run a scenario: make or load its trace, simulate every policy, relate each to the oracle."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from unicron.sim.engine import PolicyResult, Simulation
+from unicron.sim.policies import make_policy
+from unicron.sim.scenario import ScenarioSpec
+from unicron.sim.traces import Failure, generate
+
+
+@dataclass(frozen=True)
+class SimulationReport:
+    scenario: ScenarioSpec
+    failures: list[Failure]
+    results: list[PolicyResult]
+    seconds: float
+
+    def result(self, policy: str) -> PolicyResult:
+        return next(r for r in self.results if r.policy == policy)
+
+
+def scenario_trace(scenario: ScenarioSpec) -> list[Failure]:
+    t = scenario.trace
+    return generate(
+        nodes=scenario.cluster.nodes, hours=scenario.days * 24,
+        node_mtbf_hours=t.node_mtbf_hours or scenario.cluster.node_mtbf_hours, mix=t.kind_mix(),
+        seed=t.seed, distribution=t.distribution, weibull_shape=t.weibull_shape,
+        repair_median_hours=t.repair_median_hours, repair_sigma=t.repair_sigma, count=t.count,
+    )
+
+
+def simulate(scenario: ScenarioSpec, failures: list[Failure] | None = None) -> SimulationReport:
+    started = time.perf_counter()
+    trace = scenario_trace(scenario) if failures is None else failures
+    results = []
+    for name in scenario.policies:
+        policy = make_policy(name, scenario.policy_settings.get(name))
+        sim = Simulation(scenario.cluster, list(scenario.tasks), trace, policy, scenario.days * 24,
+                         samples=scenario.samples)
+        results.append(sim.run())
+    oracle = next(r for r in results if r.policy == "oracle").waf_flop
+    for r in results:
+        r.ratio_to_oracle = r.waf_flop / oracle if oracle > 0 else float("nan")
+    return SimulationReport(scenario, trace, results, time.perf_counter() - started)
