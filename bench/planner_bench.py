@@ -37,13 +37,27 @@ def instance(tasks: int, nodes: int, seed: int = 0) -> ClusterState:
     for i in range(tasks):
         size = str(rng.choice(list(SIZES)))
         layers, hidden, heads, batch, lo, hi = SIZES[size]
-        model = ModelSpec(layers=layers, hidden_size=hidden, heads=heads, sequence_length=2048,
-                          vocabulary=51200, global_batch=batch)
+        model = ModelSpec(
+            layers=layers,
+            hidden_size=hidden,
+            heads=heads,
+            sequence_length=2048,
+            vocabulary=51200,
+            global_batch=batch,
+        )
         current = lo if lo <= free else 0
         free -= current
-        specs.append(TaskSpec(name=f"t{i:03d}-{size}", weight=float(rng.choice([1.0, 1.5, 2.0, 3.0])),
-                              model=model, min_workers=lo, worker_step=8, max_workers=hi,
-                              current_workers=current))
+        specs.append(
+            TaskSpec(
+                name=f"t{i:03d}-{size}",
+                weight=float(rng.choice([1.0, 1.5, 2.0, 3.0])),
+                model=model,
+                min_workers=lo,
+                worker_step=8,
+                max_workers=hi,
+                current_workers=current,
+            )
+        )
     return ClusterState.from_specs(cluster, specs)
 
 
@@ -60,8 +74,7 @@ def measure(tasks: int, nodes: int, repeat: int = 3) -> dict[str, float]:
     state = instance(tasks, nodes)
     cold = timed(lambda: plan(state), 1)[0]  # includes first evaluation of the curves
     solve = statistics.median(timed(lambda: plan(state), repeat))
-    return {"tasks": tasks, "nodes": nodes, "gpus": nodes * 8, "solve_s": solve,
-            "first_solve_s": cold}
+    return {"tasks": tasks, "nodes": nodes, "gpus": nodes * 8, "solve_s": solve, "first_solve_s": cold}
 
 
 def main() -> dict[str, object]:
@@ -116,8 +129,10 @@ def write_markdown(r: dict[str, object]) -> None:
         "|---|---|---|---|---|",
     ]
     for row in grid:
-        lines.append(f"| {row['tasks']} | {row['nodes']} | {row['gpus']} | "
-                     f"{row['solve_s'] * 1e3:.1f} | {row['first_solve_s'] * 1e3:.1f} |")
+        lines.append(
+            f"| {row['tasks']} | {row['nodes']} | {row['gpus']} | "
+            f"{row['solve_s'] * 1e3:.1f} | {row['first_solve_s'] * 1e3:.1f} |"
+        )
     lines += [
         "",
         "The dynamic programme costs O(tasks x units x options per task): the units are nodes here",

@@ -33,8 +33,14 @@ def curves() -> dict[str, dict[str, list[float]]]:
     gpus = np.arange(8, 1025, 8)
     out = {}
     for name, (layers, hidden, heads, batch) in GPT3.items():
-        model = ModelSpec(layers=layers, hidden_size=hidden, heads=heads, sequence_length=2048,
-                          vocabulary=51200, global_batch=batch)
+        model = ModelSpec(
+            layers=layers,
+            hidden_size=hidden,
+            heads=heads,
+            sequence_length=2048,
+            vocabulary=51200,
+            global_batch=batch,
+        )
         rate = AnalyticCurve(model, KNOWN_GPUS["a100"], 8).evaluate(gpus).rate
         keep = rate > 0
         out[name] = {"gpus": gpus[keep].tolist(), "pflops": (rate[keep] / 1e15).tolist()}
@@ -68,15 +74,31 @@ def main() -> None:
     errors = [abs(r.error) for r in rows]
     c = DEFAULT_COEFFICIENTS
     summary = {
-        "coefficients": {"gemm_efficiency": c.gemm_efficiency, "gemm_half_width": c.gemm_half_width,
-                         "comm_efficiency": c.comm_efficiency, "memory_usable": c.memory_usable},
-        "refit": {"gemm_efficiency": refit.gemm_efficiency, "gemm_half_width": refit.gemm_half_width,
-                  "comm_efficiency": refit.comm_efficiency},
+        "coefficients": {
+            "gemm_efficiency": c.gemm_efficiency,
+            "gemm_half_width": c.gemm_half_width,
+            "comm_efficiency": c.comm_efficiency,
+            "memory_usable": c.memory_usable,
+        },
+        "refit": {
+            "gemm_efficiency": refit.gemm_efficiency,
+            "gemm_half_width": refit.gemm_half_width,
+            "comm_efficiency": refit.comm_efficiency,
+        },
         "mean_abs_error": float(np.mean(errors)),
         "max_abs_error": float(np.max(errors)),
-        "rows": [{"params_billion": r.params_billion, "gpus": r.gpus, "tp": r.tensor, "pp": r.pipeline,
-                  "measured_tflops_per_gpu": r.measured_tflops,
-                  "predicted_tflops_per_gpu": r.predicted_tflops, "error": r.error} for r in rows],
+        "rows": [
+            {
+                "params_billion": r.params_billion,
+                "gpus": r.gpus,
+                "tp": r.tensor,
+                "pp": r.pipeline,
+                "measured_tflops_per_gpu": r.measured_tflops,
+                "predicted_tflops_per_gpu": r.predicted_tflops,
+                "error": r.error,
+            }
+            for r in rows
+        ],
         "curves": data,
     }
     (docs / "bench" / "throughput.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -86,9 +108,15 @@ def main() -> None:
         for r in rows
     )
     text = TEMPLATE.format(
-        gemm=c.gemm_efficiency, half=c.gemm_half_width, comm=c.comm_efficiency, mem=c.memory_usable,
-        table=table, mean=np.mean(errors) * 100, worst=np.max(errors) * 100,
-        fit_err=fit_error(c), refit=refit,
+        gemm=c.gemm_efficiency,
+        half=c.gemm_half_width,
+        comm=c.comm_efficiency,
+        mem=c.memory_usable,
+        table=table,
+        mean=np.mean(errors) * 100,
+        worst=np.max(errors) * 100,
+        fit_err=fit_error(c),
+        refit=refit,
     )
     (docs / "throughput-model.md").write_text(text)
     print(f"mean |error| {np.mean(errors) * 100:.1f}%, max {np.max(errors) * 100:.1f}%")

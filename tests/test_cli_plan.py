@@ -16,7 +16,9 @@ EXAMPLE = [str(ROOT / "examples" / "cluster-128.yaml"), str(ROOT / "examples" / 
 
 def unicron(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "unicron.cli.main", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "unicron.cli.main", *args],
+        capture_output=True,
+        text=True,
         timeout=120,
     )
 

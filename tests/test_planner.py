@@ -25,16 +25,25 @@ from unicron.planning.plantable import build, refresh
 def small_clusters(draw: st.DrawFn) -> tuple[ClusterState, PlanEvent | None]:
     per_node = draw(st.sampled_from([2, 4]))
     nodes = draw(st.integers(1, 3))
-    cluster = ClusterSpec(nodes=nodes, gpus_per_node=per_node, gpu="A100", node_mtbf_hours=
-                          draw(st.sampled_from([0.5, 10.0, 1000.0])))
+    cluster = ClusterSpec(
+        nodes=nodes,
+        gpus_per_node=per_node,
+        gpu="A100",
+        node_mtbf_hours=draw(st.sampled_from([0.5, 10.0, 1000.0])),
+    )
     tasks = []
     for i in range(draw(st.integers(1, 3))):
-        counts = draw(st.lists(st.integers(1, nodes * per_node + 2), min_size=1, max_size=4,
-                               unique=True))
+        counts = draw(st.lists(st.integers(1, nodes * per_node + 2), min_size=1, max_size=4, unique=True))
         table = {c: draw(st.floats(1e12, 1e15)) * c for c in counts}
-        tasks.append(TaskSpec(name=f"t{i}", weight=draw(st.sampled_from([0.5, 1.0, 3.0])),
-                              throughput=table, state_bytes=draw(st.sampled_from([0.0, 1e12])),
-                              iteration_seconds=1.0))
+        tasks.append(
+            TaskSpec(
+                name=f"t{i}",
+                weight=draw(st.sampled_from([0.5, 1.0, 3.0])),
+                throughput=table,
+                state_bytes=draw(st.sampled_from([0.0, 1e12])),
+                iteration_seconds=1.0,
+            )
+        )
     state = ClusterState.from_specs(cluster, tasks)
     # Start from some feasible allocation so that events hit running tasks.
     start = {}
@@ -45,8 +54,14 @@ def small_clusters(draw: st.DrawFn) -> tuple[ClusterState, PlanEvent | None]:
         start[task.name] = pick
         free -= pick
     state = ClusterState(
-        state.gpus_per_node, state.gpu, state.node_mtbf_hours, state.settings, state.healthy,
-        place(start, state.healthy, per_node, {}), state.tasks, state.curves,
+        state.gpus_per_node,
+        state.gpu,
+        state.node_mtbf_hours,
+        state.settings,
+        state.healthy,
+        place(start, state.healthy, per_node, {}),
+        state.tasks,
+        state.curves,
         next_node=nodes,
     )
     events: list[PlanEvent | None] = [None, NodeBack(), *(NodeLost(n) for n in state.healthy)]
@@ -120,8 +135,10 @@ def test_refresh_applies_the_plan_and_is_stable(examples: Path) -> None:
 
 def test_ties_prefer_fewer_changes() -> None:
     cluster = ClusterSpec(nodes=1, gpus_per_node=8, gpu="A100", node_mtbf_hours=1e6)
-    twins = [TaskSpec(name=n, weight=1, throughput={4: 1e15, 8: 2e15}, current_workers=c)
-             for n, c in (("a", 4), ("b", 4))]
+    twins = [
+        TaskSpec(name=n, weight=1, throughput={4: 1e15, 8: 2e15}, current_workers=c)
+        for n, c in (("a", 4), ("b", 4))
+    ]
     state = ClusterState.from_specs(cluster, twins)
     # a:8 or b:8 would score the same as a:4 + b:4 without transition costs; staying wins.
     assert plan(state).allocation() == {"a": 4, "b": 4}
@@ -129,8 +146,10 @@ def test_ties_prefer_fewer_changes() -> None:
 
 def test_auto_granularity_is_exact() -> None:
     cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu="A100", node_mtbf_hours=100)
-    tasks = [TaskSpec(name="a", weight=1, throughput={8: 1e15, 16: 1.9e15}),
-             TaskSpec(name="b", weight=1, throughput={12: 1e15})]
+    tasks = [
+        TaskSpec(name="a", weight=1, throughput={8: 1e15, 16: 1.9e15}),
+        TaskSpec(name="b", weight=1, throughput={12: 1e15}),
+    ]
     assert ClusterState.from_specs(cluster, tasks).unit() == 4
 
 

@@ -21,12 +21,15 @@ from .conftest import SHARED
 
 A100 = KNOWN_GPUS["a100"]
 GPT3 = {
-    "1.3b": ModelSpec(layers=24, hidden_size=2048, heads=16, sequence_length=2048,
-                      vocabulary=51200, global_batch=512),
-    "13b": ModelSpec(layers=40, hidden_size=5120, heads=40, sequence_length=2048,
-                     vocabulary=51200, global_batch=1024),
-    "175b": ModelSpec(layers=96, hidden_size=12288, heads=96, sequence_length=2048,
-                      vocabulary=51200, global_batch=1536),
+    "1.3b": ModelSpec(
+        layers=24, hidden_size=2048, heads=16, sequence_length=2048, vocabulary=51200, global_batch=512
+    ),
+    "13b": ModelSpec(
+        layers=40, hidden_size=5120, heads=40, sequence_length=2048, vocabulary=51200, global_batch=1024
+    ),
+    "175b": ModelSpec(
+        layers=96, hidden_size=12288, heads=96, sequence_length=2048, vocabulary=51200, global_batch=1536
+    ),
 }
 
 

@@ -42,7 +42,9 @@ def plan(
 @app.command()
 def simulate(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML (cluster, tasks, days, trace)")],
-    trace: Annotated[Path | None, typer.Option(help="failure trace (CSV or JSON) instead of a generated one")] = None,
+    trace: Annotated[
+        Path | None, typer.Option(help="failure trace (CSV or JSON) instead of a generated one")
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     plot: Annotated[Path | None, typer.Option(help="write WAF-over-time and lost-WAF plots (PNG)")] = None,
     save_trace: Annotated[Path | None, typer.Option(help="write the trace used, as CSV")] = None,

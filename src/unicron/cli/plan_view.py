@@ -29,9 +29,15 @@ def plan_json(chosen: Plan, table: PlanTable) -> dict[str, Any]:
         "table_build_s": table.build_s,
         "tasks": [
             {
-                "name": d.task, "weight": d.weight, "before": d.before, "after": d.after,
-                "waf_before": d.waf_before, "waf_after": d.waf_after,
-                "transition_s": d.transition_s, "hit": d.hit, "reason": d.reason,
+                "name": d.task,
+                "weight": d.weight,
+                "before": d.before,
+                "after": d.after,
+                "waf_before": d.waf_before,
+                "waf_after": d.waf_after,
+                "transition_s": d.transition_s,
+                "hit": d.hit,
+                "reason": d.reason,
             }
             for d in chosen.decisions
         ],
@@ -48,8 +54,7 @@ def render(chosen: Plan, table: PlanTable, console: Console) -> None:
     for d in chosen.decisions:
         arrow = f"{d.before} -> {d.after}"
         style = "" if d.before == d.after and not d.hit else "bold"
-        view.add_row(d.task, f"{d.weight:g}", arrow, f"{d.waf_after / 1e15:.2f}", d.reason,
-                     style=style)
+        view.add_row(d.task, f"{d.weight:g}", arrow, f"{d.waf_after / 1e15:.2f}", d.reason, style=style)
     console.print(view)
     console.print(
         f"cluster WAF {chosen.waf / 1e15:.2f} PFLOP/s on {chosen.capacity_gpus} GPUs; "

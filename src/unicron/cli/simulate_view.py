@@ -17,7 +17,11 @@ from unicron.sim.traces import parse_trace, to_csv
 
 
 def run_simulate(
-    scenario_path: Path, *, trace: Path | None, json_output: bool, plot_path: Path | None,
+    scenario_path: Path,
+    *,
+    trace: Path | None,
+    json_output: bool,
+    plot_path: Path | None,
     save_trace: Path | None,
 ) -> None:
     scenario = parse_scenario(read_text(scenario_path), str(scenario_path))
@@ -33,8 +37,11 @@ def run_simulate(
         print(json.dumps(to_json(report), indent=2))
         return
     console = Console()
-    table = Table(title=f"{scenario.name}: {scenario.days:g} days, {scenario.cluster.total_gpus} GPUs, "
-                        f"{len(report.failures)} failures", title_justify="left")
+    table = Table(
+        title=f"{scenario.name}: {scenario.days:g} days, {scenario.cluster.total_gpus} GPUs, "
+        f"{len(report.failures)} failures",
+        title_justify="left",
+    )
     for column in ("policy", "WAF (EFLOP)", "vs oracle", "Unicron / it"):
         table.add_column(column, justify="right" if column != "policy" else "left")
     for cause in CAUSES:
@@ -42,7 +49,9 @@ def run_simulate(
     for row in summary_rows(report):
         ratio = row["unicron_over_this"]
         table.add_row(
-            row["policy"], f"{row['waf_flop'] / 1e18:,.0f}", f"{row['ratio_to_oracle']:.3f}",
+            row["policy"],
+            f"{row['waf_flop'] / 1e18:,.0f}",
+            f"{row['ratio_to_oracle']:.3f}",
             "-" if ratio is None else f"{ratio:.2f}x",
             *(f"{100 * row['lost_share'][c]:.2f}%" for c in CAUSES),
         )

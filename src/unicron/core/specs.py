@@ -133,14 +133,12 @@ class TaskSpec(_Spec):
         lo, hi = self.min_workers, self.max_workers
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(
-                f"min_workers {lo} is above max_workers {hi}"
-                f"{FIX_MARK}lower min_workers or raise max_workers"
+                f"min_workers {lo} is above max_workers {hi}{FIX_MARK}lower min_workers or raise max_workers"
             )
         step = self.step
         if lo is not None and lo % step:
             raise ValueError(
-                f"min_workers {lo} is not a multiple of worker_step {step}"
-                f"{FIX_MARK}use a multiple of {step}"
+                f"min_workers {lo} is not a multiple of worker_step {step}{FIX_MARK}use a multiple of {step}"
             )
         if self.current_workers and not self.is_usable(self.current_workers):
             raise ValueError(
@@ -291,9 +289,7 @@ class ClusterSpec(_Spec):
             base.name,
             base.peak_flops,
             base.memory_bytes if self.gpu_memory_gib is None else self.gpu_memory_gib * 1024**3,
-            base.nvlink_bytes_per_s
-            if self.nvlink_gbytes_per_s is None
-            else self.nvlink_gbytes_per_s * 1e9,
+            base.nvlink_bytes_per_s if self.nvlink_gbytes_per_s is None else self.nvlink_gbytes_per_s * 1e9,
             base.network_bytes_per_s
             if self.network_gbytes_per_s is None
             else self.network_gbytes_per_s * 1e9,
@@ -381,9 +377,7 @@ def load_yaml_text(text: str, source: str) -> Any:
 
 def validate_spec(model: type[_M], data: Any, source: str) -> _M:
     if not isinstance(data, Mapping):
-        raise SpecError(
-            source, [SpecProblem("", "the file must hold a YAML mapping", "see examples/")]
-        )
+        raise SpecError(source, [SpecProblem("", "the file must hold a YAML mapping", "see examples/")])
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -426,8 +420,7 @@ def check_against_cluster(
                 problems.append(
                     SpecProblem(
                         f"assignment ({task.name})",
-                        f"places {have} GPUs but {tasks_source} says current_workers "
-                        f"{task.current_workers}",
+                        f"places {have} GPUs but {tasks_source} says current_workers {task.current_workers}",
                         "make them agree, or drop current_workers",
                     )
                 )

@@ -63,8 +63,12 @@ class RowResult:
 def reference_model(row: tuple[float, int, int, int, int, int, int, int, float]) -> ModelSpec:
     _, heads, hidden, layers, _, _, _, batch, _ = row
     return ModelSpec(
-        layers=layers, hidden_size=hidden, heads=heads, sequence_length=SEQUENCE,
-        vocabulary=VOCABULARY, global_batch=batch,
+        layers=layers,
+        hidden_size=hidden,
+        heads=heads,
+        sequence_length=SEQUENCE,
+        vocabulary=VOCABULARY,
+        global_batch=batch,
     )
 
 
@@ -79,22 +83,24 @@ def evaluate_rows(coeffs: Coefficients = DEFAULT_COEFFICIENTS) -> list[RowResult
         sizes = np.array([b for b in MICRO_BATCH_SIZES if batch % (data * b) == 0])
         n = len(sizes)
         layout = Layout(
-            np.full(n, tp, dtype=np.int64), np.full(n, pp, dtype=np.int64),
-            np.full(n, data, dtype=np.int64), sizes.astype(np.int64),
+            np.full(n, tp, dtype=np.int64),
+            np.full(n, pp, dtype=np.int64),
+            np.full(n, data, dtype=np.int64),
+            sizes.astype(np.int64),
         )
         seconds, memory = iteration_model(model, gpu, GPUS_PER_NODE, layout, coeffs)
         fits = memory <= gpu.memory_bytes * coeffs.memory_usable
         tflops = np.where(fits, flops_per_iteration(model) / seconds / gpus / 1e12, 0.0)
         best = int(tflops.argmax())
-        results.append(
-            RowResult(params, gpus, tp, pp, int(sizes[best]), measured, float(tflops[best]))
-        )
+        results.append(RowResult(params, gpus, tp, pp, int(sizes[best]), measured, float(tflops[best])))
     return results
 
 
 def fit_error(coeffs: Coefficients) -> float:
-    errors = [np.log(r.predicted_tflops / r.measured_tflops) if r.predicted_tflops > 0 else 10.0
-              for r in evaluate_rows(coeffs)]
+    errors = [
+        np.log(r.predicted_tflops / r.measured_tflops) if r.predicted_tflops > 0 else 10.0
+        for r in evaluate_rows(coeffs)
+    ]
     return float(np.mean(np.square(errors)))
 
 
@@ -114,6 +120,7 @@ def fit() -> Coefficients:
     )
     refined = min((Coefficients(float(g), float(w), float(c)) for g, w, c in fine), key=fit_error)
     return Coefficients(
-        round(refined.gemm_efficiency, 3), round(refined.gemm_half_width, 1),
+        round(refined.gemm_efficiency, 3),
+        round(refined.gemm_half_width, 1),
         round(refined.comm_efficiency, 3),
     )

@@ -33,6 +33,4 @@ def option_score(
     changed: np.ndarray,
 ) -> FloatArray:
     """One task's contribution to the plan score for each candidate count."""
-    return np.asarray(
-        waf_after * run_s - np.where(changed, waf_before * transition_s, 0.0), dtype=np.float64
-    )
+    return np.asarray(waf_after * run_s - np.where(changed, waf_before * transition_s, 0.0), dtype=np.float64)

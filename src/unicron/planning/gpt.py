@@ -18,18 +18,13 @@ MODEL_STATE_BYTES_PER_PARAM = 16
 def parameter_count(m: ModelSpec) -> float:
     """Parameters of a GPT model (embeddings included)."""
     h, layers = m.hidden_size, m.layers
-    return (
-        12 * layers * h * h * (1 + 13 / (12 * h) + (m.vocabulary + m.sequence_length) / (12 * layers * h))
-    )
+    return 12 * layers * h * h * (1 + 13 / (12 * h) + (m.vocabulary + m.sequence_length) / (12 * layers * h))
 
 
 def flops_per_iteration(m: ModelSpec) -> float:
     """FLOPs of one optimizer step over the global batch, with activation recomputation."""
     h, layers, s = m.hidden_size, m.layers, m.sequence_length
-    return (
-        96 * m.global_batch * s * layers * h * h
-        * (1 + s / (6 * h) + m.vocabulary / (16 * layers * h))
-    )
+    return 96 * m.global_batch * s * layers * h * h * (1 + s / (6 * h) + m.vocabulary / (16 * layers * h))
 
 
 def flops_per_sample(m: ModelSpec) -> float:

@@ -38,9 +38,7 @@ def place(
 
     for task in sorted(counts):
         surplus = placed(task) - counts[task]
-        for node in sorted(
-            (n for n in nodes if result[n].get(task)), key=lambda n: (result[n][task], -n)
-        ):
+        for node in sorted((n for n in nodes if result[n].get(task)), key=lambda n: (result[n][task], -n)):
             if surplus <= 0:
                 break
             take = min(surplus, result[node][task])

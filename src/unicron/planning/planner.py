@@ -68,12 +68,18 @@ class ClusterState:
                 )
             assignment = pack(wanted, nodes, cluster.gpus_per_node)
         curves = {
-            t.name: curve_for(t, gpu, cluster.gpus_per_node, (measured or {}).get(t.name))
-            for t in tasks
+            t.name: curve_for(t, gpu, cluster.gpus_per_node, (measured or {}).get(t.name)) for t in tasks
         }
         return cls(
-            cluster.gpus_per_node, gpu, cluster.node_mtbf_hours, cluster.planner, nodes,
-            assignment, tuple(tasks), curves, next_node=cluster.nodes,
+            cluster.gpus_per_node,
+            gpu,
+            cluster.node_mtbf_hours,
+            cluster.planner,
+            nodes,
+            assignment,
+            tuple(tasks),
+            curves,
+            next_node=cluster.nodes,
         )
 
     @property
@@ -177,9 +183,7 @@ def _situation(state: ClusterState, event: PlanEvent | None) -> _Situation:
             raise KeyError(f"task {event.task!r} is not known")
         tasks = tuple(t for t in state.tasks if t.name != event.task)
         finished = (event.task,)
-    return _Situation(
-        str(event) if event else "now", nodes, tasks, current, survivors, failed, finished
-    )
+    return _Situation(str(event) if event else "now", nodes, tasks, current, survivors, failed, finished)
 
 
 def _candidates(task: TaskSpec, unit: int, capacity: int) -> np.ndarray:
@@ -234,15 +238,25 @@ def _problem(state: ClusterState, event: PlanEvent | None) -> _Problem:
         chosen = points.take([int(i) for i in order])
         failed = task.name in sit.failed
         trans = transition_seconds(
-            state.settings.transition, before=before, after=chosen,
-            survivors=sit.survivors[task.name], failed=failed, detection_s=detection,
+            state.settings.transition,
+            before=before,
+            after=chosen,
+            survivors=sit.survivors[task.name],
+            failed=failed,
+            detection_s=detection,
         )
         changed = (chosen.gpus != current) | failed
         score = option_score(waf(task.weight, chosen.rate), waf_before, run_s, trans, changed)
-        choices.append(_TaskChoices(
-            task, current, waf_before, chosen, trans,
-            TaskOptions(chosen.gpus // unit, score, changed),
-        ))
+        choices.append(
+            _TaskChoices(
+                task,
+                current,
+                waf_before,
+                chosen,
+                trans,
+                TaskOptions(chosen.gpus // unit, score, changed),
+            )
+        )
     return _Problem(sit, unit, capacity, run_s, tuple(choices))
 
 
@@ -257,18 +271,31 @@ def plan(state: ClusterState, event: PlanEvent | None = None) -> Plan:
         after = int(c.points.gpus[pick])
         failed = c.task.name in sit.failed
         changed = after != c.current or failed
-        decisions.append(Decision(
-            c.task.name, c.task.weight, c.current, after, c.waf_before,
-            float(c.task.weight * c.points.rate[pick]),
-            float(c.transition_s[pick]) if changed else 0.0, failed,
-        ))
+        decisions.append(
+            Decision(
+                c.task.name,
+                c.task.weight,
+                c.current,
+                after,
+                c.waf_before,
+                float(c.task.weight * c.points.rate[pick]),
+                float(c.transition_s[pick]) if changed else 0.0,
+                failed,
+            )
+        )
     for name in sit.finished:
         spec = next(t for t in state.tasks if t.name == name)
         decisions.append(Decision(name, spec.weight, sit.current[name], 0, 0.0, 0.0, 0.0, False))
     decisions = _explain(decisions, sit, problem.capacity, state)
     return Plan(
-        sit.event, tuple(decisions), solution.score, sum(d.waf_after for d in decisions),
-        problem.capacity, problem.run_s, problem.unit, time.perf_counter() - started,
+        sit.event,
+        tuple(decisions),
+        solution.score,
+        sum(d.waf_after for d in decisions),
+        problem.capacity,
+        problem.run_s,
+        problem.unit,
+        time.perf_counter() - started,
     )
 
 
@@ -277,9 +304,7 @@ def feasible_allocations(state: ClusterState, event: PlanEvent | None = None) ->
     return [[int(g) for g in c.points.gpus] for c in _problem(state, event).choices]
 
 
-def score_allocation(
-    state: ClusterState, event: PlanEvent | None, allocation: Mapping[str, int]
-) -> float:
+def score_allocation(state: ClusterState, event: PlanEvent | None, allocation: Mapping[str, int]) -> float:
     """The plan score of any allocation, straight from the cost model (no search).
 
     Raises ValueError for an infeasible allocation (unusable count or over capacity).
@@ -356,6 +381,11 @@ def advance(state: ClusterState, event: PlanEvent | None, chosen: Plan) -> Clust
         next_node = max(next_node, back + 1)
     curves = {k: v for k, v in state.curves.items() if k not in sit.finished}
     return replace(
-        state, healthy=sit.nodes, assignment=assignment, tasks=sit.tasks, curves=curves,
-        down=down, next_node=next_node,
+        state,
+        healthy=sit.nodes,
+        assignment=assignment,
+        tasks=sit.tasks,
+        curves=curves,
+        down=down,
+        next_node=next_node,
     )

@@ -33,8 +33,9 @@ class PlanTable:
             if found is None:
                 healthy = self.state.healthy
                 raise UsageError(
-                    f"node {event.node} is not in service; nodes in service: "
-                    f"{healthy[0]}..{healthy[-1]}" if healthy else "no node is in service"
+                    f"node {event.node} is not in service; nodes in service: {healthy[0]}..{healthy[-1]}"
+                    if healthy
+                    else "no node is in service"
                 )
             # Nodes whose loss hits the same tasks share one plan; label it with this node.
             return replace(found, event=str(event))
@@ -44,9 +45,7 @@ class PlanTable:
             return replace(self.node_back, event=str(event))
         found = self.task_done.get(event.task)
         if found is None:
-            raise UsageError(
-                f"no task named {event.task!r}; tasks: {', '.join(sorted(self.task_done))}"
-            )
+            raise UsageError(f"no task named {event.task!r}; tasks: {', '.join(sorted(self.task_done))}")
         return found
 
 
@@ -69,9 +68,7 @@ def build(state: ClusterState) -> PlanTable:
     now = plan(state)
     back = plan(state, NodeBack())
     solves += len(task_done) + 2
-    return PlanTable(
-        state, now, node_lost, back, task_done, time.perf_counter() - started, solves
-    )
+    return PlanTable(state, now, node_lost, back, task_done, time.perf_counter() - started, solves)
 
 
 def refresh(table: PlanTable, event: PlanEvent | None) -> PlanTable:

@@ -52,7 +52,10 @@ class CurvePoints:
         """The points at the given positions, in that order."""
         at = np.asarray(index, dtype=np.int64)
         return CurvePoints(
-            self.gpus[at], self.rate[at], self.replica_gpus[at], self.state_bytes_per_gpu[at],
+            self.gpus[at],
+            self.rate[at],
+            self.replica_gpus[at],
+            self.state_bytes_per_gpu[at],
             self.iteration_s[at],
         )
 
@@ -72,9 +75,7 @@ class Coefficients:
 
 
 # Fitted by `python bench/throughput_docs.py` on megatron_sc21_weak_scaling.csv.
-DEFAULT_COEFFICIENTS = Coefficients(
-    gemm_efficiency=0.645, gemm_half_width=608.4, comm_efficiency=0.6
-)
+DEFAULT_COEFFICIENTS = Coefficients(gemm_efficiency=0.645, gemm_half_width=608.4, comm_efficiency=0.6)
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,7 @@ def _divisors(n: int) -> list[int]:
 
 
 @lru_cache(maxsize=256)
-def _candidates(
-    model: ModelSpec, gpus_per_node: int, max_tensor: int
-) -> tuple[tuple[int, int, int], ...]:
+def _candidates(model: ModelSpec, gpus_per_node: int, max_tensor: int) -> tuple[tuple[int, int, int], ...]:
     tensor = [t for t in _divisors(model.heads) if t <= min(gpus_per_node, max_tensor)]
     pipeline = _divisors(model.layers)
     return tuple((t, p, b) for t in tensor for p in pipeline for b in MICRO_BATCH_SIZES)
@@ -170,15 +169,18 @@ def best_layouts(
         if not valid.any():
             continue
         layout = Layout(
-            np.full(n, t, dtype=np.int64), np.full(n, p, dtype=np.int64), data,
+            np.full(n, t, dtype=np.int64),
+            np.full(n, p, dtype=np.int64),
+            data,
             np.full(n, b, dtype=np.int64),
         )
         seconds, memory = iteration_model(model, gpu, gpus_per_node, layout, coeffs)
         rate = np.where(valid & (memory <= capacity), flops / seconds, 0.0)
         better = rate > best
         best = np.where(better, rate, best)
-        for slot, value in zip(chosen, (layout.tensor, layout.pipeline, data, layout.micro_batch),
-                               strict=True):
+        for slot, value in zip(
+            chosen, (layout.tensor, layout.pipeline, data, layout.micro_batch), strict=True
+        ):
             slot[better] = value[better]
     return best, Layout(*chosen)
 
@@ -199,7 +201,10 @@ class AnalyticCurve:
         # for the same curve at every event, and the layout search dominates its cost.
         full = _analytic_points(self, 1 << max(top, 1).bit_length())
         return CurvePoints(
-            gpus, full.rate[gpus], full.replica_gpus[gpus], full.state_bytes_per_gpu[gpus],
+            gpus,
+            full.rate[gpus],
+            full.replica_gpus[gpus],
+            full.state_bytes_per_gpu[gpus],
             full.iteration_s[gpus],
         )
 
@@ -271,9 +276,7 @@ class MeasuredCurve:
         hit = exact.any(axis=1)
         rate = np.where(hit & (points.rate > 0), values[exact.argmax(axis=1)], scaled)
         rate = np.where(points.rate > 0, rate, 0.0)
-        iteration = points.iteration_s * np.divide(
-            points.rate, rate, out=np.ones_like(rate), where=rate > 0
-        )
+        iteration = points.iteration_s * np.divide(points.rate, rate, out=np.ones_like(rate), where=rate > 0)
         return CurvePoints(gpus, rate, points.replica_gpus, points.state_bytes_per_gpu, iteration)
 
 

@@ -38,13 +38,16 @@ def setup_seconds(settings: TransitionSettings, action: Action) -> float:
 
 def bandwidth(settings: TransitionSettings, source: StateSource) -> float:
     """Bytes per second from a state source to one receiving worker."""
-    return GB * {
-        StateSource.LOCAL: np.inf,
-        StateSource.SAME_NODE_REPLICA: settings.same_node_replica_gbytes_per_s,
-        StateSource.OTHER_NODE_REPLICA: settings.other_node_replica_gbytes_per_s,
-        StateSource.HOST_MEMORY_CHECKPOINT: settings.host_memory_checkpoint_gbytes_per_s,
-        StateSource.PERSISTENT_CHECKPOINT: settings.persistent_checkpoint_gbytes_per_s,
-    }[source]
+    return (
+        GB
+        * {
+            StateSource.LOCAL: np.inf,
+            StateSource.SAME_NODE_REPLICA: settings.same_node_replica_gbytes_per_s,
+            StateSource.OTHER_NODE_REPLICA: settings.other_node_replica_gbytes_per_s,
+            StateSource.HOST_MEMORY_CHECKPOINT: settings.host_memory_checkpoint_gbytes_per_s,
+            StateSource.PERSISTENT_CHECKPOINT: settings.persistent_checkpoint_gbytes_per_s,
+        }[source]
+    )
 
 
 def state_source(survivors: int, replica_gpus: int) -> StateSource:
@@ -119,6 +122,11 @@ def transition_seconds(
 ) -> FloatArray:
     """D_trans in seconds for each candidate count (the sum of :func:`transition_parts`)."""
     return transition_parts(
-        settings, before=before, after=after, survivors=survivors, failed=failed,
-        detection_s=detection_s, action=action,
+        settings,
+        before=before,
+        after=after,
+        survivors=survivors,
+        failed=failed,
+        detection_s=detection_s,
+        action=action,
     ).total

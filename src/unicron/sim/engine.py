@@ -156,13 +156,19 @@ class Simulation:
         return self._ideal[count]
 
     def planner_state(
-        self, healthy: tuple[int, ...] | None = None, assignment: Mapping[int, Mapping[str, int]] | None = None
+        self,
+        healthy: tuple[int, ...] | None = None,
+        assignment: Mapping[int, Mapping[str, int]] | None = None,
     ) -> ClusterState:
         return ClusterState(
-            self.cluster.gpus_per_node, self.cluster.gpu_type(), self.cluster.node_mtbf_hours,
-            self.cluster.planner, tuple(sorted(self.healthy)) if healthy is None else healthy,
+            self.cluster.gpus_per_node,
+            self.cluster.gpu_type(),
+            self.cluster.node_mtbf_hours,
+            self.cluster.planner,
+            tuple(sorted(self.healthy)) if healthy is None else healthy,
             self.assignment if assignment is None else assignment,
-            tuple(r.spec for r in self.tasks.values()), self.reference,
+            tuple(r.spec for r in self.tasks.values()),
+            self.reference,
             next_node=self.cluster.nodes,
         )
 
@@ -278,13 +284,21 @@ class Simulation:
             for cause, value in run.lost.items():
                 lost[cause] += value
         achieved = sum(r.achieved for r in self.tasks.values())
-        lost["sub_healthy"] = self.ideal_flop - achieved - sum(v for k, v in lost.items() if k != "sub_healthy")
+        lost["sub_healthy"] = (
+            self.ideal_flop - achieved - sum(v for k, v in lost.items() if k != "sub_healthy")
+        )
         hours, waf = [], []
         for (t0, c0), (t1, c1) in itertools.pairwise(self.timeline):
             if t1 > t0:
                 hours.append(t1 / HOUR)
                 waf.append((c1 - c0) / (t1 - t0))
         return PolicyResult(
-            self.policy.name, achieved, self.ideal_flop, lost,
-            {n: r.achieved for n, r in self.tasks.items()}, hours, waf, len(self.failures),
+            self.policy.name,
+            achieved,
+            self.ideal_flop,
+            lost,
+            {n: r.achieved for n, r in self.tasks.items()},
+            hours,
+            waf,
+            len(self.failures),
         )

@@ -25,10 +25,17 @@ from unicron.sim.traces import Failure
 
 # Kinds whose first symptom is a process that dies or raises (a launcher sees the exit); the
 # others first show as peers blocked in a collective, found only by a timeout or by monitoring.
-CRASH_KINDS = frozenset({
-    ErrorKind.CUDA_ERROR, ErrorKind.ILLEGAL_MEMORY_ACCESS, ErrorKind.EXITED_ABNORMALLY,
-    ErrorKind.ECC_ERROR, ErrorKind.CONNECTION_REFUSED, ErrorKind.CONNECTION_RESET, ErrorKind.OTHER,
-})
+CRASH_KINDS = frozenset(
+    {
+        ErrorKind.CUDA_ERROR,
+        ErrorKind.ILLEGAL_MEMORY_ACCESS,
+        ErrorKind.EXITED_ABNORMALLY,
+        ErrorKind.ECC_ERROR,
+        ErrorKind.CONNECTION_REFUSED,
+        ErrorKind.CONNECTION_RESET,
+        ErrorKind.OTHER,
+    }
+)
 
 
 class _Settings(BaseModel):
@@ -109,8 +116,10 @@ class UnicronPolicy:
             lost = settings.lost_iteration_fraction * _iteration_s(sim, run)
             if source.value == "persistent_checkpoint":
                 lost += settings.checkpoint_interval_s / 2
-            sim.pause(name, [(detect, "detection"), (settings.restart_process_s + move, "restart"),
-                             (lost, "lost_work")])
+            sim.pause(
+                name,
+                [(detect, "detection"), (settings.restart_process_s + move, "restart"), (lost, "lost_work")],
+            )
 
     def _flaky(self, sim: Simulation, node: int) -> bool:
         window = self.s.isolate_window_hours * HOUR
@@ -128,7 +137,9 @@ class UnicronPolicy:
         chosen = plan(state, NodeLost(node))
         self._carry_out(sim, chosen.decisions, hit, failure.kind)
 
-    def _carry_out(self, sim: Simulation, decisions: Any, hit: Mapping[str, int], kind: ErrorKind | None) -> None:
+    def _carry_out(
+        self, sim: Simulation, decisions: Any, hit: Mapping[str, int], kind: ErrorKind | None
+    ) -> None:
         settings = sim.cluster.planner.transition
         for d in decisions:
             failed = d.task in hit
@@ -140,13 +151,22 @@ class UnicronPolicy:
             after = curve.evaluate(np.array([d.after], dtype=np.int64))
             detect = self.detection_s(sim, kind, run) if (failed and kind is not None) else 0.0
             parts = transition_parts(
-                settings, before=before, after=after, survivors=d.before - hit.get(d.task, 0),
-                failed=failed, detection_s=detect,
+                settings,
+                before=before,
+                after=after,
+                survivors=d.before - hit.get(d.task, 0),
+                failed=failed,
+                detection_s=detect,
             )
             if d.after > 0:
-                sim.pause(d.task, [(float(parts.detection[0]), "detection"),
-                                   (float(parts.setup[0] + parts.state[0]), "restart"),
-                                   (float(parts.lost_work[0]), "lost_work")])
+                sim.pause(
+                    d.task,
+                    [
+                        (float(parts.detection[0]), "detection"),
+                        (float(parts.setup[0] + parts.state[0]), "restart"),
+                        (float(parts.lost_work[0]), "lost_work"),
+                    ],
+                )
         sim.set_allocation({d.task: d.after for d in decisions})
 
     def on_repair(self, sim: Simulation, node: int) -> None:
@@ -269,23 +289,48 @@ ELASTIC_DEFAULTS: dict[str, dict[str, Any]] = {
     # equal-to-Megatron throughput; we read that as Oobleck running at about 0.27 of Megatron
     # in that setting (docs/simulation.md). Our own curve model, being calibrated on Megatron,
     # cannot derive it.
-    "oobleck": {"efficiency": 0.27, "crash_detection_s": 5.0, "hang_detection_s": 60.0, "failure_pause_s": 60.0,
-                "lost_work": "iteration", "rejoin_pause_s": 60.0},
+    "oobleck": {
+        "efficiency": 0.27,
+        "crash_detection_s": 5.0,
+        "hang_detection_s": 60.0,
+        "failure_pause_s": 60.0,
+        "lost_work": "iteration",
+        "rejoin_pause_s": 60.0,
+    },
     # Varuna (EuroSys'22): pipeline + data parallelism; morphs the job by restarting from its
     # latest checkpoint with a new configuration.
     # 4.8-5.8x in the paper; the part not explained by failures is taken as 0.21 of Megatron.
-    "varuna": {"efficiency": 0.21, "crash_detection_s": 60.0, "hang_detection_s": 60.0, "failure_pause_s": 300.0,
-               "lost_work": "checkpoint", "rejoin_pause_s": 300.0},
+    "varuna": {
+        "efficiency": 0.21,
+        "crash_detection_s": 60.0,
+        "hang_detection_s": 60.0,
+        "failure_pause_s": 300.0,
+        "lost_work": "checkpoint",
+        "rejoin_pause_s": 300.0,
+    },
     # Bamboo (NSDI'23): redundant computation lets a pipeline fail over without restarting, at
     # the price of the redundant work in every step: a forward pass for the neighbour stage, a
     # third of a step's compute, of which we take three quarters not hidden in bubbles.
-    "bamboo": {"efficiency": 0.75, "crash_detection_s": 5.0, "hang_detection_s": 60.0,
-               "failure_pause_s": 10.0, "lost_work": "none", "rejoin_pause_s": 60.0},
+    "bamboo": {
+        "efficiency": 0.75,
+        "crash_detection_s": 5.0,
+        "hang_detection_s": 60.0,
+        "failure_pause_s": 10.0,
+        "lost_work": "none",
+        "rejoin_pause_s": 60.0,
+    },
     # torchft: per-step quorum; survivors go on after the lighthouse notices, the failed step is
     # dropped, the failed replica group restarts and heals from a peer.
-    "torchft": {"tensor_parallel": True, "crash_detection_s": 2.0, "hang_detection_s": 60.0,
-                "failure_pause_s": 0.0, "lost_work": "iteration", "survivors_continue": True,
-                "heal_s": 30.0, "rejoin_pause_s": 0.0},
+    "torchft": {
+        "tensor_parallel": True,
+        "crash_detection_s": 2.0,
+        "hang_detection_s": 60.0,
+        "failure_pause_s": 0.0,
+        "lost_work": "iteration",
+        "survivors_continue": True,
+        "heal_s": 30.0,
+        "rejoin_pause_s": 0.0,
+    },
 }
 
 
@@ -319,8 +364,14 @@ class ElasticPolicy:
             if self.s.survivors_continue:
                 self._drop_replica_group(sim, run, lost, detect, node_out)
                 continue
-            sim.pause(name, [(detect, "detection"), (self.s.failure_pause_s, "restart"),
-                             (self._lost_work(sim, run), "lost_work")])
+            sim.pause(
+                name,
+                [
+                    (detect, "detection"),
+                    (self.s.failure_pause_s, "restart"),
+                    (self._lost_work(sim, run), "lost_work"),
+                ],
+            )
             if node_out and sim.free_gpus() >= lost:
                 sim.set_allocation(self._counts(sim, {name: run.nominal}))
             elif node_out:

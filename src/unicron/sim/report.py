@@ -16,13 +16,15 @@ def summary_rows(report: SimulationReport) -> list[dict[str, Any]]:
     unicron = next((r for r in report.results if r.policy == "unicron"), None)
     for r in report.results:
         lost = {c: r.lost_flop[c] / r.ideal_flop for c in CAUSES}
-        rows.append({
-            "policy": r.policy,
-            "waf_flop": r.waf_flop,
-            "ratio_to_oracle": r.ratio_to_oracle,
-            "unicron_over_this": (unicron.waf_flop / r.waf_flop) if unicron and r.waf_flop else None,
-            "lost_share": lost,
-        })
+        rows.append(
+            {
+                "policy": r.policy,
+                "waf_flop": r.waf_flop,
+                "ratio_to_oracle": r.ratio_to_oracle,
+                "unicron_over_this": (unicron.waf_flop / r.waf_flop) if unicron and r.waf_flop else None,
+                "lost_share": lost,
+            }
+        )
     return rows
 
 
@@ -59,14 +61,21 @@ def plot(report: SimulationReport, path: Path) -> None:
         left.plot(r.timeline_hours, [w / 1e15 for w in r.timeline_waf], label=r.policy, linewidth=1, **style)
     for f in report.failures:
         left.axvline(f.time_hours, color="red", alpha=0.15, linewidth=0.6)
-    left.set(xlabel="hours", ylabel="cluster WAF (weighted PFLOP/s)",
-             title=f"{report.scenario.name}: WAF over time ({len(report.failures)} failures, red)")
+    left.set(
+        xlabel="hours",
+        ylabel="cluster WAF (weighted PFLOP/s)",
+        title=f"{report.scenario.name}: WAF over time ({len(report.failures)} failures, red)",
+    )
     left.legend(fontsize=8, loc="lower left")
     names = [r.policy for r in report.results if r.policy != "oracle"]
     bottom = [0.0] * len(names)
     for cause in CAUSES:
-        values = [100 * next(r for r in report.results if r.policy == n).lost_flop[cause]
-                  / next(r for r in report.results if r.policy == n).ideal_flop for n in names]
+        values = [
+            100
+            * next(r for r in report.results if r.policy == n).lost_flop[cause]
+            / next(r for r in report.results if r.policy == n).ideal_flop
+            for n in names
+        ]
         right.bar(names, values, bottom=bottom, label=cause.replace("_", " "))
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     right.set(ylabel="% of the oracle's WAF lost", title="Lost WAF by cause")

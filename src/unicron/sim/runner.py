@@ -25,10 +25,16 @@ class SimulationReport:
 def scenario_trace(scenario: ScenarioSpec) -> list[Failure]:
     t = scenario.trace
     return generate(
-        nodes=scenario.cluster.nodes, hours=scenario.days * 24,
-        node_mtbf_hours=t.node_mtbf_hours or scenario.cluster.node_mtbf_hours, mix=t.kind_mix(),
-        seed=t.seed, distribution=t.distribution, weibull_shape=t.weibull_shape,
-        repair_median_hours=t.repair_median_hours, repair_sigma=t.repair_sigma, count=t.count,
+        nodes=scenario.cluster.nodes,
+        hours=scenario.days * 24,
+        node_mtbf_hours=t.node_mtbf_hours or scenario.cluster.node_mtbf_hours,
+        mix=t.kind_mix(),
+        seed=t.seed,
+        distribution=t.distribution,
+        weibull_shape=t.weibull_shape,
+        repair_median_hours=t.repair_median_hours,
+        repair_sigma=t.repair_sigma,
+        count=t.count,
     )
 
 
@@ -38,8 +44,14 @@ def simulate(scenario: ScenarioSpec, failures: list[Failure] | None = None) -> S
     results = []
     for name in scenario.policies:
         policy = make_policy(name, scenario.policy_settings.get(name))
-        sim = Simulation(scenario.cluster, list(scenario.tasks), trace, policy, scenario.days * 24,
-                         samples=scenario.samples)
+        sim = Simulation(
+            scenario.cluster,
+            list(scenario.tasks),
+            trace,
+            policy,
+            scenario.days * 24,
+            samples=scenario.samples,
+        )
         results.append(sim.run())
     oracle = next(r for r in results if r.policy == "oracle").waf_flop
     for r in results:

@@ -88,8 +88,13 @@ def parse_scenario(text: str, source: str) -> ScenarioSpec:
         except ValidationError as exc:
             for err in exc.errors(include_url=False):
                 where = ".".join(str(x) for x in err["loc"])
-                problems.append(SpecProblem(f"policy_settings.{name}.{where}", str(err["msg"]),
-                                            "see docs/simulation.md for the settings"))
+                problems.append(
+                    SpecProblem(
+                        f"policy_settings.{name}.{where}",
+                        str(err["msg"]),
+                        "see docs/simulation.md for the settings",
+                    )
+                )
         except ValueError as exc:
             problems.append(SpecProblem(f"policy_settings.{name}", str(exc), "use a known policy"))
     if problems:

@@ -65,22 +65,35 @@ def _row(values: Mapping[str, Any], nodes: int | None) -> Failure:
 
 
 def parse_csv(text: str, source: str, nodes: int | None = None) -> list[Failure]:
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1)
-             if line.strip() and not line.lstrip().startswith("#")]
+    lines = [
+        (n, line)
+        for n, line in enumerate(text.splitlines(), 1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     if not lines:
         raise SpecError(source, [SpecProblem("", "the trace is empty", f"add a header: {','.join(FIELDS)}")])
     header_no, header = lines[0]
     names = [h.strip() for h in next(csv.reader(io.StringIO(header)))]
     if sorted(names) != sorted(FIELDS):
-        raise SpecError(source, [SpecProblem(
-            f"line {header_no}", f"header is {','.join(names)}", f"use the header {','.join(FIELDS)}"
-        )])
+        raise SpecError(
+            source,
+            [
+                SpecProblem(
+                    f"line {header_no}", f"header is {','.join(names)}", f"use the header {','.join(FIELDS)}"
+                )
+            ],
+        )
     failures, problems = [], []
     for number, line in lines[1:]:
         cells = next(csv.reader(io.StringIO(line)))
         if len(cells) != len(names):
-            problems.append(SpecProblem(f"line {number}", f"{len(cells)} fields, expected {len(names)}",
-                                        "give one value per header column"))
+            problems.append(
+                SpecProblem(
+                    f"line {number}",
+                    f"{len(cells)} fields, expected {len(names)}",
+                    "give one value per header column",
+                )
+            )
             continue
         try:
             failures.append(_row(dict(zip(names, cells, strict=True)), nodes))
@@ -95,21 +108,30 @@ def parse_json(text: str, source: str, nodes: int | None = None) -> list[Failure
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SpecError(source, [SpecProblem(f"line {exc.lineno}", f"not valid JSON: {exc.msg}",
-                                             "correct the JSON syntax")]) from None
+        raise SpecError(
+            source,
+            [SpecProblem(f"line {exc.lineno}", f"not valid JSON: {exc.msg}", "correct the JSON syntax")],
+        ) from None
     rows = data.get("failures") if isinstance(data, dict) else data
     if not isinstance(rows, list):
-        raise SpecError(source, [SpecProblem("", "expected a list of failures",
-                                             "write [ {...}, ... ] or {\"failures\": [...]}")])
+        raise SpecError(
+            source,
+            [SpecProblem("", "expected a list of failures", 'write [ {...}, ... ] or {"failures": [...]}')],
+        )
     failures, problems = [], []
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
-            problems.append(SpecProblem(f"failures[{index}]", "not an object", f"use keys {', '.join(FIELDS)}"))
+            problems.append(
+                SpecProblem(f"failures[{index}]", "not an object", f"use keys {', '.join(FIELDS)}")
+            )
             continue
         extra = set(row) - set(FIELDS)
         if extra:
-            problems.append(SpecProblem(f"failures[{index}]", f"unknown keys {sorted(extra)}",
-                                        f"use only {', '.join(FIELDS)}"))
+            problems.append(
+                SpecProblem(
+                    f"failures[{index}]", f"unknown keys {sorted(extra)}", f"use only {', '.join(FIELDS)}"
+                )
+            )
             continue
         try:
             failures.append(_row(row, nodes))
