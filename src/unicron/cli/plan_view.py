@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from unicron.cli.console import console as make_console
 from unicron.cli.files import load_specs
 from unicron.core.errors import SpecError, SpecProblem
 from unicron.core.events import parse_event
@@ -77,4 +78,4 @@ def run_plan(cluster_path: Path, tasks_path: Path, *, json_output: bool, event: 
     if json_output:
         print(json.dumps(plan_json(chosen, table), indent=2))
     else:
-        render(chosen, table, Console())
+        render(chosen, table, make_console())

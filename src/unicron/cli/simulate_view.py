@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
+from unicron.cli.console import console as make_console
 from unicron.cli.files import read_text
 from unicron.sim.engine import CAUSES
 from unicron.sim.report import plot, summary_rows, to_json
@@ -36,16 +36,14 @@ def run_simulate(
     if json_output:
         print(json.dumps(to_json(report), indent=2))
         return
-    console = Console()
+    console = make_console()
     table = Table(
         title=f"{scenario.name}: {scenario.days:g} days, {scenario.cluster.total_gpus} GPUs, "
-        f"{len(report.failures)} failures",
+        f"{len(report.failures)} failures; lost WAF in % of the oracle's",
         title_justify="left",
     )
-    for column in ("policy", "WAF (EFLOP)", "vs oracle", "Unicron / it"):
-        table.add_column(column, justify="right" if column != "policy" else "left")
-    for cause in CAUSES:
-        table.add_column(f"lost: {cause.replace('_', ' ')}", justify="right")
+    for column in ("policy", "WAF (EFLOP)", "vs oracle", "Unicron/it", *SHORT.values()):
+        table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
     for row in summary_rows(report):
         ratio = row["unicron_over_this"]
         table.add_row(
@@ -53,7 +51,17 @@ def run_simulate(
             f"{row['waf_flop'] / 1e18:,.0f}",
             f"{row['ratio_to_oracle']:.3f}",
             "-" if ratio is None else f"{ratio:.2f}x",
-            *(f"{100 * row['lost_share'][c]:.2f}%" for c in CAUSES),
+            *(f"{100 * row['lost_share'][c]:.2f}" for c in CAUSES),
         )
     console.print(table)
     console.print(f"simulated in {report.seconds:.2f} s" + (f"; plot: {plot_path}" if plot_path else ""))
+
+
+SHORT = {
+    "detection": "detect",
+    "restart": "restart",
+    "lost_work": "redo",
+    "repair_wait": "wait",
+    "overhead": "overhead",
+    "sub_healthy": "sub-healthy",
+}

@@ -284,9 +284,9 @@ class Simulation:
             for cause, value in run.lost.items():
                 lost[cause] += value
         achieved = sum(r.achieved for r in self.tasks.values())
-        lost["sub_healthy"] = (
-            self.ideal_flop - achieved - sum(v for k, v in lost.items() if k != "sub_healthy")
-        )
+        remainder = self.ideal_flop - achieved - sum(v for k, v in lost.items() if k != "sub_healthy")
+        # Summation noise can leave a remainder of -1e-12 of the ideal: that is zero.
+        lost["sub_healthy"] = 0.0 if abs(remainder) <= 1e-9 * self.ideal_flop else remainder
         hours, waf = [], []
         for (t0, c0), (t1, c1) in itertools.pairwise(self.timeline):
             if t1 > t0:

@@ -386,14 +386,20 @@ class ElasticPolicy:
         # The replica group(s) holding the failed workers stop; the other groups go on.
         group = min(run.nominal, math.ceil(lost / replica) * replica)
         # Survivors stall until the quorum drops the failed group; the step in flight is lost.
-        sim.pause(name, [(detect, "detection"), (self._lost_work(sim, run), "lost_work")])
+        # Both cost the whole task; only then does it go on without the failed group.
+        stall = detect + self._lost_work(sim, run)
+        sim.pause(name, [(detect, "detection"), (stall - detect, "lost_work")])
         if node_out and sim.free_gpus() >= lost:
             sim.set_allocation(self._counts(sim, {name: run.nominal}))
             node_out = False  # the group restarts on a spare node
-        held = self._held(sim, name)
-        run.gpus = max(held + (lost if node_out else 0) - group, 0)
+        effective = max(self._held(sim, name) + (lost if node_out else 0) - group, 0)
+
+        def drop() -> None:
+            run.gpus = min(run.gpus, effective)
+
+        sim.call_at(sim.now + stall, drop)
         if not node_out:
-            sim.call_at(sim.now + detect + self.s.heal_s, lambda: self._heal(sim, name))
+            sim.call_at(sim.now + max(stall, detect + self.s.heal_s), self._healer(sim, name))
 
     @staticmethod
     def _held(sim: Simulation, name: str) -> int:
