@@ -55,6 +55,83 @@ def simulate(
     run_simulate(scenario, trace=trace, json_output=json_output, plot_path=plot, save_trace=save_trace)
 
 
+URL = Annotated[str, typer.Option("--coordinator", envvar="UNICRON_COORDINATOR", help="coordinator URL")]
+
+
+@app.command()
+def coordinator(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8470,
+    state_dir: Annotated[Path, typer.Option(help="where the durable state lives")] = Path(
+        ".unicron/coordinator"
+    ),
+    checkpoint_dir: Annotated[
+        Path | None, typer.Option(help="checkpoint root, shared with the agents' machines")
+    ] = None,
+    advertise: Annotated[str | None, typer.Option(help="address workers use to reach the rendezvous")] = None,
+) -> None:
+    """Run the coordinator service (REST API, agent channel, planner, rendezvous)."""
+    from unicron.cli.live import run_coordinator
+
+    run_coordinator(host, port, state_dir, checkpoint_dir, advertise)
+
+
+@app.command()
+def agent(
+    coordinator: URL = "http://127.0.0.1:8470",
+    slots: Annotated[int, typer.Option(help="worker slots (GPUs) on this node")] = 1,
+    node: Annotated[str | None, typer.Option(help="node name (default: the host name)")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="for the socket and worker logs")] = None,
+    gpus: Annotated[str | None, typer.Option(help="comma-separated GPU ids, one per slot")] = None,
+) -> None:
+    """Run a node agent: register, heartbeat, launch and supervise workers."""
+    from unicron.cli.live import run_agent
+
+    run_agent(coordinator, node, slots, run_dir, gpus)
+
+
+@app.command()
+def submit(
+    spec: Annotated[Path, typer.Argument(help="task YAML: one task, or several under 'tasks:'")],
+    coordinator: URL = "http://127.0.0.1:8470",
+) -> None:
+    """Submit tasks to the coordinator."""
+    from unicron.cli.live import submit as send
+
+    send(coordinator, spec)
+
+
+@app.command()
+def cancel(name: str, coordinator: URL = "http://127.0.0.1:8470") -> None:
+    """Cancel a task: its workers stop and its slots are re-planned."""
+    from unicron.cli.live import cancel as send
+
+    send(coordinator, name)
+
+
+@app.command()
+def status(
+    coordinator: URL = "http://127.0.0.1:8470",
+    json_output: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Print nodes, slots, tasks and workers."""
+    from unicron.cli.live import status as show
+
+    show(coordinator, json_output)
+
+
+@app.command()
+def events(
+    coordinator: URL = "http://127.0.0.1:8470",
+    task: Annotated[str | None, typer.Option(help="only this task's events")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Print the coordinator's event log."""
+    from unicron.cli.live import events as show
+
+    show(coordinator, task, json_output)
+
+
 @app.callback()
 def root() -> None:
     """Self-healing workload manager for LLM training on shared GPU clusters."""

@@ -434,3 +434,44 @@ def check_against_cluster(
                 )
     if problems:
         raise SpecError(cluster_source, problems)
+
+
+# ---------------------------------------------------------------- live tasks
+
+
+class RunSpec(_Spec):
+    """How to run a live task's workers."""
+
+    program: list[str] = Field(
+        min_length=1, description="argv; a leading 'python' is the agent's interpreter"
+    )
+    iterations: int = Field(gt=0, description="optimizer steps to train")
+    checkpoint_every: int = Field(default=20, gt=0, description="steps between checkpoints")
+    flops_per_sample: float | None = Field(default=None, gt=0, description="for measured WAF")
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("program", mode="before")
+    @classmethod
+    def _argv_as_text(cls, value: Any) -> Any:
+        # YAML reads `--steps, 10` as a number; an argv holds text.
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
+        return value
+
+
+class LiveTaskSpec(TaskSpec):
+    """A task submitted to the coordinator: what the planner needs, and how to run it."""
+
+    run: RunSpec
+
+
+class LiveTaskList(_Spec):
+    tasks: list[LiveTaskSpec] = Field(min_length=1)
+
+
+def parse_live_tasks(text: str, source: str = "<task>") -> list[LiveTaskSpec]:
+    """One task (a mapping with ``name``) or several (under ``tasks:``)."""
+    data = load_yaml_text(text, source)
+    if isinstance(data, Mapping) and "tasks" in data:
+        return list(validate_spec(LiveTaskList, data, source).tasks)
+    return [validate_spec(LiveTaskSpec, data, source)]

@@ -1,0 +1,80 @@
+"""Train a small GPT with data parallelism under Unicron (also runs alone: a world of one).
+
+    python examples/tinygpt/train.py --iterations 50 --checkpoint-dir /tmp/ckpt
+
+Under a Unicron agent the iterations, checkpoint directory and peers come from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpus import make_corpus
+from model import Config, TinyGPT, lm_loss
+
+import unicron.train as ut
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--sequence", type=int, default=32)
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--dataset-size", type=int, default=4096, help="sequences in the corpus")
+    p.add_argument("--global-batch", type=int, default=32, help="sequences per optimizer step")
+    p.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--iterations", type=int, default=100, help="steps, when not run by an agent")
+    p.add_argument("--checkpoint-dir", default=None, help="when not run by an agent")
+    p.add_argument("--checkpoint-every", type=int, default=20)
+    p.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (to slow a demo)")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    torch.set_num_threads(1)
+    dtype = getattr(torch, args.dtype)
+    config = Config(args.vocab, args.sequence, args.layers, args.hidden, args.heads)
+    corpus = make_corpus(args.dataset_size, args.sequence, args.vocab, args.seed)
+    with ut.init(
+        iterations=args.iterations, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every
+    ) as session:
+        torch.manual_seed(args.seed)  # the same initial parameters on every rank
+        model = TinyGPT(config).to(dtype)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        session.resume(model, optimizer)
+        net = session.wrap(model)
+        for step in session.steps():
+            with session.iteration(step) as it:
+                for mb in session.plan(step, args.global_batch, args.micro_batch, len(corpus), args.seed):
+                    # Gradients are all-reduced once per step, after the rank's last micro-batch.
+                    sync = contextlib.nullcontext() if mb.last or net is model else net.no_sync()
+                    with sync:
+                        loss = lm_loss(net, corpus[mb.ids])
+                        (loss * mb.weight).backward()
+                    it.record(loss.item(), len(mb.ids))
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            session.maybe_checkpoint(model, optimizer)
+            if args.step_delay:
+                time.sleep(args.step_delay)
+        digest = session.finish(model, optimizer)
+        if session.rank == 0:
+            print(f"finished step {session.step}, parameters {digest}")
+
+
+if __name__ == "__main__":
+    main()

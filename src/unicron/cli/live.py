@@ -1,0 +1,154 @@
+"""Commands for the live system: run the coordinator or an agent, submit, cancel, status."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.table import Table
+from rich.text import Text
+
+from unicron.cli.console import console
+from unicron.cli.files import read_text
+from unicron.core.errors import UnicronError
+
+DEFAULT_URL = os.environ.get("UNICRON_COORDINATOR", "http://127.0.0.1:8470")
+
+
+def run_coordinator(
+    host: str, port: int, state_dir: Path, checkpoint_dir: Path | None, advertise: str | None
+) -> None:
+    import uvicorn
+
+    from unicron.control.coordinator import CoordinatorSettings
+    from unicron.control.service import create_app
+
+    settings = CoordinatorSettings(
+        state_dir=state_dir,
+        checkpoint_root=checkpoint_dir or state_dir / "checkpoints",
+        advertise_host=advertise or (host if host not in ("0.0.0.0", "::") else socket.gethostname()),
+    )
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+
+
+def run_agent(url: str, node: str | None, slots: int, run_dir: Path | None, gpus: str | None) -> None:
+    from unicron.control.agent import run_agent as start
+
+    name = node or socket.gethostname()
+    devices = [g for g in (gpus or "").split(",") if g]
+    start(url, name, slots, run_dir or Path(f".unicron/agents/{name}"), devices)
+
+
+def _request(method: str, url: str, **kwargs: Any) -> Any:
+    try:
+        response = httpx.request(method, url, timeout=10.0, **kwargs)
+    except httpx.HTTPError as exc:
+        raise UnicronError(f"cannot reach the coordinator at {url} ({exc}); is it running?") from None
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"error": response.text}
+        raise UnicronError(body.get("error", response.text))
+    return response.json()
+
+
+def submit(url: str, spec: Path) -> None:
+    created = _request(
+        "POST",
+        f"{url}/v1/tasks",
+        content=read_text(spec).encode(),
+        headers={"content-type": "application/yaml"},
+    )
+    for task in created:
+        console().print(
+            f"submitted {task['name']} (weight {task['weight']:g}, {task['iterations']} iterations)"
+        )
+
+
+def cancel(url: str, name: str) -> None:
+    task = _request("DELETE", f"{url}/v1/tasks/{name}")
+    console().print(f"{task['name']}: {task['state']}")
+
+
+def events(url: str, task: str | None, json_output: bool) -> None:
+    rows = _request("GET", f"{url}/v1/events", params={"task": task} if task else {})
+    if json_output:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("id", "time", "kind", "task", "node", "detail")
+    for e in rows:
+        detail = ", ".join(f"{k}={v}" for k, v in e["detail"].items())
+        table.add_row(
+            str(e["id"]), f"{e['time']:.3f}", e["kind"], e["task"] or "", e["node"] or "", Text(detail)
+        )
+    console().print(table)
+
+
+def status(url: str, json_output: bool) -> None:
+    nodes = _request("GET", f"{url}/v1/nodes")
+    tasks = _request("GET", f"{url}/v1/tasks")
+    workers = _request("GET", f"{url}/v1/workers")
+    if json_output:
+        print(json.dumps({"nodes": nodes, "tasks": tasks, "workers": workers}, indent=2))
+        return
+    out = console()
+    table = Table("node", "state", "slots", "used", "heartbeat", title="Nodes", title_justify="left")
+    for n in nodes:
+        used = ", ".join(f"{t}:{k}" for t, k in n["used"].items()) or "-"
+        table.add_row(
+            n["name"], n["state"], str(n["slots"]), used, f"{n['seconds_since_heartbeat']:.1f} s ago"
+        )
+    out.print(table)
+    table = Table(
+        "task",
+        "state",
+        "weight",
+        "workers",
+        "gen",
+        "step",
+        "ckpt",
+        "failures",
+        "downtime",
+        "WAF (FLOP/s)",
+        title="Tasks",
+        title_justify="left",
+    )
+    for t in tasks:
+        table.add_row(
+            t["name"],
+            t["state"],
+            f"{t['weight']:g}",
+            str(t["workers"]),
+            str(t["generation"]),
+            f"{t['step']}/{t['iterations']}",
+            str(t["checkpoint_step"]),
+            str(t["failures"]),
+            f"{t['downtime_s']:.1f} s",
+            f"{t['waf']:.3g}",
+        )
+    out.print(table)
+    table = Table(
+        "task", "gen", "rank", "node", "local", "state", "pid", "exit", title="Workers", title_justify="left"
+    )
+    for w in workers:
+        code = (
+            ""
+            if w["exit_code"] is None and w["exit_signal"] is None
+            else (f"signal {w['exit_signal']}" if w["exit_signal"] else str(w["exit_code"]))
+        )
+        table.add_row(
+            w["task"],
+            str(w["generation"]),
+            str(w["rank"]),
+            w["node"],
+            str(w["local_rank"]),
+            w["state"],
+            str(w["pid"] or ""),
+            code,
+        )
+    out.print(table)

@@ -1,0 +1,1 @@
+"""Control plane: the coordinator service, its store, node agents and process supervision."""

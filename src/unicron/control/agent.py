@@ -1,0 +1,273 @@
+"""The node agent: registers its node, heartbeats, runs and supervises worker processes.
+
+- Workers are started in their own process group with everything they need in their
+  environment, and with a parent-death signal so that they die with the agent (a lost node).
+- Each exit is seen the moment it happens (asyncio's child watcher) with its code or signal.
+- A stop order sends SIGTERM to the worker's group and SIGKILL after the grace period.
+- Workers send reports as JSON datagrams to the agent's Unix socket; the agent forwards them
+  with the next heartbeat, at once for urgent ones (exits, exceptions).
+- When the coordinator is unreachable the agent keeps its workers running, keeps their reports,
+  and registers again when the coordinator answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from unicron.core.protocol import (
+    WORKER_REPORT,
+    ExceptionReport,
+    ExitReport,
+    Heartbeat,
+    HeartbeatReply,
+    LaunchWorker,
+    Registration,
+    RegistrationReply,
+    StopWorkers,
+    WorkerReport,
+    WorkerState,
+)
+
+MAX_BUFFERED_REPORTS = 10_000
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Worker:
+    order: LaunchWorker
+    process: asyncio.subprocess.Process
+    log: Path
+    started: float = field(default_factory=time.time)
+    exited: bool = False
+
+    def state(self) -> WorkerState:
+        return WorkerState(
+            task=self.order.task,
+            generation=self.order.generation,
+            rank=self.order.rank,
+            pid=self.process.pid,
+            running=not self.exited,
+        )
+
+
+class Agent:
+    def __init__(
+        self,
+        coordinator: str,
+        node: str,
+        slots: int,
+        run_dir: Path,
+        gpus: list[str] | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.url = coordinator.rstrip("/")
+        self.node = node
+        self.slots = slots
+        self.gpus = gpus or []
+        self.host = host
+        self.run_dir = run_dir
+        self.socket_path = run_dir / "agent.sock"
+        self.workers: dict[tuple[str, int, int], Worker] = {}
+        self.reports: list[WorkerReport] = []
+        self.urgent = asyncio.Event()
+        self.interval = 0.5
+        self.registered = False
+        self.stopping = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ reports from workers
+    class _Datagrams(asyncio.DatagramProtocol):
+        def __init__(self, agent: Agent) -> None:
+            self.agent = agent
+
+        def datagram_received(self, data: bytes, addr: Any) -> None:
+            try:
+                report = WORKER_REPORT.validate_json(data)
+            except ValidationError:
+                return
+            self.agent.queue(report)
+
+    def queue(self, report: WorkerReport) -> None:
+        self.reports.append(report)
+        del self.reports[:-MAX_BUFFERED_REPORTS]
+        if isinstance(report, (ExitReport, ExceptionReport)):
+            self.urgent.set()
+
+    # ------------------------------------------------------------------ workers
+    async def launch(self, order: LaunchWorker) -> None:
+        key = (order.task, order.generation, order.rank)
+        if key in self.workers:
+            return
+        argv = list(order.argv)
+        if argv and argv[0] == "python":
+            argv[0] = sys.executable
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{order.task}-g{order.generation}-r{order.rank}.log"
+        env = {**os.environ, **order.env}
+        env.update(
+            {
+                "UNICRON_AGENT_SOCKET": str(self.socket_path),
+                "UNICRON_NODE": self.node,
+                "UNICRON_RANK": str(order.rank),
+                "UNICRON_LOCAL_RANK": str(order.local_rank),
+                "RANK": str(order.rank),
+                "LOCAL_RANK": str(order.local_rank),
+                "WORLD_SIZE": str(order.world_size),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[order.local_rank % len(self.gpus)]
+        with log.open("ab") as out:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        worker = Worker(order, process, log)
+        self.workers[key] = worker
+        self._spawn(self._watch(worker))
+
+    async def _watch(self, worker: Worker) -> None:
+        code = await worker.process.wait()
+        worker.exited = True
+        o = worker.order
+        self.queue(
+            ExitReport(
+                task=o.task,
+                generation=o.generation,
+                rank=o.rank,
+                node=self.node,
+                code=code if code >= 0 else None,
+                signal=-code if code < 0 else None,
+            )
+        )
+
+    async def stop(self, order: StopWorkers) -> None:
+        chosen = [
+            w
+            for (task, gen, _), w in self.workers.items()
+            if task == order.task and (order.generation is None or gen <= order.generation) and not w.exited
+        ]
+        await asyncio.gather(*(self._terminate(w, order.grace_s) for w in chosen))
+
+    async def _terminate(self, worker: Worker, grace_s: float) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.process.pid, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(worker.process.wait(), grace_s)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.process.pid, signal.SIGKILL)
+        await worker.process.wait()
+
+    def forget_exited(self) -> None:
+        for key in [k for k, w in self.workers.items() if w.exited and time.time() - w.started > 60]:
+            del self.workers[key]
+
+    # ------------------------------------------------------------------ the coordinator
+    async def _register(self, client: httpx.AsyncClient) -> None:
+        reg = Registration(
+            node=self.node,
+            slots=self.slots,
+            gpus=self.gpus,
+            host=self.host,
+            workers=[w.state() for w in self.workers.values()],
+        )
+        response = await client.post(f"{self.url}/v1/agents/register", content=reg.model_dump_json())
+        if response.status_code != 200:
+            raise RuntimeError(f"registration refused: {response.text}")
+        reply = RegistrationReply.model_validate_json(response.content)
+        self.interval = reply.heartbeat_interval_s
+        self.registered = True
+
+    async def _beat(self, client: httpx.AsyncClient) -> None:
+        sending = list(self.reports)
+        hb = Heartbeat(node=self.node, workers=[w.state() for w in self.workers.values()], reports=sending)
+        response = await client.post(f"{self.url}/v1/agents/heartbeat", content=hb.model_dump_json())
+        response.raise_for_status()
+        del self.reports[: len(sending)]
+        reply = HeartbeatReply.model_validate_json(response.content)
+        if not reply.registered:
+            self.registered = False
+            return
+        for order in reply.orders:
+            if isinstance(order, LaunchWorker):
+                await self.launch(order)
+            else:
+                self._spawn(self.stop(order))
+
+    async def run(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: self._Datagrams(self), local_addr=str(self.socket_path), family=1
+        )
+        headers = {"content-type": "application/json"}
+        try:
+            async with httpx.AsyncClient(timeout=2.0, headers=headers) as client:
+                while not self.stopping:
+                    try:
+                        if not self.registered:
+                            await self._register(client)
+                        await self._beat(client)
+                    except (httpx.HTTPError, RuntimeError) as exc:
+                        self.registered = False
+                        print(
+                            f"agent {self.node}: coordinator unreachable ({exc}); retrying", file=sys.stderr
+                        )
+                    self.forget_exited()
+                    self.urgent.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.urgent.wait(), self.interval)
+        finally:
+            transport.close()
+
+    async def shutdown(self, grace_s: float = 5.0) -> None:
+        self.stopping = True
+        await asyncio.gather(*(self._terminate(w, grace_s) for w in self.workers.values() if not w.exited))
+
+
+def run_agent(coordinator: str, node: str, slots: int, run_dir: Path, gpus: list[str] | None = None) -> None:
+    async def main() -> None:
+        agent = Agent(coordinator, node, slots, run_dir, gpus)
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, done.set)
+        runner = asyncio.create_task(agent.run())
+        await done.wait()
+        await agent.shutdown()
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+
+    asyncio.run(main())

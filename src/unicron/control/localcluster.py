@@ -1,0 +1,182 @@
+"""An embedded local cluster: a real coordinator and real agents as processes on loopback.
+
+Used by ``make demo`` and the end-to-end tests. Every process it starts is in its own process
+group and is killed on close (also on Ctrl-C or interpreter exit); workers die with their agent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from unicron.core.errors import UnicronError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalCluster:
+    def __init__(self, root: Path, nodes: int = 4, slots: int = 2, port: int | None = None) -> None:
+        self.root = root
+        self.node_names = [f"node-{i}" for i in range(nodes)]
+        self.slots = slots
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.coordinator: subprocess.Popen[bytes] | None = None
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self.client = httpx.Client(base_url=self.url, timeout=10.0)
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------------ processes
+    def _spawn(self, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "unicron.cli.main", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def start(self) -> LocalCluster:
+        self.start_coordinator()
+        for name in self.node_names:
+            self.start_agent(name)
+        self.wait(
+            lambda: sum(n["state"] == "healthy" for n in self.get("/v1/nodes")) == len(self.node_names),
+            60,
+            "agents to register",
+        )
+        return self
+
+    def start_coordinator(self) -> None:
+        self.coordinator = self._spawn(
+            [
+                "coordinator",
+                "--port",
+                str(self.port),
+                "--state-dir",
+                str(self.root / "coordinator"),
+                "--checkpoint-dir",
+                str(self.root / "checkpoints"),
+            ],
+            self.root / "logs" / "coordinator.log",
+        )
+        self.wait(self._healthy, 60, "the coordinator to listen")
+
+    def _healthy(self) -> bool:
+        try:
+            return self.client.get("/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill_coordinator(self) -> None:
+        if self.coordinator is not None:
+            _kill_group(self.coordinator, signal.SIGKILL)
+            self.coordinator = None
+
+    def start_agent(self, name: str) -> None:
+        self.agents[name] = self._spawn(
+            [
+                "agent",
+                "--coordinator",
+                self.url,
+                "--slots",
+                str(self.slots),
+                "--node",
+                name,
+                "--run-dir",
+                str(self.root / "agents" / name),
+            ],
+            self.root / "logs" / f"agent-{name}.log",
+        )
+
+    def kill_node(self, name: str) -> None:
+        """Lose a node: its agent dies at once, and its workers with it."""
+        agent = self.agents.pop(name)
+        pids = [w["pid"] for w in self.get("/v1/workers") if w["node"] == name and w["pid"]]
+        _kill_group(agent, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def kill_worker(self, task: str, rank: int, sig: int = signal.SIGKILL) -> int:
+        worker = next(
+            w
+            for w in self.get("/v1/workers")
+            if w["task"] == task and w["rank"] == rank and w["state"] == "running"
+        )
+        os.kill(worker["pid"], sig)
+        return int(worker["pid"])
+
+    def close(self) -> None:
+        for agent in list(self.agents.values()):
+            _kill_group(agent, signal.SIGTERM)
+        deadline = time.time() + 10
+        for agent in self.agents.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.wait(max(0.1, deadline - time.time()))
+            _kill_group(agent, signal.SIGKILL)
+        self.agents.clear()
+        self.kill_coordinator()
+        self.client.close()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the API
+    def get(self, path: str, **params: Any) -> Any:
+        response = self.client.get(path, params=params)
+        response.raise_for_status()
+        return response.json()
+
+    def submit(self, spec_yaml: str) -> list[dict[str, Any]]:
+        response = self.client.post(
+            "/v1/tasks", content=spec_yaml.encode(), headers={"content-type": "application/yaml"}
+        )
+        if response.status_code != 201:
+            raise UnicronError(response.text)
+        result: list[dict[str, Any]] = response.json()
+        return result
+
+    def task(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.get(f"/v1/tasks/{name}")
+        return result
+
+    def wait(self, predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.2) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if predicate():
+                    return
+            time.sleep(poll)
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _kill_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+    if sig == signal.SIGKILL:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(5)

@@ -1,0 +1,78 @@
+"""Classification of exceptions raised in a worker into the error taxonomy.
+
+The table is data: each rule is (kind, exception type names or None for any, message
+patterns). The first rule whose type matches (by class name, anywhere in the MRO) and whose
+pattern occurs in the message (case-insensitive) wins. Messages are the ones CUDA, NCCL, gloo
+and the Python runtime really print; tests hold real examples.
+"""
+
+from __future__ import annotations
+
+import re
+
+from unicron.core.taxonomy import ErrorKind
+
+Rule = tuple[ErrorKind, tuple[str, ...] | None, tuple[str, ...]]
+
+RULES: tuple[Rule, ...] = (
+    (ErrorKind.ECC_ERROR, None, ("uncorrectable ecc error", "ecc error", "double bit ecc")),
+    (ErrorKind.NVLINK_ERROR, None, ("nvlink",)),
+    (ErrorKind.INVALID_DMA_MAPPING, None, ("invalid dma", "dma mapping")),
+    (
+        ErrorKind.GPU_DRIVER_ERROR,
+        None,
+        (
+            "driver shutting down",
+            "gpu has fallen off the bus",
+            "cuda driver",
+            "nvml",
+            "no cuda gpus are available",
+        ),
+    ),
+    (ErrorKind.ILLEGAL_MEMORY_ACCESS, None, ("illegal memory access", "illegal address")),
+    (
+        ErrorKind.CUDA_ERROR,
+        None,
+        ("cuda error", "cudnn_status", "cublas_status", "device-side assert", "cuda out of memory"),
+    ),
+    (
+        ErrorKind.NCCL_TIMEOUT,
+        None,
+        (
+            "watchdog caught collective operation timeout",
+            "timed out waiting",
+            "operation timed out",
+            "collective operation timeout",
+        ),
+    ),
+    (
+        ErrorKind.CONNECTION_RESET,
+        None,
+        ("connection reset by peer", "connection closed by peer", "broken pipe"),
+    ),
+    (ErrorKind.CONNECTION_REFUSED, None, ("connection refused",)),
+    (ErrorKind.LINK_FLAPPING, None, ("link is down", "link flap", "ib port", "net/ib")),
+    (
+        ErrorKind.OTHER_NETWORK_ERROR,
+        None,
+        ("nccl error", "gloo", "socket", "network is unreachable", "no route to host"),
+    ),
+    (ErrorKind.EXITED_ABNORMALLY, ("MemoryError",), ("",)),
+)
+
+
+def classify(error_type: str, message: str, mro: tuple[str, ...] = ()) -> ErrorKind:
+    """The taxonomy kind for an exception, by its type name(s) and message."""
+    names = {error_type, *mro}
+    text = message.lower()
+    for kind, types, patterns in RULES:
+        if types is not None and not names.intersection(types):
+            continue
+        if any(p in text for p in patterns):
+            return kind
+    return ErrorKind.OTHER
+
+
+def classify_exception(exc: BaseException) -> ErrorKind:
+    mro = tuple(cls.__name__ for cls in type(exc).__mro__)
+    return classify(type(exc).__name__, re.sub(r"\s+", " ", str(exc)), mro)

@@ -1,0 +1,144 @@
+"""Messages between workers, agents and the coordinator. JSON on the wire, pydantic in code.
+
+- A worker sends :data:`WorkerReport` datagrams to its agent over a local Unix socket.
+- An agent registers, heartbeats (carrying its workers' states) and forwards reports to the
+  coordinator over HTTP; orders (:data:`Order`) come back in the heartbeat's answer.
+
+Every message carries the task and the generation it belongs to: a generation is one membership
+of a task's workers, and anything from an older generation is stale.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ------------------------------------------------------------------ worker -> agent -> coordinator
+
+
+class IterationReport(_Message):
+    type: Literal["iteration"] = "iteration"
+    task: str
+    generation: int
+    rank: int
+    step: int  # the step just completed (1-based: after it, `step` optimizer steps are done)
+    duration_s: float
+    samples: int  # samples this rank processed in the step
+    loss: float
+
+
+class ExceptionReport(_Message):
+    type: Literal["exception"] = "exception"
+    task: str
+    generation: int
+    rank: int
+    step: int
+    error_type: str
+    message: str
+    kind: str = "other"  # an ErrorKind value, classified inside the worker
+    traceback: str = ""
+
+
+class CheckpointReport(_Message):
+    type: Literal["checkpoint"] = "checkpoint"
+    task: str
+    generation: int
+    rank: int
+    step: int
+    path: str
+
+
+class DoneReport(_Message):
+    type: Literal["done"] = "done"
+    task: str
+    generation: int
+    rank: int
+    step: int
+    digest: str  # parameter checksum at the end, for checking replicas agree
+
+
+class ExitReport(_Message):
+    """Written by the agent when a worker process ends."""
+
+    type: Literal["exit"] = "exit"
+    task: str
+    generation: int
+    rank: int
+    node: str
+    code: int | None  # exit status, or None when killed by a signal
+    signal: int | None
+
+
+WorkerReport = Annotated[
+    IterationReport | ExceptionReport | CheckpointReport | DoneReport | ExitReport,
+    Field(discriminator="type"),
+]
+WORKER_REPORT = TypeAdapter(WorkerReport)
+
+
+# ------------------------------------------------------------------ coordinator -> agent
+
+
+class LaunchWorker(_Message):
+    type: Literal["launch"] = "launch"
+    task: str
+    generation: int
+    rank: int
+    world_size: int
+    local_rank: int
+    argv: list[str]  # the program and its arguments
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class StopWorkers(_Message):
+    """Stop a task's workers on this node (of generations up to ``generation``, or all)."""
+
+    type: Literal["stop"] = "stop"
+    task: str
+    generation: int | None = None
+    grace_s: float = 5.0
+
+
+Order = Annotated[LaunchWorker | StopWorkers, Field(discriminator="type")]
+
+
+# ------------------------------------------------------------------ agent <-> coordinator
+
+
+class WorkerState(_Message):
+    task: str
+    generation: int
+    rank: int
+    pid: int
+    running: bool
+
+
+class Registration(_Message):
+    node: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    slots: int = Field(gt=0)
+    gpus: list[str] = Field(default_factory=list)  # device ids, empty without GPUs
+    host: str = "127.0.0.1"
+    workers: list[WorkerState] = Field(default_factory=list)
+
+
+class RegistrationReply(_Message):
+    node: str
+    heartbeat_interval_s: float
+    heartbeat_deadline_s: float
+
+
+class Heartbeat(_Message):
+    node: str
+    workers: list[WorkerState] = Field(default_factory=list)
+    reports: list[WorkerReport] = Field(default_factory=list)
+
+
+class HeartbeatReply(_Message):
+    orders: list[Order] = Field(default_factory=list)
+    registered: bool = True  # False: the coordinator does not know this node; register again

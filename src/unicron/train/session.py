@@ -1,0 +1,214 @@
+"""The training session: what a worker wraps around an ordinary data-parallel training loop.
+
+It sets torch.distributed up from the agent's environment (the task's rendezvous store, with a
+prefix per generation), tells the worker which samples each step trains on, reports every
+iteration, forwards exceptions before the process dies, and saves and restores checkpoints
+(model, optimizer, step, data position). Run without an agent, it is a world of one.
+See docs/training-library.md for the diff against a plain DDP script.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import traceback
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from unicron.core.classify import classify_exception
+from unicron.core.protocol import CheckpointReport, DoneReport, ExceptionReport, IterationReport
+from unicron.train import checkpoint
+from unicron.train.channel import ReportChannel
+from unicron.train.data import MicroBatch, global_batch_ids, micro_batches, shard
+
+
+@dataclass
+class Iteration:
+    """One step being timed; the loop records its loss and samples."""
+
+    step: int
+    started: float = field(default_factory=time.perf_counter)
+    loss: float = 0.0
+    samples: int = 0
+
+    def record(self, mean_loss: float, samples: int) -> None:
+        """Add a micro-batch: its mean loss and how many samples it held."""
+        self.loss += mean_loss * samples
+        self.samples += samples
+
+
+class Session:
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        iterations: int | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int | None = None,
+        timeout_s: float = 1800.0,
+    ) -> None:
+        env = os.environ if env is None else env
+        self.task = env.get("UNICRON_TASK", "standalone")
+        self.generation = int(env.get("UNICRON_GENERATION", "0"))
+        self.rank = int(env.get("UNICRON_RANK", "0"))
+        self.world_size = int(env.get("UNICRON_WORLD_SIZE", "1"))
+        self.local_rank = int(env.get("UNICRON_LOCAL_RANK", "0"))
+        self.store_address = env.get("UNICRON_STORE")
+        self.iterations = int(env.get("UNICRON_ITERATIONS", iterations or 0))
+        self.checkpoint_every = int(env.get("UNICRON_CHECKPOINT_EVERY", checkpoint_every or 0))
+        directory = env.get("UNICRON_CHECKPOINT_DIR", str(checkpoint_dir) if checkpoint_dir else "")
+        self.checkpoint_dir = Path(directory) if directory else None
+        self.timeout = timedelta(seconds=timeout_s)
+        self.channel = ReportChannel(env.get("UNICRON_AGENT_SOCKET"))
+        self.step = 0
+        self._started = False
+
+    # ------------------------------------------------------------------ set-up
+    def start(self) -> Session:
+        """Join the task's process group (nothing to join in a world of one)."""
+        if self._started:
+            return self
+        self._started = True
+        if self.world_size > 1:
+            if not self.store_address:
+                raise RuntimeError("UNICRON_STORE is not set: run workers through a Unicron agent")
+            host, port = self.store_address.rsplit(":", 1)
+            base = dist.TCPStore(host, int(port), is_master=False, timeout=self.timeout)  # type: ignore[attr-defined]
+            store = dist.PrefixStore(f"{self.task}/g{self.generation}", base)  # type: ignore[attr-defined]
+            backend = (
+                "nccl" if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES") else "gloo"
+            )
+            dist.init_process_group(
+                backend, store=store, rank=self.rank, world_size=self.world_size, timeout=self.timeout
+            )
+        return self
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model as the training loop should call it: DDP when there are peers."""
+        if self.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            return DistributedDataParallel(model)
+        return model
+
+    # ------------------------------------------------------------------ the loop
+    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        """Load the latest checkpoint, if any; return the step it holds (0 without one)."""
+        state = checkpoint.load_latest(self.checkpoint_dir) if self.checkpoint_dir else None
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            self.step = int(state["step"])
+        return self.step
+
+    def steps(self) -> Iterator[int]:
+        """The steps still to train, 1-based, after the resumed one."""
+        while self.step < self.iterations:
+            yield self.step + 1
+
+    def plan(
+        self, step: int, global_batch: int, micro_batch: int, dataset_size: int, seed: int = 0
+    ) -> list[MicroBatch]:
+        """This rank's micro-batches for ``step``: its share of the step's global batch."""
+        ids = global_batch_ids(step, global_batch, dataset_size, seed)
+        return micro_batches(
+            shard(ids, self.rank, self.world_size), micro_batch, global_batch, self.world_size
+        )
+
+    @contextlib.contextmanager
+    def iteration(self, step: int) -> Iterator[Iteration]:
+        """Time and report one optimizer step; the step counts once the block completes."""
+        it = Iteration(step)
+        yield it
+        self.step = step
+        self.channel.send(
+            IterationReport(
+                task=self.task,
+                generation=self.generation,
+                rank=self.rank,
+                step=step,
+                duration_s=time.perf_counter() - it.started,
+                samples=it.samples,
+                loss=it.loss / it.samples if it.samples else 0.0,
+            )
+        )
+
+    def maybe_checkpoint(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, force: bool = False
+    ) -> None:
+        """Save every ``checkpoint_every`` steps (rank 0 writes; every rank holds the same state)."""
+        if self.checkpoint_dir is None:
+            return
+        due = force or (self.checkpoint_every and self.step % self.checkpoint_every == 0)
+        if not due or self.rank != 0:
+            return
+        state: dict[str, Any] = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "step": self.step,
+            "data_position": {"step": self.step},
+            "task": self.task,
+            "generation": self.generation,
+            "world_size": self.world_size,
+        }
+        path = checkpoint.save(self.checkpoint_dir, self.step, state)
+        self.channel.send(
+            CheckpointReport(
+                task=self.task, generation=self.generation, rank=self.rank, step=self.step, path=str(path)
+            )
+        )
+
+    def finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+        """Save the final state and report the parameters' digest; returns it."""
+        self.maybe_checkpoint(model, optimizer, force=True)
+        value = checkpoint.digest(model)
+        self.channel.send(
+            DoneReport(
+                task=self.task, generation=self.generation, rank=self.rank, step=self.step, digest=value
+            )
+        )
+        return value
+
+    # ------------------------------------------------------------------ failures
+    def forward_exception(self, exc: BaseException) -> None:
+        self.channel.send(
+            ExceptionReport(
+                task=self.task,
+                generation=self.generation,
+                rank=self.rank,
+                step=self.step,
+                error_type=type(exc).__name__,
+                message=str(exc)[:2000],
+                kind=classify_exception(exc).value,
+                traceback="".join(traceback.format_exception(exc))[-4000:],
+            )
+        )
+
+    def close(self) -> None:
+        if dist.is_available() and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        self.channel.close()
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            self.forward_exception(exc)
+        self.close()
+
+
+def init(**kwargs: Any) -> Session:
+    """The session for this worker, from the environment its agent gave it."""
+    return Session(**kwargs)

@@ -1,0 +1,113 @@
+"""End to end through real processes: coordinator, agents, PyTorch workers over gloo.
+
+One task trains while we kill a worker, lose a node, restart the coordinator and bring the node
+back. It must finish with the expected iterations and with the parameters of a failure-free run
+over the same global batches (up to float summation order).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from unicron.control.localcluster import LocalCluster
+from unicron.train.checkpoint import load_latest
+
+from .conftest import ROOT
+
+TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
+ARGS = ["--dtype", "float64", "--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512"]
+ITERATIONS = 90
+
+
+def task_yaml(name: str, weight: float, table: str, iterations: int, delay: float, extra: str = "") -> str:
+    program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", str(delay)])
+    return (
+        f"name: {name}\nweight: {weight}\nthroughput: {table}\n{extra}"
+        f"run: {{program: [{program}], iterations: {iterations}, checkpoint_every: 10, flops_per_sample: 1e7}}\n"
+    )
+
+
+def reference(tmp: Path, iterations: int) -> dict[str, torch.Tensor]:
+    """The same training without failures, in one process."""
+    out = tmp / "reference"
+    subprocess.run(
+        [sys.executable, str(TRAIN), *ARGS, "--iterations", str(iterations), "--checkpoint-dir", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    state = load_latest(out)
+    assert state is not None and state["step"] == iterations
+    return dict(state["model"])
+
+
+def assert_same_parameters(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-11, msg=name)
+
+
+@pytest.mark.timeout(600)
+def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+        cluster.submit(task_yaml("lm", 1, "{2: 2.0e9, 4: 3.6e9}", ITERATIONS, 0.15))
+
+        def at(step: int, generation: int = 0, workers: int = 0) -> bool:
+            t = cluster.task("lm")
+            return (
+                t["state"] == "running"
+                and t["step"] >= step
+                and t["generation"] >= generation
+                and t["workers"] >= workers
+            )
+
+        cluster.wait(lambda: at(12, workers=4), 120, "training on 4 workers")
+        cluster.kill_worker("lm", 1)
+        cluster.wait(
+            lambda: at(cluster.task("lm")["checkpoint_step"] + 3, generation=2),
+            120,
+            "a restart after the worker died",
+        )
+        cluster.kill_node("node-1")
+        cluster.wait(
+            lambda: cluster.task("lm")["generation"] >= 3 and at(0), 120, "a restart on the remaining node"
+        )
+        cluster.kill_coordinator()
+        cluster.start_coordinator()
+        before = cluster.task("lm")
+        cluster.wait(lambda: at(before["step"] + 5), 120, "training to go on after the coordinator restart")
+        assert cluster.task("lm")["generation"] == before["generation"]  # the workers kept running
+        cluster.start_agent("node-1")
+        cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
+
+        task = cluster.task("lm")
+        kinds = [e["kind"] for e in cluster.get("/v1/events", task="lm")]
+        nodes = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
+    assert task["step"] == ITERATIONS and task["failures"] >= 2
+    assert "task_failure" in kinds and nodes["node-1"] == "healthy"
+    final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
+    assert final is not None and final["step"] == ITERATIONS
+    assert_same_parameters(final["model"], reference(tmp_path, ITERATIONS))
+
+
+@pytest.mark.timeout(600)
+def test_planner_places_by_weight_and_tasks_wait(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+        # Both run only on 4 slots or 2; the heavier one is worth more on all 4.
+        cluster.submit(task_yaml("light", 1, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"))
+        cluster.submit(task_yaml("heavy", 3, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"))
+        cluster.wait(lambda: cluster.task("heavy")["state"] in ("running", "finished"), 120, "heavy to run")
+        assert cluster.task("light")["state"] in ("waiting", "finished")
+        cluster.wait(lambda: cluster.task("light")["state"] == "finished", 300, "light to finish after heavy")
+        events = cluster.get("/v1/events")
+    first = {}
+    for e in events:
+        first.setdefault((e["kind"], e["task"]), e["id"])
+    # The heavy task started first; the light one waited until the heavy one had finished.
+    assert first[("task_launch", "heavy")] < first[("task_launch", "light")]
+    assert first[("task_finished", "heavy")] < first[("task_launch", "light")]
