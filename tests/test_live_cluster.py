@@ -28,7 +28,8 @@ def task_yaml(name: str, weight: float, table: str, iterations: int, delay: floa
     program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", str(delay)])
     return (
         f"name: {name}\nweight: {weight}\nthroughput: {table}\n{extra}"
-        f"run: {{program: [{program}], iterations: {iterations}, checkpoint_every: 10, flops_per_sample: 1e7}}\n"
+        f"run: {{program: [{program}], iterations: {iterations}, checkpoint_every: 10,"
+        " flops_per_sample: 1e7}\n"
     )
 
 
