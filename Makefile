@@ -13,16 +13,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
 	$(VENV)/bin/mypy src
 
 test: lint
 	$(VENV)/bin/pytest -q
 
 demo: $(STAMP)
-	$(VENV)/bin/unicron plan examples/cluster-128.yaml examples/tasks-gpt3.yaml
-	$(VENV)/bin/unicron plan examples/cluster-128.yaml examples/tasks-gpt3.yaml --event node-lost:3
+	$(VENV)/bin/unicron demo
 
 bench: $(STAMP)
 	$(PY) -m bench.run

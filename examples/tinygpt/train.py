@@ -73,7 +73,8 @@ def main() -> None:
                 time.sleep(args.step_delay)
         digest = session.finish(model, optimizer)
         if session.rank == 0:
-            print(f"finished step {session.step}, parameters {digest}")
+            done = "finished" if session.step >= session.iterations else "stopped at"
+            print(f"{done} step {session.step}, parameters {digest}")
 
 
 if __name__ == "__main__":

@@ -132,6 +132,18 @@ def events(
     show(coordinator, task, json_output)
 
 
+@app.command()
+def demo(
+    root: Annotated[Path | None, typer.Option(help="where state and logs go (default: a new folder)")] = None,
+) -> None:
+    """Run the live demo on an embedded local cluster (what `make demo` runs)."""
+    import time as _time
+
+    from unicron.cli.demo import run_demo
+
+    raise typer.Exit(run_demo(root or Path(f".unicron/demo-{_time.strftime('%Y%m%d-%H%M%S')}")))
+
+
 @app.callback()
 def root() -> None:
     """Self-healing workload manager for LLM training on shared GPU clusters."""

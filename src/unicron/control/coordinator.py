@@ -204,7 +204,9 @@ class Coordinator:
                 self.store.update("tasks", {"name": report.task}, checkpoint_step=report.step)
         elif isinstance(report, DoneReport):
             if report.rank == 0:
-                self.store.update("tasks", {"name": report.task}, digest=report.digest, step=report.step)
+                self.store.update(
+                    "tasks", {"name": report.task}, digest=report.digest, step=max(task.step, report.step)
+                )
         elif isinstance(report, ExitReport):
             self._exit(task, report)
 
@@ -247,9 +249,20 @@ class Coordinator:
                 "exited_abnormally",
                 node=report.node,
             )
+        elif ok and task.state == "running" and task.step < self.spec(task.name).run.iterations:
+            # A clean exit before the end (stopped from outside): its peers cannot go on.
+            self._fail(
+                task.name,
+                f"rank {report.rank} on {report.node} exited before the last step",
+                "exited_abnormally",
+                node=report.node,
+            )
         elif ok:
             live = self.store.workers(report.task, report.generation, live=True)
-            if not live and task.state == "running" and task.step >= self.spec(task.name).run.iterations:
+            # Finished: every worker of the generation exited cleanly after the last step (a
+            # generation that resumed from the final checkpoint finishes without iterating).
+            done = task.step >= self.spec(task.name).run.iterations
+            if not live and task.state in ("starting", "running") and done:
                 self.store.update("tasks", {"name": task.name}, state="finished", finished=time.time())
                 self.store.event("task_finished", task=task.name, step=task.step, digest=task.digest)
                 self.rendezvous.close(task.name)

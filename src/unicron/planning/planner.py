@@ -356,8 +356,7 @@ def _explain(
         elif d.before == 0:
             why = f"starts on {d.after} GPUs"
         elif d.after > d.before:
-            gain = (d.waf_after - d.waf_before) / 1e15
-            why = f"grows by {d.after - d.before} GPUs (+{gain:.2f} PFLOP/s weighted)"
+            why = f"grows by {d.after - d.before} GPUs (+{flops(d.waf_after - d.waf_before)} weighted)"
         else:
             to = ", ".join(g for g in gainers if g != d.task) or "no task (spares)"
             why = f"shrinks by {d.before - d.after} GPUs, which serve {to} better"
@@ -365,6 +364,14 @@ def _explain(
             why = f"{d.before} GPUs was not a usable count (memory or batch split); {why}"
         out.append(replace(d, reason=why))
     return out
+
+
+def flops(rate: float) -> str:
+    """A FLOP/s figure with an SI prefix: 3.2 PFLOP/s, 180 GFLOP/s."""
+    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if abs(rate) >= scale:
+            return f"{rate / scale:.3g} {prefix}FLOP/s"
+    return f"{rate:.3g} FLOP/s"
 
 
 def advance(state: ClusterState, event: PlanEvent | None, chosen: Plan) -> ClusterState:

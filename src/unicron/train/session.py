@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Iterator, Mapping
@@ -69,6 +71,7 @@ class Session:
         self.timeout = timedelta(seconds=timeout_s)
         self.channel = ReportChannel(env.get("UNICRON_AGENT_SOCKET"))
         self.step = 0
+        self.stop_requested = False
         self._started = False
 
     # ------------------------------------------------------------------ set-up
@@ -77,6 +80,9 @@ class Session:
         if self._started:
             return self
         self._started = True
+        if threading.current_thread() is threading.main_thread():
+            # The agent stops workers with SIGTERM: finish the step, checkpoint, exit cleanly.
+            signal.signal(signal.SIGTERM, self._on_stop)
         if self.world_size > 1:
             if not self.store_address:
                 raise RuntimeError("UNICRON_STORE is not set: run workers through a Unicron agent")
@@ -109,9 +115,13 @@ class Session:
             self.step = int(state["step"])
         return self.step
 
+    def _on_stop(self, signum: int, frame: Any) -> None:
+        self.stop_requested = True
+
     def steps(self) -> Iterator[int]:
-        """The steps still to train, 1-based, after the resumed one."""
-        while self.step < self.iterations:
+        """The steps still to train, 1-based, after the resumed one; ends early when the
+        worker is asked to stop, so that ``finish`` checkpoints at a step boundary."""
+        while self.step < self.iterations and not self.stop_requested:
             yield self.step + 1
 
     def plan(

@@ -1,0 +1,216 @@
+"""``unicron demo`` (``make demo``): the live system on an embedded local cluster.
+
+Starts a coordinator and 4 agents of 2 slots on loopback, submits the three tasks of
+examples/demo/tasks.yaml, injects a scripted sequence of faults (kill a worker, lose a whole
+node, bring it back), shows live progress, and ends with a report per task. Exits non-zero if a
+task did not finish or lost progress. Every process it started is stopped at the end, also on
+Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from unicron.cli.console import console
+from unicron.control.localcluster import LocalCluster
+
+TASKS = Path("examples/demo/tasks.yaml")
+NEWS = ("task_launch", "task_failure", "node_lost", "node_back", "task_finished", "task_resize")
+DETAILS = ("workers", "generation", "resume_from", "why", "after", "silent_s", "step", "placement")
+
+
+@dataclass
+class Step:
+    """One scripted fault: when ``ready`` holds, do ``act`` and say ``what``."""
+
+    what: str
+    ready: Callable[[LocalCluster], bool]
+    act: Callable[[LocalCluster], None]
+
+
+def _task(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    return cluster.task(name)
+
+
+def script() -> list[Step]:
+    def running(name: str, step: int) -> Callable[[LocalCluster], bool]:
+        return lambda c: _task(c, name)["state"] == "running" and _task(c, name)["step"] >= step
+
+    lost_at: dict[str, float] = {}
+
+    def lose(c: LocalCluster) -> None:
+        lost_at["t"] = time.time()
+        c.kill_node("node-3")
+
+    def kill_worker(c: LocalCluster) -> None:
+        c.kill_worker("alpha", 1)
+
+    return [
+        Step("kill worker rank 1 of alpha (SIGKILL)", running("alpha", 250), kill_worker),
+        Step("lose node-3: its agent and workers die", running("alpha", 550), lose),
+        Step(
+            "bring node-3 back",
+            lambda c: time.time() - lost_at.get("t", time.time()) > 25,
+            lambda c: c.start_agent("node-3"),
+        ),
+    ]
+
+
+def view(cluster: LocalCluster, log: list[str]) -> Group:
+    table = Table(
+        "task",
+        "weight",
+        "state",
+        "workers",
+        "gen",
+        "step",
+        "checkpoint",
+        "failures",
+        "downtime",
+        "WAF (GFLOP/s)",
+        title="Unicron demo: tasks",
+        title_justify="left",
+    )
+    for t in cluster.get("/v1/tasks"):
+        table.add_row(
+            t["name"],
+            f"{t['weight']:g}",
+            t["state"],
+            str(t["workers"]),
+            str(t["generation"]),
+            f"{t['step']}/{t['iterations']}",
+            str(t["checkpoint_step"]),
+            str(t["failures"]),
+            f"{t['downtime_s']:.1f} s",
+            f"{t['waf'] / 1e9:.2f}",
+        )
+    nodes = "  ".join(f"{n['name']}: {n['state']} {n['used'] or ''}" for n in cluster.get("/v1/nodes"))
+    return Group(table, Text(f"nodes  {nodes}"), Text("\n".join(log[-8:])))
+
+
+def report(cluster: LocalCluster) -> tuple[Table, list[str]]:
+    problems = []
+    table = Table(
+        "task",
+        "weight",
+        "iterations",
+        "failures seen",
+        "restarts",
+        "downtime",
+        "WAF (GFLOP/s)",
+        "parameters",
+        title="Report",
+        title_justify="left",
+    )
+    events = cluster.get("/v1/events")
+    for t in cluster.get("/v1/tasks"):
+        table.add_row(
+            t["name"],
+            f"{t['weight']:g}",
+            f"{t['step']}/{t['iterations']}",
+            str(t["failures"]),
+            str(t["restarts"]),
+            f"{t['downtime_s']:.1f} s",
+            f"{t['waf'] / 1e9:.2f}",
+            t["digest"] or "-",
+        )
+        if t["state"] != "finished" or t["step"] != t["iterations"]:
+            problems.append(f"{t['name']} did not finish ({t['state']}, step {t['step']}/{t['iterations']})")
+        # Progress is lost if a relaunch resumed from anything but the latest checkpoint.
+        checkpoints = [
+            e["detail"].get("checkpoint_step")
+            for e in events
+            if e["task"] == t["name"] and e["kind"] == "task_failure"
+        ]
+        resumes = [
+            e["detail"].get("resume_from")
+            for e in events
+            if e["task"] == t["name"] and e["kind"] == "task_launch"
+        ][1:]
+        for saved, resumed in zip(checkpoints, resumes, strict=False):
+            if resumed is not None and saved is not None and resumed < saved:
+                problems.append(f"{t['name']} resumed from step {resumed}, but step {saved} was saved")
+    return table, problems
+
+
+def run_demo(root: Path, timeout_s: float = 900) -> int:
+    out = console()
+    log: list[str] = []
+    started = time.time()
+
+    def say(text: str) -> None:
+        log.append(f"[{time.time() - started:6.1f} s] {text}")
+
+    def stop(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    out.print(f"Starting a coordinator and 4 agents of 2 slots on loopback (state and logs in {root}) ...")
+    cluster = LocalCluster(root, nodes=4, slots=2)
+    try:
+        cluster.start()
+        created = cluster.submit(TASKS.read_text())
+        say("submitted " + ", ".join(f"{t['name']} (weight {t['weight']:g})" for t in created))
+        steps = script()
+        last_event = 0
+        # A terminal gets a live table; a log file gets the events as lines and a progress line.
+        live = Live(view(cluster, log), console=out, refresh_per_second=2) if out.is_terminal else None
+        shown, last_progress = 0, 0.0
+        with live or contextlib.nullcontext():
+            while True:
+                for e in cluster.get("/v1/events", since=last_event):
+                    last_event = e["id"]
+                    if e["kind"] in NEWS:
+                        detail = {k: v for k, v in e["detail"].items() if k in DETAILS}
+                        say(f"{e['kind']} {e['task'] or e['node']} {detail}")
+                if steps and steps[0].ready(cluster):
+                    step = steps.pop(0)
+                    say(f"FAULT: {step.what}")
+                    step.act(cluster)
+                tasks = cluster.get("/v1/tasks")
+                if live is not None:
+                    live.update(view(cluster, log))
+                else:
+                    for line in log[shown:]:
+                        out.print(line, markup=False)
+                    shown = len(log)
+                    if time.time() - last_progress > 10:
+                        last_progress = time.time()
+                        out.print(
+                            "progress: "
+                            + ", ".join(
+                                f"{t['name']} {t['state']} {t['step']}/{t['iterations']} on {t['workers']}"
+                                for t in tasks
+                            ),
+                            markup=False,
+                        )
+                if all(t["state"] in ("finished", "failed", "cancelled") for t in tasks) and not steps:
+                    break
+                if time.time() - started > timeout_s:
+                    say("timed out")
+                    break
+                time.sleep(0.5)
+        table, problems = report(cluster)
+        out.print(table)
+        out.print(f"demo took {time.time() - started:.0f} s; logs in {root / 'logs'} and {root / 'agents'}")
+        for p in problems:
+            out.print(f"[red]FAILED: {p}[/red]")
+        if not problems:
+            out.print("[green]every task finished with all its iterations; no progress was lost[/green]")
+        return 1 if problems else 0
+    except KeyboardInterrupt:
+        out.print("interrupted: stopping every process")
+        return 130
+    finally:
+        cluster.close()

@@ -1,0 +1,74 @@
+"""The coordinator's REST API in process (real app, real SQLite store): errors name the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from unicron.control.coordinator import CoordinatorSettings
+from unicron.control.service import create_app
+
+TASK = """
+name: t1
+weight: 2
+throughput: {2: 1.0e9, 4: 1.8e9}
+run: {program: [python, train.py, --steps, 10], iterations: 10}
+"""
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    settings = CoordinatorSettings(state_dir=tmp_path / "state", checkpoint_root=tmp_path / "ckpt")
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def test_submit_list_cancel(client: TestClient) -> None:
+    created = client.post("/v1/tasks", content=TASK, headers={"content-type": "application/yaml"})
+    assert created.status_code == 201, created.text
+    assert created.json()[0]["name"] == "t1" and created.json()[0]["state"] == "waiting"
+    assert [t["name"] for t in client.get("/v1/tasks").json()] == ["t1"]
+    cancelled = client.delete("/v1/tasks/t1")
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    kinds = [e["kind"] for e in client.get("/v1/events").json()]
+    assert "task_submitted" in kinds and "task_cancelled" in kinds
+
+
+def test_bad_spec_names_field_and_fix(client: TestClient) -> None:
+    bad = TASK.replace("weight: 2", "weight: -2").replace("iterations: 10", "iterations: 0")
+    response = client.post("/v1/tasks", content=bad)
+    assert response.status_code == 422
+    paths = {p["path"] for p in response.json()["problems"]}
+    assert {"weight", "run.iterations"} <= paths
+    assert all(p["fix"] for p in response.json()["problems"])
+    assert client.post("/v1/tasks", content="name: [unclosed").status_code == 422
+
+
+def test_duplicate_and_unknown_tasks(client: TestClient) -> None:
+    assert client.post("/v1/tasks", content=TASK).status_code == 201
+    again = client.post("/v1/tasks", content=TASK)
+    assert again.status_code == 422 and "exists" in again.json()["error"]
+    missing = client.get("/v1/tasks/nobody")
+    assert missing.status_code == 404 and "no task named 'nobody'" in missing.json()["error"]
+    assert client.delete("/v1/tasks/nobody").status_code == 404
+
+
+def test_agents_register_and_heartbeat(client: TestClient) -> None:
+    assert client.post("/v1/agents/register", json={"node": "a", "slots": 2}).status_code == 200
+    mismatch = client.post("/v1/agents/register", json={"node": "b", "slots": 4})
+    assert mismatch.status_code == 409 and "--slots" in mismatch.json()["error"]
+    assert client.post("/v1/agents/heartbeat", json={"node": "a"}).json()["registered"] is True
+    assert client.post("/v1/agents/heartbeat", json={"node": "ghost"}).json()["registered"] is False
+    bad = client.post("/v1/agents/register", json={"node": "a", "slots": 0})
+    assert bad.status_code == 422 and bad.json()["problems"][0]["path"] == "body.slots"
+    nodes = client.get("/v1/nodes").json()
+    assert [n["name"] for n in nodes] == ["a"] and nodes[0]["state"] == "healthy"
+
+
+def test_openapi_spec_lists_the_api(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    for path in ("/v1/tasks", "/v1/tasks/{name}", "/v1/nodes", "/v1/events", "/v1/agents/heartbeat"):
+        assert path in spec["paths"]

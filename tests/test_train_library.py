@@ -1,0 +1,72 @@
+"""The training library's pure parts: data positions and micro-batch weights, classification."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from unicron.core.classify import classify
+from unicron.core.taxonomy import ErrorKind
+from unicron.train.data import global_batch_ids, micro_batches, shard
+
+
+@given(st.integers(1, 40), st.integers(1, 64), st.integers(1, 200), st.integers(1, 8))
+def test_steps_cover_the_stream_without_gaps_or_repeats(
+    steps: int, batch: int, size: int, world: int
+) -> None:
+    seen = [i for step in range(1, steps + 1) for i in global_batch_ids(step, batch, size, seed=3)]
+    # Every epoch is a permutation: within each full epoch every sample appears exactly once.
+    for epoch in range(len(seen) // size):
+        assert sorted(seen[epoch * size : (epoch + 1) * size]) == list(range(size))
+    # Sharding partitions a step's samples, and weights make DDP's average the global mean.
+    ids = global_batch_ids(steps, batch, size, seed=3)
+    shares = [shard(ids, r, world) for r in range(world)]
+    assert [i for s in shares for i in s] == ids
+    for s in shares:
+        chunks = micro_batches(s, 3, batch, world)
+        assert [i for mb in chunks for i in mb.ids] == s
+        assert [mb.last for mb in chunks] == [False] * (len(chunks) - 1) + [True] * bool(chunks)
+        for mb in chunks:
+            # DDP averages over ranks: every sample then counts 1/batch, as in one process.
+            assert mb.weight / len(mb.ids) / world == pytest.approx(1 / batch)
+
+
+@pytest.mark.parametrize(
+    ("error", "message", "kind"),
+    [
+        (
+            "RuntimeError",
+            "CUDA error: an illegal memory access was encountered",
+            ErrorKind.ILLEGAL_MEMORY_ACCESS,
+        ),
+        ("RuntimeError", "CUDA error: uncorrectable ECC error encountered", ErrorKind.ECC_ERROR),
+        (
+            "RuntimeError",
+            "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+            "[127.0.0.1]:9369: Connection reset by peer",
+            ErrorKind.CONNECTION_RESET,
+        ),
+        ("RuntimeError", "Connection closed by peer [127.0.0.1]:5117", ErrorKind.CONNECTION_RESET),
+        ("DistStoreError", "Connection refused", ErrorKind.CONNECTION_REFUSED),
+        (
+            "RuntimeError",
+            "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, "
+            "OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.",
+            ErrorKind.NCCL_TIMEOUT,
+        ),
+        (
+            "RuntimeError",
+            "Timed out waiting 1800000ms for recv operation to complete",
+            ErrorKind.NCCL_TIMEOUT,
+        ),
+        (
+            "RuntimeError",
+            "NCCL error in: ProcessGroupNCCL.cpp:1191, unhandled system error, NCCL version 2.18.1",
+            ErrorKind.OTHER_NETWORK_ERROR,
+        ),
+        ("ValueError", "shapes (3,4) and (5,6) not aligned", ErrorKind.OTHER),
+    ],
+)
+def test_classification_of_real_messages(error: str, message: str, kind: ErrorKind) -> None:
+    assert classify(error, message) is kind
