@@ -15,19 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.models import gpt3
 from unicron.core.events import NodeLost
-from unicron.core.specs import ClusterSpec, ModelSpec, TaskSpec
+from unicron.core.specs import ClusterSpec, TaskSpec
 from unicron.planning.planner import ClusterState, plan
 from unicron.planning.plantable import build
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZES = {  # name: (layers, hidden, heads, global batch, min GPUs, max GPUs)
-    "1.3b": (24, 2048, 16, 512, 8, 256),
-    "2.7b": (32, 2560, 32, 512, 8, 256),
-    "6.7b": (32, 4096, 32, 1024, 16, 512),
-    "13b": (40, 5120, 40, 1024, 32, 1024),
-    "175b": (96, 12288, 96, 1536, 128, 2048),
-}
+BOUNDS = {"1.3b": (8, 256), "2.7b": (8, 256), "6.7b": (16, 512), "13b": (32, 1024), "175b": (128, 2048)}
 
 
 def instance(tasks: int, nodes: int, seed: int = 0) -> ClusterState:
@@ -35,16 +30,9 @@ def instance(tasks: int, nodes: int, seed: int = 0) -> ClusterState:
     cluster = ClusterSpec(nodes=nodes, gpus_per_node=8, gpu="A100", node_mtbf_hours=6300)
     specs, free = [], nodes * 8
     for i in range(tasks):
-        size = str(rng.choice(list(SIZES)))
-        layers, hidden, heads, batch, lo, hi = SIZES[size]
-        model = ModelSpec(
-            layers=layers,
-            hidden_size=hidden,
-            heads=heads,
-            sequence_length=2048,
-            vocabulary=51200,
-            global_batch=batch,
-        )
+        size = str(rng.choice(list(BOUNDS)))
+        lo, hi = BOUNDS[size]
+        model = gpt3(size)
         current = lo if lo <= free else 0
         free -= current
         specs.append(

@@ -14,33 +14,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from bench.models import GPT3_SHAPES, gpt3
 from unicron.core.gpus import KNOWN_GPUS
-from unicron.core.specs import ModelSpec
 from unicron.planning.calibration import evaluate_rows, fit, fit_error
 from unicron.planning.throughput import DEFAULT_COEFFICIENTS, AnalyticCurve
 
 ROOT = Path(__file__).resolve().parents[1]
-GPT3 = {  # GPT-3 paper shapes; padded vocabulary 51200, sequence 2048
-    "GPT-3 1.3B": (24, 2048, 16, 512),
-    "GPT-3 2.7B": (32, 2560, 32, 512),
-    "GPT-3 6.7B": (32, 4096, 32, 1024),
-    "GPT-3 13B": (40, 5120, 40, 1024),
-    "GPT-3 175B": (96, 12288, 96, 1536),
-}
 
 
 def curves() -> dict[str, dict[str, list[float]]]:
     gpus = np.arange(8, 1025, 8)
     out = {}
-    for name, (layers, hidden, heads, batch) in GPT3.items():
-        model = ModelSpec(
-            layers=layers,
-            hidden_size=hidden,
-            heads=heads,
-            sequence_length=2048,
-            vocabulary=51200,
-            global_batch=batch,
-        )
+    for size in GPT3_SHAPES:
+        name, model = f"GPT-3 {size.upper()}", gpt3(size)
         rate = AnalyticCurve(model, KNOWN_GPUS["a100"], 8).evaluate(gpus).rate
         keep = rate > 0
         out[name] = {"gpus": gpus[keep].tolist(), "pflops": (rate[keep] / 1e15).tolist()}

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from unicron.cli.console import console
+from unicron.cli.live import task_table
 from unicron.control.localcluster import LocalCluster
 
 TASKS = Path("examples/demo/tasks.yaml")
@@ -68,33 +69,7 @@ def script() -> list[Step]:
 
 
 def view(cluster: LocalCluster, log: list[str]) -> Group:
-    table = Table(
-        "task",
-        "weight",
-        "state",
-        "workers",
-        "gen",
-        "step",
-        "checkpoint",
-        "failures",
-        "downtime",
-        "WAF (GFLOP/s)",
-        title="Unicron demo: tasks",
-        title_justify="left",
-    )
-    for t in cluster.get("/v1/tasks"):
-        table.add_row(
-            t["name"],
-            f"{t['weight']:g}",
-            t["state"],
-            str(t["workers"]),
-            str(t["generation"]),
-            f"{t['step']}/{t['iterations']}",
-            str(t["checkpoint_step"]),
-            str(t["failures"]),
-            f"{t['downtime_s']:.1f} s",
-            f"{t['waf'] / 1e9:.2f}",
-        )
+    table = task_table(cluster.get("/v1/tasks"), "Unicron demo: tasks")
     nodes = "  ".join(f"{n['name']}: {n['state']} {n['used'] or ''}" for n in cluster.get("/v1/nodes"))
     return Group(table, Text(f"nodes  {nodes}"), Text("\n".join(log[-8:])))
 

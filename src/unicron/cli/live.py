@@ -15,6 +15,7 @@ from rich.text import Text
 from unicron.cli.console import console
 from unicron.cli.files import read_text
 from unicron.core.errors import UnicronError
+from unicron.planning.planner import flops
 
 DEFAULT_URL = os.environ.get("UNICRON_COORDINATOR", "http://127.0.0.1:8470")
 
@@ -89,6 +90,38 @@ def events(url: str, task: str | None, json_output: bool) -> None:
     console().print(table)
 
 
+def task_table(tasks: list[dict[str, Any]], title: str = "Tasks") -> Table:
+    """Tasks as a table: shared by `unicron status` and the demo."""
+    table = Table(
+        "task",
+        "weight",
+        "state",
+        "workers",
+        "gen",
+        "step",
+        "checkpoint",
+        "failures",
+        "downtime",
+        "WAF (FLOP/s)",
+        title=title,
+        title_justify="left",
+    )
+    for t in tasks:
+        table.add_row(
+            t["name"],
+            f"{t['weight']:g}",
+            t["state"],
+            str(t["workers"]),
+            str(t["generation"]),
+            f"{t['step']}/{t['iterations']}",
+            str(t["checkpoint_step"]),
+            str(t["failures"]),
+            f"{t['downtime_s']:.1f} s",
+            flops(t["waf"]),
+        )
+    return table
+
+
 def status(url: str, json_output: bool) -> None:
     nodes = _request("GET", f"{url}/v1/nodes")
     tasks = _request("GET", f"{url}/v1/tasks")
@@ -104,33 +137,7 @@ def status(url: str, json_output: bool) -> None:
             n["name"], n["state"], str(n["slots"]), used, f"{n['seconds_since_heartbeat']:.1f} s ago"
         )
     out.print(table)
-    table = Table(
-        "task",
-        "state",
-        "weight",
-        "workers",
-        "gen",
-        "step",
-        "ckpt",
-        "failures",
-        "downtime",
-        "WAF (FLOP/s)",
-        title="Tasks",
-        title_justify="left",
-    )
-    for t in tasks:
-        table.add_row(
-            t["name"],
-            t["state"],
-            f"{t['weight']:g}",
-            str(t["workers"]),
-            str(t["generation"]),
-            f"{t['step']}/{t['iterations']}",
-            str(t["checkpoint_step"]),
-            str(t["failures"]),
-            f"{t['downtime_s']:.1f} s",
-            f"{t['waf']:.3g}",
-        )
+    table = task_table(tasks)
     out.print(table)
     table = Table(
         "task", "gen", "rank", "node", "local", "state", "pid", "exit", title="Workers", title_justify="left"
