@@ -131,6 +131,7 @@ def run_demo(root: Path, timeout_s: float = 900) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)  # also when started where SIGINT was ignored
     out.print(f"Starting a coordinator and 4 agents of 2 slots on loopback (state and logs in {root}) ...")
     cluster = LocalCluster(root, nodes=4, slots=2)
     try:
