@@ -90,7 +90,7 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
         kinds = [e["kind"] for e in cluster.get("/v1/events", task="lm")]
         nodes = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
     assert task["step"] == ITERATIONS and task["failures"] >= 2
-    assert "task_failure" in kinds and nodes["node-1"] == "healthy"
+    assert "incident" in kinds and "outcome" in kinds and nodes["node-1"] == "healthy"
     final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
     assert final is not None and final["step"] == ITERATIONS
     assert_same_parameters(final["model"], reference(tmp_path, ITERATIONS))

@@ -27,8 +27,34 @@ from unicron.cli.live import task_table
 from unicron.control.localcluster import LocalCluster
 
 TASKS = Path("examples/demo/tasks.yaml")
-NEWS = ("task_launch", "task_failure", "node_lost", "node_back", "task_finished", "task_resize")
-DETAILS = ("workers", "generation", "resume_from", "why", "after", "silent_s", "step", "placement")
+NEWS = (
+    "task_launch",
+    "incident",
+    "outcome",
+    "hang_detected",
+    "straggler",
+    "node_lost",
+    "node_back",
+    "node_isolated",
+    "task_finished",
+    "task_resize",
+)
+DETAILS = (
+    "workers",
+    "generation",
+    "resume_from",
+    "why",
+    "after",
+    "silent_s",
+    "step",
+    "placement",
+    "kind",
+    "severity",
+    "action",
+    "detection_s",
+    "outcome",
+    "downtime_s",
+)
 
 
 @dataclass
@@ -106,7 +132,7 @@ def report(cluster: LocalCluster) -> tuple[Table, list[str]]:
         checkpoints = [
             e["detail"].get("checkpoint_step")
             for e in events
-            if e["task"] == t["name"] and e["kind"] == "task_failure"
+            if e["task"] == t["name"] and e["kind"] == "incident"
         ]
         resumes = [
             e["detail"].get("resume_from")

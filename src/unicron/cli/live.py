@@ -15,13 +15,27 @@ from rich.text import Text
 from unicron.cli.console import console
 from unicron.cli.files import read_text
 from unicron.core.errors import UnicronError
+from unicron.core.settings import Settings
+from unicron.core.specs import load_yaml_text, validate_spec
 from unicron.planning.planner import flops
 
 DEFAULT_URL = os.environ.get("UNICRON_COORDINATOR", "http://127.0.0.1:8470")
 
 
+def load_settings(path: Path | None) -> Settings:
+    """Detection and handling settings from a YAML file; the timeout ordering is checked here."""
+    if path is None:
+        return Settings()
+    return validate_spec(Settings, load_yaml_text(read_text(path), str(path)) or {}, str(path))
+
+
 def run_coordinator(
-    host: str, port: int, state_dir: Path, checkpoint_dir: Path | None, advertise: str | None
+    host: str,
+    port: int,
+    state_dir: Path,
+    checkpoint_dir: Path | None,
+    advertise: str | None,
+    settings_file: Path | None = None,
 ) -> None:
     import uvicorn
 
@@ -32,6 +46,7 @@ def run_coordinator(
         state_dir=state_dir,
         checkpoint_root=checkpoint_dir or state_dir / "checkpoints",
         advertise_host=advertise or (host if host not in ("0.0.0.0", "::") else socket.gethostname()),
+        limits=load_settings(settings_file),
     )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
 

@@ -69,11 +69,14 @@ def coordinator(
         Path | None, typer.Option(help="checkpoint root, shared with the agents' machines")
     ] = None,
     advertise: Annotated[str | None, typer.Option(help="address workers use to reach the rendezvous")] = None,
+    settings: Annotated[
+        Path | None, typer.Option(help="YAML of detection and handling settings (docs/detection.md)")
+    ] = None,
 ) -> None:
     """Run the coordinator service (REST API, agent channel, planner, rendezvous)."""
     from unicron.cli.live import run_coordinator
 
-    run_coordinator(host, port, state_dir, checkpoint_dir, advertise)
+    run_coordinator(host, port, state_dir, checkpoint_dir, advertise, settings)
 
 
 @app.command()

@@ -27,6 +27,7 @@ import httpx
 from pydantic import ValidationError
 
 from unicron.core.protocol import (
+    ORDERS,
     WORKER_REPORT,
     ExceptionReport,
     ExitReport,
@@ -178,11 +179,12 @@ class Agent:
         await asyncio.gather(*(self._terminate(w, order.grace_s) for w in chosen))
 
     async def _terminate(self, worker: Worker, grace_s: float) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.process.pid, signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(worker.process.wait(), grace_s)
-            return
+        if grace_s > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.process.pid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.process.wait(), grace_s)
+                return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.process.pid, signal.SIGKILL)
         await worker.process.wait()
@@ -217,11 +219,31 @@ class Agent:
         if not reply.registered:
             self.registered = False
             return
-        for order in reply.orders:
+        await self._carry_out(reply.orders)
+
+    async def _carry_out(self, orders: list[Any]) -> None:
+        for order in orders:
             if isinstance(order, LaunchWorker):
                 await self.launch(order)
             else:
                 self._spawn(self.stop(order))
+
+    async def _poll_orders(self) -> None:
+        """Long poll: the coordinator answers as soon as it has an order for this node, so a
+        stop reaches the survivors of a failure at once rather than at the next heartbeat."""
+        async with httpx.AsyncClient(timeout=self.interval * 4 + 2) as client:
+            while not self.stopping:
+                if not self.registered:
+                    await asyncio.sleep(self.interval / 2)
+                    continue
+                try:
+                    response = await client.get(
+                        f"{self.url}/v1/agents/{self.node}/orders", params={"wait": self.interval * 4}
+                    )
+                    response.raise_for_status()
+                    await self._carry_out(ORDERS.validate_json(response.content))
+                except httpx.HTTPError:
+                    await asyncio.sleep(self.interval)
 
     async def run(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -232,6 +254,7 @@ class Agent:
             lambda: self._Datagrams(self), local_addr=str(self.socket_path), family=1
         )
         headers = {"content-type": "application/json"}
+        self._spawn(self._poll_orders())
         try:
             async with httpx.AsyncClient(timeout=2.0, headers=headers) as client:
                 while not self.stopping:

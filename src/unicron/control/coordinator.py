@@ -1,21 +1,28 @@
-"""The coordinator's logic: nodes, tasks, generations, placement by the planner, recovery.
+"""The coordinator's logic: nodes, tasks, generations, placement, detection and handling.
 
 All methods are synchronous and run on the service's event loop, one at a time, so they never
 race. The HTTP layer (``control.service``) only translates requests into these calls.
 
-Recovery in this milestone: a worker that fails makes its task stop every worker and start a new
-generation from its latest checkpoint; a node whose heartbeats stop is lost, its tasks restart on
-the remaining slots as the planner divides them; a node that comes back is planned in again.
+Detection (docs/detection.md): node heartbeats with a deadline, worker exits seen by agents,
+exceptions forwarded by the training library, and hangs and stragglers from iteration
+statistics (``monitor.py``). Each failure becomes one *incident* per task generation, handled at
+the level the severity ladder picks (``handling.py``) and recorded with its detection time,
+kind, severity, action and outcome. Recovery in this milestone restarts the task's generation
+from its latest checkpoint (isolating a node, or re-planning, when the ladder says so); a hung
+worker is killed first, so that it becomes an ordinary death.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from unicron.control.handling import Ladder
+from unicron.control.monitor import TaskMonitor
 from unicron.control.rendezvous import Rendezvous
 from unicron.control.store import LIVE_TASK_STATES, Store
 from unicron.core.errors import SpecError, SpecProblem, UsageError
@@ -25,6 +32,7 @@ from unicron.core.protocol import (
     DoneReport,
     ExceptionReport,
     ExitReport,
+    FaultReport,
     Heartbeat,
     HeartbeatReply,
     IterationReport,
@@ -34,8 +42,11 @@ from unicron.core.protocol import (
     RegistrationReply,
     StopWorkers,
     WorkerReport,
+    WorkerState,
 )
+from unicron.core.settings import Settings
 from unicron.core.specs import LiveTaskSpec, PlannerSettings
+from unicron.core.taxonomy import ErrorKind
 from unicron.planning.placement import place
 from unicron.planning.planner import ClusterState, plan
 from unicron.planning.throughput import ThroughputCurve, curve_for
@@ -46,30 +57,48 @@ class CoordinatorSettings:
     state_dir: Path
     checkpoint_root: Path
     advertise_host: str = "127.0.0.1"  # where workers reach the rendezvous stores
-    heartbeat_interval_s: float = 0.5
-    heartbeat_deadline_s: float = 2.5
-    stop_grace_s: float = 3.0
-    launch_timeout_s: float = 120.0
     node_mtbf_hours: float = 1000.0  # for the planner's expected run time
+    limits: Settings = field(default_factory=Settings)
 
 
 @dataclass
 class _Pending:
     orders: dict[str, list[Order]] = field(default_factory=dict)
+    on_add: Callable[[str], None] | None = None  # wakes the node's waiting long poll
 
     def add(self, node: str, order: Order) -> None:
-        self.orders.setdefault(node, []).append(order)
+        queue = self.orders.setdefault(node, [])
+        if isinstance(order, StopWorkers) and order in queue:
+            return
+        queue.append(order)
+        if self.on_add is not None:
+            self.on_add(node)
 
     def take(self, node: str) -> list[Order]:
         return self.orders.pop(node, [])
 
 
+@dataclass
+class _Incident:
+    id: int
+    kind: ErrorKind
+    detected: float
+    action: str
+
+
 class Coordinator:
     def __init__(self, settings: CoordinatorSettings) -> None:
         self.settings = settings
+        self.limits = settings.limits
         self.store = Store(settings.state_dir / "unicron.sqlite")
         self.rendezvous = Rendezvous(settings.advertise_host)
         self.pending = _Pending()
+        self.ladder = Ladder(self.limits)
+        self.monitors: dict[tuple[str, int], TaskMonitor] = {}
+        self.stopped: dict[tuple[str, int, int], bool] = {}  # worker -> process is stopped (SIGSTOP)
+        self.faults: dict[tuple[str, int], float] = {}  # (task, generation) -> injection time
+        self.incidents: dict[tuple[str, int], _Incident] = {}  # the open incident of a generation
+        self.isolated_until: dict[str, float] = {}
         self.dirty = True
         # Silence is counted from when the service can hear heartbeats at all: after a restart
         # every known node gets a full deadline to reconnect (its workers kept training).
@@ -85,8 +114,7 @@ class Coordinator:
     def submit(self, spec: LiveTaskSpec) -> None:
         if self.store.task(spec.name) is not None:
             raise SpecError(
-                "request",
-                [SpecProblem("name", f"a task named {spec.name!r} exists", "choose another name")],
+                "request", [SpecProblem("name", f"a task named {spec.name!r} exists", "choose another name")]
             )
         with self.store.transaction() as db:
             db.execute(
@@ -102,7 +130,7 @@ class Coordinator:
             raise UsageError(f"no task named {name!r}")
         if task.state not in LIVE_TASK_STATES:
             raise UsageError(f"task {name!r} is already {task.state}")
-        self._stop_generation(name, task.generation)
+        self._stop_generation(name, task.generation, self.limits.stop_grace_s)
         self.store.update("tasks", {"name": name}, state="cancelled", finished=time.time())
         self.store.event("task_cancelled", task=name)
         self.rendezvous.close(name)
@@ -123,32 +151,32 @@ class Coordinator:
                 f"node {reg.node} offers {reg.slots} slots but the cluster's nodes have "
                 f"{others[0].slots}; start every agent with the same --slots"
             )
+        # An isolated node stays out until its isolation ends, even if its agent comes back.
+        state = "isolated" if known is not None and known.state == "isolated" else "healthy"
         with self.store.transaction() as db:
             if known is None:
                 db.execute(
-                    "INSERT INTO nodes (name, slots, gpus, host, state, last_seen) "
-                    "VALUES (?, ?, ?, ?, 'healthy', ?)",
-                    (reg.node, reg.slots, json.dumps(reg.gpus), reg.host, now),
+                    "INSERT INTO nodes (name, slots, gpus, host, state, last_seen) VALUES (?, ?, ?, ?, ?, ?)",
+                    (reg.node, reg.slots, json.dumps(reg.gpus), reg.host, state, now),
                 )
             else:
                 db.execute(
-                    "UPDATE nodes SET slots = ?, gpus = ?, host = ?, state = 'healthy', last_seen = ? "
-                    "WHERE name = ?",
-                    (reg.slots, json.dumps(reg.gpus), reg.host, now, reg.node),
+                    "UPDATE nodes SET slots = ?, gpus = ?, host = ?, state = ?, last_seen = ? WHERE name = ?",
+                    (reg.slots, json.dumps(reg.gpus), reg.host, state, now, reg.node),
                 )
-        if known is None or known.state != "healthy":
+        if known is None or known.state == "lost":
             self.store.event("node_joined" if known is None else "node_back", node=reg.node, slots=reg.slots)
             self.dirty = True
         self._reconcile_workers(reg.node, reg.workers)
         return RegistrationReply(
             node=reg.node,
-            heartbeat_interval_s=self.settings.heartbeat_interval_s,
-            heartbeat_deadline_s=self.settings.heartbeat_deadline_s,
+            heartbeat_interval_s=self.limits.heartbeat_interval_s,
+            heartbeat_deadline_s=self.limits.heartbeat_deadline_s,
         )
 
     def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
         node = self.store.node(hb.node)
-        if node is None or node.state != "healthy":
+        if node is None or node.state == "lost":
             # Unknown, or declared lost: it must register again (and its stale workers stop).
             return HeartbeatReply(registered=False)
         self.store.update("nodes", {"name": hb.node}, last_seen=time.time())
@@ -157,30 +185,27 @@ class Coordinator:
         self._reconcile_workers(hb.node, hb.workers)
         return HeartbeatReply(orders=self.pending.take(hb.node))
 
-    def _reconcile_workers(self, node: str, reported: list[Any]) -> None:
-        """Stop workers the agent runs that belong to no live generation."""
+    def orders(self, node: str) -> list[Order]:
+        """Orders waiting for a node (the agents' long poll)."""
+        return self.pending.take(node)
+
+    def _reconcile_workers(self, node: str, reported: list[WorkerState]) -> None:
+        """Track worker processes; stop those that belong to no live generation."""
         for w in reported:
+            self.stopped[(w.task, w.generation, w.rank)] = w.stopped and w.running
             task = self.store.task(w.task)
             current = task is not None and task.state in LIVE_TASK_STATES and task.generation == w.generation
             if not current and w.running:
                 self.pending.add(
-                    node,
-                    StopWorkers(task=w.task, generation=w.generation, grace_s=self.settings.stop_grace_s),
+                    node, StopWorkers(task=w.task, generation=w.generation, grace_s=self.limits.stop_grace_s)
                 )
-            elif current:
+            elif current and w.running:
+                key = {"task": w.task, "generation": w.generation, "rank": w.rank}
                 row = self.store.one(
-                    "SELECT state FROM workers WHERE task = ? AND generation = ? AND rank = ?",
-                    w.task,
-                    w.generation,
-                    w.rank,
+                    "SELECT state FROM workers WHERE task = ? AND generation = ? AND rank = ?", *key.values()
                 )
-                if row is not None and row.state == "launching" and w.running:
-                    self.store.update(
-                        "workers",
-                        {"task": w.task, "generation": w.generation, "rank": w.rank},
-                        state="running",
-                        pid=w.pid,
-                    )
+                if row is not None and row.state == "launching":
+                    self.store.update("workers", key, state="running", pid=w.pid)
 
     # ------------------------------------------------------------------ reports
     def handle_report(self, report: WorkerReport, node: str) -> None:
@@ -189,6 +214,17 @@ class Coordinator:
             return  # stale: from a generation that is gone
         if isinstance(report, IterationReport):
             self._iteration(task, report)
+        elif isinstance(report, FaultReport):
+            self.faults[(report.task, report.generation)] = report.time
+            self.store.event(
+                "fault_injected",
+                task=report.task,
+                node=node,
+                rank=report.rank,
+                step=report.step,
+                action=report.action,
+                generation=report.generation,
+            )
         elif isinstance(report, ExceptionReport):
             self.store.event(
                 "exception",
@@ -199,6 +235,10 @@ class Coordinator:
                 kind=report.kind,
                 error=f"{report.error_type}: {report.message}"[:500],
             )
+            if task.state in ("starting", "running"):
+                self._incident(
+                    task.name, ErrorKind(report.kind), node, f"rank {report.rank} raised {report.error_type}"
+                )
         elif isinstance(report, CheckpointReport):
             if report.rank == 0:
                 self.store.update("tasks", {"name": report.task}, checkpoint_step=report.step)
@@ -210,18 +250,37 @@ class Coordinator:
         elif isinstance(report, ExitReport):
             self._exit(task, report)
 
+    def _monitor(self, name: str, generation: int) -> TaskMonitor:
+        key = (name, generation)
+        if key not in self.monitors:
+            self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
+            self.monitors[key] = TaskMonitor(self.limits, self.spec(name).run.checkpoint_every)
+        return self.monitors[key]
+
     def _iteration(self, task: Any, report: IterationReport) -> None:
         spec = self.spec(task.name)
+        monitor = self._monitor(task.name, task.generation)
+        for rank, slow in monitor.rank_compute(report.step, report.rank, report.compute_s, task.workers):
+            self.store.event(
+                "straggler" if slow else "straggler_recovered",
+                task=task.name,
+                rank=rank,
+                step=report.step,
+                generation=task.generation,
+            )
         values: dict[str, Any] = {"samples": task.samples + report.samples}
         if spec.run.flops_per_sample:
             values["flop"] = task.flop + spec.weight * spec.run.flops_per_sample * report.samples
         if report.rank == 0:
+            monitor.step_done(report.step, report.time or time.time())
             values["step"] = max(task.step, report.step)
             if task.state == "starting":
                 values["state"] = "running"
                 if task.down_since is not None:
-                    values["downtime_s"] = task.downtime_s + time.time() - task.down_since
+                    downtime = time.time() - task.down_since
+                    values["downtime_s"] = task.downtime_s + downtime
                     values["down_since"] = None
+                    self._recovered(task.name, downtime, report.step)
                 self.store.event(
                     "task_running",
                     task=task.name,
@@ -241,75 +300,118 @@ class Coordinator:
             exit_code=report.code,
             exit_signal=report.signal,
         )
+        iterations = self.spec(task.name).run.iterations
         if not ok and task.state in ("starting", "running"):
             how = f"signal {report.signal}" if report.signal else f"code {report.code}"
-            self._fail(
+            self._incident(
                 task.name,
+                ErrorKind.EXITED_ABNORMALLY,
+                report.node,
                 f"rank {report.rank} on {report.node} exited with {how}",
-                "exited_abnormally",
-                node=report.node,
             )
-        elif ok and task.state == "running" and task.step < self.spec(task.name).run.iterations:
+        elif ok and task.state == "running" and task.step < iterations:
             # A clean exit before the end (stopped from outside): its peers cannot go on.
-            self._fail(
+            self._incident(
                 task.name,
+                ErrorKind.EXITED_ABNORMALLY,
+                report.node,
                 f"rank {report.rank} on {report.node} exited before the last step",
-                "exited_abnormally",
-                node=report.node,
             )
         elif ok:
             live = self.store.workers(report.task, report.generation, live=True)
             # Finished: every worker of the generation exited cleanly after the last step (a
             # generation that resumed from the final checkpoint finishes without iterating).
-            done = task.step >= self.spec(task.name).run.iterations
-            if not live and task.state in ("starting", "running") and done:
+            if not live and task.state in ("starting", "running") and task.step >= iterations:
                 self.store.update("tasks", {"name": task.name}, state="finished", finished=time.time())
                 self.store.event("task_finished", task=task.name, step=task.step, digest=task.digest)
                 self.rendezvous.close(task.name)
                 self.dirty = True
 
-    def _fail(self, name: str, why: str, kind: str, node: str | None = None) -> None:
-        """A failure in the current generation: stop it; the loop starts the next one."""
+    # ------------------------------------------------------------------ incidents
+    def _incident(self, name: str, kind: ErrorKind, node: str | None, why: str) -> None:
+        """The first sign of a failure in a generation opens its incident; later signs (the
+        peers' connection errors, the exits that follow) belong to it."""
         task = self.store.task(name)
         assert task is not None
+        if (name, task.generation) in self.incidents:
+            return
+        now = time.time()
+        decision = self.ladder.decide(name, kind, node, now)
+        injected = self.faults.get((name, task.generation))
         self.store.event(
-            "task_failure",
+            "incident",
             task=name,
             node=node,
-            kind=kind,
+            kind=kind.value,
+            severity=decision.severity.name,
+            action=decision.action.label,
             why=why,
+            ladder=decision.why,
+            detected_at=now,
+            detection_s=None if injected is None else round(now - injected, 4),
             generation=task.generation,
             step=task.step,
             checkpoint_step=task.checkpoint_step,
         )
-        self._stop_generation(name, task.generation)
-        self.store.update(
-            "tasks",
-            {"name": name},
-            state="restarting",
-            failures=task.failures + 1,
-            down_since=task.down_since or time.time(),
-        )
+        incident_id = self.store.one("SELECT MAX(id) AS id FROM events").id  # type: ignore[union-attr]
+        self.incidents[(name, task.generation)] = _Incident(incident_id, kind, now, decision.action.label)
+        if decision.isolate_node and node is not None:
+            self._isolate(node, f"{kind.value} ({decision.why})")
+        self._stop_generation(name, task.generation, self.limits.failure_stop_grace_s)
+        if decision.fail_task:
+            self.store.update(
+                "tasks", {"name": name}, state="failed", finished=now, failures=task.failures + 1
+            )
+            self.store.event(
+                "outcome", task=name, incident=incident_id, outcome="task failed", why=decision.why
+            )
+            self.rendezvous.close(name)
+        else:
+            self.store.update(
+                "tasks",
+                {"name": name},
+                state="restarting",
+                failures=task.failures + 1,
+                down_since=task.down_since or now,
+            )
         self.dirty = True
 
-    def _stop_generation(self, name: str, generation: int) -> None:
+    def _recovered(self, name: str, downtime: float, step: int) -> None:
+        for (task, generation), incident in list(self.incidents.items()):
+            if task == name:
+                self.store.event(
+                    "outcome",
+                    task=name,
+                    incident=incident.id,
+                    outcome="recovered",
+                    downtime_s=round(downtime, 3),
+                    resumed_step=step,
+                    action=incident.action,
+                )
+                del self.incidents[(task, generation)]
+
+    def _isolate(self, node: str, why: str) -> None:
+        row = self.store.node(node)
+        if row is None or row.state != "healthy":
+            return
+        self.store.update("nodes", {"name": node}, state="isolated")
+        self.store.event("node_isolated", node=node, why=why, until=time.time() + self.limits.isolation_s)
+        self.isolated_until[node] = time.time() + self.limits.isolation_s
+        for w in self.store.query(
+            "SELECT DISTINCT task, generation FROM workers WHERE node = ? "
+            "AND state IN ('launching', 'running')",
+            node,
+        ):
+            self.pending.add(
+                node,
+                StopWorkers(task=w.task, generation=w.generation, grace_s=self.limits.failure_stop_grace_s),
+            )
+
+    def _stop_generation(self, name: str, generation: int, grace_s: float) -> None:
         for w in self.store.workers(name, generation, live=True):
             node = self.store.node(w.node)
-            if node is not None and node.state == "healthy":
-                self.pending.add(
-                    w.node, StopWorkers(task=name, generation=generation, grace_s=self.settings.stop_grace_s)
-                )
-        # Deduplicate: one stop per node is enough.
-        for node_name, orders in self.pending.orders.items():
-            seen: set[tuple[str, int | None]] = set()
-            unique: list[Order] = []
-            for o in orders:
-                if isinstance(o, StopWorkers):
-                    if (o.task, o.generation) in seen:
-                        continue
-                    seen.add((o.task, o.generation))
-                unique.append(o)
-            self.pending.orders[node_name] = unique
+            if node is not None and node.state != "lost":
+                self.pending.add(w.node, StopWorkers(task=name, generation=generation, grace_s=grace_s))
 
     # ------------------------------------------------------------------ the control loop
     def tick(self) -> None:
@@ -318,8 +420,12 @@ class Coordinator:
             self.listening_since = now
         for node in self.store.nodes():
             silent = now - max(node.last_seen, self.listening_since)
-            if node.state == "healthy" and silent > self.settings.heartbeat_deadline_s:
+            if node.state != "lost" and silent > self.limits.heartbeat_deadline_s:
                 self._node_lost(node.name, silent)
+            elif node.state == "isolated" and now >= self.isolated_until.get(node.name, 0):
+                self.store.update("nodes", {"name": node.name}, state="healthy")
+                self.store.event("node_back", node=node.name, why="isolation over")
+                self.dirty = True
         for task in self.store.tasks(live_only=True):
             if task.state == "restarting":
                 self._finish_stopping(task)
@@ -327,13 +433,46 @@ class Coordinator:
                 stale = [
                     w
                     for w in self.store.workers(task.name, task.generation)
-                    if w.state == "launching" and now - w.launched > self.settings.launch_timeout_s
+                    if w.state == "launching" and now - w.launched > self.limits.launch_timeout_s
                 ]
                 if stale:
-                    self._fail(task.name, f"{len(stale)} worker(s) never started", "exited_abnormally")
+                    self._incident(
+                        task.name, ErrorKind.EXITED_ABNORMALLY, None, f"{len(stale)} worker(s) never started"
+                    )
+            elif task.state == "running":
+                self._check_hang(task, now)
         if self.dirty and not any(t.state == "restarting" for t in self.store.tasks(live_only=True)):
             self.dirty = False
             self.reconcile()
+
+    def _check_hang(self, task: Any, now: float) -> None:
+        monitor = self.monitors.get((task.name, task.generation))
+        # One heartbeat more: the report of a step that did end may still be on its way.
+        if monitor is None or not monitor.late(now - self.limits.heartbeat_interval_s):
+            return
+        workers = self.store.workers(task.name, task.generation, live=True)
+        culprits = [w for w in workers if self.stopped.get((task.name, task.generation, w.rank))]
+        self.store.event(
+            "hang_detected",
+            task=task.name,
+            step=monitor.last_step + 1,
+            waited_s=round(now - monitor.last_time, 3),
+            deadline_s=round(monitor.deadline() or 0, 3),
+            culprits=[w.rank for w in culprits],
+            generation=task.generation,
+        )
+        # Kill the hung worker(s) at once: the hang becomes an ordinary death.
+        for w in culprits:
+            self.pending.add(
+                w.node, StopWorkers(task=task.name, generation=task.generation, rank=w.rank, grace_s=0.0)
+            )
+        node = culprits[0].node if culprits else None
+        self._incident(
+            task.name,
+            ErrorKind.TASK_HANG,
+            node,
+            f"step {monitor.last_step + 1} late; hung rank(s) {[w.rank for w in culprits] or 'unknown'}",
+        )
 
     def _node_lost(self, name: str, silent_s: float) -> None:
         self.store.update("nodes", {"name": name}, state="lost")
@@ -353,13 +492,15 @@ class Coordinator:
         for task_name in hit:
             task = self.store.task(task_name)
             if task is not None and task.state in ("starting", "running"):
-                self._fail(task_name, f"node {name} lost", "node_lost", node=name)
+                self._incident(
+                    task_name, ErrorKind.NODE_LOST, name, f"node {name} silent for {silent_s:.1f} s"
+                )
         self.dirty = True
 
     def _finish_stopping(self, task: Any) -> None:
         live = self.store.workers(task.name, task.generation, live=True)
         waited = time.time() - (task.down_since or time.time())
-        if live and waited < self.settings.stop_grace_s * 3:
+        if live and waited < self.limits.stop_grace_s * 3:
             return
         with self.store.transaction() as db:
             db.execute(
@@ -370,6 +511,7 @@ class Coordinator:
         self.store.update("tasks", {"name": task.name}, state="waiting", workers=0)
         self.dirty = True
 
+    # ------------------------------------------------------------------ placement
     def cluster_state(self) -> tuple[ClusterState, dict[int, str]]:
         nodes = [n for n in self.store.nodes() if n.state == "healthy"]
         names = {n.id: n.name for n in nodes}
@@ -421,7 +563,7 @@ class Coordinator:
                     after=decision.after,
                     reason=decision.reason,
                 )
-                self._stop_generation(task.name, task.generation)
+                self._stop_generation(task.name, task.generation, self.limits.stop_grace_s)
                 self.store.update(
                     "tasks",
                     {"name": task.name},
@@ -444,19 +586,20 @@ class Coordinator:
         spec = self.spec(name)
         generation = task.generation + 1
         world = sum(placement.values())
-        port = task.store_port or 0
-        port = self.rendezvous.host(name, port)
-        checkpoint_dir = self.settings.checkpoint_root / name
+        port = self.rendezvous.host(name, task.store_port or 0)
         env = {
             "UNICRON_TASK": name,
             "UNICRON_GENERATION": str(generation),
             "UNICRON_WORLD_SIZE": str(world),
             "UNICRON_STORE": f"{self.settings.advertise_host}:{port}",
-            "UNICRON_CHECKPOINT_DIR": str(checkpoint_dir),
+            "UNICRON_CHECKPOINT_DIR": str(self.settings.checkpoint_root / name),
             "UNICRON_ITERATIONS": str(spec.run.iterations),
             "UNICRON_CHECKPOINT_EVERY": str(spec.run.checkpoint_every),
+            "UNICRON_PG_TIMEOUT": str(self.limits.process_group_timeout_s),
             **spec.run.env,
         }
+        if spec.run.faults:
+            env["UNICRON_FAULTS"] = json.dumps([f.model_dump() for f in spec.run.faults])
         now = time.time()
         rank = 0
         with self.store.transaction() as db:

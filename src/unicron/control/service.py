@@ -54,10 +54,17 @@ def task_summary(coordinator: Coordinator, row: Any) -> dict[str, Any]:
 
 def create_app(settings: CoordinatorSettings) -> FastAPI:
     holder: dict[str, Coordinator] = {}
+    wakeups: dict[str, asyncio.Event] = {}
+
+    def wake(node: str) -> None:
+        event = wakeups.get(node)
+        if event is not None:
+            event.set()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         coordinator = Coordinator(settings)
+        coordinator.pending.on_add = wake
         holder["c"] = coordinator
 
         async def loop() -> None:
@@ -190,5 +197,19 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
     @app.post("/v1/agents/heartbeat")
     async def heartbeat(hb: Heartbeat) -> HeartbeatReply:
         return c().heartbeat(hb)
+
+    @app.get("/v1/agents/{node}/orders")
+    async def orders(node: str, wait: float = 2.0) -> list[dict[str, Any]]:
+        """Long poll: answers once there are orders for the node, or after ``wait`` seconds."""
+        deadline = time.monotonic() + min(max(wait, 0.0), 30.0)
+        event = wakeups.setdefault(node, asyncio.Event())
+        while True:
+            event.clear()  # before taking, so that an order queued meanwhile wakes us
+            found = c().orders(node)
+            left = deadline - time.monotonic()
+            if found or left <= 0:
+                return [o.model_dump() for o in found]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), left)
 
     return app

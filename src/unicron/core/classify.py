@@ -57,7 +57,24 @@ RULES: tuple[Rule, ...] = (
         None,
         ("nccl error", "gloo", "socket", "network is unreachable", "no route to host"),
     ),
-    (ErrorKind.EXITED_ABNORMALLY, ("MemoryError",), ("",)),
+    # Errors of the program itself: the Python exceptions a bug raises.
+    (
+        ErrorKind.USER_ERROR,
+        (
+            "ValueError",
+            "TypeError",
+            "KeyError",
+            "IndexError",
+            "AttributeError",
+            "NameError",
+            "AssertionError",
+            "ZeroDivisionError",
+            "NotImplementedError",
+            "ImportError",
+            "FileNotFoundError",
+        ),
+        ("",),
+    ),
 )
 
 

@@ -31,6 +31,20 @@ class IterationReport(_Message):
     duration_s: float
     samples: int  # samples this rank processed in the step
     loss: float
+    time: float = 0.0  # wall-clock time (Unix) the step ended, on the worker
+    compute_s: float = 0.0  # time spent in the rank's own forward/backward, before waiting for peers
+
+
+class FaultReport(_Message):
+    """Sent by the fault-injection library just before it injects a fault (for measurements)."""
+
+    type: Literal["fault"] = "fault"
+    task: str
+    generation: int
+    rank: int
+    step: int
+    action: str
+    time: float
 
 
 class ExceptionReport(_Message):
@@ -76,7 +90,7 @@ class ExitReport(_Message):
 
 
 WorkerReport = Annotated[
-    IterationReport | ExceptionReport | CheckpointReport | DoneReport | ExitReport,
+    IterationReport | ExceptionReport | CheckpointReport | DoneReport | ExitReport | FaultReport,
     Field(discriminator="type"),
 ]
 WORKER_REPORT = TypeAdapter(WorkerReport)
@@ -97,15 +111,18 @@ class LaunchWorker(_Message):
 
 
 class StopWorkers(_Message):
-    """Stop a task's workers on this node (of generations up to ``generation``, or all)."""
+    """Stop a task's workers on this node (of generations up to ``generation``, or all; only
+    ``rank`` when given). SIGTERM first, SIGKILL after ``grace_s`` (at once when it is 0)."""
 
     type: Literal["stop"] = "stop"
     task: str
     generation: int | None = None
+    rank: int | None = None
     grace_s: float = 5.0
 
 
 Order = Annotated[LaunchWorker | StopWorkers, Field(discriminator="type")]
+ORDERS = TypeAdapter(list[Order])
 
 
 # ------------------------------------------------------------------ agent <-> coordinator
@@ -117,6 +134,7 @@ class WorkerState(_Message):
     rank: int
     pid: int
     running: bool
+    stopped: bool = False  # the process is stopped (SIGSTOP, state T): it cannot be progressing
 
 
 class Registration(_Message):

@@ -439,6 +439,21 @@ def check_against_cluster(
 # ---------------------------------------------------------------- live tasks
 
 
+class FaultSpec(_Spec):
+    """A fault to inject into a live task's worker (unicron.train.faults)."""
+
+    action: Literal["kill", "hang", "stall", "raise", "slow", "break", "lose_node"]
+    rank: int = Field(ge=0)
+    step: int = Field(ge=1, description="injected when this step starts")
+    generation: int = Field(default=1, ge=1, description="only in this generation of the task")
+    message: str = Field(
+        default="CUDA error: an illegal memory access was encountered",
+        description="for raise: the exception's message",
+    )
+    error: str = Field(default="RuntimeError", description="for raise: the exception's type")
+    seconds: float = Field(default=5.0, ge=0, description="for stall: how long; for slow: extra per step")
+
+
 class RunSpec(_Spec):
     """How to run a live task's workers."""
 
@@ -449,6 +464,7 @@ class RunSpec(_Spec):
     checkpoint_every: int = Field(default=20, gt=0, description="steps between checkpoints")
     flops_per_sample: float | None = Field(default=None, gt=0, description="for measured WAF")
     env: dict[str, str] = Field(default_factory=dict)
+    faults: list[FaultSpec] = Field(default_factory=list, description="faults to inject, for tests and demos")
 
     @field_validator("program", mode="before")
     @classmethod

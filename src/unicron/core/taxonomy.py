@@ -53,6 +53,8 @@ class ErrorKind(StrEnum):
     CONNECTION_REFUSED = "connection_refused"
     CONNECTION_RESET = "connection_reset"
     OTHER_NETWORK_ERROR = "other_network_error"
+    OUT_OF_MEMORY = "out_of_memory"
+    USER_ERROR = "user_error"
     OTHER = "other"
 
 
@@ -82,6 +84,10 @@ TAXONOMY: dict[ErrorKind, KindInfo] = {
     ErrorKind.CONNECTION_REFUSED: _S3,
     ErrorKind.CONNECTION_RESET: _S3,
     ErrorKind.OTHER_NETWORK_ERROR: _S3,
+    # Not in the paper's table. Restarting cannot fix a bug or a model that does not fit, but it
+    # is the cheapest thing that might; repeats make the task fail (Settings.task_failure_limit).
+    ErrorKind.OUT_OF_MEMORY: _S2,
+    ErrorKind.USER_ERROR: _S2,
     # The paper leaves "others" unassigned; we restart the process, the middle of the ladder.
     ErrorKind.OTHER: _S2,
 }

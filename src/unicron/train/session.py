@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -30,21 +30,37 @@ from unicron.core.protocol import CheckpointReport, DoneReport, ExceptionReport,
 from unicron.train import checkpoint
 from unicron.train.channel import ReportChannel
 from unicron.train.data import MicroBatch, global_batch_ids, micro_batches, shard
+from unicron.train.faults import FaultInjector
 
 
 @dataclass
 class Iteration:
-    """One step being timed; the loop records its loss and samples."""
+    """One step being timed; the loop records each micro-batch's loss and samples."""
 
     step: int
+    micro_batches: int = 0  # how many the plan gave this rank (0: unknown)
+    before_last: Callable[[], None] | None = None
     started: float = field(default_factory=time.perf_counter)
     loss: float = 0.0
     samples: int = 0
+    marks: list[float] = field(default_factory=list)
 
     def record(self, mean_loss: float, samples: int) -> None:
         """Add a micro-batch: its mean loss and how many samples it held."""
         self.loss += mean_loss * samples
         self.samples += samples
+        self.marks.append(time.perf_counter())
+        if self.before_last is not None and len(self.marks) == self.micro_batches - 1:
+            self.before_last()
+
+    def compute_s(self, ended: float) -> float:
+        """The rank's own compute time. Only the last micro-batch's backward waits for peers (the
+        gradient all-reduce), so the others' mean time stands in for it; with one micro-batch
+        the whole step is all we know."""
+        if len(self.marks) < 2:
+            return ended - self.started
+        own = self.marks[-2] - self.started
+        return own * len(self.marks) / (len(self.marks) - 1)
 
 
 class Session:
@@ -68,8 +84,10 @@ class Session:
         self.checkpoint_every = int(env.get("UNICRON_CHECKPOINT_EVERY", checkpoint_every or 0))
         directory = env.get("UNICRON_CHECKPOINT_DIR", str(checkpoint_dir) if checkpoint_dir else "")
         self.checkpoint_dir = Path(directory) if directory else None
-        self.timeout = timedelta(seconds=timeout_s)
+        self.timeout = timedelta(seconds=float(env.get("UNICRON_PG_TIMEOUT", timeout_s)))
         self.channel = ReportChannel(env.get("UNICRON_AGENT_SOCKET"))
+        self.faults = FaultInjector.from_env(env, self.rank, self.generation, self.task, self.channel.send)
+        self._micro_batches = 0
         self.step = 0
         self.stop_requested = False
         self._started = False
@@ -129,15 +147,18 @@ class Session:
     ) -> list[MicroBatch]:
         """This rank's micro-batches for ``step``: its share of the step's global batch."""
         ids = global_batch_ids(step, global_batch, dataset_size, seed)
-        return micro_batches(
-            shard(ids, self.rank, self.world_size), micro_batch, global_batch, self.world_size
-        )
+        share = shard(ids, self.rank, self.world_size)
+        planned = micro_batches(share, micro_batch, global_batch, self.world_size)
+        self._micro_batches = len(planned)
+        return planned
 
     @contextlib.contextmanager
     def iteration(self, step: int) -> Iterator[Iteration]:
         """Time and report one optimizer step; the step counts once the block completes."""
-        it = Iteration(step)
+        self.faults.step_started(step)
+        it = Iteration(step, self._micro_batches, lambda: self.faults.before_last_micro_batch(step))
         yield it
+        ended = time.perf_counter()
         self.step = step
         self.channel.send(
             IterationReport(
@@ -145,9 +166,11 @@ class Session:
                 generation=self.generation,
                 rank=self.rank,
                 step=step,
-                duration_s=time.perf_counter() - it.started,
+                duration_s=ended - it.started,
                 samples=it.samples,
                 loss=it.loss / it.samples if it.samples else 0.0,
+                time=time.time(),
+                compute_s=it.compute_s(ended),
             )
         )
 

@@ -1,0 +1,77 @@
+"""Statistical monitoring of iterations: hangs and stragglers, from the reports of each step.
+
+A task's step times come from rank 0's reports (the step's end on the worker's clock). After a
+warm-up, a step is late once clamp(k x mean of the recent intervals, floor, cap) has passed since
+the previous step ended (plus an allowance when that step saves a checkpoint); the caller adds
+one heartbeat for the report's way to the coordinator. A rank whose own compute time stays
+above ``straggler_ratio`` x its peers' median for ``straggler_window`` consecutive steps is a
+straggler: the task runs sub-healthy.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from unicron.core.settings import Settings
+
+
+@dataclass
+class TaskMonitor:
+    settings: Settings
+    checkpoint_every: int = 0
+    last_step: int = 0
+    last_time: float = 0.0
+    intervals: deque[float] = field(default_factory=deque)
+    compute: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> compute_s
+    slow_streak: dict[int, int] = field(default_factory=dict)
+    stragglers: set[int] = field(default_factory=set)
+
+    def step_done(self, step: int, ended: float) -> None:
+        """Rank 0 finished ``step`` at worker time ``ended``."""
+        if step <= self.last_step:
+            return
+        if self.last_time and step == self.last_step + 1:
+            self.intervals.append(ended - self.last_time)
+            while len(self.intervals) > self.settings.hang_window:
+                self.intervals.popleft()
+        self.last_step, self.last_time = step, ended
+
+    def mean_interval(self) -> float | None:
+        if len(self.intervals) < self.settings.hang_warmup_steps:
+            return None
+        return statistics.fmean(self.intervals)
+
+    def deadline(self) -> float | None:
+        """Seconds after the last step's end by which the next must end, once warmed up."""
+        mean = self.mean_interval()
+        if mean is None:
+            return None
+        allowance = 0.0
+        if self.checkpoint_every and self.last_step % self.checkpoint_every == 0:
+            allowance = self.settings.checkpoint_allowance_s
+        return self.settings.hang_deadline(mean) + allowance
+
+    def late(self, now: float) -> bool:
+        deadline = self.deadline()
+        return deadline is not None and now - self.last_time > deadline
+
+    def rank_compute(self, step: int, rank: int, compute_s: float, world: int) -> list[tuple[int, bool]]:
+        """Record a rank's compute time; returns (rank, is_straggler) for ranks whose status changed."""
+        per = self.compute.setdefault(step, {})
+        per[rank] = compute_s
+        for old in [s for s in self.compute if s < step - 2]:
+            del self.compute[old]
+        if len(per) < world or world < 2:
+            return []
+        changes = []
+        for r, value in per.items():
+            peers = statistics.median(v for k, v in per.items() if k != r)
+            slow = peers > 0 and value > self.settings.straggler_ratio * peers
+            self.slow_streak[r] = self.slow_streak.get(r, 0) + 1 if slow else 0
+            now_straggling = self.slow_streak[r] >= self.settings.straggler_window
+            if now_straggling != (r in self.stragglers):
+                (self.stragglers.add if now_straggling else self.stragglers.discard)(r)
+                changes.append((r, now_straggling))
+        return changes

@@ -1,0 +1,87 @@
+"""Every threshold of detection and handling, in one place, with the ordering of all timeouts.
+
+The ordering, checked whenever settings are built (so at start-up), and why it must hold:
+
+    heartbeat_interval_s  <  heartbeat_deadline_s      a deadline must span several heartbeats
+    failure_stop_grace_s  <= stop_grace_s              a failed generation is stopped faster
+    hang_floor_s          <= hang_cap_s                the hang deadline's bounds
+    heartbeat_deadline_s  <  hang_cap_s                node loss is decided before a hang
+    hang_cap_s            <  process_group_timeout_s   Unicron sees a hang before the collective
+                                                       times out (else the timeout decides)
+    process_group_timeout_s < launch_timeout_s ... is not required: they measure different things.
+
+The hang deadline of a task is clamp(hang_multiple x mean recent iteration, floor, cap), active
+after hang_warmup_steps steps, plus checkpoint_allowance_s for a step that saves a checkpoint; a
+step is late once that much time has passed since the previous step ended (worker clocks) and
+one heartbeat more has passed for its report to arrive; a straggler is a rank whose compute time stays above
+straggler_ratio x the median of its peers for straggler_window steps.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from unicron.core.specs import FIX_MARK
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # node health
+    heartbeat_interval_s: float = Field(0.5, gt=0, description="agent heartbeat period")
+    heartbeat_deadline_s: float = Field(2.5, gt=0, description="silence after which a node is lost")
+    # statistical monitoring
+    hang_multiple: float = Field(3.0, gt=1, description="k: a step running past k x the recent mean hangs")
+    hang_warmup_steps: int = Field(5, ge=1, description="steps before the hang deadline applies")
+    hang_window: int = Field(20, ge=1, description="recent steps the mean is taken over")
+    hang_floor_s: float = Field(1.0, gt=0, description="the hang deadline is never shorter")
+    checkpoint_allowance_s: float = Field(
+        30.0, ge=0, description="added to the deadline of a step that saves"
+    )
+    hang_cap_s: float = Field(300.0, gt=0, description="the hang deadline is never longer")
+    straggler_ratio: float = Field(1.5, gt=1, description="slower than this x its peers' median")
+    straggler_window: int = Field(10, ge=2, description="for this many consecutive steps")
+    # workers
+    process_group_timeout_s: float = Field(900.0, gt=0, description="torch.distributed timeout")
+    stop_grace_s: float = Field(3.0, ge=0, description="SIGTERM to SIGKILL for a planned stop")
+    failure_stop_grace_s: float = Field(1.0, ge=0, description="SIGTERM to SIGKILL after a failure")
+    launch_timeout_s: float = Field(120.0, gt=0, description="a worker must start within this")
+    # handling
+    escalation_window_s: float = Field(600.0, gt=0, description="repeats are counted within this")
+    max_reattempts: int = Field(2, ge=0, description="in-place retries before restarting the process")
+    max_restarts: int = Field(3, ge=0, description="process restarts before reconfiguring")
+    isolate_after: int = Field(2, ge=1, description="SEV1/SEV2 errors on one node before isolating it")
+    isolation_s: float = Field(300.0, ge=0, description="how long an isolated node stays out")
+    task_failure_limit: int = Field(10, ge=1, description="failures within the window that fail a task")
+
+    @model_validator(mode="after")
+    def _ordering(self) -> Settings:
+        rules = [
+            (
+                "heartbeat_interval_s",
+                "heartbeat_deadline_s",
+                False,
+                "a deadline must span several heartbeats",
+            ),
+            ("failure_stop_grace_s", "stop_grace_s", True, "a failed generation is stopped at least as fast"),
+            ("hang_floor_s", "hang_cap_s", True, "the floor of the hang deadline cannot exceed its cap"),
+            ("heartbeat_deadline_s", "hang_cap_s", False, "node loss must be decided before a hang"),
+            (
+                "hang_cap_s",
+                "process_group_timeout_s",
+                False,
+                "a hang must be detected before the collective times out",
+            ),
+        ]
+        for low, high, equal_ok, why in rules:
+            a, b = getattr(self, low), getattr(self, high)
+            if a > b or (a == b and not equal_ok):
+                sign = "<=" if equal_ok else "<"
+                raise ValueError(
+                    f"{low} ({a:g}) must be {sign} {high} ({b:g}): {why}{FIX_MARK}"
+                    f"lower {low} or raise {high} (docs/detection.md lists the ordering)"
+                )
+        return self
+
+    def hang_deadline(self, mean_iteration_s: float) -> float:
+        return min(self.hang_cap_s, max(self.hang_floor_s, self.hang_multiple * mean_iteration_s))

@@ -1,0 +1,101 @@
+"""Fault injection as a library: faults by task, rank, step and generation, inside real workers.
+
+Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRON_FAULTS``:
+
+- ``kill``: the worker SIGKILLs itself (a process dies);
+- ``hang``: the worker SIGSTOPs itself (a hung process: its peers block in the next collective);
+- ``stall``: the worker sleeps ``seconds`` just before its last micro-batch, while its peers are
+  already waiting inside the gradient all-reduce (a stall inside a collective);
+- ``raise``: raise ``error(message)``, e.g. a CUDA-like error, through the training loop;
+- ``slow``: sleep ``seconds`` at every step from ``step`` on (a straggler);
+- ``break``: tear the process group down under the peers and raise a connection error (a broken
+  connection);
+- ``lose_node``: SIGKILL the worker's agent (its workers die with it): the node is lost.
+
+Each injection first sends a FaultReport with the time, so detection latency can be measured.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+
+from unicron.core.protocol import FaultReport
+from unicron.core.specs import FaultSpec
+
+
+class FaultInjector:
+    def __init__(
+        self,
+        faults: list[FaultSpec],
+        rank: int,
+        generation: int,
+        report: Callable[[FaultReport], None],
+        task: str,
+    ) -> None:
+        self.faults = [f for f in faults if f.rank == rank and f.generation == generation]
+        self.rank, self.generation, self.task = rank, generation, task
+        self.report = report
+        self.slow_s = 0.0
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str],
+        rank: int,
+        generation: int,
+        task: str,
+        report: Callable[[FaultReport], None],
+    ) -> FaultInjector:
+        raw = env.get("UNICRON_FAULTS", "")
+        faults = [FaultSpec.model_validate(f) for f in json.loads(raw)] if raw else []
+        return cls(faults, rank, generation, report, task)
+
+    def _announce(self, fault: FaultSpec, step: int) -> None:
+        self.report(
+            FaultReport(
+                task=self.task,
+                generation=self.generation,
+                rank=self.rank,
+                step=step,
+                action=fault.action,
+                time=time.time(),
+            )
+        )
+
+    def step_started(self, step: int) -> None:
+        for fault in self.faults:
+            if fault.step != step or fault.action == "stall":
+                continue
+            self._announce(fault, step)
+            if fault.action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif fault.action == "hang":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif fault.action == "raise":
+                error = getattr(builtins, fault.error, None)
+                kind = error if isinstance(error, type) and issubclass(error, BaseException) else RuntimeError
+                raise kind(fault.message)
+            elif fault.action == "slow":
+                self.slow_s = fault.seconds
+            elif fault.action == "break":
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                raise ConnectionResetError("connection to peers broken (injected)")
+            elif fault.action == "lose_node":
+                os.kill(os.getppid(), signal.SIGKILL)
+                time.sleep(60)  # the parent-death signal ends us
+        if self.slow_s:
+            time.sleep(self.slow_s)
+
+    def before_last_micro_batch(self, step: int) -> None:
+        for fault in self.faults:
+            if fault.step == step and fault.action == "stall":
+                self._announce(fault, step)
+                time.sleep(fault.seconds)
