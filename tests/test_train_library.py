@@ -65,7 +65,16 @@ def test_steps_cover_the_stream_without_gaps_or_repeats(
             "NCCL error in: ProcessGroupNCCL.cpp:1191, unhandled system error, NCCL version 2.18.1",
             ErrorKind.OTHER_NETWORK_ERROR,
         ),
-        ("ValueError", "shapes (3,4) and (5,6) not aligned", ErrorKind.OTHER),
+        ("ValueError", "shapes (3,4) and (5,6) not aligned", ErrorKind.USER_ERROR),
+        ("ConnectionResetError", "connection to peers broken", ErrorKind.CONNECTION_RESET),
+        ("OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB", ErrorKind.OUT_OF_MEMORY),
+        (
+            "RuntimeError",
+            "[enforce fail at alloc_cpu.cpp:114] DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 1024 bytes. Error code 12 (Cannot allocate memory)",
+            ErrorKind.OUT_OF_MEMORY,
+        ),
+        ("RuntimeError", "something odd", ErrorKind.OTHER),
     ],
 )
 def test_classification_of_real_messages(error: str, message: str, kind: ErrorKind) -> None:

@@ -64,7 +64,17 @@ class Worker:
             rank=self.order.rank,
             pid=self.process.pid,
             running=not self.exited,
+            stopped=not self.exited and _is_stopped(self.process.pid),
         )
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP or traced): state T or t in /proc/PID/stat."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] in "Tt"
 
 
 class Agent:
@@ -173,8 +183,11 @@ class Agent:
     async def stop(self, order: StopWorkers) -> None:
         chosen = [
             w
-            for (task, gen, _), w in self.workers.items()
-            if task == order.task and (order.generation is None or gen <= order.generation) and not w.exited
+            for (task, gen, rank), w in self.workers.items()
+            if task == order.task
+            and (order.generation is None or gen <= order.generation)
+            and (order.rank is None or rank == order.rank)
+            and not w.exited
         ]
         await asyncio.gather(*(self._terminate(w, order.grace_s) for w in chosen))
 

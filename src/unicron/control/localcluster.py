@@ -31,8 +31,16 @@ def free_port() -> int:
 
 
 class LocalCluster:
-    def __init__(self, root: Path, nodes: int = 4, slots: int = 2, port: int | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        nodes: int = 4,
+        slots: int = 2,
+        port: int | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         self.root = root
+        self.settings = settings or {}
         self.node_names = [f"node-{i}" for i in range(nodes)]
         self.slots = slots
         self.port = port or free_port()
@@ -66,6 +74,12 @@ class LocalCluster:
         return self
 
     def start_coordinator(self) -> None:
+        extra: list[str] = []
+        if self.settings:
+            path = self.root / "settings.yaml"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(f"{k}: {v}\n" for k, v in self.settings.items()))
+            extra = ["--settings", str(path)]
         self.coordinator = self._spawn(
             [
                 "coordinator",
@@ -75,6 +89,7 @@ class LocalCluster:
                 str(self.root / "coordinator"),
                 "--checkpoint-dir",
                 str(self.root / "checkpoints"),
+                *extra,
             ],
             self.root / "logs" / "coordinator.log",
         )

@@ -15,6 +15,13 @@ from unicron.core.taxonomy import ErrorKind
 Rule = tuple[ErrorKind, tuple[str, ...] | None, tuple[str, ...]]
 
 RULES: tuple[Rule, ...] = (
+    # Python's own connection errors, whatever their message.
+    (
+        ErrorKind.CONNECTION_RESET,
+        ("ConnectionResetError", "ConnectionAbortedError", "BrokenPipeError"),
+        ("",),
+    ),
+    (ErrorKind.CONNECTION_REFUSED, ("ConnectionRefusedError",), ("",)),
     (ErrorKind.ECC_ERROR, None, ("uncorrectable ecc error", "ecc error", "double bit ecc")),
     (ErrorKind.NVLINK_ERROR, None, ("nvlink",)),
     (ErrorKind.INVALID_DMA_MAPPING, None, ("invalid dma", "dma mapping")),
@@ -30,11 +37,9 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     (ErrorKind.ILLEGAL_MEMORY_ACCESS, None, ("illegal memory access", "illegal address")),
-    (
-        ErrorKind.CUDA_ERROR,
-        None,
-        ("cuda error", "cudnn_status", "cublas_status", "device-side assert", "cuda out of memory"),
-    ),
+    (ErrorKind.OUT_OF_MEMORY, ("OutOfMemoryError", "MemoryError"), ("",)),
+    (ErrorKind.OUT_OF_MEMORY, None, ("out of memory", "cannot allocate memory", "can't allocate memory")),
+    (ErrorKind.CUDA_ERROR, None, ("cuda error", "cudnn_status", "cublas_status", "device-side assert")),
     (
         ErrorKind.NCCL_TIMEOUT,
         None,

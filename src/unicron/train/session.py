@@ -155,8 +155,8 @@ class Session:
     @contextlib.contextmanager
     def iteration(self, step: int) -> Iterator[Iteration]:
         """Time and report one optimizer step; the step counts once the block completes."""
-        self.faults.step_started(step)
         it = Iteration(step, self._micro_batches, lambda: self.faults.before_last_micro_batch(step))
+        self.faults.step_started(step)  # inside the step's time: a slowed rank computes slowly
         yield it
         ended = time.perf_counter()
         self.step = step

@@ -1,0 +1,73 @@
+"""Pure logic of detection and handling: the timeout ordering, the ladder, the monitor."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from unicron.control.handling import Ladder
+from unicron.control.monitor import TaskMonitor
+from unicron.core.settings import Settings
+from unicron.core.taxonomy import Action, ErrorKind
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"heartbeat_interval_s": 3.0}, "heartbeat_interval_s (3) must be < heartbeat_deadline_s"),
+        ({"hang_cap_s": 1000.0}, "hang_cap_s (1000) must be < process_group_timeout_s"),
+        ({"hang_floor_s": 400.0}, "hang_floor_s (400) must be <= hang_cap_s"),
+        ({"failure_stop_grace_s": 5.0}, "failure_stop_grace_s (5) must be <= stop_grace_s"),
+        ({"heartbeat_deadline_s": 400.0}, "heartbeat_deadline_s (400) must be < hang_cap_s"),
+    ],
+)
+def test_inconsistent_timeouts_are_refused_with_the_fix(changes: dict[str, float], words: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        Settings(**changes)
+    assert words in str(info.value) and "fix:" in str(info.value)
+
+
+def test_hang_deadline_is_clamped() -> None:
+    s = Settings(hang_floor_s=1.0, hang_cap_s=60.0, hang_multiple=3.0)
+    assert s.hang_deadline(0.1) == 1.0
+    assert s.hang_deadline(2.0) == 6.0
+    assert s.hang_deadline(100.0) == 60.0
+
+
+def test_ladder_escalates_isolates_and_gives_up() -> None:
+    ladder = Ladder(Settings(max_reattempts=2, max_restarts=1, isolate_after=2, task_failure_limit=5))
+    first = [ladder.decide("t", ErrorKind.NCCL_TIMEOUT, None, now=float(i)).action for i in range(4)]
+    assert first == [Action.REATTEMPT, Action.REATTEMPT, Action.RESTART_PROCESS, Action.RECONFIGURE]
+    # SEV1 hardware errors isolate their node at once; SEV2 ones after repeats on the same node.
+    ecc = ladder.decide("u", ErrorKind.ECC_ERROR, "n1", now=10.0)
+    assert ecc.action is Action.RECONFIGURE and ecc.isolate_node
+    crash = Ladder(Settings(isolate_after=2)).decide
+    assert not crash("v", ErrorKind.CUDA_ERROR, "n2", 0.0).isolate_node
+    assert crash("w", ErrorKind.CUDA_ERROR, "n2", 1.0).isolate_node
+    assert not ladder.decide("t", ErrorKind.NODE_LOST, "n3", now=11.0).isolate_node  # already out
+    assert ladder.decide("t", ErrorKind.CUDA_ERROR, None, now=12.0).fail_task  # 6th failure of t
+    # Outside the window, history no longer counts.
+    assert ladder.decide("t", ErrorKind.NCCL_TIMEOUT, None, now=10_000.0).action is Action.REATTEMPT
+
+
+def test_monitor_finds_late_steps_after_warm_up() -> None:
+    monitor = TaskMonitor(Settings(hang_warmup_steps=3, hang_floor_s=0.5, hang_multiple=3.0))
+    for step in range(1, 4):
+        monitor.step_done(step, ended=step * 1.0)
+    assert monitor.deadline() is None  # two intervals seen, three needed
+    monitor.step_done(4, ended=4.0)
+    assert monitor.deadline() == pytest.approx(3.0)
+    assert not monitor.late(now=6.9) and monitor.late(now=7.1)
+
+
+def test_monitor_names_a_persistent_straggler() -> None:
+    monitor = TaskMonitor(Settings(straggler_ratio=1.5, straggler_window=3))
+    changes = []
+    for step in range(1, 6):
+        for rank, compute in enumerate([1.0, 1.0, 1.1, 2.0]):
+            changes += monitor.rank_compute(step, rank, compute, world=4)
+    assert changes == [(3, True)]
+    for step in range(6, 8):
+        for rank in range(4):
+            changes += monitor.rank_compute(step, rank, 1.0, world=4)
+    assert changes[-1] == (3, False)
