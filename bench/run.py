@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench import planner_bench, simulation_docs, throughput_docs
+from bench import detection_bench, planner_bench, simulation_docs, throughput_docs
 
 
 def main() -> None:
@@ -13,6 +13,17 @@ def main() -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "scaling"}, indent=2))
     sim = simulation_docs.main()
     print(json.dumps({k: v for k, v in sim.items() if k != "results"}, indent=2))
+    detection = detection_bench.main()
+    print(
+        json.dumps(
+            {
+                k: {s: (v or {}).get("median_s") for s, v in e.items() if isinstance(v, dict)}
+                for k, e in detection.items()
+                if k != "targets"
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -174,3 +174,40 @@ def status(url: str, json_output: bool) -> None:
             code,
         )
     out.print(table)
+    out.print(incident_table(_request("GET", f"{url}/v1/events")))
+
+
+def incident_table(events: list[dict[str, Any]], last: int = 10) -> Table:
+    """The latest incidents: when detected, how fast, kind, severity, action and outcome."""
+    outcomes = {e["detail"].get("incident"): e["detail"] for e in events if e["kind"] == "outcome"}
+    table = Table(
+        "id",
+        "task",
+        "node",
+        "kind",
+        "severity",
+        "action",
+        "detected in",
+        "outcome",
+        "downtime",
+        title="Incidents",
+        title_justify="left",
+    )
+    incidents = [e for e in events if e["kind"] == "incident"][-last:]
+    for e in incidents:
+        d = e["detail"]
+        outcome = outcomes.get(e["id"], {})
+        latency = "-" if d.get("detection_s") is None else f"{d['detection_s']:.2f} s"
+        downtime = "-" if outcome.get("downtime_s") is None else f"{outcome['downtime_s']:.1f} s"
+        table.add_row(
+            str(e["id"]),
+            e["task"] or "",
+            e["node"] or "",
+            d["kind"],
+            d["severity"],
+            d["action"],
+            latency,
+            outcome.get("outcome", "open"),
+            downtime,
+        )
+    return table

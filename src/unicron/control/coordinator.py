@@ -456,6 +456,7 @@ class Coordinator:
             "hang_detected",
             task=task.name,
             step=monitor.last_step + 1,
+            mean_s=round(monitor.mean_interval() or 0.0, 4),
             waited_s=round(now - monitor.last_time, 3),
             deadline_s=round(monitor.deadline() or 0, 3),
             culprits=[w.rank for w in culprits],

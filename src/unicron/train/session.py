@@ -10,6 +10,7 @@ See docs/training-library.md for the diff against a plain DDP script.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from unicron.core.classify import classify_exception
-from unicron.core.protocol import CheckpointReport, DoneReport, ExceptionReport, IterationReport
+from unicron.core.protocol import CheckpointReport, DoneReport, ExceptionReport, FaultReport, IterationReport
 from unicron.train import checkpoint
 from unicron.train.channel import ReportChannel
 from unicron.train.data import MicroBatch, global_batch_ids, micro_batches, shard
@@ -74,11 +75,16 @@ class Session:
         timeout_s: float = 1800.0,
     ) -> None:
         env = os.environ if env is None else env
-        self.task = env.get("UNICRON_TASK", "standalone")
-        self.generation = int(env.get("UNICRON_GENERATION", "0"))
-        self.rank = int(env.get("UNICRON_RANK", "0"))
-        self.world_size = int(env.get("UNICRON_WORLD_SIZE", "1"))
-        self.local_rank = int(env.get("UNICRON_LOCAL_RANK", "0"))
+        # Under a Unicron agent the UNICRON_* variables say everything; under torchrun (the
+        # baseline we compare with) its RANK/WORLD_SIZE/MASTER_ADDR and restart count do.
+        self.under_torchrun = "UNICRON_TASK" not in env and "TORCHELASTIC_RUN_ID" in env
+        restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.task = env.get("UNICRON_TASK", "torchrun" if self.under_torchrun else "standalone")
+        self.generation = int(env.get("UNICRON_GENERATION", restarts + 1 if self.under_torchrun else 0))
+        self.rank = int(env.get("UNICRON_RANK", env.get("RANK", "0")))
+        self.world_size = int(env.get("UNICRON_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
+        self.local_rank = int(env.get("UNICRON_LOCAL_RANK", env.get("LOCAL_RANK", "0")))
+        self.trace_file = env.get("UNICRON_TRACE_FILE")
         self.store_address = env.get("UNICRON_STORE")
         self.iterations = int(env.get("UNICRON_ITERATIONS", iterations or 0))
         self.checkpoint_every = int(env.get("UNICRON_CHECKPOINT_EVERY", checkpoint_every or 0))
@@ -86,7 +92,7 @@ class Session:
         self.checkpoint_dir = Path(directory) if directory else None
         self.timeout = timedelta(seconds=float(env.get("UNICRON_PG_TIMEOUT", timeout_s)))
         self.channel = ReportChannel(env.get("UNICRON_AGENT_SOCKET"))
-        self.faults = FaultInjector.from_env(env, self.rank, self.generation, self.task, self.channel.send)
+        self.faults = FaultInjector.from_env(env, self.rank, self.generation, self.task, self._fault_report)
         self._micro_batches = 0
         self.step = 0
         self.stop_requested = False
@@ -101,7 +107,10 @@ class Session:
         if threading.current_thread() is threading.main_thread():
             # The agent stops workers with SIGTERM: finish the step, checkpoint, exit cleanly.
             signal.signal(signal.SIGTERM, self._on_stop)
-        if self.world_size > 1:
+        self.trace("started")
+        if self.world_size > 1 and self.under_torchrun:
+            dist.init_process_group("gloo", timeout=self.timeout)  # env:// from torchrun
+        elif self.world_size > 1:
             if not self.store_address:
                 raise RuntimeError("UNICRON_STORE is not set: run workers through a Unicron agent")
             host, port = self.store_address.rsplit(":", 1)
@@ -134,7 +143,21 @@ class Session:
         return self.step
 
     def _on_stop(self, signum: int, frame: Any) -> None:
+        self.trace("sigterm")
         self.stop_requested = True
+
+    def trace(self, what: str, **detail: Any) -> None:
+        """Append a timestamped line to UNICRON_TRACE_FILE, if set (for measurements)."""
+        if self.trace_file:
+            line = {
+                "time": time.time(),
+                "what": what,
+                "rank": self.rank,
+                "generation": self.generation,
+                **detail,
+            }
+            with open(self.trace_file, "a") as out:
+                out.write(json.dumps(line) + "\n")
 
     def steps(self) -> Iterator[int]:
         """The steps still to train, 1-based, after the resumed one; ends early when the
@@ -212,6 +235,7 @@ class Session:
 
     # ------------------------------------------------------------------ failures
     def forward_exception(self, exc: BaseException) -> None:
+        self.trace("exception", error=type(exc).__name__)
         self.channel.send(
             ExceptionReport(
                 task=self.task,
@@ -224,6 +248,10 @@ class Session:
                 traceback="".join(traceback.format_exception(exc))[-4000:],
             )
         )
+
+    def _fault_report(self, report: FaultReport) -> None:
+        self.trace("fault", action=report.action, step=report.step)
+        self.channel.send(report)
 
     def close(self) -> None:
         if dist.is_available() and dist.is_initialized():

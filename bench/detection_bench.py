@@ -1,0 +1,233 @@
+"""Detection latency per fault class: Unicron against torchrun, same workload, same run.
+
+Unicron: a task on an embedded local cluster (coordinator + 2 agents x 2 slots, real PyTorch
+workers over gloo) gets one fault per generation from the fault-injection library; latency is
+from the injection (the worker's FaultReport) to the coordinator's incident. Node loss is the
+harness killing an agent with its workers; latency to the coordinator's node_lost event.
+
+torchrun: the same script and faults under `torch.distributed.run` (4 workers, one node, gloo);
+torchrun has no detection events, so its latency is from the injection to its first reaction
+that the workers can observe: a SIGTERM to a survivor, a survivor's collective error (its exit
+is what torchrun's monitor sees next), or the relaunch. For hangs, torchrun relies on the
+process-group timeout: measured with a tuned 20 s timeout; with the default (30 min for gloo) it
+is the configured value, not measured.
+
+Writes docs/bench/detection.json and docs/detection.md (run by `make bench`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from unicron.control.localcluster import LocalCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
+ARGS = ["--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512", "--step-delay", "0.02"]
+CLASSES = ("exception", "process_exit", "hang")
+ACTIONS = {"exception": "raise", "process_exit": "kill", "hang": "hang"}
+REPEATS = int(os.environ.get("UNICRON_BENCH_REPEATS", "3"))
+TUNED_PG_TIMEOUT_S = 20.0
+DEFAULT_GLOO_TIMEOUT_S = 1800.0
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    return {"median_s": statistics.median(values), "max_s": max(values), "samples": values}
+
+
+def task_spec(name: str, iterations: int, faults: list[dict[str, Any]]) -> str:
+    program = ", ".join(["python", str(TRAIN), *ARGS])
+    return (
+        f"name: {name}\nweight: 1\nthroughput: {{4: 1.0e9}}\nrun:\n  program: [{program}]\n"
+        f"  iterations: {iterations}\n  checkpoint_every: 5\n  faults: {json.dumps(faults)}\n"
+    )
+
+
+def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float]:
+    faults, step = [], 10
+    for repeat in range(REPEATS):
+        for index, cls in enumerate(CLASSES):
+            generation = repeat * len(CLASSES) + index + 1
+            faults.append(
+                {"action": ACTIONS[cls], "rank": 1 + (generation % 3), "step": step, "generation": generation}
+            )
+            step += 10
+    spec = task_spec("bench", step + 5, faults)
+    results: dict[str, list[float]] = {c: [] for c in (*CLASSES, "node_loss")}
+    means: list[float] = []
+    settings = {"hang_warmup_steps": 3, "isolate_after": 100, "max_restarts": 100}
+    with LocalCluster(root / "unicron", nodes=2, slots=2, settings=settings) as cluster:
+        cluster.submit(spec)
+        cluster.wait(lambda: cluster.task("bench")["state"] in ("finished", "failed"), 900, "the bench task")
+        for e in cluster.get("/v1/events", task="bench"):
+            d = e["detail"]
+            if e["kind"] == "incident" and d.get("detection_s") is not None:
+                cls = {"task_hang": "hang", "exited_abnormally": "process_exit"}.get(d["kind"], "exception")
+                results[cls].append(d["detection_s"])
+            if e["kind"] == "hang_detected" and d.get("mean_s"):
+                means.append(d["mean_s"])
+        # Node loss: kill an agent and its workers while a task trains on it, twice.
+        for repeat in range(2):
+            name = f"node{repeat}"
+            cluster.submit(task_spec(name, 400, []))
+            cluster.wait(
+                lambda n=name: cluster.task(n)["state"] == "running" and cluster.task(n)["step"] > 5,
+                300,
+                "training before the node loss",
+            )
+            killed = time.time()
+            cluster.kill_node("node-1")
+            cluster.wait(
+                lambda t=killed: any(
+                    e["kind"] == "node_lost" and e["time"] > t for e in cluster.get("/v1/events")
+                ),
+                60,
+                "the node loss",
+            )
+            lost = next(
+                e for e in cluster.get("/v1/events") if e["kind"] == "node_lost" and e["time"] > killed
+            )
+            results["node_loss"].append(round(lost["time"] - killed, 4))
+            cluster.start_agent("node-1")
+            cluster.client.delete(f"/v1/tasks/{name}")
+            cluster.wait(
+                lambda: any(
+                    n["name"] == "node-1" and n["state"] == "healthy" for n in cluster.get("/v1/nodes")
+                ),
+                60,
+                "the node back",
+            )
+    heartbeat = 0.5
+    mean = statistics.median(means) if means else 0.0
+    return {c: summary(v) for c, v in results.items() if v}, 3 * mean + heartbeat
+
+
+def torchrun_once(root: Path, action: str, pg_timeout: float) -> float:
+    root.mkdir(parents=True, exist_ok=True)
+    trace = root / "trace.jsonl"
+    env = {
+        **os.environ,
+        "UNICRON_TRACE_FILE": str(trace),
+        "UNICRON_PG_TIMEOUT": str(pg_timeout),
+        "UNICRON_FAULTS": json.dumps([{"action": action, "rank": 1, "step": 10, "generation": 1}]),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "4",
+        "--max-restarts",
+        "1",
+        "--monitor-interval",
+        "0.1",
+        str(TRAIN),
+        *ARGS,
+        "--iterations",
+        "200",
+        "--checkpoint-dir",
+        str(root / "ckpt"),
+    ]
+    with (root / "torchrun.log").open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + pg_timeout + 120
+        while time.time() < deadline:
+            rows = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
+            fault = next((r["time"] for r in rows if r["what"] == "fault"), None)
+            if fault is not None:
+                reactions = [
+                    r["time"]
+                    for r in rows
+                    if r["time"] >= fault
+                    and (
+                        (r["what"] in ("sigterm", "exception") and r["rank"] != 1)
+                        or (r["what"] == "started" and r["generation"] == 2)
+                    )
+                ]
+                if reactions:
+                    return round(min(reactions) - fault, 4)
+            time.sleep(0.1)
+        raise TimeoutError(f"torchrun never reacted to {action}")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def torchrun(root: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for cls in CLASSES:
+        timeout = TUNED_PG_TIMEOUT_S
+        values = [torchrun_once(root / f"{cls}-{i}", ACTIONS[cls], timeout) for i in range(REPEATS)]
+        out[cls] = summary(values)
+    return out
+
+
+def main() -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="unicron-detection-") as tmp:
+        ours, hang_target = unicron(Path(tmp))
+        theirs = torchrun(Path(tmp) / "torchrun")
+    result: dict[str, Any] = {}
+    for cls in (*CLASSES, "node_loss"):
+        entry: dict[str, Any] = {"unicron": ours.get(cls)}
+        if cls in theirs:
+            tuned = theirs[cls]
+            entry["torchrun"] = (
+                tuned
+                if cls != "hang"
+                else {
+                    "median_s": DEFAULT_GLOO_TIMEOUT_S,
+                    "max_s": DEFAULT_GLOO_TIMEOUT_S,
+                    "measured": False,
+                    "note": "default gloo process-group timeout; the configured value, not measured",
+                }
+            )
+            entry["torchrun_tuned"] = {**tuned, "process_group_timeout_s": TUNED_PG_TIMEOUT_S}
+        else:
+            entry["torchrun"] = None
+        result[cls] = entry
+    result["targets"] = {
+        "exception_s": 1.0,
+        "process_exit_s": 1.0,
+        "node_loss_s": 3.0,
+        "hang_s": round(hang_target, 3),
+        "hang_rule": "3 x mean iteration + one heartbeat",
+    }
+    (ROOT / "docs" / "bench").mkdir(parents=True, exist_ok=True)
+    (ROOT / "docs" / "bench" / "detection.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_markdown(result)
+    return result
+
+
+def _cell(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "not measured"
+    if entry.get("measured") is False:
+        return f"{entry['median_s']:.0f} s (configured)"
+    return f"{entry['median_s']:.2f} / {entry['max_s']:.2f}"
+
+
+def write_markdown(r: dict[str, Any]) -> None:
+    t = r["targets"]
+    rows = "\n".join(
+        f"| {cls.replace('_', ' ')} | {_cell(r[cls]['unicron'])} | {_cell(r[cls].get('torchrun'))} | "
+        f"{_cell(r[cls].get('torchrun_tuned'))} |"
+        for cls in (*CLASSES, "node_loss")
+    )
+    template = (Path(__file__).parent / "templates" / "detection.md").read_text()
+    (ROOT / "docs" / "detection.md").write_text(
+        template.format(rows=rows, repeats=REPEATS, hang_target=t["hang_s"], pg=TUNED_PG_TIMEOUT_S)
+    )
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))
