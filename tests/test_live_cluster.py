@@ -33,6 +33,19 @@ def task_yaml(name: str, weight: float, table: str, iterations: int, delay: floa
     )
 
 
+def assert_status_shows(url: str, *words: str) -> None:
+    """`unicron status` against a running coordinator prints all of ``words``."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "unicron.cli.main", "status", "--coordinator", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    for word in words:
+        assert word in shown.stdout, word
+
+
 def reference(tmp: Path, iterations: int) -> dict[str, torch.Tensor]:
     """The same training without failures, in one process."""
     out = tmp / "reference"
@@ -104,15 +117,7 @@ def test_planner_places_by_weight_and_tasks_wait(tmp_path: Path) -> None:
         cluster.submit(task_yaml("heavy", 3, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"))
         cluster.wait(lambda: cluster.task("heavy")["state"] in ("running", "finished"), 120, "heavy to run")
         assert cluster.task("light")["state"] in ("waiting", "finished")
-        shown = subprocess.run(
-            [sys.executable, "-m", "unicron.cli.main", "status", "--coordinator", cluster.url],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert shown.returncode == 0, shown.stderr
-        for words in ("Nodes", "Tasks", "Workers", "node-0", "node-1", "heavy", "light"):
-            assert words in shown.stdout
+        assert_status_shows(cluster.url, "Nodes", "Tasks", "Workers", "node-0", "node-1", "heavy", "light")
         cluster.wait(lambda: cluster.task("light")["state"] == "finished", 300, "light to finish after heavy")
         events = cluster.get("/v1/events")
     first = {}

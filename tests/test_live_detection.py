@@ -8,8 +8,6 @@ with the parameters of a failure-free run.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from unicron.control.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 
 from .conftest import ROOT
-from .test_live_cluster import ARGS, TRAIN, assert_same_parameters, reference
+from .test_live_cluster import ARGS, TRAIN, assert_same_parameters, assert_status_shows, reference
 
 ITERATIONS = 60
 CUDA = "CUDA error: an illegal memory access was encountered"
@@ -45,15 +43,7 @@ def test_injected_faults_are_detected_classified_and_handled(tmp_path: Path) -> 
         cluster.wait(lambda: cluster.task("lm")["state"] in ("finished", "failed"), 420, "the task to end")
         task = cluster.task("lm")
         events = cluster.get("/v1/events", task="lm")
-        shown = subprocess.run(
-            [sys.executable, "-m", "unicron.cli.main", "status", "--coordinator", cluster.url],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    assert shown.returncode == 0, shown.stderr
-    for words in ("Incidents", "illegal_memory_access", "task_hang", "recovered"):
-        assert words in shown.stdout
+        assert_status_shows(cluster.url, "Incidents", "illegal_memory_access", "task_hang", "recovered")
     incidents = [e["detail"] for e in events if e["kind"] == "incident"]
     assert [(i["kind"], i["severity"], i["action"]) for i in incidents] == [
         ("illegal_memory_access", "SEV2", "restart process"),

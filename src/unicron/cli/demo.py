@@ -1,10 +1,10 @@
 """``unicron demo`` (``make demo``): the live system on an embedded local cluster.
 
 Starts a coordinator and 4 agents of 2 slots on loopback, submits the three tasks of
-examples/demo/tasks.yaml, injects a scripted sequence of faults (kill a worker, lose a whole
-node, bring it back), shows live progress, and ends with a report per task. Exits non-zero if a
-task did not finish or lost progress. Every process it started is stopped at the end, also on
-Ctrl-C.
+examples/demo/tasks.yaml (one of them carries a CUDA-like error injected by the fault library),
+injects a scripted sequence of faults (kill a worker, lose a whole node, bring it back), shows
+live progress, and ends with a report per task. Exits non-zero if a task did not finish or lost
+progress. Every process it started is stopped at the end, also on Ctrl-C.
 """
 
 from __future__ import annotations
