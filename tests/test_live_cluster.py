@@ -100,10 +100,15 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
 
         task = cluster.task("lm")
-        kinds = [e["kind"] for e in cluster.get("/v1/events", task="lm")]
+        events = cluster.get("/v1/events", task="lm")
+        kinds = [e["kind"] for e in events]
         nodes = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
     assert task["step"] == ITERATIONS and task["failures"] >= 2
     assert "incident" in kinds and "outcome" in kinds and nodes["node-1"] == "healthy"
+    # The node loss is known as such: either it opened the incident, or it was recorded as the
+    # root cause of the connection errors the survivors saw first.
+    verdicts = [e["detail"]["kind"] for e in events if e["kind"] in ("incident", "root_cause")]
+    assert "node_lost" in verdicts
     final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
     assert final is not None and final["step"] == ITERATIONS
     assert_same_parameters(final["model"], reference(tmp_path, ITERATIONS))

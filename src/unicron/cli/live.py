@@ -180,6 +180,7 @@ def status(url: str, json_output: bool) -> None:
 def incident_table(events: list[dict[str, Any]], last: int = 10) -> Table:
     """The latest incidents: when detected, how fast, kind, severity, action and outcome."""
     outcomes = {e["detail"].get("incident"): e["detail"] for e in events if e["kind"] == "outcome"}
+    causes = {e["detail"]["incident"]: e["detail"] for e in events if e["kind"] == "root_cause"}
     table = Table(
         "id",
         "task",
@@ -199,11 +200,13 @@ def incident_table(events: list[dict[str, Any]], last: int = 10) -> Table:
         outcome = outcomes.get(e["id"], {})
         latency = "-" if d.get("detection_s") is None else f"{d['detection_s']:.2f} s"
         downtime = "-" if outcome.get("downtime_s") is None else f"{outcome['downtime_s']:.1f} s"
+        cause = causes.get(e["id"])
+        kind = d["kind"] if cause is None else f"{cause['kind']} (first seen as {d['kind']})"
         table.add_row(
             str(e["id"]),
             e["task"] or "",
-            e["node"] or "",
-            d["kind"],
+            cause["lost_node"] if cause else e["node"] or "",
+            kind,
             d["severity"],
             d["action"],
             latency,

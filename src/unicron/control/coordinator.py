@@ -78,6 +78,19 @@ class _Pending:
         return self.orders.pop(node, [])
 
 
+# Kinds that a peer's failure produces in the survivors: an incident opened by one of these may
+# turn out to have a deeper cause.
+CONSEQUENCES = frozenset(
+    {
+        ErrorKind.CONNECTION_RESET,
+        ErrorKind.CONNECTION_REFUSED,
+        ErrorKind.OTHER_NETWORK_ERROR,
+        ErrorKind.NCCL_TIMEOUT,
+        ErrorKind.EXITED_ABNORMALLY,
+    }
+)
+
+
 @dataclass
 class _Incident:
     id: int
@@ -496,7 +509,24 @@ class Coordinator:
                 self._incident(
                     task_name, ErrorKind.NODE_LOST, name, f"node {name} silent for {silent_s:.1f} s"
                 )
+            elif task is not None:
+                self._root_cause(task_name, ErrorKind.NODE_LOST, name)
         self.dirty = True
+
+    def _root_cause(self, name: str, kind: ErrorKind, node: str) -> None:
+        """A later, surer verdict for an open incident: the peers' connection errors that opened it
+        were symptoms of this (a lost node), which is now recorded as its root cause."""
+        for (task, _), incident in self.incidents.items():
+            if task == name and incident.kind in CONSEQUENCES:
+                self.store.event(
+                    "root_cause",
+                    task=name,
+                    node=node,
+                    incident=incident.id,
+                    kind=kind.value,
+                    first_seen_as=incident.kind.value,
+                )
+                incident.kind = kind
 
     def _finish_stopping(self, task: Any) -> None:
         live = self.store.workers(task.name, task.generation, live=True)
