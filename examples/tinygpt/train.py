@@ -8,7 +8,6 @@ Under a Unicron agent the iterations, checkpoint directory and peers come from t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -56,18 +55,11 @@ def main() -> None:
         model = TinyGPT(config).to(dtype)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         session.resume(model, optimizer)
-        net = session.wrap(model)
+        session.configure_data(args.global_batch, args.micro_batch, len(corpus), args.seed)
         for step in session.steps():
-            with session.iteration(step) as it:
-                for mb in session.plan(step, args.global_batch, args.micro_batch, len(corpus), args.seed):
-                    # Gradients are all-reduced once per step, after the rank's last micro-batch.
-                    sync = contextlib.nullcontext() if mb.last or net is model else net.no_sync()
-                    with sync:
-                        loss = lm_loss(net, corpus[mb.ids])
-                        (loss * mb.weight).backward()
-                    it.record(loss.item(), len(mb.ids))
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+            # The library runs this rank's micro-batches, reduces the gradients and steps; after a
+            # peer fails it can recover the step in-process with the same global batch.
+            session.train_step(step, model, optimizer, lambda ids: lm_loss(model, corpus[ids]))
             session.maybe_checkpoint(model, optimizer)
             if args.step_delay:
                 time.sleep(args.step_delay)

@@ -33,6 +33,20 @@ def global_batch_ids(step: int, global_batch: int, dataset_size: int, seed: int)
 
 
 @dataclass(frozen=True)
+class DataStream:
+    """The data position's parameters: what a step's samples are a function of."""
+
+    global_batch: int
+    micro_batch: int
+    dataset_size: int
+    seed: int = 0
+
+    def stream(self) -> tuple[int, int, int]:
+        """Arguments for global_batch_ids after the step."""
+        return self.global_batch, self.dataset_size, self.seed
+
+
+@dataclass(frozen=True)
 class MicroBatch:
     ids: list[int]
     weight: float  # multiply this micro-batch's mean loss by it (see Session.plan)

@@ -30,7 +30,7 @@ from unicron.core.classify import classify_exception
 from unicron.core.protocol import CheckpointReport, DoneReport, ExceptionReport, FaultReport, IterationReport
 from unicron.train import checkpoint
 from unicron.train.channel import ReportChannel
-from unicron.train.data import MicroBatch, global_batch_ids, micro_batches, shard
+from unicron.train.data import DataStream, MicroBatch, global_batch_ids, micro_batches, shard
 from unicron.train.faults import FaultInjector
 
 
@@ -94,6 +94,7 @@ class Session:
         self.channel = ReportChannel(env.get("UNICRON_AGENT_SOCKET"))
         self.faults = FaultInjector.from_env(env, self.rank, self.generation, self.task, self._fault_report)
         self._micro_batches = 0
+        self.data: DataStream | None = None
         self.step = 0
         self.stop_requested = False
         self._started = False
@@ -174,6 +175,60 @@ class Session:
         planned = micro_batches(share, micro_batch, global_batch, self.world_size)
         self._micro_batches = len(planned)
         return planned
+
+    def configure_data(self, global_batch: int, micro_batch: int, dataset_size: int, seed: int = 0) -> None:
+        """Declare the data stream once, so that ``train_step`` can plan (and re-plan) micro-batches."""
+        self.data = DataStream(global_batch, micro_batch, dataset_size, seed)
+
+    def train_step(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_of: Callable[[list[int]], torch.Tensor],
+    ) -> float:
+        """One optimizer step run by the library: this rank's micro-batches (``loss_of(ids)``
+        returns the mean loss of those samples), the gradient all-reduce, the update. Returns the
+        mean loss of this rank's samples. Owning the loop lets the library recover a failed step
+        in-process with exactly the same global batch."""
+        if self.data is None:
+            raise RuntimeError("call configure_data(...) before train_step(...)")
+        with self.iteration(step) as it:
+            share = shard(global_batch_ids(step, *self.data.stream()), self.rank, self.world_size)
+            self._micro_batches = -(-len(share) // self.data.micro_batch)
+            self._accumulate(share, loss_of, it)
+            self._reduce(model)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return it.loss / it.samples if it.samples else 0.0
+
+    def _accumulate(
+        self, ids: list[int], loss_of: Callable[[list[int]], torch.Tensor], it: Iteration
+    ) -> None:
+        # Each sample's gradient counts 1/B: the SUM over ranks is then the global mean for any
+        # number of ranks, and work can move between ranks without rescaling.
+        assert self.data is not None
+        for start in range(0, len(ids), self.data.micro_batch):
+            chunk = ids[start : start + self.data.micro_batch]
+            loss = loss_of(chunk)
+            (loss * (len(chunk) / self.data.global_batch)).backward()  # type: ignore[no-untyped-call]
+            it.record(loss.item(), len(chunk))
+
+    def _reduce(self, model: torch.nn.Module) -> None:
+        """Sum the gradients over the ranks, as one flat buffer."""
+        if self.world_size == 1:
+            return
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     @contextlib.contextmanager
     def iteration(self, step: int) -> Iterator[Iteration]:
