@@ -64,7 +64,7 @@ def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float]:
     spec = task_spec("bench", step + 5, faults)
     results: dict[str, list[float]] = {c: [] for c in (*CLASSES, "node_loss")}
     means: list[float] = []
-    settings = {"hang_warmup_steps": 3, "isolate_after": 100, "max_restarts": 100}
+    settings = {"hang_warmup_steps": 3, "hang_floor_s": 1.0, "isolate_after": 100, "max_restarts": 100}
     with LocalCluster(root / "unicron", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
         cluster.wait(lambda: cluster.task("bench")["state"] in ("finished", "failed"), 900, "the bench task")

@@ -71,3 +71,12 @@ def test_monitor_names_a_persistent_straggler() -> None:
         for rank in range(4):
             changes += monitor.rank_compute(step, rank, 1.0, world=4)
     assert changes[-1] == (3, False)
+
+
+def test_monitor_re_anchors_after_a_rewind() -> None:
+    monitor = TaskMonitor(Settings(hang_warmup_steps=2, hang_floor_s=0.5))
+    for step in range(1, 6):
+        monitor.step_done(step, ended=float(step))
+    monitor.step_done(2, ended=100.0)  # restarted from a checkpoint at step 1
+    assert not monitor.late(now=100.5)
+    assert monitor.late(now=104.0)

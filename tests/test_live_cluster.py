@@ -95,7 +95,10 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
         cluster.start_coordinator()
         before = cluster.task("lm")
         cluster.wait(lambda: at(before["step"] + 5), 120, "training to go on after the coordinator restart")
-        assert cluster.task("lm")["generation"] == before["generation"]  # the workers kept running
+        # The workers kept training through the restart: nothing failed, nothing was relaunched.
+        since = max(e["id"] for e in cluster.get("/v1/events") if e["kind"] == "coordinator_started")
+        after = [e["kind"] for e in cluster.get("/v1/events", since=since, task="lm")]
+        assert "incident" not in after and "task_launch" not in after, after
         cluster.start_agent("node-1")
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
 
@@ -121,7 +124,7 @@ def test_planner_places_by_weight_and_tasks_wait(tmp_path: Path) -> None:
         cluster.submit(task_yaml("light", 1, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"))
         cluster.submit(task_yaml("heavy", 3, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"))
         cluster.wait(lambda: cluster.task("heavy")["state"] in ("running", "finished"), 120, "heavy to run")
-        assert cluster.task("light")["state"] in ("waiting", "finished")
+        # (light may already be starting if heavy finished fast; the event order below is the check)
         assert_status_shows(cluster.url, "Nodes", "Tasks", "Workers", "node-0", "node-1", "heavy", "light")
         cluster.wait(lambda: cluster.task("light")["state"] == "finished", 300, "light to finish after heavy")
         events = cluster.get("/v1/events")

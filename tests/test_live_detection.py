@@ -33,11 +33,17 @@ def test_injected_faults_are_detected_classified_and_handled(tmp_path: Path) -> 
     program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", "0.05"])
     spec = (
         f"name: lm\nweight: 1\nthroughput: {{4: 3.6e9}}\nrun:\n  program: [{program}]\n"
-        f"  iterations: {ITERATIONS}\n  checkpoint_every: 5\n{FAULTS}"
+        f"  iterations: {ITERATIONS}\n  checkpoint_every: 5\n  recovery: restart\n{FAULTS}"
     )
     # Repeated errors on one node would isolate it (tested in test_detection_logic); here the
     # task needs all four slots, so isolation is kept out of the way.
-    settings = {"hang_warmup_steps": 3, "straggler_window": 5, "straggler_ratio": 1.5, "isolate_after": 10}
+    settings = {
+        "hang_warmup_steps": 3,
+        "hang_floor_s": 2.0,
+        "straggler_window": 5,
+        "straggler_ratio": 1.5,
+        "isolate_after": 10,
+    }
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
         cluster.wait(lambda: cluster.task("lm")["state"] in ("finished", "failed"), 420, "the task to end")

@@ -36,6 +36,7 @@ from unicron.core.protocol import (
     LaunchWorker,
     Registration,
     RegistrationReply,
+    RenameWorker,
     StopWorkers,
     WorkerReport,
     WorkerState,
@@ -185,7 +186,10 @@ class Agent:
             w
             for (task, gen, rank), w in self.workers.items()
             if task == order.task
-            and (order.generation is None or gen <= order.generation)
+            and (
+                order.generation is None
+                or (gen == order.generation if order.rank is not None else gen <= order.generation)
+            )
             and (order.rank is None or rank == order.rank)
             and not w.exited
         ]
@@ -238,8 +242,18 @@ class Agent:
         for order in orders:
             if isinstance(order, LaunchWorker):
                 await self.launch(order)
+            elif isinstance(order, RenameWorker):
+                self.rename(order)
             else:
                 self._spawn(self.stop(order))
+
+    def rename(self, order: RenameWorker) -> None:
+        worker = self.workers.pop((order.task, order.generation, order.rank), None)
+        if worker is not None:
+            worker.order = worker.order.model_copy(
+                update={"generation": order.new_generation, "rank": order.new_rank}
+            )
+            self.workers[(order.task, order.new_generation, order.new_rank)] = worker
 
     async def _poll_orders(self) -> None:
         """Long poll: the coordinator answers as soon as it has an order for this node, so a

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +38,16 @@ from unicron.core.protocol import (
     HeartbeatReply,
     IterationReport,
     LaunchWorker,
+    Membership,
     Order,
     Registration,
     RegistrationReply,
+    RenameWorker,
     StopWorkers,
     WorkerReport,
     WorkerState,
+    membership_key,
+    ready_key,
 )
 from unicron.core.settings import Settings
 from unicron.core.specs import LiveTaskSpec, PlannerSettings
@@ -99,6 +104,14 @@ class _Incident:
     action: str
 
 
+@dataclass
+class _Growth:
+    generation: int  # the generation newcomers joined
+    membership: Membership
+    newcomers: list[int]  # their ranks in that generation
+    since: float
+
+
 class Coordinator:
     def __init__(self, settings: CoordinatorSettings) -> None:
         self.settings = settings
@@ -112,6 +125,10 @@ class Coordinator:
         self.faults: dict[tuple[str, int], float] = {}  # (task, generation) -> injection time
         self.incidents: dict[tuple[str, int], _Incident] = {}  # the open incident of a generation
         self.isolated_until: dict[str, float] = {}
+        # (task, generation) -> (since, kind, node): a survivor saw a peer fail; the cause is due
+        self.awaiting: dict[tuple[str, int], tuple[float, ErrorKind, str | None]] = {}
+        self.awaiting_ranks: dict[tuple[str, int], set[int]] = {}
+        self.growing: dict[str, _Growth] = {}  # task -> newcomers launched, not yet joined
         self.dirty = True
         # Silence is counted from when the service can hear heartbeats at all: after a restart
         # every known node gets a full deadline to reconnect (its workers kept training).
@@ -121,6 +138,20 @@ class Coordinator:
                 port = self.rendezvous.host(task.name, task.store_port)
                 if port != task.store_port:
                     self.store.update("tasks", {"name": task.name}, store_port=port)
+        # Newcomers of a grow that was in flight when the coordinator stopped cannot join any
+        # more (the plan to let them in was in memory): stop them; the planner may grow again.
+        for task in self.store.tasks(live_only=True):
+            for w in self.store.query(
+                "SELECT * FROM workers WHERE task = ? AND generation > ? AND state = 'launching'",
+                task.name,
+                task.generation,
+            ):
+                self.pending.add(
+                    w.node, StopWorkers(task=w.task, generation=w.generation, rank=w.rank, grace_s=0.0)
+                )
+                self.store.update(
+                    "workers", {"task": w.task, "generation": w.generation, "rank": w.rank}, state="stopped"
+                )
         self.store.event("coordinator_started", tasks=len(self.store.tasks(live_only=True)))
 
     # ------------------------------------------------------------------ user API
@@ -202,15 +233,33 @@ class Coordinator:
         """Orders waiting for a node (the agents' long poll)."""
         return self.pending.take(node)
 
+    def _moved(self, w: WorkerState) -> bool:
+        row = self.store.one(
+            "SELECT state FROM workers WHERE task = ? AND generation = ? AND rank = ?",
+            w.task,
+            w.generation,
+            w.rank,
+        )
+        return row is not None and row.state == "moved"
+
     def _reconcile_workers(self, node: str, reported: list[WorkerState]) -> None:
         """Track worker processes; stop those that belong to no live generation."""
         for w in reported:
             self.stopped[(w.task, w.generation, w.rank)] = w.stopped and w.running
             task = self.store.task(w.task)
             current = task is not None and task.state in LIVE_TASK_STATES and task.generation == w.generation
+            if not current and w.running and self._moved(w):
+                continue  # a survivor renamed into the new generation; the agent will catch up
+            growth = self.growing.get(w.task)
+            if growth is not None and w.generation == growth.generation:
+                current = True  # a newcomer waiting to join its live peers
             if not current and w.running:
+                # Exactly that worker: a generation-wide stop could hit a survivor mid-rename.
                 self.pending.add(
-                    node, StopWorkers(task=w.task, generation=w.generation, grace_s=self.limits.stop_grace_s)
+                    node,
+                    StopWorkers(
+                        task=w.task, generation=w.generation, rank=w.rank, grace_s=self.limits.stop_grace_s
+                    ),
                 )
             elif current and w.running:
                 key = {"task": w.task, "generation": w.generation, "rank": w.rank}
@@ -248,10 +297,29 @@ class Coordinator:
                 kind=report.kind,
                 error=f"{report.error_type}: {report.message}"[:500],
             )
+            kind = ErrorKind(report.kind)
             if task.state in ("starting", "running"):
-                self._incident(
-                    task.name, ErrorKind(report.kind), node, f"rank {report.rank} raised {report.error_type}"
-                )
+                if kind in CONSEQUENCES and self.spec(task.name).run.recovery == "in_process":
+                    # A survivor's view of a peer's failure: wait (briefly) for the cause, which
+                    # names the failed rank, so that the survivors can go on without it.
+                    key = (task.name, task.generation)
+                    self.awaiting.setdefault(key, (time.time(), kind, node))
+                    reporting = self.awaiting_ranks.setdefault(key, set())
+                    reporting.add(report.rank)
+                    if len(reporting) >= len(self.store.workers(task.name, task.generation, live=True)):
+                        # Every member is alive and waiting: a broken connection, not a death.
+                        # Reattempt in place: the same members rebuild their group.
+                        self._incident(
+                            task.name, kind, node, "every rank lost its connections; all alive", failed=set()
+                        )
+                else:
+                    self._incident(
+                        task.name,
+                        kind,
+                        node,
+                        f"rank {report.rank} raised {report.error_type}",
+                        failed={report.rank},
+                    )
         elif isinstance(report, CheckpointReport):
             if report.rank == 0:
                 self.store.update("tasks", {"name": report.task}, checkpoint_step=report.step)
@@ -266,8 +334,15 @@ class Coordinator:
     def _monitor(self, name: str, generation: int) -> TaskMonitor:
         key = (name, generation)
         if key not in self.monitors:
+            previous = next((m for (t, _), m in self.monitors.items() if t == name), None)
             self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
-            self.monitors[key] = TaskMonitor(self.limits, self.spec(name).run.checkpoint_every)
+            monitor = TaskMonitor(self.limits, self.spec(name).run.checkpoint_every)
+            if previous is not None:
+                # A membership change does not change how long a step takes: keep the history,
+                # so that a hang right after the change is caught too.
+                monitor.intervals = deque(previous.intervals)
+                monitor.last_step, monitor.last_time = previous.last_step, previous.last_time
+            self.monitors[key] = monitor
         return self.monitors[key]
 
     def _iteration(self, task: Any, report: IterationReport) -> None:
@@ -289,6 +364,7 @@ class Coordinator:
             values["step"] = max(task.step, report.step)
             if task.state == "starting":
                 values["state"] = "running"
+                self.dirty = True  # the plan may want it larger or smaller now
                 if task.down_since is not None:
                     downtime = time.time() - task.down_since
                     values["downtime_s"] = task.downtime_s + downtime
@@ -321,6 +397,7 @@ class Coordinator:
                 ErrorKind.EXITED_ABNORMALLY,
                 report.node,
                 f"rank {report.rank} on {report.node} exited with {how}",
+                failed={report.rank},
             )
         elif ok and task.state == "running" and task.step < iterations:
             # A clean exit before the end (stopped from outside): its peers cannot go on.
@@ -329,6 +406,7 @@ class Coordinator:
                 ErrorKind.EXITED_ABNORMALLY,
                 report.node,
                 f"rank {report.rank} on {report.node} exited before the last step",
+                failed={report.rank},
             )
         elif ok:
             live = self.store.workers(report.task, report.generation, live=True)
@@ -341,13 +419,19 @@ class Coordinator:
                 self.dirty = True
 
     # ------------------------------------------------------------------ incidents
-    def _incident(self, name: str, kind: ErrorKind, node: str | None, why: str) -> None:
+    def _incident(
+        self, name: str, kind: ErrorKind, node: str | None, why: str, failed: set[int] | None = None
+    ) -> None:
         """The first sign of a failure in a generation opens its incident; later signs (the
-        peers' connection errors, the exits that follow) belong to it."""
+        peers' connection errors, the exits that follow) belong to it. ``failed``: the ranks
+        known to be gone; without them the survivors cannot be told apart."""
         task = self.store.task(name)
         assert task is not None
         if (name, task.generation) in self.incidents:
             return
+        self.awaiting.pop((name, task.generation), None)
+        self.awaiting_ranks.pop((name, task.generation), None)
+        self._cancel_growth(name)
         now = time.time()
         decision = self.ladder.decide(name, kind, node, now)
         injected = self.faults.get((name, task.generation))
@@ -370,6 +454,12 @@ class Coordinator:
         self.incidents[(name, task.generation)] = _Incident(incident_id, kind, now, decision.action.label)
         if decision.isolate_node and node is not None:
             self._isolate(node, f"{kind.value} ({decision.why})")
+        if (
+            not decision.fail_task
+            and failed is not None
+            and self._shrink_in_process(name, failed, incident_id)
+        ):
+            return
         self._stop_generation(name, task.generation, self.limits.failure_stop_grace_s)
         if decision.fail_task:
             self.store.update(
@@ -388,6 +478,173 @@ class Coordinator:
                 down_since=task.down_since or now,
             )
         self.dirty = True
+
+    # ------------------------------------------------------------------ in-process membership changes
+    def _shrink_in_process(self, name: str, failed: set[int], incident_id: int) -> bool:
+        """The survivors rebuild their group as the next generation and go on; nothing restarts.
+        False when that is not possible (the task asked for restarts, or too few survivors)."""
+        task = self.store.task(name)
+        assert task is not None
+        spec = self.spec(name)
+        if spec.run.recovery != "in_process" or name in self.growing:
+            return False
+        healthy = {n.name for n in self.store.nodes() if n.state == "healthy"}
+        live = self.store.workers(name, task.generation, live=True)
+        survivors = [w for w in live if w.rank not in failed and w.node in healthy]
+        keep = max((k for k in range(len(survivors), 0, -1) if spec.is_usable(k)), default=0)
+        if keep == 0:
+            return False
+        kept = survivors[:keep]
+        new = Membership(
+            generation=self._next_generation(name),
+            world_size=keep,
+            ranks={w.rank: i for i, w in enumerate(kept)},
+        )
+        now = time.time()
+        for w in live:
+            if w.rank in failed and w.node in healthy:
+                # Make sure the failed rank is gone (a raising or hung process may linger).
+                self.pending.add(
+                    w.node, StopWorkers(task=name, generation=task.generation, rank=w.rank, grace_s=0.0)
+                )
+        self._switch(name, task.generation, new, kept, now)
+        self.store.update(
+            "tasks",
+            {"name": name},
+            state="starting",
+            failures=task.failures + 1,
+            down_since=task.down_since or now,
+        )
+        self.store.event(
+            "in_process_recovery",
+            task=name,
+            incident=incident_id,
+            generation=new.generation,
+            workers=keep,
+            failed=sorted(failed),
+            survivors=[w.rank for w in survivors],
+        )
+        self.dirty = True
+        return True
+
+    def _switch(self, name: str, generation: int, new: Membership, kept: list[Any], now: float) -> None:
+        """Record the new generation's surviving members and tell them (store, agents)."""
+        with self.store.transaction() as db:
+            db.execute(
+                "UPDATE workers SET state = CASE WHEN state IN ('launching', 'running') THEN 'moved' "
+                "ELSE state END WHERE task = ? AND generation = ?",
+                (name, generation),
+            )
+            for w in kept:
+                db.execute(
+                    "INSERT OR REPLACE INTO workers (task, generation, rank, node, local_rank, state, pid, "
+                    "launched) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
+                    (name, new.generation, new.ranks[w.rank], w.node, w.local_rank, w.pid, now),
+                )
+            db.execute(
+                "UPDATE tasks SET generation = ?, workers = ? WHERE name = ?",
+                (new.generation, new.world_size, name),
+            )
+        for w in kept:
+            self.pending.add(
+                w.node,
+                RenameWorker(
+                    task=name,
+                    generation=generation,
+                    rank=w.rank,
+                    new_generation=new.generation,
+                    new_rank=new.ranks[w.rank],
+                ),
+            )
+        self.rendezvous.set(name, membership_key(name, generation), new.model_dump_json())
+
+    def _grow_in_process(self, name: str, placement: dict[str, int], reason: str) -> None:
+        """Launch newcomers for the task's next generation; the live members make room for them
+        at a step boundary once they are ready, and give them their state."""
+        task = self.store.task(name)
+        assert task is not None
+        spec = self.spec(name)
+        live = self.store.workers(name, task.generation, live=True)
+        world = len(live) + sum(placement.values())
+        generation = self._next_generation(name)
+        new = Membership(generation=generation, world_size=world, ranks={w.rank: w.rank for w in live})
+        newcomers = list(range(len(live), world))
+        env = self._worker_env(name, spec, generation, world, task.store_port)
+        env["UNICRON_JOINING"] = "1"
+        rank = len(live)
+        now = time.time()
+        with self.store.transaction() as db:
+            for node, count in placement.items():
+                held = sorted(w.local_rank for w in live if w.node == node)
+                free_locals = [i for i in range(len(held) + count) if i not in held]
+                for local in free_locals[:count]:
+                    db.execute(
+                        "INSERT OR REPLACE INTO workers (task, generation, rank, node, local_rank, state, "
+                        "launched) VALUES (?, ?, ?, ?, ?, 'launching', ?)",
+                        (name, generation, rank, node, local, now),
+                    )
+                    self.pending.add(
+                        node,
+                        LaunchWorker(
+                            task=name,
+                            generation=generation,
+                            rank=rank,
+                            world_size=world,
+                            local_rank=local,
+                            argv=list(spec.run.program),
+                            env={**env, "UNICRON_RANK": str(rank)},
+                        ),
+                    )
+                    rank += 1
+        self.growing[name] = _Growth(generation, new, newcomers, now)
+        self.store.event(
+            "task_grow", task=name, generation=generation, workers=world, placement=placement, reason=reason
+        )
+
+    def _cancel_growth(self, name: str) -> None:
+        growth = self.growing.pop(name, None)
+        if growth is None:
+            return
+        self._stop_generation(name, growth.generation, 0.0)
+        with self.store.transaction() as db:
+            db.execute(
+                "UPDATE workers SET state = 'stopped' "
+                "WHERE task = ? AND generation = ? AND state = 'launching'",
+                (name, growth.generation),
+            )
+        self.store.event("task_grow_cancelled", task=name, generation=growth.generation)
+
+    def _next_generation(self, name: str) -> int:
+        """A generation number never used by this task (a cancelled grow may have used one)."""
+        row = self.store.one("SELECT MAX(generation) AS g FROM workers WHERE task = ?", name)
+        task = self.store.task(name)
+        assert task is not None
+        used = int(row.g) if row is not None and row.g is not None else 0
+        return max(int(task.generation), used) + 1
+
+    def _check_growth(self, name: str, now: float) -> None:
+        growth = self.growing[name]
+        task = self.store.task(name)
+        if task is None or task.state not in ("running", "starting"):
+            del self.growing[name]
+            return
+        keys = [ready_key(name, growth.generation, r) for r in growth.newcomers]
+        if self.rendezvous.ready(name, keys):
+            live = self.store.workers(name, task.generation, live=True)
+            self._switch(name, task.generation, growth.membership, live, now)
+            self.store.update("tasks", {"name": name}, workers=growth.membership.world_size)
+            self.store.event(
+                "task_grown",
+                task=name,
+                generation=growth.generation,
+                workers=growth.membership.world_size,
+                waited_s=round(now - growth.since, 3),
+            )
+            del self.growing[name]
+        elif now - growth.since > self.limits.launch_timeout_s:
+            self.store.event("task_grow_failed", task=name, generation=growth.generation)
+            self._stop_generation(name, growth.generation, 0.0)
+            del self.growing[name]
 
     def _recovered(self, name: str, downtime: float, step: int) -> None:
         for (task, generation), incident in list(self.incidents.items()):
@@ -439,6 +696,12 @@ class Coordinator:
                 self.store.update("nodes", {"name": node.name}, state="healthy")
                 self.store.event("node_back", node=node.name, why="isolation over")
                 self.dirty = True
+        for (name, _generation), (since, kind, where) in list(self.awaiting.items()):
+            if now - since > self.limits.heartbeat_deadline_s + 1.0:
+                # No death was reported in time: whoever is alive rebuilds the group in place.
+                self._incident(name, kind, where, "peers reported errors; no rank died", failed=set())
+        for name in list(self.growing):
+            self._check_growth(name, now)
         for task in self.store.tasks(live_only=True):
             if task.state == "restarting":
                 self._finish_stopping(task)
@@ -459,7 +722,11 @@ class Coordinator:
             self.reconcile()
 
     def _check_hang(self, task: Any, now: float) -> None:
-        monitor = self.monitors.get((task.name, task.generation))
+        if (task.name, task.generation) in self.awaiting:
+            return  # a failure is being handled
+        if task.step >= self.spec(task.name).run.iterations:
+            return  # training is over; the workers are saving and exiting
+        monitor = self._monitor(task.name, task.generation)
         # One heartbeat more: the report of a step that did end may still be on its way.
         if monitor is None or not monitor.late(now - self.limits.heartbeat_interval_s):
             return
@@ -486,6 +753,7 @@ class Coordinator:
             ErrorKind.TASK_HANG,
             node,
             f"step {monitor.last_step + 1} late; hung rank(s) {[w.rank for w in culprits] or 'unknown'}",
+            failed={w.rank for w in culprits} or None,
         )
 
     def _node_lost(self, name: str, silent_s: float) -> None:
@@ -498,6 +766,11 @@ class Coordinator:
                 "SELECT DISTINCT task FROM workers WHERE node = ? AND state IN ('launching', 'running')", name
             )
         }
+        gone: dict[str, set[int]] = {}
+        for w in self.store.query(
+            "SELECT task, rank FROM workers WHERE node = ? AND state IN ('launching', 'running')", name
+        ):
+            gone.setdefault(w.task, set()).add(w.rank)
         with self.store.transaction() as db:
             db.execute(
                 "UPDATE workers SET state = 'lost' WHERE node = ? AND state IN ('launching', 'running')",
@@ -507,7 +780,11 @@ class Coordinator:
             task = self.store.task(task_name)
             if task is not None and task.state in ("starting", "running"):
                 self._incident(
-                    task_name, ErrorKind.NODE_LOST, name, f"node {name} silent for {silent_s:.1f} s"
+                    task_name,
+                    ErrorKind.NODE_LOST,
+                    name,
+                    f"node {name} silent for {silent_s:.1f} s",
+                    failed=gone.get(task_name),
                 )
             elif task is not None:
                 self._root_cause(task_name, ErrorKind.NODE_LOST, name)
@@ -583,8 +860,20 @@ class Coordinator:
             task = self.store.task(decision.task)
             assert task is not None
             running = task.state in ("starting", "running")
-            if running and decision.after == task.workers:
+            if running and (decision.after == task.workers or task.name in self.growing):
                 continue
+            if task.state == "starting":
+                continue  # decide once it runs again (it may be recovering in place)
+            if task.state == "running" and decision.after > task.workers and self._can_grow(task.name):
+                # More slots for a running task: newcomers join its live replicas in place.
+                current: dict[str, int] = {}
+                for w in self.store.workers(task.name, task.generation, live=True):
+                    current[w.node] = current.get(w.node, 0) + 1
+                wanted = {names[n]: per[task.name] for n, per in sorted(layout.items()) if task.name in per}
+                extra = {n: c - current.get(n, 0) for n, c in wanted.items() if c > current.get(n, 0)}
+                if sum(extra.values()) == decision.after - task.workers:
+                    self._grow_in_process(task.name, extra, decision.reason)
+                    continue
             if running:
                 # A different count: this milestone resizes by a restart from the checkpoint.
                 self.store.event(
@@ -611,13 +900,12 @@ class Coordinator:
             elif task.state == "waiting":
                 self.store.update("tasks", {"name": task.name}, workers=0)
 
-    def _launch(self, name: str, placement: dict[str, int], reason: str) -> None:
-        task = self.store.task(name)
-        assert task is not None
-        spec = self.spec(name)
-        generation = task.generation + 1
-        world = sum(placement.values())
-        port = self.rendezvous.host(name, task.store_port or 0)
+    def _can_grow(self, name: str) -> bool:
+        return self.spec(name).run.recovery == "in_process" and name not in self.growing
+
+    def _worker_env(
+        self, name: str, spec: LiveTaskSpec, generation: int, world: int, port: int
+    ) -> dict[str, str]:
         env = {
             "UNICRON_TASK": name,
             "UNICRON_GENERATION": str(generation),
@@ -627,10 +915,21 @@ class Coordinator:
             "UNICRON_ITERATIONS": str(spec.run.iterations),
             "UNICRON_CHECKPOINT_EVERY": str(spec.run.checkpoint_every),
             "UNICRON_PG_TIMEOUT": str(self.limits.process_group_timeout_s),
+            "UNICRON_RECOVERY": spec.run.recovery,
             **spec.run.env,
         }
         if spec.run.faults:
             env["UNICRON_FAULTS"] = json.dumps([f.model_dump() for f in spec.run.faults])
+        return env
+
+    def _launch(self, name: str, placement: dict[str, int], reason: str) -> None:
+        task = self.store.task(name)
+        assert task is not None
+        spec = self.spec(name)
+        generation = self._next_generation(name)
+        world = sum(placement.values())
+        port = self.rendezvous.host(name, task.store_port or 0)
+        env = self._worker_env(name, spec, generation, world, port)
         now = time.time()
         rank = 0
         with self.store.transaction() as db:

@@ -31,6 +31,8 @@ class TaskMonitor:
     def step_done(self, step: int, ended: float) -> None:
         """Rank 0 finished ``step`` at worker time ``ended``."""
         if step <= self.last_step:
+            # Training went back (a restart from an earlier checkpoint): re-anchor on it.
+            self.last_step, self.last_time = step, ended
             return
         if self.last_time and step == self.last_step + 1:
             self.intervals.append(ended - self.last_time)

@@ -29,6 +29,14 @@ class Rendezvous:
         self._stores[task] = store
         return int(store.port)
 
+    def set(self, task: str, key: str, value: str) -> None:
+        self._stores[task].set(key, value)
+
+    def ready(self, task: str, keys: list[str]) -> bool:
+        """Whether every key exists (newcomers announce themselves this way)."""
+        store = self._stores.get(task)
+        return store is not None and bool(store.check(keys))
+
     def close(self, task: str) -> None:
         self._stores.pop(task, None)
 

@@ -111,8 +111,9 @@ class LaunchWorker(_Message):
 
 
 class StopWorkers(_Message):
-    """Stop a task's workers on this node (of generations up to ``generation``, or all; only
-    ``rank`` when given). SIGTERM first, SIGKILL after ``grace_s`` (at once when it is 0)."""
+    """Stop a task's workers on this node: of generations up to ``generation`` (or all), or, with
+    ``rank``, exactly that worker of ``generation``. SIGTERM first, SIGKILL after ``grace_s`` (at
+    once when it is 0)."""
 
     type: Literal["stop"] = "stop"
     task: str
@@ -121,7 +122,19 @@ class StopWorkers(_Message):
     grace_s: float = 5.0
 
 
-Order = Annotated[LaunchWorker | StopWorkers, Field(discriminator="type")]
+class RenameWorker(_Message):
+    """A surviving worker now belongs to a new generation, under a new rank (it rebuilt its
+    process group in place; nothing restarts)."""
+
+    type: Literal["rename"] = "rename"
+    task: str
+    generation: int
+    rank: int
+    new_generation: int
+    new_rank: int
+
+
+Order = Annotated[LaunchWorker | StopWorkers | RenameWorker, Field(discriminator="type")]
 ORDERS = TypeAdapter(list[Order])
 
 
@@ -160,3 +173,25 @@ class Heartbeat(_Message):
 class HeartbeatReply(_Message):
     orders: list[Order] = Field(default_factory=list)
     registered: bool = True  # False: the coordinator does not know this node; register again
+
+
+# ------------------------------------------------------------------ in-process membership changes
+
+
+class Membership(_Message):
+    """The workers of a task's next generation, written by the coordinator into the task's
+    rendezvous store; survivors keep their processes and take new ranks."""
+
+    generation: int
+    world_size: int
+    ranks: dict[int, int]  # rank in the old generation -> rank in the new one (absent: leave)
+
+
+def membership_key(task: str, generation: int) -> str:
+    """Where the coordinator writes the membership that follows ``generation``."""
+    return f"{task}/membership/{generation}"
+
+
+def ready_key(task: str, generation: int, rank: int) -> str:
+    """Set by a newcomer of ``generation`` just before it joins its live peers."""
+    return f"{task}/ready/{generation}/{rank}"

@@ -34,7 +34,7 @@ class Settings(BaseModel):
     hang_multiple: float = Field(3.0, gt=1, description="k: a step running past k x the recent mean hangs")
     hang_warmup_steps: int = Field(5, ge=1, description="steps before the hang deadline applies")
     hang_window: int = Field(20, ge=1, description="recent steps the mean is taken over")
-    hang_floor_s: float = Field(1.0, gt=0, description="the hang deadline is never shorter")
+    hang_floor_s: float = Field(10.0, gt=0, description="the hang deadline is never shorter")
     checkpoint_allowance_s: float = Field(
         30.0, ge=0, description="added to the deadline of a step that saves"
     )

@@ -442,10 +442,12 @@ def check_against_cluster(
 class FaultSpec(_Spec):
     """A fault to inject into a live task's worker (unicron.train.faults)."""
 
-    action: Literal["kill", "hang", "stall", "raise", "slow", "break", "lose_node"]
+    action: Literal["kill", "kill_after_reduce", "hang", "stall", "raise", "slow", "break", "lose_node"]
     rank: int = Field(ge=0)
     step: int = Field(ge=1, description="injected when this step starts")
-    generation: int = Field(default=1, ge=1, description="only in this generation of the task")
+    generation: int = Field(
+        default=1, ge=0, description="only in this generation; 0: whichever worker first reaches the step"
+    )
     message: str = Field(
         default="CUDA error: an illegal memory access was encountered",
         description="for raise: the exception's message",
@@ -465,6 +467,11 @@ class RunSpec(_Spec):
     flops_per_sample: float | None = Field(default=None, gt=0, description="for measured WAF")
     env: dict[str, str] = Field(default_factory=dict)
     faults: list[FaultSpec] = Field(default_factory=list, description="faults to inject, for tests and demos")
+    recovery: Literal["in_process", "restart"] = Field(
+        default="in_process",
+        description="in_process: survivors rebuild their group and go on; restart: every failure "
+        "restarts the task from its checkpoint",
+    )
 
     @field_validator("program", mode="before")
     @classmethod

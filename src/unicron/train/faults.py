@@ -8,9 +8,13 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
   already waiting inside the gradient all-reduce (a stall inside a collective);
 - ``raise``: raise ``error(message)``, e.g. a CUDA-like error, through the training loop;
 - ``slow``: sleep ``seconds`` at every step from ``step`` on (a straggler);
-- ``break``: tear the process group down under the peers and raise a connection error (a broken
-  connection);
-- ``lose_node``: SIGKILL the worker's agent (its workers die with it): the node is lost.
+- ``break``: tear this rank's process group down under its peers (a broken connection; every
+  rank's next collective fails, nobody dies);
+- ``lose_node``: SIGKILL the worker's agent (its workers die with it): the node is lost;
+- ``kill_after_reduce``: SIGKILL itself after the gradient all-reduce, before the update.
+
+A fault names a rank, a step and a generation; generation 0 means whichever worker of that rank
+first reaches the step in any generation, claimed once through the task's store.
 
 Each injection first sends a FaultReport with the time, so detection latency can be measured.
 """
@@ -37,10 +41,12 @@ class FaultInjector:
         report: Callable[[FaultReport], None],
         task: str,
     ) -> None:
+        self.all_faults = list(faults)
         self.faults = [f for f in faults if f.rank == rank and f.generation == generation]
         self.rank, self.generation, self.task = rank, generation, task
         self.report = report
         self.slow_s = 0.0
+        self._pending: list[FaultSpec] = []
 
     @classmethod
     def from_env(
@@ -67,9 +73,20 @@ class FaultInjector:
             )
         )
 
+    claim: Callable[[int], bool] | None = None  # for generation-0 faults: True for the first claimant
+
+    def _due(self, step: int) -> list[FaultSpec]:
+        due = [f for f in self.faults if f.step == step]
+        for index, fault in enumerate(self.all_faults):
+            first = fault.generation == 0 and fault.step == step and fault.rank == self.rank
+            if first and self.claim is not None and self.claim(index):
+                due.append(fault)
+        return due
+
     def step_started(self, step: int) -> None:
-        for fault in self.faults:
-            if fault.step != step or fault.action == "stall":
+        self._pending = self._due(step)
+        for fault in self._pending:
+            if fault.action in ("stall", "kill_after_reduce"):
                 continue
             self._announce(fault, step)
             if fault.action == "kill":
@@ -85,17 +102,26 @@ class FaultInjector:
             elif fault.action == "break":
                 import torch.distributed as dist
 
+                # Close this rank's connections under its peers; its own next collective fails
+                # too. Nobody dies: the task can reattempt in place.
                 if dist.is_initialized():
                     dist.destroy_process_group()
-                raise ConnectionResetError("connection to peers broken (injected)")
             elif fault.action == "lose_node":
                 os.kill(os.getppid(), signal.SIGKILL)
                 time.sleep(60)  # the parent-death signal ends us
         if self.slow_s:
             time.sleep(self.slow_s)
 
+    def after_reduce(self, step: int) -> None:
+        """Between the gradient all-reduce and the optimizer step: a death the peers only see at
+        the next step's all-reduce."""
+        for fault in self._pending:
+            if fault.action == "kill_after_reduce":
+                self._announce(fault, step)
+                os.kill(os.getpid(), signal.SIGKILL)
+
     def before_last_micro_batch(self, step: int) -> None:
-        for fault in self.faults:
-            if fault.step == step and fault.action == "stall":
+        for fault in self._pending:
+            if fault.action == "stall":
                 self._announce(fault, step)
                 time.sleep(fault.seconds)

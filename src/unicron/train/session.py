@@ -27,11 +27,26 @@ import torch
 import torch.distributed as dist
 
 from unicron.core.classify import classify_exception
-from unicron.core.protocol import CheckpointReport, DoneReport, ExceptionReport, FaultReport, IterationReport
-from unicron.train import checkpoint
+from unicron.core.protocol import (
+    CheckpointReport,
+    DoneReport,
+    ExceptionReport,
+    FaultReport,
+    IterationReport,
+    Membership,
+    membership_key,
+    ready_key,
+)
+from unicron.train import checkpoint, membership
 from unicron.train.channel import ReportChannel
 from unicron.train.data import DataStream, MicroBatch, global_batch_ids, micro_batches, shard
 from unicron.train.faults import FaultInjector
+
+
+@dataclass(frozen=True)
+class Rejoined:
+    ranks: dict[int, int]  # old rank -> new rank
+    copied: bool  # state had to be copied from a replica
 
 
 @dataclass
@@ -95,6 +110,13 @@ class Session:
         self.faults = FaultInjector.from_env(env, self.rank, self.generation, self.task, self._fault_report)
         self._micro_batches = 0
         self.data: DataStream | None = None
+        self._base_store: Any = None
+        self._reconnect_at = 0.0
+        # In-process recovery needs the coordinator's store; without it a failure ends the process.
+        self.in_process = env.get("UNICRON_RECOVERY", "in_process") == "in_process" and bool(
+            self.store_address
+        )
+        self.membership_timeout = timedelta(seconds=float(env.get("UNICRON_MEMBERSHIP_TIMEOUT", "60")))
         self.step = 0
         self.stop_requested = False
         self._started = False
@@ -114,14 +136,18 @@ class Session:
         elif self.world_size > 1:
             if not self.store_address:
                 raise RuntimeError("UNICRON_STORE is not set: run workers through a Unicron agent")
+            # Imported before the first group, or destroying a group later leaves it half alive.
+            import torch._dynamo  # noqa: F401
+
             host, port = self.store_address.rsplit(":", 1)
-            base = dist.TCPStore(host, int(port), is_master=False, timeout=self.timeout)  # type: ignore[attr-defined]
-            store = dist.PrefixStore(f"{self.task}/g{self.generation}", base)  # type: ignore[attr-defined]
-            backend = (
-                "nccl" if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES") else "gloo"
-            )
-            dist.init_process_group(
-                backend, store=store, rank=self.rank, world_size=self.world_size, timeout=self.timeout
+            self._base_store = dist.TCPStore(host, int(port), is_master=False, timeout=self.timeout)  # type: ignore[attr-defined]
+            self.faults.claim = self._claim_fault
+            if env_flag("UNICRON_JOINING"):
+                # A newcomer to live replicas: announce readiness; the coordinator then tells the
+                # replicas to make room at their next step boundary.
+                self._base_store.set(ready_key(self.task, self.generation, self.rank), "1")
+            membership.join(
+                self._base_store, self.task, self.generation, self.rank, self.world_size, self.timeout
             )
         return self
 
@@ -141,6 +167,12 @@ class Session:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             self.step = int(state["step"])
+        if dist.is_initialized():
+            # Members check they hold the same state; a newcomer joining live replicas gets
+            # theirs here instead of the (older) checkpoint.
+            self.step, copied = membership.agree(model, optimizer, self.step)
+            if copied:
+                self.trace("state_from_replica", step=self.step)
         return self.step
 
     def _on_stop(self, signum: int, frame: Any) -> None:
@@ -193,18 +225,109 @@ class Session:
         in-process with exactly the same global batch."""
         if self.data is None:
             raise RuntimeError("call configure_data(...) before train_step(...)")
+        if self._membership_changed():
+            # A planned change (a newcomer, a resize) takes effect at a step boundary: no work lost.
+            self._rejoin(model, optimizer)
+            if self.step >= step:
+                return 0.0
         with self.iteration(step) as it:
-            share = shard(global_batch_ids(step, *self.data.stream()), self.rank, self.world_size)
+            ids = global_batch_ids(step, *self.data.stream())
+            share = shard(ids, self.rank, self.world_size)
             self._micro_batches = -(-len(share) // self.data.micro_batch)
-            self._accumulate(share, loss_of, it)
-            self._reduce(model)
-            optimizer.step()
+            contributed = self._accumulate(share, loss_of, it)
+            contributed, done = self._reduce_or_recover(step, ids, contributed, model, optimizer, loss_of, it)
+            if self.trace_file:
+                # The sample ledger: once the all-reduce succeeded, these samples are in the step.
+                self.trace("samples", step=step, ids=contributed)
+            self.faults.after_reduce(step)
+            if not done:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         return it.loss / it.samples if it.samples else 0.0
 
+    def _reduce_or_recover(
+        self,
+        step: int,
+        ids: list[int],
+        contributed: list[int],
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_of: Callable[[list[int]], torch.Tensor],
+        it: Iteration,
+    ) -> tuple[list[int], bool]:
+        """Reduce the gradients; if a peer fails meanwhile, rebuild the group with the survivors
+        and finish the step with the same global batch. Returns the samples this rank
+        contributed and whether the step was completed by taking state from a replica."""
+        for attempt in range(4):
+            try:
+                self._reduce(model)
+                return contributed, False
+            except Exception as exc:
+                if not self.in_process or attempt == 3 or self._base_store is None:
+                    raise
+                self.forward_exception(exc)
+            # Outside the except block: the exception's frames (inside torch.distributed) would
+            # keep the failed group alive, and its sockets open, so peers would never notice.
+            old_world = self.world_size
+            new = self._rejoin(model, optimizer)
+            if new.copied:
+                # Members disagreed: state came from a replica; what was accumulated is void.
+                for p in model.parameters():
+                    p.grad = None
+                if self.step >= step:
+                    return [], True  # the copied state already holds this step
+                share = shard(ids, self.rank, self.world_size)
+                contributed = self._accumulate(share, loss_of, it)
+            else:
+                # Survivors keep what they computed and share out the departed ranks' samples.
+                gone = [r for r in range(old_world) if r not in new.ranks]
+                orphaned = [i for r in gone for i in shard(ids, r, old_world)]
+                contributed += self._accumulate(shard(orphaned, self.rank, self.world_size), loss_of, it)
+        raise AssertionError("unreachable")
+
+    def _membership_changed(self) -> bool:
+        """Whether the coordinator posted a new membership. Training must not depend on the
+        coordinator being up: while its store is unreachable this says no, and reconnects now
+        and then (a restarted coordinator serves the store on the same port)."""
+        if self._base_store is None or not self.in_process:
+            return False
+        try:
+            return bool(self._base_store.check([membership_key(self.task, self.generation)]))
+        except Exception:
+            now = time.monotonic()
+            if now - self._reconnect_at > 5.0:
+                self._reconnect_at = now
+                with contextlib.suppress(Exception):
+                    host, port = (self.store_address or "").rsplit(":", 1)
+                    self._base_store = dist.TCPStore(  # type: ignore[attr-defined]
+                        host, int(port), is_master=False, timeout=timedelta(seconds=2)
+                    )
+                    self._base_store.set_timeout(self.timeout)
+            return False
+
+    def _rejoin(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Rejoined:
+        """Leave the current group, wait for the coordinator's next membership, join it, agree."""
+        assert self._base_store is not None
+        started = time.time()
+        membership.leave()
+        key = membership_key(self.task, self.generation)
+        self._base_store.wait([key], self.membership_timeout)
+        new = Membership.model_validate_json(self._base_store.get(key))
+        if self.rank not in new.ranks:
+            self.trace("left", generation=new.generation)
+            raise SystemExit(0)  # not in the new membership: this worker's part is over
+        self.generation, self.rank, self.world_size = new.generation, new.ranks[self.rank], new.world_size
+        self.faults.rank, self.faults.generation = self.rank, self.generation
+        membership.join(
+            self._base_store, self.task, self.generation, self.rank, self.world_size, self.timeout
+        )
+        self.step, copied = membership.agree(model, optimizer, self.step)
+        self.trace("rejoined", seconds=time.time() - started, world=self.world_size, copied=copied)
+        return Rejoined(new.ranks, copied)
+
     def _accumulate(
         self, ids: list[int], loss_of: Callable[[list[int]], torch.Tensor], it: Iteration
-    ) -> None:
+    ) -> list[int]:
         # Each sample's gradient counts 1/B: the SUM over ranks is then the global mean for any
         # number of ranks, and work can move between ranks without rescaling.
         assert self.data is not None
@@ -213,11 +336,14 @@ class Session:
             loss = loss_of(chunk)
             (loss * (len(chunk) / self.data.global_batch)).backward()  # type: ignore[no-untyped-call]
             it.record(loss.item(), len(chunk))
+        return list(ids)
 
     def _reduce(self, model: torch.nn.Module) -> None:
         """Sum the gradients over the ranks, as one flat buffer."""
         if self.world_size == 1:
             return
+        if not dist.is_initialized():
+            raise ConnectionResetError("the process group is gone: connection to peers broken")
         params = [p for p in model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:
@@ -304,6 +430,13 @@ class Session:
             )
         )
 
+    def _claim_fault(self, index: int) -> bool:
+        """Whether this worker is the first to reach a generation-0 fault (atomic in the store)."""
+        try:
+            return int(self._base_store.add(f"{self.task}/fault/{index}", 1)) == 1
+        except Exception:
+            return False
+
     def _fault_report(self, report: FaultReport) -> None:
         self.trace("fault", action=report.action, step=report.step)
         self.channel.send(report)
@@ -323,6 +456,10 @@ class Session:
         if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             self.forward_exception(exc)
         self.close()
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "") in ("1", "true", "yes")
 
 
 def init(**kwargs: Any) -> Session:

@@ -1,0 +1,80 @@
+"""Rebuilding a task's process group inside the surviving processes.
+
+The recipe (shared/design/pytorch-notes.md): torch._dynamo is imported before the first process
+group is made (else destroy_process_group leaves sockets open); no DDP wrapper holds the group
+(the library reduces gradients itself); on a collective error the group is destroyed after a
+garbage collection; the new membership comes from the coordinator through the task's store,
+which outlives every worker; the new group uses a fresh key prefix per generation; and the
+members check agreement with one small collective of (completed step, parameter digest),
+taking model and optimizer state from the nearest live replica when they differ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from unicron.train import checkpoint
+
+
+def backend() -> str:
+    import os
+
+    return "nccl" if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES") else "gloo"
+
+
+def join(base: Any, task: str, generation: int, rank: int, world_size: int, timeout: timedelta) -> None:
+    store = dist.PrefixStore(f"{task}/g{generation}", base)  # type: ignore[attr-defined]
+    dist.init_process_group(backend(), store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
+def leave() -> None:
+    """Tear the current group down; collect first so nothing still references it."""
+    gc.collect()
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _digest_number(model: torch.nn.Module) -> int:
+    return int(checkpoint.digest(model)[:15], 16)
+
+
+def agree(model: torch.nn.Module, optimizer: torch.optim.Optimizer, completed: int) -> tuple[int, bool]:
+    """Make every member hold the same state. Returns (completed step after agreement, whether
+    anything had to be copied). The lowest rank holding the highest completed step is the source;
+    the state it sends is verified by its digest."""
+    world = dist.get_world_size()
+    mine = torch.tensor([completed, _digest_number(model)], dtype=torch.int64)
+    gathered = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    steps = [int(g[0]) for g in gathered]
+    digests = [int(g[1]) for g in gathered]
+    top = max(steps)
+    if all(s == top for s in steps) and len(set(digests)) == 1:
+        return top, False
+    source = min(r for r in range(world) if steps[r] == top)
+    if dist.get_rank() == source:
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        size = torch.zeros(1, dtype=torch.int64)
+    dist.broadcast(size, src=source)
+    if dist.get_rank() != source:
+        payload = torch.empty(int(size[0]), dtype=torch.uint8)
+    dist.broadcast(payload, src=source)
+    if dist.get_rank() != source:
+        state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if _digest_number(model) != digests[source]:
+            raise RuntimeError("state received from a live replica does not match its digest")
+    return top, True

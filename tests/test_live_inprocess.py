@@ -1,0 +1,81 @@
+"""In-process recovery through real processes: survivors never restart.
+
+One task of 4 gloo workers loses a worker before the gradient all-reduce, another after it, a
+third to a hang, and then a whole node. Each time the survivors rebuild their process group in
+place and finish the step with the same global batch; each time the planner grows the task back
+and a newcomer takes its state from a live replica. The task must end with the parameters of a
+failure-free run and with every step having trained on exactly its global batch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from unicron.control.localcluster import LocalCluster
+from unicron.train.checkpoint import load_latest
+from unicron.train.data import global_batch_ids
+
+from .test_live_cluster import ARGS, TRAIN, assert_same_parameters, reference
+
+ITERATIONS = 110
+FAULTS = [
+    {"action": "kill", "rank": 1, "step": 15, "generation": 0},
+    {"action": "kill_after_reduce", "rank": 2, "step": 40, "generation": 0},
+    {"action": "hang", "rank": 3, "step": 65, "generation": 0},
+]
+
+
+@pytest.mark.timeout(600)
+def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", "0.1"])
+    spec = (
+        f"name: lm\nweight: 1\nthroughput: {{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}}\nrun:\n  program: [{program}]\n"
+        f"  iterations: {ITERATIONS}\n  checkpoint_every: 10\n  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
+        f"  faults: {json.dumps(FAULTS)}\n"
+    )
+    settings = {"hang_warmup_steps": 3, "hang_floor_s": 2.0, "isolate_after": 100, "max_restarts": 100}
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
+        cluster.submit(spec)
+
+        def task() -> dict:  # type: ignore[type-arg]
+            return cluster.task("lm")
+
+        cluster.wait(
+            lambda: task()["step"] >= 85 and task()["workers"] == 4 and task()["state"] == "running",
+            300,
+            "three in-place recoveries and growing back",
+        )
+        cluster.kill_node("node-1")
+        cluster.wait(lambda: task()["state"] == "finished", 300, "the task to finish")
+        events = cluster.get("/v1/events", task="lm")
+    kinds = [e["kind"] for e in events]
+    # Nothing was relaunched from a checkpoint: one launch, four recoveries in place.
+    assert kinds.count("task_launch") == 1, kinds
+    assert kinds.count("in_process_recovery") == 4, kinds
+    assert kinds.count("task_grown") >= 3
+    incidents = [e["detail"]["kind"] for e in events if e["kind"] == "incident"]
+    assert incidents == ["exited_abnormally", "exited_abnormally", "task_hang", "node_lost"]
+    outcomes = [e["detail"] for e in events if e["kind"] == "outcome"]
+    assert [o["outcome"] for o in outcomes] == ["recovered"] * 4
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    # Every membership change ended with the members agreeing on (step, digest); newcomers took
+    # their state from live replicas (unless their checkpoint already equalled it).
+    grown = [e["detail"]["generation"] for e in events if e["kind"] == "task_grown"]
+    agreed = {r["generation"] for r in rows if r["what"] == "rejoined"}
+    assert set(grown) <= agreed
+    assert any(r["what"] == "state_from_replica" for r in rows)
+    # The sample ledger: every step trained on exactly its global batch, once.
+    steps: dict[int, list[int]] = {}
+    for r in rows:
+        if r["what"] == "samples":
+            steps.setdefault(r["step"], []).extend(r["ids"])
+    for step in range(1, ITERATIONS + 1):
+        assert Counter(steps.get(step, [])) == Counter(global_batch_ids(step, 16, 512, 0)), step
+    final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
+    assert final is not None and final["step"] == ITERATIONS
+    assert_same_parameters(final["model"], reference(tmp_path, ITERATIONS))
