@@ -38,6 +38,9 @@ NEWS = (
     "node_isolated",
     "task_finished",
     "task_resize",
+    "in_process_recovery",
+    "task_grow",
+    "task_grown",
 )
 DETAILS = (
     "workers",
@@ -54,6 +57,8 @@ DETAILS = (
     "detection_s",
     "outcome",
     "downtime_s",
+    "failed",
+    "survivors",
 )
 
 
