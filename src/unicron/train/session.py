@@ -277,12 +277,15 @@ class Session:
                 if self.step >= step:
                     return [], True  # the copied state already holds this step
                 share = shard(ids, self.rank, self.world_size)
+                self.trace("recompute", step=step, samples=len(share))
                 contributed = self._accumulate(share, loss_of, it)
             else:
                 # Survivors keep what they computed and share out the departed ranks' samples.
                 gone = [r for r in range(old_world) if r not in new.ranks]
                 orphaned = [i for r in gone for i in shard(ids, r, old_world)]
-                contributed += self._accumulate(shard(orphaned, self.rank, self.world_size), loss_of, it)
+                mine = shard(orphaned, self.rank, self.world_size)
+                self.trace("recompute", step=step, samples=len(mine))
+                contributed += self._accumulate(mine, loss_of, it)
         raise AssertionError("unreachable")
 
     def _membership_changed(self) -> bool:

@@ -1,0 +1,248 @@
+"""Recovery cost per failure class: Unicron (in place) against torchrun (restart from checkpoint).
+
+Same script (examples/tinygpt, 4 gloo workers, float64), same fault library, same run.
+
+- downtime_s: from the fault (the worker's own timestamp) to the next completed iteration (a
+  step whose gradient all-reduce succeeded), from the workers' trace.
+- lost_microbatches: micro-batches computed and then thrown away. Unicron: those the survivors
+  recompute (the failed ranks' share of the step). torchrun: every micro-batch since the last
+  checkpoint, on every rank, plus the failed step's.
+- regain_s: until the step that failed is completed again (for torchrun this includes redoing the
+  steps since the checkpoint).
+
+Unicron also gets an exactness check: its final parameters against a failure-free run.
+Writes docs/bench/recovery.json and docs/recovery.md (run by `make bench`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unicron.control.localcluster import LocalCluster
+from unicron.train.checkpoint import load_latest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
+ARGS = [
+    "--dtype",
+    "float64",
+    "--global-batch",
+    "16",
+    "--micro-batch",
+    "2",
+    "--dataset-size",
+    "512",
+    "--step-delay",
+    "0.05",
+]
+MICRO_PER_STEP = 16 // 2
+CHECKPOINT_EVERY = 10
+UNICRON_FAULTS = [  # (class, fault); steps chosen mid-way between checkpoints
+    ("worker_crash", {"action": "kill", "rank": 1, "step": 25, "generation": 0}),
+    ("crash_after_allreduce", {"action": "kill_after_reduce", "rank": 2, "step": 55, "generation": 0}),
+    ("hang", {"action": "hang", "rank": 3, "step": 85, "generation": 0}),
+]
+ITERATIONS = 140
+
+
+def trace_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def measure(rows: list[dict[str, Any]], fault_time: float, generation: int) -> dict[str, float]:
+    """Downtime: to the first iteration completed by the group that replaced the failed one (a
+    later generation: the rebuilt group, or torchrun's relaunch). Regain: to the first step
+    beyond everything completed before the fault."""
+    samples = [r for r in rows if r["what"] == "samples"]
+    prior = max((r["step"] for r in samples if r["time"] <= fault_time), default=0)
+    later = [r for r in samples if r["time"] > fault_time and r["generation"] > generation]
+    first = min(r["time"] for r in later)
+    regain = min(r["time"] for r in later if r["step"] > prior)
+    return {"downtime_s": round(first - fault_time, 3), "regain_s": round(regain - fault_time, 3)}
+
+
+def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], bool]:
+    trace = root / "trace.jsonl"
+    program = ", ".join(["python", str(TRAIN), *ARGS])
+    spec = (
+        f"name: lm\nweight: 1\nthroughput: {{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}}\nrun:\n  program: [{program}]\n"
+        f"  iterations: {ITERATIONS}\n  checkpoint_every: {CHECKPOINT_EVERY}\n"
+        f"  env: {{UNICRON_TRACE_FILE: {trace}}}\n  faults: {json.dumps([f for _, f in UNICRON_FAULTS])}\n"
+    )
+    settings = {"hang_warmup_steps": 3, "hang_floor_s": 1.0, "isolate_after": 100, "max_restarts": 100}
+    results: dict[str, dict[str, Any]] = {}
+    with LocalCluster(root / "cluster", nodes=2, slots=2, settings=settings) as cluster:
+        cluster.submit(spec)
+        cluster.wait(
+            lambda: (
+                cluster.task("lm")["step"] >= 110
+                and cluster.task("lm")["workers"] == 4
+                and cluster.task("lm")["state"] == "running"
+            ),
+            400,
+            "three recoveries",
+        )
+        killed = time.time()
+        cluster.kill_node("node-1")
+        cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 400, "the task to finish")
+    rows = trace_rows(trace)
+    for name, fault in UNICRON_FAULTS:
+        mark = next(r for r in rows if r["what"] == "fault" and r["action"] == fault["action"])
+        redone = sum(
+            r["samples"]
+            for r in rows
+            if r["what"] == "recompute" and mark["time"] < r["time"] < mark["time"] + 30
+        )
+        results[name] = {
+            **measure(rows, mark["time"], mark["generation"]),
+            "lost_microbatches": -(-redone // 2),
+        }
+    before = max(r["generation"] for r in rows if r["what"] == "samples" and r["time"] <= killed)
+    redone = sum(r["samples"] for r in rows if r["what"] == "recompute" and killed < r["time"] < killed + 30)
+    results["node_loss"] = {**measure(rows, killed, before), "lost_microbatches": -(-redone // 2)}
+    exact = _exact(root)
+    return results, exact
+
+
+def _exact(root: Path) -> bool:
+    out = root / "reference"
+    subprocess.run(
+        [sys.executable, str(TRAIN), *ARGS, "--iterations", str(ITERATIONS), "--checkpoint-dir", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    want, got = load_latest(out), load_latest(root / "cluster" / "checkpoints" / "lm")
+    if want is None or got is None:
+        return False
+    return all(
+        torch.allclose(got["model"][k], want["model"][k], rtol=1e-9, atol=1e-11) for k in want["model"]
+    )
+
+
+def torchrun_once(root: Path, fault: dict[str, Any], pg_timeout: float) -> dict[str, Any]:
+    root.mkdir(parents=True, exist_ok=True)
+    trace = root / "trace.jsonl"
+    env = {
+        **os.environ,
+        "UNICRON_TRACE_FILE": str(trace),
+        "UNICRON_PG_TIMEOUT": str(pg_timeout),
+        "UNICRON_FAULTS": json.dumps([{**fault, "generation": 1}]),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "4",
+        "--max-restarts",
+        "2",
+        "--monitor-interval",
+        "0.1",
+        str(TRAIN),
+        *ARGS,
+        "--iterations",
+        str(fault["step"] + 15),
+        "--checkpoint-every",
+        str(CHECKPOINT_EVERY),
+        "--checkpoint-dir",
+        str(root / "ckpt"),
+    ]
+    with (root / "torchrun.log").open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        proc.wait(timeout=pg_timeout + 240)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    rows = trace_rows(trace)
+    when = next(r["time"] for r in rows if r["what"] == "fault")
+    steps_lost = (
+        fault["step"] - (fault["step"] // CHECKPOINT_EVERY) * CHECKPOINT_EVERY
+    )  # incl. the failed one
+    return {**measure(rows, when, 1), "lost_microbatches": steps_lost * MICRO_PER_STEP}
+
+
+def torchrun(root: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    cases = {
+        "worker_crash": ({"action": "kill", "rank": 1, "step": 25}, 1800.0),
+        "crash_after_allreduce": ({"action": "kill_after_reduce", "rank": 2, "step": 25}, 1800.0),
+        "hang": ({"action": "hang", "rank": 3, "step": 25}, 20.0),
+    }
+    for name, (fault, timeout) in cases.items():
+        for attempt in range(3):  # torchrun's relaunch sometimes fails to connect gloo here
+            try:
+                out[name] = {
+                    **torchrun_once(root / f"{name}-{attempt}", fault, timeout),
+                    "attempts": attempt + 1,
+                }
+                if name == "hang":
+                    out[name]["process_group_timeout_s"] = timeout
+                break
+            except (StopIteration, ValueError):
+                continue
+        else:
+            out[name] = {"downtime_s": None, "lost_microbatches": None, "note": "torchrun never resumed"}
+    return out
+
+
+def main() -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="unicron-recovery-") as tmp:
+        ours, exact = unicron(Path(tmp) / "unicron")
+        theirs = torchrun(Path(tmp) / "torchrun")
+    result: dict[str, Any] = {c: {"unicron": ours[c], "torchrun": theirs.get(c)} for c in ours}
+    result["exactness_held"] = exact
+    crash_u, crash_t = (
+        ours["worker_crash"]["downtime_s"],
+        (theirs.get("worker_crash") or {}).get("downtime_s"),
+    )
+    result["worker_crash_ratio"] = round(crash_u / crash_t, 4) if crash_t else None
+    (ROOT / "docs" / "bench").mkdir(parents=True, exist_ok=True)
+    (ROOT / "docs" / "bench" / "recovery.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_markdown(result)
+    return result
+
+
+def _cell(entry: dict[str, Any] | None, key: str) -> str:
+    if not entry or entry.get(key) is None:
+        return "not measured"
+    value = entry[key]
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def write_markdown(r: dict[str, Any]) -> None:
+    classes = [c for c in r if isinstance(r[c], dict) and "unicron" in r[c]]
+    keys = ("downtime_s", "regain_s", "lost_microbatches")
+    rows = "\n".join(
+        f"| {c.replace('_', ' ')} | "
+        + " | ".join(_cell(r[c][side], key) for key in keys for side in ("unicron", "torchrun"))
+        + " |"
+        for c in classes
+    )
+    template = (Path(__file__).parent / "templates" / "recovery.md").read_text()
+    ratio = r["worker_crash_ratio"]
+    (ROOT / "docs" / "recovery.md").write_text(
+        template.format(
+            rows=rows,
+            exact="held" if r["exactness_held"] else "FAILED",
+            ratio="not measured" if ratio is None else f"{ratio:.3f}",
+        )
+    )
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))
