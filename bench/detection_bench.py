@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.torchrun import TRAIN, Torchrun
 from unicron.control.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 ARGS = ["--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512", "--step-delay", "0.02"]
 CLASSES = ("exception", "process_exit", "hang")
 ACTIONS = {"exception": "raise", "process_exit": "kill", "hang": "hang"}
@@ -112,55 +109,27 @@ def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float]:
 
 
 def torchrun_once(root: Path, action: str, pg_timeout: float) -> float:
-    root.mkdir(parents=True, exist_ok=True)
-    trace = root / "trace.jsonl"
-    env = {
-        **os.environ,
-        "UNICRON_TRACE_FILE": str(trace),
-        "UNICRON_PG_TIMEOUT": str(pg_timeout),
-        "UNICRON_FAULTS": json.dumps([{"action": action, "rank": 1, "step": 10, "generation": 1}]),
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "4",
-        "--max-restarts",
-        "1",
-        "--monitor-interval",
-        "0.1",
-        str(TRAIN),
-        *ARGS,
-        "--iterations",
-        "200",
-        "--checkpoint-dir",
-        str(root / "ckpt"),
-    ]
-    with (root / "torchrun.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
+    """Seconds from the injection to torchrun's first reaction the workers can see."""
+    fault = {"action": action, "rank": 1, "step": 10}
+    with Torchrun(root, fault, [*ARGS, "--iterations", "200"], pg_timeout) as job:
         deadline = time.time() + pg_timeout + 120
         while time.time() < deadline:
-            rows = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
-            fault = next((r["time"] for r in rows if r["what"] == "fault"), None)
-            if fault is not None:
+            rows = job.rows()
+            injected = next((r["time"] for r in rows if r["what"] == "fault"), None)
+            if injected is not None:
                 reactions = [
                     r["time"]
                     for r in rows
-                    if r["time"] >= fault
+                    if r["time"] >= injected
                     and (
                         (r["what"] in ("sigterm", "exception") and r["rank"] != 1)
                         or (r["what"] == "started" and r["generation"] == 2)
                     )
                 ]
                 if reactions:
-                    return round(min(reactions) - fault, 4)
+                    return round(min(reactions) - injected, 4)
             time.sleep(0.1)
         raise TimeoutError(f"torchrun never reacted to {action}")
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def torchrun(root: Path) -> dict[str, dict[str, Any]]:

@@ -17,8 +17,6 @@ Writes docs/bench/recovery.json and docs/recovery.md (run by `make bench`).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,11 +26,11 @@ from typing import Any
 
 import torch
 
+from bench.torchrun import TRAIN, Torchrun, trace_rows
 from unicron.control.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 ARGS = [
     "--dtype",
     "float64",
@@ -53,10 +51,6 @@ UNICRON_FAULTS = [  # (class, fault); steps chosen mid-way between checkpoints
     ("hang", {"action": "hang", "rank": 1, "step": 105, "generation": 0}),
 ]
 ITERATIONS = 170
-
-
-def trace_rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def measure(rows: list[dict[str, Any]], fault_time: float, generation: int) -> dict[str, float]:
@@ -131,49 +125,14 @@ def _exact(root: Path) -> bool:
 
 
 def torchrun_once(root: Path, fault: dict[str, Any], pg_timeout: float) -> dict[str, Any]:
-    root.mkdir(parents=True, exist_ok=True)
-    trace = root / "trace.jsonl"
-    env = {
-        **os.environ,
-        "UNICRON_TRACE_FILE": str(trace),
-        "UNICRON_PG_TIMEOUT": str(pg_timeout),
-        "UNICRON_FAULTS": json.dumps([{**fault, "generation": 1}]),
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "4",
-        "--max-restarts",
-        "2",
-        "--monitor-interval",
-        "0.1",
-        str(TRAIN),
-        *ARGS,
-        "--iterations",
-        str(fault["step"] + 15),
-        "--checkpoint-every",
-        str(CHECKPOINT_EVERY),
-        "--checkpoint-dir",
-        str(root / "ckpt"),
-    ]
-    with (root / "torchrun.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        proc.wait(timeout=min(pg_timeout, 60.0) + 60)
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    rows = trace_rows(trace)
-    when = next(r["time"] for r in rows if r["what"] == "fault")
-    steps_lost = (
-        fault["step"] - (fault["step"] // CHECKPOINT_EVERY) * CHECKPOINT_EVERY
-    )  # incl. the failed one
-    return {**measure(rows, when, 1), "lost_microbatches": steps_lost * MICRO_PER_STEP}
+    args = [*ARGS, "--iterations", str(fault["step"] + 15), "--checkpoint-every", str(CHECKPOINT_EVERY)]
+    with Torchrun(root, fault, args, pg_timeout, max_restarts=2) as job:
+        job.wait(min(pg_timeout, 60.0) + 60)
+        rows = job.rows()
+    injected = next(r["time"] for r in rows if r["what"] == "fault")
+    # Every step since the last checkpoint is redone, the failed one included.
+    steps_lost = fault["step"] - (fault["step"] // CHECKPOINT_EVERY) * CHECKPOINT_EVERY
+    return {**measure(rows, injected, 1), "lost_microbatches": steps_lost * MICRO_PER_STEP}
 
 
 def torchrun(root: Path) -> dict[str, dict[str, Any]]:

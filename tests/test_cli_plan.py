@@ -83,3 +83,11 @@ def test_plan_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_coordinator_refuses_inconsistent_timeouts_at_start(tmp_path: Path) -> None:
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("hang_cap_s: 2000\n")
+    out = unicron("coordinator", "--settings", str(settings), "--state-dir", str(tmp_path / "state"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "hang_cap_s (2000) must be < process_group_timeout_s" in out.stderr and "fix:" in out.stderr

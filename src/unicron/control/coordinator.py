@@ -125,6 +125,7 @@ class Coordinator:
         self.faults: dict[tuple[str, int], float] = {}  # (task, generation) -> injection time
         self.incidents: dict[tuple[str, int], _Incident] = {}  # the open incident of a generation
         self.isolated_until: dict[str, float] = {}
+        self._specs: dict[str, LiveTaskSpec] = {}
         # (task, generation) -> (since, kind, node): a survivor saw a peer fail; the cause is due
         self.awaiting: dict[tuple[str, int], tuple[float, ErrorKind, str | None]] = {}
         self.awaiting_ranks: dict[tuple[str, int], set[int]] = {}
@@ -181,9 +182,12 @@ class Coordinator:
         self.dirty = True
 
     def spec(self, name: str) -> LiveTaskSpec:
-        task = self.store.task(name)
-        assert task is not None
-        return LiveTaskSpec.model_validate_json(task.spec)
+        """A task's spec; specs never change, so each is parsed once (reports are a hot path)."""
+        if name not in self._specs:
+            task = self.store.task(name)
+            assert task is not None
+            self._specs[name] = LiveTaskSpec.model_validate_json(task.spec)
+        return self._specs[name]
 
     # ------------------------------------------------------------------ agents
     def register(self, reg: Registration) -> RegistrationReply:
@@ -571,31 +575,12 @@ class Coordinator:
         newcomers = list(range(len(live), world))
         env = self._worker_env(name, spec, generation, world, task.store_port)
         env["UNICRON_JOINING"] = "1"
-        rank = len(live)
         now = time.time()
+        held: dict[str, set[int]] = {}
+        for w in live:
+            held.setdefault(w.node, set()).add(w.local_rank)
         with self.store.transaction() as db:
-            for node, count in placement.items():
-                held = sorted(w.local_rank for w in live if w.node == node)
-                free_locals = [i for i in range(len(held) + count) if i not in held]
-                for local in free_locals[:count]:
-                    db.execute(
-                        "INSERT OR REPLACE INTO workers (task, generation, rank, node, local_rank, state, "
-                        "launched) VALUES (?, ?, ?, ?, ?, 'launching', ?)",
-                        (name, generation, rank, node, local, now),
-                    )
-                    self.pending.add(
-                        node,
-                        LaunchWorker(
-                            task=name,
-                            generation=generation,
-                            rank=rank,
-                            world_size=world,
-                            local_rank=local,
-                            argv=list(spec.run.program),
-                            env={**env, "UNICRON_RANK": str(rank)},
-                        ),
-                    )
-                    rank += 1
+            self._start_workers(db, name, spec, env, generation, world, placement, len(live), held, now)
         self.growing[name] = _Growth(generation, new, newcomers, now)
         self.store.event(
             "task_grow", task=name, generation=generation, workers=world, placement=placement, reason=reason
@@ -728,7 +713,7 @@ class Coordinator:
             return  # training is over; the workers are saving and exiting
         monitor = self._monitor(task.name, task.generation)
         # One heartbeat more: the report of a step that did end may still be on its way.
-        if monitor is None or not monitor.late(now - self.limits.heartbeat_interval_s):
+        if not monitor.late(now - self.limits.heartbeat_interval_s):
             return
         workers = self.store.workers(task.name, task.generation, live=True)
         culprits = [w for w in workers if self.stopped.get((task.name, task.generation, w.rank))]
@@ -922,6 +907,45 @@ class Coordinator:
             env["UNICRON_FAULTS"] = json.dumps([f.model_dump() for f in spec.run.faults])
         return env
 
+    def _start_workers(
+        self,
+        db: Any,
+        name: str,
+        spec: LiveTaskSpec,
+        env: dict[str, str],
+        generation: int,
+        world: int,
+        placement: dict[str, int],
+        first_rank: int,
+        held: dict[str, set[int]],
+        now: float,
+    ) -> None:
+        """Record and order workers for ``placement``: ranks from ``first_rank`` on, each on a
+        local slot its node does not already hold."""
+        rank = first_rank
+        for node, count in placement.items():
+            taken = held.get(node, set())
+            free = [i for i in range(len(taken) + count) if i not in taken][:count]
+            for local in free:
+                db.execute(
+                    "INSERT OR REPLACE INTO workers (task, generation, rank, node, local_rank, state, "
+                    "launched) VALUES (?, ?, ?, ?, ?, 'launching', ?)",
+                    (name, generation, rank, node, local, now),
+                )
+                self.pending.add(
+                    node,
+                    LaunchWorker(
+                        task=name,
+                        generation=generation,
+                        rank=rank,
+                        world_size=world,
+                        local_rank=local,
+                        argv=list(spec.run.program),
+                        env={**env, "UNICRON_RANK": str(rank)},
+                    ),
+                )
+                rank += 1
+
     def _launch(self, name: str, placement: dict[str, int], reason: str) -> None:
         task = self.store.task(name)
         assert task is not None
@@ -931,28 +955,8 @@ class Coordinator:
         port = self.rendezvous.host(name, task.store_port or 0)
         env = self._worker_env(name, spec, generation, world, port)
         now = time.time()
-        rank = 0
         with self.store.transaction() as db:
-            for node, count in placement.items():
-                for local in range(count):
-                    db.execute(
-                        "INSERT INTO workers (task, generation, rank, node, local_rank, state, launched) "
-                        "VALUES (?, ?, ?, ?, ?, 'launching', ?)",
-                        (name, generation, rank, node, local, now),
-                    )
-                    self.pending.add(
-                        node,
-                        LaunchWorker(
-                            task=name,
-                            generation=generation,
-                            rank=rank,
-                            world_size=world,
-                            local_rank=local,
-                            argv=list(spec.run.program),
-                            env={**env, "UNICRON_RANK": str(rank)},
-                        ),
-                    )
-                    rank += 1
+            self._start_workers(db, name, spec, env, generation, world, placement, 0, {}, now)
             db.execute(
                 "UPDATE tasks SET state = 'starting', generation = ?, workers = ?, store_port = ?, "
                 "restarts = restarts + ?, started = COALESCE(started, ?) WHERE name = ?",

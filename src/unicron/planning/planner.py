@@ -22,7 +22,7 @@ from unicron.planning.costmodel import option_score, run_duration_s, waf
 from unicron.planning.placement import Assignment, pack, place
 from unicron.planning.solver import TaskOptions, solve
 from unicron.planning.throughput import CurvePoints, FloatArray, ThroughputCurve, curve_for
-from unicron.planning.transition import transition_seconds
+from unicron.planning.transition import transition_parts
 
 
 @dataclass(frozen=True)
@@ -237,14 +237,14 @@ def _problem(state: ClusterState, event: PlanEvent | None) -> _Problem:
         order += [i for i in usable if points.gpus[i] != current]
         chosen = points.take([int(i) for i in order])
         failed = task.name in sit.failed
-        trans = transition_seconds(
+        trans = transition_parts(
             state.settings.transition,
             before=before,
             after=chosen,
             survivors=sit.survivors[task.name],
             failed=failed,
             detection_s=detection,
-        )
+        ).total
         changed = (chosen.gpus != current) | failed
         score = option_score(waf(task.weight, chosen.rate), waf_before, run_s, trans, changed)
         choices.append(

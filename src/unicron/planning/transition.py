@@ -108,25 +108,3 @@ def transition_parts(
         np.asarray(moving, dtype=np.float64),
         ones * lost,
     )
-
-
-def transition_seconds(
-    settings: TransitionSettings,
-    *,
-    before: CurvePoints,
-    after: CurvePoints,
-    survivors: int,
-    failed: bool,
-    detection_s: float,
-    action: Action = Action.RECONFIGURE,
-) -> FloatArray:
-    """D_trans in seconds for each candidate count (the sum of :func:`transition_parts`)."""
-    return transition_parts(
-        settings,
-        before=before,
-        after=after,
-        survivors=survivors,
-        failed=failed,
-        detection_s=detection_s,
-        action=action,
-    ).total

@@ -1,0 +1,81 @@
+"""Running the example under torchrun, the baseline both latency benchmarks compare with.
+
+The same training script and fault library run under `torch.distributed.run` (4 workers on one
+node, gloo); the workers write their trace (starts, faults, SIGTERMs, exceptions, completed
+steps) to a JSON-lines file, which is all torchrun lets us observe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+TRAIN = Path(__file__).resolve().parents[1] / "examples" / "tinygpt" / "train.py"
+
+
+def trace_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+class Torchrun:
+    """One torchrun job with one fault (in its first generation); stopped on exit."""
+
+    def __init__(
+        self,
+        root: Path,
+        fault: dict[str, Any],
+        train_args: list[str],
+        pg_timeout: float,
+        max_restarts: int = 1,
+    ) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.trace = root / "trace.jsonl"
+        env = {
+            **os.environ,
+            "UNICRON_TRACE_FILE": str(self.trace),
+            "UNICRON_PG_TIMEOUT": str(pg_timeout),
+            "UNICRON_FAULTS": json.dumps([{**fault, "generation": 1}]),
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "4",
+            "--max-restarts",
+            str(max_restarts),
+            "--monitor-interval",
+            "0.1",
+            str(TRAIN),
+            *train_args,
+            "--checkpoint-dir",
+            str(root / "ckpt"),
+        ]
+        with (root / "torchrun.log").open("wb") as log:
+            self.process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    def rows(self) -> list[dict[str, Any]]:
+        return trace_rows(self.trace)
+
+    def wait(self, seconds: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=seconds)
+
+    def __enter__(self) -> Torchrun:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
