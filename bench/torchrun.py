@@ -42,11 +42,16 @@ class Torchrun:
             "UNICRON_TRACE_FILE": str(self.trace),
             "UNICRON_PG_TIMEOUT": str(pg_timeout),
             "UNICRON_FAULTS": json.dumps([{**fault, "generation": 1}]),
+            # torchrun shares its rendezvous TCPStore with the workers by default, and a relaunched
+            # worker then reads the previous attempt's gloo addresses and never connects
+            # (pytorch/pytorch#135712); its documented workaround is to opt out of the sharing.
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         }
         cmd = [
             sys.executable,
             "-m",
             "torch.distributed.run",
+            "--standalone",
             "--nproc-per-node",
             "4",
             "--max-restarts",
