@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,20 @@ def assert_status_shows(url: str, *words: str) -> None:
         assert word in shown.stdout, word
 
 
-def reference(tmp: Path, iterations: int) -> dict[str, torch.Tensor]:
+def reference(tmp: Path, iterations: int, extra: Sequence[str] = ()) -> dict[str, torch.Tensor]:
     """The same training without failures, in one process."""
     out = tmp / "reference"
     subprocess.run(
-        [sys.executable, str(TRAIN), *ARGS, "--iterations", str(iterations), "--checkpoint-dir", str(out)],
+        [
+            sys.executable,
+            str(TRAIN),
+            *ARGS,
+            *extra,
+            "--iterations",
+            str(iterations),
+            "--checkpoint-dir",
+            str(out),
+        ],
         check=True,
         capture_output=True,
         timeout=600,

@@ -22,9 +22,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from unicron.cli import demo_waf
 from unicron.cli.console import console
 from unicron.cli.live import task_table
 from unicron.control.localcluster import LocalCluster
+from unicron.core.specs import parse_live_tasks
 
 TASKS = Path("examples/demo/tasks.yaml")
 NEWS = (
@@ -41,6 +43,9 @@ NEWS = (
     "in_process_recovery",
     "task_grow",
     "task_grown",
+    "task_shrink",
+    "plan",
+    "throughput_measured",
 )
 DETAILS = (
     "workers",
@@ -59,6 +64,10 @@ DETAILS = (
     "downtime_s",
     "failed",
     "survivors",
+    "source",
+    "answers",
+    "changes",
+    "flops",
 )
 
 
@@ -75,15 +84,22 @@ def _task(cluster: LocalCluster, name: str) -> dict[str, Any]:
     return cluster.task(name)
 
 
-def script() -> list[Step]:
+def script(marks: dict[str, Any]) -> list[Step]:
     def running(name: str, step: int) -> Callable[[LocalCluster], bool]:
         return lambda c: _task(c, name)["state"] == "running" and _task(c, name)["step"] >= step
 
-    lost_at: dict[str, float] = {}
-
     def lose(c: LocalCluster) -> None:
-        lost_at["t"] = time.time()
+        marks["lost"] = time.time()
+        per: dict[str, int] = {}
+        for w in c.get("/v1/workers"):
+            if w["node"] == "node-3" and w["state"] in ("launching", "running"):
+                per[w["task"]] = per.get(w["task"], 0) + 1
+        marks["hit"] = per
         c.kill_node("node-3")
+
+    def back(c: LocalCluster) -> None:
+        marks["back"] = time.time()
+        c.start_agent("node-3")
 
     def kill_worker(c: LocalCluster) -> None:
         c.kill_worker("alpha", 1)
@@ -93,8 +109,8 @@ def script() -> list[Step]:
         Step("lose node-3: its agent and workers die", running("alpha", 550), lose),
         Step(
             "bring node-3 back",
-            lambda c: time.time() - lost_at.get("t", time.time()) > 25,
-            lambda c: c.start_agent("node-3"),
+            lambda c: time.time() - marks.get("lost", time.time()) > 25,
+            back,
         ),
     ]
 
@@ -150,6 +166,57 @@ def report(cluster: LocalCluster) -> tuple[Table, list[str]]:
     return table, problems
 
 
+def waf_report(
+    cluster: LocalCluster, recorder: demo_waf.WafRecorder, marks: dict[str, Any], root: Path
+) -> Table:
+    """Live WAF against the simulator's prediction for the same events, per phase; writes the
+    plot (waf.png) and the figures (waf.json) next to the logs."""
+    events = cluster.get("/v1/events", limit=1_000_000)
+    t0 = recorder.started
+    lost_s, back_s = marks["lost"] - t0, marks["back"] - t0
+    finished = [e["time"] - t0 for e in events if e["kind"] == "task_finished"]
+    horizon = min(finished) if finished else recorder.samples[-1][0]
+    running = next((s[0] for s in recorder.samples if all(s[2].values())), 0.0)
+    specs = parse_live_tasks(TASKS.read_text(), str(TASKS))
+    measured = demo_waf.measured_rates(events)
+    pt, pw, tables = demo_waf.predicted(
+        specs, measured, 4, 2, marks["hit"], lost_s, back_s, horizon, bins=max(10, int(horizon))
+    )
+    lt, lw = recorder.waf()
+    edges = [running, lost_s, back_s, horizon]
+    live_means, sim_means = demo_waf.phase_means(lt, lw, edges), demo_waf.phase_means(pt, pw, edges)
+    demo_waf.plot(root / "waf.png", recorder, (pt, pw), lost_s, back_s, horizon)
+    phases = ["all running, before the loss", "node-3 lost", "node-3 back, until a task finishes"]
+    rows = [
+        {"phase": p, "from_s": a, "to_s": b, "live_waf": lv, "simulated_waf": sv}
+        for p, a, b, lv, sv in zip(phases, edges[:-1], edges[1:], live_means, sim_means, strict=True)
+    ]
+    allocations = [{"time_s": e["time"] - t0, **e["detail"]} for e in events if e["kind"] == "plan"]
+    demo_waf.write_comparison(
+        root / "waf.json",
+        {"phases": rows, "measured_flops": measured, "simulated_tables": tables, "plans": allocations},
+    )
+    table = Table(
+        "phase",
+        "seconds",
+        "live WAF (GFLOP/s)",
+        "simulated (GFLOP/s)",
+        "live / simulated",
+        title=f"WAF: live against the simulator for the same events (plot: {root / 'waf.png'})",
+        title_justify="left",
+    )
+    for r in rows:
+        ratio = r["live_waf"] / r["simulated_waf"] if r["simulated_waf"] else float("nan")
+        table.add_row(
+            r["phase"],
+            f"{r['from_s']:.0f}-{r['to_s']:.0f}",
+            f"{r['live_waf'] / 1e9:.2f}",
+            f"{r['simulated_waf'] / 1e9:.2f}",
+            f"{ratio:.2f}",
+        )
+    return table
+
+
 def run_demo(root: Path, timeout_s: float = 900) -> int:
     out = console()
     log: list[str] = []
@@ -169,7 +236,9 @@ def run_demo(root: Path, timeout_s: float = 900) -> int:
         cluster.start()
         created = cluster.submit(TASKS.read_text())
         say("submitted " + ", ".join(f"{t['name']} (weight {t['weight']:g})" for t in created))
-        steps = script()
+        marks: dict[str, Any] = {}
+        steps = script(marks)
+        recorder = demo_waf.WafRecorder(time.time())
         last_event = 0
         # A terminal gets a live table; a log file gets the events as lines and a progress line.
         live = Live(view(cluster, log), console=out, refresh_per_second=2) if out.is_terminal else None
@@ -186,6 +255,7 @@ def run_demo(root: Path, timeout_s: float = 900) -> int:
                     say(f"FAULT: {step.what}")
                     step.act(cluster)
                 tasks = cluster.get("/v1/tasks")
+                recorder.record(time.time(), tasks)
                 if live is not None:
                     live.update(view(cluster, log))
                 else:
@@ -210,6 +280,8 @@ def run_demo(root: Path, timeout_s: float = 900) -> int:
                 time.sleep(0.5)
         table, problems = report(cluster)
         out.print(table)
+        if "back" in marks:
+            out.print(waf_report(cluster, recorder, marks, root))
         out.print(f"demo took {time.time() - started:.0f} s; logs in {root / 'logs'} and {root / 'agents'}")
         for p in problems:
             out.print(f"[red]FAILED: {p}[/red]")

@@ -7,9 +7,14 @@ Detection (docs/detection.md): node heartbeats with a deadline, worker exits see
 exceptions forwarded by the training library, and hangs and stragglers from iteration
 statistics (``monitor.py``). Each failure becomes one *incident* per task generation, handled at
 the level the severity ladder picks (``handling.py``) and recorded with its detection time,
-kind, severity, action and outcome. Recovery in this milestone restarts the task's generation
-from its latest checkpoint (isolating a node, or re-planning, when the ladder says so); a hung
-worker is killed first, so that it becomes an ordinary death.
+kind, severity, action and outcome. Recovery is in place when the failed ranks are known (the
+survivors rebuild their group), else a restart from the checkpoint; a hung worker is killed
+first, so that it becomes an ordinary death.
+
+Placement (docs/live-cluster.md): on node loss, node return, task arrival and completion the
+planner's answer (looked up in a precomputed table where it can be: ``allocator.py``) is carried
+out in place: tasks shrink at a step boundary, grow with newcomers that take their state from
+live replicas, and measured throughput (``rates.py``) replaces the planner's estimates.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from unicron.control.allocator import Allocator, Decided
 from unicron.control.handling import Ladder
 from unicron.control.monitor import TaskMonitor
+from unicron.control.rates import RateMeter
 from unicron.control.rendezvous import Rendezvous
 from unicron.control.store import LIVE_TASK_STATES, Store
 from unicron.core.errors import SpecError, SpecProblem, UsageError
@@ -52,8 +59,7 @@ from unicron.core.protocol import (
 from unicron.core.settings import Settings
 from unicron.core.specs import LiveTaskSpec, PlannerSettings
 from unicron.core.taxonomy import ErrorKind
-from unicron.planning.placement import place
-from unicron.planning.planner import ClusterState, plan
+from unicron.planning.planner import ClusterState
 from unicron.planning.throughput import ThroughputCurve, curve_for
 
 
@@ -130,6 +136,10 @@ class Coordinator:
         self.awaiting: dict[tuple[str, int], tuple[float, ErrorKind, str | None]] = {}
         self.awaiting_ranks: dict[tuple[str, int], set[int]] = {}
         self.growing: dict[str, _Growth] = {}  # task -> newcomers launched, not yet joined
+        # (task, generation, rank) -> deadline: workers a planned shrink let go, exiting by themselves
+        self.leaving: dict[tuple[str, int, int], float] = {}
+        self.allocator = Allocator()
+        self.rates = RateMeter()
         self.dirty = True
         # Silence is counted from when the service can hear heartbeats at all: after a restart
         # every known node gets a full deadline to reconnect (its workers kept training).
@@ -252,8 +262,9 @@ class Coordinator:
             self.stopped[(w.task, w.generation, w.rank)] = w.stopped and w.running
             task = self.store.task(w.task)
             current = task is not None and task.state in LIVE_TASK_STATES and task.generation == w.generation
-            if not current and w.running and self._moved(w):
-                continue  # a survivor renamed into the new generation; the agent will catch up
+            leaving = self.leaving.get((w.task, w.generation, w.rank))
+            if not current and w.running and self._moved(w) and (leaving is None or time.time() < leaving):
+                continue  # renamed into the new generation (the agent will catch up), or leaving
             growth = self.growing.get(w.task)
             if growth is not None and w.generation == growth.generation:
                 current = True  # a newcomer waiting to join its live peers
@@ -363,6 +374,19 @@ class Coordinator:
         values: dict[str, Any] = {"samples": task.samples + report.samples}
         if spec.run.flops_per_sample:
             values["flop"] = task.flop + spec.weight * spec.run.flops_per_sample * report.samples
+            rate = self.rates.report(
+                task.name,
+                task.generation,
+                task.workers,
+                report.step,
+                report.rank,
+                report.samples,
+                report.time or time.time(),
+                spec.run.flops_per_sample,
+            )
+            if rate is not None:
+                self.store.event("throughput_measured", task=task.name, workers=task.workers, flops=rate)
+                self.dirty = True  # the plan may change with it
         if report.rank == 0:
             monitor.step_done(report.step, report.time or time.time())
             values["step"] = max(task.step, report.step)
@@ -687,6 +711,7 @@ class Coordinator:
                 self._incident(name, kind, where, "peers reported errors; no rank died", failed=set())
         for name in list(self.growing):
             self._check_growth(name, now)
+        self.leaving = {k: due for k, due in self.leaving.items() if due > now - 60.0}
         for task in self.store.tasks(live_only=True):
             if task.state == "restarting":
                 self._finish_stopping(task)
@@ -820,7 +845,9 @@ class Coordinator:
                         per[task.name] = per.get(task.name, 0) + 1
         specs = [self.spec(t.name) for t in live]
         gpu = custom_gpu(1e12)
-        curves: dict[str, ThroughputCurve] = {s.name: curve_for(s, gpu, slots) for s in specs}
+        curves: dict[str, ThroughputCurve] = {
+            s.name: curve_for(s, gpu, slots, self.rates.measured(s.name)) for s in specs
+        }
         state = ClusterState(
             slots,
             gpu,
@@ -835,15 +862,19 @@ class Coordinator:
         return state, names
 
     def reconcile(self) -> None:
-        """Divide the healthy slots with the planner and start or resize tasks to match."""
+        """Divide the healthy slots with the planner and carry the plan out: in place where the
+        task recovers in process (shrink at a step boundary, grow with newcomers), else by a
+        restart from the checkpoint."""
         state, names = self.cluster_state()
         if not state.tasks:
             return
-        best = plan(state)
-        layout = place(best.allocation(), state.healthy, state.gpus_per_node, state.assignment)
+        decided = self.allocator.decide(state, self.rates.version)
+        best, layout = decided.plan, decided.layout
+        tasks = {t.name: t for t in self.store.tasks(live_only=True)}
+        self._record_plan(decided, tasks)
         for decision in best.decisions:
-            task = self.store.task(decision.task)
-            assert task is not None
+            task = tasks[decision.task]
+            wanted = {names[n]: per[task.name] for n, per in sorted(layout.items()) if per.get(task.name)}
             running = task.state in ("starting", "running")
             if running and (decision.after == task.workers or task.name in self.growing):
                 continue
@@ -854,13 +885,19 @@ class Coordinator:
                 current: dict[str, int] = {}
                 for w in self.store.workers(task.name, task.generation, live=True):
                     current[w.node] = current.get(w.node, 0) + 1
-                wanted = {names[n]: per[task.name] for n, per in sorted(layout.items()) if task.name in per}
                 extra = {n: c - current.get(n, 0) for n, c in wanted.items() if c > current.get(n, 0)}
                 if sum(extra.values()) == decision.after - task.workers:
                     self._grow_in_process(task.name, extra, decision.reason)
                     continue
+            if (
+                task.state == "running"
+                and 0 < decision.after < task.workers
+                and self._shrink_planned(task.name, wanted, decision.reason)
+            ):
+                continue
             if running:
-                # A different count: this milestone resizes by a restart from the checkpoint.
+                # No in-place change fits (the task asked for restarts, or it must stop or
+                # move): stop at a step boundary with a checkpoint and relaunch as planned.
                 self.store.event(
                     "task_resize",
                     task=task.name,
@@ -878,12 +915,72 @@ class Coordinator:
                 self.dirty = True
                 continue
             if decision.after > 0:
-                placement = {
-                    names[n]: per[task.name] for n, per in sorted(layout.items()) if task.name in per
-                }
-                self._launch(task.name, placement, decision.reason)
+                self._launch(task.name, wanted, decision.reason)
             elif task.state == "waiting":
                 self.store.update("tasks", {"name": task.name}, workers=0)
+        self.allocator.refresh(state, decided, self.rates.version)
+
+    def _record_plan(self, decided: Decided, tasks: dict[str, Any]) -> None:
+        """A plan event whenever the plan changes a task: where it came from and what it does."""
+        changes = {
+            d.task: [tasks[d.task].workers, d.after]
+            for d in decided.plan.decisions
+            if d.task in tasks and d.after != tasks[d.task].workers
+        }
+        if not changes:
+            return
+        self.store.event(
+            "plan",
+            source=decided.source,
+            answers=str(decided.event) if decided.event is not None else None,
+            why=decided.why or None,
+            seconds=round(decided.seconds, 6),
+            allocation=decided.plan.allocation(),
+            changes=changes,
+            waf=decided.plan.waf,
+        )
+
+    def _shrink_planned(self, name: str, wanted: dict[str, int], reason: str) -> bool:
+        """Give up workers the plan takes from a running task, in place: the members it keeps
+        (those on the nodes the placement keeps) form the next generation at their next step
+        boundary; the others leave there, having lost nothing. False when that does not fit."""
+        task = self.store.task(name)
+        assert task is not None
+        spec = self.spec(name)
+        if spec.run.recovery != "in_process" or name in self.growing:
+            return False
+        live = sorted(self.store.workers(name, task.generation, live=True), key=lambda w: w.rank)
+        quota = dict(wanted)
+        kept, left = [], []
+        for w in live:
+            if quota.get(w.node, 0) > 0:
+                kept.append(w)
+                quota[w.node] -= 1
+            else:
+                left.append(w)
+        if not kept or not left or not spec.is_usable(len(kept)):
+            return False
+        new = Membership(
+            generation=self._next_generation(name),
+            world_size=len(kept),
+            ranks={w.rank: i for i, w in enumerate(kept)},
+        )
+        now = time.time()
+        self._switch(name, task.generation, new, kept, now)
+        for w in left:
+            # They leave at their next step boundary; one that does not is stopped.
+            self.leaving[(name, task.generation, w.rank)] = now + self.limits.hang_cap_s
+        self.store.event(
+            "task_shrink",
+            task=name,
+            generation=new.generation,
+            before=len(live),
+            workers=len(kept),
+            leaving=[w.rank for w in left],
+            reason=reason,
+        )
+        self.dirty = True
+        return True
 
     def _can_grow(self, name: str) -> bool:
         return self.spec(name).run.recovery == "in_process" and name not in self.growing
@@ -973,5 +1070,6 @@ class Coordinator:
         )
 
     def shutdown(self) -> None:
+        self.allocator.close()
         self.rendezvous.close_all()
         self.store.close()

@@ -1,0 +1,154 @@
+"""The demo's WAF over time: measured on the live cluster, and predicted by the simulator.
+
+The live side samples each task's weighted FLOP (weight x FLOPs per sample x samples trained) and
+worker count while the demo runs; WAF is the rate of that sum over a sliding window. The
+simulator replays the same events (the node lost and back at the same seconds) with the
+Unicron policy, on tasks whose throughput tables are what the coordinator measured (scaled from
+the declared tables where a count was not measured). The comparison stops when the first task
+finishes (the simulator's tasks run forever).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from unicron.core.specs import ClusterSpec, LiveTaskSpec, TaskSpec
+from unicron.core.taxonomy import ErrorKind
+from unicron.planning.throughput import MeasuredCurve, curve_for
+from unicron.sim.engine import Simulation
+from unicron.sim.policies import make_policy
+from unicron.sim.traces import Failure
+
+HOUR = 3600.0
+
+
+@dataclass
+class WafRecorder:
+    """Samples of (seconds since start, weighted FLOP per task, running workers per task)."""
+
+    started: float
+    samples: list[tuple[float, dict[str, float], dict[str, int]]] = field(default_factory=list)
+
+    def record(self, now: float, tasks: Sequence[Mapping[str, Any]]) -> None:
+        flop = {t["name"]: float(t["weighted_flop"]) for t in tasks}
+        workers = {t["name"]: int(t["workers"]) if t["state"] == "running" else 0 for t in tasks}
+        self.samples.append((now - self.started, flop, workers))
+
+    def waf(self, window_s: float = 6.0) -> tuple[np.ndarray, np.ndarray]:
+        """Live cluster WAF (weighted FLOP/s) at each sample, over the window before it."""
+        t = np.array([s[0] for s in self.samples])
+        total = np.array([sum(s[1].values()) for s in self.samples])
+        rate = np.zeros_like(t)
+        for i in range(len(t)):
+            j = int(np.searchsorted(t, t[i] - window_s))
+            if t[i] > t[j]:
+                rate[i] = (total[i] - total[j]) / (t[i] - t[j])
+        return t, rate
+
+
+def measured_rates(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
+    """The last throughput the coordinator measured per task and worker count."""
+    out: dict[str, dict[int, float]] = {}
+    for e in events:
+        if e["kind"] == "throughput_measured":
+            out.setdefault(e["task"], {})[int(e["detail"]["workers"])] = float(e["detail"]["flops"])
+    return out
+
+
+def predicted(
+    specs: Sequence[LiveTaskSpec],
+    measured: Mapping[str, Mapping[int, float]],
+    nodes: int,
+    slots: int,
+    hit: Mapping[str, int],
+    lost_s: float,
+    back_s: float,
+    horizon_s: float,
+    bins: int,
+) -> tuple[np.ndarray, np.ndarray, dict[str, dict[int, float]]]:
+    """The simulator's cluster WAF over time for the same events, with the measured curves.
+    Returns bin centres (s), WAF per bin, and the throughput tables it used."""
+    cluster = ClusterSpec(nodes=nodes, gpus_per_node=slots, gpu=1e12, node_mtbf_hours=1000)
+    gpu = cluster.gpu_type()
+    tasks, tables = [], {}
+    for s in specs:
+        base = curve_for(s, gpu, slots)
+        curve = MeasuredCurve(base, tuple(sorted(measured.get(s.name, {}).items())))
+        counts = np.array(sorted(s.throughput or {}), dtype=np.int64)
+        table = {int(c): float(r) for c, r in zip(counts, curve.evaluate(counts).rate, strict=True)}
+        tables[s.name] = table
+        tasks.append(TaskSpec(name=s.name, weight=s.weight, throughput=table))
+    # Lose the simulated node that runs what the live node ran (placements may number differently).
+    probe = Simulation(cluster, tasks, [], make_policy("unicron"), horizon_s / HOUR, samples=1)
+    probe.set_allocation(probe.ideal()[1])
+    wanted = {k: v for k, v in hit.items() if v}
+    node = next(
+        (n for n, a in sorted(probe.assignment.items()) if {k: v for k, v in a.items() if v} == wanted),
+        nodes - 1,
+    )
+    trace = [Failure(lost_s / HOUR, node, ErrorKind.NODE_LOST, (back_s - lost_s) / HOUR)]
+    result = Simulation(cluster, tasks, trace, make_policy("unicron"), horizon_s / HOUR, samples=bins).run()
+    hours = np.array(result.timeline_hours)
+    starts = np.concatenate([[0.0], hours[:-1]])
+    return (starts + hours) / 2 * HOUR, np.array(result.timeline_waf), tables
+
+
+def phase_means(times: np.ndarray, waf: np.ndarray, edges: Sequence[float]) -> list[float]:
+    """Mean WAF in each interval between consecutive ``edges``."""
+    out = []
+    for a, b in itertools.pairwise(edges):
+        inside = (times >= a) & (times < b)
+        out.append(float(waf[inside].mean()) if inside.any() else float("nan"))
+    return out
+
+
+def plot(
+    path: Path,
+    recorder: WafRecorder,
+    prediction: tuple[np.ndarray, np.ndarray],
+    lost_s: float,
+    back_s: float,
+    horizon_s: float,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t, live = recorder.waf()
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(10, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+    )
+    top.plot(t, live / 1e9, label="live (measured)", color="tab:blue")
+    top.plot(
+        prediction[0],
+        prediction[1] / 1e9,
+        label="simulator (same events)",
+        color="tab:orange",
+        linestyle="--",
+    )
+    for ax in (top, bottom):
+        ax.axvspan(lost_s, back_s, color="red", alpha=0.08)
+        ax.axvline(horizon_s, color="grey", linestyle=":", linewidth=1)
+    top.set(ylabel="cluster WAF (weighted GFLOP/s)", title="make demo: WAF over time (red: node-3 lost)")
+    top.legend(loc="lower left", fontsize=8)
+    names = sorted(recorder.samples[0][2]) if recorder.samples else []
+    times = [s[0] for s in recorder.samples]
+    stacks = [[s[2].get(n, 0) for s in recorder.samples] for n in names]
+    bottom.stackplot(times, stacks, labels=names, step="post", alpha=0.8)
+    bottom.set(xlabel="seconds since the tasks were submitted", ylabel="workers")
+    bottom.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_comparison(path: Path, rows: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(rows, indent=2) + "\n")

@@ -1,0 +1,91 @@
+"""Achieved throughput of live tasks, measured from their workers' iteration reports.
+
+Each worker reports the samples it processed in a step; rank 0 also says when the step ended.
+A step counts once every rank of the generation reported it; the rate over the last ``window``
+consecutive counted steps (after ``skip`` steps of a new generation, which pay for joining and
+warming up) is samples per second, times the model's FLOPs per sample: achieved FLOP/s at that
+world size. These replace the planner's estimate (a
+:class:`~unicron.planning.throughput.MeasuredCurve`) once they differ from what the planner
+uses by more than ``change``, so that noise does not make the plan flap.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Series:
+    world: int
+    seen: int = 0  # steps of this generation counted so far
+    partial: dict[int, list[float]] = field(default_factory=dict)  # step -> [ranks, samples, end]
+    done: deque[tuple[int, float, float]] = field(default_factory=deque)  # (step, end, samples)
+
+
+class RateMeter:
+    def __init__(self, window: int = 20, skip: int = 3, min_steps: int = 5, change: float = 0.2) -> None:
+        self.window, self.skip, self.min_steps, self.change = window, skip, min_steps, change
+        self._series: dict[tuple[str, int], _Series] = {}
+        self.used: dict[str, dict[int, float]] = {}  # task -> world -> FLOP/s the planner uses
+        self.version = 0  # bumped whenever ``used`` changes
+
+    def report(
+        self,
+        task: str,
+        generation: int,
+        world: int,
+        step: int,
+        rank: int,
+        samples: int,
+        end: float,
+        flops_per_sample: float,
+    ) -> float | None:
+        """Count one rank's report; returns a new measurement (FLOP/s) when it replaces the one in
+        use for this task and world size."""
+        key = (task, generation)
+        series = self._series.get(key)
+        if series is None:
+            # A new generation: the old one's series is over.
+            self._series = {k: v for k, v in self._series.items() if k[0] != task}
+            series = self._series[key] = _Series(world)
+        entry = series.partial.setdefault(step, [0.0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += samples
+        if rank == 0:
+            entry[2] = end
+        if entry[0] < series.world or not entry[2]:
+            return None
+        del series.partial[step]
+        for old in [s for s in series.partial if s < step - 2 * self.window]:
+            del series.partial[old]  # a step some rank never reported (it failed)
+        series.seen += 1
+        if series.seen <= self.skip:
+            return None
+        if series.done and series.done[-1][0] != step - 1:
+            series.done.clear()  # not consecutive: start over
+        series.done.append((step, entry[2], entry[1]))
+        while len(series.done) > self.window + 1:
+            series.done.popleft()
+        if len(series.done) <= self.min_steps:
+            return None
+        span = series.done[-1][1] - series.done[0][1]
+        if span <= 0:
+            return None
+        samples_done = sum(s for _, _, s in list(series.done)[1:])
+        rate = samples_done / span * flops_per_sample
+        used = self.used.setdefault(task, {})
+        previous = used.get(world)
+        if previous is not None and abs(rate - previous) <= self.change * previous:
+            return None
+        used[world] = rate
+        self.version += 1
+        return rate
+
+    def measured(self, task: str) -> dict[int, float]:
+        return dict(self.used.get(task, {}))
+
+    def forget(self, task: str) -> None:
+        self._series = {k: v for k, v in self._series.items() if k[0] != task}
+        if self.used.pop(task, None) is not None:
+            self.version += 1

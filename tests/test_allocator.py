@@ -1,0 +1,131 @@
+"""The coordinator's planner front (table lookups and their fallbacks) and the rate meter."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from unicron.control.allocator import Allocator, event_between
+from unicron.control.rates import RateMeter
+from unicron.core.events import NodeBack, NodeLost, TaskDone
+from unicron.core.specs import ClusterSpec, TaskSpec
+from unicron.planning.placement import place
+from unicron.planning.planner import ClusterState, plan
+from unicron.planning.throughput import curve_for
+
+
+def demo_state() -> ClusterState:
+    """The demo's cluster (4 nodes x 2 slots) and tasks, as the optimum placed them."""
+    tasks = [
+        TaskSpec(name="alpha", weight=3, throughput={2: 2.0e9, 4: 3.8e9}),
+        TaskSpec(name="beta", weight=2, throughput={2: 2.0e9, 4: 2.6e9}),
+        TaskSpec(name="gamma", weight=1, throughput={2: 2.0e9, 4: 3.0e9}),
+    ]
+    cluster = ClusterSpec(nodes=4, gpus_per_node=2, gpu=1e12, node_mtbf_hours=1000)
+    state = ClusterState.from_specs(cluster, tasks)
+    best = plan(state)
+    return replace(state, assignment=place(best.allocation(), state.healthy, 2, {}), next_node=4)
+
+
+def after_loss(state: ClusterState, node: int) -> ClusterState:
+    """The cluster right after ``node`` was lost, before anything moved."""
+    return replace(
+        state,
+        healthy=tuple(n for n in state.healthy if n != node),
+        assignment={n: dict(a) for n, a in state.assignment.items() if n != node},
+    )
+
+
+@pytest.fixture
+def allocator() -> Iterator[Allocator]:
+    a = Allocator()
+    yield a
+    a.close()
+
+
+def settle(allocator: Allocator, state: ClusterState) -> None:
+    decided = allocator.decide(state, 0)
+    allocator.refresh(state, decided, 0)
+    allocator.wait()
+
+
+def test_optimum_places_the_demo_as_documented() -> None:
+    state = demo_state()
+    assert plan(state).allocation() == {"alpha": 4, "beta": 2, "gamma": 2}
+
+
+def test_node_loss_is_answered_from_the_table(allocator: Allocator) -> None:
+    state = demo_state()
+    settle(allocator, state)
+    gamma_node = next(n for n, a in state.assignment.items() if "gamma" in a)
+    now = after_loss(state, gamma_node)
+    decided = allocator.decide(now, 0)
+    assert decided.source == "table" and decided.event == NodeLost(gamma_node)
+    assert decided.plan.allocation() == plan(state, NodeLost(gamma_node)).allocation()
+    # Three nodes: gamma (the lowest weight per slot) gives way.
+    assert decided.plan.allocation() == {"alpha": 4, "beta": 2, "gamma": 0}
+    assert sum(decided.layout[n].get("alpha", 0) for n in decided.layout) == 4
+
+
+def test_node_back_and_task_done_are_answered_from_the_table(allocator: Allocator) -> None:
+    state = demo_state()
+    lost = after_loss(state, 3)
+    settle(allocator, lost)
+    shrunk = allocator.table
+    assert shrunk is not None
+    expected = shrunk.state
+    back = replace(expected, healthy=(*expected.healthy, 3))
+    decided = allocator.decide(back, 0)
+    assert decided.source == "table" and decided.event == NodeBack(3)
+    assert decided.plan.allocation() == {"alpha": 4, "beta": 2, "gamma": 2}
+    done = replace(
+        expected,
+        tasks=tuple(t for t in expected.tasks if t.name != "beta"),
+        assignment={n: {t: c for t, c in a.items() if t != "beta"} for n, a in expected.assignment.items()},
+        curves={k: v for k, v in expected.curves.items() if k != "beta"},
+    )
+    decided = allocator.decide(done, 0)
+    assert decided.source == "table" and decided.event == TaskDone("beta")
+
+
+def test_what_the_table_does_not_hold_is_solved_and_says_why(allocator: Allocator) -> None:
+    state = demo_state()
+    assert allocator.decide(state, 0).why == "no plan table yet"
+    settle(allocator, state)
+    newcomer = TaskSpec(name="delta", weight=5, throughput={2: 2.0e9})
+    arrived = replace(
+        state,
+        tasks=(*state.tasks, newcomer),
+        curves={**state.curves, "delta": curve_for(newcomer, state.gpu, 2)},
+    )
+    decided = allocator.decide(arrived, 0)
+    assert decided.source == "solved" and "arrived: delta" in decided.why
+    assert decided.plan.allocation()["delta"] == 2
+    shrunk = {n: dict(a) for n, a in state.assignment.items()}
+    node = next(n for n, a in shrunk.items() if "alpha" in a)
+    shrunk[node]["alpha"] -= 1  # a failure took one of alpha's workers
+    decided = allocator.decide(replace(state, assignment=shrunk), 0)
+    assert decided.source == "solved" and "failure" in decided.why
+    decided = allocator.decide(state, 1)
+    assert decided.source == "solved" and "measurements changed" in decided.why
+    two_lost = after_loss(after_loss(state, 0), 1)
+    assert event_between(state, two_lost) == "2 events at once"
+
+
+def test_rate_meter_counts_complete_steps_after_warm_up() -> None:
+    meter = RateMeter(window=4, skip=1, min_steps=2, change=0.2)
+    got = []
+    for step in range(1, 8):
+        for rank in (1, 0):  # every rank reports 8 samples; rank 0 says when the step ended
+            rate = meter.report("t", 1, 2, step, rank, 8, 100.0 + 0.5 * step, flops_per_sample=10.0)
+            if rate is not None:
+                got.append(rate)
+    # 16 samples every 0.5 s = 32 samples/s = 320 FLOP/s; reported once (then within 20 %).
+    assert got == [pytest.approx(320.0)]
+    assert meter.measured("t") == {2: pytest.approx(320.0)} and meter.version == 1
+    # A step one rank never reported (it failed) breaks the run; a new generation starts over.
+    assert meter.report("t", 2, 1, 9, 0, 8, 200.0, flops_per_sample=10.0) is None
+    meter.forget("t")
+    assert meter.measured("t") == {} and meter.version == 2
