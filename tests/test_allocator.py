@@ -110,12 +110,14 @@ def test_what_the_table_does_not_hold_is_solved_and_says_why(allocator: Allocato
     assert decided.source == "solved" and "failure" in decided.why
     decided = allocator.decide(state, 1)
     assert decided.source == "solved" and "measurements changed" in decided.why
+    assert decided.rebalance  # only the curves changed: the coordinator asks for a clear gain
+    assert not allocator.decide(arrived, 1).rebalance
     two_lost = after_loss(after_loss(state, 0), 1)
     assert event_between(state, two_lost) == "2 events at once"
 
 
 def test_rate_meter_counts_complete_steps_after_warm_up() -> None:
-    meter = RateMeter(window=4, skip=1, min_steps=2, change=0.2)
+    meter = RateMeter(window_s=1.0, skip=1, min_steps=2, change=0.2)
     got = []
     for step in range(1, 8):
         for rank in (1, 0):  # every rank reports 8 samples; rank 0 says when the step ended

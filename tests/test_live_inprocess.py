@@ -79,3 +79,44 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
     final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
     assert final is not None and final["step"] == ITERATIONS
     assert_same_parameters(final["model"], reference(tmp_path, ITERATIONS))
+
+
+@pytest.mark.timeout(420)
+def test_survivors_abandon_a_collective_stuck_on_a_frozen_node(tmp_path: Path) -> None:
+    """A node that goes silent without closing its connections (powered off, partitioned):
+    its peers sit inside the all-reduce, which gloo would end only at the process-group timeout
+    (900 s here). Once the coordinator declares the node lost, the survivors abandon that
+    collective, rebuild in place and finish with the exact global batches."""
+    trace = tmp_path / "trace.jsonl"
+    iterations = 60
+    program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", "0.1"])
+    spec = (
+        f"name: lm\nweight: 1\nthroughput: {{2: 1.9e9, 4: 3.5e9}}\nrun:\n  program: [{program}]\n"
+        f"  iterations: {iterations}\n  checkpoint_every: 10\n  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
+    )
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+        cluster.submit(spec)
+        cluster.wait(
+            lambda: cluster.task("lm")["step"] >= 15 and cluster.task("lm")["state"] == "running",
+            300,
+            "training to be under way",
+        )
+        cluster.freeze_node("node-1")
+        # Far sooner than the 900 s process-group timeout, or the test's own timeout ends it.
+        cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
+        events = cluster.get("/v1/events", task="lm")
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("task_launch") == 1, kinds
+    assert [e["detail"]["kind"] for e in events if e["kind"] == "incident"] == ["node_lost"]
+    assert "in_process_recovery" in kinds
+    assert [e["detail"]["outcome"] for e in events if e["kind"] == "outcome"] == ["recovered"]
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    steps: dict[int, list[int]] = {}
+    for r in rows:
+        if r["what"] == "samples":
+            steps.setdefault(r["step"], []).extend(r["ids"])
+    for step in range(1, iterations + 1):
+        assert Counter(steps.get(step, [])) == Counter(global_batch_ids(step, 16, 512, 0)), step
+    final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
+    assert final is not None and final["step"] == iterations
+    assert_same_parameters(final["model"], reference(tmp_path, iterations))

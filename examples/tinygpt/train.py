@@ -39,6 +39,13 @@ def parse() -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", default=None, help="when not run by an agent")
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (to slow a demo)")
+    p.add_argument(
+        "--device-seconds-per-sample",
+        type=float,
+        default=0.0,
+        help="emulated accelerator time per sample: each worker then computes like a device of that "
+        "speed, whatever the host's cores (the demo's slots stand for GPUs)",
+    )
     return p.parse_args()
 
 
@@ -56,10 +63,17 @@ def main() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         session.resume(model, optimizer)
         session.configure_data(args.global_batch, args.micro_batch, len(corpus), args.seed)
+
+        def loss_of(ids: list[int]) -> torch.Tensor:
+            loss = lm_loss(model, corpus[ids])
+            if args.device_seconds_per_sample:
+                time.sleep(args.device_seconds_per_sample * len(ids))
+            return loss
+
         for step in session.steps():
             # The library runs this rank's micro-batches, reduces the gradients and steps; after a
             # peer fails it can recover the step in-process with the same global batch.
-            session.train_step(step, model, optimizer, lambda ids: lm_loss(model, corpus[ids]))
+            session.train_step(step, model, optimizer, loss_of)
             session.maybe_checkpoint(model, optimizer)
             if args.step_delay:
                 time.sleep(args.step_delay)

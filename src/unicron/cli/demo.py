@@ -89,26 +89,28 @@ def script(marks: dict[str, Any]) -> list[Step]:
         return lambda c: _task(c, name)["state"] == "running" and _task(c, name)["step"] >= step
 
     def lose(c: LocalCluster) -> None:
-        marks["lost"] = time.time()
-        per: dict[str, int] = {}
+        # A node of the heaviest task: the planner then has to take slots from a lighter one.
+        held: dict[str, dict[str, int]] = {}
         for w in c.get("/v1/workers"):
-            if w["node"] == "node-3" and w["state"] in ("launching", "running"):
+            if w["state"] in ("launching", "running"):
+                per = held.setdefault(w["node"], {})
                 per[w["task"]] = per.get(w["task"], 0) + 1
-        marks["hit"] = per
-        c.kill_node("node-3")
+        node = next((n for n, per in sorted(held.items()) if set(per) == {"alpha"}), "node-3")
+        marks.update(lost=time.time(), node=node, hit=held.get(node, {}))
+        c.kill_node(node)
 
     def back(c: LocalCluster) -> None:
         marks["back"] = time.time()
-        c.start_agent("node-3")
+        c.start_agent(marks["node"])
 
     def kill_worker(c: LocalCluster) -> None:
         c.kill_worker("alpha", 1)
 
     return [
-        Step("kill worker rank 1 of alpha (SIGKILL)", running("alpha", 250), kill_worker),
-        Step("lose node-3: its agent and workers die", running("alpha", 550), lose),
+        Step("kill worker rank 1 of alpha (SIGKILL)", running("alpha", 100), kill_worker),
+        Step("lose a node of alpha: its agent and workers die", running("alpha", 250), lose),
         Step(
-            "bring node-3 back",
+            "bring the node back",
             lambda c: time.time() - marks.get("lost", time.time()) > 25,
             back,
         ),
@@ -135,7 +137,7 @@ def report(cluster: LocalCluster) -> tuple[Table, list[str]]:
         title="Report",
         title_justify="left",
     )
-    events = cluster.get("/v1/events")
+    events = cluster.get("/v1/events", limit=1_000_000)
     for t in cluster.get("/v1/tasks"):
         table.add_row(
             t["name"],
@@ -149,21 +151,30 @@ def report(cluster: LocalCluster) -> tuple[Table, list[str]]:
         )
         if t["state"] != "finished" or t["step"] != t["iterations"]:
             problems.append(f"{t['name']} did not finish ({t['state']}, step {t['step']}/{t['iterations']})")
-        # Progress is lost if a relaunch resumed from anything but the latest checkpoint.
-        checkpoints = [
-            e["detail"].get("checkpoint_step")
-            for e in events
-            if e["task"] == t["name"] and e["kind"] == "incident"
-        ]
-        resumes = [
-            e["detail"].get("resume_from")
-            for e in events
-            if e["task"] == t["name"] and e["kind"] == "task_launch"
-        ][1:]
-        for saved, resumed in zip(checkpoints, resumes, strict=False):
-            if resumed is not None and saved is not None and resumed < saved:
+        # Progress is lost if a relaunch resumed from before a checkpoint known to be saved.
+        saved = 0
+        for e in events:
+            if e["task"] != t["name"]:
+                continue
+            if e["kind"] == "incident":
+                saved = max(saved, e["detail"].get("checkpoint_step") or 0)
+            elif e["kind"] == "task_launch" and (e["detail"].get("resume_from") or 0) < saved:
+                resumed = e["detail"].get("resume_from")
                 problems.append(f"{t['name']} resumed from step {resumed}, but step {saved} was saved")
     return table, problems
+
+
+def plans_table(cluster: LocalCluster, t0: float) -> Table:
+    """Every plan the coordinator carried out: the allocation before and after, and whether it
+    was looked up in the precomputed table (and for which event) or solved."""
+    table = Table("at", "plan", "answers", "allocation before -> after", title="Plans", title_justify="left")
+    for e in cluster.get("/v1/events", limit=1_000_000):
+        if e["kind"] == "plan":
+            d = e["detail"]
+            changes = ", ".join(f"{t} {a}->{b}" for t, (a, b) in sorted(d["changes"].items()))
+            where = d["source"] if d["source"] == "table" else f"solved ({d['why']})"
+            table.add_row(f"{e['time'] - t0:.0f} s", where, d["answers"] or "-", changes)
+    return table
 
 
 def waf_report(
@@ -179,14 +190,20 @@ def waf_report(
     running = next((s[0] for s in recorder.samples if all(s[2].values())), 0.0)
     specs = parse_live_tasks(TASKS.read_text(), str(TASKS))
     measured = demo_waf.measured_rates(events)
+    every = min(s.run.checkpoint_every for s in specs)
+    transition = demo_waf.transition_from_events(events, cluster.get("/v1/tasks"), every)
     pt, pw, tables = demo_waf.predicted(
-        specs, measured, 4, 2, marks["hit"], lost_s, back_s, horizon, bins=max(10, int(horizon))
+        specs, measured, 4, 2, marks["hit"], lost_s, back_s, horizon, max(10, int(horizon)), transition
     )
     lt, lw = recorder.waf()
     edges = [running, lost_s, back_s, horizon]
     live_means, sim_means = demo_waf.phase_means(lt, lw, edges), demo_waf.phase_means(pt, pw, edges)
-    demo_waf.plot(root / "waf.png", recorder, (pt, pw), lost_s, back_s, horizon)
-    phases = ["all running, before the loss", "node-3 lost", "node-3 back, until a task finishes"]
+    demo_waf.plot(root / "waf.png", recorder, (pt, pw), lost_s, back_s, horizon, marks["node"])
+    phases = [
+        "all running, before the loss",
+        f"{marks['node']} lost",
+        f"{marks['node']} back, until a task ends",
+    ]
     rows = [
         {"phase": p, "from_s": a, "to_s": b, "live_waf": lv, "simulated_waf": sv}
         for p, a, b, lv, sv in zip(phases, edges[:-1], edges[1:], live_means, sim_means, strict=True)
@@ -194,7 +211,13 @@ def waf_report(
     allocations = [{"time_s": e["time"] - t0, **e["detail"]} for e in events if e["kind"] == "plan"]
     demo_waf.write_comparison(
         root / "waf.json",
-        {"phases": rows, "measured_flops": measured, "simulated_tables": tables, "plans": allocations},
+        {
+            "phases": rows,
+            "measured_flops": measured,
+            "simulated_tables": tables,
+            "simulated_transition": transition.model_dump(),
+            "plans": allocations,
+        },
     )
     table = Table(
         "phase",
@@ -280,6 +303,7 @@ def run_demo(root: Path, timeout_s: float = 900) -> int:
                 time.sleep(0.5)
         table, problems = report(cluster)
         out.print(table)
+        out.print(plans_table(cluster, recorder.started))
         if "back" in marks:
             out.print(waf_report(cluster, recorder, marks, root))
         out.print(f"demo took {time.time() - started:.0f} s; logs in {root / 'logs'} and {root / 'agents'}")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from unicron.core.specs import ClusterSpec, LiveTaskSpec, TaskSpec
+from unicron.core.specs import ClusterSpec, LiveTaskSpec, PlannerSettings, TaskSpec, TransitionSettings
 from unicron.core.taxonomy import ErrorKind
 from unicron.planning.throughput import MeasuredCurve, curve_for
 from unicron.sim.engine import Simulation
@@ -54,12 +54,45 @@ class WafRecorder:
 
 
 def measured_rates(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-    """The last throughput the coordinator measured per task and worker count."""
-    out: dict[str, dict[int, float]] = {}
+    """The median throughput the coordinator measured per task and worker count."""
+    seen: dict[str, dict[int, list[float]]] = {}
     for e in events:
         if e["kind"] == "throughput_measured":
-            out.setdefault(e["task"], {})[int(e["detail"]["workers"])] = float(e["detail"]["flops"])
-    return out
+            per = seen.setdefault(e["task"], {}).setdefault(int(e["detail"]["workers"]), [])
+            per.append(float(e["detail"]["flops"]))
+    return {t: {c: float(np.median(v)) for c, v in per.items()} for t, per in seen.items()}
+
+
+def transition_from_events(
+    events: Sequence[Mapping[str, Any]], tasks: Sequence[Mapping[str, Any]], checkpoint_every: int
+) -> TransitionSettings:
+    """The simulator's transition times as this live run measured them (the defaults describe
+    large models on real clusters): launch to first step, in-place grow, node-loss detection,
+    and the time between checkpoints."""
+    launched = {
+        (e["task"], e["detail"]["generation"]): e["time"] for e in events if e["kind"] == "task_launch"
+    }
+    starts = [
+        e["time"] - launched[(e["task"], e["detail"]["generation"])]
+        for e in events
+        if e["kind"] == "task_running" and (e["task"], e["detail"].get("generation")) in launched
+    ]
+    grows = [float(e["detail"]["waited_s"]) for e in events if e["kind"] == "task_grown"]
+    silent = [float(e["detail"]["silent_s"]) for e in events if e["kind"] == "node_lost"]
+    steps = [
+        (t["finished"] - t["started"]) / t["step"]
+        for t in tasks
+        if t["finished"] and t["started"] and t["step"]
+    ]
+    default = TransitionSettings()
+    return TransitionSettings(
+        node_loss_detection_s=float(np.median(silent)) if silent else default.node_loss_detection_s,
+        restart_process_s=float(np.median(starts)) if starts else default.restart_process_s,
+        reconfigure_s=float(np.median(grows)) if grows else default.reconfigure_s,
+        checkpoint_interval_s=checkpoint_every * float(np.median(steps))
+        if steps
+        else default.checkpoint_interval_s,
+    )
 
 
 def predicted(
@@ -72,10 +105,17 @@ def predicted(
     back_s: float,
     horizon_s: float,
     bins: int,
+    transition: TransitionSettings,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, dict[int, float]]]:
-    """The simulator's cluster WAF over time for the same events, with the measured curves.
-    Returns bin centres (s), WAF per bin, and the throughput tables it used."""
-    cluster = ClusterSpec(nodes=nodes, gpus_per_node=slots, gpu=1e12, node_mtbf_hours=1000)
+    """The simulator's cluster WAF over time for the same events, with the measured curves and
+    transition times. Returns bin centres (s), WAF per bin, and the throughput tables it used."""
+    cluster = ClusterSpec(
+        nodes=nodes,
+        gpus_per_node=slots,
+        gpu=1e12,
+        node_mtbf_hours=1000,
+        planner=PlannerSettings(transition=transition),
+    )
     gpu = cluster.gpu_type()
     tasks, tables = [], {}
     for s in specs:
@@ -116,6 +156,7 @@ def plot(
     lost_s: float,
     back_s: float,
     horizon_s: float,
+    node: str,
 ) -> None:
     import matplotlib
 
@@ -137,7 +178,7 @@ def plot(
     for ax in (top, bottom):
         ax.axvspan(lost_s, back_s, color="red", alpha=0.08)
         ax.axvline(horizon_s, color="grey", linestyle=":", linewidth=1)
-    top.set(ylabel="cluster WAF (weighted GFLOP/s)", title="make demo: WAF over time (red: node-3 lost)")
+    top.set(ylabel="cluster WAF (weighted GFLOP/s)", title=f"make demo: WAF over time (red: {node} lost)")
     top.legend(loc="lower left", fontsize=8)
     names = sorted(recorder.samples[0][2]) if recorder.samples else []
     times = [s[0] for s in recorder.samples]

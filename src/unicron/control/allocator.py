@@ -29,6 +29,15 @@ class Decided:
     event: PlanEvent | None  # the event the table answered (None: solved, or no change)
     why: str  # why it was solved rather than looked up
     seconds: float  # lookup or solve time
+    rebalance: bool = False  # the cluster is as the previous plan left it: only curves changed
+
+
+def _state_key(state: ClusterState) -> tuple[object, ...]:
+    return (
+        state.healthy,
+        tuple(t.name for t in state.tasks),
+        repr(sorted(_normal(state.assignment).items())),
+    )
 
 
 def _normal(assignment: Mapping[int, Mapping[str, int]]) -> dict[int, dict[str, int]]:
@@ -80,6 +89,7 @@ class Allocator:
     def decide(self, state: ClusterState, curves_version: int) -> Decided:
         """The plan for ``state``: looked up when the table answers it, else solved."""
         started = time.perf_counter()
+        rebalance = self._refreshed_for is not None and self._refreshed_for[:-1] == _state_key(state)
         table, why = self._ready_table(curves_version)
         if table is not None:
             found = event_between(table.state, state)
@@ -91,20 +101,16 @@ class Allocator:
                     why = "workers changed"
                 else:
                     layout = place(chosen.allocation(), state.healthy, state.gpus_per_node, state.assignment)
-                    return Decided(chosen, layout, "table", found, "", time.perf_counter() - started)
+                    seconds = time.perf_counter() - started
+                    return Decided(chosen, layout, "table", found, "", seconds, rebalance)
         best = plan(state)
         layout = place(best.allocation(), state.healthy, state.gpus_per_node, state.assignment)
-        return Decided(best, layout, "solved", None, why, time.perf_counter() - started)
+        return Decided(best, layout, "solved", None, why, time.perf_counter() - started, rebalance)
 
     def refresh(self, state: ClusterState, decided: Decided, curves_version: int) -> None:
         """Precompute the next table (in the background) from the state ``decided`` leads to."""
         expected = replace(state, assignment=decided.layout)
-        key = (
-            expected.healthy,
-            tuple(t.name for t in expected.tasks),
-            repr(sorted(_normal(expected.assignment).items())),
-            curves_version,
-        )
+        key = (*_state_key(expected), curves_version)
         if key == self._refreshed_for:
             return  # the table (built or being built) already answers from this state
         self._refreshed_for = key

@@ -139,7 +139,8 @@ class Coordinator:
         # (task, generation, rank) -> deadline: workers a planned shrink let go, exiting by themselves
         self.leaving: dict[tuple[str, int, int], float] = {}
         self.allocator = Allocator()
-        self.rates = RateMeter()
+        self.rates = RateMeter(window_s=self.limits.measure_window_s, change=self.limits.measure_change)
+        self._last_plan: dict[str, int] | None = None
         self.dirty = True
         # Silence is counted from when the service can hear heartbeats at all: after a restart
         # every known node gets a full deadline to reconnect (its workers kept training).
@@ -870,6 +871,11 @@ class Coordinator:
             return
         decided = self.allocator.decide(state, self.rates.version)
         best, layout = decided.plan, decided.layout
+        if decided.rebalance:
+            # Nothing happened but new measurements: move running tasks only for a clear gain.
+            before = sum(d.waf_before for d in best.decisions)
+            if best.waf < before * (1 + self.limits.rebalance_min_gain):
+                return
         tasks = {t.name: t for t in self.store.tasks(live_only=True)}
         self._record_plan(decided, tasks)
         for decision in best.decisions:
@@ -927,8 +933,9 @@ class Coordinator:
             for d in decided.plan.decisions
             if d.task in tasks and d.after != tasks[d.task].workers
         }
-        if not changes:
-            return
+        if not changes or decided.plan.allocation() == self._last_plan:
+            return  # nothing to change, or a change already under way
+        self._last_plan = decided.plan.allocation()
         self.store.event(
             "plan",
             source=decided.source,

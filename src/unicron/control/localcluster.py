@@ -47,6 +47,7 @@ class LocalCluster:
         self.url = f"http://127.0.0.1:{self.port}"
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self.frozen: list[tuple[subprocess.Popen[bytes], list[int]]] = []
         self.client = httpx.Client(base_url=self.url, timeout=10.0)
         atexit.register(self.close)
 
@@ -131,6 +132,18 @@ class LocalCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
 
+    def freeze_node(self, name: str) -> None:
+        """Lose a node silently: its agent and workers stop (SIGSTOP) with their connections
+        open, as when a machine loses power or its network: peers get no error, only silence.
+        They are killed when the cluster closes."""
+        agent = self.agents.pop(name)
+        pids = [w["pid"] for w in self.get("/v1/workers") if w["node"] == name and w["pid"]]
+        _kill_group(agent, signal.SIGSTOP)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGSTOP)
+        self.frozen.append((agent, pids))
+
     def kill_worker(self, task: str, rank: int, sig: int = signal.SIGKILL) -> int:
         worker = next(
             w
@@ -149,6 +162,14 @@ class LocalCluster:
                 agent.wait(max(0.1, deadline - time.time()))
             _kill_group(agent, signal.SIGKILL)
         self.agents.clear()
+        for agent, pids in self.frozen:
+            _kill_group(agent, signal.SIGKILL)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.wait(5)
+        self.frozen.clear()
         self.kill_coordinator()
         self.client.close()
 

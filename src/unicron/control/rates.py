@@ -1,10 +1,10 @@
 """Achieved throughput of live tasks, measured from their workers' iteration reports.
 
 Each worker reports the samples it processed in a step; rank 0 also says when the step ended.
-A step counts once every rank of the generation reported it; the rate over the last ``window``
-consecutive counted steps (after ``skip`` steps of a new generation, which pay for joining and
-warming up) is samples per second, times the model's FLOPs per sample: achieved FLOP/s at that
-world size. These replace the planner's estimate (a
+A step counts once every rank of the generation reported it; the rate over the last
+``window_s`` seconds of consecutive counted steps (after ``skip`` steps of a new generation,
+which pay for joining and warming up) is samples per second, times the model's FLOPs per
+sample: achieved FLOP/s at that world size. These replace the planner's estimate (a
 :class:`~unicron.planning.throughput.MeasuredCurve`) once they differ from what the planner
 uses by more than ``change``, so that noise does not make the plan flap.
 """
@@ -24,8 +24,10 @@ class _Series:
 
 
 class RateMeter:
-    def __init__(self, window: int = 20, skip: int = 3, min_steps: int = 5, change: float = 0.2) -> None:
-        self.window, self.skip, self.min_steps, self.change = window, skip, min_steps, change
+    def __init__(
+        self, window_s: float = 15.0, skip: int = 5, min_steps: int = 5, change: float = 0.2
+    ) -> None:
+        self.window_s, self.skip, self.min_steps, self.change = window_s, skip, min_steps, change
         self._series: dict[tuple[str, int], _Series] = {}
         self.used: dict[str, dict[int, float]] = {}  # task -> world -> FLOP/s the planner uses
         self.version = 0  # bumped whenever ``used`` changes
@@ -57,7 +59,7 @@ class RateMeter:
         if entry[0] < series.world or not entry[2]:
             return None
         del series.partial[step]
-        for old in [s for s in series.partial if s < step - 2 * self.window]:
+        for old in [s for s in series.partial if s < step - 1000]:
             del series.partial[old]  # a step some rank never reported (it failed)
         series.seen += 1
         if series.seen <= self.skip:
@@ -65,13 +67,11 @@ class RateMeter:
         if series.done and series.done[-1][0] != step - 1:
             series.done.clear()  # not consecutive: start over
         series.done.append((step, entry[2], entry[1]))
-        while len(series.done) > self.window + 1:
+        while len(series.done) > 2 and series.done[-1][1] - series.done[1][1] >= self.window_s:
             series.done.popleft()
-        if len(series.done) <= self.min_steps:
-            return None
         span = series.done[-1][1] - series.done[0][1]
-        if span <= 0:
-            return None
+        if len(series.done) <= self.min_steps or span < self.window_s:
+            return None  # not a full window yet
         samples_done = sum(s for _, _, s in list(series.done)[1:])
         rate = samples_done / span * flops_per_sample
         used = self.used.setdefault(task, {})

@@ -52,6 +52,14 @@ class Settings(BaseModel):
     max_restarts: int = Field(3, ge=0, description="process restarts before reconfiguring")
     isolate_after: int = Field(2, ge=1, description="SEV1/SEV2 errors on one node before isolating it")
     isolation_s: float = Field(300.0, ge=0, description="how long an isolated node stays out")
+    # placement
+    rebalance_min_gain: float = Field(
+        0.1, ge=0, description="a plan that only reshuffles running tasks must raise WAF by this fraction"
+    )
+    measure_window_s: float = Field(15.0, gt=0, description="throughput is measured over this much time")
+    measure_change: float = Field(
+        0.2, ge=0, description="a measurement replaces the one in use past this change"
+    )
     task_failure_limit: int = Field(10, ge=1, description="failures within the window that fail a task")
 
     @model_validator(mode="after")

@@ -12,6 +12,7 @@ taking model and optimizer state from the nearest live replica when they differ.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import io
 from datetime import timedelta
@@ -40,6 +41,36 @@ def leave() -> None:
     if dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+_ABANDONED: list[Any] = []
+
+
+def abandon() -> None:
+    """Drop the current group while a collective on it is still pending (a peer may never
+    answer): unregister it without touching it. Destroying or even aborting it can block on the
+    pending collective's transport; so it is kept alive, never destroyed (one leaked group per
+    abandonment: its thread stays blocked until the transport times out)."""
+    c10d = dist.distributed_c10d
+    pg = c10d.GroupMember.WORLD
+    if pg is None:
+        return
+    _ABANDONED.append(pg)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))  # not even at interpreter exit
+    c10d._update_default_pg(None)
+    world = c10d._world
+    for table in (
+        world.pg_map,
+        world.pg_names,
+        world.pg_group_ranks,
+        world.pg_backend_config,
+        world.pg_to_tag,
+        world.tags_to_pg,
+        world.pg_coalesce_state,
+    ):
+        table.clear()
+    c10d._unregister_all_process_groups()  # type: ignore[attr-defined]
+    world.group_count = 0
 
 
 def _digest_number(model: torch.nn.Module) -> int:

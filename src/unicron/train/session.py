@@ -353,11 +353,32 @@ class Session:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in params if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+        self._wait_or_abandon(work)
         offset = 0
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
+
+    def _wait_or_abandon(self, work: Any) -> None:
+        """Wait for a collective, but abandon it once the coordinator has posted a new
+        membership: a peer was declared dead or hung. A peer whose node went silent without
+        closing its connections (powered off, partitioned) would otherwise keep the collective
+        waiting until the process-group timeout, many minutes."""
+        if not self.in_process or self._base_store is None or dist.get_backend() != "gloo":
+            work.wait()
+            return
+        pause, checked = 0.0002, time.monotonic()
+        while not work.is_completed():
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)  # a fast collective pays little for the polling
+            now = time.monotonic()
+            if now - checked >= 0.1:
+                checked = now
+                if self._membership_changed():
+                    membership.abandon()
+                    raise PeerLostError("a peer was declared failed: the pending collective is abandoned")
+        work.wait()  # raises the collective's own error, if it failed
 
     @contextlib.contextmanager
     def iteration(self, step: int) -> Iterator[Iteration]:
@@ -459,6 +480,10 @@ class Session:
         if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             self.forward_exception(exc)
         self.close()
+
+
+class PeerLostError(ConnectionError):
+    """The coordinator declared a peer failed while this rank waited for it in a collective."""
 
 
 def env_flag(name: str) -> bool:
