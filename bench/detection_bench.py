@@ -3,14 +3,17 @@
 Unicron: a task on an embedded local cluster (coordinator + 2 agents x 2 slots, real PyTorch
 workers over gloo) gets one fault per generation from the fault-injection library; latency is
 from the injection (the worker's FaultReport) to the coordinator's incident. Node loss is the
-harness killing an agent with its workers; latency to the coordinator's node_lost event.
+harness freezing a node (SIGSTOP of its agent and workers: silent, connections left open, as when
+a machine loses power); latency to the coordinator's node_lost event.
 
 torchrun: the same script and faults under `torch.distributed.run` (4 workers, one node, gloo);
 torchrun has no detection events, so its latency is from the injection to its first reaction
 that the workers can observe: a SIGTERM to a survivor, a survivor's collective error (its exit
 is what torchrun's monitor sees next), or the relaunch. For hangs, torchrun relies on the
 process-group timeout: measured with a tuned 20 s timeout; with the default (30 min for gloo) it
-is the configured value, not measured.
+is the configured value, not measured. Node loss under torchrun (one host): the harness freezes
+ranks 2 and 3, a node's worth of workers, the same way; torchrun's agent sees nothing wrong with
+stopped processes, so the first reaction is again a survivor's collective timing out.
 
 Writes docs/bench/detection.json and docs/detection.md (run by `make bench`).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import tempfile
 import time
@@ -72,7 +76,7 @@ def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float]:
                 results[cls].append(d["detection_s"])
             if e["kind"] == "hang_detected" and d.get("mean_s"):
                 means.append(d["mean_s"])
-        # Node loss: kill an agent and its workers while a task trains on it, twice.
+        # Node loss: freeze an agent and its workers while a task trains on it, twice.
         for repeat in range(2):
             name = f"node{repeat}"
             cluster.submit(task_spec(name, 400, []))
@@ -82,7 +86,7 @@ def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float]:
                 "training before the node loss",
             )
             killed = time.time()
-            cluster.kill_node("node-1")
+            cluster.freeze_node("node-1")
             cluster.wait(
                 lambda t=killed: any(
                     e["kind"] == "node_lost" and e["time"] > t for e in cluster.get("/v1/events")
@@ -132,12 +136,43 @@ def torchrun_once(root: Path, action: str, pg_timeout: float) -> float:
         raise TimeoutError(f"torchrun never reacted to {action}")
 
 
+def torchrun_frozen_node(root: Path, pg_timeout: float) -> float:
+    """Seconds from freezing ranks 2 and 3 to torchrun's first reaction the workers can see."""
+    with Torchrun(root, None, [*ARGS, "--iterations", "400"], pg_timeout) as job:
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(
+            r["what"] == "samples" and r["step"] >= 10 for r in job.rows()
+        ):
+            time.sleep(0.1)
+        pids = [r["pid"] for r in job.rows() if r["what"] == "started" and r["rank"] in (2, 3)]
+        frozen = time.time()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        deadline = frozen + pg_timeout + 120
+        while time.time() < deadline:
+            reactions = [
+                r["time"]
+                for r in job.rows()
+                if r["time"] >= frozen
+                and (
+                    (r["what"] in ("sigterm", "exception") and r["rank"] in (0, 1))
+                    or (r["what"] == "started" and r["generation"] == 2)
+                )
+            ]
+            if reactions:
+                return round(min(reactions) - frozen, 4)
+            time.sleep(0.1)
+        raise TimeoutError("torchrun never reacted to the frozen node")
+
+
 def torchrun(root: Path) -> dict[str, dict[str, Any]]:
     out = {}
     for cls in CLASSES:
         timeout = TUNED_PG_TIMEOUT_S
         values = [torchrun_once(root / f"{cls}-{i}", ACTIONS[cls], timeout) for i in range(REPEATS)]
         out[cls] = summary(values)
+    frozen = [torchrun_frozen_node(root / f"node-{i}", TUNED_PG_TIMEOUT_S) for i in range(2)]
+    out["node_loss"] = summary(frozen)
     return out
 
 
@@ -152,7 +187,7 @@ def main() -> dict[str, Any]:
             tuned = theirs[cls]
             entry["torchrun"] = (
                 tuned
-                if cls != "hang"
+                if cls not in ("hang", "node_loss")
                 else {
                     "median_s": DEFAULT_GLOO_TIMEOUT_S,
                     "max_s": DEFAULT_GLOO_TIMEOUT_S,

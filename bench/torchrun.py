@@ -30,7 +30,7 @@ class Torchrun:
     def __init__(
         self,
         root: Path,
-        fault: dict[str, Any],
+        fault: dict[str, Any] | None,
         train_args: list[str],
         pg_timeout: float,
         max_restarts: int = 1,
@@ -41,7 +41,7 @@ class Torchrun:
             **os.environ,
             "UNICRON_TRACE_FILE": str(self.trace),
             "UNICRON_PG_TIMEOUT": str(pg_timeout),
-            "UNICRON_FAULTS": json.dumps([{**fault, "generation": 1}]),
+            "UNICRON_FAULTS": json.dumps([{**fault, "generation": 1}] if fault else []),
             # torchrun shares its rendezvous TCPStore with the workers by default, and a relaunched
             # worker then reads the previous attempt's gloo addresses and never connects
             # (pytorch/pytorch#135712); its documented workaround is to opt out of the sharing.

@@ -27,6 +27,7 @@ from unicron.cli.console import console
 from unicron.cli.live import task_table
 from unicron.control.localcluster import LocalCluster
 from unicron.core.specs import parse_live_tasks
+from unicron.core.taxonomy import ErrorKind
 
 TASKS = Path("examples/demo/tasks.yaml")
 NEWS = (
@@ -192,8 +193,15 @@ def waf_report(
     measured = demo_waf.measured_rates(events)
     every = min(s.run.checkpoint_every for s in specs)
     transition = demo_waf.transition_from_events(events, cluster.get("/v1/tasks"), every)
+    # The same failures: the node loss, and every other incident (the killed worker, the error).
+    failures = [demo_waf.LiveFailure(lost_s, marks["hit"], ErrorKind.NODE_LOST, back_s - lost_s)]
+    for e in events:
+        if e["kind"] == "incident" and e["detail"]["kind"] != ErrorKind.NODE_LOST.value:
+            failures.append(
+                demo_waf.LiveFailure(e["time"] - t0, {e["task"]: 1}, ErrorKind(e["detail"]["kind"]))
+            )
     pt, pw, tables = demo_waf.predicted(
-        specs, measured, 4, 2, marks["hit"], lost_s, back_s, horizon, max(10, int(horizon)), transition
+        specs, measured, 4, 2, failures, horizon, max(10, int(horizon)), transition
     )
     lt, lw = recorder.waf()
     edges = [running, lost_s, back_s, horizon]
@@ -216,6 +224,10 @@ def waf_report(
             "measured_flops": measured,
             "simulated_tables": tables,
             "simulated_transition": transition.model_dump(),
+            "simulated_failures": [
+                {"time_s": f.time_s, "hit": dict(f.hit), "kind": f.kind.value, "repair_s": f.repair_s}
+                for f in failures
+            ],
             "plans": allocations,
         },
     )

@@ -82,7 +82,7 @@ def transition_from_events(
     steps = [
         (t["finished"] - t["started"]) / t["step"]
         for t in tasks
-        if t["finished"] and t["started"] and t["step"]
+        if t["finished"] is not None and t["started"] is not None and t["step"]
     ]
     default = TransitionSettings()
     return TransitionSettings(
@@ -95,14 +95,23 @@ def transition_from_events(
     )
 
 
+@dataclass(frozen=True)
+class LiveFailure:
+    """A failure of the live run, for the simulator: when, what the live node ran, its kind, and
+    how long until the node was back (0 for failures that need no repair)."""
+
+    time_s: float
+    hit: Mapping[str, int]
+    kind: ErrorKind
+    repair_s: float = 0.0
+
+
 def predicted(
     specs: Sequence[LiveTaskSpec],
     measured: Mapping[str, Mapping[int, float]],
     nodes: int,
     slots: int,
-    hit: Mapping[str, int],
-    lost_s: float,
-    back_s: float,
+    failures: Sequence[LiveFailure],
     horizon_s: float,
     bins: int,
     transition: TransitionSettings,
@@ -125,15 +134,19 @@ def predicted(
         table = {int(c): float(r) for c, r in zip(counts, curve.evaluate(counts).rate, strict=True)}
         tables[s.name] = table
         tasks.append(TaskSpec(name=s.name, weight=s.weight, throughput=table))
-    # Lose the simulated node that runs what the live node ran (placements may number differently).
+    # Each failure strikes the simulated node that runs what the live node ran (the two
+    # placements may number nodes differently).
     probe = Simulation(cluster, tasks, [], make_policy("unicron"), horizon_s / HOUR, samples=1)
     probe.set_allocation(probe.ideal()[1])
-    wanted = {k: v for k, v in hit.items() if v}
-    node = next(
-        (n for n, a in sorted(probe.assignment.items()) if {k: v for k, v in a.items() if v} == wanted),
-        nodes - 1,
-    )
-    trace = [Failure(lost_s / HOUR, node, ErrorKind.NODE_LOST, (back_s - lost_s) / HOUR)]
+    held = {n: {k: v for k, v in a.items() if v} for n, a in sorted(probe.assignment.items())}
+    trace = []
+    for f in failures:
+        wanted = {k: v for k, v in f.hit.items() if v}
+        node = next(
+            (n for n, a in held.items() if a == wanted),
+            next((n for n, a in held.items() if set(wanted) <= set(a)), nodes - 1),
+        )
+        trace.append(Failure(f.time_s / HOUR, node, f.kind, f.repair_s / HOUR))
     result = Simulation(cluster, tasks, trace, make_policy("unicron"), horizon_s / HOUR, samples=bins).run()
     hours = np.array(result.timeline_hours)
     starts = np.concatenate([[0.0], hours[:-1]])

@@ -32,10 +32,12 @@ from unicron.control.handling import Ladder
 from unicron.control.monitor import TaskMonitor
 from unicron.control.rates import RateMeter
 from unicron.control.rendezvous import Rendezvous
+from unicron.control.spares import choose, spare_gains
 from unicron.control.store import LIVE_TASK_STATES, Store
 from unicron.core.errors import SpecError, SpecProblem, UsageError
 from unicron.core.gpus import custom_gpu
 from unicron.core.protocol import (
+    SPARE_GENERATION,
     CheckpointReport,
     DoneReport,
     ExceptionReport,
@@ -55,10 +57,12 @@ from unicron.core.protocol import (
     WorkerState,
     membership_key,
     ready_key,
+    spare_key,
 )
 from unicron.core.settings import Settings
 from unicron.core.specs import LiveTaskSpec, PlannerSettings
 from unicron.core.taxonomy import ErrorKind
+from unicron.planning.placement import Assignment
 from unicron.planning.planner import ClusterState
 from unicron.planning.throughput import ThroughputCurve, curve_for
 
@@ -111,6 +115,16 @@ class _Incident:
 
 
 @dataclass
+class _Spare:
+    task: str
+    rank: int  # its identity at the agent: (task, SPARE_GENERATION, rank)
+    node: str
+    local_rank: int
+    since: float
+    used: float | None = None  # when a grow took it (it keeps its entry until renamed)
+
+
+@dataclass
 class _Growth:
     generation: int  # the generation newcomers joined
     membership: Membership
@@ -138,6 +152,7 @@ class Coordinator:
         self.growing: dict[str, _Growth] = {}  # task -> newcomers launched, not yet joined
         # (task, generation, rank) -> deadline: workers a planned shrink let go, exiting by themselves
         self.leaving: dict[tuple[str, int, int], float] = {}
+        self.spares: dict[tuple[str, int], _Spare] = {}
         self.allocator = Allocator()
         self.rates = RateMeter(window_s=self.limits.measure_window_s, change=self.limits.measure_change)
         self._last_plan: dict[str, int] | None = None
@@ -261,6 +276,8 @@ class Coordinator:
         """Track worker processes; stop those that belong to no live generation."""
         for w in reported:
             self.stopped[(w.task, w.generation, w.rank)] = w.stopped and w.running
+            if w.generation == SPARE_GENERATION and (w.task, w.rank) in self.spares:
+                continue  # a hot spare waiting to be used (or being renamed into its new identity)
             task = self.store.task(w.task)
             current = task is not None and task.state in LIVE_TASK_STATES and task.generation == w.generation
             leaving = self.leaving.get((w.task, w.generation, w.rank))
@@ -287,6 +304,9 @@ class Coordinator:
 
     # ------------------------------------------------------------------ reports
     def handle_report(self, report: WorkerReport, node: str) -> None:
+        if isinstance(report, ExitReport) and report.generation == SPARE_GENERATION:
+            self._drop_spare((report.task, report.rank), stop=False)
+            return
         task = self.store.task(report.task)
         if task is None or report.generation != task.generation:
             return  # stale: from a generation that is gone
@@ -528,6 +548,7 @@ class Coordinator:
             generation=self._next_generation(name),
             world_size=keep,
             ranks={w.rank: i for i, w in enumerate(kept)},
+            failed=sorted(failed | {w.rank for w in live if w.node not in healthy}),
         )
         now = time.time()
         for w in live:
@@ -604,11 +625,51 @@ class Coordinator:
         held: dict[str, set[int]] = {}
         for w in live:
             held.setdefault(w.node, set()).add(w.local_rank)
+        placement = dict(placement)
+        spares = [s for s in self.spares.values() if s.task == name and s.used is None]
+        used = []
         with self.store.transaction() as db:
-            self._start_workers(db, name, spec, env, generation, world, placement, len(live), held, now)
+            rank = len(live)
+            for spare in spares[: sum(placement.values())]:
+                # A hot spare becomes this newcomer: no process to start, only a new identity.
+                spare.used = now
+                node = spare.node if placement.get(spare.node) else max(placement, key=lambda n: placement[n])
+                placement[node] -= 1
+                held.setdefault(spare.node, set()).add(spare.local_rank)
+                db.execute(
+                    "UPDATE workers SET state = 'used' WHERE task = ? AND generation = ? AND rank = ?",
+                    (name, SPARE_GENERATION, spare.rank),
+                )
+                db.execute(
+                    "INSERT OR REPLACE INTO workers (task, generation, rank, node, local_rank, state, "
+                    "launched) VALUES (?, ?, ?, ?, ?, 'launching', ?)",
+                    (name, generation, rank, spare.node, spare.local_rank, now),
+                )
+                self.pending.add(
+                    spare.node,
+                    RenameWorker(
+                        task=name,
+                        generation=SPARE_GENERATION,
+                        rank=spare.rank,
+                        new_generation=generation,
+                        new_rank=rank,
+                    ),
+                )
+                identity = {"generation": generation, "rank": rank, "world_size": world}
+                self.rendezvous.set(name, spare_key(name, spare.rank), json.dumps(identity))
+                used.append(spare.rank)
+                rank += 1
+            placement = {n: c for n, c in placement.items() if c > 0}
+            self._start_workers(db, name, spec, env, generation, world, placement, rank, held, now)
         self.growing[name] = _Growth(generation, new, newcomers, now)
         self.store.event(
-            "task_grow", task=name, generation=generation, workers=world, placement=placement, reason=reason
+            "task_grow",
+            task=name,
+            generation=generation,
+            workers=world,
+            placement=placement,
+            spares_used=used,
+            reason=reason,
         )
 
     def _cancel_growth(self, name: str) -> None:
@@ -651,6 +712,7 @@ class Coordinator:
                 waited_s=round(now - growth.since, 3),
             )
             del self.growing[name]
+            self.dirty = True  # idle slots may want a new spare
         elif now - growth.since > self.limits.launch_timeout_s:
             self.store.event("task_grow_failed", task=name, generation=growth.generation)
             self._stop_generation(name, growth.generation, 0.0)
@@ -875,6 +937,7 @@ class Coordinator:
             # Nothing happened but new measurements: move running tasks only for a clear gain.
             before = sum(d.waf_before for d in best.decisions)
             if best.waf < before * (1 + self.limits.rebalance_min_gain):
+                self._keep_spares(state, names, {n: dict(a) for n, a in state.assignment.items()})
                 return
         tasks = {t.name: t for t in self.store.tasks(live_only=True)}
         self._record_plan(decided, tasks)
@@ -924,6 +987,7 @@ class Coordinator:
                 self._launch(task.name, wanted, decision.reason)
             elif task.state == "waiting":
                 self.store.update("tasks", {"name": task.name}, workers=0)
+        self._keep_spares(state, names, layout)
         self.allocator.refresh(state, decided, self.rates.version)
 
     def _record_plan(self, decided: Decided, tasks: dict[str, Any]) -> None:
@@ -988,6 +1052,103 @@ class Coordinator:
         )
         self.dirty = True
         return True
+
+    # ------------------------------------------------------------------ hot spares
+    def _keep_spares(self, state: ClusterState, names: dict[int, str], layout: Assignment) -> None:
+        """Stop spares whose slot the plan uses or whose task no longer runs; start spares on
+        the slots the plan leaves idle, for the tasks that gain most from them."""
+        now = time.time()
+        tasks = {t.name: t for t in self.store.tasks(live_only=True)}
+        planned = {names[n]: sum(per.values()) for n, per in layout.items()}
+        healthy = set(names.values())
+        for key, spare in list(self.spares.items()):
+            task = tasks.get(spare.task)
+            if spare.used is not None:
+                if now - spare.used > self.limits.launch_timeout_s:
+                    del self.spares[key]  # renamed long ago: it is an ordinary worker now
+            elif spare.node not in healthy:
+                self._drop_spare(key, stop=False)
+            elif task is None or task.state not in ("running", "starting"):
+                self._drop_spare(key, stop=True)
+        waiting = [s for s in self.spares.values() if s.used is None]
+        for node in sorted(healthy):
+            here = [s for s in waiting if s.node == node]
+            excess = planned.get(node, 0) + len(here) - state.gpus_per_node
+            for spare in here[: max(0, excess)]:
+                self._drop_spare((spare.task, spare.rank), stop=True)  # the plan needs its slot
+        if self.limits.hot_spares == 0:
+            return
+        waiting = [s for s in self.spares.values() if s.used is None]
+        free = {
+            n: state.gpus_per_node - planned.get(n, 0) - sum(1 for s in waiting if s.node == n)
+            for n in healthy
+        }
+        running = {n: t.workers for n, t in tasks.items() if t.state == "running" and n not in self.growing}
+        gains = spare_gains([self.spec(n) for n in running], running, state.curves)
+        have: dict[str, int] = {}
+        for s in waiting:
+            have[s.task] = have.get(s.task, 0) + 1
+        homes: dict[str, set[str]] = {}
+        for name in running:
+            homes[name] = {w.node for w in self.store.workers(name, tasks[name].generation, live=True)}
+        for name, node in choose(free, gains, have, homes, self.limits.hot_spares):
+            self._launch_spare(name, node, now)
+
+    def _launch_spare(self, name: str, node: str, now: float) -> None:
+        task = self.store.task(name)
+        assert task is not None
+        spec = self.spec(name)
+        row = self.store.one(
+            "SELECT MAX(rank) AS r FROM workers WHERE task = ? AND generation = ?", name, SPARE_GENERATION
+        )
+        rank = max(1000, int(row.r) + 1 if row is not None and row.r is not None else 1000)
+        taken = {
+            int(w.local_rank)
+            for w in self.store.query(
+                "SELECT local_rank FROM workers "
+                "WHERE node = ? AND state IN ('launching', 'running', 'spare')",
+                node,
+            )
+        }
+        local = next(i for i in range(len(taken) + 1) if i not in taken)
+        env = self._worker_env(name, spec, SPARE_GENERATION, 0, task.store_port)
+        env.update(UNICRON_SPARE="1", UNICRON_RANK=str(rank))
+        with self.store.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO workers (task, generation, rank, node, local_rank, state, launched) "
+                "VALUES (?, ?, ?, ?, ?, 'spare', ?)",
+                (name, SPARE_GENERATION, rank, node, local, now),
+            )
+        self.pending.add(
+            node,
+            LaunchWorker(
+                task=name,
+                generation=SPARE_GENERATION,
+                rank=rank,
+                world_size=0,
+                local_rank=local,
+                argv=list(spec.run.program),
+                env=env,
+            ),
+        )
+        self.spares[(name, rank)] = _Spare(name, rank, node, local, now)
+        self.store.event("spare_launched", task=name, node=node, rank=rank)
+
+    def _drop_spare(self, key: tuple[str, int], stop: bool) -> None:
+        spare = self.spares.pop(key, None)
+        if spare is None:
+            return
+        if stop:
+            self.pending.add(
+                spare.node,
+                StopWorkers(task=spare.task, generation=SPARE_GENERATION, rank=spare.rank, grace_s=0.0),
+            )
+        self.store.update(
+            "workers",
+            {"task": spare.task, "generation": SPARE_GENERATION, "rank": spare.rank},
+            state="stopped",
+        )
+        self.store.event("spare_stopped", task=spare.task, node=spare.node, rank=spare.rank)
 
     def _can_grow(self, name: str) -> bool:
         return self.spec(name).run.recovery == "in_process" and name not in self.growing

@@ -185,11 +185,23 @@ class Membership(_Message):
     generation: int
     world_size: int
     ranks: dict[int, int]  # rank in the old generation -> rank in the new one (absent: leave)
+    # Ranks declared failed: a collective waiting for them will never finish, so members abandon
+    # it. Without any (a planned grow or shrink), members finish the step first.
+    failed: list[int] = []
 
 
 def membership_key(task: str, generation: int) -> str:
     """Where the coordinator writes the membership that follows ``generation``."""
     return f"{task}/membership/{generation}"
+
+
+SPARE_GENERATION = 0  # hot spares run as generation 0 of their task until they are used
+
+
+def spare_key(task: str, rank: int) -> str:
+    """Where the coordinator writes the identity a hot spare takes on (JSON: generation, rank,
+    world_size) when it is used."""
+    return f"{task}/spare/{rank}"
 
 
 def ready_key(task: str, generation: int, rank: int) -> str:

@@ -53,6 +53,7 @@ class Settings(BaseModel):
     isolate_after: int = Field(2, ge=1, description="SEV1/SEV2 errors on one node before isolating it")
     isolation_s: float = Field(300.0, ge=0, description="how long an isolated node stays out")
     # placement
+    hot_spares: int = Field(1, ge=0, description="hot spares per task, on slots the plan leaves idle")
     rebalance_min_gain: float = Field(
         0.1, ge=0, description="a plan that only reshuffles running tasks must raise WAF by this fraction"
     )

@@ -36,6 +36,7 @@ from unicron.core.protocol import (
     Membership,
     membership_key,
     ready_key,
+    spare_key,
 )
 from unicron.train import checkpoint, membership
 from unicron.train.channel import ReportChannel
@@ -130,10 +131,10 @@ class Session:
         if threading.current_thread() is threading.main_thread():
             # The agent stops workers with SIGTERM: finish the step, checkpoint, exit cleanly.
             signal.signal(signal.SIGTERM, self._on_stop)
-        self.trace("started")
+        self.trace("started", pid=os.getpid())
         if self.world_size > 1 and self.under_torchrun:
             dist.init_process_group("gloo", timeout=self.timeout)  # env:// from torchrun
-        elif self.world_size > 1:
+        elif self.world_size > 1 or env_flag("UNICRON_SPARE"):
             if not self.store_address:
                 raise RuntimeError("UNICRON_STORE is not set: run workers through a Unicron agent")
             # Imported before the first group, or destroying a group later leaves it half alive.
@@ -142,7 +143,11 @@ class Session:
             host, port = self.store_address.rsplit(":", 1)
             self._base_store = dist.TCPStore(host, int(port), is_master=False, timeout=self.timeout)  # type: ignore[attr-defined]
             self.faults.claim = self._claim_fault
-            if env_flag("UNICRON_JOINING"):
+            joining = env_flag("UNICRON_JOINING")
+            if env_flag("UNICRON_SPARE"):
+                self._wait_to_be_used()
+                joining = True
+            if joining:
                 # A newcomer to live replicas: announce readiness; the coordinator then tells the
                 # replicas to make room at their next step boundary.
                 self._base_store.set(ready_key(self.task, self.generation, self.rank), "1")
@@ -150,6 +155,26 @@ class Session:
                 self._base_store, self.task, self.generation, self.rank, self.world_size, self.timeout
             )
         return self
+
+    def _wait_to_be_used(self) -> None:
+        """A hot spare: loaded and connected, it waits for the coordinator to give it a
+        newcomer's identity; then it joins like any newcomer (state from a live replica)."""
+        assert self._base_store is not None
+        key = spare_key(self.task, self.rank)
+        self.trace("spare_waiting")
+        while not self.stop_requested:
+            try:
+                self._base_store.wait([key], timedelta(seconds=1))
+                break
+            except Exception:  # the wait timed out: look at stop_requested again
+                continue
+        if self.stop_requested:
+            raise SystemExit(0)  # not needed after all
+        identity = json.loads(self._base_store.get(key))
+        self.generation, self.rank = int(identity["generation"]), int(identity["rank"])
+        self.world_size = int(identity["world_size"])
+        self.faults.rank, self.faults.generation = self.rank, self.generation
+        self.trace("spare_used")
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The model as the training loop should call it: DDP when there are peers."""
@@ -288,6 +313,16 @@ class Session:
                 contributed += self._accumulate(mine, loss_of, it)
         raise AssertionError("unreachable")
 
+    def _peers_failed(self) -> bool:
+        """Whether the coordinator posted a membership that declares ranks failed."""
+        if not self._membership_changed():
+            return False
+        assert self._base_store is not None
+        posted = Membership.model_validate_json(
+            self._base_store.get(membership_key(self.task, self.generation))
+        )
+        return bool(posted.failed)
+
     def _membership_changed(self) -> bool:
         """Whether the coordinator posted a new membership. Training must not depend on the
         coordinator being up: while its store is unreachable this says no, and reconnects now
@@ -375,7 +410,7 @@ class Session:
             now = time.monotonic()
             if now - checked >= 0.1:
                 checked = now
-                if self._membership_changed():
+                if self._peers_failed():
                     membership.abandon()
                     raise PeerLostError("a peer was declared failed: the pending collective is abandoned")
         work.wait()  # raises the collective's own error, if it failed
