@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench import detection_bench, planner_bench, simulation_docs, throughput_docs
+from bench import detection_bench, planner_bench, recovery_bench, simulation_docs, throughput_docs
 
 
 def main() -> None:
@@ -20,6 +20,16 @@ def main() -> None:
                 k: {s: (v or {}).get("median_s") for s, v in e.items() if isinstance(v, dict)}
                 for k, e in detection.items()
                 if k != "targets"
+            },
+            indent=2,
+        )
+    )
+    recovery = recovery_bench.main()
+    print(
+        json.dumps(
+            {
+                k: {s: (v or {}).get("downtime_s") for s, v in e.items()} if isinstance(e, dict) else e
+                for k, e in recovery.items()
             },
             indent=2,
         )

@@ -21,7 +21,7 @@ from unicron.train.data import global_batch_ids
 
 from .test_live_cluster import ARGS, TRAIN, assert_same_parameters, reference
 
-ITERATIONS = 110
+ITERATIONS = 160  # room for the node loss after three regrows, also on a loaded machine
 FAULTS = [
     {"action": "kill", "rank": 1, "step": 15, "generation": 0},
     {"action": "kill_after_reduce", "rank": 2, "step": 40, "generation": 0},
@@ -55,8 +55,9 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
         events = cluster.get("/v1/events", task="lm")
     kinds = [e["kind"] for e in events]
     # Nothing was relaunched from a checkpoint: one launch, four recoveries in place.
-    assert kinds.count("task_launch") == 1, kinds
-    assert kinds.count("in_process_recovery") == 4, kinds
+    story = [(e["kind"], e["detail"]) for e in events]
+    assert kinds.count("task_launch") == 1, story
+    assert kinds.count("in_process_recovery") == 4, story
     assert kinds.count("task_grown") >= 3
     incidents = [e["detail"]["kind"] for e in events if e["kind"] == "incident"]
     assert incidents == ["exited_abnormally", "exited_abnormally", "task_hang", "node_lost"]

@@ -542,6 +542,14 @@ class Coordinator:
         survivors = [w for w in live if w.rank not in failed and w.node in healthy]
         keep = max((k for k in range(len(survivors), 0, -1) if spec.is_usable(k)), default=0)
         if keep == 0:
+            self.store.event(
+                "in_process_impossible",
+                task=name,
+                incident=incident_id,
+                why=f"{len(survivors)} survivor(s), no usable size",
+                live=[(w.rank, w.node, w.state) for w in live],
+                failed=sorted(failed),
+            )
             return False
         kept = survivors[:keep]
         new = Membership(
@@ -680,7 +688,7 @@ class Coordinator:
         with self.store.transaction() as db:
             db.execute(
                 "UPDATE workers SET state = 'stopped' "
-                "WHERE task = ? AND generation = ? AND state = 'launching'",
+                "WHERE task = ? AND generation = ? AND state IN ('launching', 'running')",
                 (name, growth.generation),
             )
         self.store.event("task_grow_cancelled", task=name, generation=growth.generation)
@@ -841,9 +849,11 @@ class Coordinator:
         }
         gone: dict[str, set[int]] = {}
         for w in self.store.query(
-            "SELECT task, rank FROM workers WHERE node = ? AND state IN ('launching', 'running')", name
+            "SELECT w.task, w.rank FROM workers w JOIN tasks t ON t.name = w.task "
+            "WHERE w.node = ? AND w.generation = t.generation AND w.state IN ('launching', 'running')",
+            name,
         ):
-            gone.setdefault(w.task, set()).add(w.rank)
+            gone.setdefault(w.task, set()).add(w.rank)  # ranks of the task's current generation
         with self.store.transaction() as db:
             db.execute(
                 "UPDATE workers SET state = 'lost' WHERE node = ? AND state IN ('launching', 'running')",

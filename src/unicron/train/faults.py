@@ -14,7 +14,8 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
 - ``kill_after_reduce``: SIGKILL itself after the gradient all-reduce, before the update.
 
 A fault names a rank, a step and a generation; generation 0 means whichever worker of that rank
-first reaches the step in any generation, claimed once through the task's store.
+first reaches the step, or a later one, in any generation (the rank may not exist at that step
+while its task runs shrunk), claimed once through the task's store.
 
 Each injection first sends a FaultReport with the time, so detection latency can be measured.
 """
@@ -47,6 +48,7 @@ class FaultInjector:
         self.report = report
         self.slow_s = 0.0
         self._pending: list[FaultSpec] = []
+        self._settled: set[int] = set()  # generation-0 faults already claimed (by anyone)
 
     @classmethod
     def from_env(
@@ -78,9 +80,11 @@ class FaultInjector:
     def _due(self, step: int) -> list[FaultSpec]:
         due = [f for f in self.faults if f.step == step]
         for index, fault in enumerate(self.all_faults):
-            first = fault.generation == 0 and fault.step == step and fault.rank == self.rank
-            if first and self.claim is not None and self.claim(index):
-                due.append(fault)
+            first = fault.generation == 0 and fault.step <= step and fault.rank == self.rank
+            if first and index not in self._settled and self.claim is not None:
+                self._settled.add(index)  # claimed now, by this worker or an earlier one
+                if self.claim(index):
+                    due.append(fault)
         return due
 
     def step_started(self, step: int) -> None:
