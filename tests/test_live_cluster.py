@@ -130,9 +130,13 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
 @pytest.mark.timeout(600)
 def test_planner_places_by_weight_and_tasks_wait(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
-        # Both run only on 4 slots or 2; the heavier one is worth more on all 4.
-        cluster.submit(task_yaml("light", 1, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"))
-        cluster.submit(task_yaml("heavy", 3, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"))
+        # Both run only on 4 slots; the heavier one is worth more. Submitted in one request, so
+        # that the planner sees both (one at a time, the first would start before the second).
+        both = [
+            task_yaml("light", 1, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"),
+            task_yaml("heavy", 3, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"),
+        ]
+        cluster.submit("tasks:\n" + "".join("  - " + t.replace("\n", "\n    ").rstrip() + "\n" for t in both))
         cluster.wait(lambda: cluster.task("heavy")["state"] in ("running", "finished"), 120, "heavy to run")
         # (light may already be starting if heavy finished fast; the event order below is the check)
         assert_status_shows(cluster.url, "Nodes", "Tasks", "Workers", "node-0", "node-1", "heavy", "light")

@@ -8,6 +8,7 @@ with the parameters of a failure-free run.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,8 @@ def test_injected_faults_are_detected_classified_and_handled(tmp_path: Path) -> 
     program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", "0.05"])
     spec = (
         f"name: lm\nweight: 1\nthroughput: {{4: 3.6e9}}\nrun:\n  program: [{program}]\n"
-        f"  iterations: {ITERATIONS}\n  checkpoint_every: 5\n  recovery: restart\n{FAULTS}"
+        f"  iterations: {ITERATIONS}\n  checkpoint_every: 5\n  recovery: restart\n"
+        f"  env: {{UNICRON_TRACE_FILE: {tmp_path / 'trace.jsonl'}}}\n{FAULTS}"
     )
     # Repeated errors on one node would isolate it (tested in test_detection_logic); here the
     # task needs all four slots, so isolation is kept out of the way.
@@ -69,3 +71,7 @@ def test_injected_faults_are_detected_classified_and_handled(tmp_path: Path) -> 
     assert final is not None
     assert_same_parameters(final["model"], reference(tmp_path, ITERATIONS))
     assert ROOT.exists()
+    # Restarted workers took their state from their node's in-memory copy, not from storage.
+    rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    sources = {r["source"] for r in rows if r["what"] == "resumed"}
+    assert "host_memory" in sources, sources

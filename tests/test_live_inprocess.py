@@ -50,6 +50,8 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
             300,
             "three in-place recoveries and growing back",
         )
+        grown = task()["step"]
+        cluster.wait(lambda: task()["step"] >= grown + 5, 120, "training on 4 after the regrow")
         cluster.kill_node("node-1")
         cluster.wait(lambda: task()["state"] == "finished", 300, "the task to finish")
         events = cluster.get("/v1/events", task="lm")

@@ -812,6 +812,10 @@ class Coordinator:
         if not monitor.late(now - self.limits.heartbeat_interval_s):
             return
         workers = self.store.workers(task.name, task.generation, live=True)
+        nodes = {n.name: n for n in self.store.nodes()}
+        hosts = {w.node for w in workers}
+        if any(now - nodes[h].last_seen > 2 * self.limits.heartbeat_interval_s for h in hosts if h in nodes):
+            return  # a node of the task is silent: that is decided first (lost, or heard again)
         culprits = [w for w in workers if self.stopped.get((task.name, task.generation, w.rank))]
         self.store.event(
             "hang_detected",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from pathlib import Path
@@ -29,6 +30,43 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int = 3) -> Pa
     for old in sorted(directory.glob("step-*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
     return target
+
+
+def host_dir(persistent: Path, node: str, root: str | None = None) -> Path | None:
+    """Where a node keeps its in-memory copy of a task's checkpoints: a RAM-backed folder
+    (/dev/shm), one per persistent checkpoint folder (so per task and cluster) and per node.
+    None when the host has no such folder."""
+    base = Path(root) if root else Path("/dev/shm")
+    if not base.is_dir():
+        return None
+    key = hashlib.sha256(str(persistent.resolve()).encode()).hexdigest()[:16]
+    return base / "unicron" / key / node
+
+
+def load_nearest(
+    persistent: Path, host: Path | None, model: torch.nn.Module
+) -> tuple[dict[str, Any], str] | None:
+    """The newest checkpoint from the nearest tier: the node's in-memory copy when it is at
+    least as new as the persistent one and its parameters match the digest saved with it, else
+    the persistent checkpoint. Returns (state, "host_memory" | "persistent")."""
+    saved = load_latest(persistent)
+    if host is not None:
+        try:
+            near = load_latest(host)
+        except Exception:  # a torn or foreign file: not a usable copy
+            near = None
+        if near is not None and (saved is None or near["step"] >= saved["step"]) and _intact(near, model):
+            return near, "host_memory"
+    return (saved, "persistent") if saved is not None else None
+
+
+def _intact(state: dict[str, Any], model: torch.nn.Module) -> bool:
+    want = state.get("digest")
+    if want is None:
+        return False
+    probe = copy.deepcopy(model)
+    probe.load_state_dict(state["model"])
+    return bool(digest(probe) == want)
 
 
 def load_latest(directory: Path) -> dict[str, Any] | None:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import hashlib
 import io
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -77,20 +79,40 @@ def _digest_number(model: torch.nn.Module) -> int:
     return int(checkpoint.digest(model)[:15], 16)
 
 
-def agree(model: torch.nn.Module, optimizer: torch.optim.Optimizer, completed: int) -> tuple[int, bool]:
-    """Make every member hold the same state. Returns (completed step after agreement, whether
-    anything had to be copied). The lowest rank holding the highest completed step is the source;
-    the state it sends is verified by its digest."""
+@dataclass(frozen=True)
+class Agreement:
+    step: int  # completed step every member now holds
+    copied: bool  # whether state had to be sent
+    source: int | None = None  # the rank it came from
+    received: bool = False  # whether this member received it (it was behind)
+    same_node: bool = False  # whether the source is on this member's node
+
+
+def _node_number(node: str) -> int:
+    return int(hashlib.sha256(node.encode()).hexdigest()[:15], 16)
+
+
+def agree(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, completed: int, node: str = ""
+) -> Agreement:
+    """Make every member hold the same state. Members exchange (completed step, parameter
+    digest, node); those behind take the state of a member holding the newest step: the nearest
+    one, on the same node as the first member behind if there is one, else the lowest rank. The
+    state it sends is verified by its digest."""
     world = dist.get_world_size()
-    mine = torch.tensor([completed, _digest_number(model)], dtype=torch.int64)
-    gathered = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+    mine = torch.tensor([completed, _digest_number(model), _node_number(node)], dtype=torch.int64)
+    gathered = [torch.zeros(3, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(gathered, mine)
     steps = [int(g[0]) for g in gathered]
     digests = [int(g[1]) for g in gathered]
+    nodes = [int(g[2]) for g in gathered]
     top = max(steps)
     if all(s == top for s in steps) and len(set(digests)) == 1:
-        return top, False
-    source = min(r for r in range(world) if steps[r] == top)
+        return Agreement(top, False)
+    lowest = min(r for r in range(world) if steps[r] == top)
+    current = [r for r in range(world) if steps[r] == top and digests[r] == digests[lowest]]
+    behind = [r for r in range(world) if r not in current]
+    source = next((r for r in current if behind and nodes[r] == nodes[behind[0]]), lowest)
     if dist.get_rank() == source:
         buffer = io.BytesIO()
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
@@ -108,4 +130,5 @@ def agree(model: torch.nn.Module, optimizer: torch.optim.Optimizer, completed: i
         optimizer.load_state_dict(state["optimizer"])
         if _digest_number(model) != digests[source]:
             raise RuntimeError("state received from a live replica does not match its digest")
-    return top, True
+    me = dist.get_rank()
+    return Agreement(top, True, source, me in behind, nodes[source] == nodes[me])

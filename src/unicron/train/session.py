@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import threading
 import time
 import traceback
@@ -100,12 +102,21 @@ class Session:
         self.rank = int(env.get("UNICRON_RANK", env.get("RANK", "0")))
         self.world_size = int(env.get("UNICRON_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
         self.local_rank = int(env.get("UNICRON_LOCAL_RANK", env.get("LOCAL_RANK", "0")))
+        self.node = env.get("UNICRON_NODE", socket.gethostname())
         self.trace_file = env.get("UNICRON_TRACE_FILE")
         self.store_address = env.get("UNICRON_STORE")
         self.iterations = int(env.get("UNICRON_ITERATIONS", iterations or 0))
         self.checkpoint_every = int(env.get("UNICRON_CHECKPOINT_EVERY", checkpoint_every or 0))
         directory = env.get("UNICRON_CHECKPOINT_DIR", str(checkpoint_dir) if checkpoint_dir else "")
         self.checkpoint_dir = Path(directory) if directory else None
+        # The in-memory tier: a copy in the node's RAM (tmpfs), read back far faster than the
+        # persistent checkpoint when a process restarts on the same node.
+        use_host = env.get("UNICRON_HOST_CHECKPOINTS", "1") != "0"
+        self.host_dir = (
+            checkpoint.host_dir(self.checkpoint_dir, self.node, env.get("UNICRON_HOST_CHECKPOINT_ROOT"))
+            if self.checkpoint_dir is not None and use_host
+            else None
+        )
         self.timeout = timedelta(seconds=float(env.get("UNICRON_PG_TIMEOUT", timeout_s)))
         self.channel = ReportChannel(env.get("UNICRON_AGENT_SOCKET"))
         self.faults = FaultInjector.from_env(env, self.rank, self.generation, self.task, self._fault_report)
@@ -187,17 +198,26 @@ class Session:
     # ------------------------------------------------------------------ the loop
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Load the latest checkpoint, if any; return the step it holds (0 without one)."""
-        state = checkpoint.load_latest(self.checkpoint_dir) if self.checkpoint_dir else None
-        if state is not None:
+        found = (
+            checkpoint.load_nearest(self.checkpoint_dir, self.host_dir, model)
+            if self.checkpoint_dir
+            else None
+        )
+        if found is not None:
+            state, source = found
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             self.step = int(state["step"])
+            self.trace("resumed", step=self.step, source=source)
         if dist.is_initialized():
             # Members check they hold the same state; a newcomer joining live replicas gets
             # theirs here instead of the (older) checkpoint.
-            self.step, copied = membership.agree(model, optimizer, self.step)
-            if copied:
-                self.trace("state_from_replica", step=self.step)
+            agreed = membership.agree(model, optimizer, self.step, self.node)
+            self.step = agreed.step
+            if agreed.received:
+                self.trace(
+                    "state_from_replica", step=self.step, source=agreed.source, same_node=agreed.same_node
+                )
         return self.step
 
     def _on_stop(self, signum: int, frame: Any) -> None:
@@ -359,7 +379,8 @@ class Session:
         membership.join(
             self._base_store, self.task, self.generation, self.rank, self.world_size, self.timeout
         )
-        self.step, copied = membership.agree(model, optimizer, self.step)
+        agreed = membership.agree(model, optimizer, self.step, self.node)
+        self.step, copied = agreed.step, agreed.copied
         self.trace("rejoined", seconds=time.time() - started, world=self.world_size, copied=copied)
         return Rejoined(new.ranks, copied)
 
@@ -444,7 +465,8 @@ class Session:
         if self.checkpoint_dir is None:
             return
         due = force or (self.checkpoint_every and self.step % self.checkpoint_every == 0)
-        if not due or self.rank != 0:
+        host = self.host_dir is not None and self.local_rank == 0  # one copy per node
+        if not due or (self.rank != 0 and not host):
             return
         state: dict[str, Any] = {
             "model": model.state_dict(),
@@ -454,7 +476,12 @@ class Session:
             "task": self.task,
             "generation": self.generation,
             "world_size": self.world_size,
+            "digest": checkpoint.digest(model),
         }
+        if host and self.host_dir is not None:
+            checkpoint.save(self.host_dir, self.step, state, keep=2)
+        if self.rank != 0:
+            return
         path = checkpoint.save(self.checkpoint_dir, self.step, state)
         self.channel.send(
             CheckpointReport(
@@ -465,6 +492,8 @@ class Session:
     def finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
         """Save the final state and report the parameters' digest; returns it."""
         self.maybe_checkpoint(model, optimizer, force=True)
+        if self.step >= self.iterations and self.host_dir is not None and self.local_rank == 0:
+            shutil.rmtree(self.host_dir, ignore_errors=True)  # the task is over: free the node's RAM
         value = checkpoint.digest(model)
         self.channel.send(
             DoneReport(
