@@ -17,6 +17,8 @@ Writes docs/bench/recovery.json and docs/recovery.md (run by `make bench`).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -103,7 +105,7 @@ def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], bool]:
             "three recoveries",
         )
         killed = time.time()
-        cluster.kill_node("node-1")
+        cluster.freeze_node("node-1")  # silent, connections open: as a machine losing power
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 400, "the task to finish")
     rows = trace_rows(trace)
     for name, fault in UNICRON_FAULTS:
@@ -148,6 +150,31 @@ def torchrun_once(root: Path, fault: dict[str, Any], pg_timeout: float) -> dict[
     return {**measure(rows, injected, 1), "lost_microbatches": steps_lost * MICRO_PER_STEP}
 
 
+def torchrun_frozen_node(root: Path, pg_timeout: float) -> dict[str, Any]:
+    """Node loss under torchrun (one host): freeze ranks 2 and 3, a node's worth of workers."""
+    step = 25
+    args = [*ARGS, "--iterations", str(step + 15), "--checkpoint-every", str(CHECKPOINT_EVERY)]
+    with Torchrun(root, None, args, pg_timeout, max_restarts=2) as job:
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(
+            r["what"] == "samples" and r["step"] >= step for r in job.rows()
+        ):
+            time.sleep(0.02)
+        frozen = time.time()
+        for r in job.rows():
+            if r["what"] == "started" and r["rank"] in (2, 3):
+                os.kill(r["pid"], signal.SIGSTOP)
+        job.wait(pg_timeout + 120)
+        rows = job.rows()
+    done = max(r["step"] for r in rows if r["what"] == "samples" and r["time"] <= frozen)
+    lost = (done + 1) - ((done + 1) // CHECKPOINT_EVERY) * CHECKPOINT_EVERY
+    return {
+        **measure(rows, frozen, 1),
+        "lost_microbatches": lost * MICRO_PER_STEP,
+        "frozen_at_step": done + 1,
+    }
+
+
 def torchrun(root: Path) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     cases = {
@@ -173,6 +200,10 @@ def torchrun(root: Path) -> dict[str, dict[str, Any]]:
                 "lost_microbatches": None,
                 "note": "torchrun's relaunch never completed an iteration in two attempts",
             }
+    try:
+        out["node_loss"] = {**torchrun_frozen_node(root / "node_loss", 20.0), "process_group_timeout_s": 20.0}
+    except (StopIteration, ValueError):
+        out["node_loss"] = {"downtime_s": None, "lost_microbatches": None, "note": "no relaunch completed"}
     return out
 
 
