@@ -34,6 +34,10 @@ from unicron.control.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512", "--step-delay", "0.02"]
+# The same hang on iterations of about half a second, where 3 x the mean outweighs the floor.
+LONG_ARGS = [*ARGS[:-1], "0.5"]
+LONG = "hang_long_iterations"
+LABELS = {LONG: "hang (0.5 s iterations)"}
 CLASSES = ("exception", "process_exit", "hang")
 ACTIONS = {"exception": "raise", "process_exit": "kill", "hang": "hang"}
 REPEATS = int(os.environ.get("UNICRON_BENCH_REPEATS", "3"))
@@ -45,15 +49,17 @@ def summary(values: list[float]) -> dict[str, Any]:
     return {"median_s": statistics.median(values), "max_s": max(values), "samples": values}
 
 
-def task_spec(name: str, iterations: int, faults: list[dict[str, Any]]) -> str:
-    program = ", ".join(["python", str(TRAIN), *ARGS])
+def task_spec(
+    name: str, iterations: int, faults: list[dict[str, Any]], args: list[str] = ARGS, every: int = 5
+) -> str:
+    program = ", ".join(["python", str(TRAIN), *args])
     return (
         f"name: {name}\nweight: 1\nthroughput: {{4: 1.0e9}}\nrun:\n  program: [{program}]\n"
-        f"  iterations: {iterations}\n  checkpoint_every: 5\n  faults: {json.dumps(faults)}\n"
+        f"  iterations: {iterations}\n  checkpoint_every: {every}\n  faults: {json.dumps(faults)}\n"
     )
 
 
-def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float]:
+def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float, float]:
     faults, step = [], 10
     for repeat in range(REPEATS):
         for index, cls in enumerate(CLASSES):
@@ -65,6 +71,7 @@ def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float]:
     spec = task_spec("bench", step + 5, faults)
     results: dict[str, list[float]] = {c: [] for c in (*CLASSES, "node_loss")}
     means: list[float] = []
+    heartbeat = 0.5
     settings = {"hang_warmup_steps": 3, "hang_floor_s": 1.0, "isolate_after": 100, "max_restarts": 100}
     with LocalCluster(root / "unicron", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
@@ -76,6 +83,7 @@ def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float]:
                 results[cls].append(d["detection_s"])
             if e["kind"] == "hang_detected" and d.get("mean_s"):
                 means.append(d["mean_s"])
+        mean = statistics.median(means) if means else 0.0
         # Node loss: freeze an agent and its workers while a task trains on it, twice.
         for repeat in range(2):
             name = f"node{repeat}"
@@ -107,15 +115,30 @@ def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float]:
                 60,
                 "the node back",
             )
-    heartbeat = 0.5
-    mean = statistics.median(means) if means else 0.0
-    return {c: summary(v) for c, v in results.items() if v}, 3 * mean + heartbeat
+        # Hangs on longer iterations: one more task, one hang per generation.
+        faults = [
+            {"action": "hang", "rank": 1 + g % 3, "step": 8 * g, "generation": g}
+            for g in range(1, REPEATS + 1)
+        ]
+        # No checkpoint right before a hang: the step after one is allowed checkpoint_allowance_s.
+        cluster.submit(task_spec("long", 8 * REPEATS + 6, faults, LONG_ARGS, every=100))
+        cluster.wait(lambda: cluster.task("long")["state"] in ("finished", "failed"), 600, "the long task")
+        long_means = []
+        for e in cluster.get("/v1/events", task="long"):
+            d = e["detail"]
+            if e["kind"] == "incident" and d.get("detection_s") is not None:
+                results.setdefault(LONG, []).append(d["detection_s"])
+            if e["kind"] == "hang_detected" and d.get("mean_s"):
+                long_means.append(d["mean_s"])
+    long_target = 3 * statistics.median(long_means) + heartbeat if long_means else 0.0
+    ours = {c: summary(v) for c, v in results.items() if v}
+    return ours, 3 * mean + heartbeat, long_target
 
 
-def torchrun_once(root: Path, action: str, pg_timeout: float) -> float:
+def torchrun_once(root: Path, action: str, pg_timeout: float, args: list[str] = ARGS) -> float:
     """Seconds from the injection to torchrun's first reaction the workers can see."""
     fault = {"action": action, "rank": 1, "step": 10}
-    with Torchrun(root, fault, [*ARGS, "--iterations", "200"], pg_timeout) as job:
+    with Torchrun(root, fault, [*args, "--iterations", "200"], pg_timeout) as job:
         deadline = time.time() + pg_timeout + 120
         while time.time() < deadline:
             rows = job.rows()
@@ -173,21 +196,23 @@ def torchrun(root: Path) -> dict[str, dict[str, Any]]:
         out[cls] = summary(values)
     frozen = [torchrun_frozen_node(root / f"node-{i}", TUNED_PG_TIMEOUT_S) for i in range(2)]
     out["node_loss"] = summary(frozen)
+    long = [torchrun_once(root / f"long-{i}", "hang", TUNED_PG_TIMEOUT_S, LONG_ARGS) for i in range(2)]
+    out[LONG] = summary(long)
     return out
 
 
 def main() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="unicron-detection-") as tmp:
-        ours, hang_target = unicron(Path(tmp))
+        ours, hang_target, long_target = unicron(Path(tmp))
         theirs = torchrun(Path(tmp) / "torchrun")
     result: dict[str, Any] = {}
-    for cls in (*CLASSES, "node_loss"):
+    for cls in (*CLASSES, "node_loss", LONG):
         entry: dict[str, Any] = {"unicron": ours.get(cls)}
         if cls in theirs:
             tuned = theirs[cls]
             entry["torchrun"] = (
                 tuned
-                if cls not in ("hang", "node_loss")
+                if cls not in ("hang", "node_loss", LONG)
                 else {
                     "median_s": DEFAULT_GLOO_TIMEOUT_S,
                     "max_s": DEFAULT_GLOO_TIMEOUT_S,
@@ -204,6 +229,7 @@ def main() -> dict[str, Any]:
         "process_exit_s": 1.0,
         "node_loss_s": 3.0,
         "hang_s": round(hang_target, 3),
+        f"{LONG}_s": round(long_target, 3),
         "hang_rule": "3 x mean iteration + one heartbeat",
     }
     (ROOT / "docs" / "bench").mkdir(parents=True, exist_ok=True)
@@ -223,13 +249,19 @@ def _cell(entry: dict[str, Any] | None) -> str:
 def write_markdown(r: dict[str, Any]) -> None:
     t = r["targets"]
     rows = "\n".join(
-        f"| {cls.replace('_', ' ')} | {_cell(r[cls]['unicron'])} | {_cell(r[cls].get('torchrun'))} | "
-        f"{_cell(r[cls].get('torchrun_tuned'))} |"
-        for cls in (*CLASSES, "node_loss")
+        f"| {LABELS.get(cls, cls.replace('_', ' '))} | {_cell(r[cls]['unicron'])} | "
+        f"{_cell(r[cls].get('torchrun'))} | {_cell(r[cls].get('torchrun_tuned'))} |"
+        for cls in (*CLASSES, "node_loss", LONG)
     )
     template = (Path(__file__).parent / "templates" / "detection.md").read_text()
     (ROOT / "docs" / "detection.md").write_text(
-        template.format(rows=rows, repeats=REPEATS, hang_target=t["hang_s"], pg=TUNED_PG_TIMEOUT_S)
+        template.format(
+            rows=rows,
+            repeats=REPEATS,
+            hang_target=t["hang_s"],
+            long_target=t[f"{LONG}_s"],
+            pg=TUNED_PG_TIMEOUT_S,
+        )
     )
 
 
