@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import tempfile
 import time
@@ -162,15 +161,7 @@ def torchrun_once(root: Path, action: str, pg_timeout: float, args: list[str] = 
 def torchrun_frozen_node(root: Path, pg_timeout: float) -> float:
     """Seconds from freezing ranks 2 and 3 to torchrun's first reaction the workers can see."""
     with Torchrun(root, None, [*ARGS, "--iterations", "400"], pg_timeout) as job:
-        deadline = time.time() + 120
-        while time.time() < deadline and not any(
-            r["what"] == "samples" and r["step"] >= 10 for r in job.rows()
-        ):
-            time.sleep(0.1)
-        pids = [r["pid"] for r in job.rows() if r["what"] == "started" and r["rank"] in (2, 3)]
-        frozen = time.time()
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
+        frozen = job.freeze_node()
         deadline = frozen + pg_timeout + 120
         while time.time() < deadline:
             reactions = [

@@ -17,8 +17,6 @@ Writes docs/bench/recovery.json and docs/recovery.md (run by `make bench`).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -155,15 +153,7 @@ def torchrun_frozen_node(root: Path, pg_timeout: float) -> dict[str, Any]:
     step = 25
     args = [*ARGS, "--iterations", str(step + 15), "--checkpoint-every", str(CHECKPOINT_EVERY)]
     with Torchrun(root, None, args, pg_timeout, max_restarts=2) as job:
-        deadline = time.time() + 120
-        while time.time() < deadline and not any(
-            r["what"] == "samples" and r["step"] >= step for r in job.rows()
-        ):
-            time.sleep(0.02)
-        frozen = time.time()
-        for r in job.rows():
-            if r["what"] == "started" and r["rank"] in (2, 3):
-                os.kill(r["pid"], signal.SIGSTOP)
+        frozen = job.freeze_node(after_step=step)
         job.wait(pg_timeout + 120)
         rows = job.rows()
     done = max(r["step"] for r in rows if r["what"] == "samples" and r["time"] <= frozen)

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -70,6 +71,20 @@ class Torchrun:
 
     def rows(self) -> list[dict[str, Any]]:
         return trace_rows(self.trace)
+
+    def freeze_node(self, ranks: tuple[int, ...] = (2, 3), after_step: int = 10) -> float:
+        """Once training passed ``after_step``, stop ``ranks`` (SIGSTOP: a node's worth of
+        workers gone silent with their connections open); returns when."""
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(
+            r["what"] == "samples" and r["step"] >= after_step for r in self.rows()
+        ):
+            time.sleep(0.02)
+        frozen = time.time()
+        for r in self.rows():
+            if r["what"] == "started" and r["rank"] in ranks:
+                os.kill(r["pid"], signal.SIGSTOP)
+        return frozen
 
     def wait(self, seconds: float) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -7,16 +7,20 @@ over the same global batches (up to float summation order).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from unicron.control.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
+from unicron.train.data import global_batch_ids
 
 from .conftest import ROOT
 
@@ -68,6 +72,29 @@ def reference(tmp: Path, iterations: int, extra: Sequence[str] = ()) -> dict[str
     state = load_latest(out)
     assert state is not None and state["step"] == iterations
     return dict(state["model"])
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    """The JSON-lines trace the library writes (UNICRON_TRACE_FILE)."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_ledger_exact(rows: list[dict[str, Any]], iterations: int, seed: int = 0) -> None:
+    """The sample ledger: every step trained on exactly its global batch, once (no step lost or
+    repeated, no sample skipped or seen twice)."""
+    steps: dict[int, list[int]] = {}
+    for r in rows:
+        if r["what"] == "samples":
+            steps.setdefault(r["step"], []).extend(r["ids"])
+    for step in range(1, iterations + 1):
+        assert Counter(steps.get(step, [])) == Counter(global_batch_ids(step, 16, 512, seed)), step
+
+
+def assert_ends_exact(tmp: Path, task: str, iterations: int, extra: Sequence[str] = ()) -> None:
+    """The task's final checkpoint holds every step and the parameters of a failure-free run."""
+    final = load_latest(tmp / "cluster" / "checkpoints" / task)
+    assert final is not None and final["step"] == iterations
+    assert_same_parameters(final["model"], reference(tmp / f"reference-{task}", iterations, extra))
 
 
 def assert_same_parameters(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:

@@ -10,16 +10,13 @@ failure-free run and with every step having trained on exactly its global batch.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from unicron.control.localcluster import LocalCluster
-from unicron.train.checkpoint import load_latest
-from unicron.train.data import global_batch_ids
 
-from .test_live_cluster import ARGS, TRAIN, assert_same_parameters, reference
+from .test_live_cluster import ARGS, TRAIN, assert_ends_exact, assert_ledger_exact, read_trace
 
 ITERATIONS = 160  # room for the node loss after three regrows, also on a loaded machine
 FAULTS = [
@@ -65,23 +62,15 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
     assert incidents == ["exited_abnormally", "exited_abnormally", "task_hang", "node_lost"]
     outcomes = [e["detail"] for e in events if e["kind"] == "outcome"]
     assert [o["outcome"] for o in outcomes] == ["recovered"] * 4
-    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    rows = read_trace(trace)
     # Every membership change ended with the members agreeing on (step, digest); newcomers took
     # their state from live replicas (unless their checkpoint already equalled it).
     grown = [e["detail"]["generation"] for e in events if e["kind"] == "task_grown"]
     agreed = {r["generation"] for r in rows if r["what"] == "rejoined"}
     assert set(grown) <= agreed
     assert any(r["what"] == "state_from_replica" for r in rows)
-    # The sample ledger: every step trained on exactly its global batch, once.
-    steps: dict[int, list[int]] = {}
-    for r in rows:
-        if r["what"] == "samples":
-            steps.setdefault(r["step"], []).extend(r["ids"])
-    for step in range(1, ITERATIONS + 1):
-        assert Counter(steps.get(step, [])) == Counter(global_batch_ids(step, 16, 512, 0)), step
-    final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
-    assert final is not None and final["step"] == ITERATIONS
-    assert_same_parameters(final["model"], reference(tmp_path, ITERATIONS))
+    assert_ledger_exact(rows, ITERATIONS)
+    assert_ends_exact(tmp_path, "lm", ITERATIONS)
 
 
 @pytest.mark.timeout(420)
@@ -113,13 +102,6 @@ def test_survivors_abandon_a_collective_stuck_on_a_frozen_node(tmp_path: Path) -
     assert [e["detail"]["kind"] for e in events if e["kind"] == "incident"] == ["node_lost"]
     assert "in_process_recovery" in kinds
     assert [e["detail"]["outcome"] for e in events if e["kind"] == "outcome"] == ["recovered"]
-    rows = [json.loads(line) for line in trace.read_text().splitlines()]
-    steps: dict[int, list[int]] = {}
-    for r in rows:
-        if r["what"] == "samples":
-            steps.setdefault(r["step"], []).extend(r["ids"])
-    for step in range(1, iterations + 1):
-        assert Counter(steps.get(step, [])) == Counter(global_batch_ids(step, 16, 512, 0)), step
-    final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
-    assert final is not None and final["step"] == iterations
-    assert_same_parameters(final["model"], reference(tmp_path, iterations))
+    rows = read_trace(trace)
+    assert_ledger_exact(rows, iterations)
+    assert_ends_exact(tmp_path, "lm", iterations)

@@ -8,16 +8,13 @@ the planner grows the task back on the healthy nodes only, and the run ends exac
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from unicron.control.localcluster import LocalCluster
-from unicron.train.checkpoint import load_latest
-from unicron.train.data import global_batch_ids
 
-from .test_live_cluster import ARGS, TRAIN, assert_same_parameters, reference
+from .test_live_cluster import ARGS, TRAIN, assert_ends_exact, assert_ledger_exact, read_trace
 
 ITERATIONS = 60
 
@@ -45,13 +42,6 @@ def test_a_sev1_error_isolates_its_node(tmp_path: Path) -> None:
     after = [e for e in events if e["id"] > incident["id"] and e["kind"] in ("task_launch", "task_grow")]
     assert after and all(incident["node"] not in e["detail"]["placement"] for e in after), after
     assert [e["kind"] for e in events].count("task_launch") == 1  # recovered in place
-    rows = [json.loads(line) for line in trace.read_text().splitlines()]
-    steps: dict[int, list[int]] = {}
-    for r in rows:
-        if r["what"] == "samples":
-            steps.setdefault(r["step"], []).extend(r["ids"])
-    for step in range(1, ITERATIONS + 1):
-        assert Counter(steps.get(step, [])) == Counter(global_batch_ids(step, 16, 512, 0)), step
-    final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
-    assert final is not None and final["step"] == ITERATIONS
-    assert_same_parameters(final["model"], reference(tmp_path, ITERATIONS))
+    rows = read_trace(trace)
+    assert_ledger_exact(rows, ITERATIONS)
+    assert_ends_exact(tmp_path, "lm", ITERATIONS)

@@ -11,7 +11,6 @@ failure-free run.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,8 @@ import pytest
 from unicron.control.localcluster import LocalCluster
 from unicron.core.specs import ClusterSpec, TaskSpec
 from unicron.planning.planner import ClusterState, plan
-from unicron.train.checkpoint import load_latest
-from unicron.train.data import global_batch_ids
 
-from .test_live_cluster import ARGS, TRAIN, assert_same_parameters, reference
+from .test_live_cluster import ARGS, TRAIN, assert_ends_exact, assert_ledger_exact, read_trace
 
 ITERATIONS = 160
 TASKS = {  # name -> (weight, throughput table, seed)
@@ -94,22 +91,10 @@ def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) 
     assert kinds.count(("task_launch", "alpha")) == 1, kinds
     assert ("task_grown", "alpha") in kinds
     for name in TASKS:
-        rows = [json.loads(line) for line in traces[name].read_text().splitlines()]
-        steps: dict[int, list[int]] = {}
-        for r in rows:
-            if r["what"] == "samples":
-                steps.setdefault(r["step"], []).extend(r["ids"])
-        # No step lost or repeated, no sample skipped or seen twice.
-        for step in range(1, ITERATIONS + 1):
-            assert Counter(steps.get(step, [])) == Counter(global_batch_ids(step, 16, 512, TASKS[name][2])), (
-                name,
-                step,
-            )
-        final = load_latest(tmp_path / "cluster" / "checkpoints" / name)
-        assert final is not None and final["step"] == ITERATIONS
+        seed = TASKS[name][2]
+        assert_ledger_exact(read_trace(traces[name]), ITERATIONS, seed)
         if name != "beta":  # beta never changed; alpha and gamma must equal a failure-free run
-            want = reference(tmp_path / name, ITERATIONS, ["--seed", str(TASKS[name][2])])
-            assert_same_parameters(final["model"], want)
+            assert_ends_exact(tmp_path, name, ITERATIONS, ["--seed", str(seed)])
 
 
 def test_helpers_agree_with_the_demo_file() -> None:

@@ -8,17 +8,13 @@ with every step's global batch exact and the parameters of a failure-free run.
 
 from __future__ import annotations
 
-import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from unicron.control.localcluster import LocalCluster
-from unicron.train.checkpoint import load_latest
-from unicron.train.data import global_batch_ids
 
-from .test_live_cluster import ARGS, TRAIN, assert_same_parameters, reference
+from .test_live_cluster import ARGS, TRAIN, assert_ends_exact, assert_ledger_exact, read_trace
 
 ITERATIONS = 60
 
@@ -40,11 +36,8 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
         cluster.wait(
             lambda: "spare_launched" in kinds() and cluster.task("lm")["step"] >= 10, 300, "a hot spare"
         )
-        rows = [json.loads(line) for line in trace.read_text().splitlines()]
         cluster.wait(
-            lambda: any(
-                json.loads(line)["what"] == "spare_waiting" for line in trace.read_text().splitlines()
-            ),
+            lambda: any(r["what"] == "spare_waiting" for r in read_trace(trace)),
             120,
             "the spare to be loaded and waiting",
         )
@@ -58,14 +51,7 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
     assert grows and grows[0]["spares_used"] and grows[0]["placement"] == {}, grows
     assert "task_grown" in names
     assert names.count("spare_launched") >= 2  # the freed slot got a new spare
-    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    rows = read_trace(trace)
     assert any(r["what"] == "spare_used" for r in rows)
-    steps: dict[int, list[int]] = {}
-    for r in rows:
-        if r["what"] == "samples":
-            steps.setdefault(r["step"], []).extend(r["ids"])
-    for step in range(1, ITERATIONS + 1):
-        assert Counter(steps.get(step, [])) == Counter(global_batch_ids(step, 16, 512, 0)), step
-    final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
-    assert final is not None and final["step"] == ITERATIONS
-    assert_same_parameters(final["model"], reference(tmp_path, ITERATIONS))
+    assert_ledger_exact(rows, ITERATIONS)
+    assert_ends_exact(tmp_path, "lm", ITERATIONS)

@@ -35,19 +35,19 @@ def test_the_nodes_in_memory_copy_is_used_when_newest_and_intact(tmp_path: Path)
     assert host is not None and host != checkpoint.host_dir(persistent, "node-1", str(root))
     checkpoint.save(persistent, 10, state_of(model_at(1.0), 10))
     checkpoint.save(host, 10, state_of(model_at(1.0), 10))
-    found = checkpoint.load_nearest(persistent, host, model_at(0.0))
+    found = checkpoint.load_nearest(persistent, host)
     assert found is not None and found[1] == "host_memory" and found[0]["step"] == 10
     # An older in-memory copy loses to a newer persistent checkpoint.
     checkpoint.save(persistent, 20, state_of(model_at(2.0), 20))
-    found = checkpoint.load_nearest(persistent, host, model_at(0.0))
+    found = checkpoint.load_nearest(persistent, host)
     assert found is not None and (found[1], found[0]["step"]) == ("persistent", 20)
     # A newer copy whose parameters do not match its digest is not trusted.
     bad = state_of(model_at(3.0), 30)
     bad["digest"] = "0" * 16
     checkpoint.save(host, 30, bad)
-    found = checkpoint.load_nearest(persistent, host, model_at(0.0))
+    found = checkpoint.load_nearest(persistent, host)
     assert found is not None and (found[1], found[0]["step"]) == ("persistent", 20)
-    assert checkpoint.load_nearest(tmp_path / "none", None, model_at(0.0)) is None
+    assert checkpoint.load_nearest(tmp_path / "none", None) is None
 
 
 def _member(rank: int, port: int, out: mp.Queue) -> None:  # type: ignore[type-arg]

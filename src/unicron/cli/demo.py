@@ -10,6 +10,7 @@ progress. Every process it started is stopped at the end, also on Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import time
 from collections.abc import Callable
@@ -217,20 +218,18 @@ def waf_report(
         for p, a, b, lv, sv in zip(phases, edges[:-1], edges[1:], live_means, sim_means, strict=True)
     ]
     allocations = [{"time_s": e["time"] - t0, **e["detail"]} for e in events if e["kind"] == "plan"]
-    demo_waf.write_comparison(
-        root / "waf.json",
-        {
-            "phases": rows,
-            "measured_flops": measured,
-            "simulated_tables": tables,
-            "simulated_transition": transition.model_dump(),
-            "simulated_failures": [
-                {"time_s": f.time_s, "hit": dict(f.hit), "kind": f.kind.value, "repair_s": f.repair_s}
-                for f in failures
-            ],
-            "plans": allocations,
-        },
-    )
+    comparison = {
+        "phases": rows,
+        "measured_flops": measured,
+        "simulated_tables": tables,
+        "simulated_transition": transition.model_dump(),
+        "simulated_failures": [
+            {"time_s": f.time_s, "hit": dict(f.hit), "kind": f.kind.value, "repair_s": f.repair_s}
+            for f in failures
+        ],
+        "plans": allocations,
+    }
+    (root / "waf.json").write_text(json.dumps(comparison, indent=2) + "\n")
     table = Table(
         "phase",
         "seconds",

@@ -11,7 +11,6 @@ finishes (the simulator's tasks run forever).
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,7 +201,3 @@ def plot(
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def write_comparison(path: Path, rows: Mapping[str, Any]) -> None:
-    path.write_text(json.dumps(rows, indent=2) + "\n")

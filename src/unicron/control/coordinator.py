@@ -630,9 +630,6 @@ class Coordinator:
         env = self._worker_env(name, spec, generation, world, task.store_port)
         env["UNICRON_JOINING"] = "1"
         now = time.time()
-        held: dict[str, set[int]] = {}
-        for w in live:
-            held.setdefault(w.node, set()).add(w.local_rank)
         placement = dict(placement)
         spares = [s for s in self.spares.values() if s.task == name and s.used is None]
         used = []
@@ -643,7 +640,6 @@ class Coordinator:
                 spare.used = now
                 node = spare.node if placement.get(spare.node) else max(placement, key=lambda n: placement[n])
                 placement[node] -= 1
-                held.setdefault(spare.node, set()).add(spare.local_rank)
                 db.execute(
                     "UPDATE workers SET state = 'used' WHERE task = ? AND generation = ? AND rank = ?",
                     (name, SPARE_GENERATION, spare.rank),
@@ -668,7 +664,7 @@ class Coordinator:
                 used.append(spare.rank)
                 rank += 1
             placement = {n: c for n, c in placement.items() if c > 0}
-            self._start_workers(db, name, spec, env, generation, world, placement, rank, held, now)
+            self._start_workers(db, name, spec, env, generation, world, placement, rank, now)
         self.growing[name] = _Growth(generation, new, newcomers, now)
         self.store.event(
             "task_grow",
@@ -1116,36 +1112,17 @@ class Coordinator:
             "SELECT MAX(rank) AS r FROM workers WHERE task = ? AND generation = ?", name, SPARE_GENERATION
         )
         rank = max(1000, int(row.r) + 1 if row is not None and row.r is not None else 1000)
-        taken = {
-            int(w.local_rank)
-            for w in self.store.query(
-                "SELECT local_rank FROM workers "
-                "WHERE node = ? AND state IN ('launching', 'running', 'spare')",
-                node,
-            )
-        }
-        local = next(i for i in range(len(taken) + 1) if i not in taken)
-        env = self._worker_env(name, spec, SPARE_GENERATION, 0, task.store_port)
-        env.update(UNICRON_SPARE="1", UNICRON_RANK=str(rank))
+        env = {**self._worker_env(name, spec, SPARE_GENERATION, 0, task.store_port), "UNICRON_SPARE": "1"}
         with self.store.transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO workers (task, generation, rank, node, local_rank, state, launched) "
-                "VALUES (?, ?, ?, ?, ?, 'spare', ?)",
-                (name, SPARE_GENERATION, rank, node, local, now),
-            )
-        self.pending.add(
-            node,
-            LaunchWorker(
-                task=name,
-                generation=SPARE_GENERATION,
-                rank=rank,
-                world_size=0,
-                local_rank=local,
-                argv=list(spec.run.program),
-                env=env,
-            ),
+            self._start_workers(db, name, spec, env, SPARE_GENERATION, 0, {node: 1}, rank, now, "spare")
+        local = self.store.one(
+            "SELECT local_rank FROM workers WHERE task = ? AND generation = ? AND rank = ?",
+            name,
+            SPARE_GENERATION,
+            rank,
         )
-        self.spares[(name, rank)] = _Spare(name, rank, node, local, now)
+        assert local is not None
+        self.spares[(name, rank)] = _Spare(name, rank, node, int(local.local_rank), now)
         self.store.event("spare_launched", task=name, node=node, rank=rank)
 
     def _drop_spare(self, key: tuple[str, int], stop: bool) -> None:
@@ -1196,20 +1173,27 @@ class Coordinator:
         world: int,
         placement: dict[str, int],
         first_rank: int,
-        held: dict[str, set[int]],
         now: float,
+        state: str = "launching",
     ) -> None:
         """Record and order workers for ``placement``: ranks from ``first_rank`` on, each on a
-        local slot its node does not already hold."""
+        local slot (device) no worker or spare of any task holds on its node."""
         rank = first_rank
         for node, count in placement.items():
-            taken = held.get(node, set())
+            taken = {
+                int(r["local_rank"])
+                for r in db.execute(
+                    "SELECT local_rank FROM workers "
+                    "WHERE node = ? AND state IN ('launching', 'running', 'spare')",
+                    (node,),
+                ).fetchall()
+            }
             free = [i for i in range(len(taken) + count) if i not in taken][:count]
             for local in free:
                 db.execute(
                     "INSERT OR REPLACE INTO workers (task, generation, rank, node, local_rank, state, "
-                    "launched) VALUES (?, ?, ?, ?, ?, 'launching', ?)",
-                    (name, generation, rank, node, local, now),
+                    "launched) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (name, generation, rank, node, local, state, now),
                 )
                 self.pending.add(
                     node,
@@ -1235,7 +1219,7 @@ class Coordinator:
         env = self._worker_env(name, spec, generation, world, port)
         now = time.time()
         with self.store.transaction() as db:
-            self._start_workers(db, name, spec, env, generation, world, placement, 0, {}, now)
+            self._start_workers(db, name, spec, env, generation, world, placement, 0, now)
             db.execute(
                 "UPDATE tasks SET state = 'starting', generation = ?, workers = ?, store_port = ?, "
                 "restarts = restarts + ?, started = COALESCE(started, ?) WHERE name = ?",

@@ -123,26 +123,25 @@ class LocalCluster:
             self.root / "logs" / f"agent-{name}.log",
         )
 
-    def kill_node(self, name: str) -> None:
-        """Lose a node: its agent dies at once, and its workers with it."""
+    def _signal_node(self, name: str, sig: int) -> tuple[subprocess.Popen[bytes], list[int]]:
+        """Send ``sig`` to a node's agent and to each of its workers' process groups."""
         agent = self.agents.pop(name)
         pids = [w["pid"] for w in self.get("/v1/workers") if w["node"] == name and w["pid"]]
-        _kill_group(agent, signal.SIGKILL)
+        _kill_group(agent, sig)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+                os.killpg(pid, sig)
+        return agent, pids
+
+    def kill_node(self, name: str) -> None:
+        """Lose a node: its agent dies at once, and its workers with it."""
+        self._signal_node(name, signal.SIGKILL)
 
     def freeze_node(self, name: str) -> None:
         """Lose a node silently: its agent and workers stop (SIGSTOP) with their connections
         open, as when a machine loses power or its network: peers get no error, only silence.
         They are killed when the cluster closes."""
-        agent = self.agents.pop(name)
-        pids = [w["pid"] for w in self.get("/v1/workers") if w["node"] == name and w["pid"]]
-        _kill_group(agent, signal.SIGSTOP)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGSTOP)
-        self.frozen.append((agent, pids))
+        self.frozen.append(self._signal_node(name, signal.SIGSTOP))
 
     def kill_worker(self, task: str, rank: int, sig: int = signal.SIGKILL) -> int:
         worker = next(

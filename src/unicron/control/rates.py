@@ -84,8 +84,3 @@ class RateMeter:
 
     def measured(self, task: str) -> dict[int, float]:
         return dict(self.used.get(task, {}))
-
-    def forget(self, task: str) -> None:
-        self._series = {k: v for k, v in self._series.items() if k[0] != task}
-        if self.used.pop(task, None) is not None:
-            self.version += 1

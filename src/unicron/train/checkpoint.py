@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 from pathlib import Path
@@ -43,9 +42,7 @@ def host_dir(persistent: Path, node: str, root: str | None = None) -> Path | Non
     return base / "unicron" / key / node
 
 
-def load_nearest(
-    persistent: Path, host: Path | None, model: torch.nn.Module
-) -> tuple[dict[str, Any], str] | None:
+def load_nearest(persistent: Path, host: Path | None) -> tuple[dict[str, Any], str] | None:
     """The newest checkpoint from the nearest tier: the node's in-memory copy when it is at
     least as new as the persistent one and its parameters match the digest saved with it, else
     the persistent checkpoint. Returns (state, "host_memory" | "persistent")."""
@@ -55,18 +52,13 @@ def load_nearest(
             near = load_latest(host)
         except Exception:  # a torn or foreign file: not a usable copy
             near = None
-        if near is not None and (saved is None or near["step"] >= saved["step"]) and _intact(near, model):
+        if near is not None and (saved is None or near["step"] >= saved["step"]) and _intact(near):
             return near, "host_memory"
     return (saved, "persistent") if saved is not None else None
 
 
-def _intact(state: dict[str, Any], model: torch.nn.Module) -> bool:
-    want = state.get("digest")
-    if want is None:
-        return False
-    probe = copy.deepcopy(model)
-    probe.load_state_dict(state["model"])
-    return bool(digest(probe) == want)
+def _intact(state: dict[str, Any]) -> bool:
+    return state.get("digest") is not None and digest_of(state["model"]) == state["digest"]
 
 
 def load_latest(directory: Path) -> dict[str, Any] | None:
@@ -79,8 +71,12 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
 
 def digest(module: torch.nn.Module) -> str:
     """A checksum of the parameters, to check replicas agree and runs match."""
+    return digest_of(module.state_dict())
+
+
+def digest_of(state_dict: dict[str, Any]) -> str:
     h = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
+    for name, tensor in sorted(state_dict.items()):
         h.update(name.encode())
         h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]

@@ -45,9 +45,6 @@ def leave() -> None:
             dist.destroy_process_group()
 
 
-_ABANDONED: list[Any] = []
-
-
 def abandon() -> None:
     """Drop the current group while a collective on it is still pending (a peer may never
     answer): unregister it without touching it. Destroying or even aborting it can block on the
@@ -57,8 +54,7 @@ def abandon() -> None:
     pg = c10d.GroupMember.WORLD
     if pg is None:
         return
-    _ABANDONED.append(pg)
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))  # not even at interpreter exit
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))  # never freed, not even at interpreter exit
     c10d._update_default_pg(None)
     world = c10d._world
     for table in (

@@ -198,11 +198,7 @@ class Session:
     # ------------------------------------------------------------------ the loop
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Load the latest checkpoint, if any; return the step it holds (0 without one)."""
-        found = (
-            checkpoint.load_nearest(self.checkpoint_dir, self.host_dir, model)
-            if self.checkpoint_dir
-            else None
-        )
+        found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir) if self.checkpoint_dir else None
         if found is not None:
             state, source = found
             model.load_state_dict(state["model"])
