@@ -62,6 +62,22 @@ RULES: tuple[Rule, ...] = (
         None,
         ("nccl error", "gloo", "socket", "network is unreachable", "no route to host"),
     ),
+    # The checkpoint storage: full, read-only, not writable, or a torn or corrupt file.
+    (
+        ErrorKind.STORAGE_ERROR,
+        None,
+        (
+            "no space left on device",
+            "read-only file system",
+            "disk quota exceeded",
+            "corrupt checkpoint",
+            "pytorchstreamreader failed",
+            "failed finding central directory",
+            "invalid load key",
+            "unpickling",
+        ),
+    ),
+    (ErrorKind.STORAGE_ERROR, ("PermissionError",), ("",)),
     # Errors of the program itself: the Python exceptions a bug raises.
     (
         ErrorKind.USER_ERROR,

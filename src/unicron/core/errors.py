@@ -40,3 +40,12 @@ class SpecError(UnicronError):
 
 class UsageError(UnicronError):
     """A malformed request on the command line or the API (an unknown event, a bad flag)."""
+
+
+class NotFound(UsageError):
+    """A request names something that does not exist (HTTP 404)."""
+
+
+class Conflict(UsageError):
+    """A request conflicts with the current state (HTTP 409): a task already ended, a node whose
+    slots differ from the cluster's."""

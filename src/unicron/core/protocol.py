@@ -57,6 +57,7 @@ class ExceptionReport(_Message):
     message: str
     kind: str = "other"  # an ErrorKind value, classified inside the worker
     traceback: str = ""
+    time: float = 0.0  # when it was raised (Unix time)
 
 
 class CheckpointReport(_Message):
@@ -87,10 +88,31 @@ class ExitReport(_Message):
     node: str
     code: int | None  # exit status, or None when killed by a signal
     signal: int | None
+    time: float = 0.0  # when the agent saw the exit (Unix time): the detection time starts here
+    stop_ordered: bool = False  # it exited after a stop order: a consequence, not a fault
+
+
+class LaunchFailedReport(_Message):
+    """Written by the agent when a worker could not be started (no such program, not
+    executable, no memory for a process)."""
+
+    type: Literal["launch_failed"] = "launch_failed"
+    task: str
+    generation: int
+    rank: int
+    node: str
+    error: str
+    time: float = 0.0
 
 
 WorkerReport = Annotated[
-    IterationReport | ExceptionReport | CheckpointReport | DoneReport | ExitReport | FaultReport,
+    IterationReport
+    | ExceptionReport
+    | CheckpointReport
+    | DoneReport
+    | ExitReport
+    | FaultReport
+    | LaunchFailedReport,
     Field(discriminator="type"),
 ]
 WORKER_REPORT = TypeAdapter(WorkerReport)
@@ -134,8 +156,16 @@ class RenameWorker(_Message):
     new_rank: int
 
 
-Order = Annotated[LaunchWorker | StopWorkers | RenameWorker, Field(discriminator="type")]
-ORDERS = TypeAdapter(list[Order])
+class ForgetTask(_Message):
+    """The task has ended: free what the node keeps for it (its in-memory checkpoints)."""
+
+    type: Literal["forget"] = "forget"
+    task: str
+    checkpoint_dir: str
+    host_checkpoint_root: str | None = None
+
+
+Order = Annotated[LaunchWorker | StopWorkers | RenameWorker | ForgetTask, Field(discriminator="type")]
 
 
 # ------------------------------------------------------------------ agent <-> coordinator
@@ -148,6 +178,7 @@ class WorkerState(_Message):
     pid: int
     running: bool
     stopped: bool = False  # the process is stopped (SIGSTOP, state T): it cannot be progressing
+    returncode: int | None = None  # once it exited: its code, or minus the signal that ended it
 
 
 class Registration(_Message):
@@ -168,10 +199,19 @@ class Heartbeat(_Message):
     node: str
     workers: list[WorkerState] = Field(default_factory=list)
     reports: list[WorkerReport] = Field(default_factory=list)
+    acked: int = 0  # the last order number carried out
+
+
+class OrderBatch(_Message):
+    """Orders for a node, each with its number: the agent acknowledges the last it carried out."""
+
+    orders: list[Order] = Field(default_factory=list)
+    numbers: list[int] = Field(default_factory=list)  # each order's number, increasing
 
 
 class HeartbeatReply(_Message):
     orders: list[Order] = Field(default_factory=list)
+    numbers: list[int] = Field(default_factory=list)  # acknowledge the last once carried out
     registered: bool = True  # False: the coordinator does not know this node; register again
 
 

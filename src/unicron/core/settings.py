@@ -6,6 +6,8 @@ The ordering, checked whenever settings are built (so at start-up), and why it m
     failure_stop_grace_s  <= stop_grace_s              a failed generation is stopped faster
     hang_floor_s          <= hang_cap_s                the hang deadline's bounds
     heartbeat_deadline_s  <  hang_cap_s                node loss is decided before a hang
+    heartbeat_deadline_s  <  membership_timeout_s      survivors outwait a node-loss verdict
+    stop_grace_s          <= restart_stop_wait_s       a stop gets its grace before slots are reused
     hang_cap_s            <  process_group_timeout_s   Unicron sees a hang before the collective
                                                        times out (else the timeout decides)
     process_group_timeout_s < launch_timeout_s ... is not required: they measure different things.
@@ -34,7 +36,9 @@ class Settings(BaseModel):
     hang_multiple: float = Field(3.0, gt=1, description="k: a step running past k x the recent mean hangs")
     hang_warmup_steps: int = Field(5, ge=1, description="steps before the hang deadline applies")
     hang_window: int = Field(20, ge=1, description="recent steps the mean is taken over")
-    hang_floor_s: float = Field(10.0, gt=0, description="the hang deadline is never shorter")
+    hang_floor_s: float = Field(
+        1.5, gt=0, description="the hang deadline is never shorter (3 x a 0.5 s step: see docs/detection.md)"
+    )
     checkpoint_allowance_s: float = Field(
         30.0, ge=0, description="added to the deadline of a step that saves"
     )
@@ -46,6 +50,18 @@ class Settings(BaseModel):
     stop_grace_s: float = Field(3.0, ge=0, description="SIGTERM to SIGKILL for a planned stop")
     failure_stop_grace_s: float = Field(1.0, ge=0, description="SIGTERM to SIGKILL after a failure")
     launch_timeout_s: float = Field(120.0, gt=0, description="a worker must start within this")
+    membership_timeout_s: float = Field(
+        60.0, gt=0, description="a survivor waits this long for the coordinator's next membership"
+    )
+    cause_grace_s: float = Field(
+        1.0, ge=0, description="after the heartbeat deadline, how long peers' errors wait for their cause"
+    )
+    restart_stop_wait_s: float = Field(
+        9.0, ge=0, description="how long a stopping generation may take before its slots are reused"
+    )
+    store_reconnect_s: float = Field(
+        5.0, gt=0, description="a worker retries an unreachable rendezvous store this often"
+    )
     # handling
     escalation_window_s: float = Field(600.0, gt=0, description="repeats are counted within this")
     max_reattempts: int = Field(2, ge=0, description="in-place retries before restarting the process")
@@ -62,6 +78,12 @@ class Settings(BaseModel):
         0.2, ge=0, description="a measurement replaces the one in use past this change"
     )
     task_failure_limit: int = Field(10, ge=1, description="failures within the window that fail a task")
+    same_fault_limit: int = Field(
+        3, ge=1, description="a task or storage fault repeated this often within the window fails the task"
+    )
+    task_fault_window_s: float = Field(
+        2.0, gt=0, description="the same fault on two nodes of a task at once (within this) is the task's own"
+    )
 
     @model_validator(mode="after")
     def _ordering(self) -> Settings:
@@ -75,6 +97,13 @@ class Settings(BaseModel):
             ("failure_stop_grace_s", "stop_grace_s", True, "a failed generation is stopped at least as fast"),
             ("hang_floor_s", "hang_cap_s", True, "the floor of the hang deadline cannot exceed its cap"),
             ("heartbeat_deadline_s", "hang_cap_s", False, "node loss must be decided before a hang"),
+            (
+                "heartbeat_deadline_s",
+                "membership_timeout_s",
+                False,
+                "survivors must wait longer than it takes to declare a silent node lost",
+            ),
+            ("stop_grace_s", "restart_stop_wait_s", True, "a stop must be allowed its grace period"),
             (
                 "hang_cap_s",
                 "process_group_timeout_s",

@@ -392,10 +392,6 @@ def parse_tasks(text: str, source: str = "<tasks>") -> list[TaskSpec]:
     return list(validate_spec(TaskList, load_yaml_text(text, source), source).tasks)
 
 
-def parse_task(data: Any, source: str = "<task>") -> TaskSpec:
-    return validate_spec(TaskSpec, data, source)
-
-
 def check_against_cluster(
     cluster: ClusterSpec, tasks: list[TaskSpec], cluster_source: str, tasks_source: str
 ) -> None:

@@ -28,6 +28,17 @@ class Action(IntEnum):
         return self.name.lower().replace("_", " ")
 
 
+class Scope(StrEnum):
+    """What a fault belongs to, and so what it may be counted against. Only worker and node
+    faults count against a node (towards its isolation): isolating healthy nodes for a task's
+    own bug or for a full checkpoint disk would idle the cluster and fix nothing."""
+
+    WORKER = "worker"  # one process (a crash, a CUDA error): counts against its node
+    NODE = "node"  # the machine (ECC, NVLink, driver, lost)
+    TASK = "task"  # the task itself (its program, its data; every rank failing alike)
+    STORAGE = "storage"  # the checkpoint storage (full, read-only, corrupt)
+
+
 class StateSource(StrEnum):
     """Where a new or restarted worker takes its state from, nearest first."""
 
@@ -54,6 +65,7 @@ class ErrorKind(StrEnum):
     CONNECTION_RESET = "connection_reset"
     OTHER_NETWORK_ERROR = "other_network_error"
     OUT_OF_MEMORY = "out_of_memory"
+    STORAGE_ERROR = "storage_error"
     USER_ERROR = "user_error"
     OTHER = "other"
 
@@ -63,9 +75,10 @@ class KindInfo:
     severity: Severity
     action: Action
     needs_repair: bool  # the node stays unusable until repaired
+    scope: Scope = Scope.WORKER
 
 
-_S1 = KindInfo(Severity.SEV1, Action.RECONFIGURE, True)
+_S1 = KindInfo(Severity.SEV1, Action.RECONFIGURE, True, Scope.NODE)
 _S2 = KindInfo(Severity.SEV2, Action.RESTART_PROCESS, False)
 _S3 = KindInfo(Severity.SEV3, Action.REATTEMPT, False)
 
@@ -87,7 +100,10 @@ TAXONOMY: dict[ErrorKind, KindInfo] = {
     # Not in the paper's table. Restarting cannot fix a bug or a model that does not fit, but it
     # is the cheapest thing that might; repeats make the task fail (Settings.task_failure_limit).
     ErrorKind.OUT_OF_MEMORY: _S2,
-    ErrorKind.USER_ERROR: _S2,
+    ErrorKind.USER_ERROR: KindInfo(Severity.SEV2, Action.RESTART_PROCESS, False, Scope.TASK),
+    # A full, read-only or corrupt checkpoint store: restarting processes cannot mend it, and no
+    # node is to blame; repeats fail the task with the reason (Settings.same_fault_limit).
+    ErrorKind.STORAGE_ERROR: KindInfo(Severity.SEV2, Action.RESTART_PROCESS, False, Scope.STORAGE),
     # The paper leaves "others" unassigned; we restart the process, the middle of the ladder.
     ErrorKind.OTHER: _S2,
 }

@@ -1,0 +1,124 @@
+"""The one contract between the coordinator, the agent and a worker: the worker's environment.
+
+The coordinator fills in the task's part (task, generation, store, checkpoints, timeouts), the
+agent adds the node's part (node, local rank, its report socket) when it launches the process,
+and the training library reads it back. All three use :class:`WorkerEnv`, so a key is named in
+exactly one place (:data:`KEYS`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+# field -> environment variable
+KEYS: dict[str, str] = {
+    "task": "UNICRON_TASK",
+    "generation": "UNICRON_GENERATION",
+    "rank": "UNICRON_RANK",
+    "world_size": "UNICRON_WORLD_SIZE",
+    "store": "UNICRON_STORE",
+    "checkpoint_dir": "UNICRON_CHECKPOINT_DIR",
+    "iterations": "UNICRON_ITERATIONS",
+    "checkpoint_every": "UNICRON_CHECKPOINT_EVERY",
+    "pg_timeout_s": "UNICRON_PG_TIMEOUT",
+    "membership_timeout_s": "UNICRON_MEMBERSHIP_TIMEOUT",
+    "recovery": "UNICRON_RECOVERY",
+    "faults": "UNICRON_FAULTS",
+    "joining": "UNICRON_JOINING",
+    "spare": "UNICRON_SPARE",
+    "node": "UNICRON_NODE",
+    "local_rank": "UNICRON_LOCAL_RANK",
+    "agent_socket": "UNICRON_AGENT_SOCKET",
+    "trace_file": "UNICRON_TRACE_FILE",
+    "host_checkpoints": "UNICRON_HOST_CHECKPOINTS",
+    "host_checkpoint_root": "UNICRON_HOST_CHECKPOINT_ROOT",
+}
+_FLAGS = ("joining", "spare", "host_checkpoints")
+
+
+class WorkerEnv(BaseModel):
+    """What a worker is told about itself. Defaults are those of a world of one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: str
+    generation: int = 0
+    rank: int = 0
+    world_size: int = 1
+    store: str | None = None  # host:port of the task's rendezvous store
+    checkpoint_dir: str | None = None
+    iterations: int = 0
+    checkpoint_every: int = 0
+    pg_timeout_s: float | None = None  # None: the library's default (Settings)
+    membership_timeout_s: float | None = None
+    recovery: Literal["in_process", "restart"] = "in_process"
+    faults: list[dict[str, Any]] | None = None
+    joining: bool = False  # a newcomer to live replicas
+    spare: bool = False  # a hot spare: wait to be used
+    node: str | None = None
+    local_rank: int = 0
+    agent_socket: str | None = None
+    trace_file: str | None = None
+    host_checkpoints: bool = True  # keep an in-memory (tmpfs) checkpoint copy per node
+    host_checkpoint_root: str | None = None
+
+    def to_env(self) -> dict[str, str]:
+        """The environment variables, without those left at None."""
+        out: dict[str, str] = {}
+        for name, key in KEYS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if name in _FLAGS:
+                out[key] = "1" if value else "0"
+            elif name == "faults":
+                out[key] = json.dumps(value)
+            else:
+                out[key] = str(value)
+        return out
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> WorkerEnv | None:
+        """The contract read back; None when the process was not started by a Unicron agent."""
+        if KEYS["task"] not in env:
+            return None
+        values: dict[str, Any] = {}
+        for name, key in KEYS.items():
+            raw = env.get(key)
+            if raw is None or raw == "":
+                continue
+            if name in _FLAGS:
+                values[name] = raw.lower() in ("1", "true", "yes")
+            elif name == "faults":
+                values[name] = json.loads(raw)
+            else:
+                values[name] = raw
+        return cls.model_validate(values)
+
+
+def host_checkpoint_dir(persistent: str | Path, node: str, root: str | None = None) -> Path:
+    """Where a node keeps its in-memory copy of a task's checkpoints: a RAM-backed folder
+    (/dev/shm by default), one per persistent checkpoint folder (so per task and cluster) and
+    per node. The library writes there; the agent removes it when the task has ended."""
+    key = hashlib.sha256(str(Path(persistent).resolve()).encode()).hexdigest()[:16]
+    return Path(root or "/dev/shm") / "unicron" / key / node
+
+
+def unmanaged_identity(env: Mapping[str, str]) -> dict[str, str]:
+    """The contract's identity keys for a worker not started by a Unicron agent: under torchrun
+    from its variables (each restart is a generation), else a world of one."""
+    torchrun = "TORCHELASTIC_RUN_ID" in env
+    restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    return {
+        KEYS["task"]: "torchrun" if torchrun else "standalone",
+        KEYS["generation"]: str(restarts + 1 if torchrun else 0),
+        KEYS["rank"]: env.get("RANK", "0"),
+        KEYS["world_size"]: env.get("WORLD_SIZE", "1"),
+        KEYS["local_rank"]: env.get("LOCAL_RANK", "0"),
+    }
