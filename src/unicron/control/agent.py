@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import sys
 import time
@@ -27,13 +28,15 @@ import httpx
 from pydantic import ValidationError
 
 from unicron.core.protocol import (
-    ORDERS,
     WORKER_REPORT,
     ExceptionReport,
     ExitReport,
+    ForgetTask,
     Heartbeat,
     HeartbeatReply,
+    LaunchFailedReport,
     LaunchWorker,
+    OrderBatch,
     Registration,
     RegistrationReply,
     RenameWorker,
@@ -41,6 +44,7 @@ from unicron.core.protocol import (
     WorkerReport,
     WorkerState,
 )
+from unicron.core.workerenv import WorkerEnv, host_checkpoint_dir
 
 MAX_BUFFERED_REPORTS = 10_000
 
@@ -57,6 +61,7 @@ class Worker:
     log: Path
     started: float = field(default_factory=time.time)
     exited: bool = False
+    stop_ordered: bool = False  # the coordinator asked for it to stop
 
     def state(self) -> WorkerState:
         return WorkerState(
@@ -66,6 +71,7 @@ class Worker:
             pid=self.process.pid,
             running=not self.exited,
             stopped=not self.exited and _is_stopped(self.process.pid),
+            returncode=self.process.returncode if self.exited else None,
         )
 
 
@@ -101,6 +107,7 @@ class Agent:
         self.interval = 0.5
         self.registered = False
         self.stopping = False
+        self.acked = 0  # the number of the last order carried out
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _spawn(self, coroutine: Any) -> None:
@@ -123,11 +130,13 @@ class Agent:
     def queue(self, report: WorkerReport) -> None:
         self.reports.append(report)
         del self.reports[:-MAX_BUFFERED_REPORTS]
-        if isinstance(report, (ExitReport, ExceptionReport)):
+        if isinstance(report, (ExitReport, ExceptionReport, LaunchFailedReport)):
             self.urgent.set()
 
     # ------------------------------------------------------------------ workers
     async def launch(self, order: LaunchWorker) -> None:
+        """Start a worker. One that cannot be started (no such program, no permission) is
+        reported as such; the agent goes on serving its other orders and heartbeats."""
         key = (order.task, order.generation, order.rank)
         if key in self.workers:
             return
@@ -137,13 +146,52 @@ class Agent:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{order.task}-g{order.generation}-r{order.rank}.log"
-        env = {**os.environ, **order.env}
+        try:
+            env = self._worker_env(order)
+            with log.open("ab") as out:
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+        except (OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            print(f"agent {self.node}: cannot start {argv[:1]} for {key}: {error}", file=sys.stderr)
+            self.queue(
+                LaunchFailedReport(
+                    task=order.task,
+                    generation=order.generation,
+                    rank=order.rank,
+                    node=self.node,
+                    error=error,
+                    time=time.time(),
+                )
+            )
+            return
+        worker = Worker(order, process, log)
+        self.workers[key] = worker
+        self._spawn(self._watch(worker))
+
+    def _worker_env(self, order: LaunchWorker) -> dict[str, str]:
+        """The coordinator's part of the worker contract with the node's part added."""
+        contract = WorkerEnv.from_env(order.env) or WorkerEnv(task=order.task)
+        mine = contract.model_copy(
+            update={
+                "rank": order.rank,
+                "world_size": order.world_size,
+                "node": self.node,
+                "local_rank": order.local_rank,
+                "agent_socket": str(self.socket_path),
+            }
+        )
+        env = {**os.environ, **order.env, **mine.to_env()}
+        # torch.distributed's own names, for scripts and libraries that read them.
         env.update(
             {
-                "UNICRON_AGENT_SOCKET": str(self.socket_path),
-                "UNICRON_NODE": self.node,
-                "UNICRON_RANK": str(order.rank),
-                "UNICRON_LOCAL_RANK": str(order.local_rank),
                 "RANK": str(order.rank),
                 "LOCAL_RANK": str(order.local_rank),
                 "WORLD_SIZE": str(order.world_size),
@@ -152,19 +200,7 @@ class Agent:
         )
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[order.local_rank % len(self.gpus)]
-        with log.open("ab") as out:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-                stdin=asyncio.subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
-        worker = Worker(order, process, log)
-        self.workers[key] = worker
-        self._spawn(self._watch(worker))
+        return env
 
     async def _watch(self, worker: Worker) -> None:
         code = await worker.process.wait()
@@ -178,6 +214,8 @@ class Agent:
                 node=self.node,
                 code=code if code >= 0 else None,
                 signal=-code if code < 0 else None,
+                time=time.time(),
+                stop_ordered=worker.stop_ordered,
             )
         )
 
@@ -196,6 +234,7 @@ class Agent:
         await asyncio.gather(*(self._terminate(w, order.grace_s) for w in chosen))
 
     async def _terminate(self, worker: Worker, grace_s: float) -> None:
+        worker.stop_ordered = True
         if grace_s > 0:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker.process.pid, signal.SIGTERM)
@@ -228,7 +267,12 @@ class Agent:
 
     async def _beat(self, client: httpx.AsyncClient) -> None:
         sending = list(self.reports)
-        hb = Heartbeat(node=self.node, workers=[w.state() for w in self.workers.values()], reports=sending)
+        hb = Heartbeat(
+            node=self.node,
+            workers=[w.state() for w in self.workers.values()],
+            reports=sending,
+            acked=self.acked,
+        )
         response = await client.post(f"{self.url}/v1/agents/heartbeat", content=hb.model_dump_json())
         response.raise_for_status()
         del self.reports[: len(sending)]
@@ -236,16 +280,29 @@ class Agent:
         if not reply.registered:
             self.registered = False
             return
-        await self._carry_out(reply.orders)
+        await self._carry_out(reply.orders, reply.numbers)
 
-    async def _carry_out(self, orders: list[Any]) -> None:
-        for order in orders:
+    async def _carry_out(self, orders: list[Any], numbers: list[int]) -> None:
+        """Carry orders out, once each: one sent again (its first answer was lost, or the
+        heartbeat and the long poll both brought it) is skipped."""
+        fresh = [o for o, n in zip(orders, numbers, strict=True) if n > self.acked]
+        self.acked = max([self.acked, *numbers])
+        for order in fresh:
             if isinstance(order, LaunchWorker):
                 await self.launch(order)
             elif isinstance(order, RenameWorker):
                 self.rename(order)
+            elif isinstance(order, ForgetTask):
+                self.forget_task(order)
             else:
                 self._spawn(self.stop(order))
+
+    def forget_task(self, order: ForgetTask) -> None:
+        """Remove the node's in-memory checkpoints of an ended task (and their folder if empty)."""
+        path = host_checkpoint_dir(order.checkpoint_dir, self.node, order.host_checkpoint_root)
+        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
 
     def rename(self, order: RenameWorker) -> None:
         worker = self.workers.pop((order.task, order.generation, order.rank), None)
@@ -265,11 +322,16 @@ class Agent:
                     continue
                 try:
                     response = await client.get(
-                        f"{self.url}/v1/agents/{self.node}/orders", params={"wait": self.interval * 4}
+                        f"{self.url}/v1/agents/{self.node}/orders",
+                        params={"wait": self.interval * 4, "acked": self.acked},
                     )
                     response.raise_for_status()
-                    await self._carry_out(ORDERS.validate_json(response.content))
+                    batch = OrderBatch.model_validate_json(response.content)
+                    await self._carry_out(batch.orders, batch.numbers)
                 except httpx.HTTPError:
+                    await asyncio.sleep(self.interval)
+                except Exception as exc:  # never let one order end the loop that serves them all
+                    print(f"agent {self.node}: order failed: {exc!r}", file=sys.stderr)
                     await asyncio.sleep(self.interval)
 
     async def run(self) -> None:
@@ -294,6 +356,8 @@ class Agent:
                         print(
                             f"agent {self.node}: coordinator unreachable ({exc}); retrying", file=sys.stderr
                         )
+                    except Exception as exc:  # the heartbeat must go on whatever one beat hit
+                        print(f"agent {self.node}: heartbeat failed: {exc!r}", file=sys.stderr)
                     self.forget_exited()
                     self.urgent.clear()
                     with contextlib.suppress(TimeoutError):

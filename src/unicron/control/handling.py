@@ -5,6 +5,11 @@ SEV1: reconfigure the cluster). An action escalates one level when it was alread
 for the task within the window (max_reattempts, max_restarts). A node that produced
 ``isolate_after`` SEV1 or SEV2 errors within the window is isolated (reconfigure). A task that
 failed ``task_failure_limit`` times within the window is failed: restarting it again is futile.
+
+A fault is counted against a node only when its scope is the worker or the node: a fault of the
+task itself (its program; every rank failing alike) or of the checkpoint storage isolates no
+node. Such a fault that repeats ``same_fault_limit`` times within the window fails the task with
+the reason, instead of looping.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from unicron.core.settings import Settings
-from unicron.core.taxonomy import TAXONOMY, Action, ErrorKind, Severity
+from unicron.core.taxonomy import TAXONOMY, Action, ErrorKind, Scope, Severity
 
 
 @dataclass(frozen=True)
@@ -23,21 +28,43 @@ class Decision:
     isolate_node: bool
     fail_task: bool
     why: str
+    scope: Scope
 
 
 @dataclass
 class Ladder:
     settings: Settings
     actions: dict[str, list[tuple[float, Action]]] = field(default_factory=dict)
-    node_errors: dict[str, list[float]] = field(default_factory=dict)
+    node_errors: dict[str, list[tuple[float, str, ErrorKind]]] = field(default_factory=dict)
     failures: dict[str, list[float]] = field(default_factory=dict)
+    same: dict[tuple[str, ErrorKind], list[float]] = field(default_factory=dict)
+
+    def reattribute(self, task: str, kind: ErrorKind, now: float) -> None:
+        """``task``'s fault of ``kind`` turned out to be its own (it struck several nodes alike):
+        take back the node errors counted for it, and count it as the same task fault."""
+        for node, errors in self.node_errors.items():
+            self.node_errors[node] = [e for e in errors if (e[1], e[2]) != (task, kind)]
+        self.same[(task, kind)] = [*self._recent(self.same.get((task, kind), []), now), now]
+
+    def forget(self, task: str) -> None:
+        """The task ended: its history no longer decides anything."""
+        self.actions.pop(task, None)
+        self.failures.pop(task, None)
+        for key in [k for k in self.same if k[0] == task]:
+            del self.same[key]
 
     def _recent(self, times: list[float], now: float) -> list[float]:
         return [t for t in times if now - t <= self.settings.escalation_window_s]
 
-    def decide(self, task: str, kind: ErrorKind, node: str | None, now: float) -> Decision:
+    def decide(
+        self, task: str, kind: ErrorKind, node: str | None, now: float, scope: Scope | None = None
+    ) -> Decision:
         info = TAXONOMY[kind]
+        scope = scope or info.scope
         action, why = info.action, f"{info.severity.name} {kind.value}"
+        if scope not in (Scope.WORKER, Scope.NODE):
+            why += f" ({scope.value} fault: no node blamed)"
+            node = None
         taken = [
             (t, a) for t, a in self.actions.get(task, []) if now - t <= self.settings.escalation_window_s
         ]
@@ -53,7 +80,8 @@ class Ladder:
             action, why = Action.RECONFIGURE, why + f"; restarted {self.settings.max_restarts}x"
         isolate = False
         if node is not None and info.severity in (Severity.SEV1, Severity.SEV2):
-            errors = [*self._recent(self.node_errors.get(node, []), now), now]
+            window = self.settings.escalation_window_s
+            errors = [e for e in self.node_errors.get(node, []) if now - e[0] <= window] + [(now, task, kind)]
             self.node_errors[node] = errors
             if info.severity is Severity.SEV1 or len(errors) >= self.settings.isolate_after:
                 isolate = kind is not ErrorKind.NODE_LOST  # a lost node is out already
@@ -66,5 +94,11 @@ class Ladder:
         fail = len(failures) >= self.settings.task_failure_limit
         if fail:
             why += f"; {len(failures)} failures within {self.settings.escalation_window_s:g} s"
+        if scope in (Scope.TASK, Scope.STORAGE):
+            same = [*self._recent(self.same.get((task, kind), []), now), now]
+            self.same[(task, kind)] = same
+            if len(same) >= self.settings.same_fault_limit:
+                fail = True
+                why += f"; the same {scope.value} fault {len(same)} times: restarting cannot mend it"
         self.actions[task] = [*taken, (now, action)]
-        return Decision(kind, info.severity, action, isolate, fail, why)
+        return Decision(kind, info.severity, action, isolate, fail, why, scope)

@@ -13,6 +13,10 @@ from typing import Any
 
 class Rendezvous:
     def __init__(self, host: str) -> None:
+        # Imported now, at start-up: importing torch takes seconds, and done at the first launch
+        # it would block the service's loop, so that heartbeats and long polls time out.
+        import torch.distributed  # noqa: F401
+
         self.host_address = host
         self._stores: dict[str, Any] = {}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,20 +19,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
-from unicron.core.errors import SpecError, UnicronError
-from unicron.core.protocol import Heartbeat, HeartbeatReply, Registration, RegistrationReply
+from unicron.control.records import TaskRecord
+from unicron.core.errors import Conflict, NotFound, SpecError, UnicronError
+from unicron.core.protocol import Heartbeat, HeartbeatReply, OrderBatch, Registration, RegistrationReply
 from unicron.core.specs import parse_live_tasks
 
 TICK_S = 0.1
 
 
-def task_summary(coordinator: Coordinator, row: Any) -> dict[str, Any]:
+def task_summary(coordinator: Coordinator, row: TaskRecord) -> dict[str, Any]:
     spec = coordinator.spec(row.name)
     end = row.finished or time.time()
     elapsed = end - row.started if row.started else 0.0
     return {
         "name": row.name,
-        "state": row.state,
+        "state": row.state.value,
+        "reason": row.reason,
         "weight": spec.weight,
         "workers": row.workers,
         "generation": row.generation,
@@ -64,7 +66,7 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         coordinator = Coordinator(settings)
-        coordinator.pending.on_add = wake
+        coordinator.orders_out.on_add = wake
         holder["c"] = coordinator
 
         async def loop() -> None:
@@ -99,7 +101,7 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
 
     @app.exception_handler(UnicronError)
     async def usage_error(_: Request, exc: UnicronError) -> JSONResponse:
-        status = 404 if "no task named" in str(exc) else 409
+        status = 404 if isinstance(exc, NotFound) else 409 if isinstance(exc, Conflict) else 400
         return JSONResponse(status_code=status, content={"error": str(exc)})
 
     @app.exception_handler(RequestValidationError)
@@ -135,9 +137,8 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
         """Submit one task (a mapping with `name`) or several (under `tasks:`), as YAML or JSON."""
         body = (await request.body()).decode("utf-8", errors="replace")
         specs = parse_live_tasks(body, "request body")
-        for spec in specs:
-            c().submit(spec)
-        return [task_summary(c(), c().store.task(s.name)) for s in specs]
+        c().submit(*specs)
+        return [task_summary(c(), c().store.get_task(s.name)) for s in specs]
 
     @app.get("/v1/tasks")
     async def tasks() -> list[dict[str, Any]]:
@@ -145,50 +146,41 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
 
     @app.get("/v1/tasks/{name}")
     async def task(name: str) -> dict[str, Any]:
-        row = c().store.task(name)
-        if row is None:
-            raise UnicronError(f"no task named {name!r}")
-        return task_summary(c(), row)
+        return task_summary(c(), c().store.get_task(name))
 
     @app.delete("/v1/tasks/{name}")
     async def cancel(name: str) -> dict[str, Any]:
         c().cancel(name)
-        return task_summary(c(), c().store.task(name))
+        return task_summary(c(), c().store.get_task(name))
 
     @app.get("/v1/nodes")
     async def nodes() -> list[dict[str, Any]]:
-        out = []
-        for n in c().store.nodes():
-            held = c().store.query(
-                "SELECT task, COUNT(*) AS n FROM workers "
-                "WHERE node = ? AND state IN ('launching', 'running') GROUP BY task",
-                n.name,
-            )
-            out.append(
-                {
-                    "name": n.name,
-                    "id": n.id,
-                    "slots": n.slots,
-                    "gpus": json.loads(n.gpus),
-                    "host": n.host,
-                    "state": n.state,
-                    "seconds_since_heartbeat": round(time.time() - n.last_seen, 3),
-                    "used": {r.task: r.n for r in held},
-                }
-            )
-        return out
+        held = c().store.held_slots()
+        return [
+            {
+                "name": n.name,
+                "id": n.id,
+                "slots": n.slots,
+                "gpus": n.gpus,
+                "host": n.host,
+                "state": n.state.value,
+                "seconds_since_heartbeat": round(time.time() - n.last_seen, 3),
+                "used": held.get(n.name, {}),
+            }
+            for n in c().store.nodes()
+        ]
 
     @app.get("/v1/workers")
     async def workers() -> list[dict[str, Any]]:
         out = []
         for t in c().store.tasks(live_only=True):
             for w in c().store.workers(t.name, t.generation):
-                out.append(dict(w.data))
+                out.append(w.as_dict())
         return out
 
     @app.get("/v1/events")
     async def events(since: int = 0, task: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        return c().store.events(since, task, limit)
+        return [e.as_dict() for e in c().store.events(since, task, limit)]
 
     @app.post("/v1/agents/register")
     async def register(reg: Registration) -> RegistrationReply:
@@ -199,16 +191,18 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
         return c().heartbeat(hb)
 
     @app.get("/v1/agents/{node}/orders")
-    async def orders(node: str, wait: float = 2.0) -> list[dict[str, Any]]:
-        """Long poll: answers once there are orders for the node, or after ``wait`` seconds."""
+    async def orders(node: str, wait: float = 2.0, acked: int = 0) -> OrderBatch:
+        """Long poll: answers once there are orders for the node not acknowledged yet
+        (``acked``: the last one carried out), or after ``wait`` seconds."""
+        wait = wait if math.isfinite(wait) else 0.0
         deadline = time.monotonic() + min(max(wait, 0.0), 30.0)
         event = wakeups.setdefault(node, asyncio.Event())
         while True:
             event.clear()  # before taking, so that an order queued meanwhile wakes us
-            found = c().orders(node)
+            found = c().orders(node, acked)
             left = deadline - time.monotonic()
-            if found or left <= 0:
-                return [o.model_dump() for o in found]
+            if found.orders or left <= 0:
+                return found
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), left)
 

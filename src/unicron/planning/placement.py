@@ -73,10 +73,3 @@ def _put(result: Assignment, node: int, task: str, gpus: int) -> int:
     if gpus > 0:
         result[node][task] = result[node].get(task, 0) + gpus
     return max(gpus, 0)
-
-
-def moved_workers(before: Mapping[int, Mapping[str, int]], after: Assignment) -> int:
-    """Workers that start somewhere they were not (the placement's cost in moves)."""
-    return sum(
-        max(0, g - before.get(n, {}).get(t, 0)) for n, tasks in after.items() for t, g in tasks.items()
-    )

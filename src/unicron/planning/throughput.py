@@ -30,6 +30,7 @@ from unicron.planning.gpt import (
     BYTES_FP16,
     MODEL_STATE_BYTES_PER_PARAM,
     flops_per_iteration,
+    model_state_bytes,
     parameter_count,
 )
 
@@ -216,7 +217,7 @@ class AnalyticCurve:
         replica = np.where(rate > 0, layout.tensor * layout.pipeline, 0).astype(np.int64)
         state = np.where(
             rate > 0,
-            MODEL_STATE_BYTES_PER_PARAM * parameter_count(self.model) / np.maximum(replica, 1),
+            model_state_bytes(self.model) / np.maximum(replica, 1),
             0.0,
         )
         iteration = np.divide(

@@ -1,0 +1,68 @@
+"""What every part of the coordinator shares: its settings, the store, the applier, the clock
+(injected, so that tests step it by hand) and the parsed task specs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from unicron.control.effects import Applier
+from unicron.control.store import Store
+from unicron.core.settings import Settings
+from unicron.core.specs import LiveTaskSpec
+from unicron.core.workerenv import WorkerEnv
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    state_dir: Path
+    checkpoint_root: Path
+    advertise_host: str = "127.0.0.1"  # where workers reach the rendezvous stores
+    node_mtbf_hours: float = 1000.0  # for the planner's expected run time
+    limits: Settings = field(default_factory=Settings)
+
+
+@dataclass
+class Context:
+    settings: CoordinatorSettings
+    store: Store
+    act: Applier
+    clock: Callable[[], float]
+    _specs: dict[str, LiveTaskSpec] = field(default_factory=dict)
+
+    @property
+    def limits(self) -> Settings:
+        return self.settings.limits
+
+    def spec(self, name: str) -> LiveTaskSpec:
+        """A task's spec; specs never change, so each is parsed once (reports are a hot path)."""
+        if name not in self._specs:
+            self._specs[name] = LiveTaskSpec.model_validate_json(self.store.get_task(name).spec)
+        return self._specs[name]
+
+    def forget_task(self, name: str) -> None:
+        """The task ended: every node frees its in-memory checkpoints."""
+        self.act.forget_task(name, self.settings.checkpoint_root / name, self.spec(name).run.env)
+
+    def worker_env(
+        self, name: str, generation: int, world: int, port: int, joining: bool = False, spare: bool = False
+    ) -> dict[str, str]:
+        """The task's part of its workers' environment (the agent adds the node's part)."""
+        spec = self.spec(name)
+        contract = WorkerEnv(
+            task=name,
+            generation=generation,
+            world_size=world,
+            store=f"{self.settings.advertise_host}:{port}",
+            checkpoint_dir=str(self.settings.checkpoint_root / name),
+            iterations=spec.run.iterations,
+            checkpoint_every=spec.run.checkpoint_every,
+            pg_timeout_s=self.limits.process_group_timeout_s,
+            membership_timeout_s=self.limits.membership_timeout_s,
+            recovery=spec.run.recovery,
+            faults=[f.model_dump() for f in spec.run.faults] or None,
+            joining=joining,
+            spare=spare,
+        )
+        return {**contract.to_env(), **spec.run.env}

@@ -1,0 +1,138 @@
+"""Detection signals judged on the coordinator's tick: silent nodes, late steps (hangs), workers
+that never started, isolation that has run out.
+
+Exits, exceptions and iteration reports arrive with heartbeats (``coordinator.py``); this module
+judges what only time can tell. Each judgement is a pure function of records and ``now``; the
+``Detector`` hands what it finds to recovery.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from unicron.control.context import Context
+from unicron.control.monitor import TaskMonitor
+from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
+from unicron.control.recovery import Recovery
+from unicron.core.settings import Settings
+from unicron.core.states import NodeState, WorkerPhase
+from unicron.core.taxonomy import ErrorKind
+
+
+def silent_nodes(
+    nodes: Sequence[NodeRecord], now: float, listening_since: float, limits: Settings
+) -> list[tuple[str, float]]:
+    """Nodes not heard within the deadline, counted from when the service could hear them at
+    all (after a restart every known node gets a full deadline to reconnect)."""
+    out = []
+    for node in nodes:
+        silent = now - max(node.last_seen, listening_since)
+        if node.state is not NodeState.LOST and silent > limits.heartbeat_deadline_s:
+            out.append((node.name, silent))
+    return out
+
+
+def hang_verdict(
+    workers: Sequence[WorkerRecord],
+    last_seen: Mapping[str, float],
+    stopped: Mapping[tuple[str, int, int], bool],
+    now: float,
+    limits: Settings,
+) -> list[WorkerRecord] | None:
+    """For a task whose step is late: the hung ranks (processes that cannot progress), or None
+    when a node of the task is silent (its loss is decided first: lost, or heard again)."""
+    hosts = {w.node for w in workers}
+    if any(now - last_seen[h] > 2 * limits.heartbeat_interval_s for h in hosts if h in last_seen):
+        return None
+    return [w for w in workers if stopped.get(w.key)]
+
+
+@dataclass
+class Detector:
+    ctx: Context
+    recovery: Recovery
+    monitors: dict[tuple[str, int], TaskMonitor] = field(default_factory=dict)
+    stopped: dict[tuple[str, int, int], bool] = field(default_factory=dict)  # process is SIGSTOPped
+    listening_since: float | None = None
+
+    def monitor(self, name: str, generation: int) -> TaskMonitor:
+        key = (name, generation)
+        if key not in self.monitors:
+            previous = next((m for (t, _), m in self.monitors.items() if t == name), None)
+            self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
+            monitor = TaskMonitor(self.ctx.limits, self.ctx.spec(name).run.checkpoint_every)
+            if previous is not None:
+                # A membership change does not change how long a step takes: keep the history,
+                # so that a hang right after the change is caught too.
+                monitor.intervals = deque(previous.intervals)
+                monitor.last_step, monitor.last_time = previous.last_step, previous.last_time
+            self.monitors[key] = monitor
+        return self.monitors[key]
+
+    def forget(self, name: str) -> None:
+        self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
+        self.stopped = {k: v for k, v in self.stopped.items() if k[0] != name}
+
+    def check_nodes(self, now: float) -> bool:
+        """Declare silent nodes lost and end isolations that ran out; True when nodes changed."""
+        if self.listening_since is None:
+            self.listening_since = now
+        store, changed = self.ctx.store, False
+        for name, silent in silent_nodes(store.nodes(), now, self.listening_since, self.ctx.limits):
+            self.recovery.node_lost(name, silent)
+            changed = True
+        for node in store.nodes():
+            if node.state is NodeState.ISOLATED and now >= self.recovery.isolated_until.get(node.name, 0):
+                store.node_state(node.name, NodeState.HEALTHY)
+                store.event("node_back", node=node.name, why="isolation over")
+                changed = True
+        return changed
+
+    def check_start(self, task: TaskRecord, now: float) -> None:
+        stale = [
+            w
+            for w in self.ctx.store.workers(task.name, task.generation)
+            if w.state is WorkerPhase.LAUNCHING and now - w.launched > self.ctx.limits.launch_timeout_s
+        ]
+        if stale:
+            self.recovery.incident(
+                task.name, ErrorKind.EXITED_ABNORMALLY, None, f"{len(stale)} worker(s) never started"
+            )
+
+    def check_hang(self, task: TaskRecord, now: float) -> None:
+        if (task.name, task.generation) in self.recovery.awaiting:
+            return  # a failure is being handled
+        if task.step >= self.ctx.spec(task.name).run.iterations:
+            return  # training is over; the workers are saving and exiting
+        monitor = self.monitor(task.name, task.generation)
+        # One heartbeat more: the report of a step that did end may still be on its way.
+        if not monitor.late(now - self.ctx.limits.heartbeat_interval_s):
+            return
+        workers = self.ctx.store.workers(task.name, task.generation, live=True)
+        seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
+        culprits = hang_verdict(workers, seen, self.stopped, now, self.ctx.limits)
+        if culprits is None:
+            return
+        self.ctx.store.event(
+            "hang_detected",
+            task=task.name,
+            step=monitor.last_step + 1,
+            mean_s=round(monitor.mean_interval() or 0.0, 4),
+            waited_s=round(now - monitor.last_time, 3),
+            deadline_s=round(monitor.deadline() or 0, 3),
+            culprits=[w.rank for w in culprits],
+            generation=task.generation,
+        )
+        # Kill the hung worker(s) at once: the hang becomes an ordinary death.
+        for w in culprits:
+            self.ctx.act.stop_worker(w, 0.0)
+        self.recovery.incident(
+            task.name,
+            ErrorKind.TASK_HANG,
+            culprits[0].node if culprits else None,
+            f"step {monitor.last_step + 1} late; hung rank(s) {[w.rank for w in culprits] or 'unknown'}",
+            failed={w.rank for w in culprits} or None,
+            seen_at=monitor.last_time,
+        )

@@ -1,0 +1,189 @@
+"""Acting: the one place that changes the world outside the coordinator's own memory.
+
+Deciders (``generations.py``, ``handling.py``, ``detection.py``, ``spares.py``, the planner)
+are pure: they return frozen decisions. The :class:`Applier` carries a decision out: it writes
+the store, posts to the tasks' rendezvous stores and queues orders for the agents. No other
+module of the coordinator does any of the three.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from unicron.control.records import WorkerRecord
+from unicron.control.rendezvous import Rendezvous
+from unicron.control.store import Store
+from unicron.core.protocol import (
+    SPARE_GENERATION,
+    ForgetTask,
+    LaunchWorker,
+    Membership,
+    Order,
+    RenameWorker,
+    StopWorkers,
+    membership_key,
+    spare_key,
+)
+from unicron.core.states import NodeState, WorkerPhase
+from unicron.core.workerenv import KEYS
+
+
+@dataclass
+class Orders:
+    """Orders for each node's agent, numbered, and kept until the agent acknowledges them: an
+    answer lost on its way (the agent's request timed out meanwhile) is sent again. Every order
+    is idempotent at the agent, so a repeat is harmless. Numbers start at the coordinator's
+    start time in microseconds, so they keep growing across coordinator restarts."""
+
+    next_seq: int = 0
+    queues: dict[str, list[tuple[int, Order]]] = field(default_factory=dict)
+    on_add: Callable[[str], None] | None = None  # wakes the node's waiting long poll
+
+    def add(self, node: str, order: Order) -> None:
+        queue = self.queues.setdefault(node, [])
+        if isinstance(order, StopWorkers) and any(o == order for _, o in queue):
+            return
+        self.next_seq += 1
+        queue.append((self.next_seq, order))
+        if self.on_add is not None:
+            self.on_add(node)
+
+    def pending(self, node: str, acked: int) -> list[tuple[int, Order]]:
+        """The node's orders after ``acked`` (those up to it are dropped: carried out)."""
+        queue = [(seq, o) for seq, o in self.queues.get(node, []) if seq > acked]
+        self.queues[node] = queue
+        return list(queue)
+
+    def take(self, node: str) -> list[Order]:
+        """Drop the node's orders unsent (it is lost: they mean nothing any more)."""
+        return [o for _, o in self.queues.pop(node, [])]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start workers of a generation: ``placement`` node -> count, ranks from ``first_rank``."""
+
+    task: str
+    generation: int
+    world_size: int
+    placement: dict[str, int]
+    first_rank: int
+    argv: list[str]
+    env: dict[str, str]
+    phase: WorkerPhase = WorkerPhase.LAUNCHING
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Survivors of ``old`` (worker -> new rank) form ``membership``; their agents rename them
+    and the membership is posted where the members wait for it."""
+
+    task: str
+    old: int
+    membership: Membership
+    kept: dict[WorkerRecord, int]
+
+
+class Applier:
+    def __init__(self, store: Store, rendezvous: Rendezvous, orders: Orders) -> None:
+        self.store = store
+        self.rendezvous = rendezvous
+        self.orders = orders
+
+    def launch(self, launch: Launch, now: float) -> list[WorkerRecord]:
+        added = self.store.add_workers(
+            launch.task, launch.generation, launch.placement, launch.first_rank, launch.phase, now
+        )
+        for w in added:
+            self.orders.add(
+                w.node,
+                LaunchWorker(
+                    task=w.task,
+                    generation=w.generation,
+                    rank=w.rank,
+                    world_size=launch.world_size,
+                    local_rank=w.local_rank,
+                    argv=list(launch.argv),
+                    env={**launch.env, KEYS["rank"]: str(w.rank)},
+                ),
+            )
+        return added
+
+    def stop_worker(self, w: WorkerRecord, grace_s: float) -> None:
+        self.stop(w.node, w.task, w.generation, w.rank, grace_s)
+
+    def stop(self, node: str, task: str, generation: int, rank: int, grace_s: float) -> None:
+        """Exactly that worker (a generation-wide stop could hit a survivor mid-rename)."""
+        self.orders.add(node, StopWorkers(task=task, generation=generation, rank=rank, grace_s=grace_s))
+
+    def stop_generation(self, task: str, generation: int, grace_s: float) -> None:
+        """Every live worker of the generation, on nodes that can still hear it."""
+        reachable = {n.name for n in self.store.nodes() if n.state is not NodeState.LOST}
+        for node in sorted({w.node for w in self.store.workers(task, generation, live=True)} & reachable):
+            self.orders.add(node, StopWorkers(task=task, generation=generation, grace_s=grace_s))
+
+    def stop_node(self, node: str, grace_s: float) -> None:
+        for task, generation in sorted({(w.task, w.generation) for w in self.store.live_workers_on(node)}):
+            self.orders.add(node, StopWorkers(task=task, generation=generation, grace_s=grace_s))
+
+    def switch(self, switch: Switch, now: float) -> None:
+        self.store.switch_generation(switch.task, switch.old, switch.membership.generation, switch.kept, now)
+        for w, rank in switch.kept.items():
+            self.orders.add(
+                w.node,
+                RenameWorker(
+                    task=switch.task,
+                    generation=w.generation,
+                    rank=w.rank,
+                    new_generation=switch.membership.generation,
+                    new_rank=rank,
+                ),
+            )
+        self.rendezvous.set(
+            switch.task, membership_key(switch.task, switch.old), switch.membership.model_dump_json()
+        )
+
+    def use_spare(
+        self,
+        task: str,
+        spare_rank: int,
+        node: str,
+        local: int,
+        generation: int,
+        rank: int,
+        world: int,
+        now: float,
+    ) -> None:
+        """A hot spare becomes a newcomer: no process to start, only a new identity."""
+        self.store.spare_used(task, spare_rank, generation, rank, node, local, now)
+        self.orders.add(
+            node,
+            RenameWorker(
+                task=task,
+                generation=SPARE_GENERATION,
+                rank=spare_rank,
+                new_generation=generation,
+                new_rank=rank,
+            ),
+        )
+        identity = {"generation": generation, "rank": rank, "world_size": world}
+        self.rendezvous.set(task, spare_key(task, spare_rank), json.dumps(identity))
+
+    def forget_task(self, task: str, checkpoint_dir: Path, env: dict[str, str]) -> None:
+        """Every node frees what it keeps for an ended task."""
+        for node in self.store.nodes():
+            if node.state is not NodeState.LOST:
+                order = ForgetTask(
+                    task=task,
+                    checkpoint_dir=str(checkpoint_dir),
+                    host_checkpoint_root=env.get(KEYS["host_checkpoint_root"]),
+                )
+                self.orders.add(node.name, order)
+
+    def drop_spare(self, task: str, rank: int, node: str, stop: bool) -> None:
+        if stop:
+            self.orders.add(node, StopWorkers(task=task, generation=SPARE_GENERATION, rank=rank, grace_s=0.0))
+        self.store.worker_phase((task, SPARE_GENERATION, rank), WorkerPhase.STOPPED)

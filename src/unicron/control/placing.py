@@ -1,0 +1,250 @@
+"""Placing: the planner's answer for the cluster, carried out task by task, and the hot spares.
+
+On node loss, node return, task arrival and completion the planner's answer (looked up in a
+precomputed table where it can be: ``allocator.py``) is carried out in place where the task
+recovers in process (shrink at a step boundary, grow with newcomers that take their state from
+live replicas), else by a restart from the checkpoint. Idle slots hold hot spares
+(``spares.py`` chooses for which task).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from unicron.control.allocator import Allocator, Decided
+from unicron.control.context import Context
+from unicron.control.effects import Launch
+from unicron.control.generations import Generations
+from unicron.control.rates import RateMeter
+from unicron.control.records import TaskRecord
+from unicron.control.spares import choose, spare_gains
+from unicron.core.gpus import custom_gpu
+from unicron.core.protocol import SPARE_GENERATION
+from unicron.core.specs import PlannerSettings
+from unicron.core.states import NodeState, TaskState, WorkerPhase
+from unicron.planning.placement import Assignment
+from unicron.planning.planner import ClusterState
+from unicron.planning.planner import Decision as PlanDecision
+from unicron.planning.throughput import ThroughputCurve, curve_for
+
+
+@dataclass
+class Spare:
+    task: str
+    rank: int  # its identity at the agent: (task, SPARE_GENERATION, rank)
+    node: str
+    local_rank: int
+    since: float
+    used: float | None = None  # when a grow took it (it keeps its entry until renamed)
+
+
+@dataclass
+class Placer:
+    ctx: Context
+    generations: Generations
+    rates: RateMeter
+    allocator: Allocator = field(default_factory=Allocator)
+    spares: dict[tuple[str, int], Spare] = field(default_factory=dict)
+    last_plan: dict[str, int] | None = None
+
+    def cluster_state(self) -> tuple[ClusterState, dict[int, str]]:
+        store = self.ctx.store
+        nodes = [n for n in store.nodes() if n.state is NodeState.HEALTHY]
+        names = {n.id: n.name for n in nodes}
+        ids = {n.name: n.id for n in nodes}
+        slots = nodes[0].slots if nodes else 1
+        assignment: dict[int, dict[str, int]] = {}
+        live = store.tasks(live_only=True)
+        for task in live:
+            if task.state.active:
+                for w in store.workers(task.name, task.generation, live=True):
+                    if w.node in ids:
+                        per = assignment.setdefault(ids[w.node], {})
+                        per[task.name] = per.get(task.name, 0) + 1
+        specs = [self.ctx.spec(t.name) for t in live]
+        gpu = custom_gpu(1e12)
+        curves: dict[str, ThroughputCurve] = {
+            s.name: curve_for(s, gpu, slots, self.rates.measured(s.name)) for s in specs
+        }
+        state = ClusterState(
+            slots,
+            gpu,
+            self.ctx.settings.node_mtbf_hours,
+            PlannerSettings(),
+            tuple(sorted(names)),
+            assignment,
+            tuple(specs),
+            curves,
+            next_node=max(names, default=0) + 1,
+        )
+        return state, names
+
+    def reconcile(self) -> None:
+        """Divide the healthy slots with the planner and carry the plan out."""
+        state, names = self.cluster_state()
+        if not state.tasks:
+            self.keep_spares(state, names, {})  # no task left: no spare has a purpose
+            return
+        decided = self.allocator.decide(state, self.rates.version)
+        best, layout = decided.plan, decided.layout
+        if decided.rebalance:
+            # Nothing happened but new measurements: move running tasks only for a clear gain.
+            before = sum(d.waf_before for d in best.decisions)
+            if best.waf < before * (1 + self.ctx.limits.rebalance_min_gain):
+                self.keep_spares(state, names, {n: dict(a) for n, a in state.assignment.items()})
+                return
+        tasks = {t.name: t for t in self.ctx.store.tasks(live_only=True)}
+        self._record_plan(decided, tasks)
+        for decision in best.decisions:
+            task = tasks[decision.task]
+            wanted = {names[n]: per[task.name] for n, per in sorted(layout.items()) if per.get(task.name)}
+            self._carry_out(task, decision, wanted)
+        self.keep_spares(state, names, layout)
+        self.allocator.refresh(state, decided, self.rates.version)
+
+    def _carry_out(self, task: TaskRecord, decision: PlanDecision, wanted: dict[str, int]) -> None:
+        """One task's part of the plan: in place where it can, else stop and relaunch."""
+        name, after, store = task.name, decision.after, self.ctx.store
+        if task.state is TaskState.STARTING:
+            return  # decide once it runs again (it may be recovering in place)
+        running = task.state is TaskState.RUNNING
+        if running and (after == task.workers or name in self.generations.growing):
+            return
+        if running and after > task.workers and self.generations.in_place(name):
+            # More slots for a running task: newcomers join its live replicas in place.
+            current: dict[str, int] = {}
+            for w in store.workers(name, task.generation, live=True):
+                current[w.node] = current.get(w.node, 0) + 1
+            extra = {n: c - current.get(n, 0) for n, c in wanted.items() if c > current.get(n, 0)}
+            if sum(extra.values()) == after - task.workers:
+                self._grow(name, extra, decision.reason)
+                return
+        if (
+            running
+            and 0 < after < task.workers
+            and self.generations.shrink_planned(name, wanted, decision.reason)
+        ):
+            return
+        if running:
+            # No in-place change fits (the task asked for restarts, or it must stop or move):
+            # stop at a step boundary with a checkpoint and relaunch as planned.
+            store.event("task_resize", task=name, before=task.workers, after=after, reason=decision.reason)
+            self.ctx.act.stop_generation(name, task.generation, self.ctx.limits.stop_grace_s)
+            store.task_stopping(name, self.ctx.clock())
+        elif after > 0:
+            self.launch(name, wanted, decision.reason)
+
+    def _grow(self, name: str, extra: dict[str, int], reason: str) -> None:
+        waiting = [s for s in self.spares.values() if s.task == name and s.used is None]
+        offered = [(s.rank, s.node, s.local_rank) for s in waiting]
+        used = self.generations.grow(name, extra, reason, offered)
+        now = self.ctx.clock()
+        for s in waiting:
+            if s.rank in used:
+                s.used = now
+
+    def _record_plan(self, decided: Decided, tasks: dict[str, TaskRecord]) -> None:
+        """A plan event whenever the plan changes a task: where it came from and what it does."""
+        changes = {
+            d.task: [tasks[d.task].workers, d.after]
+            for d in decided.plan.decisions
+            if d.task in tasks and d.after != tasks[d.task].workers
+        }
+        if not changes or decided.plan.allocation() == self.last_plan:
+            return  # nothing to change, or a change already under way
+        self.last_plan = decided.plan.allocation()
+        self.ctx.store.event(
+            "plan",
+            source=decided.source,
+            answers=str(decided.event) if decided.event is not None else None,
+            why=decided.why or None,
+            seconds=round(decided.seconds, 6),
+            allocation=decided.plan.allocation(),
+            changes=changes,
+            waf=decided.plan.waf,
+        )
+
+    def launch(self, name: str, placement: dict[str, int], reason: str) -> None:
+        """A new generation of the task from its checkpoint (the first launch, or a restart)."""
+        task = self.ctx.store.get_task(name)
+        generation = self.generations.next_generation(name)
+        world = sum(placement.values())
+        port = self.ctx.act.rendezvous.host(name, task.store_port or 0)
+        env = self.ctx.worker_env(name, generation, world, port)
+        now = self.ctx.clock()
+        argv = list(self.ctx.spec(name).run.program)
+        self.ctx.act.launch(Launch(name, generation, world, placement, 0, argv, env), now)
+        self.ctx.store.task_launched(name, generation, world, port, now)
+        self.ctx.store.event(
+            "task_launch",
+            task=name,
+            generation=generation,
+            workers=world,
+            placement=placement,
+            resume_from=task.checkpoint_step,
+            reason=reason,
+        )
+
+    # ------------------------------------------------------------------ hot spares
+    def keep_spares(self, state: ClusterState, names: dict[int, str], layout: Assignment) -> None:
+        """Stop spares whose slot the plan uses or whose task no longer runs; start spares on
+        the slots the plan leaves idle, for the tasks that gain most from them."""
+        now = self.ctx.clock()
+        tasks = {t.name: t for t in self.ctx.store.tasks(live_only=True)}
+        planned = {names[n]: sum(per.values()) for n, per in layout.items()}
+        healthy = set(names.values())
+        for key, spare in list(self.spares.items()):
+            task = tasks.get(spare.task)
+            if spare.used is not None:
+                if now - spare.used > self.ctx.limits.launch_timeout_s:
+                    del self.spares[key]  # renamed long ago: it is an ordinary worker now
+            elif spare.node not in healthy:
+                self.drop_spare(key, stop=False)
+            elif task is None or not task.state.active:
+                self.drop_spare(key, stop=True)
+        waiting = [s for s in self.spares.values() if s.used is None]
+        for node in sorted(healthy):
+            here = [s for s in waiting if s.node == node]
+            excess = planned.get(node, 0) + len(here) - state.gpus_per_node
+            for spare in here[: max(0, excess)]:
+                self.drop_spare((spare.task, spare.rank), stop=True)  # the plan needs its slot
+        if self.ctx.limits.hot_spares == 0 or not state.tasks:
+            return
+        waiting = [s for s in self.spares.values() if s.used is None]
+        free = {
+            n: state.gpus_per_node - planned.get(n, 0) - sum(1 for s in waiting if s.node == n)
+            for n in healthy
+        }
+        running = {
+            n: t.workers
+            for n, t in tasks.items()
+            if t.state is TaskState.RUNNING and n not in self.generations.growing
+        }
+        gains = spare_gains([self.ctx.spec(n) for n in running], running, state.curves)
+        have: dict[str, int] = {}
+        for s in waiting:
+            have[s.task] = have.get(s.task, 0) + 1
+        homes = {
+            name: {w.node for w in self.ctx.store.workers(name, tasks[name].generation, live=True)}
+            for name in running
+        }
+        for name, node in choose(free, gains, have, homes, self.ctx.limits.hot_spares):
+            self._launch_spare(name, node, now)
+
+    def _launch_spare(self, name: str, node: str, now: float) -> None:
+        task = self.ctx.store.get_task(name)
+        highest = self.ctx.store.max_rank(name, SPARE_GENERATION)
+        rank = max(1000, highest + 1 if highest is not None else 1000)
+        env = self.ctx.worker_env(name, SPARE_GENERATION, 0, task.store_port, spare=True)
+        argv = list(self.ctx.spec(name).run.program)
+        launch = Launch(name, SPARE_GENERATION, 0, {node: 1}, rank, argv, env, WorkerPhase.SPARE)
+        (added,) = self.ctx.act.launch(launch, now)
+        self.spares[(name, rank)] = Spare(name, rank, node, added.local_rank, now)
+        self.ctx.store.event("spare_launched", task=name, node=node, rank=rank)
+
+    def drop_spare(self, key: tuple[str, int], stop: bool) -> None:
+        spare = self.spares.pop(key, None)
+        if spare is None:
+            return
+        self.ctx.act.drop_spare(spare.task, spare.rank, spare.node, stop)
+        self.ctx.store.event("spare_stopped", task=spare.task, node=spare.node, rank=spare.rank)

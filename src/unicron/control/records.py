@@ -1,0 +1,98 @@
+"""Typed records of the coordinator's store: what a row of each table holds.
+
+Records are frozen snapshots; to change one, call a named operation of :class:`Store`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from unicron.core.states import NodeState, TaskState, WorkerPhase
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    name: str
+    spec: str  # the submitted spec, JSON
+    state: TaskState
+    generation: int
+    workers: int
+    step: int
+    checkpoint_step: int
+    store_port: int
+    failures: int
+    restarts: int
+    down_since: float | None  # when the task last stopped making progress
+    downtime_s: float
+    samples: int
+    flop: float  # weighted FLOP achieved (WAF integrated over time)
+    digest: str | None
+    submitted: float
+    started: float | None
+    finished: float | None
+    reason: str | None  # why it failed, when it did
+    launched_generation: int  # the last generation started afresh (not re-formed in place)
+
+    @classmethod
+    def of(cls, row: sqlite3.Row) -> TaskRecord:
+        return cls(**{**dict(row), "state": TaskState(row["state"])})
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    id: int
+    name: str
+    slots: int
+    gpus: list[str]
+    host: str
+    state: NodeState
+    last_seen: float
+
+    @classmethod
+    def of(cls, row: sqlite3.Row) -> NodeRecord:
+        return cls(**{**dict(row), "state": NodeState(row["state"]), "gpus": json.loads(row["gpus"])})
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    task: str
+    generation: int
+    rank: int
+    node: str
+    local_rank: int
+    state: WorkerPhase
+    pid: int | None
+    exit_code: int | None
+    exit_signal: int | None
+    launched: float
+
+    @classmethod
+    def of(cls, row: sqlite3.Row) -> WorkerRecord:
+        return cls(**{**dict(row), "state": WorkerPhase(row["state"])})
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.task, self.generation, self.rank)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "state": self.state.value}
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    time: float
+    kind: str
+    task: str | None
+    node: str | None
+    detail: dict[str, Any]
+
+    @classmethod
+    def of(cls, row: sqlite3.Row) -> EventRecord:
+        return cls(**{**dict(row), "detail": json.loads(row["detail"])})
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)

@@ -1,0 +1,278 @@
+"""Recovery: incidents, the severity ladder's decision carried out, and the root cause.
+
+The first sign of a failure in a generation opens its *incident*; later signs (the peers'
+connection errors, the exits that follow) belong to it. The fault is attributed to its scope
+first (``attribute``: a worker, its node, the task itself or the checkpoint storage), so that
+only worker and node faults count against a node. The ladder (``handling.py``) then picks the
+action; recovery is in place when the failed ranks are known and enough survivors remain (they
+form the next generation), else a restart of the task from its newest checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from unicron.control.context import Context
+from unicron.control.generations import Generations, Shrink
+from unicron.control.handling import Ladder
+from unicron.core.states import NodeState, TaskState
+from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope
+
+# Kinds that a peer's failure produces in the survivors: an incident opened by one of these may
+# turn out to have a deeper cause.
+CONSEQUENCES = frozenset(
+    {
+        ErrorKind.CONNECTION_RESET,
+        ErrorKind.CONNECTION_REFUSED,
+        ErrorKind.OTHER_NETWORK_ERROR,
+        ErrorKind.NCCL_TIMEOUT,
+        ErrorKind.EXITED_ABNORMALLY,
+    }
+)
+
+
+def attribute(
+    kind: ErrorKind,
+    node: str | None,
+    recent: Sequence[tuple[float, ErrorKind, str | None]],
+    now: float,
+    window: float,
+) -> Scope:
+    """The scope of a fault: its kind's, except that a worker fault that also struck the same
+    task on another node within ``window`` is the task's own (a node fault does not crash
+    processes on two machines at once)."""
+    scope = TAXONOMY[kind].scope
+    if scope is not Scope.WORKER or node is None:
+        return scope
+    nodes = {n for t, k, n in recent if k is kind and now - t <= window and n is not None}
+    return Scope.TASK if nodes - {node} else Scope.WORKER
+
+
+@dataclass
+class Incident:
+    id: int
+    kind: ErrorKind
+    detected: float
+    action: str
+
+
+@dataclass
+class Recovery:
+    ctx: Context
+    generations: Generations
+    ladder: Ladder
+    released: Callable[[str], None]  # the coordinator frees everything of an ended task
+    incidents: dict[tuple[str, int], Incident] = field(default_factory=dict)  # the open one per generation
+    faults: dict[tuple[str, int], float] = field(default_factory=dict)  # injection time per generation
+    # (task, generation) -> (since, kind, node): a survivor saw a peer fail; the cause is due
+    awaiting: dict[tuple[str, int], tuple[float, ErrorKind, str | None]] = field(default_factory=dict)
+    awaiting_ranks: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    recent: dict[str, list[tuple[float, ErrorKind, str | None]]] = field(default_factory=dict)
+    isolated_until: dict[str, float] = field(default_factory=dict)
+    task_faults: dict[tuple[str, ErrorKind], list[float]] = field(default_factory=dict)
+
+    def peer_error(
+        self, name: str, generation: int, kind: ErrorKind, node: str, rank: int, seen_at: float | None
+    ) -> None:
+        """A survivor's view of a peer's failure: wait (briefly) for the cause, which names the
+        failed rank, so that the survivors can go on without it."""
+        key = (name, generation)
+        self.awaiting.setdefault(key, (seen_at or self.ctx.clock(), kind, node))
+        since = self.awaiting[key][0]
+        reporting = self.awaiting_ranks.setdefault(key, set())
+        reporting.add(rank)
+        if len(reporting) >= len(self.ctx.store.workers(name, generation, live=True)):
+            # Every member is alive and waiting: a broken connection, not a death.
+            # Reattempt in place: the same members rebuild their group.
+            self.incident(
+                name, kind, node, "every rank lost its connections; all alive", failed=set(), seen_at=since
+            )
+
+    def incident(
+        self,
+        name: str,
+        kind: ErrorKind,
+        node: str | None,
+        why: str,
+        failed: set[int] | None = None,
+        seen_at: float | None = None,
+        scope: Scope | None = None,
+    ) -> None:
+        """Open the generation's incident (once) and carry out the ladder's decision. ``failed``:
+        the ranks known to be gone (without them the survivors cannot be told apart);
+        ``seen_at``: when the symptom happened, for the detection time when no fault was injected."""
+        store, now = self.ctx.store, self.ctx.clock()
+        task = store.get_task(name)
+        fresh = task.state is TaskState.STARTING and task.launched_generation == task.generation
+        if scope is None and fresh:
+            # A freshly launched generation failing before its first step: the program, its
+            # data or its configuration, not the machine (hardware kinds keep their node scope).
+            scope = Scope.TASK if TAXONOMY[kind].scope is Scope.WORKER else None
+        scope = self.note(name, kind, node, now, scope)
+        if (name, task.generation) in self.incidents:
+            return
+        self.awaiting.pop((name, task.generation), None)
+        self.awaiting_ranks.pop((name, task.generation), None)
+        self.generations.cancel_growth(name)
+        decision = self.ladder.decide(name, kind, node, now, scope)
+        began = self.faults.get((name, task.generation), seen_at)
+        incident_id = store.event(
+            "incident",
+            task=name,
+            node=node,
+            kind=kind.value,
+            severity=decision.severity.name,
+            action=decision.action.label,
+            scope=scope.value,
+            why=why,
+            ladder=decision.why,
+            detected_at=now,
+            detection_s=None if began is None else round(max(0.0, now - began), 4),
+            generation=task.generation,
+            step=task.step,
+            checkpoint_step=task.checkpoint_step,
+        )
+        self.incidents[(name, task.generation)] = Incident(incident_id, kind, now, decision.action.label)
+        if decision.isolate_node and node is not None:
+            self.isolate(node, f"{kind.value} ({decision.why})")
+        if not decision.fail_task and failed is not None and self._in_place(name, failed, incident_id):
+            return
+        self.ctx.act.stop_generation(name, task.generation, self.ctx.limits.failure_stop_grace_s)
+        if decision.fail_task:
+            store.task_down(name, TaskState.FAILED, now, reason=f"{why}: {decision.why}")
+            store.event("outcome", task=name, incident=incident_id, outcome="task failed", why=decision.why)
+            self.released(name)
+        else:
+            store.task_down(name, TaskState.RESTARTING, now)
+
+    def note(
+        self, name: str, kind: ErrorKind, node: str | None, now: float, scope: Scope | None = None
+    ) -> Scope:
+        """Note every sign of a fault, also those that join an open incident: the same fault on
+        a second node makes it the task's own, and its earlier counts against nodes are taken
+        back. Once the task's own, the same kind stays so within the escalation window."""
+        window = self.ctx.limits.escalation_window_s
+        recent = [r for r in self.recent.get(name, []) if now - r[0] <= window]
+        self.recent[name] = [*recent, (now, kind, node)]
+        sticky = [t for t in self.task_faults.get((name, kind), []) if now - t <= window]
+        scope = scope or attribute(kind, node, recent, now, self.ctx.limits.task_fault_window_s)
+        if scope is Scope.TASK and not sticky:
+            self.ladder.reattribute(name, kind, now)  # the open incident's fault was the task's
+        if scope is Scope.TASK or sticky:
+            self.task_faults[(name, kind)] = [*sticky, now]
+            return Scope.TASK
+        return scope
+
+    def _in_place(self, name: str, failed: set[int], incident_id: int) -> bool:
+        """The survivors rebuild their group as the next generation and go on; nothing restarts.
+        False when that is not possible (the task asked for restarts, or too few survivors)."""
+        if not self.generations.in_place(name):
+            return False
+        shrink = self.generations.after_failure(name, failed)
+        if not isinstance(shrink, Shrink):
+            task = self.ctx.store.get_task(name)
+            live = self.ctx.store.workers(name, task.generation, live=True)
+            self.ctx.store.event(
+                "in_process_impossible",
+                task=name,
+                incident=incident_id,
+                why=shrink,
+                live=[(w.rank, w.node, w.state.value) for w in live],
+                failed=sorted(failed),
+            )
+            return False
+        healthy = {n.name for n in self.ctx.store.nodes() if n.state is NodeState.HEALTHY}
+        for w in shrink.left:
+            if w.rank in failed and w.node in healthy:
+                self.ctx.act.stop_worker(w, 0.0)  # a raising or hung process may linger
+        self.generations.switch(name, shrink)
+        self.ctx.store.task_down(name, TaskState.STARTING, self.ctx.clock())
+        self.ctx.store.event(
+            "in_process_recovery",
+            task=name,
+            incident=incident_id,
+            generation=shrink.membership.generation,
+            workers=shrink.membership.world_size,
+            failed=sorted(failed),
+            survivors=[w.rank for w in shrink.kept],
+        )
+        return True
+
+    def recovered(self, name: str, downtime: float, step: int) -> None:
+        for (task, generation), incident in list(self.incidents.items()):
+            if task == name:
+                self.ctx.store.event(
+                    "outcome",
+                    task=name,
+                    incident=incident.id,
+                    outcome="recovered",
+                    downtime_s=round(downtime, 3),
+                    resumed_step=step,
+                    action=incident.action,
+                )
+                del self.incidents[(task, generation)]
+
+    def forget(self, name: str) -> None:
+        """The task ended: nothing of it stays open."""
+        for key in [k for k in self.incidents if k[0] == name]:
+            del self.incidents[key]
+        self.awaiting = {k: v for k, v in self.awaiting.items() if k[0] != name}
+        self.awaiting_ranks = {k: v for k, v in self.awaiting_ranks.items() if k[0] != name}
+        self.faults = {k: v for k, v in self.faults.items() if k[0] != name}
+        self.recent.pop(name, None)
+        self.task_faults = {k: v for k, v in self.task_faults.items() if k[0] != name}
+
+    def isolate(self, node: str, why: str) -> None:
+        row = self.ctx.store.node(node)
+        if row is None or row.state is not NodeState.HEALTHY:
+            return
+        until = self.ctx.clock() + self.ctx.limits.isolation_s
+        self.ctx.store.node_state(node, NodeState.ISOLATED)
+        self.ctx.store.event("node_isolated", node=node, why=why, until=until)
+        self.isolated_until[node] = until
+        self.ctx.act.stop_node(node, self.ctx.limits.failure_stop_grace_s)
+
+    def root_cause(self, name: str, kind: ErrorKind, node: str) -> None:
+        """A later, surer verdict for an open incident: the peers' connection errors that opened it
+        were symptoms of this (a lost node), which is now recorded as its root cause."""
+        for (task, _), incident in self.incidents.items():
+            if task == name and incident.kind in CONSEQUENCES:
+                self.ctx.store.event(
+                    "root_cause",
+                    task=name,
+                    node=node,
+                    incident=incident.id,
+                    kind=kind.value,
+                    first_seen_as=incident.kind.value,
+                )
+                incident.kind = kind
+
+    def expire_awaiting(self, now: float) -> None:
+        """No death was reported in time: whoever is alive rebuilds the group in place."""
+        grace = self.ctx.limits.heartbeat_deadline_s + self.ctx.limits.cause_grace_s
+        for (name, _generation), (since, kind, where) in list(self.awaiting.items()):
+            if now - since > grace:
+                self.incident(name, kind, where, "peers reported errors; no rank died", set(), since)
+
+    def node_lost(self, node: str, silent_s: float) -> None:
+        store = self.ctx.store
+        store.node_state(node, NodeState.LOST)
+        store.event("node_lost", node=node, silent_s=round(silent_s, 3))
+        self.ctx.act.orders.take(node)
+        current = {t.name: t.generation for t in store.tasks(live_only=True)}
+        gone: dict[str, set[int]] = {}
+        for w in store.lose_node_workers(node):
+            ranks = gone.setdefault(w.task, set())
+            if current.get(w.task) == w.generation:
+                ranks.add(w.rank)  # ranks of the task's current generation
+        for name, ranks in gone.items():
+            task = store.task(name)
+            if task is not None and task.state.active and not ranks:
+                self.generations.cancel_growth(name)  # only newcomers were there
+            elif task is not None and task.state.active:
+                self.incident(
+                    name, ErrorKind.NODE_LOST, node, f"node {node} silent for {silent_s:.1f} s", ranks
+                )
+            elif task is not None:
+                self.root_cause(name, ErrorKind.NODE_LOST, node)
