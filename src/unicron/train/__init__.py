@@ -3,7 +3,7 @@
 Imports torch; the planner and the command line never import this package.
 """
 
-from unicron.train.data import MicroBatch
-from unicron.train.session import Iteration, Session, init
+from unicron.train.iteration import Iteration
+from unicron.train.session import Session, init
 
-__all__ = ["Iteration", "MicroBatch", "Session", "init"]
+__all__ = ["Iteration", "Session", "init"]

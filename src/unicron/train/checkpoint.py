@@ -9,11 +9,28 @@ from typing import Any
 
 import torch
 
+from unicron.core.workerenv import host_checkpoint_dir
+
 LATEST = "latest"
 
 
 def path_for(directory: Path, step: int) -> Path:
     return directory / f"step-{step:08d}.pt"
+
+
+def state_of(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, **where: Any
+) -> dict[str, Any]:
+    """What a checkpoint holds: model, optimizer, step, data position (the stream is addressed
+    by step), where it was taken (task, generation, world size) and the parameters' digest."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "step": step,
+        "data_position": {"step": step},
+        **where,
+        "digest": digest(model),
+    }
 
 
 def save(directory: Path, step: int, state: dict[str, Any], keep: int = 3) -> Path:
@@ -32,14 +49,10 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int = 3) -> Pa
 
 
 def host_dir(persistent: Path, node: str, root: str | None = None) -> Path | None:
-    """Where a node keeps its in-memory copy of a task's checkpoints: a RAM-backed folder
-    (/dev/shm), one per persistent checkpoint folder (so per task and cluster) and per node.
-    None when the host has no such folder."""
-    base = Path(root) if root else Path("/dev/shm")
-    if not base.is_dir():
-        return None
-    key = hashlib.sha256(str(persistent.resolve()).encode()).hexdigest()[:16]
-    return base / "unicron" / key / node
+    """The node's in-memory checkpoint folder (``core.workerenv.host_checkpoint_dir``); None
+    when the host has no RAM-backed folder there."""
+    path = host_checkpoint_dir(persistent, node, root)
+    return path if path.parents[2].is_dir() else None
 
 
 def load_nearest(persistent: Path, host: Path | None) -> tuple[dict[str, Any], str] | None:

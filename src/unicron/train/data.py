@@ -46,24 +46,15 @@ class DataStream:
         return self.global_batch, self.dataset_size, self.seed
 
 
-@dataclass(frozen=True)
-class MicroBatch:
-    ids: list[int]
-    weight: float  # multiply this micro-batch's mean loss by it (see Session.plan)
-    last: bool  # the rank's last micro-batch of the step: gradients are reduced after it
-
-
 def shard(ids: list[int], rank: int, world_size: int) -> list[int]:
     """This rank's contiguous share of a step's samples."""
     bounds = np.linspace(0, len(ids), world_size + 1).round().astype(int)
     return ids[bounds[rank] : bounds[rank + 1]]
 
 
-def micro_batches(share: list[int], micro_batch: int, global_batch: int, world_size: int) -> list[MicroBatch]:
-    """Split a share into micro-batches, weighted so that the data-parallel average of the
-    gradients (DDP divides by the world size) is the mean over the whole global batch."""
-    chunks = [share[i : i + micro_batch] for i in range(0, len(share), micro_batch)]
-    return [
-        MicroBatch(chunk, world_size * len(chunk) / global_batch, i == len(chunks) - 1)
-        for i, chunk in enumerate(chunks)
-    ]
+def unclaimed_share(ids: list[int], held: list[list[int]], rank: int, world_size: int) -> list[int]:
+    """This rank's part of the step's samples that no member holds yet (``held``: what each
+    member has accumulated), split evenly in the step's order: the sample ledger of a step
+    whose group re-formed in the middle of it."""
+    taken = {i for part in held for i in part}
+    return shard([i for i in ids if i not in taken], rank, world_size)

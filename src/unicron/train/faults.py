@@ -23,11 +23,10 @@ Each injection first sends a FaultReport with the time, so detection latency can
 from __future__ import annotations
 
 import builtins
-import json
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from unicron.core.protocol import FaultReport
 from unicron.core.specs import FaultSpec
@@ -49,19 +48,6 @@ class FaultInjector:
         self.slow_s = 0.0
         self._pending: list[FaultSpec] = []
         self._settled: set[int] = set()  # generation-0 faults already claimed (by anyone)
-
-    @classmethod
-    def from_env(
-        cls,
-        env: Mapping[str, str],
-        rank: int,
-        generation: int,
-        task: str,
-        report: Callable[[FaultReport], None],
-    ) -> FaultInjector:
-        raw = env.get("UNICRON_FAULTS", "")
-        faults = [FaultSpec.model_validate(f) for f in json.loads(raw)] if raw else []
-        return cls(faults, rank, generation, report, task)
 
     def _announce(self, fault: FaultSpec, step: int) -> None:
         self.report(

@@ -16,6 +16,9 @@ import ctypes
 import gc
 import hashlib
 import io
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -128,3 +131,25 @@ def agree(
             raise RuntimeError("state received from a live replica does not match its digest")
     me = dist.get_rank()
     return Agreement(top, True, source, me in behind, nodes[source] == nodes[me])
+
+
+def wait_for_key(store: Any, key: str, stop: Callable[[], bool], gone_for_s: float) -> bool:
+    """Wait until ``key`` is set in the store (True), or until ``stop()`` says so or the store
+    has been unreachable for ``gone_for_s`` (False). A wait that fails at once means the store is
+    gone (its task ended, or the coordinator is down): retry calmly rather than spin."""
+    gone_since: float | None = None
+    while not stop():
+        began = time.monotonic()
+        try:
+            store.wait([key], timedelta(seconds=1))
+            return True
+        except Exception:
+            if time.monotonic() - began >= 0.9:
+                gone_since = None  # an ordinary time-out: look at stop() again
+                continue
+        gone_since = gone_since or began
+        if began - gone_since > gone_for_s:
+            print(f"{key}: the rendezvous store is gone; giving up", file=sys.stderr)
+            return False
+        time.sleep(1.0)
+    return False

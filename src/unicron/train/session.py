@@ -12,14 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -40,46 +38,14 @@ from unicron.core.protocol import (
     ready_key,
     spare_key,
 )
+from unicron.core.settings import Settings
+from unicron.core.specs import FaultSpec
+from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
 from unicron.train import checkpoint, membership
 from unicron.train.channel import ReportChannel
-from unicron.train.data import DataStream, MicroBatch, global_batch_ids, micro_batches, shard
+from unicron.train.data import DataStream, global_batch_ids, shard, unclaimed_share
 from unicron.train.faults import FaultInjector
-
-
-@dataclass(frozen=True)
-class Rejoined:
-    ranks: dict[int, int]  # old rank -> new rank
-    copied: bool  # state had to be copied from a replica
-
-
-@dataclass
-class Iteration:
-    """One step being timed; the loop records each micro-batch's loss and samples."""
-
-    step: int
-    micro_batches: int = 0  # how many the plan gave this rank (0: unknown)
-    before_last: Callable[[], None] | None = None
-    started: float = field(default_factory=time.perf_counter)
-    loss: float = 0.0
-    samples: int = 0
-    marks: list[float] = field(default_factory=list)
-
-    def record(self, mean_loss: float, samples: int) -> None:
-        """Add a micro-batch: its mean loss and how many samples it held."""
-        self.loss += mean_loss * samples
-        self.samples += samples
-        self.marks.append(time.perf_counter())
-        if self.before_last is not None and len(self.marks) == self.micro_batches - 1:
-            self.before_last()
-
-    def compute_s(self, ended: float) -> float:
-        """The rank's own compute time. Only the last micro-batch's backward waits for peers (the
-        gradient all-reduce), so the others' mean time stands in for it; with one micro-batch
-        the whole step is all we know."""
-        if len(self.marks) < 2:
-            return ended - self.started
-        own = self.marks[-2] - self.started
-        return own * len(self.marks) / (len(self.marks) - 1)
+from unicron.train.iteration import Iteration, PeerLostError, Rejoined
 
 
 class Session:
@@ -90,45 +56,51 @@ class Session:
         iterations: int | None = None,
         checkpoint_dir: str | Path | None = None,
         checkpoint_every: int | None = None,
-        timeout_s: float = 1800.0,
+        timeout_s: float | None = None,
     ) -> None:
-        env = os.environ if env is None else env
-        # Under a Unicron agent the UNICRON_* variables say everything; under torchrun (the
-        # baseline we compare with) its RANK/WORLD_SIZE/MASTER_ADDR and restart count do.
-        self.under_torchrun = "UNICRON_TASK" not in env and "TORCHELASTIC_RUN_ID" in env
-        restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        self.task = env.get("UNICRON_TASK", "torchrun" if self.under_torchrun else "standalone")
-        self.generation = int(env.get("UNICRON_GENERATION", restarts + 1 if self.under_torchrun else 0))
-        self.rank = int(env.get("UNICRON_RANK", env.get("RANK", "0")))
-        self.world_size = int(env.get("UNICRON_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
-        self.local_rank = int(env.get("UNICRON_LOCAL_RANK", env.get("LOCAL_RANK", "0")))
-        self.node = env.get("UNICRON_NODE", socket.gethostname())
-        self.trace_file = env.get("UNICRON_TRACE_FILE")
-        self.store_address = env.get("UNICRON_STORE")
-        self.iterations = int(env.get("UNICRON_ITERATIONS", iterations or 0))
-        self.checkpoint_every = int(env.get("UNICRON_CHECKPOINT_EVERY", checkpoint_every or 0))
-        directory = env.get("UNICRON_CHECKPOINT_DIR", str(checkpoint_dir) if checkpoint_dir else "")
+        raw = os.environ if env is None else env
+        # Under a Unicron agent the worker contract (core.workerenv) says everything; under
+        # torchrun (the baseline we compare with) its RANK/WORLD_SIZE and restart count do.
+        self.under_torchrun = KEYS["task"] not in raw and "TORCHELASTIC_RUN_ID" in raw
+        contract = WorkerEnv.from_env(raw) or WorkerEnv.from_env({**raw, **unmanaged_identity(raw)})
+        assert contract is not None
+        self.contract = contract
+        self.task, self.generation = contract.task, contract.generation
+        self.rank, self.world_size, self.local_rank = contract.rank, contract.world_size, contract.local_rank
+        self.node = contract.node or socket.gethostname()
+        self.trace_file = contract.trace_file
+        self.store_address = contract.store
+        self.iterations = contract.iterations or iterations or 0
+        self.checkpoint_every = contract.checkpoint_every or checkpoint_every or 0
+        directory = contract.checkpoint_dir or (str(checkpoint_dir) if checkpoint_dir else "")
         self.checkpoint_dir = Path(directory) if directory else None
         # The in-memory tier: a copy in the node's RAM (tmpfs), read back far faster than the
         # persistent checkpoint when a process restarts on the same node.
-        use_host = env.get("UNICRON_HOST_CHECKPOINTS", "1") != "0"
         self.host_dir = (
-            checkpoint.host_dir(self.checkpoint_dir, self.node, env.get("UNICRON_HOST_CHECKPOINT_ROOT"))
-            if self.checkpoint_dir is not None and use_host
+            checkpoint.host_dir(self.checkpoint_dir, self.node, contract.host_checkpoint_root)
+            if self.checkpoint_dir is not None and contract.host_checkpoints
             else None
         )
-        self.timeout = timedelta(seconds=float(env.get("UNICRON_PG_TIMEOUT", timeout_s)))
-        self.channel = ReportChannel(env.get("UNICRON_AGENT_SOCKET"))
-        self.faults = FaultInjector.from_env(env, self.rank, self.generation, self.task, self._fault_report)
+        self.limits = limits = Settings()
+        self.timeout = timedelta(seconds=contract.pg_timeout_s or timeout_s or limits.process_group_timeout_s)
+        self.channel = ReportChannel(contract.agent_socket)
+        self.faults = FaultInjector(
+            [FaultSpec.model_validate(f) for f in contract.faults or []],
+            self.rank,
+            self.generation,
+            self._fault_report,
+            self.task,
+        )
         self._micro_batches = 0
+        self._settle_pending = False  # the group was (re)formed: settle who holds what first
         self.data: DataStream | None = None
         self._base_store: Any = None
         self._reconnect_at = 0.0
         # In-process recovery needs the coordinator's store; without it a failure ends the process.
-        self.in_process = env.get("UNICRON_RECOVERY", "in_process") == "in_process" and bool(
-            self.store_address
+        self.in_process = contract.recovery == "in_process" and bool(self.store_address)
+        self.membership_timeout = timedelta(
+            seconds=contract.membership_timeout_s or limits.membership_timeout_s
         )
-        self.membership_timeout = timedelta(seconds=float(env.get("UNICRON_MEMBERSHIP_TIMEOUT", "60")))
         self.step = 0
         self.stop_requested = False
         self._started = False
@@ -145,7 +117,7 @@ class Session:
         self.trace("started", pid=os.getpid())
         if self.world_size > 1 and self.under_torchrun:
             dist.init_process_group("gloo", timeout=self.timeout)  # env:// from torchrun
-        elif self.world_size > 1 or env_flag("UNICRON_SPARE"):
+        elif self.world_size > 1 or self.contract.spare:
             if not self.store_address:
                 raise RuntimeError("UNICRON_STORE is not set: run workers through a Unicron agent")
             # Imported before the first group, or destroying a group later leaves it half alive.
@@ -154,8 +126,8 @@ class Session:
             host, port = self.store_address.rsplit(":", 1)
             self._base_store = dist.TCPStore(host, int(port), is_master=False, timeout=self.timeout)  # type: ignore[attr-defined]
             self.faults.claim = self._claim_fault
-            joining = env_flag("UNICRON_JOINING")
-            if env_flag("UNICRON_SPARE"):
+            joining = self.contract.joining
+            if self.contract.spare:
                 self._wait_to_be_used()
                 joining = True
             if joining:
@@ -173,27 +145,16 @@ class Session:
         assert self._base_store is not None
         key = spare_key(self.task, self.rank)
         self.trace("spare_waiting")
-        while not self.stop_requested:
-            try:
-                self._base_store.wait([key], timedelta(seconds=1))
-                break
-            except Exception:  # the wait timed out: look at stop_requested again
-                continue
-        if self.stop_requested:
-            raise SystemExit(0)  # not needed after all
+        used = membership.wait_for_key(
+            self._base_store, key, lambda: self.stop_requested, self.membership_timeout.total_seconds()
+        )
+        if not used:
+            raise SystemExit(0)  # not needed after all, or its task is gone
         identity = json.loads(self._base_store.get(key))
         self.generation, self.rank = int(identity["generation"]), int(identity["rank"])
         self.world_size = int(identity["world_size"])
         self.faults.rank, self.faults.generation = self.rank, self.generation
         self.trace("spare_used")
-
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The model as the training loop should call it: DDP when there are peers."""
-        if self.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            return DistributedDataParallel(model)
-        return model
 
     # ------------------------------------------------------------------ the loop
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -210,6 +171,7 @@ class Session:
             # theirs here instead of the (older) checkpoint.
             agreed = membership.agree(model, optimizer, self.step, self.node)
             self.step = agreed.step
+            self._settle_pending = True
             if agreed.received:
                 self.trace(
                     "state_from_replica", step=self.step, source=agreed.source, same_node=agreed.same_node
@@ -223,31 +185,15 @@ class Session:
     def trace(self, what: str, **detail: Any) -> None:
         """Append a timestamped line to UNICRON_TRACE_FILE, if set (for measurements)."""
         if self.trace_file:
-            line = {
-                "time": time.time(),
-                "what": what,
-                "rank": self.rank,
-                "generation": self.generation,
-                **detail,
-            }
+            line = {"time": time.time(), "what": what, "rank": self.rank, "generation": self.generation}
             with open(self.trace_file, "a") as out:
-                out.write(json.dumps(line) + "\n")
+                out.write(json.dumps({**line, **detail}) + "\n")
 
     def steps(self) -> Iterator[int]:
         """The steps still to train, 1-based, after the resumed one; ends early when the
         worker is asked to stop, so that ``finish`` checkpoints at a step boundary."""
         while self.step < self.iterations and not self.stop_requested:
             yield self.step + 1
-
-    def plan(
-        self, step: int, global_batch: int, micro_batch: int, dataset_size: int, seed: int = 0
-    ) -> list[MicroBatch]:
-        """This rank's micro-batches for ``step``: its share of the step's global batch."""
-        ids = global_batch_ids(step, global_batch, dataset_size, seed)
-        share = shard(ids, self.rank, self.world_size)
-        planned = micro_batches(share, micro_batch, global_batch, self.world_size)
-        self._micro_batches = len(planned)
-        return planned
 
     def configure_data(self, global_batch: int, micro_batch: int, dataset_size: int, seed: int = 0) -> None:
         """Declare the data stream once, so that ``train_step`` can plan (and re-plan) micro-batches."""
@@ -273,7 +219,7 @@ class Session:
                 return 0.0
         with self.iteration(step) as it:
             ids = global_batch_ids(step, *self.data.stream())
-            share = shard(ids, self.rank, self.world_size)
+            share = self._my_part(step, ids, held=[])
             self._micro_batches = -(-len(share) // self.data.micro_batch)
             contributed = self._accumulate(share, loss_of, it)
             contributed, done = self._reduce_or_recover(step, ids, contributed, model, optimizer, loss_of, it)
@@ -309,7 +255,6 @@ class Session:
                 self.forward_exception(exc)
             # Outside the except block: the exception's frames (inside torch.distributed) would
             # keep the failed group alive, and its sockets open, so peers would never notice.
-            old_world = self.world_size
             new = self._rejoin(model, optimizer)
             if new.copied:
                 # Members disagreed: state came from a replica; what was accumulated is void.
@@ -317,17 +262,28 @@ class Session:
                     p.grad = None
                 if self.step >= step:
                     return [], True  # the copied state already holds this step
-                share = shard(ids, self.rank, self.world_size)
-                self.trace("recompute", step=step, samples=len(share))
-                contributed = self._accumulate(share, loss_of, it)
-            else:
-                # Survivors keep what they computed and share out the departed ranks' samples.
-                gone = [r for r in range(old_world) if r not in new.ranks]
-                orphaned = [i for r in gone for i in shard(ids, r, old_world)]
-                mine = shard(orphaned, self.rank, self.world_size)
-                self.trace("recompute", step=step, samples=len(mine))
-                contributed += self._accumulate(mine, loss_of, it)
+                contributed = []
+            # Survivors keep what they computed; the samples nobody holds are shared out.
+            mine = self._my_part(step, ids, held=contributed)
+            self.trace("recompute", step=step, samples=len(mine))
+            contributed += self._accumulate(mine, loss_of, it)
         raise AssertionError("unreachable")
+
+    def _my_part(self, step: int, ids: list[int], held: list[int]) -> list[int]:
+        """This rank's samples of ``step``. Right after the group was (re)formed, members tell
+        each other which of the step's samples they already hold (the ledger: accumulated in
+        gradients, not yet reduced; nothing for a member that was at the step boundary or is
+        new) and share out the rest; else the step's samples are split evenly. A shard formula
+        cannot do this: with a failure during recovery, or a member that saw the new membership
+        at the boundary while another was inside the step, what each holds is not its old shard."""
+        if not self._settle_pending or self.world_size == 1 or not dist.is_initialized():
+            return shard(ids, self.rank, self.world_size)
+        self._settle_pending = False
+        ledger: list[list[int] | None] = [None] * self.world_size
+        dist.all_gather_object(ledger, held)
+        mine = unclaimed_share(ids, [p or [] for p in ledger], self.rank, self.world_size)
+        self.trace("ledger", step=step, held=[len(p or []) for p in ledger], mine=len(mine))
+        return mine
 
     def _peers_failed(self) -> bool:
         """Whether the coordinator posted a membership that declares ranks failed."""
@@ -349,7 +305,7 @@ class Session:
             return bool(self._base_store.check([membership_key(self.task, self.generation)]))
         except Exception:
             now = time.monotonic()
-            if now - self._reconnect_at > 5.0:
+            if now - self._reconnect_at > self.limits.store_reconnect_s:
                 self._reconnect_at = now
                 with contextlib.suppress(Exception):
                     host, port = (self.store_address or "").rsplit(":", 1)
@@ -377,6 +333,7 @@ class Session:
         )
         agreed = membership.agree(model, optimizer, self.step, self.node)
         self.step, copied = agreed.step, agreed.copied
+        self._settle_pending = True
         self.trace("rejoined", seconds=time.time() - started, world=self.world_size, copied=copied)
         return Rejoined(new.ranks, copied)
 
@@ -464,16 +421,8 @@ class Session:
         host = self.host_dir is not None and self.local_rank == 0  # one copy per node
         if not due or (self.rank != 0 and not host):
             return
-        state: dict[str, Any] = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "step": self.step,
-            "data_position": {"step": self.step},
-            "task": self.task,
-            "generation": self.generation,
-            "world_size": self.world_size,
-            "digest": checkpoint.digest(model),
-        }
+        where = {"task": self.task, "generation": self.generation, "world_size": self.world_size}
+        state = checkpoint.state_of(model, optimizer, self.step, **where)
         if host and self.host_dir is not None:
             checkpoint.save(self.host_dir, self.step, state, keep=2)
         if self.rank != 0:
@@ -488,8 +437,6 @@ class Session:
     def finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
         """Save the final state and report the parameters' digest; returns it."""
         self.maybe_checkpoint(model, optimizer, force=True)
-        if self.step >= self.iterations and self.host_dir is not None and self.local_rank == 0:
-            shutil.rmtree(self.host_dir, ignore_errors=True)  # the task is over: free the node's RAM
         value = checkpoint.digest(model)
         self.channel.send(
             DoneReport(
@@ -511,6 +458,7 @@ class Session:
                 message=str(exc)[:2000],
                 kind=classify_exception(exc).value,
                 traceback="".join(traceback.format_exception(exc))[-4000:],
+                time=time.time(),
             )
         )
 
@@ -540,14 +488,6 @@ class Session:
         if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             self.forward_exception(exc)
         self.close()
-
-
-class PeerLostError(ConnectionError):
-    """The coordinator declared a peer failed while this rank waited for it in a collective."""
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "") in ("1", "true", "yes")
 
 
 def init(**kwargs: Any) -> Session:

@@ -1,0 +1,48 @@
+"""One optimizer step as the library sees it: its timing and micro-batches, and what a member
+learns when its group re-forms in the middle of it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Rejoined:
+    ranks: dict[int, int]  # old rank -> new rank
+    copied: bool  # state had to be copied from a replica
+
+
+@dataclass
+class Iteration:
+    """One step being timed; the loop records each micro-batch's loss and samples."""
+
+    step: int
+    micro_batches: int = 0  # how many the plan gave this rank (0: unknown)
+    before_last: Callable[[], None] | None = None
+    started: float = field(default_factory=time.perf_counter)
+    loss: float = 0.0
+    samples: int = 0
+    marks: list[float] = field(default_factory=list)
+
+    def record(self, mean_loss: float, samples: int) -> None:
+        """Add a micro-batch: its mean loss and how many samples it held."""
+        self.loss += mean_loss * samples
+        self.samples += samples
+        self.marks.append(time.perf_counter())
+        if self.before_last is not None and len(self.marks) == self.micro_batches - 1:
+            self.before_last()
+
+    def compute_s(self, ended: float) -> float:
+        """The rank's own compute time. Only the last micro-batch's backward waits for peers (the
+        gradient all-reduce), so the others' mean time stands in for it; with one micro-batch
+        the whole step is all we know."""
+        if len(self.marks) < 2:
+            return ended - self.started
+        own = self.marks[-2] - self.started
+        return own * len(self.marks) / (len(self.marks) - 1)
+
+
+class PeerLostError(ConnectionError):
+    """The coordinator declared a peer failed while this rank waited for it in a collective."""
