@@ -2,7 +2,8 @@
 
 One task that can use 3 of 4 slots: the fourth holds a hot spare for it. A worker is killed; the
 survivors shrink in place, and the grow back to 3 takes the spare (a new identity, state from a
-live replica) instead of starting a process; a new spare then takes the freed slot. The run ends
+live replica: the first transfer arrives damaged, is refused by its digest and taken again from
+the other replica) instead of starting a process; a new spare then takes the freed slot. The run ends
 with every step's global batch exact and the parameters of a failure-free run.
 """
 
@@ -27,6 +28,8 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
     spec = (
         f"name: lm\nweight: 1\nthroughput: {{2: 1.9e9, 3: 2.7e9}}\nrun:\n  program: [{program}]\n"
         f"  iterations: {ITERATIONS}\n  checkpoint_every: 10\n  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
+        # The first state that rank 2 receives from a replica arrives damaged.
+        "  faults: [{action: corrupt_transfer, rank: 2, step: 1, generation: 0}]\n"
     )
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
         cluster.submit(spec)
@@ -65,6 +68,12 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
     assert names.count("spare_stopped") == names.count("spare_launched") - 1  # one was used
     rows = read_trace(trace)
     assert any(r["what"] == "spare_used" for r in rows)
+    # The damaged transfer was refused by its digest and the state taken from the other replica.
+    rejected = [r for r in rows if r["what"] == "state_rejected" and r["rank"] == 2]
+    taken = [r for r in rows if r["what"] == "state_from_replica" and r["rank"] == 2]
+    assert len(rejected) == 1 and taken, rows
+    assert taken[0]["generation"] == rejected[0]["generation"]
+    assert taken[0]["source"] != rejected[0]["source"]
     # The killed rank may have died between a completed all-reduce and its ledger line.
     assert_ledger_exact(rows, ITERATIONS, frozen=frozenset({1}), world=3)
     assert_ends_exact(tmp_path, "lm", ITERATIONS)

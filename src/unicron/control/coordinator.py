@@ -44,10 +44,11 @@ from unicron.core.protocol import (
     OrderBatch,
     Registration,
     RegistrationReply,
+    RestoredReport,
     WorkerReport,
     WorkerState,
 )
-from unicron.core.specs import LiveTaskSpec
+from unicron.core.specs import CORRUPTIONS, LiveTaskSpec
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind, Scope
 
@@ -229,7 +230,8 @@ class Coordinator:
         if isinstance(report, IterationReport):
             self._iteration(task, report)
         elif isinstance(report, FaultReport):
-            self.recovery.faults[(report.task, report.generation)] = report.time
+            if report.action not in CORRUPTIONS:
+                self.recovery.faults[(report.task, report.generation)] = report.time
             self.store.event(
                 "fault_injected",
                 task=report.task,
@@ -251,11 +253,37 @@ class Coordinator:
         elif isinstance(report, CheckpointReport):
             if report.rank == 0:
                 self.store.task_checkpointed(report.task, report.step)
+        elif isinstance(report, RestoredReport):
+            self._restored(report, node)
         elif isinstance(report, DoneReport):
             if report.rank == 0:
                 self.store.task_done(report.task, report.step, report.digest)
         elif isinstance(report, ExitReport):
             self._exit(task, report)
+
+    def _restored(self, report: RestoredReport, node: str) -> None:
+        """Where a relaunched task's state came from; a newer copy passed over (unreadable, or
+        not matching its digest) is an event of its own, naming the file and why."""
+        where: dict[str, Any] = {"rank": report.rank, "generation": report.generation}
+        if report.skipped:
+            self.store.event(
+                "checkpoint_corrupt",
+                task=report.task,
+                node=node,
+                **where,
+                skipped=[{"path": p, "why": why} for p, why in report.skipped],
+                used=report.path,
+                step=report.step,
+            )
+        if report.rank == 0 or report.skipped:
+            self.store.event(
+                "checkpoint_restored",
+                task=report.task,
+                node=node,
+                **where,
+                step=report.step,
+                source=report.source,
+            )
 
     def _successor(self, task: TaskRecord, report: ExitReport) -> ExitReport:
         """An exit reported under a generation the worker had been moved out of belongs to the

@@ -69,6 +69,20 @@ class CheckpointReport(_Message):
     path: str
 
 
+class RestoredReport(_Message):
+    """A worker resumed from a checkpoint: which tier and step, and the newer copies it passed
+    over because they were unreadable or did not match their digest."""
+
+    type: Literal["restored"] = "restored"
+    task: str
+    generation: int
+    rank: int
+    step: int
+    source: str  # "host_memory" | "persistent"
+    path: str
+    skipped: list[tuple[str, str]] = Field(default_factory=list)  # (file, why)
+
+
 class DoneReport(_Message):
     type: Literal["done"] = "done"
     task: str
@@ -109,6 +123,7 @@ WorkerReport = Annotated[
     IterationReport
     | ExceptionReport
     | CheckpointReport
+    | RestoredReport
     | DoneReport
     | ExitReport
     | FaultReport

@@ -435,10 +435,25 @@ def check_against_cluster(
 # ---------------------------------------------------------------- live tasks
 
 
+# Faults that damage state without failing a process: their time is not a failure's start.
+CORRUPTIONS = frozenset({"corrupt_transfer", "corrupt_checkpoint"})
+
+
 class FaultSpec(_Spec):
     """A fault to inject into a live task's worker (unicron.train.faults)."""
 
-    action: Literal["kill", "kill_after_reduce", "hang", "stall", "raise", "slow", "break", "lose_node"]
+    action: Literal[
+        "kill",
+        "kill_after_reduce",
+        "hang",
+        "stall",
+        "raise",
+        "slow",
+        "break",
+        "lose_node",
+        "corrupt_transfer",
+        "corrupt_checkpoint",
+    ]
     rank: int = Field(ge=0)
     step: int = Field(ge=1, description="injected when this step starts")
     generation: int = Field(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from unicron.core.protocol import RestoredReport
 from unicron.core.workerenv import host_checkpoint_dir
 
 LATEST = "latest"
@@ -22,14 +24,15 @@ def state_of(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, **where: Any
 ) -> dict[str, Any]:
     """What a checkpoint holds: model, optimizer, step, data position (the stream is addressed
-    by step), where it was taken (task, generation, world size) and the parameters' digest."""
+    by step), where it was taken (task, generation, world size) and the digest of the whole
+    state (``state_digest``), checked when it is loaded."""
     return {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "step": step,
         "data_position": {"step": step},
         **where,
-        "digest": digest(model),
+        "digest": state_digest(model, optimizer),
     }
 
 
@@ -55,23 +58,63 @@ def host_dir(persistent: Path, node: str, root: str | None = None) -> Path | Non
     return path if path.parents[2].is_dir() else None
 
 
-def load_nearest(persistent: Path, host: Path | None) -> tuple[dict[str, Any], str] | None:
-    """The newest checkpoint from the nearest tier: the node's in-memory copy when it is at
-    least as new as the persistent one and its parameters match the digest saved with it, else
-    the persistent checkpoint. Returns (state, "host_memory" | "persistent")."""
-    saved = load_latest(persistent)
-    if host is not None:
+@dataclass(frozen=True)
+class Restored:
+    """The state a worker resumes from, where it came from, and the newer copies passed over."""
+
+    state: dict[str, Any]
+    source: str  # "host_memory" | "persistent"
+    path: Path
+    skipped: tuple[tuple[str, str], ...]  # (file, why) of newer copies not used
+
+    def report(self, task: str, generation: int, rank: int) -> RestoredReport:
+        return RestoredReport(
+            task=task,
+            generation=generation,
+            rank=rank,
+            step=int(self.state["step"]),
+            source=self.source,
+            path=str(self.path),
+            skipped=list(self.skipped),
+        )
+
+
+def load_nearest(persistent: Path, host: Path | None) -> Restored | None:
+    """The newest intact checkpoint, from the nearest tier: the node's in-memory copy before the
+    persistent one of the same step; a copy that cannot be read or does not match the digest
+    saved with it is passed over (and named in ``skipped``) for the next newest, in either
+    tier, down to the oldest kept."""
+    tiers = [("host_memory", host), ("persistent", persistent)]
+    found = [
+        (_step_of(path), order, source, path)
+        for order, (source, folder) in enumerate(tiers)
+        if folder is not None and folder.is_dir()
+        for path in folder.glob("step-*.pt")
+        if path.stem.removeprefix("step-").isdigit()
+    ]
+    skipped: list[tuple[str, str]] = []
+    for _, _, source, path in sorted(found, key=lambda f: (-f[0], f[1])):
         try:
-            near = load_latest(host)
-        except Exception:  # a torn or foreign file: not a usable copy
-            near = None
-        if near is not None and (saved is None or near["step"] >= saved["step"]) and _intact(near):
-            return near, "host_memory"
-    return (saved, "persistent") if saved is not None else None
+            state: dict[str, Any] = torch.load(path, weights_only=False)
+        except Exception as exc:  # torn, truncated or foreign: not a usable copy
+            skipped.append((str(path), f"unreadable: {type(exc).__name__}"))
+            continue
+        if not _intact(state):
+            skipped.append((str(path), "does not match its digest"))
+            continue
+        return Restored(state, source, path, tuple(skipped))
+    return None
+
+
+def _step_of(path: Path) -> int:
+    return int(path.stem.removeprefix("step-"))
 
 
 def _intact(state: dict[str, Any]) -> bool:
-    return state.get("digest") is not None and digest_of(state["model"]) == state["digest"]
+    try:
+        return state.get("digest") == digest_of(state["model"], state["optimizer"])
+    except Exception:  # missing parts: not a checkpoint of ours
+        return False
 
 
 def load_latest(directory: Path) -> dict[str, Any] | None:
@@ -83,13 +126,40 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
 
 
 def digest(module: torch.nn.Module) -> str:
-    """A checksum of the parameters, to check replicas agree and runs match."""
+    """A checksum of the parameters alone, to check that runs match."""
     return digest_of(module.state_dict())
 
 
-def digest_of(state_dict: dict[str, Any]) -> str:
+def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """A checksum of everything that decides the next step: parameters, buffers and the
+    optimizer's state (moments, step counts, hyper-parameters). Replicas that agree on it train
+    on identically; a checkpoint or a transfer that does not match it is not used."""
+    return digest_of(model.state_dict(), optimizer.state_dict())
+
+
+def digest_of(*states: Any) -> str:
     h = hashlib.sha256()
-    for name, tensor in sorted(state_dict.items()):
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    for state in states:
+        _feed(h, state)
     return h.hexdigest()[:16]
+
+
+def _feed(h: Any, value: Any) -> None:
+    """Hash nested dicts, lists and tensors in a fixed order, by type, shape and bytes."""
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{flat.dtype}{tuple(value.shape)}".encode())
+        h.update(flat.view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, dict):
+        h.update(b"{")
+        for key in sorted(value, key=str):
+            h.update(repr(key).encode())
+            _feed(h, value[key])
+        h.update(b"}")
+    elif isinstance(value, (list, tuple)):
+        h.update(b"[")
+        for item in value:
+            _feed(h, item)
+        h.update(b"]")
+    else:
+        h.update(repr(value).encode())

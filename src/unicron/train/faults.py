@@ -11,7 +11,11 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
 - ``break``: tear this rank's process group down under its peers (a broken connection; every
   rank's next collective fails, nobody dies);
 - ``lose_node``: SIGKILL the worker's agent (its workers die with it): the node is lost;
-- ``kill_after_reduce``: SIGKILL itself after the gradient all-reduce, before the update.
+- ``kill_after_reduce``: SIGKILL itself after the gradient all-reduce, before the update;
+- ``corrupt_transfer``: the first state this rank receives from a live replica arrives damaged
+  (one parameter changed after the transfer): the digest check must reject it;
+- ``corrupt_checkpoint``: overwrite the newest checkpoint, in the persistent folder and in this
+  node's in-memory folder, with garbage (a torn or damaged file); the worker goes on.
 
 A fault names a rank, a step and a generation; generation 0 means whichever worker of that rank
 first reaches the step, or a later one, in any generation (the rank may not exist at that step
@@ -27,6 +31,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from unicron.core.protocol import FaultReport
 from unicron.core.specs import FaultSpec
@@ -64,8 +69,9 @@ class FaultInjector:
     claim: Callable[[int], bool] | None = None  # for generation-0 faults: True for the first claimant
 
     def _due(self, step: int) -> list[FaultSpec]:
-        due = [f for f in self.faults if f.step == step]
-        for index, fault in enumerate(self.all_faults):
+        at_steps = [(i, f) for i, f in enumerate(self.all_faults) if f.action != "corrupt_transfer"]
+        due = [f for _, f in at_steps if f in self.faults and f.step == step]
+        for index, fault in at_steps:
             first = fault.generation == 0 and fault.step <= step and fault.rank == self.rank
             if first and index not in self._settled and self.claim is not None:
                 self._settled.add(index)  # claimed now, by this worker or an earlier one
@@ -96,11 +102,36 @@ class FaultInjector:
                 # too. Nobody dies: the task can reattempt in place.
                 if dist.is_initialized():
                     dist.destroy_process_group()
+            elif fault.action == "corrupt_checkpoint":
+                self._corrupt_newest_checkpoints()
             elif fault.action == "lose_node":
                 os.kill(os.getppid(), signal.SIGKILL)
                 time.sleep(60)  # the parent-death signal ends us
         if self.slow_s:
             time.sleep(self.slow_s)
+
+    folders: tuple[Path | None, ...] = ()  # for corrupt_checkpoint: where checkpoints are kept
+
+    def _corrupt_newest_checkpoints(self) -> None:
+        for folder in self.folders:
+            newest = max(folder.glob("step-*.pt"), default=None) if folder is not None else None
+            if newest is not None:
+                data = bytearray(newest.read_bytes())
+                data[len(data) // 2 :] = bytes(len(data) - len(data) // 2)  # zero the back half
+                newest.write_bytes(bytes(data))
+
+    def transfer_damaged(self) -> bool:
+        """Whether the state this rank just received is to be damaged (``corrupt_transfer``,
+        once; generation 0: the first worker of the rank to receive state, claimed once)."""
+        for index, fault in enumerate(self.all_faults):
+            mine = fault.action == "corrupt_transfer" and fault.rank == self.rank
+            if not mine or index in self._settled or fault.generation not in (0, self.generation):
+                continue
+            self._settled.add(index)
+            if fault.generation == self.generation or (self.claim is not None and self.claim(index)):
+                self._announce(fault, 0)
+                return True
+        return False
 
     def after_reduce(self, step: int) -> None:
         """Between the gradient all-reduce and the optimizer step: a death the peers only see at

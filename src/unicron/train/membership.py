@@ -74,8 +74,8 @@ def abandon() -> None:
     world.group_count = 0
 
 
-def _digest_number(model: torch.nn.Module) -> int:
-    return int(checkpoint.digest(model)[:15], 16)
+def _digest_number(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    return int(checkpoint.state_digest(model, optimizer)[:15], 16)
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ class Agreement:
     source: int | None = None  # the rank it came from
     received: bool = False  # whether this member received it (it was behind)
     same_node: bool = False  # whether the source is on this member's node
+    rejected: tuple[int, ...] = ()  # sources whose transfer failed its digest check
 
 
 def _node_number(node: str) -> int:
@@ -92,14 +93,20 @@ def _node_number(node: str) -> int:
 
 
 def agree(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, completed: int, node: str = ""
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    completed: int,
+    node: str = "",
+    damage: Callable[[], bool] = lambda: False,
 ) -> Agreement:
-    """Make every member hold the same state. Members exchange (completed step, parameter
-    digest, node); those behind take the state of a member holding the newest step: the nearest
-    one, on the same node as the first member behind if there is one, else the lowest rank. The
-    state it sends is verified by its digest."""
+    """Make every member hold the same state. Members exchange (completed step, digest of the
+    whole state: parameters and optimizer, node); those behind take the state of a member
+    holding the newest step: the nearest one, on the same node as the first member behind if
+    there is one, else the lowest rank. What arrives is checked against the sender's digest
+    before it is loaded; when any receiver rejects it, every member moves on to the next
+    source. ``damage``: fault injection, True to damage what this member receives."""
     world = dist.get_world_size()
-    mine = torch.tensor([completed, _digest_number(model), _node_number(node)], dtype=torch.int64)
+    mine = torch.tensor([completed, _digest_number(model, optimizer), _node_number(node)], dtype=torch.int64)
     gathered = [torch.zeros(3, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(gathered, mine)
     steps = [int(g[0]) for g in gathered]
@@ -111,7 +118,26 @@ def agree(
     lowest = min(r for r in range(world) if steps[r] == top)
     current = [r for r in range(world) if steps[r] == top and digests[r] == digests[lowest]]
     behind = [r for r in range(world) if r not in current]
-    source = next((r for r in current if behind and nodes[r] == nodes[behind[0]]), lowest)
+    nearest = next((r for r in current if nodes[r] == nodes[behind[0]]), lowest)
+    me, rejected = dist.get_rank(), list[int]()
+    for source in [nearest, *(r for r in current if r != nearest)]:
+        if _send_state(model, optimizer, source, digests[source], me in behind, damage):
+            return Agreement(top, True, source, me in behind, nodes[source] == nodes[me], tuple(rejected))
+        rejected.append(source)
+    raise RuntimeError(f"the state from every live replica ({current}) failed its digest check")
+
+
+def _send_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    source: int,
+    digest: int,
+    receiving: bool,
+    damage: Callable[[], bool],
+) -> bool:
+    """Broadcast ``source``'s state; receivers load it only if it matches ``digest``. Returns
+    whether every receiver accepted it (agreed by all members, so that all try the next source
+    together)."""
     if dist.get_rank() == source:
         buffer = io.BytesIO()
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
@@ -123,14 +149,23 @@ def agree(
     if dist.get_rank() != source:
         payload = torch.empty(int(size[0]), dtype=torch.uint8)
     dist.broadcast(payload, src=source)
-    if dist.get_rank() != source:
-        state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if _digest_number(model) != digests[source]:
-            raise RuntimeError("state received from a live replica does not match its digest")
-    me = dist.get_rank()
-    return Agreement(top, True, source, me in behind, nodes[source] == nodes[me])
+    refused = torch.zeros(1, dtype=torch.int64)
+    if receiving:
+        try:
+            state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
+            if damage():
+                first = next(t for t in state["model"].values() if t.is_floating_point())
+                first.view(-1)[0] += 1.0
+            intact = int(checkpoint.digest_of(state["model"], state["optimizer"])[:15], 16) == digest
+        except Exception:  # torn on the way: as good as a digest mismatch
+            intact = False
+        if intact:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        else:
+            refused[0] = 1
+    dist.all_reduce(refused, op=dist.ReduceOp.MAX)
+    return not int(refused[0])
 
 
 def wait_for_key(store: Any, key: str, stop: Callable[[], bool], gone_for_s: float) -> bool:

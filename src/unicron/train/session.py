@@ -91,6 +91,7 @@ class Session:
             self._fault_report,
             self.task,
         )
+        self.faults.folders = (self.checkpoint_dir, self.host_dir)
         self._micro_batches = 0
         self._settle_pending = False  # the group was (re)formed: settle who holds what first
         self.data: DataStream | None = None
@@ -161,22 +162,28 @@ class Session:
         """Load the latest checkpoint, if any; return the step it holds (0 without one)."""
         found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir) if self.checkpoint_dir else None
         if found is not None:
-            state, source = found
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            self.step = int(state["step"])
-            self.trace("resumed", step=self.step, source=source)
+            model.load_state_dict(found.state["model"])
+            optimizer.load_state_dict(found.state["optimizer"])
+            self.step = int(found.state["step"])
+            self.trace("resumed", step=self.step, source=found.source, skipped=len(found.skipped))
+            self.channel.send(found.report(self.task, self.generation, self.rank))
         if dist.is_initialized():
             # Members check they hold the same state; a newcomer joining live replicas gets
             # theirs here instead of the (older) checkpoint.
-            agreed = membership.agree(model, optimizer, self.step, self.node)
-            self.step = agreed.step
-            self._settle_pending = True
-            if agreed.received:
-                self.trace(
-                    "state_from_replica", step=self.step, source=agreed.source, same_node=agreed.same_node
-                )
+            self._agree(model, optimizer)
         return self.step
+
+    def _agree(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> membership.Agreement:
+        """Members settle on one state (``membership.agree``); what this rank received, and any
+        transfer it rejected, goes to the trace."""
+        agreed = membership.agree(model, optimizer, self.step, self.node, self.faults.transfer_damaged)
+        self.step = agreed.step
+        self._settle_pending = True
+        for source in agreed.rejected:
+            self.trace("state_rejected", step=self.step, source=source)
+        if agreed.received:
+            self.trace("state_from_replica", step=self.step, source=agreed.source, same_node=agreed.same_node)
+        return agreed
 
     def _on_stop(self, signum: int, frame: Any) -> None:
         self.trace("sigterm")
@@ -331,9 +338,7 @@ class Session:
         membership.join(
             self._base_store, self.task, self.generation, self.rank, self.world_size, self.timeout
         )
-        agreed = membership.agree(model, optimizer, self.step, self.node)
-        self.step, copied = agreed.step, agreed.copied
-        self._settle_pending = True
+        copied = self._agree(model, optimizer).copied
         self.trace("rejoined", seconds=time.time() - started, world=self.world_size, copied=copied)
         return Rejoined(new.ranks, copied)
 
