@@ -30,6 +30,7 @@ from typing import Any
 
 from bench.torchrun import TRAIN, Torchrun
 from unicron.control.localcluster import LocalCluster
+from unicron.core.settings import ORDERING, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512", "--step-delay", "0.02"]
@@ -252,8 +253,26 @@ def write_markdown(r: dict[str, Any]) -> None:
             hang_target=t["hang_s"],
             long_target=t[f"{LONG}_s"],
             pg=TUNED_PG_TIMEOUT_S,
+            ordering=ordering_markdown(),
+            settings=settings_markdown(),
         )
     )
+
+
+def ordering_markdown() -> str:
+    """The start-up ordering of timeouts, as ``Settings`` checks it."""
+    lines = [f"    {low:<24}{'<=' if ok else '< '} {high:<26}({why})" for low, high, ok, why in ORDERING]
+    return "\n".join(lines)
+
+
+def settings_markdown() -> str:
+    """Every setting's name, default and meaning, from ``Settings`` itself."""
+    defaults = Settings()
+    rows = [
+        f"| `{name}` | {getattr(defaults, name):g} | {field.description or ''} |"
+        for name, field in Settings.model_fields.items()
+    ]
+    return "\n".join(["| setting | default | meaning |", "|---|---|---|", *rows])
 
 
 if __name__ == "__main__":

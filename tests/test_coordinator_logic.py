@@ -133,7 +133,7 @@ class Cluster:
         self.beat(node, report)
 
     def events(self, kind: str) -> list[dict[str, Any]]:
-        return [e.detail for e in self.c.store.events(task=None) if e.kind == kind]
+        return [{"id": e.id, **e.detail} for e in self.c.store.events(task=None) if e.kind == kind]
 
 
 @pytest.fixture
@@ -216,6 +216,42 @@ def test_an_exit_while_being_renamed_belongs_to_the_new_generation(make: Any) ->
     # start-up failure of the task (that rule is for generations launched afresh).
     assert incidents[1]["scope"] == "worker"
     assert cluster.c.store.get_task("lm").generation == 3  # the two left form generation 3
+    # The first incident's recovery never finished: the second took it over, and says so.
+    (superseded,) = cluster.events("outcome")
+    assert superseded["outcome"] == "superseded" and superseded["incident"] == incidents[0]["id"]
+    assert superseded["by"] == incidents[1]["id"]
+
+
+def test_an_in_process_recovery_past_its_deadline_escalates_to_a_restart(make: Any) -> None:
+    """Tier one (the survivors rebuild in place) regains no step by the deadline: the stuck
+    generation is stopped and the task restarts from its checkpoint; the incident records both
+    actions and the escalation. Before the deadline nothing happens."""
+    cluster = make(recovery_deadline_s=10.0)
+    cluster.exit(1)
+    assert cluster.c.store.get_task("lm").generation == 2
+    for _ in range(19):
+        cluster.step(0.5)  # 9.5 s: not yet
+    assert cluster.events("escalation") == []
+    assert not [o for _, o in cluster.orders if isinstance(o, StopWorkers) and o.rank is None]
+    cluster.step(1.0)
+    (escalation,) = cluster.events("escalation")
+    (incident,) = cluster.events("incident")
+    assert escalation["incident"] == incident["id"] and escalation["to_action"] == "restart from checkpoint"
+    stops = [o for _, o in cluster.orders if isinstance(o, StopWorkers) and o.rank is None]
+    assert {o.generation for o in stops} == {2}  # the stuck generation, on every node
+    assert cluster.c.store.get_task("lm").state is TaskState.RESTARTING
+    cluster.running.clear()  # the agents stopped them
+    for _ in range(30):
+        cluster.step(0.5)
+    task = cluster.c.store.get_task("lm")
+    launched = [
+        o for _, o in cluster.orders if isinstance(o, LaunchWorker) and o.generation == task.generation
+    ]
+    assert task.generation > 2 and len(launched) == 4  # every rank relaunched
+    cluster.train(task.step + 1)
+    (outcome,) = cluster.events("outcome")
+    assert outcome["outcome"] == "recovered"
+    assert outcome["actions"] == ["in-process recovery", "restart from checkpoint"]
 
 
 def test_a_member_the_agent_lists_as_exited_is_not_waited_for(make: Any) -> None:

@@ -74,6 +74,14 @@ def reference(tmp: Path, iterations: int, extra: Sequence[str] = ()) -> dict[str
     return dict(state["model"])
 
 
+def alive(pid: int) -> bool:
+    """Whether a process still runs (a zombie waiting to be reaped does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
 def read_trace(path: Path) -> list[dict[str, Any]]:
     """The JSON-lines trace the library writes (UNICRON_TRACE_FILE)."""
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -107,6 +115,30 @@ def assert_ledger_exact(
             assert set(missing) <= shares, step
             continue
         assert got == Counter(want), step
+
+
+def latest_generation(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ledger lines of the generation that last trained each step: a restart from a checkpoint
+    retrains the steps after it, and only that training is in the final state."""
+    last: dict[int, int] = {}
+    for r in rows:
+        if r["what"] == "samples":
+            last[r["step"]] = max(last.get(r["step"], 0), r["generation"])
+    return [r for r in rows if r["what"] != "samples" or r["generation"] == last[r["step"]]]
+
+
+def assert_every_incident_closed(events: list[dict[str, Any]]) -> None:
+    """Each incident has exactly one outcome: recovered, or superseded by a later incident (a new
+    fault during its recovery, which then recovers both); the last one recovered."""
+    incidents = [e["id"] for e in events if e["kind"] == "incident"]
+    outcomes = {e["detail"]["incident"]: e["detail"] for e in events if e["kind"] == "outcome"}
+    assert len(outcomes) == len([e for e in events if e["kind"] == "outcome"]), "an incident closed twice"
+    assert sorted(outcomes) == sorted(incidents), (incidents, outcomes)
+    for incident, outcome in outcomes.items():
+        assert outcome["outcome"] in ("recovered", "superseded"), outcome
+        if outcome["outcome"] == "superseded":
+            assert outcome["by"] in incidents and outcome["by"] > incident
+    assert outcomes[incidents[-1]]["outcome"] == "recovered"
 
 
 def assert_ends_exact(tmp: Path, task: str, iterations: int, extra: Sequence[str] = ()) -> None:

@@ -16,7 +16,14 @@ import pytest
 from unicron.control.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 
-from .test_live_cluster import ARGS, TRAIN, assert_same_parameters, assert_status_shows, reference
+from .test_live_cluster import (
+    ARGS,
+    TRAIN,
+    assert_every_incident_closed,
+    assert_same_parameters,
+    assert_status_shows,
+    reference,
+)
 
 ITERATIONS = 60
 CUDA = "CUDA error: an illegal memory access was encountered"
@@ -64,8 +71,7 @@ def test_injected_faults_are_detected_classified_and_handled(tmp_path: Path) -> 
     assert all(i["detection_s"] is not None and i["detection_s"] >= 0 for i in incidents)
     hang = next(e["detail"] for e in events if e["kind"] == "hang_detected")
     assert hang["culprits"] == [2]  # the stopped process, found and killed
-    outcomes = [e["detail"]["outcome"] for e in events if e["kind"] == "outcome"]
-    assert outcomes == ["recovered"] * len(incidents)
+    assert_every_incident_closed(events)
     stragglers = [e["detail"]["rank"] for e in events if e["kind"] == "straggler"]
     assert stragglers == [3]
     assert task["state"] == "finished" and task["step"] == ITERATIONS

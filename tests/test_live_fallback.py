@@ -10,25 +10,21 @@ after the restart retrains exactly its global batch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from unicron.control.localcluster import LocalCluster
 
-from .test_live_cluster import ARGS, TRAIN, assert_ends_exact, assert_ledger_exact, read_trace
+from .test_live_cluster import (
+    ARGS,
+    TRAIN,
+    assert_ends_exact,
+    assert_ledger_exact,
+    latest_generation,
+    read_trace,
+)
 
 ITERATIONS = 40
-
-
-def latest_generation(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Ledger lines of the generation that last trained each step: a restart from a checkpoint
-    retrains the steps after it, and only that training is in the final state."""
-    last: dict[int, int] = {}
-    for r in rows:
-        if r["what"] == "samples":
-            last[r["step"]] = max(last.get(r["step"], 0), r["generation"])
-    return [r for r in rows if r["what"] != "samples" or r["generation"] == last[r["step"]]]
 
 
 @pytest.mark.timeout(420)

@@ -16,7 +16,14 @@ import pytest
 
 from unicron.control.localcluster import LocalCluster
 
-from .test_live_cluster import ARGS, TRAIN, assert_ends_exact, assert_ledger_exact, read_trace
+from .test_live_cluster import (
+    ARGS,
+    TRAIN,
+    assert_ends_exact,
+    assert_every_incident_closed,
+    assert_ledger_exact,
+    read_trace,
+)
 
 ITERATIONS = 160  # room for the node loss after three regrows, also on a loaded machine
 FAULTS = [
@@ -63,8 +70,7 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
     assert {"exited_abnormally", "task_hang", "node_lost"} <= set(incidents), story
     assert kinds.count("in_process_recovery") == len(incidents), story
     assert "task_grown" in kinds
-    outcomes = [e["detail"] for e in events if e["kind"] == "outcome"]
-    assert [o["outcome"] for o in outcomes] == ["recovered"] * len(incidents)
+    assert_every_incident_closed(events)
     rows = read_trace(trace)
     # Every membership change ended with the members agreeing on (step, digest); newcomers took
     # their state from live replicas (unless their checkpoint already equalled it).

@@ -16,7 +16,7 @@ import pytest
 from unicron.control.localcluster import LocalCluster
 from unicron.core.workerenv import host_checkpoint_dir
 
-from .test_live_cluster import ARGS, TRAIN, assert_ends_exact, assert_ledger_exact, read_trace
+from .test_live_cluster import ARGS, TRAIN, alive, assert_ends_exact, assert_ledger_exact, read_trace
 
 ITERATIONS = 60
 
@@ -50,7 +50,7 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
         # Nothing of the task stays on the nodes: its spare is stopped, its in-memory
         # checkpoints are freed.
         pids = {r["pid"] for r in read_trace(trace) if r["what"] == "started"}
-        cluster.wait(lambda: not any(_alive(p) for p in pids), 30, "every process of the task to exit")
+        cluster.wait(lambda: not any(alive(p) for p in pids), 30, "every process of the task to exit")
         persistent = tmp_path / "cluster" / "checkpoints" / "lm"
         cluster.wait(
             lambda: not any(host_checkpoint_dir(persistent, n).exists() for n in ("node-0", "node-1")),
@@ -77,10 +77,3 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
     # The killed rank may have died between a completed all-reduce and its ledger line.
     assert_ledger_exact(rows, ITERATIONS, frozen=frozenset({1}), world=3)
     assert_ends_exact(tmp_path, "lm", ITERATIONS)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False

@@ -49,12 +49,17 @@ def attribute(
     return Scope.TASK if nodes - {node} else Scope.WORKER
 
 
+RESTART_FROM_CHECKPOINT = "restart from checkpoint"
+
+
 @dataclass
 class Incident:
     id: int
     kind: ErrorKind
     detected: float
-    action: str
+    action: str  # the action now under way
+    actions: list[str] = field(default_factory=list)  # every action taken, in order
+    deadline: float | None = None  # an in-process recovery must regain a step by then
 
 
 @dataclass
@@ -116,6 +121,7 @@ class Recovery:
         self.awaiting_ranks.pop((name, task.generation), None)
         self.generations.cancel_growth(name)
         decision = self.ladder.decide(name, kind, node, now, scope)
+        superseded = [k for k in self.incidents if k[0] == name]
         began = self.faults.get((name, task.generation), seen_at)
         incident_id = store.event(
             "incident",
@@ -133,11 +139,18 @@ class Recovery:
             step=task.step,
             checkpoint_step=task.checkpoint_step,
         )
-        self.incidents[(name, task.generation)] = Incident(incident_id, kind, now, decision.action.label)
+        for key in superseded:  # a new fault struck while it was being recovered: this one takes over
+            earlier = self.incidents.pop(key)
+            store.event("outcome", task=name, incident=earlier.id, outcome="superseded", by=incident_id)
+        incident = Incident(incident_id, kind, now, decision.action.label)
+        self.incidents[(name, task.generation)] = incident
         if decision.isolate_node and node is not None:
             self.isolate(node, f"{kind.value} ({decision.why})")
         if not decision.fail_task and failed is not None and self._in_place(name, failed, incident_id):
+            incident.actions.append("in-process recovery")
+            incident.deadline = now + self.ctx.limits.recovery_deadline_s
             return
+        incident.actions.append(RESTART_FROM_CHECKPOINT)
         self.ctx.act.stop_generation(name, task.generation, self.ctx.limits.failure_stop_grace_s)
         if decision.fail_task:
             store.task_down(name, TaskState.FAILED, now, reason=f"{why}: {decision.why}")
@@ -210,8 +223,33 @@ class Recovery:
                     downtime_s=round(downtime, 3),
                     resumed_step=step,
                     action=incident.action,
+                    actions=incident.actions,
                 )
                 del self.incidents[(task, generation)]
+
+    def check_deadline(self, name: str, generation: int, now: float) -> None:
+        """An in-process recovery that has not regained a step by its deadline has failed (a
+        survivor stuck in the rebuild, a group that never forms): escalate to the next tier, a
+        restart of the task from its newest intact checkpoint, and record the escalation."""
+        due = [i for (t, _), i in self.incidents.items() if t == name and i.deadline and now > i.deadline]
+        if not due:
+            return
+        incident = due[0]
+        incident.deadline = None
+        waited = self.ctx.limits.recovery_deadline_s
+        self.ctx.store.event(
+            "escalation",
+            task=name,
+            incident=incident.id,
+            from_action=incident.actions[-1],
+            to_action=RESTART_FROM_CHECKPOINT,
+            why=f"no step within {waited:g} s of the in-process recovery",
+            generation=generation,
+        )
+        incident.action = RESTART_FROM_CHECKPOINT
+        incident.actions.append(RESTART_FROM_CHECKPOINT)
+        self.ctx.act.stop_generation(name, generation, self.ctx.limits.failure_stop_grace_s)
+        self.ctx.store.task_down(name, TaskState.RESTARTING, now)
 
     def forget(self, name: str) -> None:
         """The task ended: nothing of it stays open."""

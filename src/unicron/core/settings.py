@@ -7,6 +7,8 @@ The ordering, checked whenever settings are built (so at start-up), and why it m
     hang_floor_s          <= hang_cap_s                the hang deadline's bounds
     heartbeat_deadline_s  <  hang_cap_s                node loss is decided before a hang
     heartbeat_deadline_s  <  membership_timeout_s      survivors outwait a node-loss verdict
+    heartbeat_deadline_s  <  recovery_deadline_s       node loss is known before a recovery is given up
+    recovery_deadline_s   <  membership_timeout_s      a stuck recovery escalates before survivors quit
     stop_grace_s          <= restart_stop_wait_s       a stop gets its grace before slots are reused
     hang_cap_s            <  process_group_timeout_s   Unicron sees a hang before the collective
                                                        times out (else the timeout decides)
@@ -24,6 +26,44 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from unicron.core.specs import FIX_MARK
+
+# (lower, higher, equal allowed, why): the ordering of timeouts checked at start-up.
+ORDERING: tuple[tuple[str, str, bool, str], ...] = (
+    (
+        "heartbeat_interval_s",
+        "heartbeat_deadline_s",
+        False,
+        "a deadline must span several heartbeats",
+    ),
+    ("failure_stop_grace_s", "stop_grace_s", True, "a failed generation is stopped at least as fast"),
+    ("hang_floor_s", "hang_cap_s", True, "the floor of the hang deadline cannot exceed its cap"),
+    ("heartbeat_deadline_s", "hang_cap_s", False, "node loss must be decided before a hang"),
+    (
+        "heartbeat_deadline_s",
+        "membership_timeout_s",
+        False,
+        "survivors must wait longer than it takes to declare a silent node lost",
+    ),
+    ("stop_grace_s", "restart_stop_wait_s", True, "a stop must be allowed its grace period"),
+    (
+        "heartbeat_deadline_s",
+        "recovery_deadline_s",
+        False,
+        "a node lost during a recovery must be known before the recovery is given up",
+    ),
+    (
+        "recovery_deadline_s",
+        "membership_timeout_s",
+        False,
+        "a stuck recovery must be escalated before the survivors stop waiting for a membership",
+    ),
+    (
+        "hang_cap_s",
+        "process_group_timeout_s",
+        False,
+        "a hang must be detected before the collective times out",
+    ),
+)
 
 
 class Settings(BaseModel):
@@ -59,6 +99,12 @@ class Settings(BaseModel):
     restart_stop_wait_s: float = Field(
         9.0, ge=0, description="how long a stopping generation may take before its slots are reused"
     )
+    recovery_deadline_s: float = Field(
+        20.0,
+        gt=0,
+        description="an in-process recovery must regain a step within this, else the task restarts"
+        " from its newest intact checkpoint",
+    )
     store_reconnect_s: float = Field(
         5.0, gt=0, description="a worker retries an unreachable rendezvous store this often"
     )
@@ -87,31 +133,7 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _ordering(self) -> Settings:
-        rules = [
-            (
-                "heartbeat_interval_s",
-                "heartbeat_deadline_s",
-                False,
-                "a deadline must span several heartbeats",
-            ),
-            ("failure_stop_grace_s", "stop_grace_s", True, "a failed generation is stopped at least as fast"),
-            ("hang_floor_s", "hang_cap_s", True, "the floor of the hang deadline cannot exceed its cap"),
-            ("heartbeat_deadline_s", "hang_cap_s", False, "node loss must be decided before a hang"),
-            (
-                "heartbeat_deadline_s",
-                "membership_timeout_s",
-                False,
-                "survivors must wait longer than it takes to declare a silent node lost",
-            ),
-            ("stop_grace_s", "restart_stop_wait_s", True, "a stop must be allowed its grace period"),
-            (
-                "hang_cap_s",
-                "process_group_timeout_s",
-                False,
-                "a hang must be detected before the collective times out",
-            ),
-        ]
-        for low, high, equal_ok, why in rules:
+        for low, high, equal_ok, why in ORDERING:
             a, b = getattr(self, low), getattr(self, high)
             if a > b or (a == b and not equal_ok):
                 sign = "<=" if equal_ok else "<"

@@ -453,6 +453,7 @@ class FaultSpec(_Spec):
         "lose_node",
         "corrupt_transfer",
         "corrupt_checkpoint",
+        "stall_rejoin",
     ]
     rank: int = Field(ge=0)
     step: int = Field(ge=1, description="injected when this step starts")
@@ -464,7 +465,9 @@ class FaultSpec(_Spec):
         description="for raise: the exception's message",
     )
     error: str = Field(default="RuntimeError", description="for raise: the exception's type")
-    seconds: float = Field(default=5.0, ge=0, description="for stall: how long; for slow: extra per step")
+    seconds: float = Field(
+        default=5.0, ge=0, description="for stall and stall_rejoin: how long; for slow: extra per step"
+    )
 
 
 class RunSpec(_Spec):

@@ -14,6 +14,8 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
 - ``kill_after_reduce``: SIGKILL itself after the gradient all-reduce, before the update;
 - ``corrupt_transfer``: the first state this rank receives from a live replica arrives damaged
   (one parameter changed after the transfer): the digest check must reject it;
+- ``stall_rejoin``: sleep ``seconds`` on the way into the next rebuilt group (at the first
+  in-process recovery, whatever the step): a survivor stuck in the recovery itself;
 - ``corrupt_checkpoint``: overwrite the newest checkpoint, in the persistent folder and in this
   node's in-memory folder, with garbage (a torn or damaged file); the worker goes on.
 
@@ -35,6 +37,8 @@ from pathlib import Path
 
 from unicron.core.protocol import FaultReport
 from unicron.core.specs import FaultSpec
+
+AT_EVENTS = frozenset({"corrupt_transfer", "stall_rejoin"})  # injected at an event, not a step
 
 
 class FaultInjector:
@@ -69,7 +73,7 @@ class FaultInjector:
     claim: Callable[[int], bool] | None = None  # for generation-0 faults: True for the first claimant
 
     def _due(self, step: int) -> list[FaultSpec]:
-        at_steps = [(i, f) for i, f in enumerate(self.all_faults) if f.action != "corrupt_transfer"]
+        at_steps = [(i, f) for i, f in enumerate(self.all_faults) if f.action not in AT_EVENTS]
         due = [f for _, f in at_steps if f in self.faults and f.step == step]
         for index, fault in at_steps:
             first = fault.generation == 0 and fault.step <= step and fault.rank == self.rank
@@ -121,17 +125,27 @@ class FaultInjector:
                 newest.write_bytes(bytes(data))
 
     def transfer_damaged(self) -> bool:
-        """Whether the state this rank just received is to be damaged (``corrupt_transfer``,
-        once; generation 0: the first worker of the rank to receive state, claimed once)."""
+        """Whether the state this rank just received is to be damaged (``corrupt_transfer``)."""
+        return self._at_event("corrupt_transfer") is not None
+
+    def rejoining(self) -> None:
+        """On the way into a rebuilt group: ``stall_rejoin`` sleeps here."""
+        fault = self._at_event("stall_rejoin")
+        if fault is not None:
+            time.sleep(fault.seconds)
+
+    def _at_event(self, action: str) -> FaultSpec | None:
+        """A fault injected at an event rather than a step, once; generation 0: the first worker
+        of the rank to meet the event, claimed once through the task's store."""
         for index, fault in enumerate(self.all_faults):
-            mine = fault.action == "corrupt_transfer" and fault.rank == self.rank
+            mine = fault.action == action and fault.rank == self.rank
             if not mine or index in self._settled or fault.generation not in (0, self.generation):
                 continue
             self._settled.add(index)
             if fault.generation == self.generation or (self.claim is not None and self.claim(index)):
                 self._announce(fault, 0)
-                return True
-        return False
+                return fault
+        return None
 
     def after_reduce(self, step: int) -> None:
         """Between the gradient all-reduce and the optimizer step: a death the peers only see at

@@ -64,12 +64,10 @@ class Session:
         self.under_torchrun = KEYS["task"] not in raw and "TORCHELASTIC_RUN_ID" in raw
         contract = WorkerEnv.from_env(raw) or WorkerEnv.from_env({**raw, **unmanaged_identity(raw)})
         assert contract is not None
-        self.contract = contract
+        self.contract, self.trace_file, self.store_address = contract, contract.trace_file, contract.store
         self.task, self.generation = contract.task, contract.generation
         self.rank, self.world_size, self.local_rank = contract.rank, contract.world_size, contract.local_rank
         self.node = contract.node or socket.gethostname()
-        self.trace_file = contract.trace_file
-        self.store_address = contract.store
         self.iterations = contract.iterations or iterations or 0
         self.checkpoint_every = contract.checkpoint_every or checkpoint_every or 0
         directory = contract.checkpoint_dir or (str(checkpoint_dir) if checkpoint_dir else "")
@@ -327,6 +325,7 @@ class Session:
         assert self._base_store is not None
         started = time.time()
         membership.leave()
+        self.faults.rejoining()
         key = membership_key(self.task, self.generation)
         self._base_store.wait([key], self.membership_timeout)
         new = Membership.model_validate_json(self._base_store.get(key))
