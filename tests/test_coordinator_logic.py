@@ -275,6 +275,22 @@ def test_a_clean_exit_before_the_first_step_is_not_left_starting(make: Any) -> N
     assert incident["why"].endswith("exited before the last step") and incident["scope"] == "task"
 
 
+def test_a_crash_of_a_fresh_launch_before_its_first_step_is_the_tasks(make: Any) -> None:
+    """A restarted generation whose one worker crashes before step 1, on one node only: the
+    program's fault, not the node's (found when only the two-node rule caught such crashes)."""
+    cluster = make(recovery="restart", isolate_after=2)
+    cluster.exit(1)  # a running generation: a worker's fault
+    assert cluster.events("incident")[0]["scope"] == "worker"
+    cluster.running.clear()
+    for _ in range(30):
+        cluster.step(0.5)
+    task = cluster.c.store.get_task("lm")
+    assert task.state is TaskState.STARTING and task.launched_generation == task.generation == 2
+    cluster.exit(1)
+    assert cluster.events("incident")[1]["scope"] == "task"
+    assert cluster.events("node_isolated") == []
+
+
 def test_the_same_fault_on_every_node_blames_no_node_and_fails_the_task(make: Any) -> None:
     cluster = make(recovery="restart", isolate_after=2, same_fault_limit=3)
     for attempt in range(3):

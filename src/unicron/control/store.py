@@ -196,9 +196,18 @@ class Store:
         with self._tx() as db:
             self._move_task(db, name, TaskState.STARTING)
             db.execute(
-                "UPDATE tasks SET state = ?, generation = ?, launched_generation = generation, workers = ?, "
+                "UPDATE tasks SET state = ?, generation = ?, launched_generation = ?, workers = ?, "
                 "store_port = ?, restarts = restarts + ?, started = COALESCE(started, ?) WHERE name = ?",
-                (TaskState.STARTING.value, generation, workers, port, int(generation > 1), now, name),
+                (
+                    TaskState.STARTING.value,
+                    generation,
+                    generation,
+                    workers,
+                    port,
+                    int(generation > 1),
+                    now,
+                    name,
+                ),
             )
 
     def task_down(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
