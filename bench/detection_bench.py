@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import cells
 from bench.torchrun import TRAIN, Torchrun
 from unicron.control.localcluster import LocalCluster
 from unicron.core.settings import ORDERING, Settings
@@ -230,19 +231,11 @@ def main() -> dict[str, Any]:
     return result
 
 
-def _cell(entry: dict[str, Any] | None) -> str:
-    if entry is None:
-        return "not measured"
-    if entry.get("measured") is False:
-        return f"{entry['median_s']:.0f} s (configured)"
-    return f"{entry['median_s']:.2f} / {entry['max_s']:.2f}"
-
-
 def write_markdown(r: dict[str, Any]) -> None:
     t = r["targets"]
     rows = "\n".join(
-        f"| {LABELS.get(cls, cls.replace('_', ' '))} | {_cell(r[cls]['unicron'])} | "
-        f"{_cell(r[cls].get('torchrun'))} | {_cell(r[cls].get('torchrun_tuned'))} |"
+        f"| {LABELS.get(cls, cls.replace('_', ' '))} | {cells.timing(r[cls]['unicron'])} | "
+        f"{cells.timing(r[cls].get('torchrun'))} | {cells.timing(r[cls].get('torchrun_tuned'))} |"
         for cls in (*CLASSES, "node_loss", LONG)
     )
     template = (Path(__file__).parent / "templates" / "detection.md").read_text()

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from bench import cells
 from bench.torchrun import TRAIN, Torchrun, trace_rows
 from unicron.control.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
@@ -214,19 +215,12 @@ def main() -> dict[str, Any]:
     return result
 
 
-def _cell(entry: dict[str, Any] | None, key: str) -> str:
-    if not entry or entry.get(key) is None:
-        return "not measured"
-    value = entry[key]
-    return f"{value:.2f}" if isinstance(value, float) else str(value)
-
-
 def write_markdown(r: dict[str, Any]) -> None:
     classes = [c for c in r if isinstance(r[c], dict) and "unicron" in r[c]]
     keys = ("downtime_s", "regain_s", "lost_microbatches")
     rows = "\n".join(
         f"| {c.replace('_', ' ')} | "
-        + " | ".join(_cell(r[c][side], key) for key in keys for side in ("unicron", "torchrun"))
+        + " | ".join(cells.value(r[c][side], key) for key in keys for side in ("unicron", "torchrun"))
         + " |"
         for c in classes
     )

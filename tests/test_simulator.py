@@ -8,7 +8,7 @@ from unicron.core.errors import SpecError
 from unicron.core.specs import ClusterSpec, TaskSpec
 from unicron.core.taxonomy import ErrorKind
 from unicron.sim.engine import Simulation
-from unicron.sim.policies import MegatronPolicy, MegatronSettings, make_policy
+from unicron.sim.policies import MegatronPolicy, MegatronSettings, UnicronSettings, make_policy
 from unicron.sim.runner import simulate
 from unicron.sim.scenario import ScenarioSpec, parse_scenario
 from unicron.sim.traces import Failure
@@ -60,10 +60,18 @@ def test_megatron_hang_waits_for_the_collective_timeout() -> None:
 def test_unicron_restart_process_is_cheap() -> None:
     unicron = run("unicron", [Failure(1.0, 0, ErrorKind.CUDA_ERROR, 0.0)])
     megatron = run("megatron", [Failure(1.0, 0, ErrorKind.CUDA_ERROR, 0.0)])
-    lost = sum(unicron.lost_flop.values())
-    # detection 0.5 s + restart 15 s + state 1 GB from a checkpoint + half an iteration + half
-    # a checkpoint interval (a single replica has no live peer to copy from)
-    assert 0 < lost < sum(megatron.lost_flop.values())
+    # detection + restart of the process + its 1 GB of state (8 GB over 8 GPUs) from the
+    # persistent checkpoint (a single replica has no live peer to copy from) + half an
+    # iteration + half a checkpoint interval of recomputation
+    s = UnicronSettings()
+    t = ClusterSpec(nodes=1, gpus_per_node=8, gpu="A100", node_mtbf_hours=1000).planner.transition
+    weighted = 2.0 * RATE
+    assert unicron.lost_flop["detection"] == pytest.approx(weighted * s.crash_detection_s)
+    state_s = 1.0 / t.persistent_checkpoint_gbytes_per_s
+    assert unicron.lost_flop["restart"] == pytest.approx(weighted * (t.restart_process_s + state_s))
+    lost_work = t.lost_iteration_fraction * TABLE_TASK.iteration_seconds + t.checkpoint_interval_s / 2
+    assert unicron.lost_flop["lost_work"] == pytest.approx(weighted * lost_work)
+    assert sum(unicron.lost_flop.values()) < sum(megatron.lost_flop.values())
 
 
 def test_node_loss_shrinks_then_grows_back() -> None:

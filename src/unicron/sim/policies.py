@@ -38,6 +38,17 @@ CRASH_KINDS = frozenset(
 )
 
 
+def _gpus(sim: Simulation, name: str) -> int:
+    return sim.tasks[name].gpus
+
+
+def _allocation(
+    sim: Simulation, changes: Mapping[str, int], held: Callable[[Simulation, str], int] = _gpus
+) -> dict[str, int]:
+    """Every task's GPUs as held now (``held``), with ``changes`` applied."""
+    return {**{n: held(sim, n) for n in sim.tasks}, **changes}
+
+
 class _Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -238,21 +249,16 @@ class MegatronPolicy:
                 continue
             survivors = run.gpus  # the engine already removed the lost workers
             if sim.free_gpus() >= lost:  # a spare takes the lost node's place
-                sim.set_allocation(self._counts(sim, {name: run.nominal}))
+                sim.set_allocation(_allocation(sim, {name: run.nominal}))
                 sim.pause(name, [(detect, "detection"), *self._restart()])
             elif self.s.on_node_loss == "shrink":
                 budget = survivors + sim.free_gpus()
                 smaller = max((c for c in range(budget, 0, -1) if sim.usable(name, c)), default=0)
-                sim.set_allocation(self._counts(sim, {name: smaller}))
+                sim.set_allocation(_allocation(sim, {name: smaller}))
                 sim.pause(name, [(detect, "detection"), *self._restart()])
             else:
                 run.waiting_rate = sim.potential(run, run.nominal) * survivors / max(run.nominal, 1)
                 sim.pause(name, [(detect, "detection"), (math.inf, "repair_wait")])
-
-    def _counts(self, sim: Simulation, changes: Mapping[str, int]) -> dict[str, int]:
-        counts = {n: r.gpus for n, r in sim.tasks.items()}
-        counts.update(changes)
-        return counts
 
     def on_repair(self, sim: Simulation, node: int) -> None:
         for name, run in sorted(sim.tasks.items(), key=lambda kv: kv[1].gpus - kv[1].nominal):
@@ -260,7 +266,7 @@ class MegatronPolicy:
             if deficit <= 0 or sim.free_gpus() < deficit:
                 continue
             waiting = any(c == "repair_wait" for _, c in run.segments)
-            sim.set_allocation(self._counts(sim, {name: run.nominal}))
+            sim.set_allocation(_allocation(sim, {name: run.nominal}))
             run.waiting_rate = None if not waiting else run.waiting_rate
             # A waiting task restarts from its checkpoint; a shrunk one checkpoints, then restarts.
             sim.pause(name, self._restart(with_recompute=waiting), replace=waiting)
@@ -373,9 +379,9 @@ class ElasticPolicy:
                 ],
             )
             if node_out and sim.free_gpus() >= lost:
-                sim.set_allocation(self._counts(sim, {name: run.nominal}))
+                sim.set_allocation(_allocation(sim, {name: run.nominal}, self._held))
             elif node_out:
-                sim.set_allocation(self._counts(sim, {name: run.gpus}))
+                sim.set_allocation(_allocation(sim, {name: run.gpus}, self._held))
 
     def _drop_replica_group(
         self, sim: Simulation, run: TaskRun, lost: int, detect: float, node_out: bool
@@ -390,7 +396,7 @@ class ElasticPolicy:
         stall = detect + self._lost_work(sim, run)
         sim.pause(name, [(detect, "detection"), (stall - detect, "lost_work")])
         if node_out and sim.free_gpus() >= lost:
-            sim.set_allocation(self._counts(sim, {name: run.nominal}))
+            sim.set_allocation(_allocation(sim, {name: run.nominal}, self._held))
             node_out = False  # the group restarts on a spare node
         effective = max(self._held(sim, name) + (lost if node_out else 0) - group, 0)
 
@@ -411,18 +417,13 @@ class ElasticPolicy:
     def _heal(self, sim: Simulation, name: str) -> None:
         sim.tasks[name].gpus = self._held(sim, name)
 
-    def _counts(self, sim: Simulation, changes: Mapping[str, int]) -> dict[str, int]:
-        counts = {n: self._held(sim, n) for n in sim.tasks}
-        counts.update(changes)
-        return counts
-
     def on_repair(self, sim: Simulation, node: int) -> None:
         for name, run in sorted(sim.tasks.items(), key=lambda kv: kv[0]):
             held = self._held(sim, name)
             deficit = run.nominal - held
             if deficit <= 0 or sim.free_gpus() < deficit:
                 continue
-            sim.set_allocation(self._counts(sim, {name: run.nominal}))
+            sim.set_allocation(_allocation(sim, {name: run.nominal}, self._held))
             if self.s.survivors_continue:
                 run.gpus = held  # the new group heals before it counts
                 sim.call_at(sim.now + self.s.heal_s, self._healer(sim, name))
