@@ -38,6 +38,17 @@ def task_yaml(name: str, weight: float, table: str, iterations: int, delay: floa
     )
 
 
+def traced_task(trace: Path, table: str, iterations: int, delay: float, run_lines: str = "") -> str:
+    """The spec of a task "lm" of weight 1 running the example trainer with its trace written to
+    ``trace``; ``run_lines``: more lines of its ``run:`` section (faults, recovery)."""
+    program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", str(delay)])
+    return (
+        f"name: lm\nweight: 1\nthroughput: {table}\nrun:\n  program: [{program}]\n"
+        f"  iterations: {iterations}\n  checkpoint_every: 10\n  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
+        + run_lines
+    )
+
+
 def assert_status_shows(url: str, *words: str) -> None:
     """`unicron status` against a running coordinator prints all of ``words``."""
     shown = subprocess.run(

@@ -17,13 +17,12 @@ import pytest
 from unicron.control.localcluster import LocalCluster
 
 from .test_live_cluster import (
-    ARGS,
-    TRAIN,
     alive,
     assert_ends_exact,
     assert_ledger_exact,
     latest_generation,
     read_trace,
+    traced_task,
 )
 
 ITERATIONS = 40
@@ -32,13 +31,14 @@ ITERATIONS = 40
 @pytest.mark.timeout(420)
 def test_a_stuck_in_process_recovery_escalates_to_a_restart(tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
-    program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", "0.05"])
-    spec = (
-        f"name: lm\nweight: 1\nthroughput: {{2: 2.0e9, 4: 3.6e9}}\nrun:\n  program: [{program}]\n"
-        f"  iterations: {ITERATIONS}\n  checkpoint_every: 10\n  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
+    spec = traced_task(
+        trace,
+        "{2: 2.0e9, 4: 3.6e9}",
+        ITERATIONS,
+        0.05,
         "  faults:\n"
         "    - {action: kill, rank: 1, step: 15}\n"
-        "    - {action: stall_rejoin, rank: 2, step: 1, seconds: 600}\n"
+        "    - {action: stall_rejoin, rank: 2, step: 1, seconds: 600}\n",
     )
     settings = {"recovery_deadline_s": 6.0, "hot_spares": 0}
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:

@@ -16,12 +16,11 @@ import pytest
 from unicron.control.localcluster import LocalCluster
 
 from .test_live_cluster import (
-    ARGS,
-    TRAIN,
     assert_ends_exact,
     assert_ledger_exact,
     latest_generation,
     read_trace,
+    traced_task,
 )
 
 ITERATIONS = 40
@@ -30,14 +29,15 @@ ITERATIONS = 40
 @pytest.mark.timeout(420)
 def test_a_restart_passes_over_a_damaged_newest_checkpoint(tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
-    program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", "0.05"])
-    spec = (
-        f"name: lm\nweight: 1\nthroughput: {{2: 2.0e9}}\nrun:\n  program: [{program}]\n"
-        f"  iterations: {ITERATIONS}\n  checkpoint_every: 10\n  recovery: restart\n"
-        f"  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
+    spec = traced_task(
+        trace,
+        "{2: 2.0e9}",
+        ITERATIONS,
+        0.05,
+        "  recovery: restart\n"
         "  faults:\n"
         "    - {action: corrupt_checkpoint, rank: 0, step: 25}\n"
-        "    - {action: raise, rank: 0, step: 25, message: the loss went NaN}\n"
+        "    - {action: raise, rank: 0, step: 25, message: the loss went NaN}\n",
     )
     with LocalCluster(tmp_path / "cluster", nodes=1, slots=2) as cluster:
         cluster.submit(spec)

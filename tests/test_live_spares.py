@@ -16,7 +16,7 @@ import pytest
 from unicron.control.localcluster import LocalCluster
 from unicron.core.workerenv import host_checkpoint_dir
 
-from .test_live_cluster import ARGS, TRAIN, alive, assert_ends_exact, assert_ledger_exact, read_trace
+from .test_live_cluster import alive, assert_ends_exact, assert_ledger_exact, read_trace, traced_task
 
 ITERATIONS = 60
 
@@ -24,12 +24,13 @@ ITERATIONS = 60
 @pytest.mark.timeout(420)
 def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
-    program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", "0.1"])
-    spec = (
-        f"name: lm\nweight: 1\nthroughput: {{2: 1.9e9, 3: 2.7e9}}\nrun:\n  program: [{program}]\n"
-        f"  iterations: {ITERATIONS}\n  checkpoint_every: 10\n  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
+    spec = traced_task(
+        trace,
+        "{2: 1.9e9, 3: 2.7e9}",
+        ITERATIONS,
+        0.1,
         # The first state that rank 2 receives from a replica arrives damaged.
-        "  faults: [{action: corrupt_transfer, rank: 2, step: 1, generation: 0}]\n"
+        "  faults: [{action: corrupt_transfer, rank: 2, step: 1, generation: 0}]\n",
     )
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
         cluster.submit(spec)
