@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from unicron.core.protocol import IterationReport
+
 
 @dataclass(frozen=True)
 class Rejoined:
@@ -42,6 +44,21 @@ class Iteration:
             return ended - self.started
         own = self.marks[-2] - self.started
         return own * len(self.marks) / (len(self.marks) - 1)
+
+    def report(self, task: str, generation: int, rank: int) -> IterationReport:
+        """The step's report to the agent, as it ends now."""
+        ended = time.perf_counter()
+        return IterationReport(
+            task=task,
+            generation=generation,
+            rank=rank,
+            step=self.step,
+            duration_s=ended - self.started,
+            samples=self.samples,
+            loss=self.loss / self.samples if self.samples else 0.0,
+            time=time.time(),
+            compute_s=self.compute_s(ended),
+        )
 
 
 class PeerLostError(ConnectionError):

@@ -32,7 +32,6 @@ from unicron.core.protocol import (
     DoneReport,
     ExceptionReport,
     FaultReport,
-    IterationReport,
     Membership,
     membership_key,
     ready_key,
@@ -220,11 +219,11 @@ class Session:
         if self._membership_changed():
             # A planned change (a newcomer, a resize) takes effect at a step boundary: no work lost.
             self._rejoin(model, optimizer)
-            if self.step >= step:
-                return 0.0
+        ids = global_batch_ids(step, *self.data.stream())
+        share = self._settle(step, ids, model, optimizer)
+        if share is None:
+            return 0.0  # the state taken from a replica at a rebuild already holds this step
         with self.iteration(step) as it:
-            ids = global_batch_ids(step, *self.data.stream())
-            share = self._my_part(step, ids, held=[])
             self._micro_batches = -(-len(share) // self.data.micro_batch)
             contributed = self._accumulate(share, loss_of, it)
             contributed, done = self._reduce_or_recover(step, ids, contributed, model, optimizer, loss_of, it)
@@ -236,6 +235,24 @@ class Session:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         return it.loss / it.samples if it.samples else 0.0
+
+    def _settle(
+        self, step: int, ids: list[int], model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> list[int] | None:
+        """This rank's samples of ``step``, at its start. After a group (re)formed this is the
+        members' first collective: a peer failing in it (a newcomer that dies or hangs at once)
+        is recovered from in-process like a failure in the all-reduce."""
+        for attempt in range(4):
+            if self.step >= step:
+                return None
+            try:
+                return self._my_part(step, ids, held=[])
+            except Exception as exc:
+                if not self.in_process or attempt == 3 or self._base_store is None:
+                    raise
+                self.forward_exception(exc)
+            self._rejoin(model, optimizer)  # outside the except block (see _reduce_or_recover)
+        raise AssertionError("unreachable")
 
     def _reduce_or_recover(
         self,
@@ -399,21 +416,8 @@ class Session:
         it = Iteration(step, self._micro_batches, lambda: self.faults.before_last_micro_batch(step))
         self.faults.step_started(step)  # inside the step's time: a slowed rank computes slowly
         yield it
-        ended = time.perf_counter()
         self.step = step
-        self.channel.send(
-            IterationReport(
-                task=self.task,
-                generation=self.generation,
-                rank=self.rank,
-                step=step,
-                duration_s=ended - it.started,
-                samples=it.samples,
-                loss=it.loss / it.samples if it.samples else 0.0,
-                time=time.time(),
-                compute_s=it.compute_s(ended),
-            )
-        )
+        self.channel.send(it.report(self.task, self.generation, self.rank))
 
     def maybe_checkpoint(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, force: bool = False
@@ -432,21 +436,13 @@ class Session:
         if self.rank != 0:
             return
         path = checkpoint.save(self.checkpoint_dir, self.step, state)
-        self.channel.send(
-            CheckpointReport(
-                task=self.task, generation=self.generation, rank=self.rank, step=self.step, path=str(path)
-            )
-        )
+        self.channel.send(CheckpointReport(**self._identity(), step=self.step, path=str(path)))
 
     def finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
         """Save the final state and report the parameters' digest; returns it."""
         self.maybe_checkpoint(model, optimizer, force=True)
         value = checkpoint.digest(model)
-        self.channel.send(
-            DoneReport(
-                task=self.task, generation=self.generation, rank=self.rank, step=self.step, digest=value
-            )
-        )
+        self.channel.send(DoneReport(**self._identity(), step=self.step, digest=value))
         return value
 
     # ------------------------------------------------------------------ failures
@@ -465,6 +461,9 @@ class Session:
                 time=time.time(),
             )
         )
+
+    def _identity(self) -> dict[str, Any]:
+        return {"task": self.task, "generation": self.generation, "rank": self.rank}
 
     def _claim_fault(self, index: int) -> bool:
         """Whether this worker is the first to reach a generation-0 fault (atomic in the store)."""
