@@ -14,6 +14,7 @@ import pytest
 
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.recovery import attribute
+from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import (
     ExceptionReport,
     ExitReport,
@@ -31,7 +32,6 @@ from unicron.core.protocol import (
     WorkerState,
 )
 from unicron.core.settings import Settings
-from unicron.core.specs import parse_live_tasks
 from unicron.core.states import IllegalTransition, NodeState, TaskState
 from unicron.core.taxonomy import ErrorKind, Scope
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from unicron.cli import demo_waf
-from unicron.core.specs import TransitionSettings, parse_live_tasks
+from unicron.core.livespecs import parse_live_tasks
+from unicron.core.specs import TransitionSettings
 from unicron.core.taxonomy import ErrorKind
 
 DEMO = Path("examples/demo/tasks.yaml")

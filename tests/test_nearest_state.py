@@ -43,12 +43,18 @@ def test_the_nodes_in_memory_copy_is_used_when_newest_and_intact(tmp_path: Path)
     assert found is not None and (found.source, found.state["step"]) == ("persistent", 20)
     # A newer copy whose parameters do not match its digest is not trusted, and is named.
     bad = state_of(model_at(3.0), 30)
-    bad["digest"] = "0" * 16
+    bad["state_digest"] = "0" * 16
     checkpoint.save(host, 30, bad)
     found = checkpoint.load_nearest(persistent, host)
     assert found is not None and (found.source, found.state["step"]) == ("persistent", 20)
     assert found.skipped == ((str(checkpoint.path_for(host, 30)), "does not match its digest"),)
     assert checkpoint.load_nearest(tmp_path / "none", None) is None
+    # A checkpoint written before the whole-state digest existed is checked by its parameters.
+    old = state_of(model_at(4.0), 40)
+    del old["state_digest"]
+    checkpoint.save(persistent, 40, old)
+    found = checkpoint.load_nearest(persistent, host)
+    assert found is not None and (found.source, found.state["step"]) == ("persistent", 40)
 
 
 def test_a_torn_newest_checkpoint_falls_back_to_the_next_newest_in_any_tier(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from unicron.control.spares import choose, spare_gains
 from unicron.core.gpus import custom_gpu
-from unicron.core.specs import LiveTaskSpec
+from unicron.core.livespecs import LiveTaskSpec
 from unicron.planning.throughput import curve_for
 
 

@@ -27,7 +27,7 @@ from unicron.cli import demo_waf
 from unicron.cli.console import console
 from unicron.cli.live import task_table
 from unicron.control.localcluster import LocalCluster
-from unicron.core.specs import parse_live_tasks
+from unicron.core.livespecs import parse_live_tasks
 from unicron.core.taxonomy import ErrorKind
 
 TASKS = Path("examples/demo/tasks.yaml")

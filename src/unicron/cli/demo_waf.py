@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from unicron.core.specs import ClusterSpec, LiveTaskSpec, PlannerSettings, TaskSpec, TransitionSettings
+from unicron.core.livespecs import LiveTaskSpec
+from unicron.core.specs import ClusterSpec, PlannerSettings, TaskSpec, TransitionSettings
 from unicron.core.taxonomy import ErrorKind
 from unicron.planning.throughput import MeasuredCurve, curve_for
 from unicron.sim.engine import Simulation

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from unicron.control.effects import Applier
 from unicron.control.store import Store
+from unicron.core.livespecs import LiveTaskSpec
 from unicron.core.settings import Settings
-from unicron.core.specs import LiveTaskSpec
 from unicron.core.workerenv import WorkerEnv
 
 

@@ -30,6 +30,7 @@ from unicron.control.recovery import CONSEQUENCES, Recovery
 from unicron.control.rendezvous import Rendezvous
 from unicron.control.store import Store
 from unicron.core.errors import Conflict
+from unicron.core.livespecs import CORRUPTIONS, LiveTaskSpec
 from unicron.core.protocol import (
     SPARE_GENERATION,
     CheckpointReport,
@@ -48,7 +49,6 @@ from unicron.core.protocol import (
     WorkerReport,
     WorkerState,
 )
-from unicron.core.specs import CORRUPTIONS, LiveTaskSpec
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind, Scope
 

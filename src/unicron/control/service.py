@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.records import TaskRecord
 from unicron.core.errors import Conflict, NotFound, SpecError, UnicronError
+from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import Heartbeat, HeartbeatReply, OrderBatch, Registration, RegistrationReply
-from unicron.core.specs import parse_live_tasks
 
 TICK_S = 0.1
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from unicron.core.specs import LiveTaskSpec
+from unicron.core.livespecs import LiveTaskSpec
 from unicron.planning.throughput import ThroughputCurve
 
 

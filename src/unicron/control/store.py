@@ -1,5 +1,5 @@
 """The coordinator's durable state in SQLite: nodes, tasks, workers (slots held per generation),
-the iterations already counted, and events. The only module with SQL.
+the iterations already counted, and events. With ``schema.py`` (its tables), the only SQL.
 
 Every operation is named for what it does, returns typed records (``records.py``) and commits at
 once, so a restarted coordinator loses nothing. State changes are checked against the transition
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
+from unicron.control.schema import open_database
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.states import (
     LIVE_TASK_STATES,
@@ -33,70 +34,6 @@ from unicron.core.states import (
     sources,
 )
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS nodes (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    name TEXT UNIQUE NOT NULL,
-    slots INTEGER NOT NULL,
-    gpus TEXT NOT NULL DEFAULT '[]',
-    host TEXT NOT NULL,
-    state TEXT NOT NULL,
-    last_seen REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tasks (
-    name TEXT PRIMARY KEY,
-    spec TEXT NOT NULL,
-    state TEXT NOT NULL,
-    generation INTEGER NOT NULL DEFAULT 0,
-    workers INTEGER NOT NULL DEFAULT 0,
-    step INTEGER NOT NULL DEFAULT 0,
-    checkpoint_step INTEGER NOT NULL DEFAULT 0,
-    store_port INTEGER NOT NULL DEFAULT 0,
-    failures INTEGER NOT NULL DEFAULT 0,
-    restarts INTEGER NOT NULL DEFAULT 0,
-    down_since REAL,
-    downtime_s REAL NOT NULL DEFAULT 0,
-    samples INTEGER NOT NULL DEFAULT 0,
-    flop REAL NOT NULL DEFAULT 0,
-    digest TEXT,
-    submitted REAL NOT NULL,
-    started REAL,
-    finished REAL,
-    reason TEXT,
-    launched_generation INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS workers (
-    task TEXT NOT NULL,
-    generation INTEGER NOT NULL,
-    rank INTEGER NOT NULL,
-    node TEXT NOT NULL,
-    local_rank INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    pid INTEGER,
-    exit_code INTEGER,
-    exit_signal INTEGER,
-    launched REAL NOT NULL,
-    PRIMARY KEY (task, generation, rank)
-);
--- The last step of each rank already counted: a report sent again (an agent resending what a
--- coordinator that then died had received) is not counted twice.
-CREATE TABLE IF NOT EXISTS counted (
-    task TEXT NOT NULL,
-    generation INTEGER NOT NULL,
-    rank INTEGER NOT NULL,
-    step INTEGER NOT NULL,
-    PRIMARY KEY (task, generation, rank)
-);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    time REAL NOT NULL,
-    kind TEXT NOT NULL,
-    task TEXT,
-    node TEXT,
-    detail TEXT NOT NULL DEFAULT '{}'
-);
-"""
-
 
 def _marks(values: Iterable[object]) -> tuple[str, list[str]]:
     items = [str(v) for v in values]
@@ -107,21 +44,8 @@ class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
+        self._db = open_database(path)
         self._lock = threading.RLock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(SCHEMA)
-            columns = {r["name"] for r in self._db.execute("PRAGMA table_info(tasks)")}
-            # A store written before these columns existed.
-            if "reason" not in columns:
-                self._db.execute("ALTER TABLE tasks ADD COLUMN reason TEXT")
-            if "launched_generation" not in columns:
-                self._db.execute(
-                    "ALTER TABLE tasks ADD COLUMN launched_generation INTEGER NOT NULL DEFAULT 0"
-                )
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

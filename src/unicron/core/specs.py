@@ -30,7 +30,7 @@ FIX_MARK = "; fix: "
 _M = TypeVar("_M", bound=BaseModel)
 
 
-class _Spec(BaseModel):
+class SpecBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -49,7 +49,7 @@ def _positive_number(value: Any, what: str) -> float:
     return number
 
 
-class ModelSpec(_Spec):
+class ModelSpec(SpecBase):
     """A GPT-style transformer, enough to estimate FLOPs, memory and layouts."""
 
     layers: int = Field(gt=0)
@@ -69,7 +69,7 @@ class ModelSpec(_Spec):
         return self
 
 
-class TaskSpec(_Spec):
+class TaskSpec(SpecBase):
     """One training task. Either ``model`` (analytic estimate) or ``throughput`` (measured)."""
 
     name: str = Field(pattern=NAME_PATTERN)
@@ -178,7 +178,7 @@ class TaskSpec(_Spec):
         return f"multiples of {self.step} from {self.minimum}{top}"
 
 
-class TaskList(_Spec):
+class TaskList(SpecBase):
     tasks: list[TaskSpec] = Field(min_length=1)
 
     @field_validator("tasks", mode="after")
@@ -195,7 +195,7 @@ class TaskList(_Spec):
         return tasks
 
 
-class TransitionSettings(_Spec):
+class TransitionSettings(SpecBase):
     """Inputs to the transition-time model D_trans (docs/cost-model.md gives the sources)."""
 
     node_loss_detection_s: float = Field(default=3.0, ge=0)
@@ -211,12 +211,12 @@ class TransitionSettings(_Spec):
     lost_iteration_fraction: float = Field(default=0.5, ge=0, le=1)
 
 
-class PlannerSettings(_Spec):
+class PlannerSettings(SpecBase):
     granularity: Literal["auto", "gpu", "node"] = "auto"
     transition: TransitionSettings = TransitionSettings()
 
 
-class ClusterSpec(_Spec):
+class ClusterSpec(SpecBase):
     """The cluster: identical nodes, numbered 0..nodes-1, and optionally who runs where."""
 
     nodes: int = Field(gt=0)
@@ -430,85 +430,3 @@ def check_against_cluster(
                 )
     if problems:
         raise SpecError(cluster_source, problems)
-
-
-# ---------------------------------------------------------------- live tasks
-
-
-# Faults that damage state without failing a process: their time is not a failure's start.
-CORRUPTIONS = frozenset({"corrupt_transfer", "corrupt_checkpoint"})
-
-
-class FaultSpec(_Spec):
-    """A fault to inject into a live task's worker (unicron.train.faults)."""
-
-    action: Literal[
-        "kill",
-        "kill_after_reduce",
-        "hang",
-        "stall",
-        "raise",
-        "slow",
-        "break",
-        "lose_node",
-        "corrupt_transfer",
-        "corrupt_checkpoint",
-        "stall_rejoin",
-    ]
-    rank: int = Field(ge=0)
-    step: int = Field(ge=1, description="injected when this step starts")
-    generation: int = Field(
-        default=1, ge=0, description="only in this generation; 0: whichever worker first reaches the step"
-    )
-    message: str = Field(
-        default="CUDA error: an illegal memory access was encountered",
-        description="for raise: the exception's message",
-    )
-    error: str = Field(default="RuntimeError", description="for raise: the exception's type")
-    seconds: float = Field(
-        default=5.0, ge=0, description="for stall and stall_rejoin: how long; for slow: extra per step"
-    )
-
-
-class RunSpec(_Spec):
-    """How to run a live task's workers."""
-
-    program: list[str] = Field(
-        min_length=1, description="argv; a leading 'python' is the agent's interpreter"
-    )
-    iterations: int = Field(gt=0, description="optimizer steps to train")
-    checkpoint_every: int = Field(default=20, gt=0, description="steps between checkpoints")
-    flops_per_sample: float | None = Field(default=None, gt=0, description="for measured WAF")
-    env: dict[str, str] = Field(default_factory=dict)
-    faults: list[FaultSpec] = Field(default_factory=list, description="faults to inject, for tests and demos")
-    recovery: Literal["in_process", "restart"] = Field(
-        default="in_process",
-        description="in_process: survivors rebuild their group and go on; restart: every failure "
-        "restarts the task from its checkpoint",
-    )
-
-    @field_validator("program", mode="before")
-    @classmethod
-    def _argv_as_text(cls, value: Any) -> Any:
-        # YAML reads `--steps, 10` as a number; an argv holds text.
-        if isinstance(value, list):
-            return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
-        return value
-
-
-class LiveTaskSpec(TaskSpec):
-    """A task submitted to the coordinator: what the planner needs, and how to run it."""
-
-    run: RunSpec
-
-
-class LiveTaskList(_Spec):
-    tasks: list[LiveTaskSpec] = Field(min_length=1)
-
-
-def parse_live_tasks(text: str, source: str = "<task>") -> list[LiveTaskSpec]:
-    """One task (a mapping with ``name``) or several (under ``tasks:``)."""
-    data = load_yaml_text(text, source)
-    if isinstance(data, Mapping) and "tasks" in data:
-        return list(validate_spec(LiveTaskList, data, source).tasks)
-    return [validate_spec(LiveTaskSpec, data, source)]

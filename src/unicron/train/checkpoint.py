@@ -24,15 +24,16 @@ def state_of(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, **where: Any
 ) -> dict[str, Any]:
     """What a checkpoint holds: model, optimizer, step, data position (the stream is addressed
-    by step), where it was taken (task, generation, world size) and the digest of the whole
-    state (``state_digest``), checked when it is loaded."""
+    by step), where it was taken (task, generation, world size), the parameters' digest and the
+    whole state's (``state_digest``), checked when it is loaded."""
     return {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "step": step,
         "data_position": {"step": step},
         **where,
-        "digest": state_digest(model, optimizer),
+        "digest": digest(model),
+        "state_digest": state_digest(model, optimizer),
     }
 
 
@@ -111,8 +112,12 @@ def _step_of(path: Path) -> int:
 
 
 def _intact(state: dict[str, Any]) -> bool:
+    """Whether ``state`` matches the digest saved with it: the whole state's, or in a
+    checkpoint written before that existed, the parameters'."""
     try:
-        return state.get("digest") == digest_of(state["model"], state["optimizer"])
+        if "state_digest" in state:
+            return bool(state["state_digest"] == digest_of(state["model"], state["optimizer"]))
+        return bool(state["digest"] == digest_of(state["model"]))
     except Exception:  # missing parts: not a checkpoint of ours
         return False
 

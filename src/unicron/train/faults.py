@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from unicron.core.livespecs import FaultSpec
 from unicron.core.protocol import FaultReport
-from unicron.core.specs import FaultSpec
 
 AT_EVENTS = frozenset({"corrupt_transfer", "stall_rejoin"})  # injected at an event, not a step
 

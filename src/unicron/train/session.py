@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from unicron.core.classify import classify_exception
+from unicron.core.livespecs import FaultSpec
 from unicron.core.protocol import (
     CheckpointReport,
     DoneReport,
@@ -38,7 +39,6 @@ from unicron.core.protocol import (
     spare_key,
 )
 from unicron.core.settings import Settings
-from unicron.core.specs import FaultSpec
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
 from unicron.train import checkpoint, membership
 from unicron.train.channel import ReportChannel
@@ -248,11 +248,15 @@ class Session:
             try:
                 return self._my_part(step, ids, held=[])
             except Exception as exc:
-                if not self.in_process or attempt == 3 or self._base_store is None:
-                    raise
-                self.forward_exception(exc)
-            self._rejoin(model, optimizer)  # outside the except block (see _reduce_or_recover)
+                self._recoverable(exc, attempt)
+            self._rejoin(model, optimizer)  # outside the except block: see _reduce_or_recover
         raise AssertionError("unreachable")
+
+    def _recoverable(self, exc: Exception, attempt: int) -> None:
+        """Forward a failed collective, or re-raise it when this rank cannot recover in process."""
+        if not self.in_process or attempt == 3 or self._base_store is None:
+            raise exc
+        self.forward_exception(exc)
 
     def _reduce_or_recover(
         self,
@@ -272,9 +276,7 @@ class Session:
                 self._reduce(model)
                 return contributed, False
             except Exception as exc:
-                if not self.in_process or attempt == 3 or self._base_store is None:
-                    raise
-                self.forward_exception(exc)
+                self._recoverable(exc, attempt)
             # Outside the except block: the exception's frames (inside torch.distributed) would
             # keep the failed group alive, and its sockets open, so peers would never notice.
             new = self._rejoin(model, optimizer)

@@ -1,0 +1,89 @@
+"""Live task specs: what the coordinator runs (a planner task plus how to run its workers),
+and the faults a task may have injected into its workers for tests and demos."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from unicron.core.specs import SpecBase, TaskSpec, load_yaml_text, validate_spec
+
+# Faults that damage state without failing a process: their time is not a failure's start.
+CORRUPTIONS = frozenset({"corrupt_transfer", "corrupt_checkpoint"})
+
+
+class FaultSpec(SpecBase):
+    """A fault to inject into a live task's worker (unicron.train.faults)."""
+
+    action: Literal[
+        "kill",
+        "kill_after_reduce",
+        "hang",
+        "stall",
+        "raise",
+        "slow",
+        "break",
+        "lose_node",
+        "corrupt_transfer",
+        "corrupt_checkpoint",
+        "stall_rejoin",
+    ]
+    rank: int = Field(ge=0)
+    step: int = Field(ge=1, description="injected when this step starts")
+    generation: int = Field(
+        default=1, ge=0, description="only in this generation; 0: whichever worker first reaches the step"
+    )
+    message: str = Field(
+        default="CUDA error: an illegal memory access was encountered",
+        description="for raise: the exception's message",
+    )
+    error: str = Field(default="RuntimeError", description="for raise: the exception's type")
+    seconds: float = Field(
+        default=5.0, ge=0, description="for stall and stall_rejoin: how long; for slow: extra per step"
+    )
+
+
+class RunSpec(SpecBase):
+    """How to run a live task's workers."""
+
+    program: list[str] = Field(
+        min_length=1, description="argv; a leading 'python' is the agent's interpreter"
+    )
+    iterations: int = Field(gt=0, description="optimizer steps to train")
+    checkpoint_every: int = Field(default=20, gt=0, description="steps between checkpoints")
+    flops_per_sample: float | None = Field(default=None, gt=0, description="for measured WAF")
+    env: dict[str, str] = Field(default_factory=dict)
+    faults: list[FaultSpec] = Field(default_factory=list, description="faults to inject, for tests and demos")
+    recovery: Literal["in_process", "restart"] = Field(
+        default="in_process",
+        description="in_process: survivors rebuild their group and go on; restart: every failure "
+        "restarts the task from its checkpoint",
+    )
+
+    @field_validator("program", mode="before")
+    @classmethod
+    def _argv_as_text(cls, value: Any) -> Any:
+        # YAML reads `--steps, 10` as a number; an argv holds text.
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
+        return value
+
+
+class LiveTaskSpec(TaskSpec):
+    """A task submitted to the coordinator: what the planner needs, and how to run it."""
+
+    run: RunSpec
+
+
+class LiveTaskList(SpecBase):
+    tasks: list[LiveTaskSpec] = Field(min_length=1)
+
+
+def parse_live_tasks(text: str, source: str = "<task>") -> list[LiveTaskSpec]:
+    """One task (a mapping with ``name``) or several (under ``tasks:``)."""
+    data = load_yaml_text(text, source)
+    if isinstance(data, Mapping) and "tasks" in data:
+        return list(validate_spec(LiveTaskList, data, source).tasks)
+    return [validate_spec(LiveTaskSpec, data, source)]
