@@ -93,6 +93,19 @@ def alive(pid: int) -> bool:
         return False
 
 
+def finish_and_settle(
+    cluster: LocalCluster, trace: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Wait for task "lm" to finish and for every process it started to exit; its events and
+    trace rows."""
+    cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
+    events: list[dict[str, Any]] = cluster.get("/v1/events", task="lm")
+    rows = read_trace(trace)
+    pids = {r["pid"] for r in rows if r["what"] == "started"}
+    cluster.wait(lambda: not any(alive(p) for p in pids), 30, "every process of the task to exit")
+    return events, rows
+
+
 def read_trace(path: Path) -> list[dict[str, Any]]:
     """The JSON-lines trace the library writes (UNICRON_TRACE_FILE)."""
     return [json.loads(line) for line in path.read_text().splitlines()]

@@ -17,11 +17,10 @@ import pytest
 from unicron.control.localcluster import LocalCluster
 
 from .test_live_cluster import (
-    alive,
     assert_ends_exact,
     assert_ledger_exact,
+    finish_and_settle,
     latest_generation,
-    read_trace,
     traced_task,
 )
 
@@ -43,11 +42,7 @@ def test_a_stuck_in_process_recovery_escalates_to_a_restart(tmp_path: Path) -> N
     settings = {"recovery_deadline_s": 6.0, "hot_spares": 0}
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
-        cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
-        events = cluster.get("/v1/events", task="lm")
-        rows = read_trace(trace)
-        pids = {r["pid"] for r in rows if r["what"] == "started"}
-        cluster.wait(lambda: not any(alive(p) for p in pids), 30, "every process of the task to exit")
+        events, rows = finish_and_settle(cluster, trace)
     kinds = [e["kind"] for e in events]
     incidents = [e for e in events if e["kind"] == "incident"]
     assert len(incidents) == 1, kinds

@@ -17,11 +17,12 @@ from .test_live_cluster import ARGS, TRAIN, assert_same_parameters, reference
 @pytest.mark.timeout(300)
 def test_torchrun_run_matches_a_single_process(tmp_path: Path) -> None:
     out = tmp_path / "torchrun"
-    subprocess.run(
+    run = subprocess.run(
         [
             sys.executable,
             "-m",
             "torch.distributed.run",
+            "--standalone",  # a free port of its own, not the default 29500 another job may hold
             "--nproc-per-node",
             "4",
             str(TRAIN),
@@ -31,10 +32,11 @@ def test_torchrun_run_matches_a_single_process(tmp_path: Path) -> None:
             "--checkpoint-dir",
             str(out),
         ],
-        check=True,
         capture_output=True,
+        text=True,
         timeout=240,
     )
+    assert run.returncode == 0, run.stderr[-3000:]
     state = load_latest(out)
     assert state is not None and state["step"] == 12 and state["world_size"] == 4
     assert_same_parameters(state["model"], reference(tmp_path, 12))

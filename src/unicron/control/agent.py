@@ -28,7 +28,8 @@ import httpx
 from pydantic import ValidationError
 
 from unicron.core.protocol import (
-    WORKER_REPORT,
+    AGENT_DATAGRAM,
+    DumpStacks,
     ExceptionReport,
     ExitReport,
     ForgetTask,
@@ -37,9 +38,11 @@ from unicron.core.protocol import (
     LaunchFailedReport,
     LaunchWorker,
     OrderBatch,
+    Progress,
     Registration,
     RegistrationReply,
     RenameWorker,
+    StacksReport,
     StopWorkers,
     WorkerReport,
     WorkerState,
@@ -62,6 +65,11 @@ class Worker:
     started: float = field(default_factory=time.time)
     exited: bool = False
     stop_ordered: bool = False  # the coordinator asked for it to stop
+    progress: Progress | None = None  # the latest position the worker sent
+
+    @property
+    def stack_file(self) -> Path:
+        return self.log.with_suffix(".stacks")
 
     def state(self) -> WorkerState:
         return WorkerState(
@@ -72,6 +80,7 @@ class Worker:
             running=not self.exited,
             stopped=not self.exited and _is_stopped(self.process.pid),
             returncode=self.process.returncode if self.exited else None,
+            progress=self.progress,
         )
 
 
@@ -108,6 +117,7 @@ class Agent:
         self.registered = False
         self.stopping = False
         self.acked = 0  # the number of the last order carried out
+        self.dumping = asyncio.Lock()  # held while stacks are dumped: a stop waits for it
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _spawn(self, coroutine: Any) -> None:
@@ -122,15 +132,25 @@ class Agent:
 
         def datagram_received(self, data: bytes, addr: Any) -> None:
             try:
-                report = WORKER_REPORT.validate_json(data)
+                message = AGENT_DATAGRAM.validate_json(data)
             except ValidationError:
                 return
-            self.agent.queue(report)
+            if isinstance(message, Progress):
+                self.agent.moved(message)
+            else:
+                self.agent.queue(message)
+
+    def moved(self, progress: Progress) -> None:
+        """Keep a worker's latest position (only the latest matters: nothing is queued)."""
+        for worker in self.workers.values():
+            if worker.process.pid == progress.pid and not worker.exited:
+                worker.progress = progress
+                return
 
     def queue(self, report: WorkerReport) -> None:
         self.reports.append(report)
         del self.reports[:-MAX_BUFFERED_REPORTS]
-        if isinstance(report, (ExitReport, ExceptionReport, LaunchFailedReport)):
+        if isinstance(report, (ExitReport, ExceptionReport, LaunchFailedReport, StacksReport)):
             self.urgent.set()
 
     # ------------------------------------------------------------------ workers
@@ -186,6 +206,9 @@ class Agent:
                 "node": self.node,
                 "local_rank": order.local_rank,
                 "agent_socket": str(self.socket_path),
+                "stack_file": str(
+                    self.run_dir / "logs" / f"{order.task}-g{order.generation}-r{order.rank}.stacks"
+                ),
             }
         )
         env = {**os.environ, **order.env, **mine.to_env()}
@@ -233,8 +256,42 @@ class Agent:
         ]
         await asyncio.gather(*(self._terminate(w, order.grace_s) for w in chosen))
 
+    async def dump_stacks(self, order: DumpStacks) -> None:
+        """Have every live worker of the task write its Python stack (faulthandler on SIGUSR1)
+        and report them; a stopped process writes nothing until it is continued."""
+        async with self.dumping:
+            # Only workers that sent their position run the library, which handles the signal
+            # (SIGUSR1's default action would end any other program).
+            chosen = [
+                w
+                for (task, _, _), w in self.workers.items()
+                if task == order.task and not w.exited and w.progress is not None
+            ]
+            offsets = {}
+            for w in chosen:
+                offsets[w.order.rank] = w.stack_file.stat().st_size if w.stack_file.exists() else 0
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.process.pid, signal.SIGUSR1)
+            await asyncio.sleep(order.wait_s)
+            stacks = {}
+            for w in chosen:
+                with contextlib.suppress(OSError), w.stack_file.open("rb") as f:
+                    f.seek(offsets[w.order.rank])
+                    stacks[w.order.rank] = f.read(64_000).decode(errors="replace")
+            self.queue(
+                StacksReport(
+                    task=order.task,
+                    generation=order.generation,
+                    node=self.node,
+                    stacks=stacks,
+                    time=time.time(),
+                )
+            )
+
     async def _terminate(self, worker: Worker, grace_s: float) -> None:
         worker.stop_ordered = True
+        async with self.dumping:
+            pass  # a dump under way first: the hung worker's stack is the one that matters
         if grace_s > 0:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker.process.pid, signal.SIGTERM)
@@ -294,6 +351,8 @@ class Agent:
                 self.rename(order)
             elif isinstance(order, ForgetTask):
                 self.forget_task(order)
+            elif isinstance(order, DumpStacks):
+                await self.dump_stacks(order)
             else:
                 self._spawn(self.stop(order))
 

@@ -23,6 +23,7 @@ from unicron.control.detection import Detector
 from unicron.control.effects import Applier, Orders
 from unicron.control.generations import Generations
 from unicron.control.handling import Ladder
+from unicron.control.hangs import innermost_frame
 from unicron.control.placing import Placer
 from unicron.control.rates import RateMeter
 from unicron.control.records import TaskRecord
@@ -46,6 +47,7 @@ from unicron.core.protocol import (
     Registration,
     RegistrationReply,
     RestoredReport,
+    StacksReport,
     WorkerReport,
     WorkerState,
 )
@@ -176,6 +178,7 @@ class Coordinator:
         for w in reported:
             key = (w.task, w.generation, w.rank)
             self.detector.stopped[key] = w.stopped and w.running
+            self.detector.progress[key] = w.progress
             if w.generation == SPARE_GENERATION and (w.task, w.rank) in self.placer.spares:
                 continue  # a hot spare waiting to be used (or being renamed into its new identity)
             task = tasks[w.task]
@@ -220,10 +223,22 @@ class Coordinator:
         task = self.store.task(report.task)
         if task is None:
             return
+        if isinstance(report, StacksReport):
+            self._stacks(report)  # ordered for a generation that has usually moved on since
+            return
         if isinstance(report, ExitReport) and report.generation != task.generation:
             report = self._successor(task, report)  # it died while being renamed in place
         if isinstance(report, IterationReport) and report.generation < task.generation:
             self._kept_iteration(task, report)
+            return
+        if (
+            isinstance(report, DoneReport)
+            and report.rank == 0
+            and report.step >= self.spec(task.name).run.iterations
+        ):
+            # The final state is saved, whichever generation saved it (the members may have
+            # finished before a grow they never saw was committed).
+            self.store.task_done(report.task, report.step, report.digest)
             return
         if report.generation != task.generation:
             return  # stale: from a generation that is gone
@@ -255,11 +270,21 @@ class Coordinator:
                 self.store.task_checkpointed(report.task, report.step)
         elif isinstance(report, RestoredReport):
             self._restored(report, node)
-        elif isinstance(report, DoneReport):
-            if report.rank == 0:
-                self.store.task_done(report.task, report.step, report.digest)
         elif isinstance(report, ExitReport):
             self._exit(task, report)
+
+    def _stacks(self, report: StacksReport) -> None:
+        """Every rank's Python stack at a hang, with the frame each main thread was in, recorded
+        with the hang's incident (so it says where the task hung)."""
+        self.store.event(
+            "stacks",
+            task=report.task,
+            node=report.node,
+            incident=self.detector.hang_incidents.get((report.task, report.generation)),
+            generation=report.generation,
+            where={rank: innermost_frame(text) for rank, text in report.stacks.items()},
+            stacks=report.stacks,
+        )
 
     def _restored(self, report: RestoredReport, node: str) -> None:
         """Where a relaunched task's state came from; a newer copy passed over (unreadable, or
@@ -415,9 +440,12 @@ class Coordinator:
                 seen_at=report.time or None,
                 scope=Scope.TASK,  # the program chose to end (or was ended from outside): no node's fault
             )
-        elif not self.store.workers(report.task, report.generation, live=True):
+        elif task.digest is not None or not self.store.workers(report.task, report.generation, live=True):
             # Finished: every worker of the generation exited cleanly after the last step (a
-            # generation that resumed from the final checkpoint finishes without iterating).
+            # generation that resumed from the final checkpoint finishes without iterating), or
+            # one did after rank 0 saved the final state: what still runs (a newcomer of a grow
+            # committed as training ended, waiting for members that are gone) is stopped.
+            self.ctx.act.stop_generation(task.name, task.generation, self.limits.stop_grace_s)
             self._ended(task.name, TaskState.FINISHED, "task_finished", step=task.step, digest=task.digest)
 
     # ------------------------------------------------------------------ the control loop

@@ -9,13 +9,15 @@ judges what only time can tell. Each judgement is a pure function of records and
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from unicron.control.context import Context
+from unicron.control.hangs import WorkerKey, hang_verdict
 from unicron.control.monitor import TaskMonitor
-from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
+from unicron.control.records import NodeRecord, TaskRecord
 from unicron.control.recovery import Recovery
+from unicron.core.protocol import Progress
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind
@@ -34,27 +36,14 @@ def silent_nodes(
     return out
 
 
-def hang_verdict(
-    workers: Sequence[WorkerRecord],
-    last_seen: Mapping[str, float],
-    stopped: Mapping[tuple[str, int, int], bool],
-    now: float,
-    limits: Settings,
-) -> list[WorkerRecord] | None:
-    """For a task whose step is late: the hung ranks (processes that cannot progress), or None
-    when a node of the task is silent (its loss is decided first: lost, or heard again)."""
-    hosts = {w.node for w in workers}
-    if any(now - last_seen[h] > 2 * limits.heartbeat_interval_s for h in hosts if h in last_seen):
-        return None
-    return [w for w in workers if stopped.get(w.key)]
-
-
 @dataclass
 class Detector:
     ctx: Context
     recovery: Recovery
     monitors: dict[tuple[str, int], TaskMonitor] = field(default_factory=dict)
-    stopped: dict[tuple[str, int, int], bool] = field(default_factory=dict)  # process is SIGSTOPped
+    stopped: dict[WorkerKey, bool] = field(default_factory=dict)  # process is SIGSTOPped
+    progress: dict[WorkerKey, Progress | None] = field(default_factory=dict)  # last reported position
+    hang_incidents: dict[tuple[str, int], int] = field(default_factory=dict)  # (task, gen) -> incident
     listening_since: float | None = None
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
@@ -74,6 +63,7 @@ class Detector:
     def forget(self, name: str) -> None:
         self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
         self.stopped = {k: v for k, v in self.stopped.items() if k[0] != name}
+        self.progress = {k: v for k, v in self.progress.items() if k[0] != name}
 
     def check_nodes(self, now: float) -> bool:
         """Declare silent nodes lost and end isolations that ran out; True when nodes changed."""
@@ -112,9 +102,12 @@ class Detector:
             return
         workers = self.ctx.store.workers(task.name, task.generation, live=True)
         seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
-        culprits = hang_verdict(workers, seen, self.stopped, now, self.ctx.limits)
-        if culprits is None:
+        verdict = hang_verdict(workers, seen, self.stopped, self.progress, now, self.ctx.limits)
+        if verdict is None:
             return
+        culprits = verdict.culprits
+        # Every rank's stack first (the agents carry this out before the stop that follows).
+        self.ctx.act.dump_stacks(task.name, task.generation)
         self.ctx.store.event(
             "hang_detected",
             task=task.name,
@@ -123,6 +116,8 @@ class Detector:
             waited_s=round(now - monitor.last_time, 3),
             deadline_s=round(monitor.deadline() or 0, 3),
             culprits=[w.rank for w in culprits],
+            why=verdict.why,
+            where=verdict.where,
             generation=task.generation,
         )
         # Kill the hung worker(s) at once: the hang becomes an ordinary death.
@@ -132,7 +127,11 @@ class Detector:
             task.name,
             ErrorKind.TASK_HANG,
             culprits[0].node if culprits else None,
-            f"step {monitor.last_step + 1} late; hung rank(s) {[w.rank for w in culprits] or 'unknown'}",
+            f"step {monitor.last_step + 1} late; hung rank(s) {[w.rank for w in culprits] or 'unknown'}:"
+            f" {verdict.why}",
             failed={w.rank for w in culprits} or None,
             seen_at=monitor.last_time,
         )
+        incident = self.recovery.incidents.get((task.name, task.generation))
+        if incident is not None:
+            self.hang_incidents[(task.name, task.generation)] = incident.id

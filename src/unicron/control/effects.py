@@ -18,6 +18,7 @@ from unicron.control.rendezvous import Rendezvous
 from unicron.control.store import Store
 from unicron.core.protocol import (
     SPARE_GENERATION,
+    DumpStacks,
     ForgetTask,
     LaunchWorker,
     Membership,
@@ -118,6 +119,12 @@ class Applier:
     def stop(self, node: str, task: str, generation: int, rank: int, grace_s: float) -> None:
         """Exactly that worker (a generation-wide stop could hit a survivor mid-rename)."""
         self.orders.add(node, StopWorkers(task=task, generation=generation, rank=rank, grace_s=grace_s))
+
+    def dump_stacks(self, task: str, generation: int) -> None:
+        """Every node running the generation dumps its workers' stacks (before any stop that
+        follows: the agent carries orders out in turn)."""
+        for node in sorted({w.node for w in self.store.workers(task, generation, live=True)}):
+            self.orders.add(node, DumpStacks(task=task, generation=generation))
 
     def stop_generation(self, task: str, generation: int, grace_s: float) -> None:
         """Every live worker of the generation, on nodes that can still hear it."""

@@ -180,12 +180,10 @@ class Generations:
         return used
 
     def cancel_growth(self, name: str) -> None:
-        growth = self.growing.pop(name, None)
-        if growth is None:
-            return
-        self.ctx.act.stop_generation(name, growth.generation, 0.0)
-        self.ctx.store.end_workers(name, growth.generation, WorkerPhase.STOPPED)
-        self.ctx.store.event("task_grow_cancelled", task=name, generation=growth.generation)
+        """A failure struck while newcomers were waiting to join: they are stopped (the next
+        plan may grow the task again)."""
+        if name in self.growing:
+            self._drop_growth(name, "task_grow_cancelled", "a failure struck first")
 
     def check_growth(self, name: str, now: float) -> bool:
         """Let ready newcomers in; True when the task grew."""
@@ -194,6 +192,11 @@ class Generations:
         task = store.task(name)
         if task is None or not task.state.active:
             del self.growing[name]
+            return False
+        if task.step >= self.ctx.spec(name).run.iterations:
+            # Training is over: the members will not come to another step boundary to let the
+            # newcomers in (they save and exit), so the newcomers would wait for nothing.
+            self._drop_growth(name, "task_grow_failed", "training ended")
             return False
         keys = [ready_key(name, growth.generation, r) for r in growth.newcomers]
         if self.ctx.act.rendezvous.ready(name, keys):
@@ -211,10 +214,17 @@ class Generations:
             del self.growing[name]
             return True
         if now - growth.since > self.ctx.limits.launch_timeout_s:
-            store.event("task_grow_failed", task=name, generation=growth.generation)
-            self.ctx.act.stop_generation(name, growth.generation, 0.0)
-            del self.growing[name]
+            self._drop_growth(name, "task_grow_failed", "the newcomers were not ready in time")
         return False
+
+    def _drop_growth(self, name: str, event: str, why: str) -> None:
+        """Give a grow up: stop exactly its newcomers (a generation-wide stop would reach the
+        members too: it stops every generation up to the one named)."""
+        growth = self.growing.pop(name)
+        for w in self.ctx.store.workers(name, growth.generation, live=True):
+            self.ctx.act.stop_worker(w, 0.0)
+        self.ctx.store.end_workers(name, growth.generation, WorkerPhase.STOPPED)
+        self.ctx.store.event(event, task=name, generation=growth.generation, why=why)
 
     def is_leaving(self, key: tuple[str, int, int], now: float) -> bool:
         due = self.leaving.get(key)

@@ -22,6 +22,8 @@ class FaultSpec(SpecBase):
         "kill_after_reduce",
         "hang",
         "stall",
+        "spin",
+        "stall_before_reduce",
         "raise",
         "slow",
         "break",
@@ -41,7 +43,9 @@ class FaultSpec(SpecBase):
     )
     error: str = Field(default="RuntimeError", description="for raise: the exception's type")
     seconds: float = Field(
-        default=5.0, ge=0, description="for stall and stall_rejoin: how long; for slow: extra per step"
+        default=5.0,
+        ge=0,
+        description="for stall, spin, stall_before_reduce, stall_rejoin: how long; for slow: extra per step",
     )
 
 

@@ -10,6 +10,7 @@ of a task's workers, and anything from an older generation is stale.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -106,6 +107,18 @@ class ExitReport(_Message):
     stop_ordered: bool = False  # it exited after a stop order: a consequence, not a fault
 
 
+class StacksReport(_Message):
+    """Written by the agent after a ``DumpStacks`` order: each worker's Python stack (all threads,
+    from faulthandler), keyed by rank; a stopped process cannot dump and has none."""
+
+    type: Literal["stacks"] = "stacks"
+    task: str
+    generation: int  # the generation the dump was ordered for
+    node: str
+    stacks: dict[int, str]
+    time: float = 0.0
+
+
 class LaunchFailedReport(_Message):
     """Written by the agent when a worker could not be started (no such program, not
     executable, no memory for a process)."""
@@ -127,10 +140,51 @@ WorkerReport = Annotated[
     | DoneReport
     | ExitReport
     | FaultReport
-    | LaunchFailedReport,
+    | LaunchFailedReport
+    | StacksReport,
     Field(discriminator="type"),
 ]
 WORKER_REPORT = TypeAdapter(WorkerReport)
+
+
+class Phase(StrEnum):
+    """Where a worker is in its step, for telling a hung rank from the peers waiting for it."""
+
+    SETUP = "setup"  # joining a group, loading state
+    COMPUTE = "compute"  # its own forward/backward: nobody waits for it to enter this
+    COLLECTIVE = "collective"  # inside a collective, waiting for its peers
+    CHECKPOINT = "checkpoint"
+    REJOIN = "rejoin"  # waiting for the coordinator's next membership
+
+
+WAITING_PHASES = frozenset({Phase.COLLECTIVE, Phase.REJOIN})
+
+
+class Progress(_Message):
+    """A worker's position, sent to its agent as a datagram each time it moves (per micro-batch,
+    on entering a collective). The agent keeps only the latest and reports it in the worker's
+    state, so the coordinator sees which rank has not reached the collective the others wait in."""
+
+    type: Literal["progress"] = "progress"
+    pid: int  # the worker, whatever generation and rank it has now
+    step: int  # the step being trained
+    phase: Phase
+    what: str = ""  # e.g. the collective's name
+    micro_batch: int = 0  # micro-batches of the step done so far
+    time: float = 0.0
+
+
+AgentDatagram = Annotated[
+    IterationReport
+    | ExceptionReport
+    | CheckpointReport
+    | RestoredReport
+    | DoneReport
+    | FaultReport
+    | Progress,
+    Field(discriminator="type"),
+]
+AGENT_DATAGRAM = TypeAdapter(AgentDatagram)  # what a worker may send its agent
 
 
 # ------------------------------------------------------------------ coordinator -> agent
@@ -171,6 +225,16 @@ class RenameWorker(_Message):
     new_rank: int
 
 
+class DumpStacks(_Message):
+    """Dump the Python stack of every worker of ``task`` on this node (a hang was detected) and
+    answer with a StacksReport; a stop order that follows waits for the dump."""
+
+    type: Literal["stacks"] = "stacks"
+    task: str
+    generation: int
+    wait_s: float = 0.5  # how long to give the workers to write their stacks
+
+
 class ForgetTask(_Message):
     """The task has ended: free what the node keeps for it (its in-memory checkpoints)."""
 
@@ -180,7 +244,9 @@ class ForgetTask(_Message):
     host_checkpoint_root: str | None = None
 
 
-Order = Annotated[LaunchWorker | StopWorkers | RenameWorker | ForgetTask, Field(discriminator="type")]
+Order = Annotated[
+    LaunchWorker | StopWorkers | RenameWorker | ForgetTask | DumpStacks, Field(discriminator="type")
+]
 
 
 # ------------------------------------------------------------------ agent <-> coordinator
@@ -194,6 +260,7 @@ class WorkerState(_Message):
     running: bool
     stopped: bool = False  # the process is stopped (SIGSTOP, state T): it cannot be progressing
     returncode: int | None = None  # once it exited: its code, or minus the signal that ended it
+    progress: Progress | None = None  # the latest the worker sent (None: it sends none)
 
 
 class Registration(_Message):

@@ -36,6 +36,7 @@ KEYS: dict[str, str] = {
     "local_rank": "UNICRON_LOCAL_RANK",
     "agent_socket": "UNICRON_AGENT_SOCKET",
     "trace_file": "UNICRON_TRACE_FILE",
+    "stack_file": "UNICRON_STACK_FILE",
     "host_checkpoints": "UNICRON_HOST_CHECKPOINTS",
     "host_checkpoint_root": "UNICRON_HOST_CHECKPOINT_ROOT",
 }
@@ -65,6 +66,7 @@ class WorkerEnv(BaseModel):
     local_rank: int = 0
     agent_socket: str | None = None
     trace_file: str | None = None
+    stack_file: str | None = None  # where the worker's stack goes when its agent asks (SIGUSR1)
     host_checkpoints: bool = True  # keep an in-memory (tmpfs) checkpoint copy per node
     host_checkpoint_root: str | None = None
 

@@ -6,6 +6,10 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
 - ``hang``: the worker SIGSTOPs itself (a hung process: its peers block in the next collective);
 - ``stall``: the worker sleeps ``seconds`` just before its last micro-batch, while its peers are
   already waiting inside the gradient all-reduce (a stall inside a collective);
+- ``spin``: loop in Python for ``seconds`` at the same point (an endless loop in the forward
+  pass: the process runs, so only its progress tells it apart from its waiting peers);
+- ``stall_before_reduce``: sleep ``seconds`` after its micro-batches, before entering the
+  gradient all-reduce (a rank stuck before a collective);
 - ``raise``: raise ``error(message)``, e.g. a CUDA-like error, through the training loop;
 - ``slow``: sleep ``seconds`` at every step from ``step`` on (a straggler);
 - ``break``: tear this rank's process group down under its peers (a broken connection; every
@@ -86,7 +90,7 @@ class FaultInjector:
     def step_started(self, step: int) -> None:
         self._pending = self._due(step)
         for fault in self._pending:
-            if fault.action in ("stall", "kill_after_reduce"):
+            if fault.action in ("stall", "spin", "stall_before_reduce", "kill_after_reduce"):
                 continue
             self._announce(fault, step)
             if fault.action == "kill":
@@ -160,3 +164,20 @@ class FaultInjector:
             if fault.action == "stall":
                 self._announce(fault, step)
                 time.sleep(fault.seconds)
+            elif fault.action == "spin":
+                self._announce(fault, step)
+                _spin(fault.seconds)
+
+    def before_reduce(self, step: int) -> None:
+        """After this rank's micro-batches, before it enters the gradient all-reduce."""
+        for fault in self._pending:
+            if fault.action == "stall_before_reduce":
+                self._announce(fault, step)
+                time.sleep(fault.seconds)
+
+
+def _spin(seconds: float) -> None:
+    """Busy in Python code: the interpreter runs, nothing progresses."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass

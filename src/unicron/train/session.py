@@ -34,7 +34,7 @@ from unicron.core.protocol import (
     ExceptionReport,
     FaultReport,
     Membership,
-    membership_key,
+    Phase,
     ready_key,
     spare_key,
 )
@@ -45,6 +45,8 @@ from unicron.train.channel import ReportChannel
 from unicron.train.data import DataStream, global_batch_ids, shard, unclaimed_share
 from unicron.train.faults import FaultInjector
 from unicron.train.iteration import Iteration, PeerLostError, Rejoined
+from unicron.train.progress import ProgressReporter
+from unicron.train.taskstore import TaskStore
 
 
 class Session:
@@ -92,8 +94,8 @@ class Session:
         self._micro_batches = 0
         self._settle_pending = False  # the group was (re)formed: settle who holds what first
         self.data: DataStream | None = None
-        self._base_store: Any = None
-        self._reconnect_at = 0.0
+        self.store: TaskStore | None = None
+        self.progress = ProgressReporter(self.channel, contract.stack_file)
         # In-process recovery needs the coordinator's store; without it a failure ends the process.
         self.in_process = contract.recovery == "in_process" and bool(self.store_address)
         self.membership_timeout = timedelta(
@@ -121,9 +123,8 @@ class Session:
             # Imported before the first group, or destroying a group later leaves it half alive.
             import torch._dynamo  # noqa: F401
 
-            host, port = self.store_address.rsplit(":", 1)
-            self._base_store = dist.TCPStore(host, int(port), is_master=False, timeout=self.timeout)  # type: ignore[attr-defined]
-            self.faults.claim = self._claim_fault
+            self.store = TaskStore(self.store_address, self.task, self.timeout, self.limits.store_reconnect_s)
+            self.faults.claim = self.store.claim
             joining = self.contract.joining
             if self.contract.spare:
                 self._wait_to_be_used()
@@ -131,24 +132,40 @@ class Session:
             if joining:
                 # A newcomer to live replicas: announce readiness; the coordinator then tells the
                 # replicas to make room at their next step boundary.
-                self._base_store.set(ready_key(self.task, self.generation, self.rank), "1")
-            membership.join(
-                self._base_store, self.task, self.generation, self.rank, self.world_size, self.timeout
-            )
+                self.store.raw.set(ready_key(self.task, self.generation, self.rank), "1")
+            self._join()
         return self
+
+    def _join(self) -> None:
+        """Form this generation's group with its members. When the coordinator re-formed it
+        before they all arrived (a member failed on the way), follow the memberships that
+        succeed it instead of waiting for the missing member until the group's timeout."""
+        assert self.store is not None
+        self.progress.at(self.step + 1, Phase.REJOIN, "join")
+        while not self.store.arrive(self.generation, self.rank, self.world_size, self.timeout):
+            self._adopt(self.store.posted(self.generation))
+        membership.join(self.store.raw, self.task, self.generation, self.rank, self.world_size, self.timeout)
+
+    def _adopt(self, new: Membership) -> None:
+        """Take this worker's identity in the membership that follows its generation."""
+        if self.rank not in new.ranks:
+            self.trace("left", generation=new.generation)
+            raise SystemExit(0)  # not in the new membership: this worker's part is over
+        self.generation, self.rank, self.world_size = new.generation, new.ranks[self.rank], new.world_size
+        self.faults.rank, self.faults.generation = self.rank, self.generation
 
     def _wait_to_be_used(self) -> None:
         """A hot spare: loaded and connected, it waits for the coordinator to give it a
         newcomer's identity; then it joins like any newcomer (state from a live replica)."""
-        assert self._base_store is not None
+        assert self.store is not None
         key = spare_key(self.task, self.rank)
         self.trace("spare_waiting")
         used = membership.wait_for_key(
-            self._base_store, key, lambda: self.stop_requested, self.membership_timeout.total_seconds()
+            self.store.raw, key, lambda: self.stop_requested, self.membership_timeout.total_seconds()
         )
         if not used:
             raise SystemExit(0)  # not needed after all, or its task is gone
-        identity = json.loads(self._base_store.get(key))
+        identity = json.loads(self.store.raw.get(key))
         self.generation, self.rank = int(identity["generation"]), int(identity["rank"])
         self.world_size = int(identity["world_size"])
         self.faults.rank, self.faults.generation = self.rank, self.generation
@@ -173,6 +190,7 @@ class Session:
     def _agree(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> membership.Agreement:
         """Members settle on one state (``membership.agree``); what this rank received, and any
         transfer it rejected, goes to the trace."""
+        self.progress.at(self.step + 1, Phase.COLLECTIVE, "agree")
         agreed = membership.agree(model, optimizer, self.step, self.node, self.faults.transfer_damaged)
         self.step = agreed.step
         self._settle_pending = True
@@ -190,6 +208,7 @@ class Session:
         """Append a timestamped line to UNICRON_TRACE_FILE, if set (for measurements)."""
         if self.trace_file:
             line = {"time": time.time(), "what": what, "rank": self.rank, "generation": self.generation}
+            line["pid"] = self.progress.pid
             with open(self.trace_file, "a") as out:
                 out.write(json.dumps({**line, **detail}) + "\n")
 
@@ -254,7 +273,7 @@ class Session:
 
     def _recoverable(self, exc: Exception, attempt: int) -> None:
         """Forward a failed collective, or re-raise it when this rank cannot recover in process."""
-        if not self.in_process or attempt == 3 or self._base_store is None:
+        if not self.in_process or attempt == 3 or self.store is None:
             raise exc
         self.forward_exception(exc)
 
@@ -271,8 +290,10 @@ class Session:
         """Reduce the gradients; if a peer fails meanwhile, rebuild the group with the survivors
         and finish the step with the same global batch. Returns the samples this rank
         contributed and whether the step was completed by taking state from a replica."""
+        self.faults.before_reduce(step)
         for attempt in range(4):
             try:
+                self.progress.at(step, Phase.COLLECTIVE, "all_reduce", len(it.marks))
                 self._reduce(model)
                 return contributed, False
             except Exception as exc:
@@ -303,59 +324,27 @@ class Session:
         if not self._settle_pending or self.world_size == 1 or not dist.is_initialized():
             return shard(ids, self.rank, self.world_size)
         self._settle_pending = False
+        self.progress.at(step, Phase.COLLECTIVE, "settle")
         ledger: list[list[int] | None] = [None] * self.world_size
         dist.all_gather_object(ledger, held)
         mine = unclaimed_share(ids, [p or [] for p in ledger], self.rank, self.world_size)
         self.trace("ledger", step=step, held=[len(p or []) for p in ledger], mine=len(mine))
         return mine
 
-    def _peers_failed(self) -> bool:
-        """Whether the coordinator posted a membership that declares ranks failed."""
-        if not self._membership_changed():
-            return False
-        assert self._base_store is not None
-        posted = Membership.model_validate_json(
-            self._base_store.get(membership_key(self.task, self.generation))
-        )
-        return bool(posted.failed)
-
     def _membership_changed(self) -> bool:
-        """Whether the coordinator posted a new membership. Training must not depend on the
-        coordinator being up: while its store is unreachable this says no, and reconnects now
-        and then (a restarted coordinator serves the store on the same port)."""
-        if self._base_store is None or not self.in_process:
-            return False
-        try:
-            return bool(self._base_store.check([membership_key(self.task, self.generation)]))
-        except Exception:
-            now = time.monotonic()
-            if now - self._reconnect_at > self.limits.store_reconnect_s:
-                self._reconnect_at = now
-                with contextlib.suppress(Exception):
-                    host, port = (self.store_address or "").rsplit(":", 1)
-                    self._base_store = dist.TCPStore(  # type: ignore[attr-defined]
-                        host, int(port), is_master=False, timeout=timedelta(seconds=2)
-                    )
-                    self._base_store.set_timeout(self.timeout)
-            return False
+        """Whether the coordinator posted a new membership (never while it is unreachable)."""
+        return self.in_process and self.store is not None and self.store.membership_changed(self.generation)
 
     def _rejoin(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Rejoined:
         """Leave the current group, wait for the coordinator's next membership, join it, agree."""
-        assert self._base_store is not None
+        assert self.store is not None
         started = time.time()
         membership.leave()
+        self.progress.at(self.step + 1, Phase.REJOIN)
         self.faults.rejoining()
-        key = membership_key(self.task, self.generation)
-        self._base_store.wait([key], self.membership_timeout)
-        new = Membership.model_validate_json(self._base_store.get(key))
-        if self.rank not in new.ranks:
-            self.trace("left", generation=new.generation)
-            raise SystemExit(0)  # not in the new membership: this worker's part is over
-        self.generation, self.rank, self.world_size = new.generation, new.ranks[self.rank], new.world_size
-        self.faults.rank, self.faults.generation = self.rank, self.generation
-        membership.join(
-            self._base_store, self.task, self.generation, self.rank, self.world_size, self.timeout
-        )
+        new = self.store.next_membership(self.generation, self.membership_timeout)
+        self._adopt(new)
+        self._join()
         copied = self._agree(model, optimizer).copied
         self.trace("rejoined", seconds=time.time() - started, world=self.world_size, copied=copied)
         return Rejoined(new.ranks, copied)
@@ -368,6 +357,7 @@ class Session:
         assert self.data is not None
         for start in range(0, len(ids), self.data.micro_batch):
             chunk = ids[start : start + self.data.micro_batch]
+            self.progress.at(it.step, Phase.COMPUTE, micro_batch=len(it.marks))
             loss = loss_of(chunk)
             (loss * (len(chunk) / self.data.global_batch)).backward()  # type: ignore[no-untyped-call]
             it.record(loss.item(), len(chunk))
@@ -397,7 +387,7 @@ class Session:
         membership: a peer was declared dead or hung. A peer whose node went silent without
         closing its connections (powered off, partitioned) would otherwise keep the collective
         waiting until the process-group timeout, many minutes."""
-        if not self.in_process or self._base_store is None or dist.get_backend() != "gloo":
+        if not self.in_process or self.store is None or dist.get_backend() != "gloo":
             work.wait()
             return
         pause, checked = 0.0002, time.monotonic()
@@ -407,7 +397,7 @@ class Session:
             now = time.monotonic()
             if now - checked >= 0.1:
                 checked = now
-                if self._peers_failed():
+                if self.store.peers_failed(self.generation):
                     membership.abandon()
                     raise PeerLostError("a peer was declared failed: the pending collective is abandoned")
         work.wait()  # raises the collective's own error, if it failed
@@ -431,6 +421,7 @@ class Session:
         host = self.host_dir is not None and self.local_rank == 0  # one copy per node
         if not due or (self.rank != 0 and not host):
             return
+        self.progress.at(self.step, Phase.CHECKPOINT)
         where = {"task": self.task, "generation": self.generation, "world_size": self.world_size}
         state = checkpoint.state_of(model, optimizer, self.step, **where)
         if host and self.host_dir is not None:
@@ -467,13 +458,6 @@ class Session:
     def _identity(self) -> dict[str, Any]:
         return {"task": self.task, "generation": self.generation, "rank": self.rank}
 
-    def _claim_fault(self, index: int) -> bool:
-        """Whether this worker is the first to reach a generation-0 fault (atomic in the store)."""
-        try:
-            return int(self._base_store.add(f"{self.task}/fault/{index}", 1)) == 1
-        except Exception:
-            return False
-
     def _fault_report(self, report: FaultReport) -> None:
         self.trace("fault", action=report.action, step=report.step)
         self.channel.send(report)
@@ -482,6 +466,7 @@ class Session:
         if dist.is_available() and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+        self.progress.close()
         self.channel.close()
 
     def __enter__(self) -> Session:

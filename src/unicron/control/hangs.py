@@ -1,0 +1,80 @@
+"""Which rank hung, and where: pure judgements over the workers' reported positions and stacks.
+
+When a step is late every rank looks the same from outside: it has not finished. The ranks that
+wait inside a collective are waiting for someone; the culprit is the rank that is not there,
+whether its process is stopped, looping or sleeping in its forward pass, or stuck before the
+collective. The stacks the workers dump on request (faulthandler) say where each one is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from unicron.control.records import WorkerRecord
+from unicron.core.protocol import WAITING_PHASES, Phase, Progress
+from unicron.core.settings import Settings
+
+WorkerKey = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class HangVerdict:
+    culprits: list[WorkerRecord]  # empty: the culprit could not be told apart
+    why: str
+    where: dict[int, str] = field(default_factory=dict)  # rank -> its last reported position
+
+
+def position(progress: Progress | None) -> str:
+    """A reported position in words, e.g. "step 12: compute (micro-batch 3)"."""
+    if progress is None:
+        return "no position reported"
+    what = f" {progress.what}" if progress.what else ""
+    batch = f" (micro-batch {progress.micro_batch})" if progress.phase is Phase.COMPUTE else ""
+    return f"step {progress.step}: {progress.phase.value}{what}{batch}"
+
+
+def hang_verdict(
+    workers: Sequence[WorkerRecord],
+    last_seen: Mapping[str, float],
+    stopped: Mapping[WorkerKey, bool],
+    progress: Mapping[WorkerKey, Progress | None],
+    now: float,
+    limits: Settings,
+) -> HangVerdict | None:
+    """For a task whose step is late: the hung ranks, or None when a node of the task is silent
+    (its loss is decided first: lost, or heard again). A stopped process is a culprit; else the
+    ranks that are not waiting (in a collective, or for a membership) while others are."""
+    hosts = {w.node for w in workers}
+    if any(now - last_seen[h] > 2 * limits.heartbeat_interval_s for h in hosts if h in last_seen):
+        return None
+    where = {w.rank: position(progress.get(w.key)) for w in workers}
+    halted = [w for w in workers if stopped.get(w.key)]
+    if halted:
+        return HangVerdict(halted, "its process is stopped (SIGSTOP or traced)", where)
+    reported = [(w, p) for w in workers if (p := progress.get(w.key)) is not None]
+    waiting = [w for w, p in reported if p.phase in WAITING_PHASES]
+    elsewhere = [w for w, p in reported if p.phase not in WAITING_PHASES]
+    if waiting and elsewhere:
+        return HangVerdict(elsewhere, "not in the collective its peers wait in", where)
+    if reported and not elsewhere:
+        return HangVerdict([], "every rank waits in a collective: no rank can be blamed", where)
+    return HangVerdict([], "no rank reports its position: no rank can be blamed", where)
+
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.MULTILINE)
+
+
+def innermost_frame(stack: str) -> str | None:
+    """Where the main thread is, from a faulthandler dump (most recent call first): the
+    innermost frame of the thread whose outermost frame is a module (the script's main thread)."""
+    starts = [m.start() for m in _THREAD.finditer(stack)] + [len(stack)]
+    for begin, end in itertools.pairwise(starts):
+        frames = list(_FRAME.finditer(stack, begin, end))
+        if frames and frames[-1]["func"] == "<module>":
+            top = frames[0]
+            return f"{top['func']} ({top['file'].rsplit('/', 1)[-1]}:{top['line']})"
+    return None

@@ -1,0 +1,51 @@
+"""Where this worker is, told to its agent; and its Python stack, dumped when the agent asks.
+
+A hang shows as a step that does not end. The peers of a hung rank wait inside a collective; the
+hung rank is elsewhere: looping or sleeping in its forward pass, or stuck before the collective.
+Each move (a micro-batch done, a collective entered) is sent to the agent as a ``Progress``
+datagram, so the coordinator can name the rank that is not where the others wait. The stack comes
+from faulthandler on SIGUSR1: it is written by the C signal handler, so it works while the
+interpreter is busy in an endless Python loop or blocked in a C call; a stopped (SIGSTOP) process
+cannot write it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import time
+from typing import IO
+
+from unicron.core.protocol import Phase, Progress
+from unicron.train.channel import ReportChannel
+
+STACK_SIGNAL = signal.SIGUSR1
+
+
+class ProgressReporter:
+    """Sends this worker's position to its agent; without an agent it sends nothing."""
+
+    def __init__(self, channel: ReportChannel, stack_file: str | None) -> None:
+        self.channel = channel
+        self.pid = os.getpid()
+        self._stack_out: IO[str] | None = None
+        if stack_file:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                self._stack_out = open(stack_file, "a")  # noqa: SIM115 (kept open for the handler)
+                faulthandler.register(STACK_SIGNAL, file=self._stack_out, all_threads=True)
+
+    def at(self, step: int, phase: Phase, what: str = "", micro_batch: int = 0) -> None:
+        self.channel.send(
+            Progress(
+                pid=self.pid, step=step, phase=phase, what=what, micro_batch=micro_batch, time=time.time()
+            )
+        )
+
+    def close(self) -> None:
+        if self._stack_out is not None:
+            with contextlib.suppress(Exception):
+                faulthandler.unregister(STACK_SIGNAL)
+            self._stack_out.close()
+            self._stack_out = None

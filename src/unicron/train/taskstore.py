@@ -1,0 +1,79 @@
+"""The task's rendezvous store as a worker uses it: where the coordinator posts memberships,
+where newcomers say they are ready and where generation-0 faults are claimed.
+
+Training must not depend on the coordinator being up: while its store is unreachable the
+membership checks say "no change", and the connection is re-made now and then (a restarted
+coordinator serves the store on the same port).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from unicron.core.protocol import Membership, membership_key
+
+
+class TaskStore:
+    def __init__(self, address: str, task: str, timeout: timedelta, reconnect_s: float) -> None:
+        self.address, self.task, self.timeout, self.reconnect_s = address, task, timeout, reconnect_s
+        self.raw: Any = self._connect(timeout)
+        self._reconnect_at = 0.0
+
+    def _connect(self, timeout: timedelta) -> Any:
+        host, port = self.address.rsplit(":", 1)
+        return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)  # type: ignore[attr-defined]
+
+    def membership_changed(self, generation: int) -> bool:
+        """Whether the coordinator posted the membership that follows ``generation``."""
+        try:
+            return bool(self.raw.check([membership_key(self.task, generation)]))
+        except Exception:
+            now = time.monotonic()
+            if now - self._reconnect_at > self.reconnect_s:
+                self._reconnect_at = now
+                with contextlib.suppress(Exception):
+                    self.raw = self._connect(timedelta(seconds=2))
+                    self.raw.set_timeout(self.timeout)
+            return False
+
+    def peers_failed(self, generation: int) -> bool:
+        """Whether the posted membership declares ranks failed (a collective waiting for them
+        will never finish)."""
+        return self.membership_changed(generation) and bool(self.posted(generation).failed)
+
+    def posted(self, generation: int) -> Membership:
+        return Membership.model_validate_json(self.raw.get(membership_key(self.task, generation)))
+
+    def next_membership(self, generation: int, timeout: timedelta) -> Membership:
+        """Wait for the membership that follows ``generation``."""
+        self.raw.wait([membership_key(self.task, generation)], timeout)
+        return self.posted(generation)
+
+    def arrive(self, generation: int, rank: int, world_size: int, timeout: timedelta) -> bool:
+        """Wait until every member of ``generation`` has arrived to form its group (True), or
+        until the coordinator re-formed it before they all did (False: a member failed on the
+        way, and would leave the others waiting in the group's rendezvous until its timeout).
+        One atomic decision per generation, so that no member forms a group the others skip."""
+        prefix = f"{self.task}/arrival/{generation}"
+        if int(self.raw.add(f"{prefix}/count", 1)) == world_size:
+            self.raw.compare_set(f"{prefix}/decision", "", "join")
+        deadline = time.monotonic() + timeout.total_seconds()
+        while not self.raw.check([f"{prefix}/decision"]):
+            if self.membership_changed(generation):
+                self.raw.compare_set(f"{prefix}/decision", "", "skip")
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"generation {generation}: not every member arrived within {timeout}")
+            time.sleep(0.02)
+        return bool(self.raw.get(f"{prefix}/decision") == b"join")
+
+    def claim(self, index: int) -> bool:
+        """Whether this worker is the first to reach a generation-0 fault (atomic in the store)."""
+        try:
+            return int(self.raw.add(f"{self.task}/fault/{index}", 1)) == 1
+        except Exception:
+            return False

@@ -1,0 +1,120 @@
+"""Finding the hung rank: the pure verdict over reported positions, the frame a stack dump names,
+and the coordinator stepped by hand (fake clock, agents played by the test) through a hang whose
+culprit is a running process: it dumps every rank's stack first, then stops only the culprit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unicron.control.hangs import hang_verdict, innermost_frame
+from unicron.control.records import WorkerRecord
+from unicron.core.protocol import DumpStacks, Phase, Progress, StacksReport, StopWorkers
+from unicron.core.settings import Settings
+from unicron.core.states import WorkerPhase
+
+NOW = 1000.0
+STACK = """Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/usr/lib/python3.11/threading.py", line 982 in _bootstrap
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/src/unicron/train/faults.py", line 171 in _spin
+  File "/src/unicron/train/faults.py", line 158 in before_last_micro_batch
+  File "/src/unicron/train/session.py", line 312 in _accumulate
+  File "/examples/tinygpt/train.py", line 90 in main
+  File "/examples/tinygpt/train.py", line 120 in <module>
+"""
+
+
+def worker(rank: int, node: str = "n0") -> WorkerRecord:
+    return WorkerRecord(
+        task="lm",
+        generation=1,
+        rank=rank,
+        node=node,
+        local_rank=rank % 2,
+        state=WorkerPhase.RUNNING,
+        pid=rank,
+        exit_code=None,
+        exit_signal=None,
+        launched=0.0,
+    )
+
+
+def at(phase: Phase, what: str = "", step: int = 7) -> Progress:
+    return Progress(pid=1, step=step, phase=phase, what=what, micro_batch=3, time=NOW)
+
+
+def verdict(positions: dict[int, Progress | None], stopped: tuple[int, ...] = ()) -> Any:
+    workers = [worker(r, "n0" if r < 2 else "n1") for r in range(4)]
+    return hang_verdict(
+        workers,
+        {"n0": NOW, "n1": NOW},
+        {w.key: w.rank in stopped for w in workers},
+        {w.key: positions.get(w.rank) for w in workers},
+        NOW,
+        Settings(),
+    )
+
+
+def test_the_rank_not_where_its_peers_wait_is_the_culprit() -> None:
+    waiting = at(Phase.COLLECTIVE, "all_reduce")
+    found = verdict({0: waiting, 1: waiting, 2: at(Phase.COMPUTE), 3: waiting})
+    assert [w.rank for w in found.culprits] == [2]
+    assert found.where[2] == "step 7: compute (micro-batch 3)" and "all_reduce" in found.where[0]
+    # Waiting for a membership counts as waiting; a rank stuck saving a checkpoint does not.
+    rejoin = at(Phase.REJOIN)
+    found = verdict({0: rejoin, 1: at(Phase.CHECKPOINT), 2: waiting, 3: waiting})
+    assert [w.rank for w in found.culprits] == [1]
+
+
+def test_a_stopped_process_is_the_culprit_whatever_it_reported() -> None:
+    waiting = at(Phase.COLLECTIVE, "all_reduce")
+    found = verdict({r: waiting for r in range(4)}, stopped=(3,))
+    assert [w.rank for w in found.culprits] == [3] and "stopped" in found.why
+
+
+def test_no_rank_is_blamed_when_all_wait_or_none_reports() -> None:
+    waiting = at(Phase.COLLECTIVE, "all_reduce")
+    assert verdict({r: waiting for r in range(4)}).culprits == []
+    assert verdict({}).culprits == []
+
+
+def test_a_silent_node_is_decided_first() -> None:
+    workers = [worker(0), worker(2, "n1")]
+    assert hang_verdict(workers, {"n0": NOW, "n1": NOW - 5}, {}, {}, NOW, Settings()) is None
+
+
+def test_the_stack_names_the_main_threads_innermost_frame() -> None:
+    assert innermost_frame(STACK) == "_spin (faults.py:171)"
+    assert innermost_frame("no stack: the process is stopped") is None
+
+
+def test_a_running_culprit_is_found_from_positions_and_stopped_after_the_stacks(make: Any) -> None:
+    cluster = make(hang_warmup_steps=2, hang_floor_s=1.0, heartbeat_interval_s=0.5)
+    for step in range(2, 6):
+        cluster.clock.now += 0.5
+        cluster.train(step)
+    task = cluster.c.store.get_task("lm")
+    for _, g, r in list(cluster.running):
+        phase = Phase.COMPUTE if r == 2 else Phase.COLLECTIVE
+        cluster.positions[("lm", g, r)] = at(phase, "" if r == 2 else "all_reduce", step=6)
+    for _ in range(6):  # 3 s: past 3 x 0.5 s plus one heartbeat
+        cluster.step(0.5)
+    (hang,) = cluster.events("hang_detected")
+    assert hang["culprits"] == [2] and hang["why"] == "not in the collective its peers wait in"
+    # Every node dumps its workers' stacks, and on the culprit's node before the stop.
+    culprit_node = cluster.c.store.worker("lm", task.generation, 2).node
+    dumps = [(n, i) for i, (n, o) in enumerate(cluster.orders) if isinstance(o, DumpStacks)]
+    stops = [i for i, (n, o) in enumerate(cluster.orders) if isinstance(o, StopWorkers) and n == culprit_node]
+    assert {n for n, _ in dumps} == {"n0", "n1"}
+    assert stops and min(i for n, i in dumps if n == culprit_node) < min(stops)
+    stopped = [o for _, o in cluster.orders if isinstance(o, StopWorkers)]
+    assert [(o.generation, o.rank) for o in stopped] == [(task.generation, 2)]  # only the culprit
+    assert cluster.c.store.get_task("lm").workers == 3  # the others go on in place
+    (incident,) = cluster.events("incident")
+    assert incident["kind"] == "task_hang"
+    report = StacksReport(task="lm", generation=task.generation, node=culprit_node, stacks={2: STACK})
+    cluster.beat(culprit_node, report)
+    (stacks,) = cluster.events("stacks")
+    assert stacks["incident"] == incident["id"] and stacks["where"] == {"2": "_spin (faults.py:171)"}

@@ -1,0 +1,72 @@
+"""Hangs whose process keeps running, through real processes: the culprit is named from the
+ranks' reported positions, every rank's Python stack is recorded with the incident, and only
+the culprit is killed.
+
+One task of 4 gloo workers meets a rank looping in Python in its forward pass, then a rank that
+stops before entering the gradient all-reduce. Neither process is stopped (SIGSTOP), so only
+where each rank is tells the culprit from the peers that wait for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from unicron.control.localcluster import LocalCluster
+
+from .test_live_cluster import (
+    assert_ends_exact,
+    assert_every_incident_closed,
+    assert_ledger_exact,
+    finish_and_settle,
+    traced_task,
+)
+
+ITERATIONS = 60
+FAULTS = (
+    "  faults:\n"
+    "    - {action: spin, rank: 1, step: 12, generation: 0, seconds: 600}\n"
+    "    - {action: stall_before_reduce, rank: 2, step: 35, generation: 0, seconds: 600}\n"
+)
+CULPRIT_FRAMES = {"spin": "_spin (faults.py", "stall_before_reduce": "before_reduce (faults.py"}
+
+
+@pytest.mark.timeout(420)
+def test_a_running_hung_rank_is_found_by_its_position_and_only_it_is_killed(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}", ITERATIONS, 0.05, FAULTS)
+    settings = {"hang_warmup_steps": 3, "isolate_after": 100}
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
+        cluster.submit(spec)
+        events, rows = finish_and_settle(cluster, trace)
+    story = [(e["kind"], e["detail"]) for e in events]
+    kinds = [e["kind"] for e in events]
+    faults = [r for r in rows if r["what"] == "fault"]
+    assert [f["action"] for f in faults] == ["spin", "stall_before_reduce"], faults
+    hangs = [e["detail"] for e in events if e["kind"] == "hang_detected"]
+    assert [h["culprits"] for h in hangs] == [[f["rank"]] for f in faults], story
+    assert {h["why"] for h in hangs} == {"not in the collective its peers wait in"}
+    # Each hang is an incident handled in place: nothing relaunched from a checkpoint.
+    incidents = [e for e in events if e["kind"] == "incident"]
+    assert [i["detail"]["kind"] for i in incidents] == ["task_hang", "task_hang"], story
+    assert kinds.count("task_launch") == 1 and kinds.count("in_process_recovery") == 2, story
+    assert_every_incident_closed(events)
+    # Every rank's stack is recorded with its incident; the culprit's says where it hung.
+    for incident, fault in zip(incidents, faults, strict=True):
+        dumps = [
+            e["detail"] for e in events if e["kind"] == "stacks" and e["detail"]["incident"] == incident["id"]
+        ]
+        stacks = {int(rank): text for d in dumps for rank, text in d["stacks"].items()}
+        where = {int(rank): frame for d in dumps for rank, frame in d["where"].items()}
+        assert sorted(stacks) == [0, 1, 2, 3], dumps
+        assert all("most recent call first" in text for text in stacks.values()), stacks
+        assert where[fault["rank"]].startswith(CULPRIT_FRAMES[fault["action"]]), where
+    # Only the culprits were killed: every other process that trained trained the last step (a
+    # newcomer of a grow given up as training ended trained nothing).
+    culprits = {f["pid"] for f in faults}
+    trainers = {r["pid"] for r in rows if r["what"] == "samples"}
+    finishers = {r["pid"] for r in rows if r["what"] == "samples" and r["step"] == ITERATIONS}
+    assert culprits < trainers and finishers == trainers - culprits, (trainers, culprits, finishers)
+    assert_ledger_exact(rows, ITERATIONS)
+    assert_ends_exact(tmp_path, "lm", ITERATIONS)
