@@ -20,6 +20,8 @@ from unicron.core.protocol import (
     IterationReport,
     LaunchFailedReport,
     LaunchWorker,
+    Phase,
+    Progress,
     RenameWorker,
     StopWorkers,
     WorkerState,
@@ -328,3 +330,33 @@ def test_a_failure_during_a_grow_stops_only_the_newcomers(make: Any) -> None:
     assert {("lm", o.generation or 0, o.rank) for o in stops} == newcomers
     assert [e["generation"] for e in cluster.events("task_grow_cancelled")] == [growth.generation]
     assert cluster.c.store.get_task("lm").workers == 2  # the two survivors go on in place
+
+
+def test_recovery_tiers_escalate_in_turn(make: Any) -> None:
+    """Tier one (in process) stalls with one survivor stuck on its way into the re-formed group:
+    tier two restarts only that worker (stopped; the others re-form without it). When that
+    stalls too, tier three restarts the task from its checkpoint and isolates the node where the
+    stuck worker ran (SEV1)."""
+    cluster = make(recovery_deadline_s=5.0, isolation_s=1000.0)
+    cluster.exit(1)  # generation 2: old ranks 0, 2, 3 as 0, 1, 2
+    for rank, at in ((0, 2), (1, 2), (2, 1)):  # new rank 2 is still in generation 1
+        cluster.positions[("lm", 2, rank)] = Progress(pid=1, generation=at, step=2, phase=Phase.REJOIN)
+    stuck_node = cluster.running[("lm", 2, 2)][0]
+    before = len(cluster.orders)
+    for _ in range(11):
+        cluster.step(0.5)
+    (first,) = cluster.events("escalation")
+    assert (first["from_action"], first["to_action"]) == (
+        "in-process recovery",
+        "restart of the stuck workers",
+    )
+    stops = [o for _, o in cluster.orders[before:] if isinstance(o, StopWorkers)]
+    assert [(o.generation, o.rank) for o in stops] == [(2, 2)]  # only the stuck worker
+    task = cluster.c.store.get_task("lm")
+    assert task.generation == 3 and task.workers == 2 and task.state is TaskState.STARTING
+    for _ in range(11):
+        cluster.step(0.5)
+    second = cluster.events("escalation")[1]
+    assert second["to_action"] == "restart from checkpoint"
+    assert cluster.c.store.node(stuck_node).state is NodeState.ISOLATED  # type: ignore[union-attr]
+    assert cluster.c.store.get_task("lm").state is TaskState.RESTARTING

@@ -1,16 +1,19 @@
-"""The ladder's tiers through real processes: when the in-process tier fails, the next one runs.
+"""The ladder's tiers through real processes: when a tier fails, the next one runs.
 
 A worker dies; the survivors start to rebuild their group in place (tier one), but one of them
 stalls on its way into the new group, so the group never forms and no step is trained. When the
-in-process recovery has not regained a step by its deadline, the coordinator escalates: it
-stops the stuck generation and restarts the task from its newest intact checkpoint. The
-incident records both actions and the escalation; every process of the stuck generation is
-replaced; the run ends with the parameters of a failure-free run.
+in-process recovery has not regained a step by its deadline, the coordinator escalates to tier
+two: only the stuck worker is restarted (stopped; the others re-form without it, and the task
+grows back with new workers that take their state from the live ones). In the second test that
+re-formation stalls too, and tier three restarts the task from its newest intact checkpoint and
+isolates the node of the worker that was stuck. Each incident records every action and each
+escalation; the runs end with the parameters of a failure-free run.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,46 +28,78 @@ from .test_live_cluster import (
 )
 
 ITERATIONS = 40
+LONGER = 100  # room to grow back after tier two
+KILL_AND_STALL = (
+    "  faults:\n"
+    "    - {action: kill, rank: 1, step: 15}\n"
+    "    - {action: stall_rejoin, rank: 2, step: 1, seconds: 600}\n"
+)
 
 
-@pytest.mark.timeout(420)
-def test_a_stuck_in_process_recovery_escalates_to_a_restart(tmp_path: Path) -> None:
+def run(
+    tmp_path: Path, faults: str, iterations: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """The task's events, its trace, and the nodes isolated meanwhile."""
     trace = tmp_path / "trace.jsonl"
-    spec = traced_task(
-        trace,
-        "{2: 2.0e9, 4: 3.6e9}",
-        ITERATIONS,
-        0.05,
-        "  faults:\n"
-        "    - {action: kill, rank: 1, step: 15}\n"
-        "    - {action: stall_rejoin, rank: 2, step: 1, seconds: 600}\n",
-    )
+    # Every size is usable, so that the task can go on in place with the two workers left.
+    spec = traced_task(trace, "{1: 1.0e9, 2: 2.0e9, 3: 2.7e9, 4: 3.6e9}", iterations, 0.05, faults)
     settings = {"recovery_deadline_s": 6.0, "hot_spares": 0}
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
         events, rows = finish_and_settle(cluster, trace)
+        isolated = [e["node"] for e in cluster.get("/v1/events") if e["kind"] == "node_isolated"]
+        return events, rows, isolated
+
+
+def story(events: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any], list[tuple[str, str]]]:
+    """The event kinds, the one incident, and each escalation's (from, to)."""
     kinds = [e["kind"] for e in events]
     incidents = [e for e in events if e["kind"] == "incident"]
     assert len(incidents) == 1, kinds
-    first = incidents[0]["id"]
-    # Tier one was tried, failed by its deadline, and the task restarted from its checkpoint.
-    assert "in_process_recovery" in kinds
     escalations = [e["detail"] for e in events if e["kind"] == "escalation"]
-    assert [(e["incident"], e["from_action"], e["to_action"]) for e in escalations] == [
-        (first, "in-process recovery", "restart from checkpoint")
+    assert {e["incident"] for e in escalations} == {incidents[0]["id"]}
+    return kinds, incidents[0], [(e["from_action"], e["to_action"]) for e in escalations]
+
+
+@pytest.mark.timeout(420)
+def test_a_worker_stuck_in_the_in_process_recovery_is_restarted_alone(tmp_path: Path) -> None:
+    events, rows, isolated = run(tmp_path, KILL_AND_STALL, LONGER)
+    kinds, incident, escalations = story(events)
+    assert escalations == [("in-process recovery", "restart of the stuck workers")]
+    assert kinds.count("task_launch") == 1 and isolated == [], kinds  # no restart, no isolation
+    outcomes = [e["detail"] for e in events if e["kind"] == "outcome"]
+    assert [(o["incident"], o["outcome"]) for o in outcomes] == [(incident["id"], "recovered")]
+    assert outcomes[0]["actions"] == ["in-process recovery", "restart of the stuck workers"]
+    # Which processes ran: the killed and the stuck one ended there; every other process that
+    # trained (the two that re-formed, the newcomers that took their state) trained to the end.
+    faulted = {r["pid"] for r in rows if r["what"] == "fault"}
+    trainers = {r["pid"] for r in rows if r["what"] == "samples"}
+    finishers = {r["pid"] for r in rows if r["what"] == "samples" and r["step"] == LONGER}
+    assert len(faulted) == 2 and finishers == trainers - faulted, (faulted, trainers, finishers)
+    assert any(r["what"] == "state_from_replica" for r in rows)  # newcomers took peer state
+    assert_ledger_exact(rows, LONGER)
+    assert_ends_exact(tmp_path, "lm", LONGER)
+
+
+@pytest.mark.timeout(420)
+def test_a_failed_restart_of_the_stuck_workers_escalates_to_the_checkpoint(tmp_path: Path) -> None:
+    # The survivor that re-forms the group in tier two stalls on its way too.
+    faults = KILL_AND_STALL + "    - {action: stall_rejoin, rank: 0, step: 1, generation: 2, seconds: 600}\n"
+    events, rows, isolated = run(tmp_path, faults, ITERATIONS)
+    kinds, incident, escalations = story(events)
+    assert escalations == [
+        ("in-process recovery", "restart of the stuck workers"),
+        ("restart of the stuck workers", "restart from checkpoint"),
     ]
     assert kinds.count("task_launch") == 2, kinds
+    # SEV1: the node where the first stuck worker ran leaves the plan.
+    stuck = next(r for r in rows if r["what"] == "fault" and r["action"] == "stall_rejoin")
+    node = next(r["node"] for r in rows if r["what"] == "started" and r["pid"] == stuck["pid"])
+    assert isolated == [node], isolated
     outcomes = [e["detail"] for e in events if e["kind"] == "outcome"]
-    assert [(o["incident"], o["outcome"]) for o in outcomes] == [(first, "recovered")]
-    assert outcomes[0]["actions"] == ["in-process recovery", "restart from checkpoint"]
-    # Which processes ran: the first generation's four, then four new ones after the restart;
-    # the stalled survivor was one of those stopped, not kept.
-    started = [r for r in rows if r["what"] == "started"]
-    relaunched = max(r["generation"] for r in started)
-    assert sorted(r["rank"] for r in started if r["generation"] == 1) == [0, 1, 2, 3]
-    assert sorted(r["rank"] for r in started if r["generation"] == relaunched) == [0, 1, 2, 3]
-    assert len(started) == 8
+    assert [(o["incident"], o["outcome"]) for o in outcomes] == [(incident["id"], "recovered")]
     resumed = [r for r in rows if r["what"] == "resumed"]
+    relaunched = max(r["generation"] for r in rows if r["what"] == "started")
     assert {r["generation"] for r in resumed} == {relaunched} and {r["step"] for r in resumed} == {10}
     assert_ledger_exact(latest_generation(rows), ITERATIONS)
     assert_ends_exact(tmp_path, "lm", ITERATIONS)

@@ -463,7 +463,7 @@ class Coordinator:
                 self._finish_stopping(task, now)
             elif task.state is TaskState.STARTING:
                 self.detector.check_start(task, now)
-                self.recovery.check_deadline(task.name, task.generation, now)
+                self.recovery.check_deadline(task.name, task.generation, now, self.detector.progress)
             elif task.state is TaskState.RUNNING:
                 self.detector.check_hang(task, now)
         live = self.store.tasks(live_only=True)

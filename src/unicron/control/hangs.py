@@ -64,6 +64,14 @@ def hang_verdict(
     return HangVerdict([], "no rank reports its position: no rank can be blamed", where)
 
 
+def not_arrived(
+    workers: Sequence[WorkerRecord], progress: Mapping[WorkerKey, Progress | None], generation: int
+) -> list[WorkerRecord]:
+    """Members of a re-formed ``generation`` that have not reached it (their last position is
+    from an older generation, or they reported none): those an in-process recovery waits for."""
+    return [w for w in workers if (p := progress.get(w.key)) is None or p.generation < generation]
+
+
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.MULTILINE)
 

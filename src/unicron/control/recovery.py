@@ -10,12 +10,14 @@ form the next generation), else a restart of the task from its newest checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from unicron.control.context import Context
 from unicron.control.generations import Generations, Shrink
 from unicron.control.handling import Ladder
+from unicron.control.hangs import WorkerKey, not_arrived
+from unicron.core.protocol import Progress
 from unicron.core.states import NodeState, TaskState
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope
 
@@ -49,6 +51,8 @@ def attribute(
     return Scope.TASK if nodes - {node} else Scope.WORKER
 
 
+IN_PROCESS = "in-process recovery"
+RESTART_FAILED = "restart of the stuck workers"  # tier two: new processes take peer state
 RESTART_FROM_CHECKPOINT = "restart from checkpoint"
 
 
@@ -60,6 +64,7 @@ class Incident:
     action: str  # the action now under way
     actions: list[str] = field(default_factory=list)  # every action taken, in order
     deadline: float | None = None  # an in-process recovery must regain a step by then
+    stuck_nodes: set[str] = field(default_factory=set)  # where members stuck in a recovery ran
 
 
 @dataclass
@@ -147,7 +152,7 @@ class Recovery:
         if decision.isolate_node and node is not None:
             self.isolate(node, f"{kind.value} ({decision.why})")
         if not decision.fail_task and failed is not None and self._in_place(name, failed, incident_id):
-            incident.actions.append("in-process recovery")
+            incident.actions.append(IN_PROCESS)
             incident.deadline = now + self.ctx.limits.recovery_deadline_s
             return
         incident.actions.append(RESTART_FROM_CHECKPOINT)
@@ -227,29 +232,53 @@ class Recovery:
                 )
                 del self.incidents[(task, generation)]
 
-    def check_deadline(self, name: str, generation: int, now: float) -> None:
-        """An in-process recovery that has not regained a step by its deadline has failed (a
-        survivor stuck in the rebuild, a group that never forms): escalate to the next tier, a
-        restart of the task from its newest intact checkpoint, and record the escalation."""
+    def check_deadline(
+        self, name: str, generation: int, now: float, progress: Mapping[WorkerKey, Progress | None]
+    ) -> None:
+        """A recovery that has not regained a step by its deadline has failed: escalate one tier.
+        After an in-process recovery, the members that never reached the re-formed generation
+        (stuck on the way) are restarted: stopped, the others re-form without them, and the
+        plan grows the task back with new workers that take their state from the live ones.
+        When that fails too, or nobody arrived, the task restarts from its newest intact
+        checkpoint, and the nodes of the members that were stuck are isolated (SEV1)."""
         due = [i for (t, _), i in self.incidents.items() if t == name and i.deadline and now > i.deadline]
         if not due:
             return
         incident = due[0]
         incident.deadline = None
         waited = self.ctx.limits.recovery_deadline_s
+        members = self.ctx.store.workers(name, generation, live=True)
+        stuck = not_arrived(members, progress, generation)
+        if incident.actions[-1] == IN_PROCESS and 0 < len(stuck) < len(members):
+            ranks = sorted(w.rank for w in stuck)
+            self._escalate(
+                name, incident, RESTART_FAILED, f"rank(s) {ranks} never reached generation {generation}"
+            )
+            if self._in_place(name, set(ranks), incident.id):
+                incident.stuck_nodes = {w.node for w in stuck}
+                incident.deadline = now + waited
+                return
+        self._escalate(name, incident, RESTART_FROM_CHECKPOINT, f"no step within {waited:g} s")
+        for node in sorted(incident.stuck_nodes):  # tier two was carried out, and failed
+            self.isolate(node, "a restart of its stuck workers did not recover the task")
+        self.ctx.act.stop_generation(
+            name, self.ctx.store.get_task(name).generation, self.ctx.limits.failure_stop_grace_s
+        )
+        self.ctx.store.task_down(name, TaskState.RESTARTING, now)
+
+    def _escalate(self, name: str, incident: Incident, to: str, why: str) -> None:
+        task = self.ctx.store.get_task(name)
         self.ctx.store.event(
             "escalation",
-            task=name,
+            task=task.name,
             incident=incident.id,
             from_action=incident.actions[-1],
-            to_action=RESTART_FROM_CHECKPOINT,
-            why=f"no step within {waited:g} s of the in-process recovery",
-            generation=generation,
+            to_action=to,
+            why=why,
+            generation=task.generation,
         )
-        incident.action = RESTART_FROM_CHECKPOINT
-        incident.actions.append(RESTART_FROM_CHECKPOINT)
-        self.ctx.act.stop_generation(name, generation, self.ctx.limits.failure_stop_grace_s)
-        self.ctx.store.task_down(name, TaskState.RESTARTING, now)
+        incident.action = to
+        incident.actions.append(to)
 
     def forget(self, name: str) -> None:
         """The task ended: nothing of it stays open."""

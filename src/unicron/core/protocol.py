@@ -167,6 +167,7 @@ class Progress(_Message):
 
     type: Literal["progress"] = "progress"
     pid: int  # the worker, whatever generation and rank it has now
+    generation: int = 0  # the generation the worker is in (it moves on when it adopts the next)
     step: int  # the step being trained
     phase: Phase
     what: str = ""  # e.g. the collective's name

@@ -16,6 +16,7 @@ import faulthandler
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import IO
 
 from unicron.core.protocol import Phase, Progress
@@ -27,8 +28,8 @@ STACK_SIGNAL = signal.SIGUSR1
 class ProgressReporter:
     """Sends this worker's position to its agent; without an agent it sends nothing."""
 
-    def __init__(self, channel: ReportChannel, stack_file: str | None) -> None:
-        self.channel = channel
+    def __init__(self, channel: ReportChannel, stack_file: str | None, generation: Callable[[], int]) -> None:
+        self.channel, self.generation = channel, generation
         self.pid = os.getpid()
         self._stack_out: IO[str] | None = None
         if stack_file:
@@ -39,7 +40,13 @@ class ProgressReporter:
     def at(self, step: int, phase: Phase, what: str = "", micro_batch: int = 0) -> None:
         self.channel.send(
             Progress(
-                pid=self.pid, step=step, phase=phase, what=what, micro_batch=micro_batch, time=time.time()
+                pid=self.pid,
+                generation=self.generation(),
+                step=step,
+                phase=phase,
+                what=what,
+                micro_batch=micro_batch,
+                time=time.time(),
             )
         )
 

@@ -95,7 +95,7 @@ class Session:
         self._settle_pending = False  # the group was (re)formed: settle who holds what first
         self.data: DataStream | None = None
         self.store: TaskStore | None = None
-        self.progress = ProgressReporter(self.channel, contract.stack_file)
+        self.progress = ProgressReporter(self.channel, contract.stack_file, lambda: self.generation)
         # In-process recovery needs the coordinator's store; without it a failure ends the process.
         self.in_process = contract.recovery == "in_process" and bool(self.store_address)
         self.membership_timeout = timedelta(
@@ -114,7 +114,7 @@ class Session:
         if threading.current_thread() is threading.main_thread():
             # The agent stops workers with SIGTERM: finish the step, checkpoint, exit cleanly.
             signal.signal(signal.SIGTERM, self._on_stop)
-        self.trace("started", pid=os.getpid())
+        self.trace("started", node=self.node)
         if self.world_size > 1 and self.under_torchrun:
             dist.init_process_group("gloo", timeout=self.timeout)  # env:// from torchrun
         elif self.world_size > 1 or self.contract.spare:
@@ -143,6 +143,7 @@ class Session:
         assert self.store is not None
         self.progress.at(self.step + 1, Phase.REJOIN, "join")
         while not self.store.arrive(self.generation, self.rank, self.world_size, self.timeout):
+            self.faults.rejoining()  # on the way into the generation that follows
             self._adopt(self.store.posted(self.generation))
         membership.join(self.store.raw, self.task, self.generation, self.rank, self.world_size, self.timeout)
 
