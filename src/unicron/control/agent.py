@@ -163,9 +163,8 @@ class Agent:
         argv = list(order.argv)
         if argv and argv[0] == "python":
             argv[0] = sys.executable
-        logs = self.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log = logs / f"{order.task}-g{order.generation}-r{order.rank}.log"
+        log = self._log_path(order)
+        log.parent.mkdir(parents=True, exist_ok=True)
         try:
             env = self._worker_env(order)
             with log.open("ab") as out:
@@ -196,6 +195,10 @@ class Agent:
         self.workers[key] = worker
         self._spawn(self._watch(worker))
 
+    def _log_path(self, order: LaunchWorker) -> Path:
+        """The worker's output; its stack dumps go beside it (``Worker.stack_file``)."""
+        return self.run_dir / "logs" / f"{order.task}-g{order.generation}-r{order.rank}.log"
+
     def _worker_env(self, order: LaunchWorker) -> dict[str, str]:
         """The coordinator's part of the worker contract with the node's part added."""
         contract = WorkerEnv.from_env(order.env) or WorkerEnv(task=order.task)
@@ -206,9 +209,7 @@ class Agent:
                 "node": self.node,
                 "local_rank": order.local_rank,
                 "agent_socket": str(self.socket_path),
-                "stack_file": str(
-                    self.run_dir / "logs" / f"{order.task}-g{order.generation}-r{order.rank}.stacks"
-                ),
+                "stack_file": str(self._log_path(order).with_suffix(".stacks")),
             }
         )
         env = {**os.environ, **order.env, **mine.to_env()}
