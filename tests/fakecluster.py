@@ -146,6 +146,7 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
         for node in ("n0", "n1"):
             c.register(Registration(node=node, slots=2))
         c.submit(*parse_live_tasks(SPEC.format(recovery=recovery), "test"))
+        c.placer.allocator.wait()  # the table that answers the submission (built in the background)
         cluster.step()
         assert len([o for _, o in cluster.orders if isinstance(o, LaunchWorker)]) == 4
         cluster.step()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -9,10 +10,11 @@ import pytest
 
 from unicron.control.allocator import Allocator, event_between
 from unicron.control.rates import RateMeter
-from unicron.core.events import NodeBack, NodeLost, TaskDone
+from unicron.core.events import NodeBack, NodeLost, TaskDone, TasksArrived
 from unicron.core.specs import ClusterSpec, TaskSpec
 from unicron.planning.placement import place
 from unicron.planning.planner import ClusterState, plan
+from unicron.planning.plantable import build
 from unicron.planning.throughput import curve_for
 
 
@@ -114,6 +116,51 @@ def test_what_the_table_does_not_hold_is_solved_and_says_why(allocator: Allocato
     assert not allocator.decide(arrived, 1).rebalance
     two_lost = after_loss(after_loss(state, 0), 1)
     assert event_between(state, two_lost) == "2 events at once"
+
+
+def with_delta(state: ClusterState) -> tuple[ClusterState, ClusterState]:
+    """``state`` with a submission of delta queued (what the table is built for), and the
+    cluster once delta is among its tasks (what the next reconcile sees)."""
+    delta = TaskSpec(name="delta", weight=5, throughput={2: 2.0e9})
+    curves = {**state.curves, "delta": curve_for(delta, state.gpu, 2)}
+    queued = replace(state, arriving=((delta,),), curves=curves)
+    return queued, replace(state, tasks=(*state.tasks, delta), curves=curves)
+
+
+def test_a_queued_submission_is_answered_from_the_table_built_for_it(allocator: Allocator) -> None:
+    state = demo_state()
+    settle(allocator, state)
+    queued, arrived = with_delta(state)
+    allocator.rebuild(queued, 0)
+    allocator.wait()
+    assert allocator.poll() and not allocator.poll()  # once: the coordinator plans now
+    decided = allocator.decide(arrived, 0)
+    assert decided.source == "table" and decided.event == TasksArrived(("delta",))
+    # The heaviest task per slot takes two slots: gamma (weight 1) gives way.
+    assert decided.plan.allocation() == plan(queued, TasksArrived(("delta",))).allocation()
+    assert decided.plan.allocation() == {"alpha": 4, "beta": 2, "gamma": 0, "delta": 2}
+    # The table of the state that plan leads to no longer holds delta's arrival.
+    allocator.refresh(arrived, decided, 0)
+    allocator.wait()
+    assert allocator.table is not None and not allocator.table.task_arrived
+
+
+def test_while_new_measurements_are_built_in_the_previous_table_answers(allocator: Allocator) -> None:
+    state = demo_state()
+    settle(allocator, state)
+    gate = threading.Event()
+    allocator._builder = lambda s: (gate.wait(10), build(s))[1]
+    allocator.rebuild(state, 1)  # measurements changed: version 1
+    assert not allocator.poll()
+    node = next(iter(state.healthy))
+    decided = allocator.decide(after_loss(state, node), 1)
+    assert decided.source == "table" and decided.event == NodeLost(node)
+    assert "previous measurements" in decided.why
+    gate.set()
+    allocator.wait()
+    assert allocator.poll()
+    decided = allocator.decide(state, 1)
+    assert (decided.source, decided.why, decided.rebalance) == ("table", "", True)
 
 
 def test_rate_meter_counts_complete_steps_after_warm_up() -> None:

@@ -1,21 +1,25 @@
 """The coordinator's planner front: answer a cluster event with the plan computed ahead for it.
 
 After every plan is carried out, the table of plans for the likely next events (each node lost,
-a node back, each task finishing: :mod:`unicron.planning.plantable`) is rebuilt in the
-background from the state that plan leads to. When the next reconcile finds the cluster changed
-by exactly one such event since the table was built, the answer is a lookup. Anything else (a
-task arriving, several events at once, a failure that shrank a task below what the table
-assumed, new throughput measurements) is solved on the spot, and the reason is recorded.
+a node back, each task finishing, each queued submission arriving:
+:mod:`unicron.planning.plantable`) is rebuilt in the background from the state that plan leads
+to. It is also rebuilt when its inputs change without an event: a submission (queued until the
+table that holds its arrival is ready, :meth:`Allocator.rebuild` and :meth:`Allocator.poll`) and
+new throughput measurements (until the new table is ready, events are answered from the one
+built with the previous measurements). When a reconcile finds the cluster changed by exactly one
+such event since the table was built, the answer is a lookup. Anything else (several events at
+once, a failure that shrank a task below what the table assumed, a submission the table does not
+hold) is solved on the spot, and the reason is recorded.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone
+from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone, TasksArrived
 from unicron.planning.placement import Assignment, place
 from unicron.planning.planner import ClusterState, Plan, plan
 from unicron.planning.plantable import PlanTable, build
@@ -27,7 +31,7 @@ class Decided:
     layout: Assignment  # node -> {task: workers}, the placement of the plan
     source: str  # "table" or "solved"
     event: PlanEvent | None  # the event the table answered (None: solved, or no change)
-    why: str  # why it was solved rather than looked up
+    why: str  # why it was solved rather than looked up (or what the table it came from lacks)
     seconds: float  # lookup or solve time
     rebalance: bool = False  # the cluster is as the previous plan left it: only curves changed
 
@@ -37,6 +41,7 @@ def _state_key(state: ClusterState) -> tuple[object, ...]:
         state.healthy,
         tuple(t.name for t in state.tasks),
         repr(sorted(_normal(state.assignment).items())),
+        tuple(tuple(t.name for t in group) for group in state.arriving),
     )
 
 
@@ -53,9 +58,10 @@ def event_between(before: ClusterState, after: ClusterState) -> PlanEvent | str 
     names_before = {t.name for t in before.tasks}
     names_after = {t.name for t in after.tasks}
     done, arrived = names_before - names_after, names_after - names_before
-    if arrived:
+    queued = {frozenset(t.name for t in g): tuple(t.name for t in g) for g in before.arriving}
+    if arrived and frozenset(arrived) not in queued:
         return f"task(s) arrived: {', '.join(sorted(arrived))}"
-    changes = len(lost) + len(back) + len(done)
+    changes = len(lost) + len(back) + len(done) + (1 if arrived else 0)
     if changes > 1:
         return f"{changes} events at once"
     expected = _normal(before.assignment)
@@ -70,19 +76,24 @@ def event_between(before: ClusterState, after: ClusterState) -> PlanEvent | str 
         (name,) = done
         event = TaskDone(name)
         expected = _normal({n: {t: c for t, c in per.items() if t != name} for n, per in expected.items()})
+    elif arrived:
+        event = TasksArrived(queued[frozenset(arrived)])  # the newcomers hold no workers yet
     if _normal(after.assignment) != expected:
         return "workers changed beyond the event (a failure shrank a task)"
     return event
 
 
 class Allocator:
-    """Plans for the coordinator: lookups in a precomputed table, refreshed after each plan."""
+    """Plans for the coordinator: lookups in a precomputed table, refreshed after each plan and
+    whenever the planner's inputs change."""
 
-    def __init__(self) -> None:
+    def __init__(self, builder: Callable[[ClusterState], PlanTable] = build) -> None:
+        self._builder = builder  # tests slow it down to see what is answered meanwhile
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan-table")
         self._building: Future[PlanTable] | None = None
         self._building_version = -1
         self._refreshed_for: tuple[object, ...] | None = None
+        self._wake = False  # the build under way was asked for by new inputs: plan once it is ready
         self.table: PlanTable | None = None
         self.table_version = -1  # the curves version the table was built with
 
@@ -102,33 +113,53 @@ class Allocator:
                 else:
                     layout = place(chosen.allocation(), state.healthy, state.gpus_per_node, state.assignment)
                     seconds = time.perf_counter() - started
-                    return Decided(chosen, layout, "table", found, "", seconds, rebalance)
+                    return Decided(chosen, layout, "table", found, why, seconds, rebalance)
         best = plan(state)
         layout = place(best.allocation(), state.healthy, state.gpus_per_node, state.assignment)
         return Decided(best, layout, "solved", None, why, time.perf_counter() - started, rebalance)
 
     def refresh(self, state: ClusterState, decided: Decided, curves_version: int) -> None:
         """Precompute the next table (in the background) from the state ``decided`` leads to."""
-        expected = replace(state, assignment=decided.layout)
-        key = (*_state_key(expected), curves_version)
+        expected = replace(state, assignment=decided.layout, arriving=())
+        self._start(expected, curves_version, wake=False)
+
+    def rebuild(self, state: ClusterState, curves_version: int) -> None:
+        """The planner's inputs changed with no event (a submission queued in ``state.arriving``,
+        new measurements in ``state.curves``): build the table for them in the background;
+        :meth:`poll` says when it is ready to be planned with."""
+        self._start(state, curves_version, wake=True)
+
+    def _start(self, state: ClusterState, curves_version: int, wake: bool) -> None:
+        key = (*_state_key(state), curves_version)
         if key == self._refreshed_for:
             return  # the table (built or being built) already answers from this state
         self._refreshed_for = key
         if self._building is not None:
             self._building.cancel()
-        self._building = self._pool.submit(build, expected)
+        self._building = self._pool.submit(self._builder, state)
         self._building_version = curves_version
+        self._wake = wake
+
+    def poll(self) -> bool:
+        """True once, when a table asked for by :meth:`rebuild` is ready: time to plan."""
+        if not self._wake or (self._building is not None and not self._building.done()):
+            return False
+        self._wake = False
+        return True
 
     def _ready_table(self, curves_version: int) -> tuple[PlanTable | None, str]:
-        if self._building is not None:
-            if not self._building.done():
-                return None, "the plan table is still being built"
+        if self._building is not None and self._building.done():
             building, self._building = self._building, None
             try:
                 self.table, self.table_version = building.result(), self._building_version
             except Exception as exc:  # a table is an optimisation: solve instead
                 self.table = None
                 return None, f"the plan table could not be built: {exc}"
+        if self._building is not None:
+            if self.table is not None and self.table_version != curves_version == self._building_version:
+                # Only the measurements changed: answer from the previous ones' table meanwhile.
+                return self.table, "the table of the previous measurements (the new one is being built)"
+            return None, "the plan table is still being built"
         if self.table is None:
             return None, "no plan table yet"
         if self.table_version != curves_version:

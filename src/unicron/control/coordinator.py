@@ -104,7 +104,7 @@ class Coordinator:
         for spec in specs:
             self.store.add_task(spec.name, spec.model_dump_json(), self.clock())
             self.store.event("task_submitted", task=spec.name, weight=spec.weight)
-        self.dirty = True
+        self.placer.submitted(tuple(s.name for s in specs))  # planned once its table is built
 
     def cancel(self, name: str) -> None:
         task = self.store.get_task(name)
@@ -386,7 +386,7 @@ class Coordinator:
             )
             if rate is not None:
                 self.store.event("throughput_measured", task=task.name, workers=task.workers, flops=rate)
-                self.dirty = True  # the plan may change with it
+                self.placer.inputs_changed()  # the plan may change with it, once its table is built
         if report.rank != 0:
             return
         monitor.step_done(report.step, ended)
@@ -458,6 +458,8 @@ class Coordinator:
             if self.generations.check_growth(name, now):
                 self.dirty = True  # idle slots may want a new spare
         self.generations.forget_left(now)
+        if self.placer.allocator.poll():
+            self.dirty = True  # a table for new inputs (a submission, measurements) is ready
         for task in self.store.tasks(live_only=True):
             if task.state is TaskState.RESTARTING:
                 self._finish_stopping(task, now)

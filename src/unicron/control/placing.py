@@ -1,7 +1,8 @@
 """Placing: the planner's answer for the cluster, carried out task by task, and the hot spares.
 
 On node loss, node return, task arrival and completion the planner's answer (looked up in a
-precomputed table where it can be: ``allocator.py``) is carried out in place where the task
+precomputed table where it can be: ``allocator.py``; a submission waits for the table that holds
+its arrival, see :meth:`Placer.submitted`) is carried out in place where the task
 recovers in process (shrink at a step boundary, grow with newcomers that take their state from
 live replicas), else by a restart from the checkpoint. Idle slots hold hot spares
 (``spares.py`` chooses for which task).
@@ -9,7 +10,7 @@ live replicas), else by a restart from the checkpoint. Idle slots hold hot spare
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from unicron.control.allocator import Allocator, Decided
 from unicron.control.context import Context
@@ -46,6 +47,7 @@ class Placer:
     allocator: Allocator = field(default_factory=Allocator)
     spares: dict[tuple[str, int], Spare] = field(default_factory=dict)
     last_plan: dict[str, int] | None = None
+    pending: list[tuple[str, ...]] = field(default_factory=list)  # submissions not yet planned
 
     def cluster_state(self) -> tuple[ClusterState, dict[int, str]]:
         store = self.ctx.store
@@ -79,6 +81,22 @@ class Placer:
         )
         return state, names
 
+    def submitted(self, names: tuple[str, ...]) -> None:
+        """A submission is queued until the plan table that holds its arrival is built (in the
+        background; ``allocator.poll`` says when), so that it is answered by a lookup too."""
+        self.pending.append(names)
+        self.inputs_changed()
+
+    def inputs_changed(self) -> None:
+        """New measurements or a queued submission: rebuild the plan table for them."""
+        state, _ = self.cluster_state()
+        queued = {name for names in self.pending for name in names}
+        # Every queued submission is admitted by the next plan: one arrival of them all.
+        group = tuple(t for t in state.tasks if t.name in queued)
+        settled = tuple(t for t in state.tasks if t.name not in queued)
+        arriving = (group,) if group else ()
+        self.allocator.rebuild(replace(state, tasks=settled, arriving=arriving), self.rates.version)
+
     def reconcile(self) -> None:
         """Divide the healthy slots with the planner and carry the plan out."""
         state, names = self.cluster_state()
@@ -86,6 +104,7 @@ class Placer:
             self.keep_spares(state, names, {})  # no task left: no spare has a purpose
             return
         decided = self.allocator.decide(state, self.rates.version)
+        self.pending.clear()  # every live task is in this plan
         best, layout = decided.plan, decided.layout
         if decided.rebalance:
             # Nothing happened but new measurements: move running tasks only for a clear gain.

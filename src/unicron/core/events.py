@@ -1,4 +1,4 @@
-"""Cluster events the planner answers: a node lost or back, a task arriving or finishing."""
+"""Cluster events the planner answers: a node lost or back, tasks arriving, a task finishing."""
 
 from __future__ import annotations
 
@@ -34,7 +34,20 @@ class TaskDone:
         return f"task-done:{self.task}"
 
 
-PlanEvent = NodeLost | NodeBack | TaskDone
+@dataclass(frozen=True)
+class TasksArrived:
+    """One submission (one task, or several submitted together) joins the cluster's tasks.
+
+    The coordinator queues a submission until a plan table that includes it is built, so that
+    its arrival, too, is answered by a lookup."""
+
+    tasks: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"task-arrived:{','.join(self.tasks)}"
+
+
+PlanEvent = NodeLost | NodeBack | TaskDone | TasksArrived
 
 EVENT_FORMS = "node-lost:N, node-back[:N], task-done:NAME"
 

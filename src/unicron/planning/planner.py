@@ -15,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
-from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone
+from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone, TasksArrived
 from unicron.core.gpus import GpuType
 from unicron.core.specs import ClusterSpec, PlannerSettings, TaskSpec
 from unicron.planning.costmodel import option_score, run_duration_s, waf
@@ -39,6 +39,21 @@ class ClusterState:
     curves: Mapping[str, ThroughputCurve]
     down: tuple[int, ...] = ()  # nodes out of service, waiting for repair
     next_node: int = 0  # id a new node gets when none is down
+    # Submissions queued for the next plan (each one or several tasks submitted together): not
+    # yet among ``tasks``; their curves are in ``curves``. A ``TasksArrived`` event adds one.
+    arriving: tuple[tuple[TaskSpec, ...], ...] = ()
+
+    def arrival(self, event: TasksArrived) -> tuple[TaskSpec, ...]:
+        """The queued submission ``event`` names."""
+        for group in self.arriving:
+            if tuple(t.name for t in group) == event.tasks:
+                return group
+        raise KeyError(f"no queued submission of {', '.join(event.tasks)}")
+
+    @property
+    def known_tasks(self) -> tuple[TaskSpec, ...]:
+        """The tasks, then the queued submissions' tasks."""
+        return self.tasks + tuple(t for group in self.arriving for t in group)
 
     def returning_node(self, event: NodeBack | None = None) -> int:
         """The node a ``node-back`` event brings: the one named, else the longest-down one,
@@ -108,7 +123,7 @@ class ClusterState:
         if mode == "node":
             return self.gpus_per_node
         unit = self.gpus_per_node
-        for task in self.tasks:
+        for task in self.known_tasks:
             counts = list(task.throughput) if task.throughput is not None else [task.step]
             for count in counts:
                 unit = math.gcd(unit, count)
@@ -183,6 +198,11 @@ def _situation(state: ClusterState, event: PlanEvent | None) -> _Situation:
             raise KeyError(f"task {event.task!r} is not known")
         tasks = tuple(t for t in state.tasks if t.name != event.task)
         finished = (event.task,)
+    elif isinstance(event, TasksArrived):
+        group = state.arrival(event)
+        tasks = (*state.tasks, *group)
+        current.update({t.name: 0 for t in group})
+        survivors.update({t.name: 0 for t in group})
     return _Situation(str(event) if event else "now", nodes, tasks, current, survivors, failed, finished)
 
 
@@ -329,7 +349,7 @@ def _explain(
     # Who the freed GPUs serve: tasks that end with more workers than survived the event.
     gainers = [d.task for d in decisions if d.after > sit.survivors.get(d.task, 0)]
     used = sum(d.after for d in decisions)
-    specs = {t.name: t for t in state.tasks}
+    specs = {t.name: t for t in state.known_tasks}
     out = []
     for d in decisions:
         lost = sit.current.get(d.task, 0) - sit.survivors.get(d.task, 0)
@@ -387,8 +407,12 @@ def advance(state: ClusterState, event: PlanEvent | None, chosen: Plan) -> Clust
         down = tuple(n for n in down if n != back)
         next_node = max(next_node, back + 1)
     curves = {k: v for k, v in state.curves.items() if k not in sit.finished}
+    arriving = state.arriving
+    if isinstance(event, TasksArrived):
+        arriving = tuple(g for g in arriving if tuple(t.name for t in g) != event.tasks)
     return replace(
         state,
+        arriving=arriving,
         healthy=sit.nodes,
         assignment=assignment,
         tasks=sit.tasks,

@@ -1,8 +1,9 @@
 """Plans computed ahead for the likely next events, so an event is answered by a lookup.
 
 The table holds a plan for: each node lost (nodes whose loss hits the same tasks by the same
-amounts share one plan), one node back, and each task finishing. It is built from a state and is
-rebuilt after every event from the state that event leads to (:func:`refresh`).
+amounts share one plan), one node back, each task finishing and each queued submission arriving.
+It is built from a state and is rebuilt after every event from the state that event leads to
+(:func:`refresh`), and whenever its inputs change (a submission, new throughput measurements).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from unicron.core.errors import UsageError
-from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone
+from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone, TasksArrived
 from unicron.planning.planner import ClusterState, Plan, advance, plan
 
 
@@ -23,6 +24,7 @@ class PlanTable:
     node_lost: Mapping[int, Plan]
     node_back: Plan
     task_done: Mapping[str, Plan]
+    task_arrived: Mapping[tuple[str, ...], Plan] = field(default_factory=dict)
     build_s: float = field(compare=False, default=0.0)
     distinct_solves: int = 0
 
@@ -43,6 +45,11 @@ class PlanTable:
             if event.node is not None and event.node in self.state.healthy:
                 raise UsageError(f"node {event.node} is already in service")
             return replace(self.node_back, event=str(event))
+        if isinstance(event, TasksArrived):
+            arrival = self.task_arrived.get(event.tasks)
+            if arrival is None:
+                raise UsageError(f"no queued submission of {', '.join(event.tasks)}")
+            return arrival
         found = self.task_done.get(event.task)
         if found is None:
             raise UsageError(f"no task named {event.task!r}; tasks: {', '.join(sorted(self.task_done))}")
@@ -65,10 +72,13 @@ def build(state: ClusterState) -> PlanTable:
             solves += 1
         node_lost[node] = by_signature[signature]
     task_done = {t.name: plan(state, TaskDone(t.name)) for t in state.tasks}
+    names = [tuple(t.name for t in group) for group in state.arriving]
+    task_arrived = {n: plan(state, TasksArrived(n)) for n in names}
     now = plan(state)
     back = plan(state, NodeBack())
-    solves += len(task_done) + 2
-    return PlanTable(state, now, node_lost, back, task_done, time.perf_counter() - started, solves)
+    solves += len(task_done) + len(task_arrived) + 2
+    seconds = time.perf_counter() - started
+    return PlanTable(state, now, node_lost, back, task_done, task_arrived, seconds, solves)
 
 
 def refresh(table: PlanTable, event: PlanEvent | None) -> PlanTable:
