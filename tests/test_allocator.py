@@ -5,13 +5,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from unicron.control.allocator import Allocator, event_between
+from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.rates import RateMeter
 from unicron.core.events import NodeBack, NodeLost, TaskDone, TasksArrived
+from unicron.core.gpus import lookup_gpu
+from unicron.core.livespecs import LiveClusterSpec, parse_live_tasks
+from unicron.core.protocol import Heartbeat, IterationReport, Registration
 from unicron.core.specs import ClusterSpec, TaskSpec
+from unicron.planning.gpt import flops_per_sample
 from unicron.planning.placement import place
 from unicron.planning.planner import ClusterState, plan
 from unicron.planning.plantable import build
@@ -176,3 +182,35 @@ def test_rate_meter_counts_complete_steps_after_warm_up() -> None:
     assert meter.measured("t") == {2: pytest.approx(320.0)} and meter.version == 1
     # A new generation starts a new series (its first steps pay for joining).
     assert meter.report("t", 2, 1, 9, 0, 8, 200.0, flops_per_sample=10.0) is None
+
+
+def test_the_planner_inputs_come_from_the_cluster_spec(tmp_path: Path) -> None:
+    """The coordinator plans with the GPU, MTBF and transition settings of --cluster, and counts a
+    ``model:`` task's work with the model's FLOPs per sample."""
+    hardware = LiveClusterSpec(gpu="A100", node_mtbf_hours=500, planner={"transition": {"reconfigure_s": 7}})
+    settings = CoordinatorSettings(state_dir=tmp_path, checkpoint_root=tmp_path / "ckpt", cluster=hardware)
+    clock = [1000.0]
+    c = Coordinator(settings, lambda: clock[0])
+    try:
+        c.register(Registration(node="n0", slots=2))
+        model = (
+            "{layers: 2, hidden_size: 64, heads: 4, sequence_length: 32, vocabulary: 64, global_batch: 16}"
+        )
+        (spec,) = parse_live_tasks(
+            f"name: lm\nweight: 2\nmodel: {model}\nrun: {{program: [x], iterations: 9}}"
+        )
+        c.submit(spec)
+        state, _ = c.placer.cluster_state()
+        assert state.gpu.peak_flops == lookup_gpu("A100").peak_flops  # type: ignore[union-attr]
+        assert (state.node_mtbf_hours, state.settings.transition.reconfigure_s) == (500, 7)
+        c.placer.allocator.wait()
+        c.tick()
+        (task,) = c.store.tasks(live_only=True)
+        assert spec.model is not None and task.workers == 2
+        report = IterationReport(
+            task="lm", generation=1, rank=0, step=1, duration_s=0.1, samples=8, loss=1.0, time=1000.0
+        )
+        c.heartbeat(Heartbeat(node="n0", reports=[report]))
+        assert c.store.get_task("lm").flop == pytest.approx(2 * 8 * flops_per_sample(spec.model))
+    finally:
+        c.shutdown()

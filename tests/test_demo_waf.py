@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from unicron.cli import demo_waf
-from unicron.core.livespecs import parse_live_tasks
+from unicron.core.livespecs import parse_live_cluster, parse_live_tasks
 from unicron.core.specs import TransitionSettings
 from unicron.core.taxonomy import ErrorKind
 
 DEMO = Path("examples/demo/tasks.yaml")
+CLUSTER = Path("examples/demo/cluster.yaml")
 
 
 def test_recorder_turns_weighted_flop_into_waf() -> None:
@@ -46,7 +47,8 @@ def test_simulated_waf_drops_while_a_node_is_lost() -> None:
     specs = parse_live_tasks(DEMO.read_text(), str(DEMO))
     loss = demo_waf.LiveFailure(60.0, {"alpha": 2}, ErrorKind.NODE_LOST, 25.0)
     transition = TransitionSettings(reconfigure_s=4.0, restart_process_s=5.0, checkpoint_interval_s=10.0)
-    t, waf, tables = demo_waf.predicted(specs, {}, 4, 2, [loss], 140.0, 140, transition)
+    hardware = parse_live_cluster(CLUSTER.read_text(), str(CLUSTER))
+    t, waf, tables = demo_waf.predicted(specs, hardware, {}, 4, 2, [loss], 140.0, 140, transition)
     before, during, after = demo_waf.phase_means(t, waf, [10.0, 60.0, 85.0, 140.0])
     assert during < before and after > during
     assert tables["alpha"] == {2: 2.0e9, 4: 3.8e9}  # nothing measured: the declared table

@@ -17,8 +17,11 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from unicron.control.localcluster import LocalCluster
+from unicron.core.specs import ModelSpec
+from unicron.planning.gpt import flops_per_sample
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import global_batch_ids, shard
 
@@ -27,14 +30,21 @@ from .conftest import ROOT
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 ARGS = ["--dtype", "float64", "--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512"]
 ITERATIONS = 90
+# The example trainer's model as a `model:` spec (examples/tinygpt/model.py defaults, ARGS' batch).
+TINYGPT = "{layers: 2, hidden_size: 64, heads: 4, sequence_length: 32, vocabulary: 64, global_batch: 16}"
 
 
-def task_yaml(name: str, weight: float, table: str, iterations: int, delay: float, extra: str = "") -> str:
+def task_yaml(
+    name: str, weight: float, table: str, iterations: int, delay: float, extra: str = "", model: bool = False
+) -> str:
+    """A task running the example trainer: with a throughput ``table`` and 1e7 FLOPs per sample,
+    or (``model``: ``extra`` holds its ``model:``) with both derived from the model."""
     program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", str(delay)])
+    planner = extra if model else f"throughput: {table}\n{extra}"
+    flops = "" if model else ", flops_per_sample: 1e7"
     return (
-        f"name: {name}\nweight: {weight}\nthroughput: {table}\n{extra}"
-        f"run: {{program: [{program}], iterations: {iterations}, checkpoint_every: 10,"
-        " flops_per_sample: 1e7}\n"
+        f"name: {name}\nweight: {weight}\n{planner}"
+        f"run: {{program: [{program}], iterations: {iterations}, checkpoint_every: 10{flops}}}\n"
     )
 
 
@@ -231,12 +241,16 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
 
 @pytest.mark.timeout(600)
 def test_planner_places_by_weight_and_tasks_wait(tmp_path: Path) -> None:
-    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+    hardware = tmp_path / "cluster.yaml"
+    hardware.write_text("gpu: 2.0e12\nnode_mtbf_hours: 750\n")
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, cluster=hardware) as cluster:
         # Both run only on 4 slots; the heavier one is worth more. Submitted in one request, so
         # that the planner sees both (one at a time, the first would start before the second).
+        # heavy describes its model (the example trainer's shape): the planner estimates its
+        # throughput on the cluster file's GPU, and its work counts the model's FLOPs per sample.
         both = [
             task_yaml("light", 1, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"),
-            task_yaml("heavy", 3, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"),
+            task_yaml("heavy", 3, "", 30, 0.0, f"min_workers: 4\nmodel: {TINYGPT}\n", model=True),
         ]
         cluster.submit("tasks:\n" + "".join("  - " + t.replace("\n", "\n    ").rstrip() + "\n" for t in both))
         cluster.wait(lambda: cluster.task("heavy")["state"] in ("running", "finished"), 120, "heavy to run")
@@ -244,9 +258,15 @@ def test_planner_places_by_weight_and_tasks_wait(tmp_path: Path) -> None:
         assert_status_shows(cluster.url, "Nodes", "Tasks", "Workers", "node-0", "node-1", "heavy", "light")
         cluster.wait(lambda: cluster.task("light")["state"] == "finished", 300, "light to finish after heavy")
         events = cluster.get("/v1/events")
+        heavy = cluster.task("heavy")
     first = {}
     for e in events:
         first.setdefault((e["kind"], e["task"]), e["id"])
     # The heavy task started first; the light one waited until the heavy one had finished.
     assert first[("task_launch", "heavy")] < first[("task_launch", "light")]
     assert first[("task_finished", "heavy")] < first[("task_launch", "light")]
+    started = next(e["detail"] for e in events if e["kind"] == "coordinator_started")
+    assert (started["peak_flops"], started["node_mtbf_hours"]) == (2.0e12, 750)
+    model = ModelSpec.model_validate(yaml.safe_load(TINYGPT))
+    assert heavy["samples"] == 30 * 16
+    assert heavy["weighted_flop"] == pytest.approx(3 * heavy["samples"] * flops_per_sample(model))

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from unicron.core.errors import SpecError
+from unicron.core.livespecs import parse_live_cluster, parse_live_tasks
 from unicron.core.specs import check_against_cluster, parse_cluster, parse_tasks
 
 CLUSTER = "nodes: 2\ngpus_per_node: 8\ngpu: A100\nnode_mtbf_hours: 100\n"
@@ -100,3 +101,18 @@ def test_assignment_must_match_tasks() -> None:
         check_against_cluster(cluster, tasks, "c.yaml", "t.yaml")
     text = str(info.value)
     assert "assignment.0.ghost" in text and "current_workers 8" in text
+
+
+def test_live_cluster_file_names_field_and_fix(examples: Path) -> None:
+    demo = parse_live_cluster((examples / "demo" / "cluster.yaml").read_text())
+    assert demo.gpu_type().peak_flops == 1.1e9 and demo.node_mtbf_hours == 1000
+    found = problems("gpu: B9000\nnode_mtbf_hours: 10\n", parse_live_cluster)
+    assert any(p.startswith("gpu") and "unknown GPU" in p and "fix:" in p for p in found), found
+    found = problems("gpu: A100\nnodes: 4\nnode_mtbf_hours: 10\n", parse_live_cluster)
+    assert any(p.startswith("nodes") and "fix:" in p for p in found), found  # agents bring the nodes
+
+
+def test_a_live_task_with_a_model_takes_its_flops_from_it() -> None:
+    run = "  run: {program: [python, t.py], iterations: 5, flops_per_sample: 1e7}\n"
+    found = problems(f"tasks:\n- name: a\n  weight: 1\n  model: {MODEL}\n{run}", parse_live_tasks)
+    assert any("run.flops_per_sample is derived from the model" in p and "fix:" in p for p in found), found

@@ -27,10 +27,11 @@ from unicron.cli import demo_waf
 from unicron.cli.console import console
 from unicron.cli.live import task_table
 from unicron.control.localcluster import LocalCluster
-from unicron.core.livespecs import parse_live_tasks
+from unicron.core.livespecs import parse_live_cluster, parse_live_tasks
 from unicron.core.taxonomy import ErrorKind
 
 TASKS = Path("examples/demo/tasks.yaml")
+CLUSTER = Path("examples/demo/cluster.yaml")  # the planner's hardware inputs
 NEWS = (
     "task_launch",
     "incident",
@@ -201,8 +202,9 @@ def waf_report(
             failures.append(
                 demo_waf.LiveFailure(e["time"] - t0, {e["task"]: 1}, ErrorKind(e["detail"]["kind"]))
             )
+    hardware = parse_live_cluster(CLUSTER.read_text(), str(CLUSTER))
     pt, pw, tables = demo_waf.predicted(
-        specs, measured, 4, 2, failures, horizon, max(10, int(horizon)), transition
+        specs, hardware, measured, 4, 2, failures, horizon, max(10, int(horizon)), transition
     )
     lt, lw = recorder.waf()
     edges = [running, lost_s, back_s, horizon]
@@ -265,7 +267,7 @@ def run_demo(root: Path, timeout_s: float = 900) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)  # also when started where SIGINT was ignored
     out.print(f"Starting a coordinator and 4 agents of 2 slots on loopback (state and logs in {root}) ...")
-    cluster = LocalCluster(root, nodes=4, slots=2)
+    cluster = LocalCluster(root, nodes=4, slots=2, cluster=CLUSTER.resolve())
     try:
         cluster.start()
         created = cluster.submit(TASKS.read_text())

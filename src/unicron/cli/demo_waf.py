@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from unicron.core.livespecs import LiveTaskSpec
-from unicron.core.specs import ClusterSpec, PlannerSettings, TaskSpec, TransitionSettings
+from unicron.core.livespecs import LiveClusterSpec, LiveTaskSpec
+from unicron.core.specs import ClusterSpec, TaskSpec, TransitionSettings
 from unicron.core.taxonomy import ErrorKind
 from unicron.planning.throughput import MeasuredCurve, curve_for
 from unicron.sim.engine import Simulation
@@ -108,6 +108,7 @@ class LiveFailure:
 
 def predicted(
     specs: Sequence[LiveTaskSpec],
+    hardware: LiveClusterSpec,
     measured: Mapping[str, Mapping[int, float]],
     nodes: int,
     slots: int,
@@ -119,11 +120,10 @@ def predicted(
     """The simulator's cluster WAF over time for the same events, with the measured curves and
     transition times. Returns bin centres (s), WAF per bin, and the throughput tables it used."""
     cluster = ClusterSpec(
+        **hardware.model_dump(exclude={"planner"}),
         nodes=nodes,
         gpus_per_node=slots,
-        gpu=1e12,
-        node_mtbf_hours=1000,
-        planner=PlannerSettings(transition=transition),
+        planner=hardware.planner.model_copy(update={"transition": transition}),
     )
     gpu = cluster.gpu_type()
     tasks, tables = [], {}

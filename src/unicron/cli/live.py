@@ -15,6 +15,7 @@ from rich.text import Text
 from unicron.cli.console import console
 from unicron.cli.files import read_text
 from unicron.core.errors import UnicronError
+from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, parse_live_cluster
 from unicron.core.settings import Settings
 from unicron.core.specs import load_yaml_text, validate_spec
 from unicron.planning.planner import flops
@@ -29,6 +30,13 @@ def load_settings(path: Path | None) -> Settings:
     return validate_spec(Settings, load_yaml_text(read_text(path), str(path)) or {}, str(path))
 
 
+def load_cluster(path: Path | None) -> LiveClusterSpec:
+    """The planner's hardware inputs (GPU, node MTBF, transition settings) from a YAML file."""
+    if path is None:
+        return DEFAULT_LIVE_CLUSTER
+    return parse_live_cluster(read_text(path), str(path))
+
+
 def run_coordinator(
     host: str,
     port: int,
@@ -36,6 +44,7 @@ def run_coordinator(
     checkpoint_dir: Path | None,
     advertise: str | None,
     settings_file: Path | None = None,
+    cluster_file: Path | None = None,
 ) -> None:
     import uvicorn
 
@@ -46,6 +55,7 @@ def run_coordinator(
         state_dir=state_dir,
         checkpoint_root=checkpoint_dir or state_dir / "checkpoints",
         advertise_host=advertise or (host if host not in ("0.0.0.0", "::") else socket.gethostname()),
+        cluster=load_cluster(cluster_file),
         limits=load_settings(settings_file),
     )
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")

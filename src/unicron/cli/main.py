@@ -72,11 +72,17 @@ def coordinator(
     settings: Annotated[
         Path | None, typer.Option(help="YAML of detection and handling settings (docs/detection.md)")
     ] = None,
+    cluster: Annotated[
+        Path | None,
+        typer.Option(
+            help="YAML of the planner's hardware inputs: gpu, node_mtbf_hours (docs/live-cluster.md)"
+        ),
+    ] = None,
 ) -> None:
     """Run the coordinator service (REST API, agent channel, planner, rendezvous)."""
     from unicron.cli.live import run_coordinator
 
-    run_coordinator(host, port, state_dir, checkpoint_dir, advertise, settings)
+    run_coordinator(host, port, state_dir, checkpoint_dir, advertise, settings, cluster)
 
 
 @app.command()

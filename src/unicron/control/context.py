@@ -9,9 +9,10 @@ from pathlib import Path
 
 from unicron.control.effects import Applier
 from unicron.control.store import Store
-from unicron.core.livespecs import LiveTaskSpec
+from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, LiveTaskSpec
 from unicron.core.settings import Settings
 from unicron.core.workerenv import WorkerEnv
+from unicron.planning.gpt import flops_per_sample
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class CoordinatorSettings:
     state_dir: Path
     checkpoint_root: Path
     advertise_host: str = "127.0.0.1"  # where workers reach the rendezvous stores
-    node_mtbf_hours: float = 1000.0  # for the planner's expected run time
+    cluster: LiveClusterSpec = DEFAULT_LIVE_CLUSTER  # the planner's hardware inputs (--cluster)
     limits: Settings = field(default_factory=Settings)
 
 
@@ -40,6 +41,12 @@ class Context:
         if name not in self._specs:
             self._specs[name] = LiveTaskSpec.model_validate_json(self.store.get_task(name).spec)
         return self._specs[name]
+
+    def flops_per_sample(self, name: str) -> float | None:
+        """FLOPs of one sample of a task, for its measured WAF: from its ``model:`` when it has
+        one, else as declared (``run.flops_per_sample``); None: not measured."""
+        spec = self.spec(name)
+        return flops_per_sample(spec.model) if spec.model is not None else spec.run.flops_per_sample
 
     def forget_task(self, name: str) -> None:
         """The task ended: every node frees its in-memory checkpoints."""

@@ -90,7 +90,14 @@ class Coordinator:
                 if port != task.store_port:
                     self.store.task_store_port(task.name, port)
         self.generations.orphaned_newcomers()
-        self.store.event("coordinator_started", tasks=len(self.store.tasks(live_only=True)))
+        gpu = settings.cluster.gpu_type()
+        self.store.event(
+            "coordinator_started",
+            tasks=len(self.store.tasks(live_only=True)),
+            gpu=gpu.name,
+            peak_flops=gpu.peak_flops,
+            node_mtbf_hours=settings.cluster.node_mtbf_hours,
+        )
 
     def spec(self, name: str) -> LiveTaskSpec:
         return self.ctx.spec(name)
@@ -328,7 +335,7 @@ class Coordinator:
         row = self.store.worker(report.task, report.generation, report.rank)
         if row is not None and row.state is WorkerPhase.MOVED:
             spec = self.spec(task.name)
-            flop = _weighted_flop(spec, report.samples)
+            flop = self._weighted_flop(spec, report.samples)
             self.store.count_iteration(
                 task.name, report.generation, report.rank, report.step, report.samples, flop
             )
@@ -367,13 +374,14 @@ class Coordinator:
                 step=report.step,
                 generation=task.generation,
             )
-        flop = _weighted_flop(spec, report.samples)
+        flop = self._weighted_flop(spec, report.samples)
         ended = report.time or self.clock()
         if not self.store.count_iteration(
             task.name, task.generation, report.rank, report.step, report.samples, flop
         ):
             return  # seen before (sent again after a coordinator restart)
-        if spec.run.flops_per_sample:
+        sample_flops = self.ctx.flops_per_sample(task.name)
+        if sample_flops:
             rate = self.rates.report(
                 task.name,
                 task.generation,
@@ -382,7 +390,7 @@ class Coordinator:
                 report.rank,
                 report.samples,
                 ended,
-                spec.run.flops_per_sample,
+                sample_flops,
             )
             if rate is not None:
                 self.store.event("throughput_measured", task=task.name, workers=task.workers, flops=rate)
@@ -481,12 +489,11 @@ class Coordinator:
         self.store.task_waiting(task.name)
         self.dirty = True
 
+    def _weighted_flop(self, spec: LiveTaskSpec, samples: int) -> float:
+        """Weighted FLOP done by ``samples`` samples (WAF integrated over time)."""
+        return spec.weight * (self.ctx.flops_per_sample(spec.name) or 0.0) * samples
+
     def shutdown(self) -> None:
         self.placer.allocator.close()
         self.ctx.act.rendezvous.close_all()
         self.store.close()
-
-
-def _weighted_flop(spec: LiveTaskSpec, samples: int) -> float:
-    """Weighted FLOP done by ``samples`` samples (WAF integrated over time)."""
-    return spec.weight * (spec.run.flops_per_sample or 0.0) * samples

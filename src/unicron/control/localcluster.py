@@ -38,9 +38,11 @@ class LocalCluster:
         slots: int = 2,
         port: int | None = None,
         settings: dict[str, Any] | None = None,
+        cluster: Path | None = None,
     ) -> None:
         self.root = root
         self.settings = settings or {}
+        self.cluster = cluster  # the planner's hardware inputs (coordinator --cluster)
         self.node_names = [f"node-{i}" for i in range(nodes)]
         self.slots = slots
         self.port = port or free_port()
@@ -81,6 +83,8 @@ class LocalCluster:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(f"{k}: {v}\n" for k, v in self.settings.items()))
             extra = ["--settings", str(path)]
+        if self.cluster is not None:
+            extra += ["--cluster", str(self.cluster)]
         self.coordinator = self._spawn(
             [
                 "coordinator",

@@ -19,9 +19,7 @@ from unicron.control.generations import Generations
 from unicron.control.rates import RateMeter
 from unicron.control.records import TaskRecord
 from unicron.control.spares import choose, spare_gains
-from unicron.core.gpus import custom_gpu
 from unicron.core.protocol import SPARE_GENERATION
-from unicron.core.specs import PlannerSettings
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.planning.placement import Assignment
 from unicron.planning.planner import ClusterState
@@ -64,15 +62,16 @@ class Placer:
                         per = assignment.setdefault(ids[w.node], {})
                         per[task.name] = per.get(task.name, 0) + 1
         specs = [self.ctx.spec(t.name) for t in live]
-        gpu = custom_gpu(1e12)
+        hardware = self.ctx.settings.cluster
+        gpu = hardware.gpu_type()
         curves: dict[str, ThroughputCurve] = {
             s.name: curve_for(s, gpu, slots, self.rates.measured(s.name)) for s in specs
         }
         state = ClusterState(
             slots,
             gpu,
-            self.ctx.settings.node_mtbf_hours,
-            PlannerSettings(),
+            hardware.node_mtbf_hours,
+            hardware.planner,
             tuple(sorted(names)),
             assignment,
             tuple(specs),

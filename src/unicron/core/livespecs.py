@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from unicron.core.specs import SpecBase, TaskSpec, load_yaml_text, validate_spec
+from unicron.core.specs import FIX_MARK, NodeHardware, SpecBase, TaskSpec, load_yaml_text, validate_spec
 
 # Faults that damage state without failing a process: their time is not a failure's start.
 CORRUPTIONS = frozenset({"corrupt_transfer", "corrupt_checkpoint"})
@@ -57,7 +57,9 @@ class RunSpec(SpecBase):
     )
     iterations: int = Field(gt=0, description="optimizer steps to train")
     checkpoint_every: int = Field(default=20, gt=0, description="steps between checkpoints")
-    flops_per_sample: float | None = Field(default=None, gt=0, description="for measured WAF")
+    flops_per_sample: float | None = Field(
+        default=None, gt=0, description="for measured WAF; a task with `model:` takes it from the model"
+    )
     env: dict[str, str] = Field(default_factory=dict)
     faults: list[FaultSpec] = Field(default_factory=list, description="faults to inject, for tests and demos")
     recovery: Literal["in_process", "restart"] = Field(
@@ -79,6 +81,30 @@ class LiveTaskSpec(TaskSpec):
     """A task submitted to the coordinator: what the planner needs, and how to run it."""
 
     run: RunSpec
+
+    @model_validator(mode="after")
+    def _flops_from_the_model(self) -> LiveTaskSpec:
+        if self.model is not None and self.run.flops_per_sample is not None:
+            raise ValueError(
+                "run.flops_per_sample is derived from the model"
+                f"{FIX_MARK}remove run.flops_per_sample, or use a throughput table instead of model"
+            )
+        return self
+
+
+class LiveClusterSpec(NodeHardware):
+    """The live cluster's hardware, for the planner: nodes are not listed (they join as their
+    agents register, each with its slots). ``unicron coordinator --cluster FILE``."""
+
+
+# Without --cluster: one slot stands for a device of 1 TFLOP/s (an assumption: the local CPU
+# cluster emulates devices, docs/live-cluster.md) and a node fails every 1,000 hours (an
+# assumption, of the order of the 2,000 h examples/cluster-128.yaml derives from Llama 3's run).
+DEFAULT_LIVE_CLUSTER = LiveClusterSpec(gpu=1e12, node_mtbf_hours=1000)
+
+
+def parse_live_cluster(text: str, source: str = "<cluster>") -> LiveClusterSpec:
+    return validate_spec(LiveClusterSpec, load_yaml_text(text, source), source)
 
 
 class LiveTaskList(SpecBase):

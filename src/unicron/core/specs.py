@@ -216,19 +216,14 @@ class PlannerSettings(SpecBase):
     transition: TransitionSettings = TransitionSettings()
 
 
-class ClusterSpec(SpecBase):
-    """The cluster: identical nodes, numbered 0..nodes-1, and optionally who runs where."""
+class NodeHardware(SpecBase):
+    """What every node is made of and how reliable it is: the planner's hardware inputs."""
 
-    nodes: int = Field(gt=0)
-    gpus_per_node: int = Field(gt=0)
     gpu: str | float
     node_mtbf_hours: float = Field(gt=0, allow_inf_nan=False)
     gpu_memory_gib: float | None = Field(default=None, gt=0)
     nvlink_gbytes_per_s: float | None = Field(default=None, gt=0)
     network_gbytes_per_s: float | None = Field(default=None, gt=0)
-    assignment: dict[int, dict[str, int]] = Field(
-        default_factory=dict, description="node id -> {task name: GPUs on that node}"
-    )
     planner: PlannerSettings = PlannerSettings()
 
     @field_validator("gpu", mode="before")
@@ -242,6 +237,30 @@ class ClusterSpec(SpecBase):
                 f"unknown GPU {value!r}{FIX_MARK}use one of {known}, or its peak FLOP/s as a number"
             )
         return _positive_number(value, "gpu peak FLOP/s")
+
+    def gpu_type(self) -> GpuType:
+        base = lookup_gpu(self.gpu) if isinstance(self.gpu, str) else None
+        if base is None:
+            base = custom_gpu(float(self.gpu))
+        return GpuType(
+            base.name,
+            base.peak_flops,
+            base.memory_bytes if self.gpu_memory_gib is None else self.gpu_memory_gib * 1024**3,
+            base.nvlink_bytes_per_s if self.nvlink_gbytes_per_s is None else self.nvlink_gbytes_per_s * 1e9,
+            base.network_bytes_per_s
+            if self.network_gbytes_per_s is None
+            else self.network_gbytes_per_s * 1e9,
+        )
+
+
+class ClusterSpec(NodeHardware):
+    """The cluster: identical nodes, numbered 0..nodes-1, and optionally who runs where."""
+
+    nodes: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    assignment: dict[int, dict[str, int]] = Field(
+        default_factory=dict, description="node id -> {task name: GPUs on that node}"
+    )
 
     @field_validator("assignment", mode="before")
     @classmethod
@@ -280,20 +299,6 @@ class ClusterSpec(SpecBase):
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
-
-    def gpu_type(self) -> GpuType:
-        base = lookup_gpu(self.gpu) if isinstance(self.gpu, str) else None
-        if base is None:
-            base = custom_gpu(float(self.gpu))
-        return GpuType(
-            base.name,
-            base.peak_flops,
-            base.memory_bytes if self.gpu_memory_gib is None else self.gpu_memory_gib * 1024**3,
-            base.nvlink_bytes_per_s if self.nvlink_gbytes_per_s is None else self.nvlink_gbytes_per_s * 1e9,
-            base.network_bytes_per_s
-            if self.network_gbytes_per_s is None
-            else self.network_gbytes_per_s * 1e9,
-        )
 
     def workers_by_task(self) -> dict[str, int]:
         """Total GPUs per task in the current assignment."""
