@@ -20,8 +20,12 @@ lint: $(STAMP)
 test: lint
 	$(VENV)/bin/pytest -q
 
+# The demo's run writes docs/live-cluster.md's demo section and its figures (bench/demo_docs.py).
+DEMO_RUN := .unicron/demo
 demo: $(STAMP)
-	$(VENV)/bin/unicron demo
+	rm -rf $(DEMO_RUN)
+	$(VENV)/bin/unicron demo --root $(DEMO_RUN)
+	$(PY) -m bench.demo_docs $(DEMO_RUN)
 
 bench: $(STAMP)
 	$(PY) -m bench.run

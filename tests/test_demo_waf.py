@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -53,3 +54,12 @@ def test_simulated_waf_drops_while_a_node_is_lost() -> None:
     assert during < before and after > during
     assert tables["alpha"] == {2: 2.0e9, 4: 3.8e9}  # nothing measured: the declared table
     assert np.all(waf >= 0)
+
+
+def test_the_docs_demo_section_is_what_the_demo_run_wrote() -> None:
+    """docs/live-cluster.md is rendered by bench/demo_docs.py from the demo run's figures (also
+    committed, docs/bench/demo-waf.json): no number in it is typed by hand."""
+    from bench.demo_docs import render
+
+    comparison = json.loads(Path("docs/bench/demo-waf.json").read_text())
+    assert Path("docs/live-cluster.md").read_text() == render(comparison)

@@ -173,11 +173,16 @@ def plans_table(cluster: LocalCluster, t0: float) -> Table:
     table = Table("at", "plan", "answers", "allocation before -> after", title="Plans", title_justify="left")
     for e in cluster.get("/v1/events", limit=1_000_000):
         if e["kind"] == "plan":
-            d = e["detail"]
-            changes = ", ".join(f"{t} {a}->{b}" for t, (a, b) in sorted(d["changes"].items()))
-            where = d["source"] if d["source"] == "table" else f"solved ({d['why']})"
-            table.add_row(f"{e['time'] - t0:.0f} s", where, d["answers"] or "-", changes)
+            table.add_row(*plan_row(e["detail"], e["time"] - t0))
     return table
+
+
+def plan_row(plan: dict[str, Any], at_s: float) -> list[str]:
+    """A plan event as a row: when, table or solved (and why), the event it answers, the changes
+    (the demo's report and docs/live-cluster.md)."""
+    changes = ", ".join(f"{t} {a}->{b}" for t, (a, b) in sorted(plan["changes"].items()))
+    where = plan["source"] if plan["source"] == "table" else f"solved ({plan['why']})"
+    return [f"{at_s:.0f} s", where, plan["answers"] or "-", changes]
 
 
 def waf_report(
