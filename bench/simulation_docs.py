@@ -48,6 +48,43 @@ def table(report: SimulationReport, paper: dict[str, str] | None = None) -> str:
     return "\n".join(lines)
 
 
+SENSITIVITY = (1.0, 0.75, 0.5, 0.25)  # failure-free efficiencies tried for Oobleck and Varuna
+ASSUMED = ("oobleck", "varuna")  # baselines whose efficiency is an assumption, not a measurement
+
+
+def ratio(report: SimulationReport, policy: str) -> float:
+    """Unicron's WAF over ``policy``'s in one report (an output of the simulation)."""
+    row = next(r for r in summary_rows(report) if r["policy"] == policy)
+    value = row["unicron_over_this"]
+    return float("nan") if value is None else float(value)
+
+
+def sensitivity() -> tuple[str, dict[str, dict[str, list[float]]]]:
+    """Unicron / baseline on trace-a and trace-b as the assumed failure-free efficiency varies."""
+    scenarios = ("trace-a", "trace-b")
+    found: dict[str, dict[str, list[float]]] = {p: {n: [] for n in scenarios} for p in ASSUMED}
+    for efficiency in SENSITIVITY:
+        for name in scenarios:
+            report = run(name, {p: {"efficiency": efficiency} for p in ASSUMED})
+            for policy in ASSUMED:
+                found[policy][name].append(ratio(report, policy))
+    head = ["assumed efficiency"] + [f"Unicron / {p} ({n})" for p in ASSUMED for n in scenarios]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, efficiency in enumerate(SENSITIVITY):
+        cells = [f"{efficiency:g}"] + [f"{found[p][n][i]:.2f}x" for p in ASSUMED for n in scenarios]
+        lines.append("| " + " | ".join(cells) + " |")
+    paper = ["paper (reported)"] + [PAPER[n][p] for p in ASSUMED for n in scenarios]
+    lines.append("| " + " | ".join(paper) + " |")
+    return "\n".join(lines), found
+
+
+def ours(reports: dict[str, SimulationReport], policy: str) -> str:
+    """Unicron / ``policy`` over trace-a and trace-b, as a range."""
+    values = sorted(ratio(reports[n], policy) for n in ("trace-a", "trace-b"))
+    low, high = f"{values[0]:.1f}", f"{values[-1]:.1f}"
+    return f"{low}x" if low == high else f"{low}-{high}x"
+
+
 def main() -> dict[str, object]:
     docs = ROOT / "docs"
     (docs / "bench").mkdir(parents=True, exist_ok=True)
@@ -65,8 +102,17 @@ def main() -> dict[str, object]:
         "failures": {n: len(r.failures) for n, r in reports.items()},
         "results": {n: to_json(r) for n, r in reports.items()},
     }
+    varied, found = sensitivity()
+    bench["sensitivity"] = {"efficiency": list(SENSITIVITY), "unicron_over": found}
     (docs / "bench" / "simulator.json").write_text(json.dumps(bench, indent=2) + "\n")
     text = TEMPLATE.format(
+        sensitivity=varied,
+        ours_megatron=ours(reports, "megatron"),
+        ours_oobleck=ours(reports, "oobleck"),
+        ours_varuna=ours(reports, "varuna"),
+        paper_megatron=_paper_range("megatron"),
+        paper_oobleck=_paper_range("oobleck"),
+        paper_varuna=_paper_range("varuna"),
         figure3=table(reports["figure3"]),
         trace_a=table(reports["trace-a"], PAPER["trace-a"]),
         trace_b=table(reports["trace-b"], PAPER["trace-b"]),
@@ -81,6 +127,11 @@ def main() -> dict[str, object]:
     )
     (docs / "simulation.md").write_text(text)
     return bench
+
+
+def _paper_range(policy: str) -> str:
+    values = [PAPER[n][policy] for n in ("trace-a", "trace-b")]
+    return values[0] if values[0] == values[1] else f"{values[0].rstrip('x')}-{values[1]}"
 
 
 TEMPLATE = (Path(__file__).parent / "templates" / "simulation.md").read_text()
