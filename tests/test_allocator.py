@@ -145,10 +145,15 @@ def test_a_queued_submission_is_answered_from_the_table_built_for_it(allocator: 
     # The heaviest task per slot takes two slots: gamma (weight 1) gives way.
     assert decided.plan.allocation() == plan(queued, TasksArrived(("delta",))).allocation()
     assert decided.plan.allocation() == {"alpha": 4, "beta": 2, "gamma": 0, "delta": 2}
-    # The table of the state that plan leads to no longer holds delta's arrival.
+    # The submission waited for its arrival's plan only, not a full table: another event is solved.
+    table = allocator.table
+    assert table is not None and table.node_back is None and not table.node_lost
+    assert allocator.decide(after_loss(arrived, 0), 0).source == "solved"
+    # The full table of the state the arrival's plan leads to no longer holds the arrival.
     allocator.refresh(arrived, decided, 0)
     allocator.wait()
     assert allocator.table is not None and not allocator.table.task_arrived
+    assert len(allocator.table.node_lost) == len(state.healthy)
 
 
 def test_while_new_measurements_are_built_in_the_previous_table_answers(allocator: Allocator) -> None:

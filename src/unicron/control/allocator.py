@@ -19,10 +19,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from unicron.core.errors import UsageError
 from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone, TasksArrived
 from unicron.planning.placement import Assignment, place
 from unicron.planning.planner import ClusterState, Plan, plan
-from unicron.planning.plantable import PlanTable, build
+from unicron.planning.plantable import PlanTable, build, build_arrivals
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,13 @@ class Allocator:
             if isinstance(found, str):
                 why = found
             else:
-                chosen = table.now if found is None else table.lookup(found)
-                if found is None and _normal(state.assignment) != _normal(table.state.assignment):
+                try:
+                    chosen = table.now if found is None else table.lookup(found)
+                except UsageError as exc:  # a table of arrivals only: the event is not in it
+                    chosen, why = None, str(exc)
+                if chosen is None:
+                    pass
+                elif found is None and _normal(state.assignment) != _normal(table.state.assignment):
                     why = "workers changed"
                 else:
                     layout = place(chosen.allocation(), state.healthy, state.gpus_per_node, state.assignment)
@@ -126,17 +132,20 @@ class Allocator:
     def rebuild(self, state: ClusterState, curves_version: int) -> None:
         """The planner's inputs changed with no event (a submission queued in ``state.arriving``,
         new measurements in ``state.curves``): build the table for them in the background;
-        :meth:`poll` says when it is ready to be planned with."""
-        self._start(state, curves_version, wake=True)
+        :meth:`poll` says when it is ready to be planned with. A submission waits only for its
+        arrival's plan (:func:`build_arrivals`), not for a full table."""
+        self._start(state, curves_version, wake=True, arrivals_only=bool(state.arriving))
 
-    def _start(self, state: ClusterState, curves_version: int, wake: bool) -> None:
+    def _start(
+        self, state: ClusterState, curves_version: int, wake: bool, arrivals_only: bool = False
+    ) -> None:
         key = (*_state_key(state), curves_version)
         if key == self._refreshed_for:
             return  # the table (built or being built) already answers from this state
         self._refreshed_for = key
         if self._building is not None:
             self._building.cancel()
-        self._building = self._pool.submit(self._builder, state)
+        self._building = self._pool.submit(build_arrivals if arrivals_only else self._builder, state)
         self._building_version = curves_version
         self._wake = wake
 

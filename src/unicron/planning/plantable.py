@@ -22,7 +22,7 @@ class PlanTable:
     state: ClusterState
     now: Plan  # the best plan with no event (a rebalance of the present)
     node_lost: Mapping[int, Plan]
-    node_back: Plan
+    node_back: Plan | None  # None: not precomputed (a table of arrivals only)
     task_done: Mapping[str, Plan]
     task_arrived: Mapping[tuple[str, ...], Plan] = field(default_factory=dict)
     build_s: float = field(compare=False, default=0.0)
@@ -44,6 +44,8 @@ class PlanTable:
         if isinstance(event, NodeBack):
             if event.node is not None and event.node in self.state.healthy:
                 raise UsageError(f"node {event.node} is already in service")
+            if self.node_back is None:
+                raise UsageError("this table holds the queued submissions' arrival only")
             return replace(self.node_back, event=str(event))
         if isinstance(event, TasksArrived):
             arrival = self.task_arrived.get(event.tasks)
@@ -79,6 +81,17 @@ def build(state: ClusterState) -> PlanTable:
     solves += len(task_done) + len(task_arrived) + 2
     seconds = time.perf_counter() - started
     return PlanTable(state, now, node_lost, back, task_done, task_arrived, seconds, solves)
+
+
+def build_arrivals(state: ClusterState) -> PlanTable:
+    """A table of the queued submissions' arrival (and the present) only: what a submission waits
+    for, two solves instead of a full table's hundreds; the full table is built after the
+    arrival's plan is carried out, from the state it leads to."""
+    started = time.perf_counter()
+    names = [tuple(t.name for t in group) for group in state.arriving]
+    task_arrived = {n: plan(state, TasksArrived(n)) for n in names}
+    seconds = time.perf_counter() - started
+    return PlanTable(state, plan(state), {}, None, {}, task_arrived, seconds, len(task_arrived) + 1)
 
 
 def refresh(table: PlanTable, event: PlanEvent | None) -> PlanTable:
