@@ -107,6 +107,7 @@ def main() -> dict[str, object]:
     (docs / "bench" / "simulator.json").write_text(json.dumps(bench, indent=2) + "\n")
     text = TEMPLATE.format(
         sensitivity=varied,
+        megatron_llama_loss=1 - reports["llama3"].result("megatron").ratio_to_oracle,
         ours_megatron=ours(reports, "megatron"),
         ours_oobleck=ours(reports, "oobleck"),
         ours_varuna=ours(reports, "varuna"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from unicron.control.handling import Ladder
 from unicron.control.monitor import TaskMonitor
+from unicron.core.ladder import Ladder
 from unicron.core.settings import Settings
 from unicron.core.taxonomy import Action, ErrorKind
 

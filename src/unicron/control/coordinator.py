@@ -22,7 +22,6 @@ from unicron.control.context import Context, CoordinatorSettings
 from unicron.control.detection import Detector
 from unicron.control.effects import Applier, Orders
 from unicron.control.generations import Generations
-from unicron.control.handling import Ladder
 from unicron.control.hangs import innermost_frame
 from unicron.control.placing import Placer
 from unicron.control.rates import RateMeter
@@ -31,6 +30,7 @@ from unicron.control.recovery import CONSEQUENCES, Recovery
 from unicron.control.rendezvous import Rendezvous
 from unicron.control.store import Store
 from unicron.core.errors import Conflict
+from unicron.core.ladder import Ladder
 from unicron.core.livespecs import CORRUPTIONS, LiveTaskSpec
 from unicron.core.protocol import (
     SPARE_GENERATION,

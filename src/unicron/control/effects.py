@@ -1,6 +1,6 @@
 """Acting: the one place that changes the world outside the coordinator's own memory.
 
-Deciders (``generations.py``, ``handling.py``, ``detection.py``, ``spares.py``, the planner)
+Deciders (``generations.py``, ``core/ladder.py``, ``detection.py``, ``spares.py``, the planner)
 are pure: they return frozen decisions. The :class:`Applier` carries a decision out: it writes
 the store, posts to the tasks' rendezvous stores and queues orders for the agents. No other
 module of the coordinator does any of the three.

@@ -3,7 +3,7 @@
 The first sign of a failure in a generation opens its *incident*; later signs (the peers'
 connection errors, the exits that follow) belong to it. The fault is attributed to its scope
 first (``attribute``: a worker, its node, the task itself or the checkpoint storage), so that
-only worker and node faults count against a node. The ladder (``handling.py``) then picks the
+only worker and node faults count against a node. The ladder (``core/ladder.py``) then picks the
 action; recovery is in place when the failed ranks are known and enough survivors remain (they
 form the next generation), else a restart of the task from its newest checkpoint.
 """
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from unicron.control.context import Context
 from unicron.control.generations import Generations, Shrink
-from unicron.control.handling import Ladder
 from unicron.control.hangs import WorkerKey, not_arrived
+from unicron.core.ladder import Ladder
 from unicron.core.protocol import Progress
 from unicron.core.states import NodeState, TaskState
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope

@@ -8,183 +8,18 @@ comparison isolates failure handling and re-planning.
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from unicron.core.events import NodeBack, NodeLost
-from unicron.core.taxonomy import TAXONOMY, Action, ErrorKind
-from unicron.planning.placement import Assignment
-from unicron.planning.planner import plan
-from unicron.planning.transition import bandwidth, state_source, transition_parts
-from unicron.sim.engine import HOUR, Simulation, TaskRun
+from unicron.sim.engine import Simulation, TaskRun
+from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, allocation, iteration_s
 from unicron.sim.traces import Failure
+from unicron.sim.unicron_policy import UnicronPolicy, UnicronSettings
 
-# Kinds whose first symptom is a process that dies or raises (a launcher sees the exit); the
-# others first show as peers blocked in a collective, found only by a timeout or by monitoring.
-CRASH_KINDS = frozenset(
-    {
-        ErrorKind.CUDA_ERROR,
-        ErrorKind.ILLEGAL_MEMORY_ACCESS,
-        ErrorKind.EXITED_ABNORMALLY,
-        ErrorKind.ECC_ERROR,
-        ErrorKind.CONNECTION_REFUSED,
-        ErrorKind.CONNECTION_RESET,
-        ErrorKind.OTHER,
-    }
-)
-
-
-def _gpus(sim: Simulation, name: str) -> int:
-    return sim.tasks[name].gpus
-
-
-def _allocation(
-    sim: Simulation, changes: Mapping[str, int], held: Callable[[Simulation, str], int] = _gpus
-) -> dict[str, int]:
-    """Every task's GPUs as held now (``held``), with ``changes`` applied."""
-    return {**{n: held(sim, n) for n in sim.tasks}, **changes}
-
-
-class _Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _iteration_s(sim: Simulation, run: TaskRun) -> float:
-    points = sim.reference[run.spec.name].evaluate(np.array([max(run.gpus, run.nominal)], dtype=np.int64))
-    value = float(points.iteration_s[0])
-    return value if math.isfinite(value) else 0.0
-
-
-# ---------------------------------------------------------------------------------- Unicron
-
-
-class UnicronSettings(_Settings):
-    node_lost_detection_s: float = Field(3.0, ge=0, description="heartbeat deadline")
-    crash_detection_s: float = Field(0.5, ge=0, description="process exit or forwarded exception")
-    hardware_detection_s: float = Field(1.0, ge=0, description="NVLink, driver, DMA errors raised in-band")
-    network_detection_s: float = Field(1.0, ge=0, description="socket errors raised in-band")
-    hang_multiple: float = Field(3.0, gt=1, description="hang deadline in mean iteration times")
-    heartbeat_s: float = Field(1.0, ge=0)
-    reattempt_failure_probability: float = Field(0.1, ge=0, le=1)
-    isolate_after: int = Field(3, ge=1, description="SEV1/SEV2 errors on one node within the window")
-    isolate_window_hours: float = Field(24.0, gt=0)
-    isolation_hours: float = Field(24.0, ge=0, description="how long an isolated node is checked")
-    seed: int = 0
-
-
-class UnicronPolicy:
-    name = "unicron"
-    efficiency = 1.0  # the paper: failure-free throughput equal to Megatron's
-    tensor_parallel = True
-    elastic = False
-
-    def __init__(self, settings: UnicronSettings | None = None) -> None:
-        self.s = settings or UnicronSettings()
-        self.rng = random.Random(self.s.seed)
-        self.errors: dict[int, list[float]] = {}
-
-    def start(self, sim: Simulation) -> None:
-        pass
-
-    def detection_s(self, sim: Simulation, kind: ErrorKind, run: TaskRun | None) -> float:
-        if kind is ErrorKind.NODE_LOST:
-            return self.s.node_lost_detection_s
-        if kind in (ErrorKind.TASK_HANG, ErrorKind.NCCL_TIMEOUT):
-            iteration = _iteration_s(sim, run) if run is not None else 0.0
-            return self.s.hang_multiple * iteration + self.s.heartbeat_s
-        if kind in CRASH_KINDS:
-            return self.s.crash_detection_s
-        if TAXONOMY[kind].action is Action.RECONFIGURE:
-            return self.s.hardware_detection_s
-        return self.s.network_detection_s
-
-    def on_failure(self, sim: Simulation, failure: Failure, hit: Mapping[str, int]) -> None:
-        action = TAXONOMY[failure.kind].action
-        if action is Action.REATTEMPT and self.rng.random() < self.s.reattempt_failure_probability:
-            action = Action.RESTART_PROCESS  # the retried operation failed again: escalate
-        if action is Action.RESTART_PROCESS and self._flaky(sim, failure.node):
-            action = Action.RECONFIGURE
-            sim.take_out(failure.node, sim.now + self.s.isolation_hours * HOUR)
-        if action is Action.RECONFIGURE:
-            self._reconfigure(sim, failure, hit)
-            return
-        settings = sim.cluster.planner.transition
-        for name in hit:
-            run = sim.tasks[name]
-            detect = self.detection_s(sim, failure.kind, run)
-            if action is Action.REATTEMPT:
-                sim.pause(name, [(detect, "detection"), (settings.reattempt_s, "restart")])
-                continue
-            # Restart the failed process; it takes its state from the nearest live replica.
-            points = sim.reference[name].evaluate(np.array([run.gpus], dtype=np.int64))
-            replica = int(points.replica_gpus[0])
-            source = state_source(run.gpus - hit[name], replica)
-            move = float(points.state_bytes_per_gpu[0]) / bandwidth(settings, source)
-            lost = settings.lost_iteration_fraction * _iteration_s(sim, run)
-            if source.value == "persistent_checkpoint":
-                lost += settings.checkpoint_interval_s / 2
-            sim.pause(
-                name,
-                [(detect, "detection"), (settings.restart_process_s + move, "restart"), (lost, "lost_work")],
-            )
-
-    def _flaky(self, sim: Simulation, node: int) -> bool:
-        window = self.s.isolate_window_hours * HOUR
-        recent = [t for t in self.errors.get(node, []) if sim.now - t <= window] + [sim.now]
-        self.errors[node] = recent
-        return len(recent) >= self.s.isolate_after
-
-    def _reconfigure(self, sim: Simulation, failure: Failure, hit: Mapping[str, int]) -> None:
-        node = failure.node
-        before: Assignment = {n: dict(t) for n, t in sim.assignment.items()}
-        before[node] = dict(hit)
-        state = sim.planner_state(tuple(sorted(sim.healthy | {node})), before)
-        if node in sim.healthy:  # a SEV1 kind that needs no repair: the node returns at once
-            sim.take_out(node, sim.now)
-        chosen = plan(state, NodeLost(node))
-        self._carry_out(sim, chosen.decisions, hit, failure.kind)
-
-    def _carry_out(
-        self, sim: Simulation, decisions: Any, hit: Mapping[str, int], kind: ErrorKind | None
-    ) -> None:
-        settings = sim.cluster.planner.transition
-        for d in decisions:
-            failed = d.task in hit
-            if d.after == d.before and not failed:
-                continue
-            run = sim.tasks[d.task]
-            curve = sim.reference[d.task]
-            before = curve.evaluate(np.array([d.before], dtype=np.int64))
-            after = curve.evaluate(np.array([d.after], dtype=np.int64))
-            detect = self.detection_s(sim, kind, run) if (failed and kind is not None) else 0.0
-            parts = transition_parts(
-                settings,
-                before=before,
-                after=after,
-                survivors=d.before - hit.get(d.task, 0),
-                failed=failed,
-                detection_s=detect,
-            )
-            if d.after > 0:
-                sim.pause(
-                    d.task,
-                    [
-                        (float(parts.detection[0]), "detection"),
-                        (float(parts.setup[0] + parts.state[0]), "restart"),
-                        (float(parts.lost_work[0]), "lost_work"),
-                    ],
-                )
-        sim.set_allocation({d.task: d.after for d in decisions})
-
-    def on_repair(self, sim: Simulation, node: int) -> None:
-        state = sim.planner_state(tuple(sorted(sim.healthy - {node})))
-        chosen = plan(state, NodeBack(node))
-        self._carry_out(sim, chosen.decisions, {}, None)
-
+__all__ = ["POLICY_NAMES", "MegatronPolicy", "MegatronSettings", "UnicronSettings", "make_policy"]
 
 # ---------------------------------------------------------------------------------- Oracle
 
@@ -210,7 +45,7 @@ class OraclePolicy:
 # ---------------------------------------------------------------------------------- Megatron
 
 
-class MegatronSettings(_Settings):
+class MegatronSettings(PolicySettings):
     collective_timeout_s: float = Field(1800.0, ge=0, description="NCCL/gloo timeout seen by peers")
     exit_detection_s: float = Field(60.0, ge=0, description="job fails once a rank exits")
     resubmit_s: float = Field(540.0, ge=0, description="waiting for the job to be rescheduled")
@@ -249,12 +84,12 @@ class MegatronPolicy:
                 continue
             survivors = run.gpus  # the engine already removed the lost workers
             if sim.free_gpus() >= lost:  # a spare takes the lost node's place
-                sim.set_allocation(_allocation(sim, {name: run.nominal}))
+                sim.set_allocation(allocation(sim, {name: run.nominal}))
                 sim.pause(name, [(detect, "detection"), *self._restart()])
             elif self.s.on_node_loss == "shrink":
                 budget = survivors + sim.free_gpus()
                 smaller = max((c for c in range(budget, 0, -1) if sim.usable(name, c)), default=0)
-                sim.set_allocation(_allocation(sim, {name: smaller}))
+                sim.set_allocation(allocation(sim, {name: smaller}))
                 sim.pause(name, [(detect, "detection"), *self._restart()])
             else:
                 run.waiting_rate = sim.potential(run, run.nominal) * survivors / max(run.nominal, 1)
@@ -266,7 +101,7 @@ class MegatronPolicy:
             if deficit <= 0 or sim.free_gpus() < deficit:
                 continue
             waiting = any(c == "repair_wait" for _, c in run.segments)
-            sim.set_allocation(_allocation(sim, {name: run.nominal}))
+            sim.set_allocation(allocation(sim, {name: run.nominal}))
             run.waiting_rate = None if not waiting else run.waiting_rate
             # A waiting task restarts from its checkpoint; a shrunk one checkpoints, then restarts.
             sim.pause(name, self._restart(with_recompute=waiting), replace=waiting)
@@ -275,7 +110,7 @@ class MegatronPolicy:
 # ---------------------------------------------------------------------------------- elastic baselines
 
 
-class ElasticSettings(_Settings):
+class ElasticSettings(PolicySettings):
     efficiency: float = Field(1.0, gt=0, le=1, description="failure-free throughput vs its curve")
     tensor_parallel: bool = False
     crash_detection_s: float = Field(5.0, ge=0)
@@ -357,7 +192,7 @@ class ElasticPolicy:
 
     def _lost_work(self, sim: Simulation, run: TaskRun) -> float:
         if self.s.lost_work == "iteration":
-            return _iteration_s(sim, run)
+            return iteration_s(sim, run)
         if self.s.lost_work == "checkpoint":
             return self.s.checkpoint_interval_s / 2
         return 0.0
@@ -379,9 +214,9 @@ class ElasticPolicy:
                 ],
             )
             if node_out and sim.free_gpus() >= lost:
-                sim.set_allocation(_allocation(sim, {name: run.nominal}, self._held))
+                sim.set_allocation(allocation(sim, {name: run.nominal}, self._held))
             elif node_out:
-                sim.set_allocation(_allocation(sim, {name: run.gpus}, self._held))
+                sim.set_allocation(allocation(sim, {name: run.gpus}, self._held))
 
     def _drop_replica_group(
         self, sim: Simulation, run: TaskRun, lost: int, detect: float, node_out: bool
@@ -396,7 +231,7 @@ class ElasticPolicy:
         stall = detect + self._lost_work(sim, run)
         sim.pause(name, [(detect, "detection"), (stall - detect, "lost_work")])
         if node_out and sim.free_gpus() >= lost:
-            sim.set_allocation(_allocation(sim, {name: run.nominal}, self._held))
+            sim.set_allocation(allocation(sim, {name: run.nominal}, self._held))
             node_out = False  # the group restarts on a spare node
         effective = max(self._held(sim, name) + (lost if node_out else 0) - group, 0)
 
@@ -423,7 +258,7 @@ class ElasticPolicy:
             deficit = run.nominal - held
             if deficit <= 0 or sim.free_gpus() < deficit:
                 continue
-            sim.set_allocation(_allocation(sim, {name: run.nominal}, self._held))
+            sim.set_allocation(allocation(sim, {name: run.nominal}, self._held))
             if self.s.survivors_continue:
                 run.gpus = held  # the new group heals before it counts
                 sim.call_at(sim.now + self.s.heal_s, self._healer(sim, name))

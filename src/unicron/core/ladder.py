@@ -1,5 +1,8 @@
 """The severity ladder: which action handles an incident, and when to escalate.
 
+Pure (no I/O, clock passed in), so that the coordinator (``control/recovery.py``) and the
+simulator's Unicron policy (``sim/policies.py``) decide with the same code.
+
 The kind's severity gives the first action (SEV3: reattempt in place, SEV2: restart the process,
 SEV1: reconfigure the cluster). An action escalates one level when it was already taken too often
 for the task within the window (max_reattempts, max_restarts). A node that produced

@@ -1,0 +1,48 @@
+"""What the simulated policies share: their settings base, which failures show as a crash, and a
+task's iteration time."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from unicron.core.taxonomy import ErrorKind
+from unicron.sim.engine import Simulation, TaskRun
+
+# Kinds whose first symptom is a process that dies or raises (a launcher sees the exit); the
+# others first show as peers blocked in a collective, found only by a timeout or by monitoring.
+CRASH_KINDS = frozenset(
+    {
+        ErrorKind.CUDA_ERROR,
+        ErrorKind.ILLEGAL_MEMORY_ACCESS,
+        ErrorKind.EXITED_ABNORMALLY,
+        ErrorKind.ECC_ERROR,
+        ErrorKind.CONNECTION_REFUSED,
+        ErrorKind.CONNECTION_RESET,
+        ErrorKind.OTHER,
+    }
+)
+
+
+class PolicySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def gpus_of(sim: Simulation, name: str) -> int:
+    return sim.tasks[name].gpus
+
+
+def allocation(
+    sim: Simulation, changes: Mapping[str, int], held: Callable[[Simulation, str], int] = gpus_of
+) -> dict[str, int]:
+    """Every task's GPUs as held now (``held``), with ``changes`` applied."""
+    return {**{n: held(sim, n) for n in sim.tasks}, **changes}
+
+
+def iteration_s(sim: Simulation, run: TaskRun) -> float:
+    points = sim.reference[run.spec.name].evaluate(np.array([max(run.gpus, run.nominal)], dtype=np.int64))
+    value = float(points.iteration_s[0])
+    return value if math.isfinite(value) else 0.0

@@ -1,0 +1,247 @@
+"""The simulated Unicron: the coordinator's severity ladder (``core/ladder.py``, the same code)
+and planner on the simulated clock, with recovery modelled as the live system does it.
+
+- The ladder decides per hit task (reattempt, restart the failed process, reconfigure, isolate
+  the node), counting repeats and node errors exactly as the coordinator does.
+- A failed process is recovered *in place*: the survivors rebuild their group without the failed
+  replica (detection + one group rebuild + the departed ranks' share of the step in flight, the
+  rest of the step's micro-batches kept) and go on shrunk; newcomers launch meanwhile (process
+  start), then take their state from a live replica while the members wait (transfer + one
+  rebuild), and the task is whole again. Only when no full replica survives does the task
+  restart from its checkpoint (the third tier), with the cost model's restart.
+- A node lost or isolated is answered by the planner (``plan(state, NodeLost)``, as the
+  coordinator's table): hit tasks recover in place as above and grow to what the plan gives
+  them; other tasks shrink at a step boundary (one rebuild) or grow with newcomers as above.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from pydantic import Field
+
+from unicron.core.events import NodeBack, NodeLost
+from unicron.core.ladder import Decision as LadderDecision
+from unicron.core.ladder import Ladder
+from unicron.core.settings import Settings
+from unicron.core.taxonomy import TAXONOMY, Action, ErrorKind, StateSource
+from unicron.planning.placement import Assignment
+from unicron.planning.planner import Decision, plan
+from unicron.planning.transition import bandwidth, state_source, transition_parts
+from unicron.sim.engine import HOUR, Simulation, TaskRun
+from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, iteration_s
+from unicron.sim.traces import Failure
+
+
+class UnicronSettings(PolicySettings):
+    node_lost_detection_s: float = Field(3.0, ge=0, description="heartbeat deadline")
+    crash_detection_s: float = Field(0.5, ge=0, description="process exit or forwarded exception")
+    hardware_detection_s: float = Field(1.0, ge=0, description="NVLink, driver, DMA errors raised in-band")
+    network_detection_s: float = Field(1.0, ge=0, description="socket errors raised in-band")
+    hang_multiple: float = Field(3.0, gt=1, description="hang deadline in mean iteration times")
+    heartbeat_s: float = Field(1.0, ge=0)
+    reattempt_failure_probability: float = Field(0.1, ge=0, le=1)
+    isolate_after: int = Field(3, ge=1, description="SEV1/SEV2 errors on one node within the window")
+    isolate_window_hours: float = Field(24.0, gt=0)
+    isolation_hours: float = Field(24.0, ge=0, description="how long an isolated node is checked")
+    in_place: bool = Field(True, description="survivors recover in process (run.recovery: in_process)")
+    seed: int = 0
+
+    def ladder_settings(self) -> Settings:
+        """The coordinator's ladder thresholds, with this policy's isolation rule."""
+        return Settings(
+            escalation_window_s=self.isolate_window_hours * HOUR, isolate_after=self.isolate_after
+        )
+
+
+class UnicronPolicy:
+    name = "unicron"
+    efficiency = 1.0  # the paper: failure-free throughput equal to Megatron's
+    tensor_parallel = True
+    elastic = False
+
+    def __init__(self, settings: UnicronSettings | None = None) -> None:
+        self.s = settings or UnicronSettings()
+        self.rng = random.Random(self.s.seed)
+        self.ladder = Ladder(self.s.ladder_settings())
+        self.regrowing: dict[str, int] = {}  # task -> the count its newcomers bring it back to
+
+    def start(self, sim: Simulation) -> None:
+        pass
+
+    def detection_s(self, sim: Simulation, kind: ErrorKind, run: TaskRun | None) -> float:
+        if kind is ErrorKind.NODE_LOST:
+            return self.s.node_lost_detection_s
+        if kind in (ErrorKind.TASK_HANG, ErrorKind.NCCL_TIMEOUT):
+            iteration = iteration_s(sim, run) if run is not None else 0.0
+            return self.s.hang_multiple * iteration + self.s.heartbeat_s
+        if kind in CRASH_KINDS:
+            return self.s.crash_detection_s
+        if TAXONOMY[kind].action is Action.RECONFIGURE:
+            return self.s.hardware_detection_s
+        return self.s.network_detection_s
+
+    # ------------------------------------------------------------------ the ladder
+    def on_failure(self, sim: Simulation, failure: Failure, hit: Mapping[str, int]) -> None:
+        node = str(failure.node)
+        decisions = {name: self._decide(sim, name, failure.kind, node) for name in sorted(hit)}
+        if any(d.isolate_node for d in decisions.values()) and failure.node in sim.healthy:
+            sim.take_out(failure.node, sim.now + self.s.isolation_hours * HOUR)
+        if any(d.action is Action.RECONFIGURE for d in decisions.values()):
+            self._reconfigure(sim, failure, hit)  # the planner answers for every task on the node
+            return
+        for name, decision in decisions.items():
+            run = sim.tasks[name]
+            if decision.action is Action.REATTEMPT:
+                detect = self.detection_s(sim, failure.kind, run)
+                sim.pause(name, [(detect, "detection"), (self._rebuild_s(sim), "restart")])
+            else:
+                self._recover(sim, name, hit[name], failure.kind, self.regrowing.get(name, run.gpus))
+
+    def _decide(self, sim: Simulation, name: str, kind: ErrorKind, node: str) -> LadderDecision:
+        """The coordinator's ladder; a reattempt that fails again is another incident of the
+        same kind, which the ladder escalates after max_reattempts."""
+        decision = self.ladder.decide(name, kind, node, sim.now)
+        while (
+            decision.action is Action.REATTEMPT and self.rng.random() < self.s.reattempt_failure_probability
+        ):
+            decision = self.ladder.decide(name, kind, node, sim.now)
+        return decision
+
+    def _reconfigure(self, sim: Simulation, failure: Failure, hit: Mapping[str, int]) -> None:
+        node = failure.node
+        before: Assignment = {n: dict(t) for n, t in sim.assignment.items()}
+        before[node] = dict(hit)
+        state = sim.planner_state(tuple(sorted(sim.healthy | {node})), before)
+        if node in sim.healthy:  # a SEV1 kind that needs no repair: the node is checked and returns
+            sim.take_out(node, sim.now)
+        self._carry_out(sim, plan(state, NodeLost(node)).decisions, hit, failure.kind)
+
+    def on_repair(self, sim: Simulation, node: int) -> None:
+        state = sim.planner_state(tuple(sorted(sim.healthy - {node})))
+        self._carry_out(sim, plan(state, NodeBack(node)).decisions, {}, None)
+
+    # ------------------------------------------------------------------ carrying a plan out
+    def _carry_out(
+        self, sim: Simulation, decisions: Sequence[Decision], hit: Mapping[str, int], kind: ErrorKind | None
+    ) -> None:
+        sim.set_allocation({d.task: d.after for d in decisions})
+        for d in decisions:
+            run = sim.tasks[d.task]
+            if d.task in hit and kind is not None:
+                self._recover(sim, d.task, hit[d.task], kind, d.after, planned_before=d.before)
+            elif d.after > d.before > 0 and self.s.in_place:
+                self._grow(sim, d.task, d.before, d.after)
+            elif 0 < d.after < d.before and self.s.in_place:
+                sim.pause(d.task, [(self._rebuild_s(sim), "restart")])  # shrink at a step boundary
+            elif d.after != d.before and d.after > 0:
+                self._relaunch(sim, run, d.before, d.after, survivors=d.before, failed=False)
+
+    def _recover(
+        self,
+        sim: Simulation,
+        name: str,
+        lost_gpus: int,
+        kind: ErrorKind,
+        target: int,
+        planned_before: int | None = None,
+    ) -> None:
+        """A failed process (or node) of ``name``: in place when a full replica survives, then
+        grow back to ``target`` with newcomers; else restart from the checkpoint."""
+        run = sim.tasks[name]
+        before = planned_before if planned_before is not None else run.gpus
+        detect = self.detection_s(sim, kind, run)
+        replica = self._replica(sim, name, before)
+        failed_replicas = math.ceil(lost_gpus / replica) if lost_gpus else 1
+        survivors = max(before - failed_replicas * replica, 0)
+        keep = max((c for c in range(min(survivors, target), 0, -1) if sim.usable(name, c)), default=0)
+        if not self.s.in_place or keep == 0 or target == 0:
+            if target > 0:
+                self._relaunch(sim, run, before, target, survivors=survivors, failed=True, detect=detect)
+            return
+        share = (before - keep) / before
+        lost = sim.cluster.planner.transition.lost_iteration_fraction * iteration_s(sim, run) * share
+        sim.pause(name, [(detect, "detection"), (self._rebuild_s(sim), "restart"), (lost, "lost_work")])
+        if keep < target:
+            self._grow(sim, name, keep, target)
+
+    def _grow(self, sim: Simulation, name: str, running: int, target: int) -> None:
+        """Newcomers launch while the task runs on ``running``; then they take their state from a
+        live replica while the members wait, and the task runs on ``target``."""
+        run = sim.tasks[name]
+        self.regrowing[name] = target
+        resumes = run.down_until(sim.now)  # (a pause under way is lost at the count it held)
+
+        def shrunk() -> None:
+            if self.regrowing.get(name) == target:
+                run.gpus = running  # the other slots are held for the newcomers
+
+        sim.call_at(resumes, shrunk)
+        ready = resumes + sim.cluster.planner.transition.restart_process_s
+
+        def joined() -> None:
+            if self.regrowing.get(name) != target or self._held(sim, name) != target:
+                return  # a later plan changed the task meanwhile
+            del self.regrowing[name]
+            run.gpus = target
+            sim.pause(name, [(self._transfer_s(sim, name, target) + self._rebuild_s(sim), "restart")])
+
+        sim.call_at(ready, joined)
+
+    def _relaunch(
+        self,
+        sim: Simulation,
+        run: TaskRun,
+        before: int,
+        after: int,
+        survivors: int,
+        failed: bool,
+        detect: float = 0.0,
+    ) -> None:
+        """Stop and relaunch (a start from nothing, a move in place cannot express, or no full
+        replica left): the cost model's transition, state from the nearest source."""
+        curve = sim.reference[run.spec.name]
+        parts = transition_parts(
+            sim.cluster.planner.transition,
+            before=curve.evaluate(np.array([before], dtype=np.int64)),
+            after=curve.evaluate(np.array([after], dtype=np.int64)),
+            survivors=survivors,
+            failed=failed,
+            detection_s=detect,
+            action=Action.RESTART_PROCESS if failed else Action.RECONFIGURE,
+        )
+        self.regrowing.pop(run.spec.name, None)
+        run.gpus = after
+        sim.pause(
+            run.spec.name,
+            [
+                (float(parts.detection[0]), "detection"),
+                (float(parts.setup[0] + parts.state[0]), "restart"),
+                (float(parts.lost_work[0]), "lost_work"),
+            ],
+        )
+
+    # ------------------------------------------------------------------ small parts
+    @staticmethod
+    def _held(sim: Simulation, name: str) -> int:
+        return sum(t.get(name, 0) for t in sim.assignment.values())
+
+    @staticmethod
+    def _rebuild_s(sim: Simulation) -> float:
+        """Survivors re-form their process group (the reattempt's set-up)."""
+        return sim.cluster.planner.transition.reattempt_s
+
+    @staticmethod
+    def _replica(sim: Simulation, name: str, gpus: int) -> int:
+        points = sim.reference[name].evaluate(np.array([max(gpus, 1)], dtype=np.int64))
+        return max(int(points.replica_gpus[0]), 1)
+
+    def _transfer_s(self, sim: Simulation, name: str, gpus: int) -> float:
+        points = sim.reference[name].evaluate(np.array([gpus], dtype=np.int64))
+        source = state_source(gpus, int(points.replica_gpus[0]))
+        if source is StateSource.PERSISTENT_CHECKPOINT:
+            source = StateSource.OTHER_NODE_REPLICA  # newcomers join live members: a replica exists
+        return float(points.state_bytes_per_gpu[0]) / bandwidth(sim.cluster.planner.transition, source)
