@@ -51,6 +51,7 @@ def render(comparison: dict[str, Any]) -> str:
         phases=_markdown(["phase", "live WAF (GFLOP/s)", "simulated (GFLOP/s)", "live / simulated"], phases),
         verdict=verdict,
         restart_s=comparison["simulated_transition"]["restart_process_s"],
+        grow_s=comparison["simulated_transition"]["reconfigure_s"],
         repair_s=loss["repair_s"],
     )
 

@@ -34,13 +34,16 @@ def test_measured_rates_and_transition_times_come_from_events() -> None:
         {"kind": "throughput_measured", "task": "a", "time": 3.0, "detail": {"workers": 4, "flops": 2.0e9}},
         {"kind": "task_launch", "task": "a", "time": 10.0, "detail": {"generation": 1}},
         {"kind": "task_running", "task": "a", "time": 14.0, "detail": {"generation": 1}},
+        {"kind": "task_launch", "task": "a", "time": 50.0, "detail": {"generation": 2}},
+        {"kind": "task_running", "task": "a", "time": 52.0, "detail": {"generation": 2}},
         {"kind": "task_grown", "task": "a", "time": 30.0, "detail": {"waited_s": 3.0}},
         {"kind": "node_lost", "task": None, "time": 40.0, "detail": {"silent_s": 2.5}},
     ]
     assert demo_waf.measured_rates(events) == {"a": {4: 2.0e9}}  # the median
     tasks = [{"started": 0.0, "finished": 100.0, "step": 500}]
     got = demo_waf.transition_from_events(events, tasks, checkpoint_every=25)
-    assert (got.restart_process_s, got.reconfigure_s, got.node_loss_detection_s) == (4.0, 3.0, 2.5)
+    # The relaunch (2 s), not the first launch (4 s, every task starting at once).
+    assert (got.restart_process_s, got.reconfigure_s, got.node_loss_detection_s) == (2.0, 3.0, 2.5)
     assert got.checkpoint_interval_s == pytest.approx(5.0)
 
 

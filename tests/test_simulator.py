@@ -81,10 +81,10 @@ def test_node_loss_shrinks_then_grows_back() -> None:
     expected = 2.0 * (1.8 * RATE * 8 * 3600 + RATE * 2 * 3600)
     assert oracle.waf_flop == pytest.approx(expected)
     unicron = run("unicron", failures, nodes=2)
-    # Below the oracle only while the newcomers launch after the repair (the task runs on 8 of
-    # its 16 slots meanwhile): the live system's grow.
+    # Below the oracle only while the newcomers start and join after the repair (the task runs on
+    # 8 of its 16 slots meanwhile, reconfigure_s): the live system's grow.
     launch = ClusterSpec(nodes=2, gpus_per_node=8, gpu="A100", node_mtbf_hours=1000).planner.transition
-    shrunk = 2.0 * (1.8 - 1.0) * RATE * launch.restart_process_s
+    shrunk = 2.0 * (1.8 - 1.0) * RATE * launch.reconfigure_s
     assert unicron.lost_flop["sub_healthy"] == pytest.approx(shrunk)
     assert 0.99 * expected < unicron.waf_flop < expected
 
@@ -101,7 +101,7 @@ def test_unicron_recovers_a_failed_process_in_place_and_grows_back() -> None:
     assert unicron.lost_flop["restart"] == pytest.approx(whole * (2 * t.reattempt_s + transfer))
     lost = t.lost_iteration_fraction * TABLE_TASK.iteration_seconds * 0.5  # the departed half
     assert unicron.lost_flop["lost_work"] == pytest.approx(whole * lost)
-    assert unicron.lost_flop["sub_healthy"] == pytest.approx(2.0 * 0.8 * RATE * t.restart_process_s)
+    assert unicron.lost_flop["sub_healthy"] == pytest.approx(2.0 * 0.8 * RATE * t.reconfigure_s)
     assert unicron.lost_flop["repair_wait"] == 0
     # Without in-process recovery the same failure restarts the process with peer state.
     restarting = run("unicron", [Failure(1.0, 0, ErrorKind.CUDA_ERROR, 0.0)], nodes=2, in_place=False)

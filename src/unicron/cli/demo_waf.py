@@ -68,15 +68,18 @@ def transition_from_events(
 ) -> TransitionSettings:
     """The simulator's transition times as this live run measured them (the defaults describe
     large models on real clusters): launch to first step, in-place grow, node-loss detection,
-    and the time between checkpoints."""
+    and the time between checkpoints. The restart is measured on relaunches (generation 2 on)
+    where there are any."""
     launched = {
         (e["task"], e["detail"]["generation"]): e["time"] for e in events if e["kind"] == "task_launch"
     }
-    starts = [
-        e["time"] - launched[(e["task"], e["detail"]["generation"])]
+    starts = {
+        key: e["time"] - launched[key]
         for e in events
-        if e["kind"] == "task_running" and (e["task"], e["detail"].get("generation")) in launched
-    ]
+        if e["kind"] == "task_running" and (key := (e["task"], e["detail"].get("generation"))) in launched
+    }
+    # A restart is a relaunch after a failure; first launches (all tasks at once) start slower.
+    relaunches = [s for (_, generation), s in starts.items() if generation > 1] or list(starts.values())
     grows = [float(e["detail"]["waited_s"]) for e in events if e["kind"] == "task_grown"]
     silent = [float(e["detail"]["silent_s"]) for e in events if e["kind"] == "node_lost"]
     steps = [
@@ -87,7 +90,7 @@ def transition_from_events(
     default = TransitionSettings()
     return TransitionSettings(
         node_loss_detection_s=float(np.median(silent)) if silent else default.node_loss_detection_s,
-        restart_process_s=float(np.median(starts)) if starts else default.restart_process_s,
+        restart_process_s=float(np.median(relaunches)) if relaunches else default.restart_process_s,
         reconfigure_s=float(np.median(grows)) if grows else default.reconfigure_s,
         checkpoint_interval_s=checkpoint_every * float(np.median(steps))
         if steps

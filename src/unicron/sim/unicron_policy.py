@@ -5,10 +5,11 @@ and planner on the simulated clock, with recovery modelled as the live system do
   the node), counting repeats and node errors exactly as the coordinator does.
 - A failed process is recovered *in place*: the survivors rebuild their group without the failed
   replica (detection + one group rebuild + the departed ranks' share of the step in flight, the
-  rest of the step's micro-batches kept) and go on shrunk; newcomers launch meanwhile (process
-  start), then take their state from a live replica while the members wait (transfer + one
-  rebuild), and the task is whole again. Only when no full replica survives does the task
-  restart from its checkpoint (the third tier), with the cost model's restart.
+  rest of the step's micro-batches kept) and go on shrunk; newcomers start meanwhile (the
+  reconfiguration's set-up, ``reconfigure_s``), then take their state from a live replica
+  while the members wait (transfer + one rebuild), and the task is whole again. Only when no
+  full replica survives does the task restart from its checkpoint (the third tier), with the
+  cost model's restart.
 - A node lost or isolated is answered by the planner (``plan(state, NodeLost)``, as the
   coordinator's table): hit tasks recover in place as above and grow to what the plan gives
   them; other tasks shrink at a step boundary (one rebuild) or grow with newcomers as above.
@@ -180,7 +181,8 @@ class UnicronPolicy:
                 run.gpus = running  # the other slots are held for the newcomers
 
         sim.call_at(resumes, shrunk)
-        ready = resumes + sim.cluster.planner.transition.restart_process_s
+        # Newcomers start and join: the reconfiguration's set-up, while the members train.
+        ready = resumes + sim.cluster.planner.transition.reconfigure_s
 
         def joined() -> None:
             if self.regrowing.get(name) != target or self._held(sim, name) != target:
