@@ -77,7 +77,7 @@ RULES: tuple[Rule, ...] = (
             "unpickling",
         ),
     ),
-    (ErrorKind.STORAGE_ERROR, ("PermissionError",), ("",)),
+    (ErrorKind.STORAGE_ERROR, ("PermissionError", "CheckpointWriteError"), ("",)),
     # Errors of the program itself: the Python exceptions a bug raises.
     (
         ErrorKind.USER_ERROR,

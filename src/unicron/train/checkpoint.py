@@ -37,12 +37,22 @@ def state_of(
     }
 
 
+class CheckpointWriteError(OSError):
+    """The checkpoint storage could not take a checkpoint (full, read-only, gone). torch.save on
+    a full disk raises a RuntimeError that names no disk ("unexpected pos ..."); this names the
+    storage, so that the fault is classified as the storage's and blamed on no node."""
+
+
 def save(directory: Path, step: int, state: dict[str, Any], keep: int = 3) -> Path:
     """Write ``state`` for ``step`` and point ``latest`` at it; keep the newest ``keep``."""
     directory.mkdir(parents=True, exist_ok=True)
     target = path_for(directory, step)
     tmp = target.with_suffix(".tmp")
-    torch.save(state, tmp)
+    try:
+        torch.save(state, tmp)
+    except (OSError, RuntimeError) as exc:
+        tmp.unlink(missing_ok=True)  # a torn file must not fill the store further
+        raise CheckpointWriteError(f"checkpoint storage failed writing {tmp}: {exc}") from exc
     os.replace(tmp, target)
     pointer = directory / (LATEST + ".tmp")
     pointer.write_text(target.name)
