@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
@@ -54,20 +54,30 @@ def task_summary(coordinator: Coordinator, row: TaskRecord) -> dict[str, Any]:
     }
 
 
-def create_app(settings: CoordinatorSettings) -> FastAPI:
-    holder: dict[str, Coordinator] = {}
-    wakeups: dict[str, asyncio.Event] = {}
+class Runtime:
+    """What the routes share: the coordinator (made when the service starts, ticked on its event
+    loop) and the long polls' wake-ups."""
 
-    def wake(node: str) -> None:
-        event = wakeups.get(node)
+    def __init__(self, settings: CoordinatorSettings) -> None:
+        self.settings = settings
+        self.coordinator: Coordinator | None = None
+        self.wakeups: dict[str, asyncio.Event] = {}
+
+    @property
+    def c(self) -> Coordinator:
+        if self.coordinator is None:
+            raise RuntimeError("the coordinator is made when the service starts (lifespan)")
+        return self.coordinator
+
+    def wake(self, node: str) -> None:
+        event = self.wakeups.get(node)
         if event is not None:
             event.set()
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        coordinator = Coordinator(settings)
-        coordinator.orders_out.on_add = wake
-        holder["c"] = coordinator
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        coordinator = self.coordinator = Coordinator(self.settings)
+        coordinator.orders_out.on_add = self.wake
 
         async def loop() -> None:
             while True:
@@ -84,10 +94,19 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
             ticker.cancel()
             coordinator.shutdown()
 
-    app = FastAPI(title="Unicron coordinator", version="0.1.0", lifespan=lifespan)
 
-    def c() -> Coordinator:
-        return holder["c"]
+def create_app(settings: CoordinatorSettings) -> FastAPI:
+    runtime = Runtime(settings)
+    app = FastAPI(title="Unicron coordinator", version="0.1.0", lifespan=runtime.lifespan)
+    _error_handlers(app)
+    app.include_router(_task_routes(runtime))
+    app.include_router(_cluster_routes(runtime))
+    app.include_router(_agent_routes(runtime))
+    return app
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every error as JSON naming the problem (and the fix); the status from the error's type."""
 
     @app.exception_handler(SpecError)
     async def spec_error(_: Request, exc: SpecError) -> JSONResponse:
@@ -116,46 +135,55 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
         ]
         return JSONResponse(status_code=422, content={"error": "invalid request body", "problems": problems})
 
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
 
-    @app.post(
-        "/v1/tasks",
-        status_code=201,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/yaml": {"schema": {"type": "string"}},
-                    "application/json": {"schema": {"type": "object"}},
-                },
-            }
+_SPEC_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/yaml": {"schema": {"type": "string"}},
+            "application/json": {"schema": {"type": "object"}},
         },
-    )
+    }
+}
+
+
+def _task_routes(runtime: Runtime) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/tasks", status_code=201, openapi_extra=_SPEC_BODY)
     async def submit(request: Request) -> list[dict[str, Any]]:
         """Submit one task (a mapping with `name`) or several (under `tasks:`), as YAML or JSON."""
         body = (await request.body()).decode("utf-8", errors="replace")
         specs = parse_live_tasks(body, "request body")
-        c().submit(*specs)
-        return [task_summary(c(), c().store.get_task(s.name)) for s in specs]
+        runtime.c.submit(*specs)
+        return [task_summary(runtime.c, runtime.c.store.get_task(s.name)) for s in specs]
 
-    @app.get("/v1/tasks")
+    @router.get("/v1/tasks")
     async def tasks() -> list[dict[str, Any]]:
-        return [task_summary(c(), t) for t in c().store.tasks()]
+        return [task_summary(runtime.c, t) for t in runtime.c.store.tasks()]
 
-    @app.get("/v1/tasks/{name}")
+    @router.get("/v1/tasks/{name}")
     async def task(name: str) -> dict[str, Any]:
-        return task_summary(c(), c().store.get_task(name))
+        return task_summary(runtime.c, runtime.c.store.get_task(name))
 
-    @app.delete("/v1/tasks/{name}")
+    @router.delete("/v1/tasks/{name}")
     async def cancel(name: str) -> dict[str, Any]:
-        c().cancel(name)
-        return task_summary(c(), c().store.get_task(name))
+        runtime.c.cancel(name)
+        return task_summary(runtime.c, runtime.c.store.get_task(name))
 
-    @app.get("/v1/nodes")
+    return router
+
+
+def _cluster_routes(runtime: Runtime) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/v1/nodes")
     async def nodes() -> list[dict[str, Any]]:
-        held = c().store.held_slots()
+        held = runtime.c.store.held_slots()
         return [
             {
                 "name": n.name,
@@ -167,43 +195,46 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
                 "seconds_since_heartbeat": round(time.time() - n.last_seen, 3),
                 "used": held.get(n.name, {}),
             }
-            for n in c().store.nodes()
+            for n in runtime.c.store.nodes()
         ]
 
-    @app.get("/v1/workers")
+    @router.get("/v1/workers")
     async def workers() -> list[dict[str, Any]]:
-        out = []
-        for t in c().store.tasks(live_only=True):
-            for w in c().store.workers(t.name, t.generation):
-                out.append(w.as_dict())
-        return out
+        store = runtime.c.store
+        return [w.as_dict() for t in store.tasks(live_only=True) for w in store.workers(t.name, t.generation)]
 
-    @app.get("/v1/events")
+    @router.get("/v1/events")
     async def events(since: int = 0, task: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        return [e.as_dict() for e in c().store.events(since, task, limit)]
+        return [e.as_dict() for e in runtime.c.store.events(since, task, limit)]
 
-    @app.post("/v1/agents/register")
+    return router
+
+
+def _agent_routes(runtime: Runtime) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/agents/register")
     async def register(reg: Registration) -> RegistrationReply:
-        return c().register(reg)
+        return runtime.c.register(reg)
 
-    @app.post("/v1/agents/heartbeat")
+    @router.post("/v1/agents/heartbeat")
     async def heartbeat(hb: Heartbeat) -> HeartbeatReply:
-        return c().heartbeat(hb)
+        return runtime.c.heartbeat(hb)
 
-    @app.get("/v1/agents/{node}/orders")
+    @router.get("/v1/agents/{node}/orders")
     async def orders(node: str, wait: float = 2.0, acked: int = 0) -> OrderBatch:
         """Long poll: answers once there are orders for the node not acknowledged yet
         (``acked``: the last one carried out), or after ``wait`` seconds."""
         wait = wait if math.isfinite(wait) else 0.0
         deadline = time.monotonic() + min(max(wait, 0.0), 30.0)
-        event = wakeups.setdefault(node, asyncio.Event())
+        event = runtime.wakeups.setdefault(node, asyncio.Event())
         while True:
             event.clear()  # before taking, so that an order queued meanwhile wakes us
-            found = c().orders(node, acked)
+            found = runtime.c.orders(node, acked)
             left = deadline - time.monotonic()
             if found.orders or left <= 0:
                 return found
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), left)
 
-    return app
+    return router
