@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from unicron.control.context import Context
 from unicron.control.generations import Generations, Shrink
 from unicron.control.hangs import WorkerKey, not_arrived
+from unicron.control.records import TaskRecord
+from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import Progress
 from unicron.core.states import NodeState, TaskState
@@ -126,6 +128,36 @@ class Recovery:
         self.awaiting_ranks.pop((name, task.generation), None)
         self.generations.cancel_growth(name)
         decision = self.ladder.decide(name, kind, node, now, scope)
+        incident = self._open(task, kind, node, why, scope, decision, seen_at)
+        incident_id = incident.id
+        if decision.isolate_node and node is not None:
+            self.isolate(node, f"{kind.value} ({decision.why})")
+        if not decision.fail_task and failed is not None and self._in_place(name, failed, incident_id):
+            incident.actions.append(IN_PROCESS)
+            incident.deadline = now + self.ctx.limits.recovery_deadline_s
+            return
+        incident.actions.append(RESTART_FROM_CHECKPOINT)
+        self.ctx.act.stop_generation(name, task.generation, self.ctx.limits.failure_stop_grace_s)
+        if decision.fail_task:
+            store.task_down(name, TaskState.FAILED, now, reason=f"{why}: {decision.why}")
+            store.event("outcome", task=name, incident=incident_id, outcome="task failed", why=decision.why)
+            self.released(name)
+        else:
+            store.task_down(name, TaskState.RESTARTING, now)
+
+    def _open(
+        self,
+        task: TaskRecord,
+        kind: ErrorKind,
+        node: str | None,
+        why: str,
+        scope: Scope,
+        decision: LadderDecision,
+        seen_at: float | None,
+    ) -> Incident:
+        """Record the generation's incident (the ladder's decision, when the fault began) and
+        close the ones it supersedes (a new fault struck while they were being recovered)."""
+        store, now, name = self.ctx.store, self.ctx.clock(), task.name
         superseded = [k for k in self.incidents if k[0] == name]
         began = self.faults.get((name, task.generation), seen_at)
         incident_id = store.event(
@@ -144,25 +176,12 @@ class Recovery:
             step=task.step,
             checkpoint_step=task.checkpoint_step,
         )
-        for key in superseded:  # a new fault struck while it was being recovered: this one takes over
+        for key in superseded:
             earlier = self.incidents.pop(key)
             store.event("outcome", task=name, incident=earlier.id, outcome="superseded", by=incident_id)
         incident = Incident(incident_id, kind, now, decision.action.label)
         self.incidents[(name, task.generation)] = incident
-        if decision.isolate_node and node is not None:
-            self.isolate(node, f"{kind.value} ({decision.why})")
-        if not decision.fail_task and failed is not None and self._in_place(name, failed, incident_id):
-            incident.actions.append(IN_PROCESS)
-            incident.deadline = now + self.ctx.limits.recovery_deadline_s
-            return
-        incident.actions.append(RESTART_FROM_CHECKPOINT)
-        self.ctx.act.stop_generation(name, task.generation, self.ctx.limits.failure_stop_grace_s)
-        if decision.fail_task:
-            store.task_down(name, TaskState.FAILED, now, reason=f"{why}: {decision.why}")
-            store.event("outcome", task=name, incident=incident_id, outcome="task failed", why=decision.why)
-            self.released(name)
-        else:
-            store.task_down(name, TaskState.RESTARTING, now)
+        return incident
 
     def note(
         self, name: str, kind: ErrorKind, node: str | None, now: float, scope: Scope | None = None
