@@ -14,11 +14,11 @@ import json
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -200,13 +200,7 @@ def waf_report(
     measured = demo_waf.measured_rates(events)
     every = min(s.run.checkpoint_every for s in specs)
     transition = demo_waf.transition_from_events(events, cluster.get("/v1/tasks"), every)
-    # The same failures: the node loss, and every other incident (the killed worker, the error).
-    failures = [demo_waf.LiveFailure(lost_s, marks["hit"], ErrorKind.NODE_LOST, back_s - lost_s)]
-    for e in events:
-        if e["kind"] == "incident" and e["detail"]["kind"] != ErrorKind.NODE_LOST.value:
-            failures.append(
-                demo_waf.LiveFailure(e["time"] - t0, {e["task"]: 1}, ErrorKind(e["detail"]["kind"]))
-            )
+    failures = _live_failures(events, marks, t0)
     hardware = parse_live_cluster(CLUSTER.read_text(), str(CLUSTER))
     pt, pw, tables = demo_waf.predicted(
         specs, hardware, measured, 4, 2, failures, horizon, max(10, int(horizon)), transition
@@ -237,6 +231,25 @@ def waf_report(
         "plans": allocations,
     }
     (root / "waf.json").write_text(json.dumps(comparison, indent=2) + "\n")
+    return _phases_table(rows, root)
+
+
+def _live_failures(
+    events: list[dict[str, Any]], marks: dict[str, Any], t0: float
+) -> list[demo_waf.LiveFailure]:
+    """The run's failures for the simulator: the node loss, and every other incident (the killed
+    worker, the error), at the same seconds."""
+    lost_s, back_s = marks["lost"] - t0, marks["back"] - t0
+    failures = [demo_waf.LiveFailure(lost_s, marks["hit"], ErrorKind.NODE_LOST, back_s - lost_s)]
+    for e in events:
+        if e["kind"] == "incident" and e["detail"]["kind"] != ErrorKind.NODE_LOST.value:
+            failures.append(
+                demo_waf.LiveFailure(e["time"] - t0, {e["task"]: 1}, ErrorKind(e["detail"]["kind"]))
+            )
+    return failures
+
+
+def _phases_table(rows: list[dict[str, Any]], root: Path) -> Table:
     table = Table(
         "phase",
         "seconds",
@@ -258,13 +271,54 @@ def waf_report(
     return table
 
 
+@dataclass
+class _Watch:
+    """The demo's loop: follows the events, injects the script's faults when due, records WAF,
+    and shows it all (a live table on a terminal, lines and a progress line in a log file)."""
+
+    cluster: LocalCluster
+    out: Console
+    started: float
+    log: list[str] = field(default_factory=list)
+    last_event: int = 0
+    shown: int = 0
+    last_progress: float = 0.0
+
+    def say(self, text: str) -> None:
+        self.log.append(f"[{time.time() - self.started:6.1f} s] {text}")
+
+    def once(self, steps: list[Step], recorder: demo_waf.WafRecorder) -> list[dict[str, Any]]:
+        """One turn of the loop; the tasks as they are now."""
+        for e in self.cluster.get("/v1/events", since=self.last_event):
+            self.last_event = e["id"]
+            if e["kind"] in NEWS:
+                detail = {k: v for k, v in e["detail"].items() if k in DETAILS}
+                self.say(f"{e['kind']} {e['task'] or e['node']} {detail}")
+        if steps and steps[0].ready(self.cluster):
+            step = steps.pop(0)
+            self.say(f"FAULT: {step.what}")
+            step.act(self.cluster)
+        tasks: list[dict[str, Any]] = self.cluster.get("/v1/tasks")
+        recorder.record(time.time(), tasks)
+        return tasks
+
+    def show(self, live: Live | None, tasks: list[dict[str, Any]]) -> None:
+        if live is not None:
+            live.update(view(self.cluster, self.log))
+            return
+        for line in self.log[self.shown :]:
+            self.out.print(line, markup=False)
+        self.shown = len(self.log)
+        if time.time() - self.last_progress > 10:
+            self.last_progress = time.time()
+            states = (
+                f"{t['name']} {t['state']} {t['step']}/{t['iterations']} on {t['workers']}" for t in tasks
+            )
+            self.out.print("progress: " + ", ".join(states), markup=False)
+
+
 def run_demo(root: Path, timeout_s: float = 900) -> int:
     out = console()
-    log: list[str] = []
-    started = time.time()
-
-    def say(text: str) -> None:
-        log.append(f"[{time.time() - started:6.1f} s] {text}")
 
     def stop(*_: Any) -> None:
         raise KeyboardInterrupt
@@ -273,65 +327,49 @@ def run_demo(root: Path, timeout_s: float = 900) -> int:
     signal.signal(signal.SIGINT, stop)  # also when started where SIGINT was ignored
     out.print(f"Starting a coordinator and 4 agents of 2 slots on loopback (state and logs in {root}) ...")
     cluster = LocalCluster(root, nodes=4, slots=2, cluster=CLUSTER.resolve())
+    watch = _Watch(cluster, out, time.time())
     try:
         cluster.start()
         created = cluster.submit(TASKS.read_text())
-        say("submitted " + ", ".join(f"{t['name']} (weight {t['weight']:g})" for t in created))
+        watch.say("submitted " + ", ".join(f"{t['name']} (weight {t['weight']:g})" for t in created))
         marks: dict[str, Any] = {}
         steps = script(marks)
         recorder = demo_waf.WafRecorder(time.time())
-        last_event = 0
-        # A terminal gets a live table; a log file gets the events as lines and a progress line.
-        live = Live(view(cluster, log), console=out, refresh_per_second=2) if out.is_terminal else None
-        shown, last_progress = 0, 0.0
+        live = Live(view(cluster, watch.log), console=out, refresh_per_second=2) if out.is_terminal else None
         with live or contextlib.nullcontext():
             while True:
-                for e in cluster.get("/v1/events", since=last_event):
-                    last_event = e["id"]
-                    if e["kind"] in NEWS:
-                        detail = {k: v for k, v in e["detail"].items() if k in DETAILS}
-                        say(f"{e['kind']} {e['task'] or e['node']} {detail}")
-                if steps and steps[0].ready(cluster):
-                    step = steps.pop(0)
-                    say(f"FAULT: {step.what}")
-                    step.act(cluster)
-                tasks = cluster.get("/v1/tasks")
-                recorder.record(time.time(), tasks)
-                if live is not None:
-                    live.update(view(cluster, log))
-                else:
-                    for line in log[shown:]:
-                        out.print(line, markup=False)
-                    shown = len(log)
-                    if time.time() - last_progress > 10:
-                        last_progress = time.time()
-                        out.print(
-                            "progress: "
-                            + ", ".join(
-                                f"{t['name']} {t['state']} {t['step']}/{t['iterations']} on {t['workers']}"
-                                for t in tasks
-                            ),
-                            markup=False,
-                        )
+                tasks = watch.once(steps, recorder)
+                watch.show(live, tasks)
                 if all(t["state"] in ("finished", "failed", "cancelled") for t in tasks) and not steps:
                     break
-                if time.time() - started > timeout_s:
-                    say("timed out")
+                if time.time() - watch.started > timeout_s:
+                    watch.say("timed out")
                     break
                 time.sleep(0.5)
-        table, problems = report(cluster)
-        out.print(table)
-        out.print(plans_table(cluster, recorder.started))
-        if "back" in marks:
-            out.print(waf_report(cluster, recorder, marks, root))
-        out.print(f"demo took {time.time() - started:.0f} s; logs in {root / 'logs'} and {root / 'agents'}")
-        for p in problems:
-            out.print(f"[red]FAILED: {p}[/red]")
-        if not problems:
-            out.print("[green]every task finished with all its iterations; no progress was lost[/green]")
-        return 1 if problems else 0
+        return _final_report(cluster, out, recorder, marks, root, watch.started)
     except KeyboardInterrupt:
         out.print("interrupted: stopping every process")
         return 130
     finally:
         cluster.close()
+
+
+def _final_report(
+    cluster: LocalCluster,
+    out: Console,
+    recorder: demo_waf.WafRecorder,
+    marks: dict[str, Any],
+    root: Path,
+    started: float,
+) -> int:
+    table, problems = report(cluster)
+    out.print(table)
+    out.print(plans_table(cluster, recorder.started))
+    if "back" in marks:
+        out.print(waf_report(cluster, recorder, marks, root))
+    out.print(f"demo took {time.time() - started:.0f} s; logs in {root / 'logs'} and {root / 'agents'}")
+    for p in problems:
+        out.print(f"[red]FAILED: {p}[/red]")
+    if not problems:
+        out.print("[green]every task finished with all its iterations; no progress was lost[/green]")
+    return 1 if problems else 0
