@@ -360,3 +360,23 @@ def test_recovery_tiers_escalate_in_turn(make: Any) -> None:
     assert second["to_action"] == "restart from checkpoint"
     assert cluster.c.store.node(stuck_node).state is NodeState.ISOLATED  # type: ignore[union-attr]
     assert cluster.c.store.get_task("lm").state is TaskState.RESTARTING
+
+
+def test_steps_trained_again_after_a_restart_are_not_progress(make: Any) -> None:
+    """A restart from the checkpoint retrains the steps since it: they add nothing to the samples
+    and FLOP achieved (the WAF), until the task passes the step it had reached."""
+    cluster = make(recovery="restart")
+    for step in (2, 3, 4):
+        cluster.train(step)
+    reached = cluster.c.store.get_task("lm")
+    assert reached.step == 4 and reached.samples == 4 * 16
+    cluster.exit(1)  # no checkpoint yet: the task restarts from step 0
+    cluster.running.clear()
+    for _ in range(30):
+        cluster.step(0.5)
+    task = cluster.c.store.get_task("lm")
+    assert task.generation == 2 and task.redo_until == 4
+    for step in (1, 2, 3, 4, 5):
+        cluster.train(step)
+    after = cluster.c.store.get_task("lm")
+    assert after.samples == 5 * 16  # steps 1-4 again added nothing; step 5 did

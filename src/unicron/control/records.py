@@ -28,13 +28,14 @@ class TaskRecord:
     down_since: float | None  # when the task last stopped making progress
     downtime_s: float
     samples: int
-    flop: float  # weighted FLOP achieved (WAF integrated over time)
+    flop: float  # weighted FLOP achieved: progress only, not steps trained again (WAF x time)
     digest: str | None
     submitted: float
     started: float | None
     finished: float | None
     reason: str | None  # why it failed, when it did
     launched_generation: int  # the last generation started afresh (not re-formed in place)
+    redo_until: int  # the step reached before that launch: steps up to it are trained again
 
     @classmethod
     def of(cls, row: sqlite3.Row) -> TaskRecord:

@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     started REAL,
     finished REAL,
     reason TEXT,
-    launched_generation INTEGER NOT NULL DEFAULT 0
+    launched_generation INTEGER NOT NULL DEFAULT 0,
+    redo_until INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS workers (
     task TEXT NOT NULL,
@@ -73,6 +74,7 @@ CREATE TABLE IF NOT EXISTS events (
 ADDED_COLUMNS = (
     ("tasks", "reason", "TEXT"),
     ("tasks", "launched_generation", "INTEGER NOT NULL DEFAULT 0"),
+    ("tasks", "redo_until", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 

@@ -121,7 +121,8 @@ class Store:
             self._move_task(db, name, TaskState.STARTING)
             db.execute(
                 "UPDATE tasks SET state = ?, generation = ?, launched_generation = ?, workers = ?, "
-                "store_port = ?, restarts = restarts + ?, started = COALESCE(started, ?) WHERE name = ?",
+                "store_port = ?, restarts = restarts + ?, started = COALESCE(started, ?), "
+                "redo_until = step WHERE name = ?",
                 (
                     TaskState.STARTING.value,
                     generation,
@@ -208,7 +209,9 @@ class Store:
     def count_iteration(
         self, name: str, generation: int, rank: int, step: int, samples: int, flop: float
     ) -> bool:
-        """Count a rank's completed step once: False (nothing counted) for a report seen before."""
+        """Count a rank's completed step once: False (nothing counted) for a report seen before.
+        A step trained again after a restart from a checkpoint (up to ``redo_until``) is not
+        progress: it adds nothing to the samples and FLOP achieved (the WAF)."""
         with self._tx() as db:
             seen = db.execute(
                 "SELECT step FROM counted WHERE task = ? AND generation = ? AND rank = ?",
@@ -221,8 +224,10 @@ class Store:
                 (name, generation, rank, step),
             )
             db.execute(
-                "UPDATE tasks SET samples = samples + ?, flop = flop + ?, step = MAX(step, ?) WHERE name = ?",
-                (samples, flop, step, name),
+                "UPDATE tasks SET samples = samples + CASE WHEN ? > redo_until THEN ? ELSE 0 END, "
+                "flop = flop + CASE WHEN ? > redo_until THEN ? ELSE 0 END, step = MAX(step, ?) "
+                "WHERE name = ?",
+                (step, samples, step, flop, step, name),
             )
             return True
 
