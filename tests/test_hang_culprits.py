@@ -4,8 +4,13 @@ culprit is a running process: it dumps every rank's stack first, then stops only
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+import time
 from typing import Any
 
+from unicron.control.agent import _is_stopped, _read_stack
 from unicron.control.hangs import hang_verdict, innermost_frame
 from unicron.control.records import WorkerRecord
 from unicron.core.protocol import DumpStacks, Phase, Progress, StacksReport, StopWorkers
@@ -118,3 +123,20 @@ def test_a_running_culprit_is_found_from_positions_and_stopped_after_the_stacks(
     cluster.beat(culprit_node, report)
     (stacks,) = cluster.events("stacks")
     assert stacks["incident"] == incident["id"] and stacks["where"] == {"2": "_spin (faults.py:171)"}
+
+
+def test_a_stopped_process_stack_is_read_without_resuming_it() -> None:
+    """A SIGSTOPped process cannot run its faulthandler: the agent reads its stack with py-spy,
+    and the frame it stopped in is found in that format too; the process stays stopped."""
+    program = "import os, signal\ndef halt():\n    os.kill(os.getpid(), signal.SIGSTOP)\nhalt()\n"
+    process = subprocess.Popen([sys.executable, "-c", program])
+    try:
+        deadline = time.time() + 30
+        while not _is_stopped(process.pid) and time.time() < deadline:
+            time.sleep(0.05)
+        text = asyncio.run(_read_stack(process.pid))
+        assert innermost_frame(text) == "halt (<string>:3)", text
+        assert _is_stopped(process.pid)
+    finally:
+        process.kill()
+        process.wait()

@@ -71,6 +71,15 @@ def test_injected_faults_are_detected_classified_and_handled(tmp_path: Path) -> 
     assert all(i["detection_s"] is not None and i["detection_s"] >= 0 for i in incidents)
     hang = next(e["detail"] for e in events if e["kind"] == "hang_detected")
     assert hang["culprits"] == [2]  # the stopped process, found and killed
+    # Its stack, read while it was stopped (py-spy), says where it stopped.
+    incident = next(e for e in events if e["kind"] == "incident" and e["detail"]["kind"] == "task_hang")
+    where = {
+        int(rank): frame
+        for e in events
+        if e["kind"] == "stacks" and e["detail"]["incident"] == incident["id"]
+        for rank, frame in e["detail"]["where"].items()
+    }
+    assert (where.get(2) or "").startswith("step_started (faults.py"), where
     assert_every_incident_closed(events)
     stragglers = [e["detail"]["rank"] for e in events if e["kind"] == "straggler"]
     assert stragglers == [3]

@@ -20,6 +20,7 @@ import shutil
 import signal
 import sys
 import time
+from asyncio.subprocess import PIPE, STDOUT
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,25 @@ class Worker:
             returncode=self.process.returncode if self.exited else None,
             progress=self.progress,
         )
+
+
+async def _read_stack(pid: int, timeout_s: float = 10.0) -> str:
+    """A stopped process's Python stack, read from its memory by py-spy (``--nonblocking``: the
+    process is neither resumed nor paused further)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    try:
+        run = await asyncio.create_subprocess_exec(
+            spy, "dump", "--pid", str(pid), "--nonblocking", stdout=PIPE, stderr=STDOUT
+        )
+    except OSError as exc:
+        return f"(stopped; its stack could not be read: {exc})"
+    try:
+        out, _ = await asyncio.wait_for(run.communicate(), timeout_s)
+    except TimeoutError:
+        run.kill()
+        await run.wait()
+        return f"(stopped; py-spy gave no stack within {timeout_s:g} s)"
+    return out.decode(errors="replace")[:64_000]
 
 
 def _is_stopped(pid: int) -> bool:
@@ -259,23 +279,23 @@ class Agent:
 
     async def dump_stacks(self, order: DumpStacks) -> None:
         """Have every live worker of the task write its Python stack (faulthandler on SIGUSR1)
-        and report them; a stopped process writes nothing until it is continued."""
+        and report them; a stopped process cannot write one, so its stack is read from outside
+        (py-spy, without resuming it)."""
         async with self.dumping:
+            live = [w for (task, _, _), w in self.workers.items() if task == order.task and not w.exited]
+            halted = {w.process.pid for w in live if _is_stopped(w.process.pid)}
+            stopped = [w for w in live if w.process.pid in halted]
             # Only workers that sent their position run the library, which handles the signal
             # (SIGUSR1's default action would end any other program).
-            chosen = [
-                w
-                for (task, _, _), w in self.workers.items()
-                if task == order.task and not w.exited and w.progress is not None
-            ]
+            signalled = [w for w in live if w.progress is not None and w.process.pid not in halted]
             offsets = {}
-            for w in chosen:
+            for w in signalled:
                 offsets[w.order.rank] = w.stack_file.stat().st_size if w.stack_file.exists() else 0
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w.process.pid, signal.SIGUSR1)
+            stacks = {w.order.rank: await _read_stack(w.process.pid) for w in stopped}
             await asyncio.sleep(order.wait_s)
-            stacks = {}
-            for w in chosen:
+            for w in signalled:
                 with contextlib.suppress(OSError), w.stack_file.open("rb") as f:
                     f.seek(offsets[w.order.rank])
                     stacks[w.order.rank] = f.read(64_000).decode(errors="replace")

@@ -74,15 +74,20 @@ def not_arrived(
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.MULTILINE)
+# py-spy: "Thread 4242 (idle): "MainThread"" then "    func (path/file.py:12)" per frame.
+_SPY_THREAD = re.compile(r"^Thread \d+", re.MULTILINE)
+_SPY_FRAME = re.compile(r"^\s+(?P<func>\S+) \((?P<file>[^)]+):(?P<line>\d+)\)$", re.MULTILINE)
 
 
 def innermost_frame(stack: str) -> str | None:
-    """Where the main thread is, from a faulthandler dump (most recent call first): the
-    innermost frame of the thread whose outermost frame is a module (the script's main thread)."""
-    starts = [m.start() for m in _THREAD.finditer(stack)] + [len(stack)]
-    for begin, end in itertools.pairwise(starts):
-        frames = list(_FRAME.finditer(stack, begin, end))
-        if frames and frames[-1]["func"] == "<module>":
-            top = frames[0]
-            return f"{top['func']} ({top['file'].rsplit('/', 1)[-1]}:{top['line']})"
+    """Where the main thread is, from a faulthandler dump or a py-spy dump (both most recent call
+    first): the innermost frame of the thread whose outermost frame is a module (the script's
+    main thread)."""
+    for thread, frame in ((_THREAD, _FRAME), (_SPY_THREAD, _SPY_FRAME)):
+        starts = [m.start() for m in thread.finditer(stack)] + [len(stack)]
+        for begin, end in itertools.pairwise(starts):
+            frames = list(frame.finditer(stack, begin, end))
+            if frames and frames[-1]["func"] == "<module>":
+                top = frames[0]
+                return f"{top['func']} ({top['file'].rsplit('/', 1)[-1]}:{top['line']})"
     return None
