@@ -149,6 +149,9 @@ def test_a_queued_submission_is_answered_from_the_table_built_for_it(allocator: 
     table = allocator.table
     assert table is not None and table.node_back is None and not table.node_lost
     assert allocator.decide(after_loss(arrived, 0), 0).source == "solved"
+    # delta cancelled before it was planned, then a node lost: not in this table, solved.
+    decided = allocator.decide(after_loss(state, 0), 0)
+    assert decided.source == "solved" and "arrival only" in decided.why, decided.why
     # The full table of the state the arrival's plan leads to no longer holds the arrival.
     allocator.refresh(arrived, decided, 0)
     allocator.wait()

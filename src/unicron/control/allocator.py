@@ -108,15 +108,14 @@ class Allocator:
             if isinstance(found, str):
                 why = found
             else:
+                chosen: Plan | None = None
                 try:
                     chosen = table.now if found is None else table.lookup(found)
                 except UsageError as exc:  # a table of arrivals only: the event is not in it
-                    chosen, why = None, str(exc)
-                if chosen is None:
-                    pass
-                elif found is None and _normal(state.assignment) != _normal(table.state.assignment):
+                    why = str(exc)
+                if found is None and _normal(state.assignment) != _normal(table.state.assignment):
                     why = "workers changed"
-                else:
+                elif chosen is not None:
                     layout = place(chosen.allocation(), state.healthy, state.gpus_per_node, state.assignment)
                     seconds = time.perf_counter() - started
                     return Decided(chosen, layout, "table", found, why, seconds, rebalance)

@@ -31,6 +31,7 @@ class Context:
     act: Applier
     clock: Callable[[], float]
     _specs: dict[str, LiveTaskSpec] = field(default_factory=dict)
+    _sample_flops: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def limits(self) -> Settings:
@@ -45,8 +46,11 @@ class Context:
     def flops_per_sample(self, name: str) -> float | None:
         """FLOPs of one sample of a task, for its measured WAF: from its ``model:`` when it has
         one, else as declared (``run.flops_per_sample``); None: not measured."""
-        spec = self.spec(name)
-        return flops_per_sample(spec.model) if spec.model is not None else spec.run.flops_per_sample
+        if name not in self._sample_flops:  # (every iteration report asks)
+            spec = self.spec(name)
+            declared = spec.run.flops_per_sample
+            self._sample_flops[name] = flops_per_sample(spec.model) if spec.model is not None else declared
+        return self._sample_flops[name]
 
     def forget_task(self, name: str) -> None:
         """The task ended: every node frees its in-memory checkpoints."""

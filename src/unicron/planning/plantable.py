@@ -30,6 +30,9 @@ class PlanTable:
 
     def lookup(self, event: PlanEvent) -> Plan:
         """The precomputed plan for ``event``; O(1)."""
+        back = self.node_back
+        if back is None and not isinstance(event, TasksArrived):
+            raise UsageError(f"this table holds the queued submissions' arrival only, not {event}")
         if isinstance(event, NodeLost):
             found = self.node_lost.get(event.node)
             if found is None:
@@ -44,9 +47,8 @@ class PlanTable:
         if isinstance(event, NodeBack):
             if event.node is not None and event.node in self.state.healthy:
                 raise UsageError(f"node {event.node} is already in service")
-            if self.node_back is None:
-                raise UsageError("this table holds the queued submissions' arrival only")
-            return replace(self.node_back, event=str(event))
+            assert back is not None  # (checked above)
+            return replace(back, event=str(event))
         if isinstance(event, TasksArrived):
             arrival = self.task_arrived.get(event.tasks)
             if arrival is None:

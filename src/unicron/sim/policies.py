@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field
 
 from unicron.sim.engine import Simulation, TaskRun
-from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, allocation, iteration_s
+from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, allocation, held, iteration_s
 from unicron.sim.traces import Failure
 from unicron.sim.unicron_policy import UnicronPolicy, UnicronSettings
 
@@ -214,9 +214,9 @@ class ElasticPolicy:
                 ],
             )
             if node_out and sim.free_gpus() >= lost:
-                sim.set_allocation(allocation(sim, {name: run.nominal}, self._held))
+                sim.set_allocation(allocation(sim, {name: run.nominal}, held))
             elif node_out:
-                sim.set_allocation(allocation(sim, {name: run.gpus}, self._held))
+                sim.set_allocation(allocation(sim, {name: run.gpus}, held))
 
     def _drop_replica_group(
         self, sim: Simulation, run: TaskRun, lost: int, detect: float, node_out: bool
@@ -231,9 +231,9 @@ class ElasticPolicy:
         stall = detect + self._lost_work(sim, run)
         sim.pause(name, [(detect, "detection"), (stall - detect, "lost_work")])
         if node_out and sim.free_gpus() >= lost:
-            sim.set_allocation(allocation(sim, {name: run.nominal}, self._held))
+            sim.set_allocation(allocation(sim, {name: run.nominal}, held))
             node_out = False  # the group restarts on a spare node
-        effective = max(self._held(sim, name) + (lost if node_out else 0) - group, 0)
+        effective = max(held(sim, name) + (lost if node_out else 0) - group, 0)
 
         def drop() -> None:
             run.gpus = min(run.gpus, effective)
@@ -242,25 +242,21 @@ class ElasticPolicy:
         if not node_out:
             sim.call_at(sim.now + max(stall, detect + self.s.heal_s), self._healer(sim, name))
 
-    @staticmethod
-    def _held(sim: Simulation, name: str) -> int:
-        return sum(t.get(name, 0) for t in sim.assignment.values())
-
     def _healer(self, sim: Simulation, name: str) -> Callable[[], None]:
         return lambda: self._heal(sim, name)
 
     def _heal(self, sim: Simulation, name: str) -> None:
-        sim.tasks[name].gpus = self._held(sim, name)
+        sim.tasks[name].gpus = held(sim, name)
 
     def on_repair(self, sim: Simulation, node: int) -> None:
         for name, run in sorted(sim.tasks.items(), key=lambda kv: kv[0]):
-            held = self._held(sim, name)
-            deficit = run.nominal - held
+            holds = held(sim, name)
+            deficit = run.nominal - holds
             if deficit <= 0 or sim.free_gpus() < deficit:
                 continue
-            sim.set_allocation(allocation(sim, {name: run.nominal}, self._held))
+            sim.set_allocation(allocation(sim, {name: run.nominal}, held))
             if self.s.survivors_continue:
-                run.gpus = held  # the new group heals before it counts
+                run.gpus = holds  # the new group heals before it counts
                 sim.call_at(sim.now + self.s.heal_s, self._healer(sim, name))
             else:
                 sim.pause(name, [(self.s.rejoin_pause_s, "restart")])

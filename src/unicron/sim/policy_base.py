@@ -35,6 +35,12 @@ def gpus_of(sim: Simulation, name: str) -> int:
     return sim.tasks[name].gpus
 
 
+def held(sim: Simulation, name: str) -> int:
+    """GPUs the task holds in the placement (its running count may be lower while newcomers
+    start or a failed group heals)."""
+    return sum(t.get(name, 0) for t in sim.assignment.values())
+
+
 def allocation(
     sim: Simulation, changes: Mapping[str, int], held: Callable[[Simulation, str], int] = gpus_of
 ) -> dict[str, int]:

@@ -33,7 +33,7 @@ from unicron.planning.placement import Assignment
 from unicron.planning.planner import Decision, plan
 from unicron.planning.transition import bandwidth, state_source, transition_parts
 from unicron.sim.engine import HOUR, Simulation, TaskRun
-from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, iteration_s
+from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, held, iteration_s
 from unicron.sim.traces import Failure
 
 
@@ -185,7 +185,7 @@ class UnicronPolicy:
         ready = resumes + sim.cluster.planner.transition.reconfigure_s
 
         def joined() -> None:
-            if self.regrowing.get(name) != target or self._held(sim, name) != target:
+            if self.regrowing.get(name) != target or held(sim, name) != target:
                 return  # a later plan changed the task meanwhile
             del self.regrowing[name]
             run.gpus = target
@@ -227,10 +227,6 @@ class UnicronPolicy:
         )
 
     # ------------------------------------------------------------------ small parts
-    @staticmethod
-    def _held(sim: Simulation, name: str) -> int:
-        return sum(t.get(name, 0) for t in sim.assignment.values())
-
     @staticmethod
     def _rebuild_s(sim: Simulation) -> float:
         """Survivors re-form their process group (the reattempt's set-up)."""
