@@ -208,7 +208,7 @@ def test_the_planner_inputs_come_from_the_cluster_spec(tmp_path: Path) -> None:
             f"name: lm\nweight: 2\nmodel: {model}\nrun: {{program: [x], iterations: 9}}"
         )
         c.submit(spec)
-        state, _ = c.placer.cluster_state()
+        state, _ = c.placer.cluster_state(c.store.snapshot())
         assert state.gpu.peak_flops == lookup_gpu("A100").peak_flops  # type: ignore[union-attr]
         assert (state.node_mtbf_hours, state.settings.transition.reconfigure_s) == (500, 7)
         c.placer.allocator.wait()

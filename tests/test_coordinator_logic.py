@@ -257,7 +257,7 @@ def test_illegal_transitions_are_refused(make: Any) -> None:
     cluster = make()
     cluster.c.cancel("lm")
     with pytest.raises(IllegalTransition):
-        cluster.c.store.task_running("lm", cluster.clock.now)
+        cluster.c.act.task_running("lm", cluster.clock.now)
 
 
 def test_scope_attribution() -> None:

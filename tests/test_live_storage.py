@@ -1,11 +1,12 @@
 """A full checkpoint store, through real processes: a storage fault, not the nodes'.
 
-Found by fault probes: a full checkpoint directory was counted against every node (torch.save
-on a full disk raises a RuntimeError whose text says nothing about the disk, classified as an
-unknown worker error), so every node was isolated and the cluster idled. Here the task's
-checkpoint directory is a real 64 KiB tmpfs, so rank 0's first save fails with a real ENOSPC:
-the fault is the storage's, the task stops with the reason once it repeats, no node is isolated,
-and another task trains to the end on the same nodes.
+Found by fault probes: a full or unwritable checkpoint directory was counted against every node
+(torch.save on a full disk raises a RuntimeError whose text says nothing about the disk,
+classified as an unknown worker error), so every node was isolated and the cluster idled. Here
+the task's checkpoint directory is a real tmpfs, either of 64 KiB, so that rank 0's first save
+fails with a real ENOSPC, or mounted read-only (EROFS, which binds root too, unlike file
+modes): the fault is the storage's, the task stops with the reason once it repeats, no node is
+isolated, and another task trains to the end on the same nodes.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from unicron.train import checkpoint
 from .test_live_cluster import task_yaml
 
 
-def small_tmpfs(where: Path) -> Iterator[Path]:
-    """``where`` as a 64 KiB tmpfs (too small for one checkpoint), unmounted afterwards."""
+def small_tmpfs(where: Path, options: str = "size=64k") -> Iterator[Path]:
+    """``where`` as a tmpfs, by default of 64 KiB (too small for one checkpoint), unmounted
+    afterwards."""
     where.mkdir(parents=True)
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
@@ -39,10 +41,10 @@ def small_tmpfs(where: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-@pytest.fixture
-def full_disk(tmp_path: Path) -> Iterator[Path]:
-    """The checkpoint directory of task "full"."""
-    yield from small_tmpfs(tmp_path / "cluster" / "checkpoints" / "full")
+@pytest.fixture(params=["size=64k", "ro"], ids=["full", "read-only"])
+def full_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The checkpoint directory of task "full": too small for a checkpoint, or read-only."""
+    yield from small_tmpfs(tmp_path / "cluster" / "checkpoints" / "full", request.param)
 
 
 @pytest.fixture
@@ -58,7 +60,9 @@ def test_a_checkpoint_that_does_not_fit_is_a_storage_fault(small_disk: Path) -> 
 
 
 @pytest.mark.timeout(600)
-def test_a_full_checkpoint_store_fails_the_task_and_isolates_no_node(tmp_path: Path, full_disk: Path) -> None:
+def test_a_full_or_read_only_checkpoint_store_fails_the_task_and_isolates_no_node(
+    tmp_path: Path, full_disk: Path
+) -> None:
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
         cluster.submit(task_yaml("full", 1, "{4: 3.6e9}", 30, 0.0, "min_workers: 4\n"))
         cluster.wait(lambda: cluster.task("full")["state"] == "failed", 300, "the task to fail")

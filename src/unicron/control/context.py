@@ -1,5 +1,6 @@
-"""What every part of the coordinator shares: its settings, the store, the applier, the clock
-(injected, so that tests step it by hand) and the parsed task specs."""
+"""What every part of the coordinator shares: its settings, the store (read-only: writes go
+through the applier), the applier, the clock (injected, so that tests step it by hand) and the
+parsed task specs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from unicron.control.effects import Applier
-from unicron.control.store import Store
+from unicron.control.snapshot import StoreReads
 from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, LiveTaskSpec
 from unicron.core.settings import Settings
 from unicron.core.workerenv import WorkerEnv
@@ -27,7 +28,7 @@ class CoordinatorSettings:
 @dataclass
 class Context:
     settings: CoordinatorSettings
-    store: Store
+    store: StoreReads
     act: Applier
     clock: Callable[[], float]
     _specs: dict[str, LiveTaskSpec] = field(default_factory=dict)

@@ -5,11 +5,12 @@ race. The HTTP layer (``control.service``) only translates requests into these c
 one concept each:
 
 - ``detection.py``: silent nodes, hangs, workers that never started (judged on the tick);
-- ``recovery.py``: incidents, fault scope, the severity ladder's decision carried out;
+- ``recovery.py``: incidents, fault scope, the severity ladder's decision;
+- ``response.py``: that decision as effects, a pure function of a ``snapshot.py`` snapshot;
 - ``generations.py``: in-place shrinks and grows (membership arithmetic);
 - ``placing.py``: the planner's answer carried out, hot spares;
 - ``effects.py``: the applier, the only code that writes the store, the rendezvous stores and
-  the agents' order queues; ``store.py``: the only SQL.
+  the agents' order queues (the rest hold the store as ``StoreReads``); ``store.py``: the only SQL.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from unicron.control.rates import RateMeter
 from unicron.control.records import TaskRecord
 from unicron.control.recovery import CONSEQUENCES, Recovery
 from unicron.control.rendezvous import Rendezvous
+from unicron.control.snapshot import StoreReads
 from unicron.control.store import Store
 from unicron.core.errors import Conflict
 from unicron.core.ladder import Ladder
@@ -69,14 +71,11 @@ class Coordinator:
     def __init__(self, settings: CoordinatorSettings, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.limits = settings.limits
-        self.store = Store(settings.state_dir / "unicron.sqlite")
+        store = Store(settings.state_dir / "unicron.sqlite")
+        self.store: StoreReads = store  # writes go through the applier (self.act)
         self.orders_out = Orders(next_seq=int(clock() * 1e6))
-        self.ctx = Context(
-            settings,
-            self.store,
-            Applier(self.store, Rendezvous(settings.advertise_host), self.orders_out),
-            clock,
-        )
+        self.act = Applier(store, Rendezvous(settings.advertise_host), self.orders_out)
+        self.ctx = Context(settings, store, self.act, clock)
         self.clock = clock
         self.generations = Generations(self.ctx)
         self.recovery = Recovery(self.ctx, self.generations, Ladder(self.limits), released=self._release)
@@ -88,10 +87,10 @@ class Coordinator:
             if task.store_port:
                 port = self.ctx.act.rendezvous.host(task.name, task.store_port)
                 if port != task.store_port:
-                    self.store.task_store_port(task.name, port)
+                    self.act.task_store_port(task.name, port)
         self.generations.orphaned_newcomers()
         gpu = settings.cluster.gpu_type()
-        self.store.event(
+        self.act.record(
             "coordinator_started",
             tasks=len(self.store.tasks(live_only=True)),
             gpu=gpu.name,
@@ -109,8 +108,8 @@ class Coordinator:
         if taken:
             raise Conflict(f"a task named {taken[0]!r} exists; choose another name")
         for spec in specs:
-            self.store.add_task(spec.name, spec.model_dump_json(), self.clock())
-            self.store.event("task_submitted", task=spec.name, weight=spec.weight)
+            self.act.add_task(spec.name, spec.model_dump_json(), self.clock())
+            self.act.record("task_submitted", task=spec.name, weight=spec.weight)
         self.placer.submitted(tuple(s.name for s in specs))  # planned once its table is built
 
     def cancel(self, name: str) -> None:
@@ -121,8 +120,8 @@ class Coordinator:
         self._ended(name, TaskState.CANCELLED, "task_cancelled")
 
     def _ended(self, name: str, state: TaskState, event: str, **detail: Any) -> None:
-        self.store.task_ended(name, state, self.clock())
-        self.store.event(event, task=name, **detail)
+        self.act.task_ended(name, state, self.clock())
+        self.act.record(event, task=name, **detail)
         self._release(name)
 
     def _release(self, name: str) -> None:
@@ -147,9 +146,9 @@ class Coordinator:
         # An isolated node stays out until its isolation ends, even if its agent comes back.
         isolated = known is not None and known.state is NodeState.ISOLATED
         state = NodeState.ISOLATED if isolated else NodeState.HEALTHY
-        self.store.node_registered(reg.node, reg.slots, reg.gpus, reg.host, state, self.clock())
+        self.act.node_registered(reg.node, reg.slots, reg.gpus, reg.host, state, self.clock())
         if known is None or known.state is NodeState.LOST:
-            self.store.event("node_joined" if known is None else "node_back", node=reg.node, slots=reg.slots)
+            self.act.record("node_joined" if known is None else "node_back", node=reg.node, slots=reg.slots)
             self.dirty = True
         self._reconcile_workers(reg.node, reg.workers)
         return RegistrationReply(
@@ -163,12 +162,12 @@ class Coordinator:
         if node is None or node.state is NodeState.LOST:
             # Unknown, or declared lost: it must register again (and its stale workers stop).
             return HeartbeatReply(registered=False)
-        self.store.node_seen(hb.node, self.clock())
+        self.act.node_seen(hb.node, self.clock())
         for report in hb.reports:
             try:
                 self.handle_report(report, hb.node)
             except Exception as exc:  # one bad report must not silence the node's heartbeats
-                self.store.event("report_rejected", node=hb.node, report=report.type, error=repr(exc)[:300])
+                self.act.record("report_rejected", node=hb.node, report=report.type, error=repr(exc)[:300])
         self._reconcile_workers(hb.node, hb.workers)
         batch = self.orders(hb.node, hb.acked)
         return HeartbeatReply(orders=batch.orders, numbers=batch.numbers)
@@ -200,7 +199,7 @@ class Coordinator:
             if not current and w.running:
                 self.ctx.act.stop(node, w.task, w.generation, w.rank, self.limits.stop_grace_s)
             elif current and w.running and row is not None and row.state is WorkerPhase.LAUNCHING:
-                self.store.worker_phase(key, WorkerPhase.RUNNING, pid=w.pid)
+                self.act.worker_phase(key, WorkerPhase.RUNNING, pid=w.pid)
             elif (
                 not w.running
                 and task is not None
@@ -245,7 +244,7 @@ class Coordinator:
         ):
             # The final state is saved, whichever generation saved it (the members may have
             # finished before a grow they never saw was committed).
-            self.store.task_done(report.task, report.step, report.digest)
+            self.act.task_done(report.task, report.step, report.digest)
             return
         if report.generation != task.generation:
             return  # stale: from a generation that is gone
@@ -254,7 +253,7 @@ class Coordinator:
         elif isinstance(report, FaultReport):
             if report.action not in CORRUPTIONS:
                 self.recovery.faults[(report.task, report.generation)] = report.time
-            self.store.event(
+            self.act.record(
                 "fault_injected",
                 task=report.task,
                 node=node,
@@ -266,7 +265,7 @@ class Coordinator:
         elif isinstance(report, ExceptionReport):
             self._exception(task, report, node)
         elif isinstance(report, LaunchFailedReport):
-            self.store.worker_phase((report.task, report.generation, report.rank), WorkerPhase.FAILED)
+            self.act.worker_phase((report.task, report.generation, report.rank), WorkerPhase.FAILED)
             if task.state.active:
                 why = f"rank {report.rank} on {node} could not be started: {report.error}"
                 self.recovery.incident(
@@ -274,7 +273,7 @@ class Coordinator:
                 )
         elif isinstance(report, CheckpointReport):
             if report.rank == 0:
-                self.store.task_checkpointed(report.task, report.step)
+                self.act.task_checkpointed(report.task, report.step)
         elif isinstance(report, RestoredReport):
             self._restored(report, node)
         elif isinstance(report, ExitReport):
@@ -283,7 +282,7 @@ class Coordinator:
     def _stacks(self, report: StacksReport) -> None:
         """Every rank's Python stack at a hang, with the frame each main thread was in, recorded
         with the hang's incident (so it says where the task hung)."""
-        self.store.event(
+        self.act.record(
             "stacks",
             task=report.task,
             node=report.node,
@@ -298,7 +297,7 @@ class Coordinator:
         not matching its digest) is an event of its own, naming the file and why."""
         where: dict[str, Any] = {"rank": report.rank, "generation": report.generation}
         if report.skipped:
-            self.store.event(
+            self.act.record(
                 "checkpoint_corrupt",
                 task=report.task,
                 node=node,
@@ -308,7 +307,7 @@ class Coordinator:
                 step=report.step,
             )
         if report.rank == 0 or report.skipped:
-            self.store.event(
+            self.act.record(
                 "checkpoint_restored",
                 task=report.task,
                 node=node,
@@ -336,13 +335,13 @@ class Coordinator:
         if row is not None and row.state is WorkerPhase.MOVED:
             spec = self.spec(task.name)
             flop = self._weighted_flop(spec, report.samples)
-            self.store.count_iteration(
+            self.act.count_iteration(
                 task.name, report.generation, report.rank, report.step, report.samples, flop
             )
 
     def _exception(self, task: TaskRecord, report: ExceptionReport, node: str) -> None:
         kind = kind_of(report.kind)
-        self.store.event(
+        self.act.record(
             "exception",
             task=report.task,
             node=node,
@@ -367,7 +366,7 @@ class Coordinator:
         spec = self.spec(task.name)
         monitor = self.detector.monitor(task.name, task.generation)
         for rank, slow in monitor.rank_compute(report.step, report.rank, report.compute_s, task.workers):
-            self.store.event(
+            self.act.record(
                 "straggler" if slow else "straggler_recovered",
                 task=task.name,
                 rank=rank,
@@ -376,7 +375,7 @@ class Coordinator:
             )
         flop = self._weighted_flop(spec, report.samples)
         ended = report.time or self.clock()
-        if not self.store.count_iteration(
+        if not self.act.count_iteration(
             task.name, task.generation, report.rank, report.step, report.samples, flop
         ):
             return  # seen before (sent again after a coordinator restart)
@@ -393,17 +392,17 @@ class Coordinator:
                 sample_flops,
             )
             if rate is not None:
-                self.store.event("throughput_measured", task=task.name, workers=task.workers, flops=rate)
+                self.act.record("throughput_measured", task=task.name, workers=task.workers, flops=rate)
                 self.placer.inputs_changed()  # the plan may change with it, once its table is built
         if report.rank != 0:
             return
         monitor.step_done(report.step, ended)
         if task.state is TaskState.STARTING:
             self.dirty = True  # the plan may want it larger or smaller now
-            downtime = self.store.task_running(task.name, self.clock())
+            downtime = self.act.task_running(task.name, self.clock())
             if downtime is not None:
                 self.recovery.recovered(task.name, downtime, report.step)
-            self.store.event(
+            self.act.record(
                 "task_running",
                 task=task.name,
                 generation=task.generation,
@@ -415,7 +414,7 @@ class Coordinator:
         key = (report.task, report.generation, report.rank)
         ok = report.code == 0
         phase = WorkerPhase.EXITED if ok else WorkerPhase.FAILED
-        self.store.worker_phase(key, phase, code=report.code, signal=report.signal)
+        self.act.worker_phase(key, phase, code=report.code, signal=report.signal)
         iterations = self.spec(task.name).run.iterations
         where = f"rank {report.rank} on {report.node}"
         if not task.state.active:
@@ -485,8 +484,8 @@ class Coordinator:
         live = self.store.workers(task.name, task.generation, live=True)
         if live and now - (task.down_since or now) < self.limits.restart_stop_wait_s:
             return
-        self.store.end_workers(task.name, task.generation, WorkerPhase.STOPPED)
-        self.store.task_waiting(task.name)
+        self.act.end_workers(task.name, task.generation, WorkerPhase.STOPPED)
+        self.act.task_waiting(task.name)
         self.dirty = True
 
     def _weighted_flop(self, spec: LiveTaskSpec, samples: int) -> float:
@@ -496,4 +495,4 @@ class Coordinator:
     def shutdown(self) -> None:
         self.placer.allocator.close()
         self.ctx.act.rendezvous.close_all()
-        self.store.close()
+        self.act.close_store()

@@ -75,8 +75,8 @@ class Detector:
             changed = True
         for node in store.nodes():
             if node.state is NodeState.ISOLATED and now >= self.recovery.isolated_until.get(node.name, 0):
-                store.node_state(node.name, NodeState.HEALTHY)
-                store.event("node_back", node=node.name, why="isolation over")
+                self.ctx.act.node_state(node.name, NodeState.HEALTHY)
+                self.ctx.act.record("node_back", node=node.name, why="isolation over")
                 changed = True
         return changed
 
@@ -108,7 +108,7 @@ class Detector:
         culprits = verdict.culprits
         # Every rank's stack first (the agents carry this out before the stop that follows).
         self.ctx.act.dump_stacks(task.name, task.generation)
-        self.ctx.store.event(
+        self.ctx.act.record(
             "hang_detected",
             task=task.name,
             step=monitor.last_step + 1,

@@ -1,17 +1,22 @@
 """Acting: the one place that changes the world outside the coordinator's own memory.
 
-Deciders (``generations.py``, ``core/ladder.py``, ``detection.py``, ``spares.py``, the planner)
-are pure: they return frozen decisions. The :class:`Applier` carries a decision out: it writes
-the store, posts to the tasks' rendezvous stores and queues orders for the agents. No other
-module of the coordinator does any of the three.
+Deciders (``recovery.respond``, ``generations.survivors``, ``core/ladder.py``, ``detection.py``,
+``spares.py``, the planner) are pure: they return frozen decisions, many of them as a list of
+the effects below. The :class:`Applier` carries them out: it writes the store, posts to the
+tasks' rendezvous stores and queues orders for the agents. No other part of the coordinator does
+any of the three: the others hold the store only through its read-only face
+(``snapshot.StoreReads``), so a write anywhere else does not type-check. Facts reported from
+outside (a heartbeat, a counted step, a checkpoint) are recorded through the applier's named
+operations, which are the store's own.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from unicron.control.records import WorkerRecord
 from unicron.control.rendezvous import Rendezvous
@@ -28,7 +33,7 @@ from unicron.core.protocol import (
     membership_key,
     spare_key,
 )
-from unicron.core.states import NodeState, WorkerPhase
+from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.core.workerenv import KEYS
 
 
@@ -88,14 +93,107 @@ class Switch:
     kept: dict[WorkerRecord, int]
 
 
+@dataclass(frozen=True)
+class Record:
+    """An event in the store's log."""
+
+    kind: str
+    task: str | None = None
+    node: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskDown:
+    """A failure took the task down: it recovers (``STARTING`` in place, ``RESTARTING``) or fails."""
+
+    task: str
+    to: TaskState
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StopWorker:
+    worker: WorkerRecord
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class StopGeneration:
+    task: str
+    generation: int
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class Isolate:
+    """Take a node out of service until ``until``, stopping what runs there."""
+
+    node: str
+    why: str
+    until: float
+    grace_s: float
+
+
+Effect = Record | TaskDown | StopWorker | StopGeneration | Isolate | Switch | Launch
+
+
 class Applier:
     def __init__(self, store: Store, rendezvous: Rendezvous, orders: Orders) -> None:
-        self.store = store
+        self._store = store
         self.rendezvous = rendezvous
         self.orders = orders
+        # Facts reported from outside, recorded as they come (the store's own operations).
+        self.add_task = store.add_task
+        self.task_launched = store.task_launched
+        self.task_stopping = store.task_stopping
+        self.task_ended = store.task_ended
+        self.task_waiting = store.task_waiting
+        self.task_running = store.task_running
+        self.task_membership = store.task_membership
+        self.task_store_port = store.task_store_port
+        self.task_checkpointed = store.task_checkpointed
+        self.task_done = store.task_done
+        self.count_iteration = store.count_iteration
+        self.node_registered = store.node_registered
+        self.node_seen = store.node_seen
+        self.node_state = store.node_state
+        self.worker_phase = store.worker_phase
+        self.end_workers = store.end_workers
+        self.record = store.event
+        self.close_store = store.close
+
+    def apply(self, effects: Iterable[Effect], now: float) -> None:
+        """Carry out a decider's effects, in order."""
+        for effect in effects:
+            match effect:
+                case Record(kind, task, node, detail):
+                    self.record(kind, task=task, node=node, **detail)
+                case TaskDown(task, to, reason):
+                    self._store.task_down(task, to, now, reason=reason)
+                case StopWorker(worker, grace_s):
+                    self.stop_worker(worker, grace_s)
+                case StopGeneration(task, generation, grace_s):
+                    self.stop_generation(task, generation, grace_s)
+                case Isolate(node, why, until, grace_s):
+                    self._store.node_state(node, NodeState.ISOLATED)
+                    self.record("node_isolated", node=node, why=why, until=until)
+                    self.stop_node(node, grace_s)
+                case Switch():
+                    self.switch(effect, now)
+                case Launch():
+                    self.launch(effect, now)
+
+    def node_lost(self, node: str, silent_s: float) -> list[WorkerRecord]:
+        """A node went silent: it is lost, with its live workers (returned as they were), and
+        its unsent orders mean nothing any more."""
+        self._store.node_state(node, NodeState.LOST)
+        self.record("node_lost", node=node, silent_s=round(silent_s, 3))
+        self.orders.take(node)
+        return self._store.lose_node_workers(node)
 
     def launch(self, launch: Launch, now: float) -> list[WorkerRecord]:
-        added = self.store.add_workers(
+        added = self._store.add_workers(
             launch.task, launch.generation, launch.placement, launch.first_rank, launch.phase, now
         )
         for w in added:
@@ -123,21 +221,21 @@ class Applier:
     def dump_stacks(self, task: str, generation: int) -> None:
         """Every node running the generation dumps its workers' stacks (before any stop that
         follows: the agent carries orders out in turn)."""
-        for node in sorted({w.node for w in self.store.workers(task, generation, live=True)}):
+        for node in sorted({w.node for w in self._store.workers(task, generation, live=True)}):
             self.orders.add(node, DumpStacks(task=task, generation=generation))
 
     def stop_generation(self, task: str, generation: int, grace_s: float) -> None:
         """Every live worker of the generation, on nodes that can still hear it."""
-        reachable = {n.name for n in self.store.nodes() if n.state is not NodeState.LOST}
-        for node in sorted({w.node for w in self.store.workers(task, generation, live=True)} & reachable):
+        reachable = {n.name for n in self._store.nodes() if n.state is not NodeState.LOST}
+        for node in sorted({w.node for w in self._store.workers(task, generation, live=True)} & reachable):
             self.orders.add(node, StopWorkers(task=task, generation=generation, grace_s=grace_s))
 
     def stop_node(self, node: str, grace_s: float) -> None:
-        for task, generation in sorted({(w.task, w.generation) for w in self.store.live_workers_on(node)}):
+        for task, generation in sorted({(w.task, w.generation) for w in self._store.live_workers_on(node)}):
             self.orders.add(node, StopWorkers(task=task, generation=generation, grace_s=grace_s))
 
     def switch(self, switch: Switch, now: float) -> None:
-        self.store.switch_generation(switch.task, switch.old, switch.membership.generation, switch.kept, now)
+        self._store.switch_generation(switch.task, switch.old, switch.membership.generation, switch.kept, now)
         for w, rank in switch.kept.items():
             self.orders.add(
                 w.node,
@@ -165,7 +263,7 @@ class Applier:
         now: float,
     ) -> None:
         """A hot spare becomes a newcomer: no process to start, only a new identity."""
-        self.store.spare_used(task, spare_rank, generation, rank, node, local, now)
+        self._store.spare_used(task, spare_rank, generation, rank, node, local, now)
         self.orders.add(
             node,
             RenameWorker(
@@ -181,7 +279,7 @@ class Applier:
 
     def forget_task(self, task: str, checkpoint_dir: Path, env: dict[str, str]) -> None:
         """Every node frees what it keeps for an ended task."""
-        for node in self.store.nodes():
+        for node in self._store.nodes():
             if node.state is not NodeState.LOST:
                 order = ForgetTask(
                     task=task,
@@ -193,4 +291,4 @@ class Applier:
     def drop_spare(self, task: str, rank: int, node: str, stop: bool) -> None:
         if stop:
             self.orders.add(node, StopWorkers(task=task, generation=SPARE_GENERATION, rank=rank, grace_s=0.0))
-        self.store.worker_phase((task, SPARE_GENERATION, rank), WorkerPhase.STOPPED)
+        self._store.worker_phase((task, SPARE_GENERATION, rank), WorkerPhase.STOPPED)

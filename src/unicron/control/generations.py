@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from unicron.control.context import Context
 from unicron.control.effects import Launch, Switch
 from unicron.control.records import WorkerRecord
+from unicron.control.snapshot import Snapshot
 from unicron.core.protocol import Membership, ready_key
-from unicron.core.states import NodeState, WorkerPhase
+from unicron.core.states import WorkerPhase
 
 
 @dataclass(frozen=True)
@@ -95,44 +96,28 @@ class Generations:
     # (task, generation, rank) -> deadline: workers a planned shrink let go, exiting by themselves
     leaving: dict[tuple[str, int, int], float] = field(default_factory=dict)
 
-    def next_generation(self, name: str) -> int:
-        """A generation number never used by this task (a cancelled grow may have used one)."""
-        return max(self.ctx.store.get_task(name).generation, self.ctx.store.max_generation(name)) + 1
-
     def in_place(self, name: str) -> bool:
         """Whether the task's membership may change in place now."""
         return self.ctx.spec(name).run.recovery == "in_process" and name not in self.growing
 
-    def after_failure(self, name: str, failed: set[int]) -> Shrink | str:
-        """The survivors' next generation, or why there is none."""
-        store = self.ctx.store
-        task = store.get_task(name)
-        healthy = {n.name for n in store.nodes() if n.state is NodeState.HEALTHY}
-        live = store.workers(name, task.generation, live=True)
-        return survivors(live, failed, healthy, self.ctx.spec(name).is_usable, self.next_generation(name))
-
-    def switch(self, name: str, shrink: Shrink) -> None:
-        task = self.ctx.store.get_task(name)
-        kept = {w: shrink.membership.ranks[w.rank] for w in shrink.kept}
-        self.ctx.act.switch(Switch(name, task.generation, shrink.membership, kept), self.ctx.clock())
-
-    def shrink_planned(self, name: str, wanted: dict[str, int], reason: str) -> bool:
+    def shrink_planned(self, snapshot: Snapshot, name: str, wanted: dict[str, int], reason: str) -> bool:
         """Give up workers the plan takes from a running task, in place: the members it keeps form
         the next generation at their next step boundary; the others leave there, having lost
         nothing. False when that does not fit."""
         if not self.in_place(name):
             return False
-        task = self.ctx.store.get_task(name)
-        live = self.ctx.store.workers(name, task.generation, live=True)
-        shrink = planned_shrink(live, wanted, self.ctx.spec(name).is_usable, self.next_generation(name))
+        task, live = snapshot.task(name), snapshot.live(name)
+        generation = snapshot.next_generation[name]
+        shrink = planned_shrink(live, wanted, self.ctx.spec(name).is_usable, generation)
         if shrink is None:
             return False
         now = self.ctx.clock()
-        self.switch(name, shrink)
+        kept = {w: shrink.membership.ranks[w.rank] for w in shrink.kept}
+        self.ctx.act.switch(Switch(name, task.generation, shrink.membership, kept), now)
         for w in shrink.left:
             # They leave at their next step boundary; one that does not is stopped.
             self.leaving[w.key] = now + self.ctx.limits.hang_cap_s
-        self.ctx.store.event(
+        self.ctx.act.record(
             "task_shrink",
             task=name,
             generation=shrink.membership.generation,
@@ -144,15 +129,19 @@ class Generations:
         return True
 
     def grow(
-        self, name: str, placement: dict[str, int], reason: str, spares: list[tuple[int, str, int]]
+        self,
+        snapshot: Snapshot,
+        name: str,
+        placement: dict[str, int],
+        reason: str,
+        spares: list[tuple[int, str, int]],
     ) -> list[int]:
         """Newcomers for the task's next generation, from hot spares (rank, node, local slot)
         first, then new processes; the live members make room for them at a step boundary once
         they are ready. Returns the spares used."""
         ctx = self.ctx
-        task = ctx.store.get_task(name)
-        live = ctx.store.workers(name, task.generation, live=True)
-        generation = self.next_generation(name)
+        task, live = snapshot.task(name), snapshot.live(name)
+        generation = snapshot.next_generation[name]
         membership, newcomers = grown(live, sum(placement.values()), generation)
         world = membership.world_size
         now = ctx.clock()
@@ -168,7 +157,7 @@ class Generations:
         argv = list(ctx.spec(name).run.program)
         ctx.act.launch(Launch(name, generation, world, placement, len(live) + len(used), argv, env), now)
         self.growing[name] = Growth(generation, membership, newcomers, now)
-        ctx.store.event(
+        ctx.act.record(
             "task_grow",
             task=name,
             generation=generation,
@@ -203,8 +192,8 @@ class Generations:
             live = store.workers(name, task.generation, live=True)
             kept = {w: growth.membership.ranks[w.rank] for w in live if w.rank in growth.membership.ranks}
             self.ctx.act.switch(Switch(name, task.generation, growth.membership, kept), now)
-            store.task_membership(name, growth.generation, growth.membership.world_size)
-            store.event(
+            self.ctx.act.task_membership(name, growth.generation, growth.membership.world_size)
+            self.ctx.act.record(
                 "task_grown",
                 task=name,
                 generation=growth.generation,
@@ -223,8 +212,8 @@ class Generations:
         growth = self.growing.pop(name)
         for w in self.ctx.store.workers(name, growth.generation, live=True):
             self.ctx.act.stop_worker(w, 0.0)
-        self.ctx.store.end_workers(name, growth.generation, WorkerPhase.STOPPED)
-        self.ctx.store.event(event, task=name, generation=growth.generation, why=why)
+        self.ctx.act.end_workers(name, growth.generation, WorkerPhase.STOPPED)
+        self.ctx.act.record(event, task=name, generation=growth.generation, why=why)
 
     def is_leaving(self, key: tuple[str, int, int], now: float) -> bool:
         due = self.leaving.get(key)
@@ -241,4 +230,4 @@ class Generations:
             for g in range(task.generation + 1, store.max_generation(task.name) + 1):
                 for w in store.workers(task.name, g, live=True):
                     self.ctx.act.stop_worker(w, 0.0)
-                store.end_workers(task.name, g, WorkerPhase.STOPPED)
+                self.ctx.act.end_workers(task.name, g, WorkerPhase.STOPPED)

@@ -10,6 +10,7 @@ live replicas), else by a restart from the checkpoint. Idle slots hold hot spare
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from unicron.control.allocator import Allocator, Decided
@@ -18,6 +19,7 @@ from unicron.control.effects import Launch
 from unicron.control.generations import Generations
 from unicron.control.rates import RateMeter
 from unicron.control.records import TaskRecord
+from unicron.control.snapshot import Snapshot
 from unicron.control.spares import choose, spare_gains
 from unicron.core.protocol import SPARE_GENERATION
 from unicron.core.states import NodeState, TaskState, WorkerPhase
@@ -47,17 +49,18 @@ class Placer:
     last_plan: dict[str, int] | None = None
     pending: list[tuple[str, ...]] = field(default_factory=list)  # submissions not yet planned
 
-    def cluster_state(self) -> tuple[ClusterState, dict[int, str]]:
-        store = self.ctx.store
-        nodes = [n for n in store.nodes() if n.state is NodeState.HEALTHY]
+    def cluster_state(self, snapshot: Snapshot) -> tuple[ClusterState, dict[int, str]]:
+        """The planner's view of the snapshot: healthy nodes (by id) and where the active tasks'
+        members are."""
+        nodes = [n for n in snapshot.nodes.values() if n.state is NodeState.HEALTHY]
         names = {n.id: n.name for n in nodes}
         ids = {n.name: n.id for n in nodes}
         slots = nodes[0].slots if nodes else 1
         assignment: dict[int, dict[str, int]] = {}
-        live = store.tasks(live_only=True)
+        live = list(snapshot.tasks.values())
         for task in live:
             if task.state.active:
-                for w in store.workers(task.name, task.generation, live=True):
+                for w in snapshot.live(task.name):
                     if w.node in ids:
                         per = assignment.setdefault(ids[w.node], {})
                         per[task.name] = per.get(task.name, 0) + 1
@@ -88,7 +91,7 @@ class Placer:
 
     def inputs_changed(self) -> None:
         """New measurements or a queued submission: rebuild the plan table for them."""
-        state, _ = self.cluster_state()
+        state, _ = self.cluster_state(self.ctx.store.snapshot())
         queued = {name for names in self.pending for name in names}
         # Every queued submission is admitted by the next plan: one arrival of them all.
         group = tuple(t for t in state.tasks if t.name in queued)
@@ -98,9 +101,10 @@ class Placer:
 
     def reconcile(self) -> None:
         """Divide the healthy slots with the planner and carry the plan out."""
-        state, names = self.cluster_state()
+        snapshot = self.ctx.store.snapshot()
+        state, names = self.cluster_state(snapshot)
         if not state.tasks:
-            self.keep_spares(state, names, {})  # no task left: no spare has a purpose
+            self.keep_spares(snapshot, state, names, {})  # no task left: no spare has a purpose
             return
         decided = self.allocator.decide(state, self.rates.version)
         self.pending.clear()  # every live task is in this plan
@@ -109,20 +113,21 @@ class Placer:
             # Nothing happened but new measurements: move running tasks only for a clear gain.
             before = sum(d.waf_before for d in best.decisions)
             if best.waf < before * (1 + self.ctx.limits.rebalance_min_gain):
-                self.keep_spares(state, names, {n: dict(a) for n, a in state.assignment.items()})
+                assignment = {n: dict(a) for n, a in state.assignment.items()}
+                self.keep_spares(snapshot, state, names, assignment)
                 return
-        tasks = {t.name: t for t in self.ctx.store.tasks(live_only=True)}
-        self._record_plan(decided, tasks)
+        self._record_plan(decided, snapshot.tasks)
         for decision in best.decisions:
-            task = tasks[decision.task]
-            wanted = {names[n]: per[task.name] for n, per in sorted(layout.items()) if per.get(task.name)}
-            self._carry_out(task, decision, wanted)
-        self.keep_spares(state, names, layout)
+            name = decision.task
+            wanted = {names[n]: per[name] for n, per in sorted(layout.items()) if per.get(name)}
+            self._carry_out(snapshot, decision, wanted)
+        self.keep_spares(self.ctx.store.snapshot(), state, names, layout)
         self.allocator.refresh(state, decided, self.rates.version)
 
-    def _carry_out(self, task: TaskRecord, decision: PlanDecision, wanted: dict[str, int]) -> None:
+    def _carry_out(self, snapshot: Snapshot, decision: PlanDecision, wanted: dict[str, int]) -> None:
         """One task's part of the plan: in place where it can, else stop and relaunch."""
-        name, after, store = task.name, decision.after, self.ctx.store
+        task, after = snapshot.task(decision.task), decision.after
+        name = task.name
         if task.state is TaskState.STARTING:
             return  # decide once it runs again (it may be recovering in place)
         running = task.state is TaskState.RUNNING
@@ -131,37 +136,39 @@ class Placer:
         if running and after > task.workers and self.generations.in_place(name):
             # More slots for a running task: newcomers join its live replicas in place.
             current: dict[str, int] = {}
-            for w in store.workers(name, task.generation, live=True):
+            for w in snapshot.live(name):
                 current[w.node] = current.get(w.node, 0) + 1
             extra = {n: c - current.get(n, 0) for n, c in wanted.items() if c > current.get(n, 0)}
             if sum(extra.values()) == after - task.workers:
-                self._grow(name, extra, decision.reason)
+                self._grow(snapshot, name, extra, decision.reason)
                 return
         if (
             running
             and 0 < after < task.workers
-            and self.generations.shrink_planned(name, wanted, decision.reason)
+            and self.generations.shrink_planned(snapshot, name, wanted, decision.reason)
         ):
             return
         if running:
             # No in-place change fits (the task asked for restarts, or it must stop or move):
             # stop at a step boundary with a checkpoint and relaunch as planned.
-            store.event("task_resize", task=name, before=task.workers, after=after, reason=decision.reason)
+            self.ctx.act.record(
+                "task_resize", task=name, before=task.workers, after=after, reason=decision.reason
+            )
             self.ctx.act.stop_generation(name, task.generation, self.ctx.limits.stop_grace_s)
-            store.task_stopping(name, self.ctx.clock())
+            self.ctx.act.task_stopping(name, self.ctx.clock())
         elif after > 0:
-            self.launch(name, wanted, decision.reason)
+            self.launch(task, snapshot.next_generation[name], wanted, decision.reason)
 
-    def _grow(self, name: str, extra: dict[str, int], reason: str) -> None:
+    def _grow(self, snapshot: Snapshot, name: str, extra: dict[str, int], reason: str) -> None:
         waiting = [s for s in self.spares.values() if s.task == name and s.used is None]
         offered = [(s.rank, s.node, s.local_rank) for s in waiting]
-        used = self.generations.grow(name, extra, reason, offered)
+        used = self.generations.grow(snapshot, name, extra, reason, offered)
         now = self.ctx.clock()
         for s in waiting:
             if s.rank in used:
                 s.used = now
 
-    def _record_plan(self, decided: Decided, tasks: dict[str, TaskRecord]) -> None:
+    def _record_plan(self, decided: Decided, tasks: Mapping[str, TaskRecord]) -> None:
         """A plan event whenever the plan changes a task: where it came from and what it does."""
         changes = {
             d.task: [tasks[d.task].workers, d.after]
@@ -171,7 +178,7 @@ class Placer:
         if not changes or decided.plan.allocation() == self.last_plan:
             return  # nothing to change, or a change already under way
         self.last_plan = decided.plan.allocation()
-        self.ctx.store.event(
+        self.ctx.act.record(
             "plan",
             source=decided.source,
             answers=str(decided.event) if decided.event is not None else None,
@@ -182,18 +189,17 @@ class Placer:
             waf=decided.plan.waf,
         )
 
-    def launch(self, name: str, placement: dict[str, int], reason: str) -> None:
+    def launch(self, task: TaskRecord, generation: int, placement: dict[str, int], reason: str) -> None:
         """A new generation of the task from its checkpoint (the first launch, or a restart)."""
-        task = self.ctx.store.get_task(name)
-        generation = self.generations.next_generation(name)
+        name = task.name
         world = sum(placement.values())
         port = self.ctx.act.rendezvous.host(name, task.store_port or 0)
         env = self.ctx.worker_env(name, generation, world, port)
         now = self.ctx.clock()
         argv = list(self.ctx.spec(name).run.program)
         self.ctx.act.launch(Launch(name, generation, world, placement, 0, argv, env), now)
-        self.ctx.store.task_launched(name, generation, world, port, now)
-        self.ctx.store.event(
+        self.ctx.act.task_launched(name, generation, world, port, now)
+        self.ctx.act.record(
             "task_launch",
             task=name,
             generation=generation,
@@ -204,11 +210,13 @@ class Placer:
         )
 
     # ------------------------------------------------------------------ hot spares
-    def keep_spares(self, state: ClusterState, names: dict[int, str], layout: Assignment) -> None:
+    def keep_spares(
+        self, snapshot: Snapshot, state: ClusterState, names: dict[int, str], layout: Assignment
+    ) -> None:
         """Stop spares whose slot the plan uses or whose task no longer runs; start spares on
         the slots the plan leaves idle, for the tasks that gain most from them."""
         now = self.ctx.clock()
-        tasks = {t.name: t for t in self.ctx.store.tasks(live_only=True)}
+        tasks = snapshot.tasks
         planned = {names[n]: sum(per.values()) for n, per in layout.items()}
         healthy = set(names.values())
         for key, spare in list(self.spares.items()):
@@ -242,10 +250,7 @@ class Placer:
         have: dict[str, int] = {}
         for s in waiting:
             have[s.task] = have.get(s.task, 0) + 1
-        homes = {
-            name: {w.node for w in self.ctx.store.workers(name, tasks[name].generation, live=True)}
-            for name in running
-        }
+        homes = {name: {w.node for w in snapshot.live(name)} for name in running}
         for name, node in choose(free, gains, have, homes, self.ctx.limits.hot_spares):
             self._launch_spare(name, node, now)
 
@@ -258,11 +263,11 @@ class Placer:
         launch = Launch(name, SPARE_GENERATION, 0, {node: 1}, rank, argv, env, WorkerPhase.SPARE)
         (added,) = self.ctx.act.launch(launch, now)
         self.spares[(name, rank)] = Spare(name, rank, node, added.local_rank, now)
-        self.ctx.store.event("spare_launched", task=name, node=node, rank=rank)
+        self.ctx.act.record("spare_launched", task=name, node=node, rank=rank)
 
     def drop_spare(self, key: tuple[str, int], stop: bool) -> None:
         spare = self.spares.pop(key, None)
         if spare is None:
             return
         self.ctx.act.drop_spare(spare.task, spare.rank, spare.node, stop)
-        self.ctx.store.event("spare_stopped", task=spare.task, node=spare.node, rank=spare.rank)
+        self.ctx.act.record("spare_stopped", task=spare.task, node=spare.node, rank=spare.rank)

@@ -14,13 +14,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from unicron.control.context import Context
-from unicron.control.generations import Generations, Shrink
+from unicron.control.effects import Effect, Isolate, StopGeneration, TaskDown
+from unicron.control.generations import Generations
 from unicron.control.hangs import WorkerKey, not_arrived
 from unicron.control.records import TaskRecord
+from unicron.control.response import (
+    IN_PROCESS,
+    RESTART_FAILED,
+    RESTART_FROM_CHECKPOINT,
+    TASK_FAILED,
+    Failure,
+    in_place,
+    isolation,
+    respond,
+)
 from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import Progress
-from unicron.core.states import NodeState, TaskState
+from unicron.core.states import TaskState
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope
 
 # Kinds that a peer's failure produces in the survivors: an incident opened by one of these may
@@ -51,11 +62,6 @@ def attribute(
         return scope
     nodes = {n for t, k, n in recent if k is kind and now - t <= window and n is not None}
     return Scope.TASK if nodes - {node} else Scope.WORKER
-
-
-IN_PROCESS = "in-process recovery"
-RESTART_FAILED = "restart of the stuck workers"  # tier two: new processes take peer state
-RESTART_FROM_CHECKPOINT = "restart from checkpoint"
 
 
 @dataclass
@@ -114,8 +120,8 @@ class Recovery:
         """Open the generation's incident (once) and carry out the ladder's decision. ``failed``:
         the ranks known to be gone (without them the survivors cannot be told apart);
         ``seen_at``: when the symptom happened, for the detection time when no fault was injected."""
-        store, now = self.ctx.store, self.ctx.clock()
-        task = store.get_task(name)
+        now = self.ctx.clock()
+        task = self.ctx.store.get_task(name)
         fresh = task.state is TaskState.STARTING and task.launched_generation == task.generation
         if scope is None and fresh:
             # A freshly launched generation failing before its first step: the program, its
@@ -129,21 +135,24 @@ class Recovery:
         self.generations.cancel_growth(name)
         decision = self.ladder.decide(name, kind, node, now, scope)
         incident = self._open(task, kind, node, why, scope, decision, seen_at)
-        incident_id = incident.id
-        if decision.isolate_node and node is not None:
-            self.isolate(node, f"{kind.value} ({decision.why})")
-        if not decision.fail_task and failed is not None and self._in_place(name, failed, incident_id):
-            incident.actions.append(IN_PROCESS)
+        failure = Failure(name, node, why, None if failed is None else frozenset(failed), incident.id)
+        may_stay = self.generations.in_place(name)
+        snapshot = self.ctx.store.snapshot()
+        response = respond(
+            snapshot, failure, decision, may_stay, self.ctx.spec(name).is_usable, self.ctx.limits, now
+        )
+        incident.actions.append(response.action)
+        if response.action == IN_PROCESS:
             incident.deadline = now + self.ctx.limits.recovery_deadline_s
-            return
-        incident.actions.append(RESTART_FROM_CHECKPOINT)
-        self.ctx.act.stop_generation(name, task.generation, self.ctx.limits.failure_stop_grace_s)
-        if decision.fail_task:
-            store.task_down(name, TaskState.FAILED, now, reason=f"{why}: {decision.why}")
-            store.event("outcome", task=name, incident=incident_id, outcome="task failed", why=decision.why)
+        self._apply(response.effects, now)
+        if response.action == TASK_FAILED:
             self.released(name)
-        else:
-            store.task_down(name, TaskState.RESTARTING, now)
+
+    def _apply(self, effects: Sequence[Effect], now: float) -> None:
+        self.ctx.act.apply(effects, now)
+        for effect in effects:
+            if isinstance(effect, Isolate):
+                self.isolated_until[effect.node] = effect.until
 
     def _open(
         self,
@@ -157,10 +166,10 @@ class Recovery:
     ) -> Incident:
         """Record the generation's incident (the ladder's decision, when the fault began) and
         close the ones it supersedes (a new fault struck while they were being recovered)."""
-        store, now, name = self.ctx.store, self.ctx.clock(), task.name
+        now, name, record = self.ctx.clock(), task.name, self.ctx.act.record
         superseded = [k for k in self.incidents if k[0] == name]
         began = self.faults.get((name, task.generation), seen_at)
-        incident_id = store.event(
+        incident_id = record(
             "incident",
             task=name,
             node=node,
@@ -178,7 +187,7 @@ class Recovery:
         )
         for key in superseded:
             earlier = self.incidents.pop(key)
-            store.event("outcome", task=name, incident=earlier.id, outcome="superseded", by=incident_id)
+            record("outcome", task=name, incident=earlier.id, outcome="superseded", by=incident_id)
         incident = Incident(incident_id, kind, now, decision.action.label)
         self.incidents[(name, task.generation)] = incident
         return incident
@@ -201,45 +210,10 @@ class Recovery:
             return Scope.TASK
         return scope
 
-    def _in_place(self, name: str, failed: set[int], incident_id: int) -> bool:
-        """The survivors rebuild their group as the next generation and go on; nothing restarts.
-        False when that is not possible (the task asked for restarts, or too few survivors)."""
-        if not self.generations.in_place(name):
-            return False
-        shrink = self.generations.after_failure(name, failed)
-        if not isinstance(shrink, Shrink):
-            task = self.ctx.store.get_task(name)
-            live = self.ctx.store.workers(name, task.generation, live=True)
-            self.ctx.store.event(
-                "in_process_impossible",
-                task=name,
-                incident=incident_id,
-                why=shrink,
-                live=[(w.rank, w.node, w.state.value) for w in live],
-                failed=sorted(failed),
-            )
-            return False
-        healthy = {n.name for n in self.ctx.store.nodes() if n.state is NodeState.HEALTHY}
-        for w in shrink.left:
-            if w.rank in failed and w.node in healthy:
-                self.ctx.act.stop_worker(w, 0.0)  # a raising or hung process may linger
-        self.generations.switch(name, shrink)
-        self.ctx.store.task_down(name, TaskState.STARTING, self.ctx.clock())
-        self.ctx.store.event(
-            "in_process_recovery",
-            task=name,
-            incident=incident_id,
-            generation=shrink.membership.generation,
-            workers=shrink.membership.world_size,
-            failed=sorted(failed),
-            survivors=[w.rank for w in shrink.kept],
-        )
-        return True
-
     def recovered(self, name: str, downtime: float, step: int) -> None:
         for (task, generation), incident in list(self.incidents.items()):
             if task == name:
-                self.ctx.store.event(
+                self.ctx.act.record(
                     "outcome",
                     task=name,
                     incident=incident.id,
@@ -266,28 +240,35 @@ class Recovery:
         incident = due[0]
         incident.deadline = None
         waited = self.ctx.limits.recovery_deadline_s
-        members = self.ctx.store.workers(name, generation, live=True)
+        snapshot = self.ctx.store.snapshot()
+        members = snapshot.live(name)
         stuck = not_arrived(members, progress, generation)
         if incident.actions[-1] == IN_PROCESS and 0 < len(stuck) < len(members):
             ranks = sorted(w.rank for w in stuck)
             self._escalate(
                 name, incident, RESTART_FAILED, f"rank(s) {ranks} never reached generation {generation}"
             )
-            if self._in_place(name, set(ranks), incident.id):
+            stay = in_place(snapshot, name, set(ranks), incident.id, self.ctx.spec(name).is_usable)
+            if self.generations.in_place(name) and not isinstance(stay, str):
+                self._apply(stay, now)
                 incident.stuck_nodes = {w.node for w in stuck}
                 incident.deadline = now + waited
                 return
         self._escalate(name, incident, RESTART_FROM_CHECKPOINT, f"no step within {waited:g} s")
+        why = "a restart of its stuck workers did not recover the task"
+        effects: list[Effect] = []
         for node in sorted(incident.stuck_nodes):  # tier two was carried out, and failed
-            self.isolate(node, "a restart of its stuck workers did not recover the task")
-        self.ctx.act.stop_generation(
-            name, self.ctx.store.get_task(name).generation, self.ctx.limits.failure_stop_grace_s
-        )
-        self.ctx.store.task_down(name, TaskState.RESTARTING, now)
+            effects += isolation(snapshot, node, why, now, self.ctx.limits)
+        task = snapshot.task(name)
+        effects += [
+            StopGeneration(name, task.generation, self.ctx.limits.failure_stop_grace_s),
+            TaskDown(name, TaskState.RESTARTING),
+        ]
+        self._apply(effects, now)
 
     def _escalate(self, name: str, incident: Incident, to: str, why: str) -> None:
         task = self.ctx.store.get_task(name)
-        self.ctx.store.event(
+        self.ctx.act.record(
             "escalation",
             task=task.name,
             incident=incident.id,
@@ -309,22 +290,12 @@ class Recovery:
         self.recent.pop(name, None)
         self.task_faults = {k: v for k, v in self.task_faults.items() if k[0] != name}
 
-    def isolate(self, node: str, why: str) -> None:
-        row = self.ctx.store.node(node)
-        if row is None or row.state is not NodeState.HEALTHY:
-            return
-        until = self.ctx.clock() + self.ctx.limits.isolation_s
-        self.ctx.store.node_state(node, NodeState.ISOLATED)
-        self.ctx.store.event("node_isolated", node=node, why=why, until=until)
-        self.isolated_until[node] = until
-        self.ctx.act.stop_node(node, self.ctx.limits.failure_stop_grace_s)
-
     def root_cause(self, name: str, kind: ErrorKind, node: str) -> None:
         """A later, surer verdict for an open incident: the peers' connection errors that opened it
         were symptoms of this (a lost node), which is now recorded as its root cause."""
         for (task, _), incident in self.incidents.items():
             if task == name and incident.kind in CONSEQUENCES:
-                self.ctx.store.event(
+                self.ctx.act.record(
                     "root_cause",
                     task=name,
                     node=node,
@@ -343,12 +314,9 @@ class Recovery:
 
     def node_lost(self, node: str, silent_s: float) -> None:
         store = self.ctx.store
-        store.node_state(node, NodeState.LOST)
-        store.event("node_lost", node=node, silent_s=round(silent_s, 3))
-        self.ctx.act.orders.take(node)
         current = {t.name: t.generation for t in store.tasks(live_only=True)}
         gone: dict[str, set[int]] = {}
-        for w in store.lose_node_workers(node):
+        for w in self.ctx.act.node_lost(node, silent_s):
             ranks = gone.setdefault(w.task, set())
             if current.get(w.task) == w.generation:
                 ranks.add(w.rank)  # ranks of the task's current generation

@@ -84,7 +84,7 @@ class Runtime:
                 try:
                     coordinator.tick()
                 except Exception as exc:  # keep serving; the failure is recorded
-                    coordinator.store.event("coordinator_error", error=repr(exc)[:500])
+                    coordinator.act.record("coordinator_error", error=repr(exc)[:500])
                 await asyncio.sleep(TICK_S)
 
         ticker = asyncio.create_task(loop())

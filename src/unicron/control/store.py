@@ -19,6 +19,7 @@ from typing import Any
 
 from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.schema import open_database
+from unicron.control.snapshot import Snapshot
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.states import (
     LIVE_TASK_STATES,
@@ -61,6 +62,36 @@ class Store:
     def _rows(self, sql: str, *args: object) -> list[sqlite3.Row]:
         with self._lock:
             return list(self._db.execute(sql, args).fetchall())
+
+    def snapshot(self) -> Snapshot:
+        """Live tasks, nodes and each live task's current members, in one read."""
+        task_marks, task_states = _marks(LIVE_TASK_STATES)
+        worker_marks, phases = _marks(LIVE_WORKER_PHASES)
+        with self._tx() as db:
+            tasks = [
+                TaskRecord.of(r)
+                for r in db.execute(
+                    f"SELECT * FROM tasks WHERE state IN ({task_marks}) ORDER BY submitted", task_states
+                )
+            ]
+            nodes = [NodeRecord.of(r) for r in db.execute("SELECT * FROM nodes ORDER BY id")]
+            members: dict[str, list[WorkerRecord]] = {t.name: [] for t in tasks}
+            for r in db.execute(
+                f"SELECT w.* FROM workers w JOIN tasks t ON w.task = t.name AND w.generation = t.generation "
+                f"WHERE t.state IN ({task_marks}) AND w.state IN ({worker_marks}) ORDER BY w.rank",
+                (*task_states, *phases),
+            ):
+                members[r["task"]].append(WorkerRecord.of(r))
+            highest = {
+                r["task"]: int(r["g"] or 0)
+                for r in db.execute("SELECT task, MAX(generation) AS g FROM workers GROUP BY task")
+            }
+        return Snapshot(
+            tasks={t.name: t for t in tasks},
+            nodes={n.name: n for n in nodes},
+            members={name: tuple(ws) for name, ws in members.items()},
+            next_generation={t.name: max(t.generation, highest.get(t.name, 0)) + 1 for t in tasks},
+        )
 
     # ------------------------------------------------------------ events
     def event(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:

@@ -1,0 +1,74 @@
+"""What the deciders see: a typed, frozen view of the cluster at one instant, and the read-only
+face of the store.
+
+Deciders (``recovery.respond``, ``generations.survivors``, ...) take a :class:`Snapshot` and
+``now`` and return effects; they cannot write, because the parts of the coordinator hold the
+store only as :class:`StoreReads` (mypy rejects a write through it). The applier
+(``effects.py``) holds the store itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
+from unicron.core.errors import NotFound
+from unicron.core.states import NodeState
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Live tasks, every node, and the live members of each live task's current generation,
+    read in one transaction (so they agree with each other)."""
+
+    tasks: Mapping[str, TaskRecord]
+    nodes: Mapping[str, NodeRecord]
+    members: Mapping[str, tuple[WorkerRecord, ...]]  # task -> live workers of its generation
+    next_generation: Mapping[str, int]  # task -> a generation number it never used
+
+    def task(self, name: str) -> TaskRecord:
+        if name not in self.tasks:
+            raise NotFound(f"no live task named {name!r}")
+        return self.tasks[name]
+
+    def live(self, name: str) -> tuple[WorkerRecord, ...]:
+        return self.members.get(name, ())
+
+    def healthy(self) -> frozenset[str]:
+        return frozenset(n.name for n in self.nodes.values() if n.state is NodeState.HEALTHY)
+
+    def node_state(self, name: str) -> NodeState | None:
+        node = self.nodes.get(name)
+        return None if node is None else node.state
+
+
+class StoreReads(Protocol):
+    """The store's read operations: all that the coordinator's parts other than the applier may use."""
+
+    def snapshot(self) -> Snapshot: ...
+
+    def events(self, since_id: int = 0, task: str | None = None, limit: int = 1000) -> list[EventRecord]: ...
+
+    def task(self, name: str) -> TaskRecord | None: ...
+
+    def get_task(self, name: str) -> TaskRecord: ...
+
+    def tasks(self, live_only: bool = False) -> list[TaskRecord]: ...
+
+    def node(self, name: str) -> NodeRecord | None: ...
+
+    def nodes(self) -> list[NodeRecord]: ...
+
+    def workers(self, task: str, generation: int | None = None, live: bool = False) -> list[WorkerRecord]: ...
+
+    def worker(self, task: str, generation: int, rank: int) -> WorkerRecord | None: ...
+
+    def live_workers_on(self, node: str) -> list[WorkerRecord]: ...
+
+    def held_slots(self) -> dict[str, dict[str, int]]: ...
+
+    def max_generation(self, task: str) -> int: ...
+
+    def max_rank(self, task: str, generation: int) -> int | None: ...

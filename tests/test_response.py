@@ -1,0 +1,146 @@
+"""The recovery responder on hand-built snapshots (no store, no processes, no clock): which
+effects each ladder decision has on the cluster as the snapshot shows it."""
+
+from __future__ import annotations
+
+from unicron.control.effects import Isolate, Record, StopGeneration, StopWorker, Switch, TaskDown
+from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
+from unicron.control.response import (
+    IN_PROCESS,
+    RESTART_FROM_CHECKPOINT,
+    TASK_FAILED,
+    Failure,
+    in_place,
+    respond,
+)
+from unicron.control.snapshot import Snapshot
+from unicron.core.ladder import Decision
+from unicron.core.settings import Settings
+from unicron.core.states import NodeState, TaskState, WorkerPhase
+from unicron.core.taxonomy import Action, ErrorKind, Scope, Severity
+
+NOW = 5_000.0
+LIMITS = Settings()
+
+
+def task(generation: int = 3) -> TaskRecord:
+    return TaskRecord(
+        name="lm", spec="{}", state=TaskState.RUNNING, generation=generation, workers=4, step=40,
+        checkpoint_step=30, store_port=1234, failures=0, restarts=0, down_since=None, downtime_s=0.0,
+        samples=0, flop=0.0, digest=None, submitted=0.0, started=1.0, finished=None, reason=None,
+        launched_generation=1, redo_until=0,
+    )  # fmt: skip
+
+
+def node(name: str, state: NodeState = NodeState.HEALTHY) -> NodeRecord:
+    return NodeRecord(id=0, name=name, slots=2, gpus=[], host="127.0.0.1", state=state, last_seen=NOW)
+
+
+def worker(rank: int, node_name: str, generation: int = 3) -> WorkerRecord:
+    return WorkerRecord(
+        "lm", generation, rank, node_name, rank % 2, WorkerPhase.RUNNING, 100 + rank, None, None, 0.0
+    )
+
+
+def snapshot(a_state: NodeState = NodeState.HEALTHY) -> Snapshot:
+    """Task lm, generation 3: ranks 0, 1 on node a and 2, 3 on node b; generation 5 was used by
+    a cancelled grow, so the next one is 6."""
+    members = tuple(worker(r, "a" if r < 2 else "b") for r in range(4))
+    return Snapshot(
+        tasks={"lm": task()},
+        nodes={"a": node("a", a_state), "b": node("b")},
+        members={"lm": members},
+        next_generation={"lm": 6},
+    )
+
+
+def decision(
+    isolate: bool = False, fail: bool = False, kind: ErrorKind = ErrorKind.EXITED_ABNORMALLY
+) -> Decision:
+    return Decision(kind, Severity.SEV2, Action.RESTART_PROCESS, isolate, fail, "test", Scope.WORKER)
+
+
+def even(size: int) -> bool:
+    return size % 2 == 0
+
+
+def anything(size: int) -> bool:
+    return size > 0
+
+
+def test_survivors_go_on_in_place_and_only_the_failed_rank_is_stopped() -> None:
+    failure = Failure("lm", "a", "rank 1 died", frozenset({1}), incident=7)
+    response = respond(snapshot(), failure, decision(), True, anything, LIMITS, NOW)
+    assert response.action == IN_PROCESS
+    stops = [e for e in response.effects if isinstance(e, StopWorker)]
+    assert [s.worker.rank for s in stops] == [1]
+    (switch,) = [e for e in response.effects if isinstance(e, Switch)]
+    assert switch.old == 3 and switch.membership.generation == 6
+    assert switch.membership.ranks == {0: 0, 2: 1, 3: 2}  # survivors renumbered, lowest first
+    assert switch.membership.failed == [1]
+    assert TaskDown("lm", TaskState.STARTING) in response.effects
+    assert not any(isinstance(e, (StopGeneration, Isolate)) for e in response.effects)
+    (record,) = [e for e in response.effects if isinstance(e, Record)]
+    assert record.detail["incident"] == 7 and record.detail["survivors"] == [0, 2, 3]
+
+
+def test_an_isolated_node_takes_its_survivors_out_of_the_next_generation() -> None:
+    failure = Failure("lm", "a", "rank 1 died", frozenset({1}), incident=7)
+    response = respond(snapshot(), failure, decision(isolate=True), True, anything, LIMITS, NOW)
+    assert response.action == IN_PROCESS
+    isolate = response.effects[0]
+    assert isinstance(isolate, Isolate) and isolate.node == "a"
+    assert isolate.until == NOW + LIMITS.isolation_s
+    (switch,) = [e for e in response.effects if isinstance(e, Switch)]
+    assert sorted(switch.membership.ranks) == [2, 3]  # rank 0 was on the isolated node
+    assert switch.membership.failed == [0, 1]
+    # The node's processes are stopped by the isolation, not one by one.
+    assert not any(isinstance(e, StopWorker) for e in response.effects)
+
+
+def test_no_usable_size_of_survivors_restarts_from_the_checkpoint_and_says_why() -> None:
+    failure = Failure("lm", "b", "rank 3 died", frozenset({3}), incident=7)
+    response = respond(snapshot(), failure, decision(), True, even, LIMITS, NOW)  # 3 survivors: 2 kept
+    assert response.action == IN_PROCESS
+    response = respond(snapshot(NodeState.LOST), failure, decision(), True, even, LIMITS, NOW)  # 1 left
+    assert response.action == RESTART_FROM_CHECKPOINT
+    kinds = [e.kind for e in response.effects if isinstance(e, Record)]
+    assert kinds == ["in_process_impossible"]
+    assert StopGeneration("lm", 3, LIMITS.failure_stop_grace_s) in response.effects
+    assert response.effects[-1] == TaskDown("lm", TaskState.RESTARTING)
+
+
+def test_unknown_failed_ranks_or_a_restart_policy_restart_the_generation() -> None:
+    unknown = Failure("lm", "a", "peers lost", None, incident=7)
+    for failure, may_stay in [(unknown, True), (Failure("lm", "a", "x", frozenset({1}), 7), False)]:
+        response = respond(snapshot(), failure, decision(), may_stay, anything, LIMITS, NOW)
+        assert response.action == RESTART_FROM_CHECKPOINT
+        assert response.effects == (
+            StopGeneration("lm", 3, LIMITS.failure_stop_grace_s),
+            TaskDown("lm", TaskState.RESTARTING),
+        )
+
+
+def test_a_failed_task_stops_with_its_reason() -> None:
+    failure = Failure("lm", "a", "rank 1 raised", frozenset({1}), incident=7)
+    response = respond(snapshot(), failure, decision(fail=True), True, anything, LIMITS, NOW)
+    assert response.action == TASK_FAILED
+    assert not any(isinstance(e, Switch) for e in response.effects)
+    down = [e for e in response.effects if isinstance(e, TaskDown)]
+    assert down == [TaskDown("lm", TaskState.FAILED, reason="rank 1 raised: test")]
+
+
+def test_a_node_already_out_is_not_isolated_again() -> None:
+    failure = Failure("lm", "a", "rank 1 died", frozenset({1}), incident=7)
+    response = respond(
+        snapshot(NodeState.ISOLATED), failure, decision(isolate=True), True, anything, LIMITS, NOW
+    )
+    assert not any(isinstance(e, Isolate) for e in response.effects)
+
+
+def test_tier_two_restarts_exactly_the_stuck_ranks() -> None:
+    stay = in_place(snapshot(), "lm", {2}, incident=9, usable=anything)
+    assert not isinstance(stay, str)
+    assert [e.worker.rank for e in stay if isinstance(e, StopWorker)] == [2]
+    (switch,) = [e for e in stay if isinstance(e, Switch)]
+    assert switch.membership.ranks == {0: 0, 1: 1, 3: 2}
