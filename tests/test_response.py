@@ -1,9 +1,13 @@
-"""The recovery responder on hand-built snapshots (no store, no processes, no clock): which
-effects each ladder decision has on the cluster as the snapshot shows it."""
+"""The coordinator's pure deciders on hand-built snapshots (no store, no processes, no clock):
+which effects each ladder decision has on the cluster as the snapshot shows it, and how the
+plan moves each task (in place or by a restart)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from unicron.control.effects import Isolate, Record, StopGeneration, StopWorker, Switch, TaskDown
+from unicron.control.placing import Move, MoveKind, move_for
 from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.response import (
     IN_PROCESS,
@@ -144,3 +148,37 @@ def test_tier_two_restarts_exactly_the_stuck_ranks() -> None:
     assert [e.worker.rank for e in stay if isinstance(e, StopWorker)] == [2]
     (switch,) = [e for e in stay if isinstance(e, Switch)]
     assert switch.membership.ranks == {0: 0, 1: 1, 3: 2}
+
+
+# ---------------------------------------------------------------- the plan, task by task
+
+
+def move(after: int, wanted: dict[str, int], in_place: bool = True, growing: bool = False) -> Move:
+    members = snapshot().live("lm")
+    return move_for(task(), after, wanted, members, in_place, growing, usable=even, generation=6)
+
+
+def test_a_grow_that_adds_to_where_the_members_are_is_in_place() -> None:
+    grow = move(6, {"a": 2, "b": 2, "c": 2})
+    assert grow.kind is MoveKind.GROW and grow.extra == {"c": 2}
+    # A placement that moves members cannot be reached by adding newcomers: restart.
+    assert move(6, {"a": 1, "b": 2, "c": 3}).kind is MoveKind.RESTART
+    assert move(6, {"a": 2, "b": 2, "c": 2}, in_place=False).kind is MoveKind.RESTART
+    assert move(6, {"a": 2, "b": 2, "c": 2}, growing=True).kind is MoveKind.KEEP
+
+
+def test_a_shrink_keeps_the_members_on_the_kept_nodes() -> None:
+    shrink = move(2, {"b": 2})
+    assert shrink.kind is MoveKind.SHRINK and shrink.shrink is not None
+    assert shrink.shrink.membership.ranks == {2: 0, 3: 1} and shrink.shrink.membership.generation == 6
+    assert [w.rank for w in shrink.shrink.left] == [0, 1]
+    # Three members left is not a usable size here (even only): restart at the planned size.
+    assert move(3, {"a": 2, "b": 1}).kind is MoveKind.RESTART
+
+
+def test_a_task_not_running_is_launched_or_left_to_its_recovery() -> None:
+    waiting = replace(task(), state=TaskState.WAITING, workers=0)
+    assert move_for(waiting, 4, {"a": 2, "b": 2}, (), True, False, even, 6).kind is MoveKind.LAUNCH
+    assert move_for(waiting, 0, {}, (), True, False, even, 6).kind is MoveKind.KEEP
+    starting = replace(task(), state=TaskState.STARTING)
+    assert move_for(starting, 2, {"b": 2}, (), True, False, even, 6).kind is MoveKind.KEEP

@@ -100,18 +100,11 @@ class Generations:
         """Whether the task's membership may change in place now."""
         return self.ctx.spec(name).run.recovery == "in_process" and name not in self.growing
 
-    def shrink_planned(self, snapshot: Snapshot, name: str, wanted: dict[str, int], reason: str) -> bool:
-        """Give up workers the plan takes from a running task, in place: the members it keeps form
-        the next generation at their next step boundary; the others leave there, having lost
-        nothing. False when that does not fit."""
-        if not self.in_place(name):
-            return False
-        task, live = snapshot.task(name), snapshot.live(name)
-        generation = snapshot.next_generation[name]
-        shrink = planned_shrink(live, wanted, self.ctx.spec(name).is_usable, generation)
-        if shrink is None:
-            return False
-        now = self.ctx.clock()
+    def shrink_planned(self, snapshot: Snapshot, name: str, shrink: Shrink, reason: str) -> None:
+        """Give up workers the plan takes from a running task, in place (``placing.move_for``
+        decided ``shrink``): the members it keeps form the next generation at their next step
+        boundary; the others leave there, having lost nothing."""
+        task, now = snapshot.task(name), self.ctx.clock()
         kept = {w: shrink.membership.ranks[w.rank] for w in shrink.kept}
         self.ctx.act.switch(Switch(name, task.generation, shrink.membership, kept), now)
         for w in shrink.left:
@@ -121,12 +114,11 @@ class Generations:
             "task_shrink",
             task=name,
             generation=shrink.membership.generation,
-            before=len(live),
+            before=len(snapshot.live(name)),
             workers=len(shrink.kept),
             leaving=[w.rank for w in shrink.left],
             reason=reason,
         )
-        return True
 
     def grow(
         self,

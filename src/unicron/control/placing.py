@@ -10,15 +10,16 @@ live replicas), else by a restart from the checkpoint. Idle slots hold hot spare
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 from unicron.control.allocator import Allocator, Decided
 from unicron.control.context import Context
 from unicron.control.effects import Launch
-from unicron.control.generations import Generations
+from unicron.control.generations import Generations, Shrink, planned_shrink
 from unicron.control.rates import RateMeter
-from unicron.control.records import TaskRecord
+from unicron.control.records import TaskRecord, WorkerRecord
 from unicron.control.snapshot import Snapshot
 from unicron.control.spares import choose, spare_gains
 from unicron.core.protocol import SPARE_GENERATION
@@ -27,6 +28,55 @@ from unicron.planning.placement import Assignment
 from unicron.planning.planner import ClusterState
 from unicron.planning.planner import Decision as PlanDecision
 from unicron.planning.throughput import ThroughputCurve, curve_for
+
+
+class MoveKind(Enum):
+    KEEP = "keep"  # as it is (or decide later: it is starting, or growing)
+    GROW = "grow"  # newcomers join the live members in place
+    SHRINK = "shrink"  # the members on the kept nodes go on in place, the others leave
+    RESTART = "restart"  # stop at a step boundary with a checkpoint, relaunch as planned
+    LAUNCH = "launch"  # not running: a new generation from the checkpoint
+
+
+@dataclass(frozen=True)
+class Move:
+    kind: MoveKind
+    extra: dict[str, int] = field(default_factory=dict)  # GROW: node -> newcomers
+    shrink: Shrink | None = None  # SHRINK: the next generation
+
+
+def move_for(
+    task: TaskRecord,
+    after: int,
+    wanted: dict[str, int],
+    members: Sequence[WorkerRecord],
+    in_place: bool,
+    growing: bool,
+    usable: Callable[[int], bool],
+    generation: int,
+) -> Move:
+    """How a task goes from its members to ``after`` workers placed as ``wanted`` (node ->
+    count): in place where its recovery mode allows and the placement fits (newcomers only on
+    top of the members where they are; a shrink keeping members on the kept nodes), else by a
+    restart. ``in_place``: the task recovers in process; ``growing``: newcomers are on the way."""
+    if task.state is TaskState.STARTING:
+        return Move(MoveKind.KEEP)  # decide once it runs again (it may be recovering in place)
+    if task.state is not TaskState.RUNNING:
+        return Move(MoveKind.LAUNCH) if after > 0 else Move(MoveKind.KEEP)
+    if after == task.workers or growing:
+        return Move(MoveKind.KEEP)
+    if in_place and after > task.workers:
+        current: dict[str, int] = {}
+        for w in members:
+            current[w.node] = current.get(w.node, 0) + 1
+        extra = {n: c - current.get(n, 0) for n, c in wanted.items() if c > current.get(n, 0)}
+        if sum(extra.values()) == after - task.workers:
+            return Move(MoveKind.GROW, extra=extra)
+    if in_place and 0 < after < task.workers:
+        shrink = planned_shrink(members, wanted, usable, generation)
+        if shrink is not None:
+            return Move(MoveKind.SHRINK, shrink=shrink)
+    return Move(MoveKind.RESTART)
 
 
 @dataclass
@@ -126,37 +176,29 @@ class Placer:
 
     def _carry_out(self, snapshot: Snapshot, decision: PlanDecision, wanted: dict[str, int]) -> None:
         """One task's part of the plan: in place where it can, else stop and relaunch."""
-        task, after = snapshot.task(decision.task), decision.after
-        name = task.name
-        if task.state is TaskState.STARTING:
-            return  # decide once it runs again (it may be recovering in place)
-        running = task.state is TaskState.RUNNING
-        if running and (after == task.workers or name in self.generations.growing):
-            return
-        if running and after > task.workers and self.generations.in_place(name):
-            # More slots for a running task: newcomers join its live replicas in place.
-            current: dict[str, int] = {}
-            for w in snapshot.live(name):
-                current[w.node] = current.get(w.node, 0) + 1
-            extra = {n: c - current.get(n, 0) for n, c in wanted.items() if c > current.get(n, 0)}
-            if sum(extra.values()) == after - task.workers:
-                self._grow(snapshot, name, extra, decision.reason)
-                return
-        if (
-            running
-            and 0 < after < task.workers
-            and self.generations.shrink_planned(snapshot, name, wanted, decision.reason)
-        ):
-            return
-        if running:
-            # No in-place change fits (the task asked for restarts, or it must stop or move):
-            # stop at a step boundary with a checkpoint and relaunch as planned.
+        task, name = snapshot.task(decision.task), decision.task
+        spec = self.ctx.spec(name)
+        move = move_for(
+            task,
+            decision.after,
+            wanted,
+            snapshot.live(name),
+            in_place=spec.run.recovery == "in_process",
+            growing=name in self.generations.growing,
+            usable=spec.is_usable,
+            generation=snapshot.next_generation[name],
+        )
+        if move.kind is MoveKind.GROW:
+            self._grow(snapshot, name, move.extra, decision.reason)
+        elif move.kind is MoveKind.SHRINK and move.shrink is not None:
+            self.generations.shrink_planned(snapshot, name, move.shrink, decision.reason)
+        elif move.kind is MoveKind.RESTART:
             self.ctx.act.record(
-                "task_resize", task=name, before=task.workers, after=after, reason=decision.reason
+                "task_resize", task=name, before=task.workers, after=decision.after, reason=decision.reason
             )
             self.ctx.act.stop_generation(name, task.generation, self.ctx.limits.stop_grace_s)
             self.ctx.act.task_stopping(name, self.ctx.clock())
-        elif after > 0:
+        elif move.kind is MoveKind.LAUNCH:
             self.launch(task, snapshot.next_generation[name], wanted, decision.reason)
 
     def _grow(self, snapshot: Snapshot, name: str, extra: dict[str, int], reason: str) -> None:
