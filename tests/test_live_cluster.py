@@ -72,8 +72,8 @@ def assert_status_shows(url: str, *words: str) -> None:
         assert word in shown.stdout, word
 
 
-def reference(tmp: Path, iterations: int, extra: Sequence[str] = ()) -> dict[str, torch.Tensor]:
-    """The same training without failures, in one process."""
+def reference(tmp: Path, iterations: int, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The final checkpoint of the same training without failures, in one process."""
     out = tmp / "reference"
     subprocess.run(
         [
@@ -92,7 +92,7 @@ def reference(tmp: Path, iterations: int, extra: Sequence[str] = ()) -> dict[str
     )
     state = load_latest(out)
     assert state is not None and state["step"] == iterations
-    return dict(state["model"])
+    return state
 
 
 def alive(pid: int) -> bool:
@@ -179,13 +179,22 @@ def assert_ends_exact(tmp: Path, task: str, iterations: int, extra: Sequence[str
     """The task's final checkpoint holds every step and the parameters of a failure-free run."""
     final = load_latest(tmp / "cluster" / "checkpoints" / task)
     assert final is not None and final["step"] == iterations
-    assert_same_parameters(final["model"], reference(tmp / f"reference-{task}", iterations, extra))
+    assert_same_state(final, reference(tmp / f"reference-{task}", iterations, extra))
 
 
 def assert_same_parameters(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-11, msg=name)
+
+
+def assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """Two final checkpoints hold the same training state: parameters, the optimizer's moments
+    and hyper-parameters (the scheduled learning rate), and the registered scheduler."""
+    assert_same_parameters(got["model"], want["model"])
+    torch.testing.assert_close(got["optimizer"]["state"], want["optimizer"]["state"], rtol=1e-9, atol=1e-11)
+    assert got["optimizer"]["param_groups"] == want["optimizer"]["param_groups"]
+    assert got["extras"] == want["extras"] and got["extras"]["scheduler"]["last_epoch"] == got["step"]
 
 
 @pytest.mark.timeout(600)
@@ -236,7 +245,7 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
     assert "node_lost" in verdicts
     final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
     assert final is not None and final["step"] == ITERATIONS
-    assert_same_parameters(final["model"], reference(tmp_path, ITERATIONS))
+    assert_same_state(final, reference(tmp_path, ITERATIONS))
 
 
 @pytest.mark.timeout(600)

@@ -9,11 +9,13 @@ import multiprocessing as mp
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from unicron.control.localcluster import free_port
 from unicron.train import checkpoint, membership
+from unicron.train.state import StateMismatch, TrainState
 
 
 def model_at(value: float) -> torch.nn.Module:
@@ -25,7 +27,18 @@ def model_at(value: float) -> torch.nn.Module:
 
 
 def state_of(m: torch.nn.Module, step: int) -> dict[str, object]:
-    return checkpoint.state_of(m, torch.optim.SGD(m.parameters(), lr=0.1), step)
+    return checkpoint.state_of(TrainState(m, torch.optim.SGD(m.parameters(), lr=0.1)), step)
+
+
+def scheduled(value: float, steps: int) -> TrainState:
+    """A model at ``value`` with an optimizer and a registered LR scheduler stepped ``steps`` times."""
+    model = model_at(value)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    for _ in range(steps):
+        optimizer.step()
+        scheduler.step()
+    return TrainState(model, optimizer, {"scheduler": scheduler})
 
 
 def test_the_nodes_in_memory_copy_is_used_when_newest_and_intact(tmp_path: Path) -> None:
@@ -80,32 +93,65 @@ def test_a_torn_newest_checkpoint_falls_back_to_the_next_newest_in_any_tier(tmp_
 def test_the_state_digest_covers_the_optimizer() -> None:
     model = model_at(1.0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    before = checkpoint.state_digest(model, optimizer)
+    before = TrainState(model, optimizer).digest()
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()
-    after = checkpoint.state_digest(model, optimizer)
+    after = TrainState(model, optimizer).digest()
     # The moments alone: same parameters, different optimizer state, a different digest.
     other = torch.optim.AdamW(model.parameters(), lr=0.1)
-    assert len({before, after, checkpoint.state_digest(model, other)}) == 3
+    assert len({before, after, TrainState(model, other).digest()}) == 3
     optimizer.state_dict()["state"][0]["exp_avg"].view(-1)[0] += 1.0
-    assert checkpoint.state_digest(model, optimizer) != after
+    assert TrainState(model, optimizer).digest() != after
+
+
+def test_registered_objects_are_in_the_digest_and_the_checkpoint(tmp_path: Path) -> None:
+    three, four = scheduled(1.0, 3), scheduled(1.0, 4)
+    assert three.digest() != four.digest()  # the scheduler's position alone differs
+    assert three.digest() == scheduled(1.0, 3).digest()
+    checkpoint.save(tmp_path, 3, checkpoint.state_of(three, 3))
+    found = checkpoint.load_nearest(tmp_path, None)
+    assert found is not None
+    fresh = scheduled(0.0, 0)
+    fresh.load_state_dict(found.state)
+    assert fresh.digest() == three.digest()
+    restored = fresh.extras["scheduler"]
+    assert isinstance(restored, torch.optim.lr_scheduler.StepLR) and restored.last_epoch == 3
+    assert fresh.optimizer.param_groups[0]["lr"] == 0.05  # halved once, at the third step
+    # A damaged scheduler state is caught by the whole-state digest like any other part.
+    bad = checkpoint.state_of(four, 4)
+    bad["extras"]["scheduler"]["last_epoch"] = 40
+    checkpoint.save(tmp_path, 4, bad)
+    found = checkpoint.load_nearest(tmp_path, None)
+    assert found is not None and found.state["step"] == 3 and len(found.skipped) == 1
+
+
+def test_a_state_saved_with_other_registered_objects_is_refused_by_name(tmp_path: Path) -> None:
+    saved = checkpoint.state_of(scheduled(1.0, 3), 3)
+    plain = TrainState(model_at(0.0), torch.optim.SGD(model_at(0.0).parameters(), lr=0.1))
+    with pytest.raises(
+        StateMismatch, match=r"holds objects \['scheduler'\] but this program registered \[\]"
+    ):
+        plain.load_state_dict(saved)
+    assert checkpoint.digest(plain.model) == checkpoint.digest(model_at(0.0))  # nothing loaded
 
 
 def _member(rank: int, port: int, out: mp.Queue, damaged: int = 0) -> None:  # type: ignore[type-arg]
     store = dist.TCPStore("127.0.0.1", port, 3, rank == 0, timedelta(seconds=30))  # type: ignore[attr-defined]
     dist.init_process_group("gloo", store=store, rank=rank, world_size=3)
-    # Ranks 0 and 1 hold step 7; rank 2 (a newcomer on node-b, like rank 1) holds nothing.
-    model = model_at(7.0 if rank < 2 else 0.0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    # Ranks 0 and 1 hold step 7 (their scheduler stepped 7 times); rank 2 (a newcomer on
+    # node-b, like rank 1) holds nothing.
+    train = scheduled(7.0, 7) if rank < 2 else scheduled(0.0, 0)
     node = "node-a" if rank == 0 else "node-b"
     damage = iter([rank == 2] * damaged)  # the newcomer's first ``damaged`` receipts arrive damaged
     try:
         agreed: membership.Agreement | str = membership.agree(
-            model, optimizer, 7 if rank < 2 else 0, node, lambda: next(damage, False)
+            train, 7 if rank < 2 else 0, node, lambda: next(damage, False)
         )
     except RuntimeError as exc:
         agreed = str(exc)
-    out.put((rank, agreed, checkpoint.digest(model)))
+    scheduler = train.extras["scheduler"]
+    assert isinstance(scheduler, torch.optim.lr_scheduler.StepLR)
+    out.put((rank, agreed, f"{checkpoint.digest(train.model)} {train.digest()} {scheduler.last_epoch}"))
     dist.destroy_process_group()
 
 
@@ -127,7 +173,8 @@ def test_a_member_behind_takes_state_from_a_replica_on_its_node() -> None:
     results = agree_among_three()
     agreements = {r: a for r, (a, _) in results.items() if isinstance(a, membership.Agreement)}
     assert {a.step for a in agreements.values()} == {7} and len(agreements) == 3
-    assert len({d for _, d in results.values()}) == 1  # every member holds the same parameters
+    # Every member holds the same parameters, optimizer and scheduler (at its 7th step).
+    assert len({d for _, d in results.values()}) == 1 and results[2][1].endswith(" 7")
     newcomer = agreements[2]
     assert newcomer.received and newcomer.source == 1 and newcomer.same_node and not newcomer.rejected
     assert not agreements[0].received
@@ -139,8 +186,8 @@ def test_a_damaged_transfer_is_rejected_and_taken_again_from_another_replica() -
     assert isinstance(newcomer, membership.Agreement)
     # The nearest replica's state arrived damaged: refused by its digest, taken from rank 0.
     assert newcomer.rejected == (1,) and newcomer.source == 0 and not newcomer.same_node
-    assert digest == results[0][1] == checkpoint.digest(model_at(7.0))
+    assert digest == results[0][1] and digest.startswith(checkpoint.digest(model_at(7.0)))
     # When every source's transfer is damaged, nobody loads anything: the members all fail.
     results = agree_among_three(damaged=2)
     assert all(isinstance(a, str) and "failed its digest check" in a for a, _ in results.values())
-    assert results[2][1] == checkpoint.digest(model_at(0.0))
+    assert results[2][1] == f"{checkpoint.digest(model_at(0.0))} {scheduled(0.0, 0).digest()} 0"

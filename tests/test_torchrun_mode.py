@@ -11,7 +11,7 @@ import pytest
 
 from unicron.train.checkpoint import load_latest
 
-from .test_live_cluster import ARGS, TRAIN, assert_same_parameters, reference
+from .test_live_cluster import ARGS, TRAIN, assert_same_state, reference
 
 
 @pytest.mark.timeout(300)
@@ -39,4 +39,4 @@ def test_torchrun_run_matches_a_single_process(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     state = load_latest(out)
     assert state is not None and state["step"] == 12 and state["world_size"] == 4
-    assert_same_parameters(state["model"], reference(tmp_path, 12))
+    assert_same_state(state, reference(tmp_path, 12))

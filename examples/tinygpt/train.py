@@ -8,8 +8,10 @@ Under a Unicron agent the iterations, checkpoint directory and peers come from t
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,7 +34,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--dataset-size", type=int, default=4096, help="sequences in the corpus")
     p.add_argument("--global-batch", type=int, default=32, help="sequences per optimizer step")
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    p.add_argument("--warmup", type=int, default=10, help="steps of linear warm-up, then cosine decay")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--iterations", type=int, default=100, help="steps, when not run by an agent")
@@ -49,6 +52,19 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
+    """The learning rate's factor after ``step`` optimizer steps: linear warm-up, then cosine
+    decay to a tenth of the peak at ``total``."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
 def main() -> None:
     args = parse()
     torch.set_num_threads(1)
@@ -61,6 +77,10 @@ def main() -> None:
         torch.manual_seed(args.seed)  # the same initial parameters on every rank
         model = TinyGPT(config).to(dtype)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, warmup_cosine(args.warmup, session.iterations)
+        )
+        session.register("scheduler", scheduler)  # checkpointed, transferred and stepped with the model
         session.resume(model, optimizer)
         session.configure_data(args.global_batch, args.micro_batch, len(corpus), args.seed)
 

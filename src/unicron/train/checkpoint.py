@@ -1,8 +1,8 @@
-"""Checkpoints: model, optimizer, step and data position, written atomically by rank 0."""
+"""Checkpoints: the training state (model, optimizer, registered objects), step and data
+position, written atomically by rank 0."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +12,7 @@ import torch
 
 from unicron.core.protocol import RestoredReport
 from unicron.core.workerenv import host_checkpoint_dir
+from unicron.train.state import TrainState, digest_of, digest_parts
 
 LATEST = "latest"
 
@@ -20,20 +21,19 @@ def path_for(directory: Path, step: int) -> Path:
     return directory / f"step-{step:08d}.pt"
 
 
-def state_of(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, **where: Any
-) -> dict[str, Any]:
-    """What a checkpoint holds: model, optimizer, step, data position (the stream is addressed
-    by step), where it was taken (task, generation, world size), the parameters' digest and the
-    whole state's (``state_digest``), checked when it is loaded."""
+def state_of(train: TrainState, step: int, **where: Any) -> dict[str, Any]:
+    """What a checkpoint holds: the training state (model, optimizer, registered objects), step,
+    data position (the stream is addressed by step), where it was taken (task, generation, world
+    size), the parameters' digest and the whole state's (``state_digest``), checked when it is
+    loaded."""
+    parts = train.state_dict()
     return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        **parts,
         "step": step,
         "data_position": {"step": step},
         **where,
-        "digest": digest(model),
-        "state_digest": state_digest(model, optimizer),
+        "digest": digest_of(parts["model"]),
+        "state_digest": digest_parts(parts),
     }
 
 
@@ -126,7 +126,7 @@ def _intact(state: dict[str, Any]) -> bool:
     checkpoint written before that existed, the parameters'."""
     try:
         if "state_digest" in state:
-            return bool(state["state_digest"] == digest_of(state["model"], state["optimizer"]))
+            return bool(state["state_digest"] == digest_parts(state))
         return bool(state["digest"] == digest_of(state["model"]))
     except Exception:  # missing parts: not a checkpoint of ours
         return False
@@ -143,38 +143,3 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
 def digest(module: torch.nn.Module) -> str:
     """A checksum of the parameters alone, to check that runs match."""
     return digest_of(module.state_dict())
-
-
-def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
-    """A checksum of everything that decides the next step: parameters, buffers and the
-    optimizer's state (moments, step counts, hyper-parameters). Replicas that agree on it train
-    on identically; a checkpoint or a transfer that does not match it is not used."""
-    return digest_of(model.state_dict(), optimizer.state_dict())
-
-
-def digest_of(*states: Any) -> str:
-    h = hashlib.sha256()
-    for state in states:
-        _feed(h, state)
-    return h.hexdigest()[:16]
-
-
-def _feed(h: Any, value: Any) -> None:
-    """Hash nested dicts, lists and tensors in a fixed order, by type, shape and bytes."""
-    if isinstance(value, torch.Tensor):
-        flat = value.detach().cpu().contiguous().reshape(-1)
-        h.update(f"T{flat.dtype}{tuple(value.shape)}".encode())
-        h.update(flat.view(torch.uint8).numpy().tobytes())
-    elif isinstance(value, dict):
-        h.update(b"{")
-        for key in sorted(value, key=str):
-            h.update(repr(key).encode())
-            _feed(h, value[key])
-        h.update(b"}")
-    elif isinstance(value, (list, tuple)):
-        h.update(b"[")
-        for item in value:
-            _feed(h, item)
-        h.update(b"]")
-    else:
-        h.update(repr(value).encode())

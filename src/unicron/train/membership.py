@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unicron.train import checkpoint
+from unicron.train.state import TrainState, digest_parts
 
 
 def backend() -> str:
@@ -74,8 +74,8 @@ def abandon() -> None:
     world.group_count = 0
 
 
-def _digest_number(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    return int(checkpoint.state_digest(model, optimizer)[:15], 16)
+def _digest_number(digest: str) -> int:
+    return int(digest[:15], 16)
 
 
 @dataclass(frozen=True)
@@ -93,20 +93,19 @@ def _node_number(node: str) -> int:
 
 
 def agree(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    train: TrainState,
     completed: int,
     node: str = "",
     damage: Callable[[], bool] = lambda: False,
 ) -> Agreement:
     """Make every member hold the same state. Members exchange (completed step, digest of the
-    whole state: parameters and optimizer, node); those behind take the state of a member
+    whole state: parameters, optimizer and registered objects; node); those behind take the state of a member
     holding the newest step: the nearest one, on the same node as the first member behind if
     there is one, else the lowest rank. What arrives is checked against the sender's digest
     before it is loaded; when any receiver rejects it, every member moves on to the next
     source. ``damage``: fault injection, True to damage what this member receives."""
     world = dist.get_world_size()
-    mine = torch.tensor([completed, _digest_number(model, optimizer), _node_number(node)], dtype=torch.int64)
+    mine = torch.tensor([completed, _digest_number(train.digest()), _node_number(node)], dtype=torch.int64)
     gathered = [torch.zeros(3, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(gathered, mine)
     steps = [int(g[0]) for g in gathered]
@@ -121,15 +120,14 @@ def agree(
     nearest = next((r for r in current if nodes[r] == nodes[behind[0]]), lowest)
     me, rejected = dist.get_rank(), list[int]()
     for source in [nearest, *(r for r in current if r != nearest)]:
-        if _send_state(model, optimizer, source, digests[source], me in behind, damage):
+        if _send_state(train, source, digests[source], me in behind, damage):
             return Agreement(top, True, source, me in behind, nodes[source] == nodes[me], tuple(rejected))
         rejected.append(source)
     raise RuntimeError(f"the state from every live replica ({current}) failed its digest check")
 
 
 def _send_state(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    train: TrainState,
     source: int,
     digest: int,
     receiving: bool,
@@ -140,7 +138,7 @@ def _send_state(
     together)."""
     if dist.get_rank() == source:
         buffer = io.BytesIO()
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+        torch.save(train.state_dict(), buffer)
         payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
         size = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
@@ -156,12 +154,11 @@ def _send_state(
             if damage():
                 first = next(t for t in state["model"].values() if t.is_floating_point())
                 first.view(-1)[0] += 1.0
-            intact = int(checkpoint.digest_of(state["model"], state["optimizer"])[:15], 16) == digest
+            intact = _digest_number(digest_parts(state)) == digest
         except Exception:  # torn on the way: as good as a digest mismatch
             intact = False
         if intact:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+            train.load_state_dict(state)
         else:
             refused[0] = 1
     dist.all_reduce(refused, op=dist.ReduceOp.MAX)

@@ -40,12 +40,13 @@ from unicron.core.protocol import (
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
-from unicron.train import checkpoint, membership
+from unicron.train import checkpoint, gradsync, membership
 from unicron.train.channel import ReportChannel
 from unicron.train.data import DataStream, global_batch_ids, shard, unclaimed_share
 from unicron.train.faults import FaultInjector
-from unicron.train.iteration import Iteration, PeerLostError, Rejoined
+from unicron.train.iteration import Iteration, Rejoined
 from unicron.train.progress import ProgressReporter
+from unicron.train.state import Stateful, TrainState, check_registrable, step_schedulers
 from unicron.train.taskstore import TaskStore
 
 
@@ -104,6 +105,8 @@ class Session:
         self.step = 0
         self.stop_requested = False
         self._started = False
+        self.extras: dict[str, Stateful] = {}  # registered objects, kept with the model
+        self._resumed = False
 
     # ------------------------------------------------------------------ set-up
     def start(self) -> Session:
@@ -173,12 +176,26 @@ class Session:
         self.trace("spare_used")
 
     # ------------------------------------------------------------------ the loop
+    def register(self, name: str, obj: Stateful) -> None:
+        """Keep ``obj``'s state (an LR scheduler, a GradScaler, a counter of the user's: anything
+        with ``state_dict()``/``load_state_dict()`` that is the same on every replica) with the
+        model's: in checkpoints, in the state newcomers take from a replica, in the digest.
+        Register before ``resume``, the same objects in every run of the task. An LR scheduler
+        is stepped by the session after each optimizer step (do not call its ``step()``)."""
+        if self._resumed:
+            raise RuntimeError(f"session.register({name!r}, ...) after session.resume(...): register first")
+        check_registrable(name, obj, self.extras)
+        self.extras[name] = obj
+
+    def _state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainState:
+        return TrainState(model, optimizer, self.extras)
+
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Load the latest checkpoint, if any; return the step it holds (0 without one)."""
+        self._resumed = True
         found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir) if self.checkpoint_dir else None
         if found is not None:
-            model.load_state_dict(found.state["model"])
-            optimizer.load_state_dict(found.state["optimizer"])
+            self._state(model, optimizer).load_state_dict(found.state)
             self.step = int(found.state["step"])
             self.trace("resumed", step=self.step, source=found.source, skipped=len(found.skipped))
             self.channel.send(found.report(self.task, self.generation, self.rank))
@@ -192,7 +209,8 @@ class Session:
         """Members settle on one state (``membership.agree``); what this rank received, and any
         transfer it rejected, goes to the trace."""
         self.progress.at(self.step + 1, Phase.COLLECTIVE, "agree")
-        agreed = membership.agree(model, optimizer, self.step, self.node, self.faults.transfer_damaged)
+        train = self._state(model, optimizer)
+        agreed = membership.agree(train, self.step, self.node, self.faults.transfer_damaged)
         self.step = agreed.step
         self._settle_pending = True
         for source in agreed.rejected:
@@ -253,6 +271,7 @@ class Session:
             self.faults.after_reduce(step)
             if not done:
                 optimizer.step()
+                step_schedulers(self.extras, self.step)  # (the step in progress is self.step + 1)
             optimizer.zero_grad(set_to_none=True)
         return it.loss / it.samples if it.samples else 0.0
 
@@ -365,43 +384,13 @@ class Session:
         return list(ids)
 
     def _reduce(self, model: torch.nn.Module) -> None:
-        """Sum the gradients over the ranks, as one flat buffer."""
+        """Sum the gradients over the ranks (``gradsync``); abandoned once the coordinator posts
+        a new membership (a peer was declared dead or hung), when this rank recovers in place."""
         if self.world_size == 1:
             return
-        if not dist.is_initialized():
-            raise ConnectionResetError("the process group is gone: connection to peers broken")
-        params = [p for p in model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
-        self._wait_or_abandon(work)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-    def _wait_or_abandon(self, work: Any) -> None:
-        """Wait for a collective, but abandon it once the coordinator has posted a new
-        membership: a peer was declared dead or hung. A peer whose node went silent without
-        closing its connections (powered off, partitioned) would otherwise keep the collective
-        waiting until the process-group timeout, many minutes."""
-        if not self.in_process or self.store is None or dist.get_backend() != "gloo":
-            work.wait()
-            return
-        pause, checked = 0.0002, time.monotonic()
-        while not work.is_completed():
-            time.sleep(pause)
-            pause = min(pause * 2, 0.005)  # a fast collective pays little for the polling
-            now = time.monotonic()
-            if now - checked >= 0.1:
-                checked = now
-                if self.store.peers_failed(self.generation):
-                    membership.abandon()
-                    raise PeerLostError("a peer was declared failed: the pending collective is abandoned")
-        work.wait()  # raises the collective's own error, if it failed
+        store, generation = self.store, self.generation
+        watch = None if not self.in_process or store is None else lambda: store.peers_failed(generation)
+        gradsync.all_reduce_gradients(model, watch)
 
     @contextlib.contextmanager
     def iteration(self, step: int) -> Iterator[Iteration]:
@@ -424,7 +413,7 @@ class Session:
             return
         self.progress.at(self.step, Phase.CHECKPOINT)
         where = {"task": self.task, "generation": self.generation, "world_size": self.world_size}
-        state = checkpoint.state_of(model, optimizer, self.step, **where)
+        state = checkpoint.state_of(self._state(model, optimizer), self.step, **where)
         if host and self.host_dir is not None:
             checkpoint.save(self.host_dir, self.step, state, keep=2)
         if self.rank != 0:

@@ -1,0 +1,130 @@
+"""The training state: the model, the optimizer and every stateful object the user registers
+(an LR scheduler, a GradScaler, their own counters), as one unit that is checkpointed,
+transferred to newcomers, and checked by one digest.
+
+Registered objects follow PyTorch's convention (``state_dict()`` / ``load_state_dict()``, as
+schedulers, scalers and optimizers do) and must be the same on every replica, as the model and
+optimizer are: the members compare one digest of all of it to decide who holds the newest state.
+State that differs by rank (a per-rank RNG stream) does not belong here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class StateMismatch(RuntimeError):
+    """A saved or received state does not hold what this program registered."""
+
+
+@dataclass
+class TrainState:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    extras: dict[str, Stateful] = field(default_factory=dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``model``, ``optimizer`` and, when objects are registered, ``extras`` (name -> state)."""
+        parts: dict[str, Any] = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.extras:
+            parts["extras"] = {name: obj.state_dict() for name, obj in self.extras.items()}
+        return parts
+
+    def load_state_dict(self, parts: dict[str, Any]) -> None:
+        """Load every part; the registered names must match the saved ones exactly (a missing
+        or unknown one means the state was saved by a different program)."""
+        saved = dict(parts.get("extras") or {})
+        if set(saved) != set(self.extras):
+            raise StateMismatch(
+                f"the state holds objects {sorted(saved)} but this program registered "
+                f"{sorted(self.extras)}: register the same objects (session.register) as the run "
+                "that saved it, or start from an empty checkpoint directory"
+            )
+        self.model.load_state_dict(parts["model"])
+        self.optimizer.load_state_dict(parts["optimizer"])
+        for name, obj in self.extras.items():
+            obj.load_state_dict(saved[name])
+
+    def digest(self) -> str:
+        """A checksum of everything that decides the next step: parameters, buffers, the
+        optimizer's state and the registered objects'."""
+        return digest_parts(self.state_dict())
+
+
+def check_registrable(name: str, obj: object, registered: dict[str, Stateful]) -> None:
+    """Refuse what ``session.register`` cannot keep, saying what to do instead."""
+    if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
+        raise TypeError(
+            f"session.register({name!r}, ...): the model and the optimizer are kept already; "
+            "pass them to session.resume(model, optimizer)"
+        )
+    if not isinstance(obj, Stateful):
+        raise TypeError(
+            f"session.register({name!r}, ...): a {type(obj).__name__} has no state_dict()/"
+            "load_state_dict(); wrap its state in an object that has both"
+        )
+    if not name.isidentifier() or name in registered:
+        raise ValueError(f"session.register: {name!r} must be a new identifier (taken: {sorted(registered)})")
+
+
+def step_schedulers(registered: dict[str, Stateful], completed: int) -> None:
+    """Advance the registered LR schedulers after the optimizer step that follows step
+    ``completed``. The session does this, not the user's loop: a step whose state came from a
+    replica (which had stepped its scheduler already) must not step it again, and only the
+    session knows which steps those are."""
+    for name, obj in registered.items():
+        if isinstance(obj, LRScheduler):
+            if obj.last_epoch != completed:
+                raise RuntimeError(
+                    f"the scheduler registered as {name!r} is at step {obj.last_epoch}, expected "
+                    f"{completed}: the session steps registered schedulers; remove your own "
+                    "scheduler.step() call"
+                )
+            obj.step()
+
+
+def digest_parts(parts: dict[str, Any]) -> str:
+    """The digest of a state as ``TrainState.state_dict`` returns it (without extras it is the
+    digest of model and optimizer alone, so checkpoints written before extras existed load)."""
+    extras = [parts["extras"]] if parts.get("extras") else []
+    return digest_of(parts["model"], parts["optimizer"], *extras)
+
+
+def digest_of(*states: Any) -> str:
+    h = hashlib.sha256()
+    for state in states:
+        _feed(h, state)
+    return h.hexdigest()[:16]
+
+
+def _feed(h: Any, value: Any) -> None:
+    """Hash nested dicts, lists and tensors in a fixed order, by type, shape and bytes."""
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{flat.dtype}{tuple(value.shape)}".encode())
+        h.update(flat.view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, dict):
+        h.update(b"{")
+        for key in sorted(value, key=str):
+            h.update(repr(key).encode())
+            _feed(h, value[key])
+        h.update(b"}")
+    elif isinstance(value, (list, tuple)):
+        h.update(b"[")
+        for item in value:
+            _feed(h, item)
+        h.update(b"]")
+    else:
+        h.update(repr(value).encode())

@@ -1,0 +1,68 @@
+"""Objects registered with the session (an LR scheduler here): stepped once per optimizer step by
+the session, saved and restored with the model, and bad use refused with the fix named. A world
+of one (no agent); the transfer to newcomers is in test_nearest_state, the live runs in every
+test through examples/tinygpt (which registers its scheduler)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import unicron.train as ut
+from unicron.train import checkpoint
+
+
+def build() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).double()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    return model, optimizer, scheduler
+
+
+def train(directory: Path, iterations: int, own_step: bool = False) -> tuple[str, int, float]:
+    """Train a linear model for ``iterations`` (resuming from ``directory``); the parameters'
+    digest, the scheduler's step and the learning rate at the end."""
+    data = torch.linspace(-1, 1, 64 * 4, dtype=torch.float64).reshape(64, 4)
+    session = ut.init(iterations=iterations, checkpoint_dir=directory, checkpoint_every=3)
+    with session:
+        model, optimizer, scheduler = build()
+        session.register("scheduler", scheduler)
+        session.resume(model, optimizer)
+        session.configure_data(8, 4, len(data))
+        for step in session.steps():
+            session.train_step(step, model, optimizer, lambda ids: model(data[ids]).pow(2).mean())
+            if own_step:
+                scheduler.step()  # wrong: the session steps it
+            session.maybe_checkpoint(model, optimizer)
+        session.finish(model, optimizer)
+    return checkpoint.digest(model), scheduler.last_epoch, optimizer.param_groups[0]["lr"]
+
+
+def test_the_scheduler_steps_once_per_step_and_resumes_where_it_was(tmp_path: Path) -> None:
+    straight = train(tmp_path / "straight", 7)
+    assert straight[1:] == (7, 0.1 * 0.5**3)
+    train(tmp_path / "resumed", 4)  # saved at step 4 (finish), resumed there
+    assert train(tmp_path / "resumed", 7) == straight
+
+
+def test_stepping_a_registered_scheduler_yourself_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"remove your own scheduler\.step"):
+        train(tmp_path, 3, own_step=True)
+
+
+def test_what_cannot_be_registered_is_refused_with_the_fix() -> None:
+    model, optimizer, scheduler = build()
+    session = ut.init(iterations=1)
+    with pytest.raises(TypeError, match=r"pass them to session\.resume"):
+        session.register("model", model)
+    with pytest.raises(TypeError, match="has no state_dict"):
+        session.register("count", 3)  # type: ignore[arg-type]
+    session.register("scheduler", scheduler)
+    with pytest.raises(ValueError, match="must be a new identifier"):
+        session.register("scheduler", scheduler)
+    session.resume(model, optimizer)
+    with pytest.raises(RuntimeError, match="register first"):
+        session.register("later", torch.optim.lr_scheduler.StepLR(optimizer, 1))
