@@ -31,9 +31,9 @@ def train(directory: Path, iterations: int, own_step: bool = False) -> tuple[str
         model, optimizer, scheduler = build()
         session.register("scheduler", scheduler)
         session.resume(model, optimizer)
-        session.configure_data(8, 4, len(data))
+        session.configure_data(8, 4, data)
         for step in session.steps():
-            session.train_step(step, model, optimizer, lambda ids: model(data[ids]).pow(2).mean())
+            session.train_step(step, model, optimizer, lambda batch: model(batch).pow(2).mean())
             if own_step:
                 scheduler.step()  # wrong: the session steps it
             session.maybe_checkpoint(model, optimizer)

@@ -3,27 +3,90 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+import torch
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader, DistributedSampler
 
 from unicron.core.classify import classify
 from unicron.core.taxonomy import ErrorKind
-from unicron.train.data import global_batch_ids, shard, unclaimed_share
+from unicron.train.data import DataStream, shard, unclaimed_share
+from unicron.train.loader import step_data
 
 
-@given(st.integers(1, 40), st.integers(1, 64), st.integers(1, 200), st.integers(1, 8))
-def test_steps_cover_the_stream_without_gaps_or_repeats(
-    steps: int, batch: int, size: int, world: int
+@given(st.integers(1, 200), st.integers(1, 64), st.booleans(), st.booleans(), st.integers(1, 8))
+def test_each_epoch_visits_every_sample_once(
+    size: int, batch: int, drop_last: bool, shuffle: bool, world: int
 ) -> None:
-    seen = [i for step in range(1, steps + 1) for i in global_batch_ids(step, batch, size, seed=3)]
-    # Every epoch is a permutation: within each full epoch every sample appears exactly once.
-    for epoch in range(len(seen) // size):
-        assert sorted(seen[epoch * size : (epoch + 1) * size]) == list(range(size))
-    # Sharding partitions a step's samples, and weights make DDP's average the global mean.
-    ids = global_batch_ids(steps, batch, size, seed=3)
+    if drop_last and batch > size:
+        with pytest.raises(ValueError, match="fewer than one global batch"):
+            DataStream(batch, 1, size, 3, shuffle, drop_last)
+        return
+    stream = DataStream(batch, 1, size, 3, shuffle, drop_last)
+    for epoch in range(2):
+        steps = range(epoch * stream.steps_per_epoch + 1, (epoch + 1) * stream.steps_per_epoch + 1)
+        seen = [i for step in steps for i in stream.batch(step)]
+        assert len(set(seen)) == len(seen) == (size // batch * batch if drop_last else size)
+        assert {stream.epoch_of(step) for step in steps} == {epoch}
+    # Dealing partitions a step's samples, balanced within one sample.
+    ids = stream.batch(stream.steps_per_epoch)
     shares = [shard(ids, r, world) for r in range(world)]
-    assert [i for s in shares for i in s] == ids
-    assert all(abs(len(s) - batch / world) < 1 for s in shares)  # balanced within one sample
+    assert sorted(i for s in shares for i in s) == sorted(ids)
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 120),
+    st.integers(0, 9),
+    st.booleans(),
+)
+def test_every_rank_sees_what_it_would_under_torchrun_with_distributed_sampler(
+    world: int, micro: int, accumulation: int, extra: int, seed: int, shuffle: bool
+) -> None:
+    """DDP's loop: DistributedSampler(seed, drop_last) + DataLoader(batch_size=micro, drop_last),
+    ``accumulation`` micro-batches per optimizer step, set_epoch each epoch. The session's
+    deal at the same world size gives every rank the same micro-batches in the same order."""
+    global_batch = world * micro * accumulation
+    size = global_batch + extra
+    stream = DataStream(global_batch, micro, size, seed, shuffle, drop_last=True)
+    dataset = list(range(size))
+    for epoch in range(2):
+        for rank in range(world):
+            sampler = DistributedSampler(dataset, world, rank, shuffle=shuffle, seed=seed, drop_last=True)
+            sampler.set_epoch(epoch)
+            loader = DataLoader(dataset, batch_size=micro, sampler=sampler, drop_last=True)
+            ddp = [[int(i) for i in b] for b in loader]
+            assert len(ddp) // accumulation == stream.steps_per_epoch
+            for k in range(stream.steps_per_epoch):
+                share = shard(stream.batch(epoch * stream.steps_per_epoch + k + 1), rank, world)
+                ours = [share[j : j + micro] for j in range(0, len(share), micro)]
+                assert ours == ddp[k * accumulation : (k + 1) * accumulation]
+
+
+def test_the_dataset_is_fetched_through_the_users_collate_fn() -> None:
+    pairs = [(torch.tensor([float(i)]), i % 3) for i in range(10)]
+    data = step_data(pairs, 4, 2, None, 0, False, True)
+    inputs, labels = data.fetch([1, 4])
+    assert inputs.tolist() == [[1.0], [4.0]] and labels.tolist() == [1, 1]
+    custom = step_data(pairs, 4, 2, lambda items: [label for _, label in items], 0, False, True)
+    assert custom.fetch(custom.stream.batch(2)) == [1, 2, 0, 1]  # samples 4..7, in order
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        (DataLoader(list(range(8)), batch_size=2), "got a DataLoader; pass its dataset and collate_fn"),
+        (DistributedSampler(list(range(8)), 2, 0), "got a sampler; pass the dataset"),
+        (iter(range(8)), "has no len\\(\\) and indexing"),
+    ],
+)
+def test_a_loader_a_sampler_or_an_iterable_is_refused_with_the_fix(given: object, says: str) -> None:
+    with pytest.raises(TypeError, match=says):
+        step_data(given, 4, 2, None, 0, True, True)
 
 
 @pytest.mark.parametrize(

@@ -82,12 +82,14 @@ def main() -> None:
         )
         session.register("scheduler", scheduler)  # checkpointed, transferred and stepped with the model
         session.resume(model, optimizer)
-        session.configure_data(args.global_batch, args.micro_batch, len(corpus), args.seed)
+        # The corpus (a tensor of sequences) is the dataset; the session deals its samples to the
+        # ranks as DistributedSampler would, seeded per epoch, and batches them with collate_fn.
+        session.configure_data(args.global_batch, args.micro_batch, corpus, seed=args.seed)
 
-        def loss_of(ids: list[int]) -> torch.Tensor:
-            loss = lm_loss(model, corpus[ids])
+        def loss_of(batch: torch.Tensor) -> torch.Tensor:
+            loss = lm_loss(model, batch)
             if args.device_seconds_per_sample:
-                time.sleep(args.device_seconds_per_sample * len(ids))
+                time.sleep(args.device_seconds_per_sample * len(batch))
             return loss
 
         for step in session.steps():

@@ -42,9 +42,10 @@ from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
 from unicron.train import checkpoint, gradsync, membership
 from unicron.train.channel import ReportChannel
-from unicron.train.data import DataStream, global_batch_ids, shard, unclaimed_share
+from unicron.train.data import shard, unclaimed_share
 from unicron.train.faults import FaultInjector
 from unicron.train.iteration import Iteration, Rejoined
+from unicron.train.loader import MapDataset, StepData, step_data
 from unicron.train.progress import ProgressReporter
 from unicron.train.state import Stateful, TrainState, check_registrable, step_schedulers
 from unicron.train.taskstore import TaskStore
@@ -94,7 +95,7 @@ class Session:
         self.faults.folders = (self.checkpoint_dir, self.host_dir)
         self._micro_batches = 0
         self._settle_pending = False  # the group was (re)formed: settle who holds what first
-        self.data: DataStream | None = None
+        self.data: StepData | None = None
         self.store: TaskStore | None = None
         self.progress = ProgressReporter(self.channel, contract.stack_file, lambda: self.generation)
         # In-process recovery needs the coordinator's store; without it a failure ends the process.
@@ -237,32 +238,45 @@ class Session:
         while self.step < self.iterations and not self.stop_requested:
             yield self.step + 1
 
-    def configure_data(self, global_batch: int, micro_batch: int, dataset_size: int, seed: int = 0) -> None:
-        """Declare the data stream once, so that ``train_step`` can plan (and re-plan) micro-batches."""
-        self.data = DataStream(global_batch, micro_batch, dataset_size, seed)
+    def configure_data(
+        self,
+        global_batch: int,
+        micro_batch: int,
+        dataset: MapDataset,
+        *,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = True,
+    ) -> None:
+        """Declare the data once: ``global_batch`` samples per optimizer step, in micro-batches of
+        ``micro_batch`` per forward/backward, from a map-style ``dataset`` batched by
+        ``collate_fn`` (``default_collate`` if None); ``seed``, ``shuffle`` and ``drop_last`` as
+        ``DistributedSampler`` takes them (``data.py`` says how the order matches it)."""
+        self.data = step_data(dataset, global_batch, micro_batch, collate_fn, seed, shuffle, drop_last)
 
     def train_step(
         self,
         step: int,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        loss_of: Callable[[list[int]], torch.Tensor],
+        loss_of: Callable[[Any], torch.Tensor],
     ) -> float:
-        """One optimizer step run by the library: this rank's micro-batches (``loss_of(ids)``
-        returns the mean loss of those samples), the gradient all-reduce, the update. Returns the
-        mean loss of this rank's samples. Owning the loop lets the library recover a failed step
-        in-process with exactly the same global batch."""
+        """One optimizer step run by the library: this rank's micro-batches (``loss_of(batch)``
+        returns the mean loss of a micro-batch, as ``collate_fn`` built it), the gradient
+        all-reduce, the update. Returns the mean loss of this rank's samples. Owning the loop
+        lets the library recover a failed step in-process with exactly the same global batch."""
         if self.data is None:
             raise RuntimeError("call configure_data(...) before train_step(...)")
         if self._membership_changed():
             # A planned change (a newcomer, a resize) takes effect at a step boundary: no work lost.
             self._rejoin(model, optimizer)
-        ids = global_batch_ids(step, *self.data.stream())
+        ids = self.data.stream.batch(step)
         share = self._settle(step, ids, model, optimizer)
         if share is None:
             return 0.0  # the state taken from a replica at a rebuild already holds this step
         with self.iteration(step) as it:
-            self._micro_batches = -(-len(share) // self.data.micro_batch)
+            self._micro_batches = -(-len(share) // self.data.stream.micro_batch)
             contributed = self._accumulate(share, loss_of, it)
             contributed, done = self._reduce_or_recover(step, ids, contributed, model, optimizer, loss_of, it)
             if self.trace_file:
@@ -304,7 +318,7 @@ class Session:
         contributed: list[int],
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        loss_of: Callable[[list[int]], torch.Tensor],
+        loss_of: Callable[[Any], torch.Tensor],
         it: Iteration,
     ) -> tuple[list[int], bool]:
         """Reduce the gradients; if a peer fails meanwhile, rebuild the group with the survivors
@@ -369,17 +383,18 @@ class Session:
         self.trace("rejoined", seconds=time.time() - started, world=self.world_size, copied=copied)
         return Rejoined(new.ranks, copied)
 
-    def _accumulate(
-        self, ids: list[int], loss_of: Callable[[list[int]], torch.Tensor], it: Iteration
-    ) -> list[int]:
-        # Each sample's gradient counts 1/B: the SUM over ranks is then the global mean for any
-        # number of ranks, and work can move between ranks without rescaling.
+    def _accumulate(self, ids: list[int], loss_of: Callable[[Any], torch.Tensor], it: Iteration) -> list[int]:
+        # Each sample's gradient counts 1/B (B: the step's samples, fewer in an epoch's last step
+        # without drop_last): the SUM over ranks is then the global mean for any number of
+        # ranks, and work can move between ranks without rescaling.
         assert self.data is not None
-        for start in range(0, len(ids), self.data.micro_batch):
-            chunk = ids[start : start + self.data.micro_batch]
+        stream = self.data.stream
+        step_samples = len(stream.batch(it.step))
+        for start in range(0, len(ids), stream.micro_batch):
+            chunk = ids[start : start + stream.micro_batch]
             self.progress.at(it.step, Phase.COMPUTE, micro_batch=len(it.marks))
-            loss = loss_of(chunk)
-            (loss * (len(chunk) / self.data.global_batch)).backward()  # type: ignore[no-untyped-call]
+            loss = loss_of(self.data.fetch(chunk))
+            (loss * (len(chunk) / step_samples)).backward()  # type: ignore[no-untyped-call]
             it.record(loss.item(), len(chunk))
         return list(ids)
 
