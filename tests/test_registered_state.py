@@ -66,3 +66,28 @@ def test_what_cannot_be_registered_is_refused_with_the_fix() -> None:
     session.resume(model, optimizer)
     with pytest.raises(RuntimeError, match="register first"):
         session.register("later", torch.optim.lr_scheduler.StepLR(optimizer, 1))
+
+
+def test_gradients_are_clipped_to_their_global_norm_before_the_update() -> None:
+    torch.manual_seed(0)
+    data = torch.randn(8, 4, dtype=torch.float64)
+    model = torch.nn.Linear(4, 1).double()
+    start = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    session = ut.init(iterations=1)
+    with session:
+        session.resume(model, optimizer)
+        session.configure_data(8, 2, data, shuffle=False)
+        session.train_step(1, model, optimizer, lambda b: model(b).pow(2).mean() + 3.0, max_grad_norm=0.01)
+    # By hand: the full batch's gradient, scaled to norm 0.01, one SGD step of lr 1.
+    twin = torch.nn.Linear(4, 1).double()
+    with torch.no_grad():
+        for p, value in zip(twin.parameters(), start, strict=True):
+            p.copy_(value)
+    twin(data).pow(2).mean().backward()
+    grads = [p.grad for p in twin.parameters() if p.grad is not None]
+    norm = torch.stack([(g * g).sum() for g in grads]).sum().sqrt()
+    assert norm > 0.01  # so clipping had work to do
+    scale = 0.01 / (norm + 1e-6)  # clip_grad_norm_'s coefficient
+    for p, value, g in zip(model.parameters(), start, grads, strict=True):
+        torch.testing.assert_close(p.detach(), value - g * scale, rtol=1e-12, atol=1e-14)

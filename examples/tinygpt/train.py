@@ -36,6 +36,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=10, help="steps of linear warm-up, then cosine decay")
+    p.add_argument("--clip", type=float, default=1.0, help="clip gradients to this global norm (0: off)")
+    p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--iterations", type=int, default=100, help="steps, when not run by an agent")
@@ -76,7 +78,7 @@ def main() -> None:
     ) as session:
         torch.manual_seed(args.seed)  # the same initial parameters on every rank
         model = TinyGPT(config).to(dtype)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, warmup_cosine(args.warmup, session.iterations)
         )
@@ -95,7 +97,7 @@ def main() -> None:
         for step in session.steps():
             # The library runs this rank's micro-batches, reduces the gradients and steps; after a
             # peer fails it can recover the step in-process with the same global batch.
-            session.train_step(step, model, optimizer, loss_of)
+            session.train_step(step, model, optimizer, loss_of, max_grad_norm=args.clip or None)
             session.maybe_checkpoint(model, optimizer)
             if args.step_delay:
                 time.sleep(args.step_delay)

@@ -261,11 +261,15 @@ class Session:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         loss_of: Callable[[Any], torch.Tensor],
+        *,
+        max_grad_norm: float | None = None,
     ) -> float:
         """One optimizer step run by the library: this rank's micro-batches (``loss_of(batch)``
         returns the mean loss of a micro-batch, as ``collate_fn`` built it), the gradient
-        all-reduce, the update. Returns the mean loss of this rank's samples. Owning the loop
-        lets the library recover a failed step in-process with exactly the same global batch."""
+        all-reduce, clipping to ``max_grad_norm`` (the global norm of the reduced gradients, as
+        ``clip_grad_norm_`` after DDP's backward), the update. Returns the mean loss of this
+        rank's samples. Owning the loop lets the library recover a failed step in-process with
+        exactly the same global batch."""
         if self.data is None:
             raise RuntimeError("call configure_data(...) before train_step(...)")
         if self._membership_changed():
@@ -284,6 +288,8 @@ class Session:
                 self.trace("samples", step=step, ids=contributed)
             self.faults.after_reduce(step)
             if not done:
+                if max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
                 optimizer.step()
                 step_schedulers(self.extras, self.step)  # (the step in progress is self.step + 1)
             optimizer.zero_grad(set_to_none=True)
