@@ -20,6 +20,7 @@ class FaultSpec(SpecBase):
     action: Literal[
         "kill",
         "kill_after_reduce",
+        "kill_in_backward",
         "hang",
         "stall",
         "spin",

@@ -4,8 +4,29 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
+import traceback
 
 from pydantic import BaseModel
+
+from unicron.core.classify import classify_exception
+from unicron.core.protocol import ExceptionReport
+
+
+def exception_report(exc: BaseException, task: str, generation: int, rank: int, step: int) -> ExceptionReport:
+    """An exception as the agent is told of it: classified into the error taxonomy, with its
+    message and the end of its traceback."""
+    return ExceptionReport(
+        task=task,
+        generation=generation,
+        rank=rank,
+        step=step,
+        error_type=type(exc).__name__,
+        message=str(exc)[:2000],
+        kind=classify_exception(exc).value,
+        traceback="".join(traceback.format_exception(exc))[-4000:],
+        time=time.time(),
+    )
 
 
 class ReportChannel:

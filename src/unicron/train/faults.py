@@ -8,14 +8,18 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
   already waiting inside the gradient all-reduce (a stall inside a collective);
 - ``spin``: loop in Python for ``seconds`` at the same point (an endless loop in the forward
   pass: the process runs, so only its progress tells it apart from its waiting peers);
-- ``stall_before_reduce``: sleep ``seconds`` after its micro-batches, before entering the
-  gradient all-reduce (a rank stuck before a collective);
+- ``stall_before_reduce``: sleep ``seconds`` before entering the gradient all-reduce (a rank
+  stuck before a collective): inside the last backward pass, before its first gradient bucket
+  is launched, when the reduction overlaps backward (its peers' buckets are in flight), else
+  after its micro-batches;
 - ``raise``: raise ``error(message)``, e.g. a CUDA-like error, through the training loop;
 - ``slow``: sleep ``seconds`` at every step from ``step`` on (a straggler);
 - ``break``: tear this rank's process group down under its peers (a broken connection; every
   rank's next collective fails, nobody dies);
 - ``lose_node``: SIGKILL the worker's agent (its workers die with it): the node is lost;
 - ``kill_after_reduce``: SIGKILL itself after the gradient all-reduce, before the update;
+- ``kill_in_backward``: SIGKILL itself at the same point as ``stall_before_reduce``: with its
+  peers' gradient buckets in flight;
 - ``corrupt_transfer``: the first state this rank receives from a live replica arrives damaged
   (one parameter changed after the transfer): the digest check must reject it;
 - ``stall_rejoin``: sleep ``seconds`` on the way into the next rebuilt group (at the first
@@ -43,6 +47,7 @@ from unicron.core.livespecs import FaultSpec
 from unicron.core.protocol import FaultReport
 
 AT_EVENTS = frozenset({"corrupt_transfer", "stall_rejoin"})  # injected at an event, not a step
+AT_REDUCE = frozenset({"stall_before_reduce", "kill_in_backward"})  # on the way into the all-reduce
 
 
 class FaultInjector:
@@ -90,7 +95,7 @@ class FaultInjector:
     def step_started(self, step: int) -> None:
         self._pending = self._due(step)
         for fault in self._pending:
-            if fault.action in ("stall", "spin", "stall_before_reduce", "kill_after_reduce"):
+            if fault.action in AT_REDUCE or fault.action in ("stall", "spin", "kill_after_reduce"):
                 continue
             self._announce(fault, step)
             if fault.action == "kill":
@@ -169,10 +174,14 @@ class FaultInjector:
                 _spin(fault.seconds)
 
     def before_reduce(self, step: int) -> None:
-        """After this rank's micro-batches, before it enters the gradient all-reduce."""
-        for fault in self._pending:
-            if fault.action == "stall_before_reduce":
-                self._announce(fault, step)
+        """On the way into the gradient all-reduce, once per step: in the last backward before
+        the first bucket is launched (overlapped), or after the micro-batches."""
+        for fault in [f for f in self._pending if f.action in AT_REDUCE]:
+            self._pending.remove(fault)
+            self._announce(fault, step)
+            if fault.action == "kill_in_backward":
+                os.kill(os.getpid(), signal.SIGKILL)
+            else:
                 time.sleep(fault.seconds)
 
 

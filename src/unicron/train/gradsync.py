@@ -1,5 +1,6 @@
-"""Gradient synchronisation: the sum of every rank's gradients, and a collective that can be
-abandoned when a peer is declared failed."""
+"""Gradient synchronisation: the sum of every rank's gradients, overlapped with the step's last
+backward pass (``Buckets``) or as one flat buffer (after a recovery), and a collective that can
+be abandoned when a peer is declared failed."""
 
 from __future__ import annotations
 
@@ -52,3 +53,93 @@ def wait_or_abandon(work: Any, peers_failed: Callable[[], bool] | None) -> None:
                 membership.abandon()
                 raise PeerLostError("a peer was declared failed: the pending collective is abandoned")
     work.wait()  # raises the collective's own error, if it failed
+
+
+class Buckets:
+    """Gradient buckets reduced during the backward pass, as DDP's reducer does: parameters are
+    grouped in reverse order (roughly the order backward produces their gradients) into buckets
+    of about ``cap_bytes``; once armed (for the step's last micro-batch), a bucket whose
+    gradients are all accumulated is copied into its own buffer and all-reduced asynchronously,
+    in bucket order on every rank, while backward goes on. ``finish`` launches what is left,
+    waits, and writes the sums back. The gradients themselves are only written back at the end,
+    so a failure with buckets in flight leaves every rank's local sum intact for recovery."""
+
+    def __init__(self, model: torch.nn.Module, cap_bytes: int = 25 * 2**20) -> None:
+        self.model = model
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.buckets: list[list[torch.nn.Parameter]] = [[]]
+        size = 0
+        for p in reversed(params):
+            if self.buckets[-1] and size + p.numel() * p.element_size() > cap_bytes:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * p.element_size()
+        self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.armed = False
+        self.before_first: Callable[[], None] | None = None  # before the first launch (faults)
+        self._reset()
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._accumulated)  # type: ignore[no-untyped-call]
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, existing: Buckets | None) -> Buckets:
+        """The model's buckets (made once: their hooks stay on the parameters)."""
+        return existing if existing is not None and existing.model is model else cls(model)
+
+    def _reset(self) -> None:
+        self.ready: list[set[int]] = [set() for _ in self.buckets]
+        self.flights: list[tuple[Any, torch.Tensor]] = []  # (work, buffer) per launched bucket
+        self.error: Exception | None = None
+
+    def arm(self) -> None:
+        """The next backward is the step's last: reduce buckets as they fill."""
+        self._reset()
+        self.armed = dist.is_initialized()
+
+    def disarm(self) -> None:
+        """Abandon what is in flight (a failure: the group is being rebuilt)."""
+        self.armed = False
+        self._reset()
+
+    def _accumulated(self, p: torch.Tensor) -> None:
+        if not self.armed or self.error is not None:
+            return
+        self.ready[self.bucket_of[id(p)]].add(id(p))
+        try:
+            while len(self.flights) < len(self.buckets) and self._filled(len(self.flights)):
+                self._launch(len(self.flights))
+        except Exception as exc:  # raised again by finish, where recovery handles it
+            self.error = exc
+
+    def _filled(self, index: int) -> bool:
+        return len(self.ready[index]) == len(self.buckets[index])
+
+    def _launch(self, index: int) -> None:
+        if index == 0 and self.before_first is not None:
+            self.before_first()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[index]]
+        buffer = torch.cat([g.reshape(-1) for g in grads])
+        self.flights.append((dist.all_reduce(buffer, op=dist.ReduceOp.SUM, async_op=True), buffer))
+
+    def finish(self, peers_failed: Callable[[], bool] | None) -> None:
+        """Launch the buckets backward did not fill (unused parameters, or a rank with no
+        samples), wait for all, and write the sums back into the gradients."""
+        try:
+            if self.error is not None:
+                raise self.error
+            while len(self.flights) < len(self.buckets):
+                self._launch(len(self.flights))
+            for work, _ in self.flights:
+                wait_or_abandon(work, peers_failed)
+            for bucket, (_, buffer) in zip(self.buckets, self.flights, strict=True):
+                offset = 0
+                for p in bucket:
+                    summed = buffer[offset : offset + p.numel()].view_as(p)
+                    if p.grad is None:
+                        p.grad = summed.clone()
+                    else:
+                        p.grad.copy_(summed)
+                    offset += p.numel()
+        finally:
+            self.disarm()

@@ -16,7 +16,6 @@ import signal
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -26,12 +25,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unicron.core.classify import classify_exception
 from unicron.core.livespecs import FaultSpec
 from unicron.core.protocol import (
     CheckpointReport,
     DoneReport,
-    ExceptionReport,
     FaultReport,
     Membership,
     Phase,
@@ -41,7 +38,7 @@ from unicron.core.protocol import (
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
 from unicron.train import checkpoint, gradsync, membership
-from unicron.train.channel import ReportChannel
+from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.data import shard, unclaimed_share
 from unicron.train.faults import FaultInjector
 from unicron.train.iteration import Iteration, Rejoined
@@ -85,13 +82,8 @@ class Session:
         self.limits = limits = Settings()
         self.timeout = timedelta(seconds=contract.pg_timeout_s or timeout_s or limits.process_group_timeout_s)
         self.channel = ReportChannel(contract.agent_socket)
-        self.faults = FaultInjector(
-            [FaultSpec.model_validate(f) for f in contract.faults or []],
-            self.rank,
-            self.generation,
-            self._fault_report,
-            self.task,
-        )
+        faults = [FaultSpec.model_validate(f) for f in contract.faults or []]
+        self.faults = FaultInjector(faults, self.rank, self.generation, self._fault_report, self.task)
         self.faults.folders = (self.checkpoint_dir, self.host_dir)
         self._micro_batches = 0
         self._settle_pending = False  # the group was (re)formed: settle who holds what first
@@ -107,6 +99,8 @@ class Session:
         self.stop_requested = False
         self._started = False
         self.extras: dict[str, Stateful] = {}  # registered objects, kept with the model
+        self._buckets: gradsync.Buckets | None = None  # overlapped gradient reduction
+        self._settled_step = 0  # the last step in which a re-formed group settled its samples
         self._resumed = False
 
     # ------------------------------------------------------------------ set-up
@@ -178,10 +172,8 @@ class Session:
 
     # ------------------------------------------------------------------ the loop
     def register(self, name: str, obj: Stateful) -> None:
-        """Keep ``obj``'s state (an LR scheduler, a GradScaler, a counter of the user's: anything
-        with ``state_dict()``/``load_state_dict()`` that is the same on every replica) with the
-        model's: in checkpoints, in the state newcomers take from a replica, in the digest.
-        Register before ``resume``, the same objects in every run of the task. An LR scheduler
+        """Keep ``obj``'s state (anything with ``state_dict()``/``load_state_dict()`` that is the
+        same on every replica) with the model's, before ``resume``: ``state.py``. An LR scheduler
         is stepped by the session after each optimizer step (do not call its ``step()``)."""
         if self._resumed:
             raise RuntimeError(f"session.register({name!r}, ...) after session.resume(...): register first")
@@ -281,7 +273,7 @@ class Session:
             return 0.0  # the state taken from a replica at a rebuild already holds this step
         with self.iteration(step) as it:
             self._micro_batches = -(-len(share) // self.data.stream.micro_batch)
-            contributed = self._accumulate(share, loss_of, it)
+            contributed = self._accumulate(share, loss_of, it, arm=self._overlap(model, step))
             contributed, done = self._reduce_or_recover(step, ids, contributed, model, optimizer, loss_of, it)
             if self.trace_file:
                 # The sample ledger: once the all-reduce succeeded, these samples are in the step.
@@ -369,6 +361,7 @@ class Session:
         dist.all_gather_object(ledger, held)
         mine = unclaimed_share(ids, [p or [] for p in ledger], self.rank, self.world_size)
         self.trace("ledger", step=step, held=[len(p or []) for p in ledger], mine=len(mine))
+        self._settled_step = step
         return mine
 
     def _membership_changed(self) -> bool:
@@ -389,15 +382,35 @@ class Session:
         self.trace("rejoined", seconds=time.time() - started, world=self.world_size, copied=copied)
         return Rejoined(new.ranks, copied)
 
-    def _accumulate(self, ids: list[int], loss_of: Callable[[Any], torch.Tensor], it: Iteration) -> list[int]:
+    def _overlap(self, model: torch.nn.Module, step: int) -> Callable[[], None] | None:
+        """Arms the gradient buckets for the step's last micro-batch, or None: a world of one, or
+        a step in which the group settled who holds what (it re-formed: every member knows, as
+        the settle is their first collective, so all reduce one flat buffer: collectives match)."""
+        if self.world_size == 1 or self._settled_step == step or not dist.is_initialized():
+            return None
+        self._buckets = gradsync.Buckets.of(model, self._buckets)
+        self._buckets.before_first = lambda: self.faults.before_reduce(step)
+        return self._buckets.arm
+
+    def _accumulate(
+        self,
+        ids: list[int],
+        loss_of: Callable[[Any], torch.Tensor],
+        it: Iteration,
+        arm: Callable[[], None] | None = None,
+    ) -> list[int]:
         # Each sample's gradient counts 1/B (B: the step's samples, fewer in an epoch's last step
         # without drop_last): the SUM over ranks is then the global mean for any number of
         # ranks, and work can move between ranks without rescaling.
         assert self.data is not None
         stream = self.data.stream
         step_samples = len(stream.batch(it.step))
+        if arm is not None and not ids:
+            arm()  # nothing to compute, but the same collectives as the others
         for start in range(0, len(ids), stream.micro_batch):
             chunk = ids[start : start + stream.micro_batch]
+            if arm is not None and start + stream.micro_batch >= len(ids):
+                arm()  # the last micro-batch: its backward reduces the gradient buckets
             self.progress.at(it.step, Phase.COMPUTE, micro_batch=len(it.marks))
             loss = loss_of(self.data.fetch(chunk))
             (loss * (len(chunk) / step_samples)).backward()  # type: ignore[no-untyped-call]
@@ -411,7 +424,10 @@ class Session:
             return
         store, generation = self.store, self.generation
         watch = None if not self.in_process or store is None else lambda: store.peers_failed(generation)
-        gradsync.all_reduce_gradients(model, watch)
+        if self._buckets is not None and self._buckets.armed:
+            self._buckets.finish(watch)  # launched during the last backward
+        else:
+            gradsync.all_reduce_gradients(model, watch)
 
     @contextlib.contextmanager
     def iteration(self, step: int) -> Iterator[Iteration]:
@@ -452,19 +468,7 @@ class Session:
     # ------------------------------------------------------------------ failures
     def forward_exception(self, exc: BaseException) -> None:
         self.trace("exception", error=type(exc).__name__)
-        self.channel.send(
-            ExceptionReport(
-                task=self.task,
-                generation=self.generation,
-                rank=self.rank,
-                step=self.step,
-                error_type=type(exc).__name__,
-                message=str(exc)[:2000],
-                kind=classify_exception(exc).value,
-                traceback="".join(traceback.format_exception(exc))[-4000:],
-                time=time.time(),
-            )
-        )
+        self.channel.send(exception_report(exc, self.task, self.generation, self.rank, self.step))
 
     def _identity(self) -> dict[str, Any]:
         return {"task": self.task, "generation": self.generation, "rank": self.rank}

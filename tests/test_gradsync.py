@@ -1,0 +1,84 @@
+"""Overlapped gradient reduction on real gloo processes: buckets launched from the gradient
+hooks of the last backward sum to exactly what one flat all-reduce after backward gives, also
+with an unused parameter and a rank that computed nothing; and a failure with buckets in flight
+leaves the rank's own gradients as they were."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from unicron.control.localcluster import free_port
+from unicron.train import gradsync
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(4)]).double()
+        self.unused = torch.nn.Linear(2, 2).double()  # never in the graph: its bucket is filled at finish
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)  # type: ignore[no-any-return]
+
+
+def grads_after(rank: int, overlap: bool, micro_batches: int) -> dict[str, torch.Tensor]:
+    model = Net()
+    buckets = gradsync.Buckets(model, cap_bytes=3000)  # several buckets of about one layer each
+    assert len(buckets.buckets) > 2
+    data = torch.randn(8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+    for i in range(micro_batches):
+        if overlap and i == micro_batches - 1:
+            buckets.arm()
+        model(data[i * 2 : i * 2 + 2]).pow(2).sum().backward()
+    if overlap:
+        if micro_batches == 0:
+            buckets.arm()
+        buckets.finish(None)
+    else:
+        gradsync.all_reduce_gradients(model, None)
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _member(rank: int, port: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timedelta(seconds=30))  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    computed = 0 if rank == 1 else 3  # rank 1 holds no samples this step
+    flat = grads_after(rank, False, computed)
+    bucketed = grads_after(rank, True, computed)
+    # A failure with buckets in flight: the local gradients are untouched until the end.
+    model = Net()
+    buckets = gradsync.Buckets(model, cap_bytes=3000)
+    model(torch.ones(2, 16, dtype=torch.float64)).sum().backward()
+    local = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    buckets.arm()
+    model(torch.ones(2, 16, dtype=torch.float64)).sum().backward()
+    buckets.disarm()  # as recovery does when the collective fails
+    kept = all(torch.equal(p.grad, 2 * local[n]) for n, p in model.named_parameters() if p.grad is not None)
+    dist.barrier()
+    out.put((rank, flat, bucketed, kept))
+    dist.destroy_process_group()
+
+
+def test_buckets_sum_exactly_what_one_flat_all_reduce_sums() -> None:
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    port = free_port()
+    procs = [ctx.Process(target=_member, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = {
+        rank: (flat, bucketed, kept) for rank, flat, bucketed, kept in (out.get(timeout=120) for _ in procs)
+    }
+    for p in procs:
+        p.join(60)
+    for flat, bucketed, kept in results.values():
+        assert flat.keys() == bucketed.keys() and "unused.weight" in bucketed
+        for name in flat:
+            assert torch.equal(flat[name], bucketed[name]), name
+        assert kept
+    assert all(torch.equal(results[0][1][n], results[1][1][n]) for n in results[0][1])
