@@ -48,12 +48,20 @@ def task_yaml(
     )
 
 
-def traced_task(trace: Path, table: str, iterations: int, delay: float, run_lines: str = "") -> str:
-    """The spec of a task "lm" of weight 1 running the example trainer with its trace written to
-    ``trace``; ``run_lines``: more lines of its ``run:`` section (faults, recovery)."""
-    program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", str(delay)])
+def traced_task(
+    trace: Path,
+    table: str,
+    iterations: int,
+    delay: float,
+    run_lines: str = "",
+    name: str = "lm",
+    program: Sequence[str] = (),
+) -> str:
+    """The spec of a task of weight 1 running the example trainer (or ``program``) with its trace
+    written to ``trace``; ``run_lines``: more lines of its ``run:`` section (faults, recovery)."""
+    argv = ", ".join(program or ["python", str(TRAIN), *ARGS, "--step-delay", str(delay)])
     return (
-        f"name: lm\nweight: 1\nthroughput: {table}\nrun:\n  program: [{program}]\n"
+        f"name: {name}\nweight: 1\nthroughput: {table}\nrun:\n  program: [{argv}]\n"
         f"  iterations: {iterations}\n  checkpoint_every: 10\n  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
         + run_lines
     )
@@ -95,24 +103,27 @@ def reference(tmp: Path, iterations: int, extra: Sequence[str] = ()) -> dict[str
     return state
 
 
-def alive(pid: int) -> bool:
-    """Whether a process still runs (a zombie waiting to be reaped does not)."""
+def alive(pid: int, trace: Path) -> bool:
+    """Whether a worker that writes ``trace`` still runs as ``pid`` (a zombie waiting to be reaped
+    does not; nor does another process that was given the pid since, e.g. by a test run beside
+    this one)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+        running = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+        return running and f"UNICRON_TRACE_FILE={trace}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
 
 
 def finish_and_settle(
-    cluster: LocalCluster, trace: Path
+    cluster: LocalCluster, trace: Path, task: str = "lm"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Wait for task "lm" to finish and for every process it started to exit; its events and
+    """Wait for ``task`` to finish and for every process it started to exit; its events and
     trace rows."""
-    cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
-    events: list[dict[str, Any]] = cluster.get("/v1/events", task="lm")
+    cluster.wait(lambda: cluster.task(task)["state"] == "finished", 300, "the task to finish")
+    events: list[dict[str, Any]] = cluster.get("/v1/events", task=task)
     rows = read_trace(trace)
     pids = {r["pid"] for r in rows if r["what"] == "started"}
-    cluster.wait(lambda: not any(alive(p) for p in pids), 30, "every process of the task to exit")
+    cluster.wait(lambda: not any(alive(p, trace) for p in pids), 30, "every process of the task to exit")
     return events, rows
 
 

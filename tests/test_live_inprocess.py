@@ -23,6 +23,7 @@ from .test_live_cluster import (
     assert_every_incident_closed,
     assert_ledger_exact,
     read_trace,
+    traced_task,
 )
 
 ITERATIONS = 160  # room for the node loss after three regrows, also on a loaded machine
@@ -126,12 +127,8 @@ def test_a_worker_killed_with_gradient_buckets_in_flight_is_recovered_in_place(t
     trace = tmp_path / "trace.jsonl"
     iterations = 50
     fault = [{"action": "kill_in_backward", "rank": 2, "step": 20, "generation": 0}]
-    program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", "0.1"])
-    spec = (
-        f"name: lm\nweight: 1\nthroughput: {{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}}\nrun:\n  program: [{program}]\n"
-        f"  iterations: {iterations}\n  checkpoint_every: 10\n  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
-        f"  faults: {json.dumps(fault)}\n"
-    )
+    table = "{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}"
+    spec = traced_task(trace, table, iterations, 0.1, f"  faults: {json.dumps(fault)}\n")
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
         cluster.submit(spec)
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")

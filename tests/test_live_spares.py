@@ -51,7 +51,7 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
         # Nothing of the task stays on the nodes: its spare is stopped, its in-memory
         # checkpoints are freed.
         pids = {r["pid"] for r in read_trace(trace) if r["what"] == "started"}
-        cluster.wait(lambda: not any(alive(p) for p in pids), 30, "every process of the task to exit")
+        cluster.wait(lambda: not any(alive(p, trace) for p in pids), 30, "every process of the task to exit")
         persistent = tmp_path / "cluster" / "checkpoints" / "lm"
         cluster.wait(
             lambda: not any(host_checkpoint_dir(persistent, n).exists() for n in ("node-0", "node-1")),

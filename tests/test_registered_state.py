@@ -91,3 +91,12 @@ def test_gradients_are_clipped_to_their_global_norm_before_the_update() -> None:
     scale = 0.01 / (norm + 1e-6)  # clip_grad_norm_'s coefficient
     for p, value, g in zip(model.parameters(), start, grads, strict=True):
         torch.testing.assert_close(p.detach(), value - g * scale, rtol=1e-12, atol=1e-14)
+
+
+def test_a_model_wrapped_in_ddp_is_refused_with_the_fix() -> None:
+    model, optimizer, _ = build()
+    wrapped = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    wrapped.__dict__.update(module=model)  # a DDP object without a process group (type is what counts)
+    session = ut.init(iterations=1)
+    with pytest.raises(TypeError, match=r"pass the model itself \(DDP\(model\)\.module\)"):
+        session.resume(wrapped, optimizer)

@@ -8,10 +8,8 @@ Under a Unicron agent the iterations, checkpoint directory and peers come from t
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corpus import make_corpus
 from model import Config, TinyGPT, lm_loss
+from schedule import warmup_cosine
 
 import unicron.train as ut
 
@@ -52,19 +51,6 @@ def parse() -> argparse.Namespace:
         "speed, whatever the host's cores (the demo's slots stand for GPUs)",
     )
     return p.parse_args()
-
-
-def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
-    """The learning rate's factor after ``step`` optimizer steps: linear warm-up, then cosine
-    decay to a tenth of the peak at ``total``."""
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def main() -> None:

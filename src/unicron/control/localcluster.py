@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from unicron.core.errors import UnicronError
+from unicron.core.states import SLOT_HOLDING_PHASES
 
 
 def free_port() -> int:
@@ -128,9 +129,12 @@ class LocalCluster:
         )
 
     def _signal_node(self, name: str, sig: int) -> tuple[subprocess.Popen[bytes], list[int]]:
-        """Send ``sig`` to a node's agent and to each of its workers' process groups."""
+        """Send ``sig`` to a node's agent and to each of its live workers' process groups (only
+        live ones: an ended worker's pid may since belong to an unrelated process)."""
         agent = self.agents.pop(name)
-        pids = [w["pid"] for w in self.get("/v1/workers") if w["node"] == name and w["pid"]]
+        alive = {phase.value for phase in SLOT_HOLDING_PHASES}
+        workers = self.get("/v1/workers")
+        pids = [w["pid"] for w in workers if w["node"] == name and w["pid"] and w["state"] in alive]
         _kill_group(agent, sig)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):

@@ -185,10 +185,10 @@ class Session:
 
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Load the latest checkpoint, if any; return the step it holds (0 without one)."""
-        self._resumed = True
+        self._resumed, train = True, self._state(model, optimizer)  # (refuses a DDP-wrapped model)
         found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir) if self.checkpoint_dir else None
         if found is not None:
-            self._state(model, optimizer).load_state_dict(found.state)
+            train.load_state_dict(found.state)
             self.step = int(found.state["step"])
             self.trace("resumed", step=self.step, source=found.source, skipped=len(found.skipped))
             self.channel.send(found.report(self.task, self.generation, self.rank))

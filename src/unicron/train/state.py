@@ -35,6 +35,13 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     extras: dict[str, Stateful] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            raise TypeError(
+                "the session got a DistributedDataParallel model: pass the model itself "
+                "(DDP(model).module); the session reduces the gradients itself, and recovers them"
+            )
+
     def state_dict(self) -> dict[str, Any]:
         """``model``, ``optimizer`` and, when objects are registered, ``extras`` (name -> state)."""
         parts: dict[str, Any] = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}

@@ -1,0 +1,78 @@
+"""A plain DDP training script, as people bring it: torchrun, DistributedSampler + DataLoader,
+AdamW with weight decay, a warm-up + cosine schedule, gradient accumulation, clipping, its own
+checkpoint. `train_unicron.py` is its port (the diff is in docs/training-library.md).
+
+    torchrun --standalone --nproc-per-node 2 examples/ddp-port/train_ddp.py --iterations 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tinygpt"))
+from corpus import make_corpus
+from model import Config, TinyGPT, lm_loss
+from schedule import warmup_cosine
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--iterations", type=int, default=40)
+    p.add_argument("--global-batch", type=int, default=16)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--dataset-size", type=int, default=512)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--checkpoint", default="ddp-checkpoint.pt")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    model = TinyGPT(Config()).to(getattr(torch, args.dtype))
+    net = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup, args.iterations))
+    corpus = make_corpus(args.dataset_size, 32, 64, args.seed)
+    sampler = DistributedSampler(corpus, world, rank, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(corpus, batch_size=args.micro_batch, sampler=sampler, drop_last=True)
+    accumulation = args.global_batch // (world * args.micro_batch)
+    step, epoch = 0, 0
+    while step < args.iterations:
+        sampler.set_epoch(epoch)
+        batches = iter(loader)
+        for _ in range(len(loader) // accumulation):
+            for i in range(accumulation):
+                with net.no_sync() if i < accumulation - 1 else nullcontext():
+                    (lm_loss(net, next(batches)) / accumulation).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            step += 1
+            if step == args.iterations:
+                break
+        epoch += 1
+    if rank == 0:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+        torch.save({**state, "scheduler": scheduler.state_dict()}, args.checkpoint)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

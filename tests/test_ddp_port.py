@@ -1,0 +1,114 @@
+"""The DDP port (examples/ddp-port): the plain torchrun + DDP script and its Unicron port train on
+the same samples in the same order; the port survives a worker killed before the all-reduce, one
+killed with gradient buckets in flight and a lost node, in place, and still ends with the state
+the original DDP script reaches without failures."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from unicron.control.localcluster import LocalCluster
+from unicron.train.checkpoint import load_latest
+
+from .conftest import ROOT
+from .test_live_cluster import (
+    assert_ledger_exact,
+    assert_same_parameters,
+    finish_and_settle,
+    traced_task,
+)
+
+PORT = ROOT / "examples" / "ddp-port"
+
+
+def torchrun(script: str, workers: int, iterations: int, checkpoint: Path) -> None:
+    run = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
+            str(PORT / script), "--iterations", str(iterations), "--dtype", "float64",
+            "--checkpoint", str(checkpoint),
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def ddp_state(tmp: Path, workers: int, iterations: int) -> dict[str, Any]:
+    """The original script's final state, failure-free, under torchrun."""
+    torchrun("train_ddp.py", workers, iterations, tmp / "ddp.pt")
+    state: dict[str, Any] = torch.load(tmp / "ddp.pt", weights_only=False)
+    return state
+
+
+def assert_same_training(unicron: dict[str, Any], ddp: dict[str, Any], exact: bool) -> None:
+    assert unicron["step"] == ddp["step"]
+    assert unicron["extras"]["scheduler"] == ddp["scheduler"]
+    if exact:  # the same samples, in the same order, summed alike: bit for bit
+        assert all(torch.equal(unicron["model"][k], v) for k, v in ddp["model"].items())
+    else:
+        assert_same_parameters(unicron["model"], ddp["model"])
+    torch.testing.assert_close(
+        unicron["optimizer"]["state"], ddp["optimizer"]["state"], rtol=1e-9, atol=1e-11
+    )
+
+
+@pytest.mark.timeout(300)
+def test_the_port_trains_exactly_as_the_ddp_original_under_torchrun(tmp_path: Path) -> None:
+    # 40 steps of 16 samples cross an epoch of 512: DistributedSampler's set_epoch order too.
+    torchrun("train_unicron.py", 2, 40, tmp_path / "unicron")
+    port = load_latest(tmp_path / "unicron")
+    assert port is not None
+    assert_same_training(port, ddp_state(tmp_path, 2, 40), exact=True)
+
+
+@pytest.mark.timeout(600)
+def test_the_port_recovers_in_place_and_ends_as_the_failure_free_original(tmp_path: Path) -> None:
+    iterations = 150
+    trace = tmp_path / "trace.jsonl"
+    faults = [
+        {"action": "kill", "rank": 1, "step": 10, "generation": 0},
+        {"action": "kill_in_backward", "rank": 2, "step": 40, "generation": 0},
+    ]
+    program = ["python", str(PORT / "train_unicron.py"), "--dtype", "float64"]
+    table, lines = "{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}", f"  faults: {json.dumps(faults)}\n"
+    spec = traced_task(trace, table, iterations, 0.0, lines, name="port", program=program)
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+        cluster.submit(spec)
+
+        def grown_back() -> bool:
+            task = cluster.task("port")
+            return task["step"] >= 60 and task["workers"] == 4 and task["state"] == "running"
+
+        cluster.wait(grown_back, 300, "two in-place recoveries and growing back to 4")
+        on_node = frozenset(w["rank"] for w in cluster.get("/v1/workers") if w["node"] == "node-1")
+        cluster.kill_node("node-1")
+        events, rows = finish_and_settle(cluster, trace, "port")
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("task_launch") == 1, kinds  # nothing restarted from a checkpoint
+    assert kinds.count("in_process_recovery") >= 3, kinds
+    assert [e["detail"]["action"] for e in events if e["kind"] == "fault_injected"] == [
+        "kill",
+        "kill_in_backward",
+    ]
+    assert_ledger_exact(rows, iterations, frozen=on_node)
+    final = load_latest(tmp_path / "cluster" / "checkpoints" / "port")
+    assert final is not None
+    assert_same_training(final, ddp_state(tmp_path, 4, iterations), exact=False)
+
+
+def test_the_docs_show_the_ports_real_diff() -> None:
+    original = (PORT / "train_ddp.py").read_text().splitlines()
+    port = (PORT / "train_unicron.py").read_text().splitlines()
+    diff = "\n".join(
+        difflib.unified_diff(original, port, "train_ddp.py", "train_unicron.py", n=1, lineterm="")
+    )
+    docs = (ROOT / "docs" / "training-library.md").read_text()
+    assert f"```diff\n{diff}\n```" in docs
