@@ -71,7 +71,7 @@ def test_the_port_trains_exactly_as_the_ddp_original_under_torchrun(tmp_path: Pa
 
 @pytest.mark.timeout(600)
 def test_the_port_recovers_in_place_and_ends_as_the_failure_free_original(tmp_path: Path) -> None:
-    iterations = 150
+    iterations = 400  # steps take ~50 ms here: room for two regrows before the node is lost
     trace = tmp_path / "trace.jsonl"
     faults = [
         {"action": "kill", "rank": 1, "step": 10, "generation": 0},
@@ -80,20 +80,31 @@ def test_the_port_recovers_in_place_and_ends_as_the_failure_free_original(tmp_pa
     program = ["python", str(PORT / "train_unicron.py"), "--dtype", "float64"]
     table, lines = "{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}", f"  faults: {json.dumps(faults)}\n"
     spec = traced_task(trace, table, iterations, 0.0, lines, name="port", program=program)
-    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+    # The two kills strike different nodes ~1.5 s apart; within the default 2 s window the same
+    # fault on two nodes counts as the task's own (tested in test_live_task_faults), not here.
+    settings = {"task_fault_window_s": 0.25, "isolate_after": 100}
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
 
-        def grown_back() -> bool:
+        def on_four() -> bool:
             task = cluster.task("port")
             return task["step"] >= 60 and task["workers"] == 4 and task["state"] == "running"
 
-        cluster.wait(grown_back, 300, "two in-place recoveries and growing back to 4")
+        cluster.wait(on_four, 300, "two in-place recoveries and growing back to 4")
+        grown = cluster.task("port")["step"]
+        # Not while the grown group is still forming (see the note on joins in docs/training-library.md).
+        cluster.wait(
+            lambda: cluster.task("port")["step"] >= grown + 10, 120, "training on 4 after the regrow"
+        )
         on_node = frozenset(w["rank"] for w in cluster.get("/v1/workers") if w["node"] == "node-1")
         cluster.kill_node("node-1")
         events, rows = finish_and_settle(cluster, trace, "port")
     kinds = [e["kind"] for e in events]
-    assert kinds.count("task_launch") == 1, kinds  # nothing restarted from a checkpoint
-    assert kinds.count("in_process_recovery") >= 3, kinds
+    story = [
+        (e["kind"], e["detail"]) for e in events if e["kind"] not in ("throughput_measured", "straggler")
+    ]
+    assert kinds.count("task_launch") == 1, story  # nothing restarted from a checkpoint
+    assert kinds.count("in_process_recovery") >= 3, story
     assert [e["detail"]["action"] for e in events if e["kind"] == "fault_injected"] == [
         "kill",
         "kill_in_backward",
