@@ -23,7 +23,7 @@ from unicron.control.localcluster import LocalCluster
 from unicron.core.specs import ModelSpec
 from unicron.planning.gpt import flops_per_sample
 from unicron.train.checkpoint import load_latest
-from unicron.train.data import global_batch_ids, shard
+from unicron.train.data import DataStream, shard
 
 from .conftest import ROOT
 
@@ -150,7 +150,7 @@ def assert_ledger_exact(
             steps.setdefault(r["step"], []).extend(r["ids"])
     unrecorded = 0
     for step in range(1, iterations + 1):
-        want = global_batch_ids(step, 16, 512, seed)
+        want = DataStream(16, 2, 512, seed).batch(step)  # the example's ARGS
         got = Counter(steps.get(step, []))
         if got != Counter(want) and frozen and not unrecorded:
             unrecorded = step

@@ -62,23 +62,12 @@ class DataStream:
         whole, rest = divmod(self.dataset_size, self.global_batch)
         return whole + (1 if rest and not self.drop_last else 0)
 
-    def epoch_of(self, step: int) -> int:
-        """The epoch (0-based) step ``step`` (1-based) belongs to."""
-        return (step - 1) // self.steps_per_epoch
-
     def batch(self, step: int) -> list[int]:
         """The sample ids step ``step`` (1-based) trains on, in order."""
         epoch, within = divmod(step - 1, self.steps_per_epoch)
         order = _epoch_order(epoch, self.dataset_size, self.seed, self.shuffle)
         start = within * self.global_batch
         return list(order[start : start + self.global_batch])
-
-
-def global_batch_ids(
-    step: int, global_batch: int, dataset_size: int, seed: int, shuffle: bool = True, drop_last: bool = True
-) -> list[int]:
-    """The sample ids step ``step`` trains on (``DataStream.batch`` without micro-batches)."""
-    return DataStream(global_batch, 1, dataset_size, seed, shuffle, drop_last).batch(step)
 
 
 def shard(ids: list[int], rank: int, world_size: int) -> list[int]:
