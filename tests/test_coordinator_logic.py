@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from unicron.control.recovery import attribute
+from unicron.control.recovery import Sign, attribute
 from unicron.core.protocol import (
     DoneReport,
     ExceptionReport,
@@ -261,12 +261,15 @@ def test_illegal_transitions_are_refused(make: Any) -> None:
 
 
 def test_scope_attribution() -> None:
-    recent = [(0.0, ErrorKind.CUDA_ERROR, "a")]
-    assert attribute(ErrorKind.CUDA_ERROR, "b", recent, 1.0, 10.0) is Scope.TASK
-    assert attribute(ErrorKind.CUDA_ERROR, "a", recent, 1.0, 10.0) is Scope.WORKER
-    assert attribute(ErrorKind.CUDA_ERROR, "b", recent, 20.0, 10.0) is Scope.WORKER
-    assert attribute(ErrorKind.ECC_ERROR, "b", recent, 1.0, 10.0) is Scope.NODE
-    assert attribute(ErrorKind.STORAGE_ERROR, "b", [], 1.0, 10.0) is Scope.STORAGE
+    recent = [Sign(0.0, ErrorKind.CUDA_ERROR, "a", 1)]
+    assert attribute(Sign(1.0, ErrorKind.CUDA_ERROR, "b", 1), recent, 10.0) is Scope.TASK
+    assert attribute(Sign(1.0, ErrorKind.CUDA_ERROR, "b"), recent, 10.0) is Scope.TASK  # unknown: alike
+    assert attribute(Sign(1.0, ErrorKind.CUDA_ERROR, "a", 1), recent, 10.0) is Scope.WORKER
+    assert attribute(Sign(20.0, ErrorKind.CUDA_ERROR, "b", 1), recent, 10.0) is Scope.WORKER
+    # A survivor that went on into the re-formed generation and died there: a new failure.
+    assert attribute(Sign(1.0, ErrorKind.CUDA_ERROR, "b", 2), recent, 10.0) is Scope.WORKER
+    assert attribute(Sign(1.0, ErrorKind.ECC_ERROR, "b", 1), recent, 10.0) is Scope.NODE
+    assert attribute(Sign(1.0, ErrorKind.STORAGE_ERROR, "b"), [], 10.0) is Scope.STORAGE
 
 
 def test_a_store_written_before_new_columns_opens(tmp_path: Path) -> None:

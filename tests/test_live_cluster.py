@@ -56,14 +56,15 @@ def traced_task(
     run_lines: str = "",
     name: str = "lm",
     program: Sequence[str] = (),
+    checkpoint_every: int = 10,
 ) -> str:
     """The spec of a task of weight 1 running the example trainer (or ``program``) with its trace
     written to ``trace``; ``run_lines``: more lines of its ``run:`` section (faults, recovery)."""
     argv = ", ".join(program or ["python", str(TRAIN), *ARGS, "--step-delay", str(delay)])
     return (
         f"name: {name}\nweight: 1\nthroughput: {table}\nrun:\n  program: [{argv}]\n"
-        f"  iterations: {iterations}\n  checkpoint_every: 10\n  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
-        + run_lines
+        f"  iterations: {iterations}\n  checkpoint_every: {checkpoint_every}\n"
+        f"  env: {{UNICRON_TRACE_FILE: {trace}}}\n" + run_lines
     )
 
 

@@ -146,3 +146,48 @@ def test_a_worker_killed_with_gradient_buckets_in_flight_is_recovered_in_place(t
     assert_every_incident_closed(events)
     assert_ledger_exact(rows, iterations, frozen=frozenset({2}))
     assert_ends_exact(tmp_path, "lm", iterations)
+
+
+@pytest.mark.timeout(600)
+def test_members_lost_while_the_group_reforms_are_recovered_in_place(tmp_path: Path) -> None:
+    """Failures during a recovery: a survivor of a first failure dies as the survivors agree on
+    their state, and later a member dies as the regrown group starts sending its state to the
+    newcomers. Each time the others, newcomers included, follow the group the coordinator
+    re-forms: no process restarts, nothing is relaunched, and the task ends exact."""
+    trace = tmp_path / "trace.jsonl"
+    iterations = 120
+    faults = [
+        {"action": "kill", "rank": 1, "step": 15, "generation": 0},
+        {"action": "kill_in_agree", "rank": 1, "step": 1, "generation": 0},
+        {"action": "kill_in_transfer", "rank": 0, "step": 1, "generation": 0},
+    ]
+    table = "{1: 1.0e9, 2: 1.9e9, 3: 2.7e9, 4: 3.5e9}"
+    # No checkpoint before the end: newcomers start from step 0, so state is always sent to them.
+    lines = f"  faults: {json.dumps(faults)}\n"
+    spec = traced_task(trace, table, iterations, 0.1, lines, checkpoint_every=1000)
+    settings = {"isolate_after": 100, "max_restarts": 100}
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
+        cluster.submit(spec)
+        cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 420, "the task to finish")
+        events = cluster.get("/v1/events", task="lm")
+    story = [(e["kind"], e["detail"]) for e in events]
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("task_launch") == 1, story
+    assert "checkpoint_restored" not in kinds, story
+    injected = sorted(e["detail"]["action"] for e in events if e["kind"] == "fault_injected")
+    assert injected == ["kill", "kill_in_agree", "kill_in_transfer"], story
+    assert_every_incident_closed(events)
+    rows = read_trace(trace)
+    # Only the three killed processes ever ended abnormally: every other worker (the first
+    # survivors, and newcomers that lost their state's source) went on in its own process.
+    killed = {r["pid"] for r in rows if r["what"] == "fault"}
+    started = {r["pid"] for r in rows if r["what"] == "started"}
+    followed = {r["pid"] for r in rows if r["what"] == "rejoined"}
+    assert len(killed) == 3 and killed <= started, killed
+    victim = next(r for r in rows if r["what"] == "fault" and r["action"] == "kill_in_transfer")
+    # The newcomers whose state source died took it from another live replica.
+    stranded = {r["pid"] for r in rows if r["what"] == "started" and r["generation"] == victim["generation"]}
+    assert stranded and stranded <= followed, (stranded, followed)
+    assert any(r["what"] == "state_from_replica" and r["pid"] in stranded for r in rows)
+    assert_ledger_exact(rows, iterations)
+    assert_ends_exact(tmp_path, "lm", iterations)

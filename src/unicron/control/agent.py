@@ -260,6 +260,7 @@ class Agent:
                 signal=-code if code < 0 else None,
                 time=time.time(),
                 stop_ordered=worker.stop_ordered,
+                reached=worker.progress.generation if worker.progress else o.generation,
             )
         )
 

@@ -27,7 +27,7 @@ from unicron.control.hangs import innermost_frame
 from unicron.control.placing import Placer
 from unicron.control.rates import RateMeter
 from unicron.control.records import TaskRecord
-from unicron.control.recovery import CONSEQUENCES, Recovery
+from unicron.control.recovery import CONSEQUENCES, Recovery, Sign
 from unicron.control.rendezvous import Rendezvous
 from unicron.control.snapshot import StoreReads
 from unicron.control.store import Store
@@ -352,15 +352,15 @@ class Coordinator:
         )
         if not task.state.active:
             if (task.name, task.generation) in self.recovery.incidents and kind not in CONSEQUENCES:
-                self.recovery.note(task.name, kind, node, self.clock())  # the same fault elsewhere
+                sign = Sign(self.clock(), kind, node, report.generation)
+                self.recovery.note(task.name, sign)  # the same fault elsewhere
             return
         if kind in CONSEQUENCES and self.spec(task.name).run.recovery == "in_process":
             self.recovery.peer_error(task.name, task.generation, kind, node, report.rank, report.time or None)
         else:
-            why = f"rank {report.rank} raised {report.error_type}"
-            self.recovery.incident(
-                task.name, kind, node, why, failed={report.rank}, seen_at=report.time or None
-            )
+            why, seen = f"rank {report.rank} raised {report.error_type}", report.time or None
+            failed, gen = {report.rank}, report.generation
+            self.recovery.incident(task.name, kind, node, why, failed, seen, generation=gen)
 
     def _iteration(self, task: TaskRecord, report: IterationReport) -> None:
         spec = self.spec(task.name)
@@ -423,7 +423,8 @@ class Coordinator:
             caused = report.stop_ordered and (report.signal is not None or ok)
             if not ok and not caused and (task.name, task.generation) in self.recovery.incidents:
                 # The same failure striking more ranks: it tells the failure's scope.
-                self.recovery.note(task.name, ErrorKind.EXITED_ABNORMALLY, report.node, self.clock())
+                sign = Sign(self.clock(), ErrorKind.EXITED_ABNORMALLY, report.node, report.reached or None)
+                self.recovery.note(task.name, sign)
             return
         if not ok:
             how = f"signal {report.signal}" if report.signal else f"code {report.code}"
@@ -434,6 +435,7 @@ class Coordinator:
                 f"{where} exited with {how}",
                 failed={report.rank},
                 seen_at=report.time or None,
+                generation=report.reached or None,
             )
         elif task.step < iterations:
             # A clean exit before the end (stopped from outside, or a program that returns

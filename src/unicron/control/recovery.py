@@ -47,21 +47,33 @@ CONSEQUENCES = frozenset(
 )
 
 
-def attribute(
-    kind: ErrorKind,
-    node: str | None,
-    recent: Sequence[tuple[float, ErrorKind, str | None]],
-    now: float,
-    window: float,
-) -> Scope:
+@dataclass(frozen=True)
+class Sign:
+    """One sign of a fault: when it was seen, what it was, where, and the generation the failing
+    worker was in (None: not known, e.g. a node's silence)."""
+
+    time: float
+    kind: ErrorKind
+    node: str | None
+    generation: int | None = None
+
+
+def attribute(sign: Sign, recent: Sequence[Sign], window: float) -> Scope:
     """The scope of a fault: its kind's, except that a worker fault that also struck the same
-    task on another node within ``window`` is the task's own (a node fault does not crash
-    processes on two machines at once)."""
-    scope = TAXONOMY[kind].scope
-    if scope is not Scope.WORKER or node is None:
+    task on another node within ``window``, in the same generation, is the task's own (a node
+    fault does not crash processes on two machines at once). A worker that had gone on into a
+    later generation (it survived the first fault and took part in the recovery) and failed
+    there is a new failure, not the first one striking again."""
+    scope = TAXONOMY[sign.kind].scope
+    if scope is not Scope.WORKER or sign.node is None:
         return scope
-    nodes = {n for t, k, n in recent if k is kind and now - t <= window and n is not None}
-    return Scope.TASK if nodes - {node} else Scope.WORKER
+    same = [
+        r
+        for r in recent
+        if r.kind is sign.kind and sign.time - r.time <= window and r.node not in (None, sign.node)
+    ]
+    together = [r for r in same if None in (r.generation, sign.generation) or r.generation == sign.generation]
+    return Scope.TASK if together else Scope.WORKER
 
 
 @dataclass
@@ -86,7 +98,7 @@ class Recovery:
     # (task, generation) -> (since, kind, node): a survivor saw a peer fail; the cause is due
     awaiting: dict[tuple[str, int], tuple[float, ErrorKind, str | None]] = field(default_factory=dict)
     awaiting_ranks: dict[tuple[str, int], set[int]] = field(default_factory=dict)
-    recent: dict[str, list[tuple[float, ErrorKind, str | None]]] = field(default_factory=dict)
+    recent: dict[str, list[Sign]] = field(default_factory=dict)  # every sign of a fault, per task
     isolated_until: dict[str, float] = field(default_factory=dict)
     task_faults: dict[tuple[str, ErrorKind], list[float]] = field(default_factory=dict)
 
@@ -116,10 +128,12 @@ class Recovery:
         failed: set[int] | None = None,
         seen_at: float | None = None,
         scope: Scope | None = None,
+        generation: int | None = None,
     ) -> None:
         """Open the generation's incident (once) and carry out the ladder's decision. ``failed``:
         the ranks known to be gone (without them the survivors cannot be told apart);
-        ``seen_at``: when the symptom happened, for the detection time when no fault was injected."""
+        ``seen_at``: when the symptom happened, for the detection time when no fault was injected;
+        ``generation``: the one the failing worker was in, if known (for ``attribute``)."""
         now = self.ctx.clock()
         task = self.ctx.store.get_task(name)
         fresh = task.state is TaskState.STARTING and task.launched_generation == task.generation
@@ -127,7 +141,7 @@ class Recovery:
             # A freshly launched generation failing before its first step: the program, its
             # data or its configuration, not the machine (hardware kinds keep their node scope).
             scope = Scope.TASK if TAXONOMY[kind].scope is Scope.WORKER else None
-        scope = self.note(name, kind, node, now, scope)
+        scope = self.note(name, Sign(now, kind, node, generation), scope)
         if (name, task.generation) in self.incidents:
             return
         self.awaiting.pop((name, task.generation), None)
@@ -192,17 +206,15 @@ class Recovery:
         self.incidents[(name, task.generation)] = incident
         return incident
 
-    def note(
-        self, name: str, kind: ErrorKind, node: str | None, now: float, scope: Scope | None = None
-    ) -> Scope:
+    def note(self, name: str, sign: Sign, scope: Scope | None = None) -> Scope:
         """Note every sign of a fault, also those that join an open incident: the same fault on
         a second node makes it the task's own, and its earlier counts against nodes are taken
         back. Once the task's own, the same kind stays so within the escalation window."""
-        window = self.ctx.limits.escalation_window_s
-        recent = [r for r in self.recent.get(name, []) if now - r[0] <= window]
-        self.recent[name] = [*recent, (now, kind, node)]
+        window, now, kind = self.ctx.limits.escalation_window_s, sign.time, sign.kind
+        recent = [r for r in self.recent.get(name, []) if now - r.time <= window]
+        self.recent[name] = [*recent, sign]
         sticky = [t for t in self.task_faults.get((name, kind), []) if now - t <= window]
-        scope = scope or attribute(kind, node, recent, now, self.ctx.limits.task_fault_window_s)
+        scope = scope or attribute(sign, recent, self.ctx.limits.task_fault_window_s)
         if scope is Scope.TASK and not sticky:
             self.ladder.reattribute(name, kind, now)  # the open incident's fault was the task's
         if scope is Scope.TASK or sticky:

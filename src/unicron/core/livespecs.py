@@ -32,6 +32,8 @@ class FaultSpec(SpecBase):
         "corrupt_transfer",
         "corrupt_checkpoint",
         "stall_rejoin",
+        "kill_in_agree",
+        "kill_in_transfer",
     ]
     rank: int = Field(ge=0)
     step: int = Field(ge=1, description="injected when this step starts")

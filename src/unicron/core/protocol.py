@@ -105,6 +105,7 @@ class ExitReport(_Message):
     signal: int | None
     time: float = 0.0  # when the agent saw the exit (Unix time): the detection time starts here
     stop_ordered: bool = False  # it exited after a stop order: a consequence, not a fault
+    reached: int = 0  # the newest generation it had joined (it adopts later ones in place); 0: unknown
 
 
 class StacksReport(_Message):

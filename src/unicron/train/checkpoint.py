@@ -62,6 +62,16 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int = 3) -> Pa
     return target
 
 
+def save_step(
+    directory: Path, host: Path | None, step: int, state: dict[str, Any], persistent: bool
+) -> Path | None:
+    """Save a step's state to the node's in-memory folder ``host`` (two kept), if given, and to
+    the persistent ``directory`` if ``persistent``; returns the persistent file, if written."""
+    if host is not None:
+        save(host, step, state, keep=2)
+    return save(directory, step, state) if persistent else None
+
+
 def host_dir(persistent: Path, node: str, root: str | None = None) -> Path | None:
     """The node's in-memory checkpoint folder (``core.workerenv.host_checkpoint_dir``); None
     when the host has no RAM-backed folder there."""

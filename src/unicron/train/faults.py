@@ -24,6 +24,10 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
   (one parameter changed after the transfer): the digest check must reject it;
 - ``stall_rejoin``: sleep ``seconds`` on the way into the next rebuilt group (at the first
   in-process recovery, whatever the step): a survivor stuck in the recovery itself;
+- ``kill_in_agree``: SIGKILL itself as a re-formed group (after a recovery in place, or with
+  newcomers) starts agreeing on its state: a member lost during a recovery;
+- ``kill_in_transfer``: SIGKILL itself as a re-formed group starts sending its state to the
+  members behind (newcomers): a member lost while state is in flight;
 - ``corrupt_checkpoint``: overwrite the newest checkpoint, in the persistent folder and in this
   node's in-memory folder, with garbage (a torn or damaged file); the worker goes on.
 
@@ -46,7 +50,8 @@ from pathlib import Path
 from unicron.core.livespecs import FaultSpec
 from unicron.core.protocol import FaultReport
 
-AT_EVENTS = frozenset({"corrupt_transfer", "stall_rejoin"})  # injected at an event, not a step
+# Injected at an event, not a step:
+AT_EVENTS = frozenset({"corrupt_transfer", "stall_rejoin", "kill_in_agree", "kill_in_transfer"})
 AT_REDUCE = frozenset({"stall_before_reduce", "kill_in_backward"})  # on the way into the all-reduce
 
 
@@ -142,6 +147,16 @@ class FaultInjector:
         fault = self._at_event("stall_rejoin")
         if fault is not None:
             time.sleep(fault.seconds)
+
+    def agreeing(self) -> None:
+        """A re-formed group's members start agreeing on their state: ``kill_in_agree``."""
+        if self._at_event("kill_in_agree") is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def transferring(self) -> None:
+        """State is about to be sent to the members behind: ``kill_in_transfer``."""
+        if self._at_event("kill_in_transfer") is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _at_event(self, action: str) -> FaultSpec | None:
         """A fault injected at an event rather than a step, once; generation 0: the first worker

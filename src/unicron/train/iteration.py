@@ -1,5 +1,4 @@
-"""One optimizer step as the library sees it: its timing and micro-batches, and what a member
-learns when its group re-forms in the middle of it."""
+"""One optimizer step as the library sees it: its timing and micro-batches."""
 
 from __future__ import annotations
 
@@ -8,12 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from unicron.core.protocol import IterationReport
-
-
-@dataclass(frozen=True)
-class Rejoined:
-    ranks: dict[int, int]  # old rank -> new rank
-    copied: bool  # state had to be copied from a replica
 
 
 @dataclass

@@ -16,8 +16,6 @@ import ctypes
 import gc
 import hashlib
 import io
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from unicron.train.data import unclaimed_share
 from unicron.train.state import TrainState, digest_parts
 
 
@@ -74,6 +73,16 @@ def abandon() -> None:
     world.group_count = 0
 
 
+def settle(ids: list[int], held: list[int]) -> tuple[list[int], list[int]]:
+    """Right after a group (re)formed: members tell each other which of the step's samples
+    ``ids`` they already hold (``held``: accumulated in gradients, not yet reduced) and share
+    out the rest. Returns this member's share and how many samples each member held."""
+    ledger: list[list[int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(ledger, held)
+    holdings = [p or [] for p in ledger]
+    return unclaimed_share(ids, holdings, dist.get_rank(), len(holdings)), [len(p) for p in holdings]
+
+
 def _digest_number(digest: str) -> int:
     return int(digest[:15], 16)
 
@@ -97,13 +106,17 @@ def agree(
     completed: int,
     node: str = "",
     damage: Callable[[], bool] = lambda: False,
+    sending: Callable[[], None] = lambda: None,
 ) -> Agreement:
     """Make every member hold the same state. Members exchange (completed step, digest of the
     whole state: parameters, optimizer and registered objects; node); those behind take the state of a member
     holding the newest step: the nearest one, on the same node as the first member behind if
     there is one, else the lowest rank. What arrives is checked against the sender's digest
     before it is loaded; when any receiver rejects it, every member moves on to the next
-    source. ``damage``: fault injection, True to damage what this member receives."""
+    source. A member lost meanwhile makes a collective here fail on the others: nothing has been
+    loaded then (state is loaded only once every receiver accepted it), so the members can
+    agree again in the group that follows. ``damage`` and ``sending``: fault injection, True to
+    damage what this member receives; called as the first transfer begins."""
     world = dist.get_world_size()
     mine = torch.tensor([completed, _digest_number(train.digest()), _node_number(node)], dtype=torch.int64)
     gathered = [torch.zeros(3, dtype=torch.int64) for _ in range(world)]
@@ -119,6 +132,7 @@ def agree(
     behind = [r for r in range(world) if r not in current]
     nearest = next((r for r in current if nodes[r] == nodes[behind[0]]), lowest)
     me, rejected = dist.get_rank(), list[int]()
+    sending()
     for source in [nearest, *(r for r in current if r != nearest)]:
         if _send_state(train, source, digests[source], me in behind, damage):
             return Agreement(top, True, source, me in behind, nodes[source] == nodes[me], tuple(rejected))
@@ -133,9 +147,9 @@ def _send_state(
     receiving: bool,
     damage: Callable[[], bool],
 ) -> bool:
-    """Broadcast ``source``'s state; receivers load it only if it matches ``digest``. Returns
+    """Broadcast ``source``'s state; receivers keep it only if it matches ``digest``. Returns
     whether every receiver accepted it (agreed by all members, so that all try the next source
-    together)."""
+    together); only then do the receivers load it, so a failure on the way loads nothing."""
     if dist.get_rank() == source:
         buffer = io.BytesIO()
         torch.save(train.state_dict(), buffer)
@@ -147,41 +161,23 @@ def _send_state(
     if dist.get_rank() != source:
         payload = torch.empty(int(size[0]), dtype=torch.uint8)
     dist.broadcast(payload, src=source)
-    refused = torch.zeros(1, dtype=torch.int64)
-    if receiving:
-        try:
-            state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
-            if damage():
-                first = next(t for t in state["model"].values() if t.is_floating_point())
-                first.view(-1)[0] += 1.0
-            intact = _digest_number(digest_parts(state)) == digest
-        except Exception:  # torn on the way: as good as a digest mismatch
-            intact = False
-        if intact:
-            train.load_state_dict(state)
-        else:
-            refused[0] = 1
+    state = _checked(payload, digest, damage) if receiving else None
+    refused = torch.tensor([int(receiving and state is None)], dtype=torch.int64)
     dist.all_reduce(refused, op=dist.ReduceOp.MAX)
-    return not int(refused[0])
+    if int(refused[0]):
+        return False
+    if state is not None:
+        train.load_state_dict(state)
+    return True
 
 
-def wait_for_key(store: Any, key: str, stop: Callable[[], bool], gone_for_s: float) -> bool:
-    """Wait until ``key`` is set in the store (True), or until ``stop()`` says so or the store
-    has been unreachable for ``gone_for_s`` (False). A wait that fails at once means the store is
-    gone (its task ended, or the coordinator is down): retry calmly rather than spin."""
-    gone_since: float | None = None
-    while not stop():
-        began = time.monotonic()
-        try:
-            store.wait([key], timedelta(seconds=1))
-            return True
-        except Exception:
-            if time.monotonic() - began >= 0.9:
-                gone_since = None  # an ordinary time-out: look at stop() again
-                continue
-        gone_since = gone_since or began
-        if began - gone_since > gone_for_s:
-            print(f"{key}: the rendezvous store is gone; giving up", file=sys.stderr)
-            return False
-        time.sleep(1.0)
-    return False
+def _checked(payload: torch.Tensor, digest: int, damage: Callable[[], bool]) -> dict[str, Any] | None:
+    """The state in ``payload`` if it matches ``digest``, else None (torn or damaged)."""
+    try:
+        state: dict[str, Any] = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
+        if damage():
+            first = next(t for t in state["model"].values() if t.is_floating_point())
+            first.view(-1)[0] += 1.0
+        return state if _digest_number(digest_parts(state)) == digest else None
+    except Exception:  # torn on the way: as good as a digest mismatch
+        return None

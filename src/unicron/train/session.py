@@ -10,7 +10,6 @@ See docs/training-library.md for the diff against a plain DDP script.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -33,19 +32,19 @@ from unicron.core.protocol import (
     Membership,
     Phase,
     ready_key,
-    spare_key,
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
 from unicron.train import checkpoint, gradsync, membership
 from unicron.train.channel import ReportChannel, exception_report
-from unicron.train.data import shard, unclaimed_share
+from unicron.train.data import shard
 from unicron.train.faults import FaultInjector
-from unicron.train.iteration import Iteration, Rejoined
+from unicron.train.iteration import Iteration
 from unicron.train.loader import MapDataset, StepData, step_data
 from unicron.train.progress import ProgressReporter
 from unicron.train.state import Stateful, TrainState, check_registrable, step_schedulers
 from unicron.train.taskstore import TaskStore
+from unicron.train.tracefile import TraceFile
 
 
 class Session:
@@ -64,7 +63,8 @@ class Session:
         self.under_torchrun = KEYS["task"] not in raw and "TORCHELASTIC_RUN_ID" in raw
         contract = WorkerEnv.from_env(raw) or WorkerEnv.from_env({**raw, **unmanaged_identity(raw)})
         assert contract is not None
-        self.contract, self.trace_file, self.store_address = contract, contract.trace_file, contract.store
+        self.contract, self.store_address = contract, contract.store
+        self.trace = TraceFile(contract.trace_file, lambda: {**self._identity(), "pid": self.progress.pid})
         self.task, self.generation = contract.task, contract.generation
         self.rank, self.world_size, self.local_rank = contract.rank, contract.world_size, contract.local_rank
         self.node = contract.node or socket.gethostname()
@@ -92,11 +92,9 @@ class Session:
         self.progress = ProgressReporter(self.channel, contract.stack_file, lambda: self.generation)
         # In-process recovery needs the coordinator's store; without it a failure ends the process.
         self.in_process = contract.recovery == "in_process" and bool(self.store_address)
-        self.membership_timeout = timedelta(
-            seconds=contract.membership_timeout_s or limits.membership_timeout_s
-        )
-        self.step = 0
-        self.stop_requested = False
+        wait_s = contract.membership_timeout_s or limits.membership_timeout_s
+        self.membership_timeout = timedelta(seconds=wait_s)
+        self.step, self.stop_requested = 0, False
         self._started = False
         self.extras: dict[str, Stateful] = {}  # registered objects, kept with the model
         self._buckets: gradsync.Buckets | None = None  # overlapped gradient reduction
@@ -157,14 +155,12 @@ class Session:
         """A hot spare: loaded and connected, it waits for the coordinator to give it a
         newcomer's identity; then it joins like any newcomer (state from a live replica)."""
         assert self.store is not None
-        key = spare_key(self.task, self.rank)
         self.trace("spare_waiting")
-        used = membership.wait_for_key(
-            self.store.raw, key, lambda: self.stop_requested, self.membership_timeout.total_seconds()
+        identity = self.store.wait_to_be_used(
+            self.rank, lambda: self.stop_requested, self.membership_timeout.total_seconds()
         )
-        if not used:
+        if identity is None:
             raise SystemExit(0)  # not needed after all, or its task is gone
-        identity = json.loads(self.store.raw.get(key))
         self.generation, self.rank = int(identity["generation"]), int(identity["rank"])
         self.world_size = int(identity["world_size"])
         self.faults.rank, self.faults.generation = self.rank, self.generation
@@ -180,12 +176,9 @@ class Session:
         check_registrable(name, obj, self.extras)
         self.extras[name] = obj
 
-    def _state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainState:
-        return TrainState(model, optimizer, self.extras)
-
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Load the latest checkpoint, if any; return the step it holds (0 without one)."""
-        self._resumed, train = True, self._state(model, optimizer)  # (refuses a DDP-wrapped model)
+        self._resumed, train = True, TrainState(model, optimizer, self.extras)  # refuses a DDP model
         found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir) if self.checkpoint_dir else None
         if found is not None:
             train.load_state_dict(found.state)
@@ -195,34 +188,42 @@ class Session:
         if dist.is_initialized():
             # Members check they hold the same state; a newcomer joining live replicas gets
             # theirs here instead of the (older) checkpoint.
-            self._agree(model, optimizer)
+            self._first_agreement(model, optimizer)
         return self.step
 
-    def _agree(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> membership.Agreement:
-        """Members settle on one state (``membership.agree``); what this rank received, and any
-        transfer it rejected, goes to the trace."""
+    def _first_agreement(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Agree once the group formed; a newcomer (or spare) whose live peers lose a member
+        meanwhile follows the group the coordinator re-forms, as the survivors do."""
+        newcomer = self.contract.joining or self.contract.spare
+        try:
+            self._agree(model, optimizer, reformed=newcomer)
+            return
+        except Exception as exc:
+            self._recoverable(exc, 0 if newcomer else 3)
+        self._rejoin(model, optimizer)
+
+    def _agree(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, reformed: bool) -> bool:
+        """Members settle on one state (``membership.agree``); returns whether state had to be
+        copied. What this rank received, and any transfer it rejected, goes to the trace.
+        ``reformed``: a group re-formed around live replicas (not a launch), where the faults of
+        a recovery are injected."""
         self.progress.at(self.step + 1, Phase.COLLECTIVE, "agree")
-        train = self._state(model, optimizer)
-        agreed = membership.agree(train, self.step, self.node, self.faults.transfer_damaged)
+        if reformed:
+            self.faults.agreeing()
+        train = TrainState(model, optimizer, self.extras)
+        sending = self.faults.transferring if reformed else (lambda: None)
+        agreed = membership.agree(train, self.step, self.node, self.faults.transfer_damaged, sending)
         self.step = agreed.step
         self._settle_pending = True
         for source in agreed.rejected:
             self.trace("state_rejected", step=self.step, source=source)
         if agreed.received:
             self.trace("state_from_replica", step=self.step, source=agreed.source, same_node=agreed.same_node)
-        return agreed
+        return agreed.copied
 
     def _on_stop(self, signum: int, frame: Any) -> None:
         self.trace("sigterm")
         self.stop_requested = True
-
-    def trace(self, what: str, **detail: Any) -> None:
-        """Append a timestamped line to UNICRON_TRACE_FILE, if set (for measurements)."""
-        if self.trace_file:
-            line = {"time": time.time(), "what": what, "rank": self.rank, "generation": self.generation}
-            line["pid"] = self.progress.pid
-            with open(self.trace_file, "a") as out:
-                out.write(json.dumps({**line, **detail}) + "\n")
 
     def steps(self) -> Iterator[int]:
         """The steps still to train, 1-based, after the resumed one; ends early when the
@@ -275,9 +276,7 @@ class Session:
             self._micro_batches = -(-len(share) // self.data.stream.micro_batch)
             contributed = self._accumulate(share, loss_of, it, arm=self._overlap(model, step))
             contributed, done = self._reduce_or_recover(step, ids, contributed, model, optimizer, loss_of, it)
-            if self.trace_file:
-                # The sample ledger: once the all-reduce succeeded, these samples are in the step.
-                self.trace("samples", step=step, ids=contributed)
+            self.trace("samples", step=step, ids=contributed)  # the ledger: reduced, so in the step
             self.faults.after_reduce(step)
             if not done:
                 if max_grad_norm is not None:
@@ -332,8 +331,7 @@ class Session:
                 self._recoverable(exc, attempt)
             # Outside the except block: the exception's frames (inside torch.distributed) would
             # keep the failed group alive, and its sockets open, so peers would never notice.
-            new = self._rejoin(model, optimizer)
-            if new.copied:
+            if self._rejoin(model, optimizer):
                 # Members disagreed: state came from a replica; what was accumulated is void.
                 for p in model.parameters():
                     p.grad = None
@@ -357,10 +355,8 @@ class Session:
             return shard(ids, self.rank, self.world_size)
         self._settle_pending = False
         self.progress.at(step, Phase.COLLECTIVE, "settle")
-        ledger: list[list[int] | None] = [None] * self.world_size
-        dist.all_gather_object(ledger, held)
-        mine = unclaimed_share(ids, [p or [] for p in ledger], self.rank, self.world_size)
-        self.trace("ledger", step=step, held=[len(p or []) for p in ledger], mine=len(mine))
+        mine, held_counts = membership.settle(ids, held)
+        self.trace("ledger", step=step, held=held_counts, mine=len(mine))
         self._settled_step = step
         return mine
 
@@ -368,19 +364,26 @@ class Session:
         """Whether the coordinator posted a new membership (never while it is unreachable)."""
         return self.in_process and self.store is not None and self.store.membership_changed(self.generation)
 
-    def _rejoin(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Rejoined:
-        """Leave the current group, wait for the coordinator's next membership, join it, agree."""
+    def _rejoin(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+        """Leave the current group, wait for the coordinator's next membership, join it, agree.
+        A member lost meanwhile (its group fails to form or to agree) is a failure during the
+        recovery: the coordinator re-forms the group again, and this member follows. Returns
+        whether state had to be copied from a replica."""
         assert self.store is not None
         started = time.time()
-        membership.leave()
-        self.progress.at(self.step + 1, Phase.REJOIN)
-        self.faults.rejoining()
-        new = self.store.next_membership(self.generation, self.membership_timeout)
-        self._adopt(new)
-        self._join()
-        copied = self._agree(model, optimizer).copied
+        for attempt in range(4):
+            membership.leave()  # outside the except block: see _reduce_or_recover
+            self.progress.at(self.step + 1, Phase.REJOIN)
+            self.faults.rejoining()
+            self._adopt(self.store.next_membership(self.generation, self.membership_timeout))
+            try:
+                self._join()
+                copied = self._agree(model, optimizer, reformed=True)
+                break
+            except Exception as exc:
+                self._recoverable(exc, attempt)
         self.trace("rejoined", seconds=time.time() - started, world=self.world_size, copied=copied)
-        return Rejoined(new.ranks, copied)
+        return copied
 
     def _overlap(self, model: torch.nn.Module, step: int) -> Callable[[], None] | None:
         """Arms the gradient buckets for the step's last micro-batch, or None: a world of one, or
@@ -445,18 +448,15 @@ class Session:
         if self.checkpoint_dir is None:
             return
         due = force or (self.checkpoint_every and self.step % self.checkpoint_every == 0)
-        host = self.host_dir is not None and self.local_rank == 0  # one copy per node
-        if not due or (self.rank != 0 and not host):
+        host = self.host_dir if self.local_rank == 0 else None  # one in-memory copy per node
+        if not due or (self.rank != 0 and host is None):
             return
         self.progress.at(self.step, Phase.CHECKPOINT)
         where = {"task": self.task, "generation": self.generation, "world_size": self.world_size}
-        state = checkpoint.state_of(self._state(model, optimizer), self.step, **where)
-        if host and self.host_dir is not None:
-            checkpoint.save(self.host_dir, self.step, state, keep=2)
-        if self.rank != 0:
-            return
-        path = checkpoint.save(self.checkpoint_dir, self.step, state)
-        self.channel.send(CheckpointReport(**self._identity(), step=self.step, path=str(path)))
+        state = checkpoint.state_of(TrainState(model, optimizer, self.extras), self.step, **where)
+        path = checkpoint.save_step(self.checkpoint_dir, host, self.step, state, persistent=self.rank == 0)
+        if path is not None:
+            self.channel.send(CheckpointReport(**self._identity(), step=self.step, path=str(path)))
 
     def finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
         """Save the final state and report the parameters' digest; returns it."""

@@ -9,13 +9,16 @@ coordinator serves the store on the same port).
 from __future__ import annotations
 
 import contextlib
+import json
+import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
-from unicron.core.protocol import Membership, membership_key
+from unicron.core.protocol import Membership, membership_key, spare_key
 
 
 class TaskStore:
@@ -70,6 +73,35 @@ class TaskStore:
                 raise TimeoutError(f"generation {generation}: not every member arrived within {timeout}")
             time.sleep(0.02)
         return bool(self.raw.get(f"{prefix}/decision") == b"join")
+
+    def wait_to_be_used(
+        self, spare_rank: int, stop: Callable[[], bool], gone_for_s: float
+    ) -> dict[str, Any] | None:
+        """A hot spare's wait for the identity the coordinator gives it (None: not needed after
+        all, or its task is gone)."""
+        key = spare_key(self.task, spare_rank)
+        return json.loads(self.raw.get(key)) if self._wait_for_key(key, stop, gone_for_s) else None
+
+    def _wait_for_key(self, key: str, stop: Callable[[], bool], gone_for_s: float) -> bool:
+        """Wait until ``key`` is set (True), or until ``stop()`` says so or the store has been
+        unreachable for ``gone_for_s`` (False). A wait that fails at once means the store is
+        gone (its task ended, or the coordinator is down): retry calmly rather than spin."""
+        gone_since: float | None = None
+        while not stop():
+            began = time.monotonic()
+            try:
+                self.raw.wait([key], timedelta(seconds=1))
+                return True
+            except Exception:
+                if time.monotonic() - began >= 0.9:
+                    gone_since = None  # an ordinary time-out: look at stop() again
+                    continue
+            gone_since = gone_since or began
+            if began - gone_since > gone_for_s:
+                print(f"{key}: the rendezvous store is gone; giving up", file=sys.stderr)
+                return False
+            time.sleep(1.0)
+        return False
 
     def claim(self, index: int) -> bool:
         """Whether this worker is the first to reach a generation-0 fault (atomic in the store)."""
