@@ -32,6 +32,7 @@ bench: $(STAMP)
 
 docs: $(STAMP)
 	$(PY) -m bench.throughput_docs
+	$(PY) -m bench.reference_docs
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import json
 
-from bench import detection_bench, planner_bench, recovery_bench, simulation_docs, throughput_docs
+from bench import (
+    detection_bench,
+    overhead_bench,
+    planner_bench,
+    recovery_bench,
+    reference_docs,
+    simulation_docs,
+    throughput_docs,
+)
 
 
 def main() -> None:
     throughput_docs.main()
+    reference_docs.main()
     result = planner_bench.main()
     print(json.dumps({k: v for k, v in result.items() if k != "scaling"}, indent=2))
     sim = simulation_docs.main()
@@ -34,6 +43,8 @@ def main() -> None:
             indent=2,
         )
     )
+    overhead = overhead_bench.main()
+    print(json.dumps({f"{r['model']}@{r['workers']}": r["ratio"] for r in overhead["rows"]}, indent=2))
 
 
 if __name__ == "__main__":

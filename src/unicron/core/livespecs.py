@@ -34,8 +34,8 @@ class FaultSpec(SpecBase):
         "stall_rejoin",
         "kill_in_agree",
         "kill_in_transfer",
-    ]
-    rank: int = Field(ge=0)
+    ] = Field(description="what happens; unicron/train/faults.py describes each")
+    rank: int = Field(ge=0, description="the rank it strikes (in the generation it strikes)")
     step: int = Field(ge=1, description="injected when this step starts")
     generation: int = Field(
         default=1, ge=0, description="only in this generation; 0: whichever worker first reaches the step"
@@ -63,7 +63,11 @@ class RunSpec(SpecBase):
     flops_per_sample: float | None = Field(
         default=None, gt=0, description="for measured WAF; a task with `model:` takes it from the model"
     )
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="added to each worker's environment; may set the contract's task keys (e.g. "
+        "UNICRON_TRACE_FILE); the agent's rank, world size and node keys always win",
+    )
     faults: list[FaultSpec] = Field(default_factory=list, description="faults to inject, for tests and demos")
     recovery: Literal["in_process", "restart"] = Field(
         default="in_process",
@@ -83,7 +87,7 @@ class RunSpec(SpecBase):
 class LiveTaskSpec(TaskSpec):
     """A task submitted to the coordinator: what the planner needs, and how to run it."""
 
-    run: RunSpec
+    run: RunSpec = Field(description="how its workers run")
 
     @model_validator(mode="after")
     def _flops_from_the_model(self) -> LiveTaskSpec:

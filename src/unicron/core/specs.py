@@ -52,11 +52,11 @@ def _positive_number(value: Any, what: str) -> float:
 class ModelSpec(SpecBase):
     """A GPT-style transformer, enough to estimate FLOPs, memory and layouts."""
 
-    layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    heads: int = Field(gt=0)
-    sequence_length: int = Field(gt=0)
-    vocabulary: int = Field(gt=0)
+    layers: int = Field(gt=0, description="transformer blocks")
+    hidden_size: int = Field(gt=0, description="model width")
+    heads: int = Field(gt=0, description="attention heads; must divide hidden_size")
+    sequence_length: int = Field(gt=0, description="tokens per sequence")
+    vocabulary: int = Field(gt=0, description="tokens in the vocabulary")
     global_batch: int = Field(gt=0, description="sequences per optimizer step")
 
     @model_validator(mode="after")
@@ -72,20 +72,30 @@ class ModelSpec(SpecBase):
 class TaskSpec(SpecBase):
     """One training task. Either ``model`` (analytic estimate) or ``throughput`` (measured)."""
 
-    name: str = Field(pattern=NAME_PATTERN)
-    weight: float = Field(gt=0, allow_inf_nan=False)
-    model: ModelSpec | None = None
+    name: str = Field(pattern=NAME_PATTERN, description="unique; letters, digits, '_', '.', '-'")
+    weight: float = Field(gt=0, allow_inf_nan=False, description="its share in the weighted FLOP/s (WAF)")
+    model: ModelSpec | None = Field(
+        default=None, description="the model, for analytic throughput, memory and layouts (or throughput)"
+    )
     throughput: dict[int, float] | None = Field(
         default=None, description="worker count (GPUs) -> achieved FLOP/s"
     )
-    min_workers: int | None = Field(default=None, gt=0)
-    worker_step: int | None = Field(default=None, gt=0)
-    max_workers: int | None = Field(default=None, gt=0)
-    current_workers: int = Field(default=0, ge=0)
+    min_workers: int | None = Field(default=None, gt=0, description="never run on fewer")
+    worker_step: int | None = Field(
+        default=None, gt=0, description="usable counts are its multiples (with model; default 1)"
+    )
+    max_workers: int | None = Field(default=None, gt=0, description="never run on more")
+    current_workers: int = Field(default=0, ge=0, description="for planning only: workers it holds now")
     # Only for throughput tables, where no model tells us these (see docs/cost-model.md).
-    state_bytes: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    replica_workers: int | None = Field(default=None, gt=0)
-    iteration_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    state_bytes: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="with throughput: bytes of state to move"
+    )
+    replica_workers: int | None = Field(
+        default=None, gt=0, description="with throughput: workers holding one copy of the state"
+    )
+    iteration_seconds: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="with throughput: seconds per step"
+    )
 
     @field_validator("throughput", mode="before")
     @classmethod

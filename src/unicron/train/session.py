@@ -90,16 +90,14 @@ class Session:
         self.data: StepData | None = None
         self.store: TaskStore | None = None
         self.progress = ProgressReporter(self.channel, contract.stack_file, lambda: self.generation)
-        # In-process recovery needs the coordinator's store; without it a failure ends the process.
-        self.in_process = contract.recovery == "in_process" and bool(self.store_address)
+        self.in_process = contract.recovery == "in_process" and bool(self.store_address)  # needs the store
         wait_s = contract.membership_timeout_s or limits.membership_timeout_s
         self.membership_timeout = timedelta(seconds=wait_s)
         self.step, self.stop_requested = 0, False
-        self._started = False
+        self._started, self._resumed = False, False  # start() and resume() were called
         self.extras: dict[str, Stateful] = {}  # registered objects, kept with the model
         self._buckets: gradsync.Buckets | None = None  # overlapped gradient reduction
         self._settled_step = 0  # the last step in which a re-formed group settled its samples
-        self._resumed = False
 
     # ------------------------------------------------------------------ set-up
     def start(self) -> Session:
@@ -467,6 +465,7 @@ class Session:
 
     # ------------------------------------------------------------------ failures
     def forward_exception(self, exc: BaseException) -> None:
+        """Send ``exc`` to the coordinator, classified (the ``with`` block does it on the way out)."""
         self.trace("exception", error=type(exc).__name__)
         self.channel.send(exception_report(exc, self.task, self.generation, self.rank, self.step))
 
@@ -478,6 +477,7 @@ class Session:
         self.channel.send(report)
 
     def close(self) -> None:
+        """Leave the process group and close the reports (``with init() as session`` does it)."""
         if dist.is_available() and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()

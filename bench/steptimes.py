@@ -1,0 +1,43 @@
+"""Run a training script and record when each optimizer step ends, the same way under torchrun +
+DDP and under Unicron (the overhead benchmark, ``bench/overhead_bench.py``).
+
+    python bench/steptimes.py OUT_DIR SCRIPT [ARGS...]
+
+A global optimizer post-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``)
+notes ``time.perf_counter()`` after every ``optimizer.step()``; at exit the process writes the
+list to ``OUT_DIR/steps-<pid>.json``. Nothing in the script changes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def main() -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    out, script, *args = sys.argv[1:]
+    ends: list[float] = []
+
+    def note(optimizer: Any, *_: Any) -> None:
+        ends.append(time.perf_counter())
+
+    def write() -> None:
+        if ends:
+            Path(out, f"steps-{os.getpid()}.json").write_text(json.dumps(ends))
+
+    register_optimizer_step_post_hook(note)
+    atexit.register(write)
+    sys.argv = [script, *args]
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""docs/reference.md is written from the code (bench/reference_docs.py): it must be current, and
+what it says about precedence must be what the library does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.reference_docs import OUT, PRECEDENCE, render
+from unicron.core.workerenv import KEYS
+from unicron.train import Session
+
+
+def test_the_committed_reference_is_current() -> None:
+    assert OUT.read_text() == render(), "docs/reference.md is stale: run `make docs`"
+
+
+def test_the_agents_environment_wins_over_keywords(tmp_path: Path) -> None:
+    keywords = {"iterations": 3, "checkpoint_dir": tmp_path / "mine", "checkpoint_every": 5, "timeout_s": 7.0}
+    agent = {"iterations": "30", "checkpoint_dir": str(tmp_path / "agents"), "checkpoint_every": "50"}
+    agent["pg_timeout_s"] = "70"
+    env = {KEYS["task"]: "t", **{KEYS[PRECEDENCE[k]]: agent[PRECEDENCE[k]] for k in keywords}}
+    alone = Session({KEYS["task"]: "t"}, **keywords)  # type: ignore[arg-type]
+    managed = Session(env, **keywords)  # type: ignore[arg-type]
+
+    def settings(s: Session) -> tuple[object, ...]:
+        return (s.iterations, s.checkpoint_dir, s.checkpoint_every, s.timeout.total_seconds())
+
+    seen = [settings(alone), settings(managed)]
+    assert seen[0] == (3, tmp_path / "mine", 5, 7.0)
+    assert seen[1] == (30, tmp_path / "agents", 50, 70.0)
+    for session in (alone, managed):
+        session.close()
