@@ -197,7 +197,7 @@ class Session:
             self._agree(model, optimizer, reformed=newcomer)
             return
         except Exception as exc:
-            self._recoverable(exc, 0 if newcomer else 3)
+            self._recoverable(exc, last=not newcomer)  # a launch has no live group to follow
         self._rejoin(model, optimizer)
 
     def _agree(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, reformed: bool) -> bool:
@@ -296,13 +296,13 @@ class Session:
             try:
                 return self._my_part(step, ids, held=[])
             except Exception as exc:
-                self._recoverable(exc, attempt)
+                self._recoverable(exc, last=attempt == 3)
             self._rejoin(model, optimizer)  # outside the except block: see _reduce_or_recover
         raise AssertionError("unreachable")
 
-    def _recoverable(self, exc: Exception, attempt: int) -> None:
-        """Forward a failed collective, or re-raise it when this rank cannot recover in process."""
-        if not self.in_process or attempt == 3 or self.store is None:
+    def _recoverable(self, exc: Exception, last: bool) -> None:
+        """Forward a failed collective; re-raise it on the ``last`` attempt or without in-process recovery."""
+        if not self.in_process or last or self.store is None:
             raise exc
         self.forward_exception(exc)
 
@@ -326,7 +326,7 @@ class Session:
                 self._reduce(model)
                 return contributed, False
             except Exception as exc:
-                self._recoverable(exc, attempt)
+                self._recoverable(exc, last=attempt == 3)
             # Outside the except block: the exception's frames (inside torch.distributed) would
             # keep the failed group alive, and its sockets open, so peers would never notice.
             if self._rejoin(model, optimizer):
@@ -379,7 +379,7 @@ class Session:
                 copied = self._agree(model, optimizer, reformed=True)
                 break
             except Exception as exc:
-                self._recoverable(exc, attempt)
+                self._recoverable(exc, last=attempt == 3)
         self.trace("rejoined", seconds=time.time() - started, world=self.world_size, copied=copied)
         return copied
 
