@@ -40,3 +40,34 @@ def test_torchrun_run_matches_a_single_process(tmp_path: Path) -> None:
     state = load_latest(out)
     assert state is not None and state["step"] == 12 and state["world_size"] == 4
     assert_same_state(state, reference(tmp_path, 12))
+
+
+CLOSE_PROBE = """
+import os
+import torch
+import unicron.train as ut
+session = ut.init(iterations=1).start()
+torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())  # a script's optimizer imports torch._dynamo
+session.close()
+sockets = 0
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    except OSError:
+        pass
+print("sockets after close:", sockets, flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_close_releases_the_process_group_under_torchrun(tmp_path: Path) -> None:
+    """Found by a flaky abort at exit: under torchrun the group was made before torch._dynamo was
+    imported (the script's optimizer imports it), which pins the group for good
+    (shared/design/pytorch-notes.md), so close() left its gloo sockets open and a live gloo group
+    reached interpreter exit (SIGABRT there, now and then)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(CLOSE_PROBE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(probe)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("sockets after close: 0") == 2, run.stdout

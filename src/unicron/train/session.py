@@ -109,14 +109,14 @@ class Session:
             # The agent stops workers with SIGTERM: finish the step, checkpoint, exit cleanly.
             signal.signal(signal.SIGTERM, self._on_stop)
         self.trace("started", node=self.node)
+        # Before any group, or destroying it leaves it alive (and aborting at exit): pytorch-notes.md
+        import torch._dynamo  # noqa: F401
+
         if self.world_size > 1 and self.under_torchrun:
             dist.init_process_group("gloo", timeout=self.timeout)  # env:// from torchrun
         elif self.world_size > 1 or self.contract.spare:
             if not self.store_address:
                 raise RuntimeError("UNICRON_STORE is not set: run workers through a Unicron agent")
-            # Imported before the first group, or destroying a group later leaves it half alive.
-            import torch._dynamo  # noqa: F401
-
             self.store = TaskStore(self.store_address, self.task, self.timeout, self.limits.store_reconnect_s)
             self.faults.claim = self.store.claim
             joining = self.contract.joining
