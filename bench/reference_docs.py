@@ -25,12 +25,8 @@ OUT = ROOT / "docs" / "reference.md"
 METHODS = [
     "start",
     "register",
-    "resume",
-    "configure_data",
+    "loader",
     "steps",
-    "train_step",
-    "maybe_checkpoint",
-    "finish",
     "close",
     "forward_exception",
 ]

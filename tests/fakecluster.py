@@ -107,7 +107,6 @@ class Cluster:
                     step=step,
                     duration_s=0.1,
                     samples=4,
-                    loss=1.0,
                     time=self.clock.now,
                 )
                 self.beat(node, report)

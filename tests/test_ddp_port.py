@@ -29,21 +29,21 @@ from .test_live_cluster import (
 PORT = ROOT / "examples" / "ddp-port"
 
 
-def torchrun(script: str, workers: int, iterations: int, checkpoint: Path) -> None:
+def torchrun(script: str, workers: int, iterations: int, checkpoint: Path, *precision: str) -> None:
     run = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
-            str(PORT / script), "--iterations", str(iterations), "--dtype", "float64",
-            "--checkpoint", str(checkpoint),
+            str(PORT / script), "--iterations", str(iterations), "--checkpoint", str(checkpoint),
+            *(precision or ("--dtype", "float64")),
         ],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
 
 
-def ddp_state(tmp: Path, workers: int, iterations: int) -> dict[str, Any]:
+def ddp_state(tmp: Path, workers: int, iterations: int, *precision: str) -> dict[str, Any]:
     """The original script's final state, failure-free, under torchrun."""
-    torchrun("train_ddp.py", workers, iterations, tmp / "ddp.pt")
+    torchrun("train_ddp.py", workers, iterations, tmp / "ddp.pt", *precision)
     state: dict[str, Any] = torch.load(tmp / "ddp.pt", weights_only=False)
     return state
 
@@ -61,12 +61,19 @@ def assert_same_training(unicron: dict[str, Any], ddp: dict[str, Any], exact: bo
 
 
 @pytest.mark.timeout(300)
-def test_the_port_trains_exactly_as_the_ddp_original_under_torchrun(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "precision", [("--dtype", "float64"), ("--dtype", "float32", "--bf16")], ids=["float64", "autocast-bf16"]
+)
+def test_the_port_trains_exactly_as_the_ddp_original_under_torchrun(
+    tmp_path: Path, precision: tuple[str, ...]
+) -> None:
     # 40 steps of 16 samples cross an epoch of 512: DistributedSampler's set_epoch order too.
-    torchrun("train_unicron.py", 2, 40, tmp_path / "unicron")
+    # Under autocast the forward runs in bfloat16: the loader's per-gradient weighting and DDP's
+    # scaled loss still give the same bits (both scale by powers of two).
+    torchrun("train_unicron.py", 2, 40, tmp_path / "unicron", *precision)
     port = load_latest(tmp_path / "unicron")
     assert port is not None
-    assert_same_training(port, ddp_state(tmp_path, 2, 40), exact=True)
+    assert_same_training(port, ddp_state(tmp_path, 2, 40, *precision), exact=True)
 
 
 @pytest.mark.timeout(600)
@@ -124,3 +131,5 @@ def test_the_docs_show_the_ports_real_diff() -> None:
     )
     docs = (ROOT / "docs" / "training-library.md").read_text()
     assert f"```diff\n{diff}\n```" in docs
+    # The port rewrites or adds at most 15 lines; the rest of the diff is DDP's own code, removed.
+    assert sum(line.startswith("+") and not line.startswith("+++") for line in diff.splitlines()) <= 15

@@ -1,10 +1,13 @@
-"""Objects registered with the session (an LR scheduler here): stepped once per optimizer step by
-the session, saved and restored with the model, and bad use refused with the fix named. A world
-of one (no agent); the transfer to newcomers is in test_nearest_state, the live runs in every
-test through examples/tinygpt (which registers its scheduler)."""
+"""The user's loop under the session (world of one, no agent): objects registered with the session
+(an LR scheduler here) are stepped once per optimizer step by the session and saved and restored
+with the model; the loader weights each micro-batch so that the gradients after it are the
+global batch's mean, which the user's clipping sees; bad use of the loop is refused with the fix
+named. The transfer to newcomers is in test_nearest_state, the live runs in every test through
+examples/tinygpt (which registers its scheduler and clips)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,14 +33,15 @@ def train(directory: Path, iterations: int, own_step: bool = False) -> tuple[str
     with session:
         model, optimizer, scheduler = build()
         session.register("scheduler", scheduler)
-        session.resume(model, optimizer)
-        session.configure_data(8, 4, data)
-        for step in session.steps():
-            session.train_step(step, model, optimizer, lambda batch: model(batch).pow(2).mean())
+        loader = session.loader(data, 8, batch_size=4)
+        for _ in session.steps(model, optimizer):
+            for batch in loader:
+                model(batch).pow(2).mean().backward()
+            optimizer.step()
             if own_step:
                 scheduler.step()  # wrong: the session steps it
-            session.maybe_checkpoint(model, optimizer)
-        session.finish(model, optimizer)
+            optimizer.zero_grad()
+    assert session.digest == checkpoint.digest(model)
     return checkpoint.digest(model), scheduler.last_epoch, optimizer.param_groups[0]["lr"]
 
 
@@ -56,16 +60,18 @@ def test_stepping_a_registered_scheduler_yourself_is_refused(tmp_path: Path) -> 
 def test_what_cannot_be_registered_is_refused_with_the_fix() -> None:
     model, optimizer, scheduler = build()
     session = ut.init(iterations=1)
-    with pytest.raises(TypeError, match=r"pass them to session\.resume"):
+    with pytest.raises(TypeError, match=r"pass them to session\.steps"):
         session.register("model", model)
     with pytest.raises(TypeError, match="has no state_dict"):
         session.register("count", 3)  # type: ignore[arg-type]
     session.register("scheduler", scheduler)
     with pytest.raises(ValueError, match="must be a new identifier"):
         session.register("scheduler", scheduler)
-    session.resume(model, optimizer)
-    with pytest.raises(RuntimeError, match="register first"):
-        session.register("later", torch.optim.lr_scheduler.StepLR(optimizer, 1))
+    session.loader(torch.zeros(8, 4, dtype=torch.float64), 4, batch_size=2)
+    for _ in session.steps(model, optimizer):
+        with pytest.raises(RuntimeError, match="register before"):
+            session.register("later", torch.optim.lr_scheduler.StepLR(optimizer, 1))
+        break
 
 
 def test_gradients_are_clipped_to_their_global_norm_before_the_update() -> None:
@@ -76,9 +82,12 @@ def test_gradients_are_clipped_to_their_global_norm_before_the_update() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     session = ut.init(iterations=1)
     with session:
-        session.resume(model, optimizer)
-        session.configure_data(8, 2, data, shuffle=False)
-        session.train_step(1, model, optimizer, lambda b: model(b).pow(2).mean() + 3.0, max_grad_norm=0.01)
+        loader = session.loader(data, 8, batch_size=2, shuffle=False)
+        for _ in session.steps(model, optimizer):
+            for batch in loader:  # four micro-batches of two, each its mean loss
+                (model(batch).pow(2).mean() + 3.0).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+            optimizer.step()
     # By hand: the full batch's gradient, scaled to norm 0.01, one SGD step of lr 1.
     twin = torch.nn.Linear(4, 1).double()
     with torch.no_grad():
@@ -98,5 +107,56 @@ def test_a_model_wrapped_in_ddp_is_refused_with_the_fix() -> None:
     wrapped = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
     wrapped.__dict__.update(module=model)  # a DDP object without a process group (type is what counts)
     session = ut.init(iterations=1)
+    session.loader(torch.zeros(8, 4, dtype=torch.float64), 4, batch_size=2)
     with pytest.raises(TypeError, match=r"pass the model itself \(DDP\(model\)\.module\)"):
-        session.resume(wrapped, optimizer)
+        next(session.steps(wrapped, optimizer))
+
+
+def step_in_the_micro_batch_loop(
+    loader: ut.Loader, model: torch.nn.Module, opt: torch.optim.Optimizer
+) -> None:
+    for batch in loader:
+        model(batch).sum().backward()
+        opt.step()  # DDP's habit without accumulation: before the gradients are reduced
+
+
+def break_out_of_the_loader(loader: ut.Loader, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for batch in loader:
+        model(batch).sum().backward()
+        break  # the rest of the step's micro-batches never computed
+
+
+def iterate_the_loader_twice(loader: ut.Loader, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for _ in range(2):
+        for batch in loader:
+            model(batch).sum().backward()
+
+
+@pytest.mark.parametrize(
+    ("body", "fix"),
+    [
+        (step_in_the_micro_batch_loop, "before the loader ran out: call it after"),
+        (break_out_of_the_loader, "ended before its micro-batches did"),
+        (iterate_the_loader_twice, "iterated twice in one step: iterate it once per step"),
+    ],
+)
+def test_a_loop_that_misuses_the_loader_is_refused_with_the_fix(
+    body: Callable[[ut.Loader, torch.nn.Module, torch.optim.Optimizer], None], fix: str
+) -> None:
+    model, optimizer, _ = build()
+    session = ut.init(iterations=2)
+    loader = session.loader(torch.ones(8, 4, dtype=torch.float64), 4, batch_size=2)
+    with pytest.raises(RuntimeError, match=fix):
+        for _ in session.steps(model, optimizer):
+            body(loader, model, optimizer)
+
+
+def test_the_loader_outside_the_steps_or_twice_is_refused_with_the_fix() -> None:
+    session = ut.init(iterations=1)
+    loader = session.loader(torch.ones(8, 4), 4, batch_size=2)
+    with pytest.raises(RuntimeError, match=r"inside `for step in session\.steps"):
+        iter(loader)
+    with pytest.raises(RuntimeError, match="one loader per session"):
+        session.loader(torch.ones(8, 4), 4, batch_size=2)
+    with pytest.raises(RuntimeError, match=r"create the loader \(session\.loader"):
+        next(ut.init(iterations=1).steps(*build()[:2]))

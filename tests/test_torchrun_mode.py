@@ -55,7 +55,8 @@ for fd in os.listdir("/proc/self/fd"):
         sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
     except OSError:
         pass
-print("sockets after close:", sockets, flush=True)
+# One write per line (a pipe keeps it whole): the two ranks share torchrun's stdout.
+print(f"sockets after close: {sockets}", flush=True)
 """
 
 

@@ -34,6 +34,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--bf16", action="store_true", help="forward under torch.autocast to bfloat16")
     p.add_argument("--layers", type=int, default=Config.layers)
     p.add_argument("--hidden", type=int, default=Config.hidden)
     p.add_argument("--heads", type=int, default=Config.heads)
@@ -41,11 +42,16 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+def forward(net: torch.nn.Module, batch: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The micro-batch's mean loss, in mixed precision when asked (bf16 on CPU)."""
+    with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+        return lm_loss(net, batch)
+
+
 def main() -> None:
     args = parse()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
     config = Config(layers=args.layers, hidden=args.hidden, heads=args.heads)
     model = TinyGPT(config).to(getattr(torch, args.dtype))
@@ -53,27 +59,22 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup, args.iterations))
     corpus = make_corpus(args.dataset_size, 32, 64, args.seed)
-    sampler = DistributedSampler(corpus, world, rank, shuffle=True, seed=args.seed, drop_last=True)
+    sampler = DistributedSampler(corpus, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(corpus, batch_size=args.micro_batch, sampler=sampler, drop_last=True)
-    accumulation = args.global_batch // (world * args.micro_batch)
-    step, epoch = 0, 0
-    while step < args.iterations:
-        sampler.set_epoch(epoch)
-        batches = iter(loader)
-        for _ in range(len(loader) // accumulation):
-            for i in range(accumulation):
-                with net.no_sync() if i < accumulation - 1 else nullcontext():
-                    (lm_loss(net, next(batches)) / accumulation).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            step += 1
-            if step == args.iterations:
-                break
-        epoch += 1
-    if rank == 0:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+    accumulation = args.global_batch // (dist.get_world_size() * args.micro_batch)
+    for step in range(args.iterations):
+        if step % (len(loader) // accumulation) == 0:  # a new epoch
+            sampler.set_epoch(step // (len(loader) // accumulation))
+            batches = iter(loader)
+        for i in range(accumulation):
+            with net.no_sync() if i < accumulation - 1 else nullcontext():
+                (forward(net, next(batches), args.bf16) / accumulation).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    if dist.get_rank() == 0:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1}
         torch.save({**state, "scheduler": scheduler.state_dict()}, args.checkpoint)
     dist.destroy_process_group()
 

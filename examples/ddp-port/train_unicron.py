@@ -1,9 +1,7 @@
-"""train_ddp.py ported to Unicron (the diff is in docs/training-library.md): the same model,
-data, optimizer, schedule, accumulation and clipping; the session deals the samples in
-DistributedSampler's order, keeps the scheduler and checkpoints, and recovers in place.
+"""train_ddp.py ported to Unicron: the same model, data order, optimizer, schedule, accumulation
+and clipping; the session recovers in place (the diff is in docs/training-library.md).
 
     torchrun --standalone --nproc-per-node 2 examples/ddp-port/train_unicron.py --iterations 20
-    (or as a Unicron task: run.program: [python, examples/ddp-port/train_unicron.py])
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--bf16", action="store_true", help="forward under torch.autocast to bfloat16")
     p.add_argument("--layers", type=int, default=Config.layers)
     p.add_argument("--hidden", type=int, default=Config.hidden)
     p.add_argument("--heads", type=int, default=Config.heads)
@@ -40,23 +39,30 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+def forward(net: torch.nn.Module, batch: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The micro-batch's mean loss, in mixed precision when asked (bf16 on CPU)."""
+    with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+        return lm_loss(net, batch)
+
+
 def main() -> None:
     args = parse()
     torch.set_num_threads(1)
-    session = ut.init(iterations=args.iterations, checkpoint_dir=args.checkpoint, checkpoint_every=10).start()
+    session = ut.init(iterations=args.iterations, checkpoint_dir=args.checkpoint, checkpoint_every=10)
     torch.manual_seed(args.seed)
     config = Config(layers=args.layers, hidden=args.hidden, heads=args.heads)
     model = TinyGPT(config).to(getattr(torch, args.dtype))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup, session.iterations))
-    corpus = make_corpus(args.dataset_size, 32, 64, args.seed)
     session.register("scheduler", scheduler)
-    session.resume(model, optimizer)
-    session.configure_data(args.global_batch, args.micro_batch, corpus, seed=args.seed)
-    for step in session.steps():
-        session.train_step(step, model, optimizer, lambda b: lm_loss(model, b), max_grad_norm=args.clip)
-        session.maybe_checkpoint(model, optimizer)
-    session.finish(model, optimizer)
+    corpus = make_corpus(args.dataset_size, 32, 64, args.seed)
+    loader = session.loader(corpus, args.global_batch, batch_size=args.micro_batch, seed=args.seed)
+    for _ in session.steps(model, optimizer):
+        for batch in loader:
+            forward(model, batch, args.bf16).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optimizer.step()
+        optimizer.zero_grad()
     session.close()
 
 

@@ -69,28 +69,25 @@ def main() -> None:
             optimizer, warmup_cosine(args.warmup, session.iterations)
         )
         session.register("scheduler", scheduler)  # checkpointed, transferred and stepped with the model
-        session.resume(model, optimizer)
         # The corpus (a tensor of sequences) is the dataset; the session deals its samples to the
-        # ranks as DistributedSampler would, seeded per epoch, and batches them with collate_fn.
-        session.configure_data(args.global_batch, args.micro_batch, corpus, seed=args.seed)
-
-        def loss_of(batch: torch.Tensor) -> torch.Tensor:
-            loss = lm_loss(model, batch)
-            if args.device_seconds_per_sample:
-                time.sleep(args.device_seconds_per_sample * len(batch))
-            return loss
-
-        for step in session.steps():
-            # The library runs this rank's micro-batches, reduces the gradients and steps; after a
-            # peer fails it can recover the step in-process with the same global batch.
-            session.train_step(step, model, optimizer, loss_of, max_grad_norm=args.clip or None)
-            session.maybe_checkpoint(model, optimizer)
+        # ranks as DistributedSampler would, seeded per epoch, in micro-batches of micro_batch.
+        loader = session.loader(corpus, args.global_batch, batch_size=args.micro_batch, seed=args.seed)
+        for _ in session.steps(model, optimizer):
+            # The loader yields this rank's micro-batches and ends once the gradients are reduced;
+            # after a peer fails it yields the micro-batches the survivors take over.
+            for batch in loader:
+                lm_loss(model, batch).backward()
+                if args.device_seconds_per_sample:
+                    time.sleep(args.device_seconds_per_sample * len(batch))
+            if args.clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            optimizer.step()
+            optimizer.zero_grad()
             if args.step_delay:
                 time.sleep(args.step_delay)
-        digest = session.finish(model, optimizer)
         if session.rank == 0:
             done = "finished" if session.step >= session.iterations else "stopped at"
-            print(f"{done} step {session.step}, parameters {digest}")
+            print(f"{done} step {session.step}, parameters {session.digest}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ class IterationReport(_Message):
     step: int  # the step just completed (1-based: after it, `step` optimizer steps are done)
     duration_s: float
     samples: int  # samples this rank processed in the step
-    loss: float
     time: float = 0.0  # wall-clock time (Unix) the step ended, on the worker
     compute_s: float = 0.0  # time spent in the rank's own forward/backward, before waiting for peers
 

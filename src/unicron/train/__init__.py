@@ -3,7 +3,7 @@
 Imports torch; the planner and the command line never import this package.
 """
 
-from unicron.train.iteration import Iteration
 from unicron.train.session import Session, init
+from unicron.train.steploop import Loader
 
-__all__ = ["Iteration", "Session", "init"]
+__all__ = ["Loader", "Session", "init"]

@@ -11,19 +11,17 @@ from unicron.core.protocol import IterationReport
 
 @dataclass
 class Iteration:
-    """One step being timed; the loop records each micro-batch's loss and samples."""
+    """One step being timed; the loader records each micro-batch as its backward ends."""
 
     step: int
     micro_batches: int = 0  # how many the plan gave this rank (0: unknown)
     before_last: Callable[[], None] | None = None
     started: float = field(default_factory=time.perf_counter)
-    loss: float = 0.0
     samples: int = 0
     marks: list[float] = field(default_factory=list)
 
-    def record(self, mean_loss: float, samples: int) -> None:
-        """Add a micro-batch: its mean loss and how many samples it held."""
-        self.loss += mean_loss * samples
+    def record(self, samples: int) -> None:
+        """Add a micro-batch of ``samples`` samples."""
         self.samples += samples
         self.marks.append(time.perf_counter())
         if self.before_last is not None and len(self.marks) == self.micro_batches - 1:
@@ -48,7 +46,6 @@ class Iteration:
             step=self.step,
             duration_s=ended - self.started,
             samples=self.samples,
-            loss=self.loss / self.samples if self.samples else 0.0,
             time=time.time(),
             compute_s=self.compute_s(ended),
         )

@@ -45,20 +45,20 @@ def step_data(
     shuffle: bool,
     drop_last: bool,
 ) -> StepData:
-    """Check what ``session.configure_data`` was given; the error says what to pass instead."""
+    """Check what ``session.loader`` was given; the error says what to pass instead."""
     if isinstance(dataset, torch.utils.data.DataLoader):
         raise TypeError(
-            "configure_data(dataset=...): got a DataLoader; pass its dataset and collate_fn "
+            "session.loader(dataset=...): got a DataLoader; pass its dataset and collate_fn "
             "(the session deals the samples to the ranks itself, in DistributedSampler's order: "
             "drop the sampler and the loader)"
         )
     if isinstance(dataset, torch.utils.data.Sampler):
         raise TypeError(
-            "configure_data(dataset=...): got a sampler; pass the dataset (the session is the sampler)"
+            "session.loader(dataset=...): got a sampler; pass the dataset (the session is the sampler)"
         )
     if isinstance(dataset, torch.utils.data.IterableDataset) or not isinstance(dataset, MapDataset):
         raise TypeError(
-            f"configure_data(dataset=...): a {type(dataset).__name__} has no len() and indexing; "
+            f"session.loader(dataset=...): a {type(dataset).__name__} has no len() and indexing; "
             "the session needs a map-style dataset so that the data position stays exact when "
             "ranks come and go (materialise an iterable dataset, or index its shards)"
         )

@@ -35,14 +35,13 @@ from unicron.core.protocol import (
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
-from unicron.train import checkpoint, gradsync, membership
+from unicron.train import checkpoint, membership
 from unicron.train.channel import ReportChannel, exception_report
-from unicron.train.data import shard
 from unicron.train.faults import FaultInjector
-from unicron.train.iteration import Iteration
 from unicron.train.loader import MapDataset, StepData, step_data
 from unicron.train.progress import ProgressReporter
-from unicron.train.state import Stateful, TrainState, check_registrable, step_schedulers
+from unicron.train.state import Stateful, TrainState, check_registrable
+from unicron.train.steploop import Loader, StepLoop
 from unicron.train.taskstore import TaskStore
 from unicron.train.tracefile import TraceFile
 
@@ -85,9 +84,10 @@ class Session:
         faults = [FaultSpec.model_validate(f) for f in contract.faults or []]
         self.faults = FaultInjector(faults, self.rank, self.generation, self._fault_report, self.task)
         self.faults.folders = (self.checkpoint_dir, self.host_dir)
-        self._micro_batches = 0
-        self._settle_pending = False  # the group was (re)formed: settle who holds what first
+        self.settle_pending = False  # the group was (re)formed: settle who holds what first
         self.data: StepData | None = None
+        self.running: StepLoop | None = None  # the `session.steps(...)` loop in progress
+        self.digest: str | None = None  # the final parameters' digest, once the steps ran out
         self.store: TaskStore | None = None
         self.progress = ProgressReporter(self.channel, contract.stack_file, lambda: self.generation)
         self.in_process = contract.recovery == "in_process" and bool(self.store_address)  # needs the store
@@ -96,8 +96,6 @@ class Session:
         self.step, self.stop_requested = 0, False
         self._started, self._resumed = False, False  # start() and resume() were called
         self.extras: dict[str, Stateful] = {}  # registered objects, kept with the model
-        self._buckets: gradsync.Buckets | None = None  # overlapped gradient reduction
-        self._settled_step = 0  # the last step in which a re-formed group settled its samples
 
     # ------------------------------------------------------------------ set-up
     def start(self) -> Session:
@@ -167,14 +165,57 @@ class Session:
     # ------------------------------------------------------------------ the loop
     def register(self, name: str, obj: Stateful) -> None:
         """Keep ``obj``'s state (anything with ``state_dict()``/``load_state_dict()`` that is the
-        same on every replica) with the model's, before ``resume``: ``state.py``. An LR scheduler
+        same on every replica) with the model's, before ``steps``: ``state.py``. An LR scheduler
         is stepped by the session after each optimizer step (do not call its ``step()``)."""
         if self._resumed:
-            raise RuntimeError(f"session.register({name!r}, ...) after session.resume(...): register first")
+            raise RuntimeError(f"session.register({name!r}, ...) in session.steps(...): register before")
         check_registrable(name, obj, self.extras)
         self.extras[name] = obj
 
-    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    def loader(
+        self,
+        dataset: MapDataset,
+        global_batch: int,
+        *,
+        batch_size: int,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+    ) -> Loader:
+        """The data, in place of ``DistributedSampler`` + ``DataLoader``: ``global_batch`` samples
+        per optimizer step, in micro-batches of ``batch_size`` per forward/backward, from a
+        map-style ``dataset`` batched by ``collate_fn`` (``default_collate`` if None); ``shuffle``,
+        ``seed`` and ``drop_last`` as ``DistributedSampler`` takes them (``data.py`` says how the
+        order matches it). Iterate it inside ``steps``: ``steploop.py``."""
+        if self.data is not None:
+            raise RuntimeError("session.loader(...) was called twice: one loader per session")
+        self.data = step_data(dataset, global_batch, batch_size, collate_fn, seed, shuffle, drop_last)
+        return Loader(self, self.data)
+
+    def steps(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[int]:
+        """The steps still to train, 1-based: first the latest checkpoint (or a live replica's
+        state) is loaded into ``model``, ``optimizer`` and the registered objects; each step
+        then ends with the registered schedulers stepped and a checkpoint when one is due. Ends
+        early when the worker is asked to stop; at the end the final state is saved and its
+        digest reported (``self.digest``)."""
+        if self.data is None:
+            raise RuntimeError("create the loader (session.loader(...)) before session.steps(...)")
+        self.start()
+        self._resume(model, optimizer)
+        self.running = loop = StepLoop(self, model, optimizer, self.data)
+        try:
+            while self.step < self.iterations and not self.stop_requested:
+                step = self.step + 1
+                if loop.begin(step):
+                    yield step
+                    loop.end(step)
+        finally:
+            loop.close()
+            self.running = None
+        self.digest = self._finish(model, optimizer)
+
+    def _resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Load the latest checkpoint, if any; return the step it holds (0 without one)."""
         self._resumed, train = True, TrainState(model, optimizer, self.extras)  # refuses a DDP model
         found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir) if self.checkpoint_dir else None
@@ -197,8 +238,8 @@ class Session:
             self._agree(model, optimizer, reformed=newcomer)
             return
         except Exception as exc:
-            self._recoverable(exc, last=not newcomer)  # a launch has no live group to follow
-        self._rejoin(model, optimizer)
+            self.recoverable(exc, last=not newcomer)  # a launch has no live group to follow
+        self.rejoin(model, optimizer)
 
     def _agree(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, reformed: bool) -> bool:
         """Members settle on one state (``membership.agree``); returns whether state had to be
@@ -212,7 +253,7 @@ class Session:
         sending = self.faults.transferring if reformed else (lambda: None)
         agreed = membership.agree(train, self.step, self.node, self.faults.transfer_damaged, sending)
         self.step = agreed.step
-        self._settle_pending = True
+        self.settle_pending = True
         for source in agreed.rejected:
             self.trace("state_rejected", step=self.step, source=source)
         if agreed.received:
@@ -223,146 +264,17 @@ class Session:
         self.trace("sigterm")
         self.stop_requested = True
 
-    def steps(self) -> Iterator[int]:
-        """The steps still to train, 1-based, after the resumed one; ends early when the
-        worker is asked to stop, so that ``finish`` checkpoints at a step boundary."""
-        while self.step < self.iterations and not self.stop_requested:
-            yield self.step + 1
-
-    def configure_data(
-        self,
-        global_batch: int,
-        micro_batch: int,
-        dataset: MapDataset,
-        *,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
-        seed: int = 0,
-        shuffle: bool = True,
-        drop_last: bool = True,
-    ) -> None:
-        """Declare the data once: ``global_batch`` samples per optimizer step, in micro-batches of
-        ``micro_batch`` per forward/backward, from a map-style ``dataset`` batched by
-        ``collate_fn`` (``default_collate`` if None); ``seed``, ``shuffle`` and ``drop_last`` as
-        ``DistributedSampler`` takes them (``data.py`` says how the order matches it)."""
-        self.data = step_data(dataset, global_batch, micro_batch, collate_fn, seed, shuffle, drop_last)
-
-    def train_step(
-        self,
-        step: int,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        loss_of: Callable[[Any], torch.Tensor],
-        *,
-        max_grad_norm: float | None = None,
-    ) -> float:
-        """One optimizer step run by the library: this rank's micro-batches (``loss_of(batch)``
-        returns the mean loss of a micro-batch, as ``collate_fn`` built it), the gradient
-        all-reduce, clipping to ``max_grad_norm`` (the global norm of the reduced gradients, as
-        ``clip_grad_norm_`` after DDP's backward), the update. Returns the mean loss of this
-        rank's samples. Owning the loop lets the library recover a failed step in-process with
-        exactly the same global batch."""
-        if self.data is None:
-            raise RuntimeError("call configure_data(...) before train_step(...)")
-        if self._membership_changed():
-            # A planned change (a newcomer, a resize) takes effect at a step boundary: no work lost.
-            self._rejoin(model, optimizer)
-        ids = self.data.stream.batch(step)
-        share = self._settle(step, ids, model, optimizer)
-        if share is None:
-            return 0.0  # the state taken from a replica at a rebuild already holds this step
-        with self.iteration(step) as it:
-            self._micro_batches = -(-len(share) // self.data.stream.micro_batch)
-            contributed = self._accumulate(share, loss_of, it, arm=self._overlap(model, step))
-            contributed, done = self._reduce_or_recover(step, ids, contributed, model, optimizer, loss_of, it)
-            self.trace("samples", step=step, ids=contributed)  # the ledger: reduced, so in the step
-            self.faults.after_reduce(step)
-            if not done:
-                if max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-                optimizer.step()
-                step_schedulers(self.extras, self.step)  # (the step in progress is self.step + 1)
-            optimizer.zero_grad(set_to_none=True)
-        return it.loss / it.samples if it.samples else 0.0
-
-    def _settle(
-        self, step: int, ids: list[int], model: torch.nn.Module, optimizer: torch.optim.Optimizer
-    ) -> list[int] | None:
-        """This rank's samples of ``step``, at its start. After a group (re)formed this is the
-        members' first collective: a peer failing in it (a newcomer that dies or hangs at once)
-        is recovered from in-process like a failure in the all-reduce."""
-        for attempt in range(4):
-            if self.step >= step:
-                return None
-            try:
-                return self._my_part(step, ids, held=[])
-            except Exception as exc:
-                self._recoverable(exc, last=attempt == 3)
-            self._rejoin(model, optimizer)  # outside the except block: see _reduce_or_recover
-        raise AssertionError("unreachable")
-
-    def _recoverable(self, exc: Exception, last: bool) -> None:
+    def recoverable(self, exc: Exception, last: bool) -> None:
         """Forward a failed collective; re-raise it on the ``last`` attempt or without in-process recovery."""
         if not self.in_process or last or self.store is None:
             raise exc
         self.forward_exception(exc)
 
-    def _reduce_or_recover(
-        self,
-        step: int,
-        ids: list[int],
-        contributed: list[int],
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        loss_of: Callable[[Any], torch.Tensor],
-        it: Iteration,
-    ) -> tuple[list[int], bool]:
-        """Reduce the gradients; if a peer fails meanwhile, rebuild the group with the survivors
-        and finish the step with the same global batch. Returns the samples this rank
-        contributed and whether the step was completed by taking state from a replica."""
-        self.faults.before_reduce(step)
-        for attempt in range(4):
-            try:
-                self.progress.at(step, Phase.COLLECTIVE, "all_reduce", len(it.marks))
-                self._reduce(model)
-                return contributed, False
-            except Exception as exc:
-                self._recoverable(exc, last=attempt == 3)
-            # Outside the except block: the exception's frames (inside torch.distributed) would
-            # keep the failed group alive, and its sockets open, so peers would never notice.
-            if self._rejoin(model, optimizer):
-                # Members disagreed: state came from a replica; what was accumulated is void.
-                for p in model.parameters():
-                    p.grad = None
-                if self.step >= step:
-                    return [], True  # the copied state already holds this step
-                contributed = []
-            # Survivors keep what they computed; the samples nobody holds are shared out.
-            mine = self._my_part(step, ids, held=contributed)
-            self.trace("recompute", step=step, samples=len(mine))
-            contributed += self._accumulate(mine, loss_of, it)
-        raise AssertionError("unreachable")
-
-    def _my_part(self, step: int, ids: list[int], held: list[int]) -> list[int]:
-        """This rank's samples of ``step``. Right after the group was (re)formed, members tell
-        each other which of the step's samples they already hold (the ledger: accumulated in
-        gradients, not yet reduced; nothing for a member that was at the step boundary or is
-        new) and share out the rest; else the step's samples are split evenly. A shard formula
-        cannot do this: with a failure during recovery, or a member that saw the new membership
-        at the boundary while another was inside the step, what each holds is not its old shard."""
-        if not self._settle_pending or self.world_size == 1 or not dist.is_initialized():
-            return shard(ids, self.rank, self.world_size)
-        self._settle_pending = False
-        self.progress.at(step, Phase.COLLECTIVE, "settle")
-        mine, held_counts = membership.settle(ids, held)
-        self.trace("ledger", step=step, held=held_counts, mine=len(mine))
-        self._settled_step = step
-        return mine
-
-    def _membership_changed(self) -> bool:
+    def membership_changed(self) -> bool:
         """Whether the coordinator posted a new membership (never while it is unreachable)."""
         return self.in_process and self.store is not None and self.store.membership_changed(self.generation)
 
-    def _rejoin(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    def rejoin(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
         """Leave the current group, wait for the coordinator's next membership, join it, agree.
         A member lost meanwhile (its group fails to form or to agree) is a failure during the
         recovery: the coordinator re-forms the group again, and this member follows. Returns
@@ -370,7 +282,7 @@ class Session:
         assert self.store is not None
         started = time.time()
         for attempt in range(4):
-            membership.leave()  # outside the except block: see _reduce_or_recover
+            membership.leave()  # outside the except block: see StepLoop.micro_batches
             self.progress.at(self.step + 1, Phase.REJOIN)
             self.faults.rejoining()
             self._adopt(self.store.next_membership(self.generation, self.membership_timeout))
@@ -379,65 +291,9 @@ class Session:
                 copied = self._agree(model, optimizer, reformed=True)
                 break
             except Exception as exc:
-                self._recoverable(exc, last=attempt == 3)
+                self.recoverable(exc, last=attempt == 3)
         self.trace("rejoined", seconds=time.time() - started, world=self.world_size, copied=copied)
         return copied
-
-    def _overlap(self, model: torch.nn.Module, step: int) -> Callable[[], None] | None:
-        """Arms the gradient buckets for the step's last micro-batch, or None: a world of one, or
-        a step in which the group settled who holds what (it re-formed: every member knows, as
-        the settle is their first collective, so all reduce one flat buffer: collectives match)."""
-        if self.world_size == 1 or self._settled_step == step or not dist.is_initialized():
-            return None
-        self._buckets = gradsync.Buckets.of(model, self._buckets)
-        self._buckets.before_first = lambda: self.faults.before_reduce(step)
-        return self._buckets.arm
-
-    def _accumulate(
-        self,
-        ids: list[int],
-        loss_of: Callable[[Any], torch.Tensor],
-        it: Iteration,
-        arm: Callable[[], None] | None = None,
-    ) -> list[int]:
-        # Each sample's gradient counts 1/B (B: the step's samples, fewer in an epoch's last step
-        # without drop_last): the SUM over ranks is then the global mean for any number of
-        # ranks, and work can move between ranks without rescaling.
-        assert self.data is not None
-        stream = self.data.stream
-        step_samples = len(stream.batch(it.step))
-        if arm is not None and not ids:
-            arm()  # nothing to compute, but the same collectives as the others
-        for start in range(0, len(ids), stream.micro_batch):
-            chunk = ids[start : start + stream.micro_batch]
-            if arm is not None and start + stream.micro_batch >= len(ids):
-                arm()  # the last micro-batch: its backward reduces the gradient buckets
-            self.progress.at(it.step, Phase.COMPUTE, micro_batch=len(it.marks))
-            loss = loss_of(self.data.fetch(chunk))
-            (loss * (len(chunk) / step_samples)).backward()  # type: ignore[no-untyped-call]
-            it.record(loss.item(), len(chunk))
-        return list(ids)
-
-    def _reduce(self, model: torch.nn.Module) -> None:
-        """Sum the gradients over the ranks (``gradsync``); abandoned once the coordinator posts
-        a new membership (a peer was declared dead or hung), when this rank recovers in place."""
-        if self.world_size == 1:
-            return
-        store, generation = self.store, self.generation
-        watch = None if not self.in_process or store is None else lambda: store.peers_failed(generation)
-        if self._buckets is not None and self._buckets.armed:
-            self._buckets.finish(watch)  # launched during the last backward
-        else:
-            gradsync.all_reduce_gradients(model, watch)
-
-    @contextlib.contextmanager
-    def iteration(self, step: int) -> Iterator[Iteration]:
-        """Time and report one optimizer step; the step counts once the block completes."""
-        it = Iteration(step, self._micro_batches, lambda: self.faults.before_last_micro_batch(step))
-        self.faults.step_started(step)  # inside the step's time: a slowed rank computes slowly
-        yield it
-        self.step = step
-        self.channel.send(it.report(self.task, self.generation, self.rank))
 
     def maybe_checkpoint(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, force: bool = False
@@ -456,7 +312,7 @@ class Session:
         if path is not None:
             self.channel.send(CheckpointReport(**self._identity(), step=self.step, path=str(path)))
 
-    def finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    def _finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
         """Save the final state and report the parameters' digest; returns it."""
         self.maybe_checkpoint(model, optimizer, force=True)
         value = checkpoint.digest(model)

@@ -75,7 +75,7 @@ def check_registrable(name: str, obj: object, registered: dict[str, Stateful]) -
     if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
         raise TypeError(
             f"session.register({name!r}, ...): the model and the optimizer are kept already; "
-            "pass them to session.resume(model, optimizer)"
+            "pass them to session.steps(model, optimizer)"
         )
     if not isinstance(obj, Stateful):
         raise TypeError(

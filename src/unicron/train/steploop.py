@@ -1,0 +1,243 @@
+"""The user's own loop under the session:
+
+    loader = session.loader(dataset, global_batch, batch_size=micro_batch, seed=seed)
+    for step in session.steps(model, optimizer):
+        for batch in loader:
+            loss_fn(model, batch).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+
+The inner loop is where recovery lives. Iterating the loader yields this rank's micro-batches
+of the step; each gradient is weighted by its share of the global batch (a hook on every
+parameter, so ``loss.backward()`` needs no ``/ accumulation``); the buckets of the last
+micro-batch's backward are all-reduced as it runs (``gradsync.Buckets``); and when the loop asks
+for the next batch after the last one, the loader waits for the reduction. If a peer failed,
+the loader re-forms the group with the survivors, deals them the samples nobody holds, and
+yields those micro-batches too: the user's ``backward()`` computes them, and only then does
+the loop end, with the gradients of exactly the step's global batch reduced. So everything
+after the inner loop (clipping, ``optimizer.step()``) sees what it would see after DDP's
+backward, and the step is exact. A loop with no micro-batch loop of its own (one
+``loss.backward()`` per step) cannot do this: the survivors must compute a departed rank's
+micro-batches, and only the user's code knows how.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from unicron.core.protocol import Phase
+from unicron.train import gradsync
+from unicron.train.data import shard
+from unicron.train.iteration import Iteration
+from unicron.train.loader import StepData
+from unicron.train.membership import settle
+from unicron.train.state import step_schedulers
+
+if TYPE_CHECKING:
+    from unicron.train.session import Session
+
+
+class StepPhase(enum.Enum):
+    """Where the current step is, as the loader and the optimizer's pre-step check see it."""
+
+    COMPUTING = "computing"  # micro-batches being yielded; the gradients are this rank's own
+    REDUCED = "reduced"  # the loader ran out: the gradients hold the step's global batch
+    COPIED = "copied"  # recovery took state that already holds this step: nothing to apply
+
+
+class Loader:
+    """What ``session.loader(...)`` returns: iterate it once per step, inside
+    ``session.steps(...)``; it yields this rank's micro-batches of that step, as the user's
+    ``collate_fn`` builds them, and ends once the step's gradients are reduced."""
+
+    def __init__(self, session: Session, data: StepData) -> None:
+        self._session, self.data = session, data
+
+    def __iter__(self) -> Iterator[Any]:
+        loop = self._session.running
+        if loop is None:
+            raise RuntimeError(
+                "iterate the loader inside `for step in session.steps(model, optimizer):` (it "
+                "yields the micro-batches of the step in progress)"
+            )
+        return loop.micro_batches()
+
+
+class StepLoop:
+    """One ``session.steps(model, optimizer)`` loop: the step in progress, its share of the
+    samples, the gradient weighting and buckets; the session's group operations do the rest."""
+
+    def __init__(
+        self, session: Session, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: StepData
+    ) -> None:
+        self.session, self.model, self.optimizer, self.data = session, model, optimizer, data
+        self.phase = StepPhase.REDUCED
+        self.share: list[int] = []
+        self.it = Iteration(0)
+        self.weight = 1.0  # the micro-batch's share of the step's samples, applied to its gradients
+        self.buckets: gradsync.Buckets | None = None
+        self.settled_step = 0  # the last step in which a re-formed group settled its samples
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.handles = [p.register_hook(self._weighted) for p in params]  # type: ignore[no-untyped-call]
+        self.handles.append(optimizer.register_step_pre_hook(self._check_reduced))
+
+    def _weighted(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad * self.weight
+
+    def _check_reduced(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.phase is StepPhase.COMPUTING:
+            raise RuntimeError(
+                "optimizer.step() before the loader ran out: call it after `for batch in loader:` "
+                "ends (the loader ends once the step's gradients are reduced over the ranks)"
+            )
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    # ------------------------------------------------------------------ step boundaries
+    def begin(self, step: int) -> bool:
+        """Get ``step`` ready: a planned membership change first, then this rank's share.
+        False: the state (taken from a replica) already holds it."""
+        session = self.session
+        if session.membership_changed():
+            # A planned change (a newcomer, a resize) takes effect at a step boundary: no work lost.
+            session.rejoin(self.model, self.optimizer)
+        share = self._settle(step)
+        if share is None:
+            return False
+        self.share, self.phase = share, StepPhase.COMPUTING
+        micro = -(-len(share) // self.data.stream.micro_batch)
+        self.it = Iteration(step, micro, lambda: session.faults.before_last_micro_batch(step))
+        session.faults.step_started(step)  # inside the step's time: a slowed rank computes slowly
+        return True
+
+    def end(self, step: int) -> None:
+        """The user's step is done: count it, step the registered schedulers, checkpoint."""
+        session = self.session
+        if self.phase is StepPhase.COMPUTING:
+            raise RuntimeError(
+                f"step {step} ended before its micro-batches did: iterate `for batch in loader:` "
+                "to the end in every step (the loader reduces the gradients as it ends)"
+            )
+        session.step = step
+        if self.phase is StepPhase.REDUCED:
+            step_schedulers(session.extras, step - 1)
+        session.channel.send(self.it.report(session.task, session.generation, session.rank))
+        session.maybe_checkpoint(self.model, self.optimizer)
+
+    def _settle(self, step: int) -> list[int] | None:
+        """This rank's samples of ``step``, at its start. After a group (re)formed this is the
+        members' first collective: a peer failing in it (a newcomer that dies or hangs at once)
+        is recovered from in-process like a failure in the all-reduce."""
+        for attempt in range(4):
+            if self.session.step >= step:
+                return None
+            try:
+                return self._my_part(step, held=[])
+            except Exception as exc:
+                self.session.recoverable(exc, last=attempt == 3)
+            self.session.rejoin(self.model, self.optimizer)  # outside the except block: see micro_batches
+        raise AssertionError("unreachable")
+
+    def _my_part(self, step: int, held: list[int]) -> list[int]:
+        """This rank's samples of ``step``. Right after the group was (re)formed, members tell
+        each other which of the step's samples they already hold (the ledger: accumulated in
+        gradients, not yet reduced; nothing for a member that was at the step boundary or is
+        new) and share out the rest; else the step's samples are split evenly. A shard formula
+        cannot do this: with a failure during recovery, or a member that saw the new membership
+        at the boundary while another was inside the step, what each holds is not its old shard."""
+        session, ids = self.session, self.data.stream.batch(step)
+        if not session.settle_pending or session.world_size == 1 or not dist.is_initialized():
+            return shard(ids, session.rank, session.world_size)
+        session.settle_pending = False
+        session.progress.at(step, Phase.COLLECTIVE, "settle")
+        mine, held_counts = settle(ids, held)
+        session.trace("ledger", step=step, held=held_counts, mine=len(mine))
+        self.settled_step = step
+        return mine
+
+    # ------------------------------------------------------------------ inside a step
+    def micro_batches(self) -> Iterator[Any]:
+        """This rank's micro-batches of the step in progress; then the reduction and, if a peer
+        fails, the re-formed group's share of what nobody holds (see the module's docstring)."""
+        if self.phase is not StepPhase.COMPUTING:
+            raise RuntimeError("the loader was iterated twice in one step: iterate it once per step")
+        step, session = self.it.step, self.session
+        yield from self._chunks(self.share, arm=self._overlap(step))
+        contributed = list(self.share)
+        session.faults.before_reduce(step)
+        for attempt in range(4):
+            try:
+                session.progress.at(step, Phase.COLLECTIVE, "all_reduce", len(self.it.marks))
+                self._reduce()
+                break
+            except Exception as exc:
+                session.recoverable(exc, last=attempt == 3)
+            # Outside the except block: the exception's frames (inside torch.distributed) would
+            # keep the failed group alive, and its sockets open, so peers would never notice.
+            if session.rejoin(self.model, self.optimizer):
+                # Members disagreed: state came from a replica; what was accumulated is void.
+                for p in self.model.parameters():
+                    p.grad = None
+                if session.step >= step:
+                    self.phase = StepPhase.COPIED  # the copied state already holds this step
+                    return
+                contributed = []
+            # Survivors keep what they computed; the samples nobody holds are shared out.
+            mine = self._my_part(step, held=contributed)
+            session.trace("recompute", step=step, samples=len(mine))
+            yield from self._chunks(mine, arm=None)
+            contributed += mine
+        else:
+            raise AssertionError("unreachable")
+        session.trace("samples", step=step, ids=contributed)  # the ledger: reduced, so in the step
+        self.phase = StepPhase.REDUCED
+        session.faults.after_reduce(step)
+
+    def _chunks(self, ids: list[int], arm: Callable[[], None] | None) -> Iterator[Any]:
+        # Each sample's gradient counts 1/B (B: the step's samples, fewer in an epoch's last step
+        # without drop_last): the SUM over ranks is then the global mean for any number of
+        # ranks, and work can move between ranks without rescaling.
+        stream, it = self.data.stream, self.it
+        step_samples = len(stream.batch(it.step))
+        if arm is not None and not ids:
+            arm()  # nothing to compute, but the same collectives as the others
+        for start in range(0, len(ids), stream.micro_batch):
+            chunk = ids[start : start + stream.micro_batch]
+            if arm is not None and start + stream.micro_batch >= len(ids):
+                arm()  # the last micro-batch: its backward reduces the gradient buckets
+            self.session.progress.at(it.step, Phase.COMPUTE, micro_batch=len(it.marks))
+            self.weight = len(chunk) / step_samples
+            yield self.data.fetch(chunk)
+            it.record(len(chunk))  # the user's backward of this micro-batch is done
+
+    def _overlap(self, step: int) -> Callable[[], None] | None:
+        """Arms the gradient buckets for the step's last micro-batch, or None: a world of one, or
+        a step in which the group settled who holds what (it re-formed: every member knows, as
+        the settle is their first collective, so all reduce one flat buffer: collectives match)."""
+        session = self.session
+        if session.world_size == 1 or self.settled_step == step or not dist.is_initialized():
+            return None
+        self.buckets = gradsync.Buckets.of(self.model, self.buckets)
+        self.buckets.before_first = lambda: session.faults.before_reduce(step)
+        return self.buckets.arm
+
+    def _reduce(self) -> None:
+        """Sum the gradients over the ranks (``gradsync``); abandoned once the coordinator posts
+        a new membership (a peer was declared dead or hung), when this rank recovers in place."""
+        session = self.session
+        if session.world_size == 1:
+            return
+        store, generation = session.store, session.generation
+        watch = None if not session.in_process or store is None else lambda: store.peers_failed(generation)
+        if self.buckets is not None and self.buckets.armed:
+            self.buckets.finish(watch)  # launched during the last backward
+        else:
+            gradsync.all_reduce_gradients(self.model, watch)
