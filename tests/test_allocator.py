@@ -216,7 +216,7 @@ def test_the_planner_inputs_come_from_the_cluster_spec(tmp_path: Path) -> None:
         (task,) = c.store.tasks(live_only=True)
         assert spec.model is not None and task.workers == 2
         report = IterationReport(
-            task="lm", generation=1, rank=0, step=1, duration_s=0.1, samples=8, loss=1.0, time=1000.0
+            task="lm", generation=1, rank=0, step=1, duration_s=0.1, samples=8, time=1000.0
         )
         c.heartbeat(Heartbeat(node="n0", reports=[report]))
         assert c.store.get_task("lm").flop == pytest.approx(2 * 8 * flops_per_sample(spec.model))

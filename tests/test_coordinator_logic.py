@@ -56,10 +56,10 @@ def test_a_step_finished_before_the_move_in_place_counts(make: Any) -> None:
     cluster.exit(1)
     before = cluster.c.store.get_task("lm").samples
     node, _ = cluster.running[("lm", 2, 0)]
-    late = IterationReport(task="lm", generation=1, rank=0, step=2, duration_s=0.1, samples=4, loss=1.0)
+    late = IterationReport(task="lm", generation=1, rank=0, step=2, duration_s=0.1, samples=4)
     cluster.beat(node, late, late)
     assert cluster.c.store.get_task("lm").samples == before + 4
-    gone = IterationReport(task="lm", generation=1, rank=1, step=2, duration_s=0.1, samples=4, loss=1.0)
+    gone = IterationReport(task="lm", generation=1, rank=1, step=2, duration_s=0.1, samples=4)
     cluster.beat(node, gone)  # the dead rank's: not moved, its step was redone by the others
     assert cluster.c.store.get_task("lm").samples == before + 4
 
@@ -207,7 +207,7 @@ def test_an_iteration_report_sent_twice_is_counted_once(make: Any) -> None:
     cluster = make()
     before = cluster.c.store.get_task("lm").samples
     node, _ = cluster.running[("lm", 1, 0)]
-    again = IterationReport(task="lm", generation=1, rank=0, step=1, duration_s=0.1, samples=4, loss=1.0)
+    again = IterationReport(task="lm", generation=1, rank=0, step=1, duration_s=0.1, samples=4)
     cluster.beat(node, again)
     assert cluster.c.store.get_task("lm").samples == before == 16
 
