@@ -94,7 +94,7 @@ class Session:
         wait_s = contract.membership_timeout_s or limits.membership_timeout_s
         self.membership_timeout = timedelta(seconds=wait_s)
         self.step, self.stop_requested = 0, False
-        self._started, self._resumed = False, False  # start() and resume() were called
+        self._started, self._resumed = False, False  # start() was called, steps() loaded the state
         self.extras: dict[str, Stateful] = {}  # registered objects, kept with the model
 
     # ------------------------------------------------------------------ set-up
@@ -215,8 +215,8 @@ class Session:
             self.running = None
         self.digest = self._finish(model, optimizer)
 
-    def _resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-        """Load the latest checkpoint, if any; return the step it holds (0 without one)."""
+    def _resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Load the latest checkpoint, if any, then agree with the live members on one state."""
         self._resumed, train = True, TrainState(model, optimizer, self.extras)  # refuses a DDP model
         found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir) if self.checkpoint_dir else None
         if found is not None:
@@ -228,7 +228,6 @@ class Session:
             # Members check they hold the same state; a newcomer joining live replicas gets
             # theirs here instead of the (older) checkpoint.
             self._first_agreement(model, optimizer)
-        return self.step
 
     def _first_agreement(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Agree once the group formed; a newcomer (or spare) whose live peers lose a member
