@@ -8,6 +8,7 @@ checkpoint. `train_unicron.py` is its port (the diff is in docs/training-library
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -76,6 +77,8 @@ def main() -> None:
     if dist.get_rank() == 0:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1}
         torch.save({**state, "scheduler": scheduler.state_dict()}, args.checkpoint)
+    del net  # DDP's reducer holds the group: freed after it, exit can hang (pytorch-notes.md)
+    gc.collect()
     dist.destroy_process_group()
 
 
