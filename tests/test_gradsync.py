@@ -1,5 +1,6 @@
 """Overlapped gradient reduction on real gloo processes: buckets launched from the gradient
-hooks of the last backward sum to exactly what one flat all-reduce after backward gives, also
+hooks of the last backward sum to exactly what one flat all-reduce after backward gives, each
+weighted by the scale it was given, also
 with an unused parameter and a rank that computed nothing; and a failure with buckets in flight
 leaves the rank's own gradients as they were."""
 
@@ -26,21 +27,21 @@ class Net(torch.nn.Module):
         return self.layers(x)  # type: ignore[no-any-return]
 
 
-def grads_after(rank: int, overlap: bool, micro_batches: int) -> dict[str, torch.Tensor]:
+def grads_after(rank: int, overlap: bool, micro_batches: int, scale: float) -> dict[str, torch.Tensor]:
     model = Net()
     buckets = gradsync.Buckets(model, cap_bytes=3000)  # several buckets of about one layer each
     assert len(buckets.buckets) > 2
     data = torch.randn(8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
     for i in range(micro_batches):
         if overlap and i == micro_batches - 1:
-            buckets.arm()
+            buckets.arm(scale)
         model(data[i * 2 : i * 2 + 2]).pow(2).sum().backward()
     if overlap:
         if micro_batches == 0:
-            buckets.arm()
+            buckets.arm(scale)
         buckets.finish(None)
     else:
-        gradsync.all_reduce_gradients(model, None)
+        gradsync.all_reduce_gradients(model, None, scale)
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -48,8 +49,9 @@ def _member(rank: int, port: int, out: mp.Queue) -> None:  # type: ignore[type-a
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timedelta(seconds=30))  # type: ignore[attr-defined]
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     computed = 0 if rank == 1 else 3  # rank 1 holds no samples this step
-    flat = grads_after(rank, False, computed)
-    bucketed = grads_after(rank, True, computed)
+    # Weighted by 1/4 in the reduction: a power of two, so the sums scale exactly.
+    flat = grads_after(rank, False, computed, 1.0)
+    bucketed = grads_after(rank, True, computed, 0.25)
     # A failure with buckets in flight: the local gradients are untouched until the end.
     model = Net()
     buckets = gradsync.Buckets(model, cap_bytes=3000)
@@ -63,7 +65,12 @@ def _member(rank: int, port: int, out: mp.Queue) -> None:  # type: ignore[type-a
     # Plain lists, not tensors: a tensor crosses the queue as a handle to this process's memory,
     # gone once it exits (the parent then fails to read it).
     out.put(
-        (rank, {n: t.tolist() for n, t in flat.items()}, {n: t.tolist() for n, t in bucketed.items()}, kept)
+        (
+            rank,
+            {n: t.flatten().tolist() for n, t in flat.items()},
+            {n: t.flatten().tolist() for n, t in bucketed.items()},
+            kept,
+        )
     )
     dist.destroy_process_group()
 
@@ -83,6 +90,6 @@ def test_buckets_sum_exactly_what_one_flat_all_reduce_sums() -> None:
     for flat, bucketed, kept in results.values():
         assert flat.keys() == bucketed.keys() and "unused.weight" in bucketed
         for name in flat:
-            assert flat[name] == bucketed[name], name  # float64 values, bit for bit
+            assert [v / 4 for v in flat[name]] == bucketed[name], name  # float64 values, bit for bit
         assert kept
     assert results[0][1] == results[1][1]  # every rank holds the same sums

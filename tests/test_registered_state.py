@@ -102,6 +102,32 @@ def test_gradients_are_clipped_to_their_global_norm_before_the_update() -> None:
         torch.testing.assert_close(p.detach(), value - g * scale, rtol=1e-12, atol=1e-14)
 
 
+def test_short_micro_batches_and_a_short_last_step_still_give_the_step_mean() -> None:
+    # 10 samples, 4 per step in micro-batches of 3: each step is a micro-batch of 3 and one of 1
+    # (weighted for its size by a hook), and the epoch's last step (drop_last=False) has 2.
+    data = torch.linspace(-1, 1, 10 * 4, dtype=torch.float64).reshape(10, 4)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).double()
+    twin = torch.nn.Linear(4, 1).double()
+    twin.load_state_dict(model.state_dict())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the parameters stay where they are
+    seen: list[list[torch.Tensor]] = []
+    session = ut.init(iterations=3)
+    with session:
+        loader = session.loader(data, 4, batch_size=3, shuffle=False, drop_last=False)
+        for _ in session.steps(model, optimizer):
+            for batch in loader:
+                model(batch).pow(2).mean().backward()
+            seen.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+            optimizer.step()
+            optimizer.zero_grad()
+    for step, samples in enumerate((data[0:4], data[4:8], data[8:10])):
+        twin.zero_grad()
+        twin(samples).pow(2).mean().backward()  # the step's mean loss, by hand
+        expected = [p.grad for p in twin.parameters() if p.grad is not None]
+        torch.testing.assert_close(seen[step], expected, rtol=1e-12, atol=1e-14)
+
+
 def test_a_model_wrapped_in_ddp_is_refused_with_the_fix() -> None:
     model, optimizer, _ = build()
     wrapped = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)

@@ -1,11 +1,17 @@
 """Gradient synchronisation: the sum of every rank's gradients, overlapped with the step's last
 backward pass (``Buckets``) or as one flat buffer (after a recovery), and a collective that can
-be abandoned when a peer is declared failed."""
+be abandoned when a peer is declared failed.
+
+Both take a ``scale``: the factor that turns what each rank accumulated (the sum of its
+micro-batches' gradients) into its share of the step's global mean. It is applied once, to the
+buffer being reduced, as DDP's reducer divides its bucket by the world size: never to the
+gradients themselves, which stay the rank's own sums until the reduced values are written back,
+so a collective that fails leaves them as they were for recovery to reduce again."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -14,10 +20,14 @@ import torch.distributed as dist
 from unicron.train import membership
 from unicron.train.iteration import PeerLostError
 
+POLL = timedelta(milliseconds=100)  # how often a pending collective asks whether a peer failed
 
-def all_reduce_gradients(model: torch.nn.Module, peers_failed: Callable[[], bool] | None) -> None:
-    """Sum the gradients over the ranks, as one flat buffer. ``peers_failed``: polled while the
-    collective is pending (None: wait for it, however long)."""
+
+def all_reduce_gradients(
+    model: torch.nn.Module, peers_failed: Callable[[], bool] | None, scale: float = 1.0
+) -> None:
+    """Sum the gradients times ``scale`` over the ranks, as one flat buffer. ``peers_failed``:
+    polled while the collective is pending (None: wait for it, however long)."""
     if not dist.is_initialized():
         raise ConnectionResetError("the process group is gone: connection to peers broken")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -26,6 +36,8 @@ def all_reduce_gradients(model: torch.nn.Module, peers_failed: Callable[[], bool
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
+    if scale != 1.0:
+        flat.mul_(scale)
     work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
     wait_or_abandon(work, peers_failed)
     offset = 0
@@ -38,20 +50,26 @@ def wait_or_abandon(work: Any, peers_failed: Callable[[], bool] | None) -> None:
     """Wait for a collective, but abandon it once ``peers_failed`` says so: a peer was declared
     dead or hung. A peer whose node went silent without closing its connections (powered off,
     partitioned) would otherwise keep the collective waiting until the process-group timeout,
-    many minutes. Only gloo's collectives can be left this way."""
+    many minutes. Only gloo's collectives can be left this way.
+
+    The wait blocks in gloo (the GIL released, woken the moment the collective completes) for at
+    most ``POLL`` at a time; a timed-out wait leaves the collective running (torch's
+    ``Work.wait(timeout)`` only stops waiting), so between waits the store is asked about peers.
+    A sleep-and-poll loop instead costs up to its sleep after every collective, and steals the
+    CPU from peers still computing on the same cores."""
     if peers_failed is None or dist.get_backend() != "gloo":
         work.wait()
         return
-    pause, checked = 0.0002, time.monotonic()
-    while not work.is_completed():
-        time.sleep(pause)
-        pause = min(pause * 2, 0.005)  # a fast collective pays little for the polling
-        now = time.monotonic()
-        if now - checked >= 0.1:
-            checked = now
-            if peers_failed():
-                membership.abandon()
-                raise PeerLostError("a peer was declared failed: the pending collective is abandoned")
+    while True:
+        try:
+            work.wait(timeout=POLL)
+            return
+        except RuntimeError:
+            if work.is_completed():
+                break  # done (a timeout that raced completion) or failed: the wait below says
+        if peers_failed():
+            membership.abandon()
+            raise PeerLostError("a peer was declared failed: the pending collective is abandoned")
     work.wait()  # raises the collective's own error, if it failed
 
 
@@ -77,6 +95,7 @@ class Buckets:
             size += p.numel() * p.element_size()
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.armed = False
+        self.scale = 1.0  # applied to each bucket's buffer before its all-reduce (see the module)
         self.before_first: Callable[[], None] | None = None  # before the first launch (faults)
         self._reset()
         for p in params:
@@ -92,10 +111,10 @@ class Buckets:
         self.flights: list[tuple[Any, torch.Tensor]] = []  # (work, buffer) per launched bucket
         self.error: Exception | None = None
 
-    def arm(self) -> None:
-        """The next backward is the step's last: reduce buckets as they fill."""
+    def arm(self, scale: float = 1.0) -> None:
+        """The next backward is the step's last: reduce buckets, times ``scale``, as they fill."""
         self._reset()
-        self.armed = dist.is_initialized()
+        self.armed, self.scale = dist.is_initialized(), scale
 
     def disarm(self) -> None:
         """Abandon what is in flight (a failure: the group is being rebuilt)."""
@@ -120,6 +139,8 @@ class Buckets:
             self.before_first()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[index]]
         buffer = torch.cat([g.reshape(-1) for g in grads])
+        if self.scale != 1.0:
+            buffer.mul_(self.scale)
         self.flights.append((dist.all_reduce(buffer, op=dist.ReduceOp.SUM, async_op=True), buffer))
 
     def finish(self, peers_failed: Callable[[], bool] | None) -> None:

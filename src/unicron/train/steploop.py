@@ -9,8 +9,9 @@
         optimizer.zero_grad()
 
 The inner loop is where recovery lives. Iterating the loader yields this rank's micro-batches
-of the step; each gradient is weighted by its share of the global batch (a hook on every
-parameter, so ``loss.backward()`` needs no ``/ accumulation``); the buckets of the last
+of the step; their gradients accumulate as backward leaves them and are weighted by their share
+of the global batch once, in the buffers being reduced (so ``loss.backward()`` needs no
+``/ accumulation`` and no extra pass over the gradients); the buckets of the last
 micro-batch's backward are all-reduced as it runs (``gradsync.Buckets``); and when the loop asks
 for the next batch after the last one, the loader waits for the reduction. If a peer failed,
 the loader re-forms the group with the survivors, deals them the samples nobody holds, and
@@ -80,15 +81,24 @@ class StepLoop:
         self.phase = StepPhase.REDUCED
         self.share: list[int] = []
         self.it = Iteration(0)
-        self.weight = 1.0  # the micro-batch's share of the step's samples, applied to its gradients
+        # A full micro-batch's share of the step's samples: the factor the accumulated gradients
+        # get once, in the reduction (a shorter micro-batch's gradients are pre-weighted).
+        self.scale = 1.0
+        self.relative = 1.0  # the micro-batch being computed: its samples / a full micro-batch's
         self.buckets: gradsync.Buckets | None = None
         self.settled_step = 0  # the last step in which a re-formed group settled its samples
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.handles = [p.register_hook(self._weighted) for p in params]  # type: ignore[no-untyped-call]
-        self.handles.append(optimizer.register_step_pre_hook(self._check_reduced))
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.handles = [optimizer.register_step_pre_hook(self._check_reduced)]
+
+    def _weigh(self, relative: float) -> list[Any]:
+        """Hooks weighting the next backward's gradients by ``relative`` (none for a full one)."""
+        self.relative = relative
+        if relative == 1:
+            return []
+        return [p.register_hook(self._weighted) for p in self.params]  # type: ignore[no-untyped-call]
 
     def _weighted(self, grad: torch.Tensor) -> torch.Tensor:
-        return grad * self.weight
+        return grad * self.relative
 
     def _check_reduced(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.phase is StepPhase.COMPUTING:
@@ -113,7 +123,9 @@ class StepLoop:
         if share is None:
             return False
         self.share, self.phase = share, StepPhase.COMPUTING
-        micro = -(-len(share) // self.data.stream.micro_batch)
+        stream = self.data.stream
+        micro = -(-len(share) // stream.micro_batch)
+        self.scale = stream.micro_batch / len(stream.batch(step))
         self.it = Iteration(step, micro, lambda: session.faults.before_last_micro_batch(step))
         session.faults.step_started(step)  # inside the step's time: a slowed rank computes slowly
         return True
@@ -204,9 +216,10 @@ class StepLoop:
     def _chunks(self, ids: list[int], arm: Callable[[], None] | None) -> Iterator[Any]:
         # Each sample's gradient counts 1/B (B: the step's samples, fewer in an epoch's last step
         # without drop_last): the SUM over ranks is then the global mean for any number of
-        # ranks, and work can move between ranks without rescaling.
+        # ranks, and work can move between ranks without rescaling. A full micro-batch's mean-loss
+        # gradient gets its factor (`scale`) in the reduction; a shorter one is pre-weighted by
+        # its size relative to a full one, by a hook held only while its backward runs.
         stream, it = self.data.stream, self.it
-        step_samples = len(stream.batch(it.step))
         if arm is not None and not ids:
             arm()  # nothing to compute, but the same collectives as the others
         for start in range(0, len(ids), stream.micro_batch):
@@ -214,8 +227,12 @@ class StepLoop:
             if arm is not None and start + stream.micro_batch >= len(ids):
                 arm()  # the last micro-batch: its backward reduces the gradient buckets
             self.session.progress.at(it.step, Phase.COMPUTE, micro_batch=len(it.marks))
-            self.weight = len(chunk) / step_samples
-            yield self.data.fetch(chunk)
+            hooks = self._weigh(len(chunk) / stream.micro_batch)
+            try:
+                yield self.data.fetch(chunk)
+            finally:
+                for hook in hooks:
+                    hook.remove()
             it.record(len(chunk))  # the user's backward of this micro-batch is done
 
     def _overlap(self, step: int) -> Callable[[], None] | None:
@@ -227,17 +244,22 @@ class StepLoop:
             return None
         self.buckets = gradsync.Buckets.of(self.model, self.buckets)
         self.buckets.before_first = lambda: session.faults.before_reduce(step)
-        return self.buckets.arm
+        buckets, scale = self.buckets, self.scale
+        return lambda: buckets.arm(scale)
 
     def _reduce(self) -> None:
         """Sum the gradients over the ranks (``gradsync``); abandoned once the coordinator posts
         a new membership (a peer was declared dead or hung), when this rank recovers in place."""
         session = self.session
-        if session.world_size == 1:
+        if session.world_size == 1:  # nothing to sum: only the weighting
+            with torch.no_grad():
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(self.scale)
             return
         store, generation = session.store, session.generation
         watch = None if not session.in_process or store is None else lambda: store.peers_failed(generation)
         if self.buckets is not None and self.buckets.armed:
             self.buckets.finish(watch)  # launched during the last backward
         else:
-            gradsync.all_reduce_gradients(self.model, watch)
+            gradsync.all_reduce_gradients(self.model, watch, self.scale)
