@@ -138,6 +138,15 @@ def test_a_model_wrapped_in_ddp_is_refused_with_the_fix() -> None:
         next(session.steps(wrapped, optimizer))
 
 
+def test_an_optimizer_of_another_model_is_refused_with_the_fix() -> None:
+    model, _, _ = build()
+    _, optimizer, _ = build()  # made for a second copy of the model: its gradients never reduced
+    session = ut.init(iterations=1)
+    session.loader(torch.zeros(8, 4, dtype=torch.float64), 4, batch_size=2)
+    with pytest.raises(ValueError, match=r"updates 2 tensor\(s\) that are not parameters of the model"):
+        next(session.steps(model, optimizer))
+
+
 def step_in_the_micro_batch_loop(
     loader: ut.Loader, model: torch.nn.Module, opt: torch.optim.Optimizer
 ) -> None:

@@ -41,6 +41,15 @@ class TrainState:
                 "the session got a DistributedDataParallel model: pass the model itself "
                 "(DDP(model).module); the session reduces the gradients itself, and recovers them"
             )
+        own = {id(p) for p in self.model.parameters()}
+        foreign = sum(1 for g in self.optimizer.param_groups for p in g["params"] if id(p) not in own)
+        if foreign:
+            # Their gradients would never be reduced: each rank would update them its own way.
+            raise ValueError(
+                f"the optimizer updates {foreign} tensor(s) that are not parameters of the model given "
+                "to session.steps: create the optimizer from that model's parameters "
+                "(torch.optim.AdamW(model.parameters(), ...)) after the model is built and moved"
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """``model``, ``optimizer`` and, when objects are registered, ``extras`` (name -> state)."""
