@@ -36,6 +36,9 @@ MODELS = {  # name -> (arguments of both scripts, parameters)
     "gpt-10m": (["--layers", "6", "--hidden", "384", "--heads", "6"], "6 layers, hidden 384"),
 }
 WORKERS = (1, 2, 4)
+# Runs per side in each cell: tinygpt's steps are short (tens of ms), where this shared machine's
+# run-to-run noise weighs most, and its runs are cheap; gpt-10m's runs take ~1 min a pair.
+RUNS = {"tinygpt": 4, "gpt-10m": 2}
 ITERATIONS, WARMUP = 40, 8  # steps run; first intervals left out (start-up, first allocations)
 TARGET = 1.02  # issue 12: Unicron / DDP step time at most this
 
@@ -84,10 +87,12 @@ def unicron(root: Path, model: str, workers: int) -> float:
 
 def measure(root: Path, model: str, workers: int) -> dict[str, Any]:
     runs: dict[str, list[float]] = {"ddp": [], "unicron": []}
-    for i, side in enumerate(("ddp", "unicron", "unicron", "ddp")):
+    order = [side for i in range(RUNS[model]) for side in (("ddp", "unicron"), ("unicron", "ddp"))[i % 2]]
+    for i, side in enumerate(order):  # DDP, Unicron, Unicron, DDP, ...: drift falls on both
         where = root / f"{model}-{workers}-{i}-{side}"
         runs[side].append((ddp if side == "ddp" else unicron)(where, model, workers))
-    ours, theirs = statistics.mean(runs["unicron"]), statistics.mean(runs["ddp"])
+    # The median run: one run slowed by the machine (a neighbour's burst) does not move it.
+    ours, theirs = statistics.median(runs["unicron"]), statistics.median(runs["ddp"])
     return {
         "workers": workers,
         "model": model,
@@ -107,6 +112,7 @@ def main() -> dict[str, Any]:
         "iterations": ITERATIONS,
         "warmup_steps": WARMUP,
         "models": {name: described for name, (_, described) in MODELS.items()},
+        "runs_per_side": RUNS,
         "rows": rows,
         "met": all(r["ratio"] <= TARGET for r in rows),
     }
@@ -116,15 +122,26 @@ def main() -> dict[str, Any]:
     return result
 
 
+def spread(row: dict[str, Any]) -> float:
+    """The cell's noise: how far apart the runs of one side are, the larger side's (max/min - 1)."""
+    return max(max(t) / min(t) - 1 for t in (row["unicron_runs_s"], row["ddp_runs_s"]))
+
+
 def write_markdown(r: dict[str, Any]) -> None:
     rows = "\n".join(
         f"| {x['model']} | {x['workers']} | {x['ddp_step_s'] * 1000:.1f} | {x['unicron_step_s'] * 1000:.1f}"
-        f" | {x['ratio']:.3f} |"
+        f" | {x['ratio']:.3f} | {spread(x) * 100:.0f}% |"
         for x in r["rows"]
     )
     worst = max(r["rows"], key=lambda x: x["ratio"])
-    runs = [x[side] for x in r["rows"] for side in ("unicron_runs_s", "ddp_runs_s")]
-    spread = max((max(t) - min(t)) / min(t) for t in runs)
+    noisiest = max(spread(x) for x in r["rows"])
+    noise = (
+        "more than the 2% the target asks to resolve: this shared 2-core machine cannot show whether "
+        "the target is met in the noisier cells. Fewer workers than cores, pinned, and more runs are "
+        "what a verdict needs."
+        if noisiest > TARGET - 1
+        else "within the 2% the target asks to resolve."
+    )
     template = (Path(__file__).parent / "templates" / "performance.md").read_text()
     (ROOT / "docs" / "performance.md").write_text(
         template.format(
@@ -132,11 +149,14 @@ def write_markdown(r: dict[str, Any]) -> None:
             target=f"{r['target_ratio']:.2f}",
             verdict="met at every size" if r["met"] else "NOT met",
             worst=f"{worst['ratio']:.3f} ({worst['model']}, {worst['workers']} workers)",
-            spread=f"{spread * 100:.0f}%",
+            spread=f"{noisiest * 100:.0f}%",
+            noise=noise,
             iterations=r["iterations"],
             warmup=r["warmup_steps"],
             tiny=r["models"]["tinygpt"],
             big=r["models"]["gpt-10m"],
+            tiny_runs=r["runs_per_side"]["tinygpt"],
+            big_runs=r["runs_per_side"]["gpt-10m"],
         )
     )
 
