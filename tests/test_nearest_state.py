@@ -127,7 +127,8 @@ def test_registered_objects_are_in_the_digest_and_the_checkpoint(tmp_path: Path)
 
 def test_a_state_saved_with_other_registered_objects_is_refused_by_name(tmp_path: Path) -> None:
     saved = checkpoint.state_of(scheduled(1.0, 3), 3)
-    plain = TrainState(model_at(0.0), torch.optim.SGD(model_at(0.0).parameters(), lr=0.1))
+    model = model_at(0.0)
+    plain = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(
         StateMismatch, match=r"holds objects \['scheduler'\] but this program registered \[\]"
     ):

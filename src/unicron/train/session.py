@@ -217,7 +217,10 @@ class Session:
 
     def _resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Load the latest checkpoint, if any, then agree with the live members on one state."""
-        self._resumed, train = True, TrainState(model, optimizer, self.extras)  # refuses a DDP model
+        self._resumed, train = (
+            True,
+            TrainState(model, optimizer, self.extras),
+        )  # refuses bad models, optimizers
         found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir) if self.checkpoint_dir else None
         if found is not None:
             train.load_state_dict(found.state)
