@@ -2,11 +2,13 @@
 hooks of the last backward sum to exactly what one flat all-reduce after backward gives, each
 weighted by the scale it was given, also
 with an unused parameter and a rank that computed nothing; and a failure with buckets in flight
-leaves the rank's own gradients as they were."""
+leaves the rank's own gradients as they were; a wait for a late peer asks about failed peers
+meanwhile without losing the collective."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from datetime import timedelta
 
 import torch
@@ -45,6 +47,22 @@ def grads_after(rank: int, overlap: bool, micro_batches: int, scale: float) -> d
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def waits_out_a_slow_peer(rank: int) -> bool:
+    """Rank 1 joins an all-reduce 0.35 s late; rank 0 waits for it in ``wait_or_abandon``, whose
+    timed waits (100 ms each) must leave the collective running between its questions about
+    peers: the sum arrives intact, and rank 0 asked more than once."""
+    if rank == 1:
+        time.sleep(0.35)
+    summed, asked = torch.full((1000,), float(rank + 1)), [0]
+
+    def peers_failed() -> bool:
+        asked[0] += 1
+        return False  # no peer fails here
+
+    gradsync.wait_or_abandon(dist.all_reduce(summed, async_op=True), peers_failed)
+    return bool((summed == 3).all()) and (rank == 1 or asked[0] >= 2)
+
+
 def _member(rank: int, port: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timedelta(seconds=30))  # type: ignore[attr-defined]
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
@@ -61,6 +79,7 @@ def _member(rank: int, port: int, out: mp.Queue) -> None:  # type: ignore[type-a
     model(torch.ones(2, 16, dtype=torch.float64)).sum().backward()
     buckets.disarm()  # as recovery does when the collective fails
     kept = all(torch.equal(p.grad, 2 * local[n]) for n, p in model.named_parameters() if p.grad is not None)
+    kept = kept and waits_out_a_slow_peer(rank)
     dist.barrier()
     # Plain lists, not tensors: a tensor crosses the queue as a handle to this process's memory,
     # gone once it exits (the parent then fails to read it).

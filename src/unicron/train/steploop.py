@@ -84,21 +84,17 @@ class StepLoop:
         # A full micro-batch's share of the step's samples: the factor the accumulated gradients
         # get once, in the reduction (a shorter micro-batch's gradients are pre-weighted).
         self.scale = 1.0
-        self.relative = 1.0  # the micro-batch being computed: its samples / a full micro-batch's
         self.buckets: gradsync.Buckets | None = None
         self.settled_step = 0  # the last step in which a re-formed group settled its samples
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.handles = [optimizer.register_step_pre_hook(self._check_reduced)]
 
     def _weigh(self, relative: float) -> list[Any]:
-        """Hooks weighting the next backward's gradients by ``relative`` (none for a full one)."""
-        self.relative = relative
+        """Hooks weighting the next backward's gradients by ``relative``, a micro-batch's samples
+        over a full one's (none for a full one)."""
         if relative == 1:
             return []
-        return [p.register_hook(self._weighted) for p in self.params]  # type: ignore[no-untyped-call]
-
-    def _weighted(self, grad: torch.Tensor) -> torch.Tensor:
-        return grad * self.relative
+        return [p.register_hook(lambda grad: grad * relative) for p in self.params]  # type: ignore[no-untyped-call]
 
     def _check_reduced(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.phase is StepPhase.COMPUTING:
