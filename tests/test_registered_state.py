@@ -52,6 +52,40 @@ def test_the_scheduler_steps_once_per_step_and_resumes_where_it_was(tmp_path: Pa
     assert train(tmp_path / "resumed", 7) == straight
 
 
+def train_scaled(directory: Path, iterations: int) -> tuple[str, float, int]:
+    """fp16 autocast with a registered GradScaler whose first scale overflows, so that some
+    steps are skipped (inf gradients) and the scale moves both ways; the state's digest, the
+    scale and the number of optimizer updates at the end."""
+    data = torch.linspace(-1, 1, 64 * 4).reshape(64, 4)
+    session = ut.init(iterations=iterations, checkpoint_dir=directory, checkpoint_every=3)
+    with session:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**18, growth_interval=2)
+        session.register("scaler", scaler)
+        loader = session.loader(data, 8, batch_size=4)
+        for _ in session.steps(model, optimizer):
+            for batch in loader:
+                with torch.autocast("cpu", torch.float16):
+                    loss = model(batch).pow(2).mean()
+                scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    updates = int(optimizer.state[model.weight]["step"])
+    return session.digest, scaler.get_scale(), updates
+
+
+def test_a_registered_grad_scaler_resumes_with_its_scale_and_skipped_steps(tmp_path: Path) -> None:
+    straight = train_scaled(tmp_path / "straight", 9)
+    assert 0 < straight[2] < 9  # some steps overflowed and were skipped, the others updated
+    train_scaled(tmp_path / "resumed", 4)  # saved at step 4 with its scale, resumed there
+    assert train_scaled(tmp_path / "resumed", 9) == straight
+
+
 def test_stepping_a_registered_scheduler_yourself_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"remove your own scheduler\.step"):
         train(tmp_path, 3, own_step=True)
