@@ -8,6 +8,7 @@ over the same global batches (up to float summation order).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -68,17 +69,22 @@ def traced_task(
     )
 
 
-def assert_status_shows(url: str, *words: str) -> None:
-    """`unicron status` against a running coordinator prints all of ``words``."""
+def assert_status_shows(cluster: LocalCluster, *words: str) -> None:
+    """`unicron status` against a running coordinator prints all of ``words`` (with the admin's
+    token file), and says what to do without a token."""
+    status = [sys.executable, "-m", "unicron.cli.main", "status", "--coordinator", cluster.url]
     shown = subprocess.run(
-        [sys.executable, "-m", "unicron.cli.main", "status", "--coordinator", url],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [*status, "--token-file", str(cluster.admin_token)], capture_output=True, text=True, timeout=60
     )
     assert shown.returncode == 0, shown.stderr
     for word in words:
         assert word in shown.stdout, word
+    anonymous = subprocess.run(status, capture_output=True, text=True, timeout=60, env=without_tokens())
+    assert anonymous.returncode == 2 and "unicron token create" in anonymous.stderr
+
+
+def without_tokens() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("UNICRON_TOKEN")}
 
 
 def reference(tmp: Path, iterations: int, extra: Sequence[str] = ()) -> dict[str, Any]:
@@ -276,7 +282,7 @@ def test_planner_places_by_weight_and_tasks_wait(tmp_path: Path) -> None:
         cluster.submit("tasks:\n" + "".join("  - " + t.replace("\n", "\n    ").rstrip() + "\n" for t in both))
         cluster.wait(lambda: cluster.task("heavy")["state"] in ("running", "finished"), 120, "heavy to run")
         # (light may already be starting if heavy finished fast; the event order below is the check)
-        assert_status_shows(cluster.url, "Nodes", "Tasks", "Workers", "node-0", "node-1", "heavy", "light")
+        assert_status_shows(cluster, "Nodes", "Tasks", "Workers", "node-0", "node-1", "heavy", "light")
         cluster.wait(lambda: cluster.task("light")["state"] == "finished", 300, "light to finish after heavy")
         events = cluster.get("/v1/events")
         heavy = cluster.task("heavy")

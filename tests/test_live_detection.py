@@ -57,7 +57,7 @@ def test_injected_faults_are_detected_classified_and_handled(tmp_path: Path) -> 
         cluster.wait(lambda: cluster.task("lm")["state"] in ("finished", "failed"), 420, "the task to end")
         task = cluster.task("lm")
         events = cluster.get("/v1/events", task="lm")
-        assert_status_shows(cluster.url, "Incidents", "illegal_memory_access", "task_hang", "recovered")
+        assert_status_shows(cluster, "Incidents", "illegal_memory_access", "task_hang", "recovered")
     incidents = [e["detail"] for e in events if e["kind"] == "incident"]
     # Every injected fault was handled at its level (on a loaded machine a fault's aftermath may
     # open one more incident; what matters is that none is missed or mishandled).

@@ -10,6 +10,8 @@ from fastapi.testclient import TestClient
 
 from unicron.control.coordinator import CoordinatorSettings
 from unicron.control.service import create_app
+from unicron.control.tokens import issue, load_or_create_secret
+from unicron.core.access import Role
 
 TASK = """
 name: t1
@@ -19,10 +21,15 @@ run: {program: [python, train.py, --steps, 10], iterations: 10}
 """
 
 
+def bearer(state: Path, role: Role, subject: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {issue(load_or_create_secret(state), role, subject)}"}
+
+
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[TestClient]:
+    """A client with an admin token (the agent calls below carry their own node's token)."""
     settings = CoordinatorSettings(state_dir=tmp_path / "state", checkpoint_root=tmp_path / "ckpt")
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), headers=bearer(settings.state_dir, Role.ADMIN, "me")) as c:
         yield c
 
 
@@ -56,13 +63,15 @@ def test_duplicate_and_unknown_tasks(client: TestClient) -> None:
     assert client.delete("/v1/tasks/nobody").status_code == 404
 
 
-def test_agents_register_and_heartbeat(client: TestClient) -> None:
-    assert client.post("/v1/agents/register", json={"node": "a", "slots": 2}).status_code == 200
-    mismatch = client.post("/v1/agents/register", json={"node": "b", "slots": 4})
+def test_agents_register_and_heartbeat(client: TestClient, tmp_path: Path) -> None:
+    a, b, ghost = (bearer(tmp_path / "state", Role.AGENT, node) for node in ("a", "b", "ghost"))
+    assert client.post("/v1/agents/register", json={"node": "a", "slots": 2}, headers=a).status_code == 200
+    mismatch = client.post("/v1/agents/register", json={"node": "b", "slots": 4}, headers=b)
     assert mismatch.status_code == 409 and "--slots" in mismatch.json()["error"]
-    assert client.post("/v1/agents/heartbeat", json={"node": "a"}).json()["registered"] is True
-    assert client.post("/v1/agents/heartbeat", json={"node": "ghost"}).json()["registered"] is False
-    bad = client.post("/v1/agents/register", json={"node": "a", "slots": 0})
+    assert client.post("/v1/agents/heartbeat", json={"node": "a"}, headers=a).json()["registered"] is True
+    unknown = client.post("/v1/agents/heartbeat", json={"node": "ghost"}, headers=ghost)
+    assert unknown.json()["registered"] is False
+    bad = client.post("/v1/agents/register", json={"node": "a", "slots": 0}, headers=a)
     assert bad.status_code == 422 and bad.json()["problems"][0]["path"] == "body.slots"
     nodes = client.get("/v1/nodes").json()
     assert [n["name"] for n in nodes] == ["a"] and nodes[0]["state"] == "healthy"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +14,14 @@ from rich.text import Text
 
 from unicron.cli.console import console
 from unicron.cli.files import read_text
-from unicron.core.errors import UnicronError
+from unicron.control.credentials import Credentials, resolve, write_token
+from unicron.core.access import Role
+from unicron.core.errors import UnicronError, UsageError
 from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, parse_live_cluster
+from unicron.core.names import check_name
 from unicron.core.settings import Settings
 from unicron.core.specs import load_yaml_text, validate_spec
 from unicron.planning.planner import flops
-
-DEFAULT_URL = os.environ.get("UNICRON_COORDINATOR", "http://127.0.0.1:8470")
 
 
 def load_settings(path: Path | None) -> Settings:
@@ -37,9 +38,27 @@ def load_cluster(path: Path | None) -> LiveClusterSpec:
     return parse_live_cluster(read_text(path), str(path))
 
 
+@dataclass(frozen=True)
+class Serving:
+    """Where and how the coordinator listens: HTTPS when given a certificate and its key."""
+
+    host: str
+    port: int
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    def uvicorn_args(self) -> dict[str, Any]:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise UsageError("--tls-cert and --tls-key go together: pass both (PEM files) or neither")
+        for path in (self.tls_cert, self.tls_key):
+            if path is not None and not path.is_file():
+                raise UsageError(f"the TLS file {path} does not exist: pass the PEM certificate and key")
+        tls = {"ssl_certfile": str(self.tls_cert), "ssl_keyfile": str(self.tls_key)} if self.tls_cert else {}
+        return {"host": self.host, "port": self.port, **tls}
+
+
 def run_coordinator(
-    host: str,
-    port: int,
+    serving: Serving,
     state_dir: Path,
     checkpoint_dir: Path | None,
     advertise: str | None,
@@ -51,6 +70,8 @@ def run_coordinator(
     from unicron.control.coordinator import CoordinatorSettings
     from unicron.control.service import create_app
 
+    listen = serving.uvicorn_args()
+    host = serving.host
     settings = CoordinatorSettings(
         state_dir=state_dir,
         checkpoint_root=checkpoint_dir or state_dir / "checkpoints",
@@ -58,37 +79,70 @@ def run_coordinator(
         cluster=load_cluster(cluster_file),
         limits=load_settings(settings_file),
     )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(settings), log_level="warning", **listen)
 
 
-def run_agent(url: str, node: str | None, slots: int, run_dir: Path | None, gpus: str | None) -> None:
+def run_agent(
+    url: str, node: str | None, slots: int, run_dir: Path | None, gpus: str | None, credentials: Credentials
+) -> None:
     from unicron.control.agent import run_agent as start
 
-    name = node or socket.gethostname()
+    name = check_name(node or socket.gethostname(), "--node")
     devices = [g for g in (gpus or "").split(",") if g]
-    start(url, name, slots, run_dir or Path(f".unicron/agents/{name}"), devices)
+    start(url, name, slots, run_dir or Path(f".unicron/agents/{name}"), devices, credentials)
 
 
-def _request(method: str, url: str, **kwargs: Any) -> Any:
+def create_token(
+    role: str, subject: str | None, state_dir: Path, ttl: float | None, output: Path | None
+) -> None:
+    from unicron.control.tokens import issue, read_secret
+
     try:
-        response = httpx.request(method, url, timeout=10.0, **kwargs)
-    except httpx.HTTPError as exc:
-        raise UnicronError(f"cannot reach the coordinator at {url} ({exc}); is it running?") from None
-    if response.status_code >= 400:
+        kind = Role(role)
+    except ValueError:
+        raise UsageError(f"--role {role!r} is not a role: use admin, agent or viewer") from None
+    if kind is Role.AGENT and subject is None:
+        raise UsageError("an agent token speaks for one node: pass --subject <node name>")
+    token = issue(read_secret(state_dir), kind, subject or kind.value, ttl)
+    if output is None:
+        print(token)
+    else:
+        write_token(output, token)
+        console().print(f"wrote a {kind.value} token for {subject or kind.value} to {output}")
+
+
+@dataclass(frozen=True)
+class Api:
+    """The coordinator's URL and the credentials the CLI calls it with."""
+
+    url: str
+    credentials: Credentials
+
+    @classmethod
+    def of(cls, url: str, token_file: Path | None, ca: Path | None) -> Api:
+        return cls(url.rstrip("/"), resolve(token_file, ca))
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            body = response.json()
-        except ValueError:
-            body = {"error": response.text}
-        raise UnicronError(body.get("error", response.text))
-    return response.json()
+            own = self.credentials
+            with httpx.Client(timeout=10.0, headers=own.headers, verify=own.verify) as client:
+                response = client.request(method, f"{self.url}{path}", **kwargs)
+        except httpx.HTTPError as exc:
+            raise UnicronError(
+                f"cannot reach the coordinator at {self.url} ({exc}); is it running?"
+            ) from None
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {"error": response.text}
+            raise UnicronError(body.get("error", response.text))
+        return response.json()
 
 
-def submit(url: str, spec: Path) -> None:
-    created = _request(
-        "POST",
-        f"{url}/v1/tasks",
-        content=read_text(spec).encode(),
-        headers={"content-type": "application/yaml"},
+def submit(api: Api, spec: Path) -> None:
+    created = api.request(
+        "POST", "/v1/tasks", content=read_text(spec).encode(), headers={"content-type": "application/yaml"}
     )
     for task in created:
         console().print(
@@ -96,13 +150,13 @@ def submit(url: str, spec: Path) -> None:
         )
 
 
-def cancel(url: str, name: str) -> None:
-    task = _request("DELETE", f"{url}/v1/tasks/{name}")
+def cancel(api: Api, name: str) -> None:
+    task = api.request("DELETE", f"/v1/tasks/{check_name(name, 'task name')}")
     console().print(f"{task['name']}: {task['state']}")
 
 
-def events(url: str, task: str | None, json_output: bool) -> None:
-    rows = _request("GET", f"{url}/v1/events", params={"task": task} if task else {})
+def events(api: Api, task: str | None, json_output: bool) -> None:
+    rows = api.request("GET", "/v1/events", params={"task": task} if task else {})
     if json_output:
         print(json.dumps(rows, indent=2))
         return
@@ -147,10 +201,10 @@ def task_table(tasks: list[dict[str, Any]], title: str = "Tasks") -> Table:
     return table
 
 
-def status(url: str, json_output: bool) -> None:
-    nodes = _request("GET", f"{url}/v1/nodes")
-    tasks = _request("GET", f"{url}/v1/tasks")
-    workers = _request("GET", f"{url}/v1/workers")
+def status(api: Api, json_output: bool) -> None:
+    nodes = api.request("GET", "/v1/nodes")
+    tasks = api.request("GET", "/v1/tasks")
+    workers = api.request("GET", "/v1/workers")
     if json_output:
         print(json.dumps({"nodes": nodes, "tasks": tasks, "workers": workers}, indent=2))
         return
@@ -184,7 +238,7 @@ def status(url: str, json_output: bool) -> None:
             code,
         )
     out.print(table)
-    out.print(incident_table(_request("GET", f"{url}/v1/events")))
+    out.print(incident_table(api.request("GET", "/v1/events")))
 
 
 def incident_table(events: list[dict[str, Any]], last: int = 10) -> Table:

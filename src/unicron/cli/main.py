@@ -56,15 +56,26 @@ def simulate(
 
 
 URL = Annotated[str, typer.Option("--coordinator", envvar="UNICRON_COORDINATOR", help="coordinator URL")]
+TOKEN_FILE = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file",
+        envvar="UNICRON_TOKEN_FILE",
+        help="file holding a bearer token (else the token itself in UNICRON_TOKEN)",
+    ),
+]
+CA = Annotated[
+    Path | None,
+    typer.Option("--ca", envvar="UNICRON_CA", help="CA bundle of the coordinator's TLS certificate"),
+]
+STATE_DIR = Annotated[Path, typer.Option(help="the coordinator's state directory (its cluster secret)")]
 
 
 @app.command()
 def coordinator(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8470,
-    state_dir: Annotated[Path, typer.Option(help="where the durable state lives")] = Path(
-        ".unicron/coordinator"
-    ),
+    state_dir: STATE_DIR = Path(".unicron/coordinator"),
     checkpoint_dir: Annotated[
         Path | None, typer.Option(help="checkpoint root, shared with the agents' machines")
     ] = None,
@@ -78,11 +89,18 @@ def coordinator(
             help="YAML of the planner's hardware inputs: gpu, node_mtbf_hours (docs/live-cluster.md)"
         ),
     ] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="serve HTTPS with this certificate (PEM)")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="the certificate's private key (PEM)")] = None,
 ) -> None:
-    """Run the coordinator service (REST API, agent channel, planner, rendezvous)."""
-    from unicron.cli.live import run_coordinator
+    """Run the coordinator service (REST API, agent channel, planner, rendezvous).
 
-    run_coordinator(host, port, state_dir, checkpoint_dir, advertise, settings, cluster)
+    At its first start it creates the cluster secret (mode 0600) in --state-dir; every call
+    then needs a token from `unicron token create`."""
+    from unicron.cli.live import Serving, run_coordinator
+
+    run_coordinator(
+        Serving(host, port, tls_cert, tls_key), state_dir, checkpoint_dir, advertise, settings, cluster
+    )
 
 
 @app.command()
@@ -92,41 +110,54 @@ def agent(
     node: Annotated[str | None, typer.Option(help="node name (default: the host name)")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="for the socket and worker logs")] = None,
     gpus: Annotated[str | None, typer.Option(help="comma-separated GPU ids, one per slot")] = None,
+    token_file: TOKEN_FILE = None,
+    ca: CA = None,
 ) -> None:
-    """Run a node agent: register, heartbeat, launch and supervise workers."""
+    """Run a node agent: register, heartbeat, launch and supervise workers (with an agent token
+    issued for this node)."""
     from unicron.cli.live import run_agent
+    from unicron.control.credentials import resolve
 
-    run_agent(coordinator, node, slots, run_dir, gpus)
+    run_agent(coordinator, node, slots, run_dir, gpus, resolve(token_file, ca))
 
 
 @app.command()
 def submit(
     spec: Annotated[Path, typer.Argument(help="task YAML: one task, or several under 'tasks:'")],
     coordinator: URL = "http://127.0.0.1:8470",
+    token_file: TOKEN_FILE = None,
+    ca: CA = None,
 ) -> None:
-    """Submit tasks to the coordinator."""
+    """Submit tasks to the coordinator (an admin token)."""
+    from unicron.cli.live import Api
     from unicron.cli.live import submit as send
 
-    send(coordinator, spec)
+    send(Api.of(coordinator, token_file, ca), spec)
 
 
 @app.command()
-def cancel(name: str, coordinator: URL = "http://127.0.0.1:8470") -> None:
-    """Cancel a task: its workers stop and its slots are re-planned."""
+def cancel(
+    name: str, coordinator: URL = "http://127.0.0.1:8470", token_file: TOKEN_FILE = None, ca: CA = None
+) -> None:
+    """Cancel a task: its workers stop and its slots are re-planned (an admin token)."""
+    from unicron.cli.live import Api
     from unicron.cli.live import cancel as send
 
-    send(coordinator, name)
+    send(Api.of(coordinator, token_file, ca), name)
 
 
 @app.command()
 def status(
     coordinator: URL = "http://127.0.0.1:8470",
     json_output: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    token_file: TOKEN_FILE = None,
+    ca: CA = None,
 ) -> None:
     """Print nodes, slots, tasks and workers."""
+    from unicron.cli.live import Api
     from unicron.cli.live import status as show
 
-    show(coordinator, json_output)
+    show(Api.of(coordinator, token_file, ca), json_output)
 
 
 @app.command()
@@ -134,11 +165,36 @@ def events(
     coordinator: URL = "http://127.0.0.1:8470",
     task: Annotated[str | None, typer.Option(help="only this task's events")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    token_file: TOKEN_FILE = None,
+    ca: CA = None,
 ) -> None:
     """Print the coordinator's event log."""
+    from unicron.cli.live import Api
     from unicron.cli.live import events as show
 
-    show(coordinator, task, json_output)
+    show(Api.of(coordinator, token_file, ca), task, json_output)
+
+
+token_app = typer.Typer(help="Issue bearer tokens for the coordinator's API.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(
+    role: Annotated[
+        str, typer.Option(help="admin (submit, cancel), agent (one node's agent) or viewer (read)")
+    ],
+    subject: Annotated[
+        str | None, typer.Option(help="who it is for; for an agent token, its node's name (required)")
+    ] = None,
+    state_dir: STATE_DIR = Path(".unicron/coordinator"),
+    ttl: Annotated[float | None, typer.Option(help="seconds until it expires (default: never)")] = None,
+    output: Annotated[Path | None, typer.Option(help="write it to this file (mode 0600), not stdout")] = None,
+) -> None:
+    """Issue a token signed with the coordinator's cluster secret (run where --state-dir is)."""
+    from unicron.cli.live import create_token
+
+    create_token(role, subject, state_dir, ttl, output)
 
 
 @app.command()

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from unicron.control.credentials import Credentials
 from unicron.core.protocol import (
     AGENT_DATAGRAM,
     DumpStacks,
@@ -122,8 +123,10 @@ class Agent:
         run_dir: Path,
         gpus: list[str] | None = None,
         host: str = "127.0.0.1",
+        credentials: Credentials | None = None,
     ) -> None:
         self.url = coordinator.rstrip("/")
+        self.credentials = credentials or Credentials()  # an agent token for this node, the CA
         self.node = node
         self.slots = slots
         self.gpus = gpus or []
@@ -396,7 +399,10 @@ class Agent:
     async def _poll_orders(self) -> None:
         """Long poll: the coordinator answers as soon as it has an order for this node, so a
         stop reaches the survivors of a failure at once rather than at the next heartbeat."""
-        async with httpx.AsyncClient(timeout=self.interval * 4 + 2) as client:
+        own = self.credentials
+        async with httpx.AsyncClient(
+            timeout=self.interval * 4 + 2, headers=own.headers, verify=own.verify
+        ) as client:
             while not self.stopping:
                 if not self.registered:
                     await asyncio.sleep(self.interval / 2)
@@ -423,10 +429,12 @@ class Agent:
         transport, _ = await loop.create_datagram_endpoint(
             lambda: self._Datagrams(self), local_addr=str(self.socket_path), family=1
         )
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json", **self.credentials.headers}
         self._spawn(self._poll_orders())
         try:
-            async with httpx.AsyncClient(timeout=2.0, headers=headers) as client:
+            async with httpx.AsyncClient(
+                timeout=2.0, headers=headers, verify=self.credentials.verify
+            ) as client:
                 while not self.stopping:
                     try:
                         if not self.registered:
@@ -451,9 +459,16 @@ class Agent:
         await asyncio.gather(*(self._terminate(w, grace_s) for w in self.workers.values() if not w.exited))
 
 
-def run_agent(coordinator: str, node: str, slots: int, run_dir: Path, gpus: list[str] | None = None) -> None:
+def run_agent(
+    coordinator: str,
+    node: str,
+    slots: int,
+    run_dir: Path,
+    gpus: list[str] | None = None,
+    credentials: Credentials | None = None,
+) -> None:
     async def main() -> None:
-        agent = Agent(coordinator, node, slots, run_dir, gpus)
+        agent = Agent(coordinator, node, slots, run_dir, gpus, credentials=credentials)
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

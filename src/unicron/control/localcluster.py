@@ -15,12 +15,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import httpx
 
+from unicron.control.credentials import Credentials, read_token, write_token
+from unicron.control.tokens import issue, load_or_create_secret
+from unicron.core.access import Role
 from unicron.core.errors import UnicronError
 from unicron.core.states import SLOT_HOLDING_PHASES
 
@@ -29,6 +33,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The coordinator's certificate and key, and the CA that clients check it against (PEM)."""
+
+    cert: Path
+    key: Path
+    ca: Path
 
 
 class LocalCluster:
@@ -40,18 +53,27 @@ class LocalCluster:
         port: int | None = None,
         settings: dict[str, Any] | None = None,
         cluster: Path | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.root = root
+        self.tls = tls
         self.settings = settings or {}
         self.cluster = cluster  # the planner's hardware inputs (coordinator --cluster)
         self.node_names = [f"node-{i}" for i in range(nodes)]
         self.slots = slots
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.frozen: list[tuple[subprocess.Popen[bytes], list[int]]] = []
-        self.client = httpx.Client(base_url=self.url, timeout=10.0)
+        # The coordinator's secret exists before it starts, so that every party gets its token
+        # the way an operator would hand it out: a file per agent, an admin token for us.
+        self.secret = load_or_create_secret(root / "coordinator")
+        self.admin_token = self.token_file(Role.ADMIN, "local-admin")
+        self.credentials = Credentials(read_token(self.admin_token), tls.ca if tls else None)
+        self.client = httpx.Client(
+            base_url=self.url, timeout=10.0, headers=self.credentials.headers, verify=self.credentials.verify
+        )
         atexit.register(self.close)
 
     # ------------------------------------------------------------------ processes
@@ -65,6 +87,12 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+
+    def token_file(self, role: Role, subject: str) -> Path:
+        """A token file (mode 0600) for ``role`` and ``subject``, under the cluster's root."""
+        path = self.root / "tokens" / f"{role.value}-{subject}.token"
+        write_token(path, issue(self.secret, role, subject))
+        return path
 
     def start(self) -> LocalCluster:
         self.start_coordinator()
@@ -86,6 +114,8 @@ class LocalCluster:
             extra = ["--settings", str(path)]
         if self.cluster is not None:
             extra += ["--cluster", str(self.cluster)]
+        if self.tls is not None:
+            extra += ["--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
         self.coordinator = self._spawn(
             [
                 "coordinator",
@@ -124,6 +154,9 @@ class LocalCluster:
                 name,
                 "--run-dir",
                 str(self.root / "agents" / name),
+                "--token-file",
+                str(self.token_file(Role.AGENT, name)),
+                *(["--ca", str(self.tls.ca)] if self.tls else []),
             ],
             self.root / "logs" / f"agent-{name}.log",
         )

@@ -14,13 +14,16 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
+from unicron.control.guard import Guard, own_node
 from unicron.control.records import TaskRecord
-from unicron.core.errors import Conflict, NotFound, SpecError, UnicronError
+from unicron.control.tokens import load_or_create_secret
+from unicron.core.access import Need, Principal
+from unicron.core.errors import Conflict, Forbidden, NotFound, SpecError, Unauthenticated, UnicronError
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import Heartbeat, HeartbeatReply, OrderBatch, Registration, RegistrationReply
 
@@ -97,12 +100,32 @@ class Runtime:
 
 def create_app(settings: CoordinatorSettings) -> FastAPI:
     runtime = Runtime(settings)
-    app = FastAPI(title="Unicron coordinator", version="0.1.0", lifespan=runtime.lifespan)
+    guard = Guard(load_or_create_secret(settings.state_dir))
+    # The schema is served below, behind a token like every other call; no interactive docs.
+    app = FastAPI(
+        title="Unicron coordinator",
+        version="0.1.0",
+        lifespan=runtime.lifespan,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+    )
     _error_handlers(app)
-    app.include_router(_task_routes(runtime))
-    app.include_router(_cluster_routes(runtime))
-    app.include_router(_agent_routes(runtime))
+    read, manage = Depends(guard.needing(Need.READ)), Depends(guard.needing(Need.MANAGE))
+    app.include_router(_task_routes(runtime), dependencies=[read])
+    app.include_router(_manage_routes(runtime), dependencies=[manage])
+    app.include_router(_cluster_routes(runtime), dependencies=[read])
+    app.include_router(_agent_routes(runtime, guard))
+
+    @app.get("/openapi.json", dependencies=[read], include_in_schema=False)
+    async def schema() -> dict[str, Any]:
+        return app.openapi()
+
     return app
+
+
+# The HTTP status of each kind of error a route raises (the most specific class wins).
+STATUS = {Unauthenticated: 401, Forbidden: 403, NotFound: 404, Conflict: 409, UnicronError: 400}
 
 
 def _error_handlers(app: FastAPI) -> None:
@@ -120,8 +143,9 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(UnicronError)
     async def usage_error(_: Request, exc: UnicronError) -> JSONResponse:
-        status = 404 if isinstance(exc, NotFound) else 409 if isinstance(exc, Conflict) else 400
-        return JSONResponse(status_code=status, content={"error": str(exc)})
+        status = next(code for kind, code in STATUS.items() if isinstance(exc, kind))
+        headers = {"www-authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(status_code=status, content={"error": str(exc)}, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -147,7 +171,8 @@ _SPEC_BODY = {
 }
 
 
-def _task_routes(runtime: Runtime) -> APIRouter:
+def _manage_routes(runtime: Runtime) -> APIRouter:
+    """What runs programs on the nodes or stops them: admin tokens only."""
     router = APIRouter()
 
     @router.post("/v1/tasks", status_code=201, openapi_extra=_SPEC_BODY)
@@ -158,17 +183,23 @@ def _task_routes(runtime: Runtime) -> APIRouter:
         runtime.c.submit(*specs)
         return [task_summary(runtime.c, runtime.c.store.get_task(s.name)) for s in specs]
 
+    @router.delete("/v1/tasks/{name}")
+    async def cancel(name: str) -> dict[str, Any]:
+        runtime.c.cancel(name)
+        return task_summary(runtime.c, runtime.c.store.get_task(name))
+
+    return router
+
+
+def _task_routes(runtime: Runtime) -> APIRouter:
+    router = APIRouter()
+
     @router.get("/v1/tasks")
     async def tasks() -> list[dict[str, Any]]:
         return [task_summary(runtime.c, t) for t in runtime.c.store.tasks()]
 
     @router.get("/v1/tasks/{name}")
     async def task(name: str) -> dict[str, Any]:
-        return task_summary(runtime.c, runtime.c.store.get_task(name))
-
-    @router.delete("/v1/tasks/{name}")
-    async def cancel(name: str) -> dict[str, Any]:
-        runtime.c.cancel(name)
         return task_summary(runtime.c, runtime.c.store.get_task(name))
 
     return router
@@ -210,21 +241,26 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
     return router
 
 
-def _agent_routes(runtime: Runtime) -> APIRouter:
+def _agent_routes(runtime: Runtime, guard: Guard) -> APIRouter:
+    """The agent channel: agent tokens only, each for the node it was issued for."""
     router = APIRouter()
+    Agent = Depends(guard.agent)
 
     @router.post("/v1/agents/register")
-    async def register(reg: Registration) -> RegistrationReply:
+    async def register(reg: Registration, caller: Principal = Agent) -> RegistrationReply:
+        own_node(caller, reg.node)
         return runtime.c.register(reg)
 
     @router.post("/v1/agents/heartbeat")
-    async def heartbeat(hb: Heartbeat) -> HeartbeatReply:
+    async def heartbeat(hb: Heartbeat, caller: Principal = Agent) -> HeartbeatReply:
+        own_node(caller, hb.node)
         return runtime.c.heartbeat(hb)
 
     @router.get("/v1/agents/{node}/orders")
-    async def orders(node: str, wait: float = 2.0, acked: int = 0) -> OrderBatch:
+    async def orders(node: str, wait: float = 2.0, acked: int = 0, caller: Principal = Agent) -> OrderBatch:
         """Long poll: answers once there are orders for the node not acknowledged yet
         (``acked``: the last one carried out), or after ``wait`` seconds."""
+        own_node(caller, node)
         wait = wait if math.isfinite(wait) else 0.0
         deadline = time.monotonic() + min(max(wait, 0.0), 30.0)
         event = runtime.wakeups.setdefault(node, asyncio.Event())

@@ -49,3 +49,11 @@ class NotFound(UsageError):
 class Conflict(UsageError):
     """A request conflicts with the current state (HTTP 409): a task already ended, a node whose
     slots differ from the cluster's."""
+
+
+class Unauthenticated(UnicronError):
+    """A call without a valid bearer token (HTTP 401)."""
+
+
+class Forbidden(UnicronError):
+    """A call whose token's role or node may not do this (HTTP 403)."""

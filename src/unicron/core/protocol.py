@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from unicron.core.names import NAME_PATTERN
+
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -265,7 +267,7 @@ class WorkerState(_Message):
 
 
 class Registration(_Message):
-    node: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    node: str = Field(pattern=NAME_PATTERN)
     slots: int = Field(gt=0)
     gpus: list[str] = Field(default_factory=list)  # device ids, empty without GPUs
     host: str = "127.0.0.1"
@@ -279,7 +281,7 @@ class RegistrationReply(_Message):
 
 
 class Heartbeat(_Message):
-    node: str
+    node: str = Field(pattern=NAME_PATTERN)
     workers: list[WorkerState] = Field(default_factory=list)
     reports: list[WorkerReport] = Field(default_factory=list)
     acked: int = 0  # the last order number carried out

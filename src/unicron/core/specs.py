@@ -24,8 +24,8 @@ from pydantic import (
 
 from unicron.core.errors import SpecError, SpecProblem
 from unicron.core.gpus import KNOWN_GPUS, GpuType, custom_gpu, lookup_gpu
+from unicron.core.names import NAME_PATTERN
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 FIX_MARK = "; fix: "
 _M = TypeVar("_M", bound=BaseModel)
 
