@@ -19,8 +19,9 @@ from unicron.core.access import Role
 from unicron.core.errors import UnicronError, UsageError
 from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, parse_live_cluster
 from unicron.core.names import check_name
+from unicron.core.safeyaml import load_yaml_text
 from unicron.core.settings import Settings
-from unicron.core.specs import load_yaml_text, validate_spec
+from unicron.core.specs import validate_spec
 from unicron.planning.planner import flops
 
 

@@ -9,21 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
+from unicron.control.bodylimit import BodyLimit
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.guard import Guard, own_node
 from unicron.control.records import TaskRecord
 from unicron.control.tokens import load_or_create_secret
 from unicron.core.access import Need, Principal
 from unicron.core.errors import Conflict, Forbidden, NotFound, SpecError, Unauthenticated, UnicronError
+from unicron.core.limits import MAX_INT
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import Heartbeat, HeartbeatReply, OrderBatch, Registration, RegistrationReply
 
@@ -110,12 +112,13 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
+    app.add_middleware(BodyLimit)
     _error_handlers(app)
     read, manage = Depends(guard.needing(Need.READ)), Depends(guard.needing(Need.MANAGE))
-    app.include_router(_task_routes(runtime), dependencies=[read])
-    app.include_router(_manage_routes(runtime), dependencies=[manage])
-    app.include_router(_cluster_routes(runtime), dependencies=[read])
-    app.include_router(_agent_routes(runtime, guard))
+    app.include_router(_task_routes(runtime), dependencies=[read], responses=ERRORS)
+    app.include_router(_manage_routes(runtime), dependencies=[manage], responses=ERRORS)
+    app.include_router(_cluster_routes(runtime), dependencies=[read], responses=ERRORS)
+    app.include_router(_agent_routes(runtime, guard), responses=ERRORS)
 
     @app.get("/openapi.json", dependencies=[read], include_in_schema=False)
     async def schema() -> dict[str, Any]:
@@ -123,6 +126,33 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
 
     return app
 
+
+class Problem(BaseModel):
+    path: str
+    message: str
+    fix: str
+
+
+class ErrorBody(BaseModel):
+    """Every error's body: what is wrong (and, for a bad spec or request, each problem's fix)."""
+
+    error: str
+    problems: list[Problem] | None = None
+
+
+# Declared on every route, so that clients (and the fuzzer) know each answer's shape.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": why}
+    for code, why in {
+        400: "a malformed request",
+        401: "no valid bearer token",
+        403: "the token's role or node may not do this",
+        404: "no such task",
+        409: "conflicts with the current state",
+        413: "request body too large",
+        422: "invalid spec or request, each problem with its fix",
+    }.items()
+}
 
 # The HTTP status of each kind of error a route raises (the most specific class wins).
 STATUS = {Unauthenticated: 401, Forbidden: 403, NotFound: 404, Conflict: 409, UnicronError: 400}
@@ -153,11 +183,11 @@ def _error_handlers(app: FastAPI) -> None:
             {
                 "path": ".".join(str(x) for x in e["loc"]),
                 "message": e["msg"],
-                "fix": "send a body matching the OpenAPI schema at /openapi.json",
+                "fix": "send a request matching the OpenAPI schema at /openapi.json",
             }
             for e in exc.errors()
         ]
-        return JSONResponse(status_code=422, content={"error": "invalid request body", "problems": problems})
+        return JSONResponse(status_code=422, content={"error": "invalid request", "problems": problems})
 
 
 _SPEC_BODY = {
@@ -235,7 +265,11 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
         return [w.as_dict() for t in store.tasks(live_only=True) for w in store.workers(t.name, t.generation)]
 
     @router.get("/v1/events")
-    async def events(since: int = 0, task: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    async def events(
+        since: Annotated[int, Query(ge=0, le=MAX_INT, description="events after this id")] = 0,
+        task: Annotated[str | None, Query(max_length=63)] = None,
+        limit: Annotated[int, Query(ge=1, le=1_000_000)] = 1000,
+    ) -> list[dict[str, Any]]:
         return [e.as_dict() for e in runtime.c.store.events(since, task, limit)]
 
     return router
@@ -257,12 +291,16 @@ def _agent_routes(runtime: Runtime, guard: Guard) -> APIRouter:
         return runtime.c.heartbeat(hb)
 
     @router.get("/v1/agents/{node}/orders")
-    async def orders(node: str, wait: float = 2.0, acked: int = 0, caller: Principal = Agent) -> OrderBatch:
+    async def orders(
+        node: str,
+        wait: Annotated[float, Query(ge=0, le=30, description="seconds to wait for an order")] = 2.0,
+        acked: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+        caller: Principal = Agent,
+    ) -> OrderBatch:
         """Long poll: answers once there are orders for the node not acknowledged yet
         (``acked``: the last one carried out), or after ``wait`` seconds."""
         own_node(caller, node)
-        wait = wait if math.isfinite(wait) else 0.0
-        deadline = time.monotonic() + min(max(wait, 0.0), 30.0)
+        deadline = time.monotonic() + wait
         event = runtime.wakeups.setdefault(node, asyncio.Event())
         while True:
             event.clear()  # before taking, so that an order queued meanwhile wakes us

@@ -8,7 +8,15 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from unicron.core.specs import FIX_MARK, NodeHardware, SpecBase, TaskSpec, load_yaml_text, validate_spec
+from unicron.core.safeyaml import load_yaml_text
+from unicron.core.specs import (
+    FIX_MARK,
+    NodeHardware,
+    SpecBase,
+    TaskSpec,
+    unique_names,
+    validate_spec,
+)
 
 # Faults that damage state without failing a process: their time is not a failure's start.
 CORRUPTIONS = frozenset({"corrupt_transfer", "corrupt_checkpoint"})
@@ -116,6 +124,12 @@ def parse_live_cluster(text: str, source: str = "<cluster>") -> LiveClusterSpec:
 
 class LiveTaskList(SpecBase):
     tasks: list[LiveTaskSpec] = Field(min_length=1)
+
+    @field_validator("tasks", mode="after")
+    @classmethod
+    def _unique_names(cls, tasks: list[LiveTaskSpec]) -> list[LiveTaskSpec]:
+        # One submission is taken whole or not at all: two tasks of one name refuse both.
+        return unique_names(tasks)
 
 
 def parse_live_tasks(text: str, source: str = "<task>") -> list[LiveTaskSpec]:

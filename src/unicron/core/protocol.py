@@ -11,15 +11,36 @@ of a task's workers, and anything from an older generation is stale.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, TypeAdapter, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
+from unicron.core.limits import Int, refuse_bool_numbers
 from unicron.core.names import NAME_PATTERN
+
+INT_KEY = "^-?[0-9]{1,18}$"  # a JSON object's keys that are integers (pids, ranks)
 
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        return refuse_bool_numbers(cls, data)
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """A message's ``type`` tag has a default (senders need not write it) but the unions
+        that carry messages need it: the published schema says it is required."""
+        result = handler.resolve_ref_schema(handler(schema))
+        if "type" in result.get("properties", {}) and "type" not in result.get("required", []):
+            result["required"] = [*result.get("required", []), "type"]
+        return result
 
 
 # ------------------------------------------------------------------ worker -> agent -> coordinator
@@ -28,11 +49,11 @@ class _Message(BaseModel):
 class IterationReport(_Message):
     type: Literal["iteration"] = "iteration"
     task: str
-    generation: int
-    rank: int
-    step: int  # the step just completed (1-based: after it, `step` optimizer steps are done)
+    generation: Int
+    rank: Int
+    step: Int  # the step just completed (1-based: after it, `step` optimizer steps are done)
     duration_s: float
-    samples: int  # samples this rank processed in the step
+    samples: Int  # samples this rank processed in the step
     time: float = 0.0  # wall-clock time (Unix) the step ended, on the worker
     compute_s: float = 0.0  # time spent in the rank's own forward/backward, before waiting for peers
 
@@ -42,9 +63,9 @@ class FaultReport(_Message):
 
     type: Literal["fault"] = "fault"
     task: str
-    generation: int
-    rank: int
-    step: int
+    generation: Int
+    rank: Int
+    step: Int
     action: str
     time: float
 
@@ -52,9 +73,9 @@ class FaultReport(_Message):
 class ExceptionReport(_Message):
     type: Literal["exception"] = "exception"
     task: str
-    generation: int
-    rank: int
-    step: int
+    generation: Int
+    rank: Int
+    step: Int
     error_type: str
     message: str
     kind: str = "other"  # an ErrorKind value, classified inside the worker
@@ -65,9 +86,9 @@ class ExceptionReport(_Message):
 class CheckpointReport(_Message):
     type: Literal["checkpoint"] = "checkpoint"
     task: str
-    generation: int
-    rank: int
-    step: int
+    generation: Int
+    rank: Int
+    step: Int
     path: str
 
 
@@ -77,9 +98,9 @@ class RestoredReport(_Message):
 
     type: Literal["restored"] = "restored"
     task: str
-    generation: int
-    rank: int
-    step: int
+    generation: Int
+    rank: Int
+    step: Int
     source: str  # "host_memory" | "persistent"
     path: str
     skipped: list[tuple[str, str]] = Field(default_factory=list)  # (file, why)
@@ -88,9 +109,9 @@ class RestoredReport(_Message):
 class DoneReport(_Message):
     type: Literal["done"] = "done"
     task: str
-    generation: int
-    rank: int
-    step: int
+    generation: Int
+    rank: Int
+    step: Int
     digest: str  # parameter checksum at the end, for checking replicas agree
 
 
@@ -99,14 +120,14 @@ class ExitReport(_Message):
 
     type: Literal["exit"] = "exit"
     task: str
-    generation: int
-    rank: int
+    generation: Int
+    rank: Int
     node: str
-    code: int | None  # exit status, or None when killed by a signal
-    signal: int | None
+    code: Int | None  # exit status, or None when killed by a signal
+    signal: Int | None
     time: float = 0.0  # when the agent saw the exit (Unix time): the detection time starts here
     stop_ordered: bool = False  # it exited after a stop order: a consequence, not a fault
-    reached: int = 0  # the newest generation it had joined (it adopts later ones in place); 0: unknown
+    reached: Int = 0  # the newest generation it had joined (it adopts later ones in place); 0: unknown
 
 
 class StacksReport(_Message):
@@ -115,9 +136,9 @@ class StacksReport(_Message):
 
     type: Literal["stacks"] = "stacks"
     task: str
-    generation: int  # the generation the dump was ordered for
+    generation: Int  # the generation the dump was ordered for
     node: str
-    stacks: dict[int, str]
+    stacks: dict[int, str] = Field(json_schema_extra={"propertyNames": {"pattern": INT_KEY}})  # pid -> stack
     time: float = 0.0
 
 
@@ -127,8 +148,8 @@ class LaunchFailedReport(_Message):
 
     type: Literal["launch_failed"] = "launch_failed"
     task: str
-    generation: int
-    rank: int
+    generation: Int
+    rank: Int
     node: str
     error: str
     time: float = 0.0
@@ -168,12 +189,12 @@ class Progress(_Message):
     state, so the coordinator sees which rank has not reached the collective the others wait in."""
 
     type: Literal["progress"] = "progress"
-    pid: int  # the worker, whatever generation and rank it has now
-    generation: int = 0  # the generation the worker is in (it moves on when it adopts the next)
-    step: int  # the step being trained
+    pid: Int  # the worker, whatever generation and rank it has now
+    generation: Int = 0  # the generation the worker is in (it moves on when it adopts the next)
+    step: Int  # the step being trained
     phase: Phase
     what: str = ""  # e.g. the collective's name
-    micro_batch: int = 0  # micro-batches of the step done so far
+    micro_batch: Int = 0  # micro-batches of the step done so far
     time: float = 0.0
 
 
@@ -196,10 +217,10 @@ AGENT_DATAGRAM = TypeAdapter(AgentDatagram)  # what a worker may send its agent
 class LaunchWorker(_Message):
     type: Literal["launch"] = "launch"
     task: str
-    generation: int
-    rank: int
-    world_size: int
-    local_rank: int
+    generation: Int
+    rank: Int
+    world_size: Int
+    local_rank: Int
     argv: list[str]  # the program and its arguments
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -211,8 +232,8 @@ class StopWorkers(_Message):
 
     type: Literal["stop"] = "stop"
     task: str
-    generation: int | None = None
-    rank: int | None = None
+    generation: Int | None = None
+    rank: Int | None = None
     grace_s: float = 5.0
 
 
@@ -222,10 +243,10 @@ class RenameWorker(_Message):
 
     type: Literal["rename"] = "rename"
     task: str
-    generation: int
-    rank: int
-    new_generation: int
-    new_rank: int
+    generation: Int
+    rank: Int
+    new_generation: Int
+    new_rank: Int
 
 
 class DumpStacks(_Message):
@@ -234,7 +255,7 @@ class DumpStacks(_Message):
 
     type: Literal["stacks"] = "stacks"
     task: str
-    generation: int
+    generation: Int
     wait_s: float = 0.5  # how long to give the workers to write their stacks
 
 
@@ -257,18 +278,18 @@ Order = Annotated[
 
 class WorkerState(_Message):
     task: str
-    generation: int
-    rank: int
-    pid: int
+    generation: Int
+    rank: Int
+    pid: Int
     running: bool
     stopped: bool = False  # the process is stopped (SIGSTOP, state T): it cannot be progressing
-    returncode: int | None = None  # once it exited: its code, or minus the signal that ended it
+    returncode: Int | None = None  # once it exited: its code, or minus the signal that ended it
     progress: Progress | None = None  # the latest the worker sent (None: it sends none)
 
 
 class Registration(_Message):
     node: str = Field(pattern=NAME_PATTERN)
-    slots: int = Field(gt=0)
+    slots: Int = Field(gt=0)
     gpus: list[str] = Field(default_factory=list)  # device ids, empty without GPUs
     host: str = "127.0.0.1"
     workers: list[WorkerState] = Field(default_factory=list)
@@ -284,19 +305,19 @@ class Heartbeat(_Message):
     node: str = Field(pattern=NAME_PATTERN)
     workers: list[WorkerState] = Field(default_factory=list)
     reports: list[WorkerReport] = Field(default_factory=list)
-    acked: int = 0  # the last order number carried out
+    acked: Int = 0  # the last order number carried out
 
 
 class OrderBatch(_Message):
     """Orders for a node, each with its number: the agent acknowledges the last it carried out."""
 
     orders: list[Order] = Field(default_factory=list)
-    numbers: list[int] = Field(default_factory=list)  # each order's number, increasing
+    numbers: list[Int] = Field(default_factory=list)  # each order's number, increasing
 
 
 class HeartbeatReply(_Message):
     orders: list[Order] = Field(default_factory=list)
-    numbers: list[int] = Field(default_factory=list)  # acknowledge the last once carried out
+    numbers: list[Int] = Field(default_factory=list)  # acknowledge the last once carried out
     registered: bool = True  # False: the coordinator does not know this node; register again
 
 
@@ -307,12 +328,14 @@ class Membership(_Message):
     """The workers of a task's next generation, written by the coordinator into the task's
     rendezvous store; survivors keep their processes and take new ranks."""
 
-    generation: int
-    world_size: int
-    ranks: dict[int, int]  # rank in the old generation -> rank in the new one (absent: leave)
+    generation: Int
+    world_size: Int
+    ranks: dict[int, int] = Field(
+        json_schema_extra={"propertyNames": {"pattern": INT_KEY}}
+    )  # rank in the old generation -> rank in the new one (absent: leave)
     # Ranks declared failed: a collective waiting for them will never finish, so members abandon
     # it. Without any (a planned grow or shrink), members finish the step first.
-    failed: list[int] = []
+    failed: list[Int] = []
 
 
 def membership_key(task: str, generation: int) -> str:

@@ -11,7 +11,6 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,7 +23,9 @@ from pydantic import (
 
 from unicron.core.errors import SpecError, SpecProblem
 from unicron.core.gpus import KNOWN_GPUS, GpuType, custom_gpu, lookup_gpu
+from unicron.core.limits import brief, refuse_bool_for_number
 from unicron.core.names import NAME_PATTERN
+from unicron.core.safeyaml import load_yaml_text
 
 FIX_MARK = "; fix: "
 _M = TypeVar("_M", bound=BaseModel)
@@ -32,6 +33,11 @@ _M = TypeVar("_M", bound=BaseModel)
 
 class SpecBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        return refuse_bool_for_number(cls, value, info)
 
 
 def _positive_number(value: Any, what: str) -> float:
@@ -194,15 +200,23 @@ class TaskList(SpecBase):
     @field_validator("tasks", mode="after")
     @classmethod
     def _unique_names(cls, tasks: list[TaskSpec]) -> list[TaskSpec]:
-        seen: dict[str, int] = {}
-        for index, task in enumerate(tasks):
-            if task.name in seen:
-                raise ValueError(
-                    f"task name {task.name!r} appears twice (entries {seen[task.name]} and "
-                    f"{index}){FIX_MARK}give every task its own name"
-                )
-            seen[task.name] = index
-        return tasks
+        return unique_names(tasks)
+
+
+_Task = TypeVar("_Task", bound=TaskSpec)
+
+
+def unique_names(tasks: list[_Task]) -> list[_Task]:
+    """``tasks`` if no two share a name (a validator of every list of tasks)."""
+    seen: dict[str, int] = {}
+    for index, task in enumerate(tasks):
+        if task.name in seen:
+            raise ValueError(
+                f"task name {task.name!r} appears twice (entries {seen[task.name]} and "
+                f"{index}){FIX_MARK}give every task its own name"
+            )
+        seen[task.name] = index
+    return tasks
 
 
 class TransitionSettings(SpecBase):
@@ -373,21 +387,9 @@ def problems_from(error: ValidationError, data: Any) -> list[SpecProblem]:
         if FIX_MARK in message:
             message, fix = message.split(FIX_MARK, 1)
         elif item["type"] not in {"missing", "extra_forbidden"} and "input" in item:
-            message = f"{message} (got {item['input']!r})"
+            message = f"{message} (got {brief(item['input'])})"
         problems.append(SpecProblem(_render_path(tuple(item["loc"]), data), message, fix))
     return problems
-
-
-def load_yaml_text(text: str, source: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(
-            source, [SpecProblem(where, f"not valid YAML: {problem}", "correct the YAML syntax")]
-        ) from None
 
 
 def validate_spec(model: type[_M], data: Any, source: str) -> _M:

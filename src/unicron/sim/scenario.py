@@ -7,7 +7,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from unicron.core.errors import SpecError, SpecProblem
-from unicron.core.specs import FIX_MARK, ClusterSpec, TaskSpec, load_yaml_text, validate_spec
+from unicron.core.safeyaml import load_yaml_text
+from unicron.core.specs import FIX_MARK, ClusterSpec, TaskSpec, validate_spec
 from unicron.core.taxonomy import ErrorKind
 from unicron.sim.mixes import NAMED_MIXES
 from unicron.sim.policies import POLICY_NAMES, make_policy

@@ -1,0 +1,66 @@
+"""Bounds on what the control plane accepts from outside, so that no input, however built, costs
+more than a bounded amount of memory and time or reaches a traceback.
+
+The figures are generous for real specs (the largest example is ~2 KB and 4 levels deep) and
+small enough that the worst case is cheap: a YAML alias bomb of a few hundred bytes expands to
+billions of nodes, a 10 MB body took 10 s of the coordinator's event loop to parse, 100k-deep
+nesting overflowed the parser's recursion (measured by the probe in issue 13).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationInfo
+
+MAX_BODY_BYTES = 1 << 20  # one request body (a task spec, a heartbeat with its reports)
+MAX_SPEC_BYTES = 1 << 20  # one YAML or JSON spec
+MAX_SPEC_NODES = 100_000  # scalars, lists and mappings in a spec, aliases counted expanded
+MAX_SPEC_DEPTH = 64  # nesting of lists and mappings
+MAX_ECHO_CHARS = 60  # of a bad value quoted back in an error (never the whole input)
+MAX_INT = 2**63 - 1  # what the store (SQLite INTEGER) holds
+# An integer in a message from outside: one the store can hold and JSON carries exactly (a float
+# 2**63 - 1 rounds up past SQLite's range), with its bounds published in the schema.
+MAX_JSON_INT = 2**53 - 1
+Int = Annotated[int, Field(ge=-MAX_JSON_INT, le=MAX_JSON_INT)]
+
+
+def brief(value: Any) -> str:
+    """``repr(value)``, cut to a few dozen characters: errors name the value, never echo the input."""
+    text = repr(value)
+    return text if len(text) <= MAX_ECHO_CHARS else text[: MAX_ECHO_CHARS - 3] + "..."
+
+
+def _numeric(annotation: Any) -> bool:
+    """An int or float field (or an optional one), where pydantic would read True as 1."""
+    if annotation in (int, float):
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_numeric(a) for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _numeric(typing.get_args(annotation)[0])
+    return False
+
+
+def refuse_bool_for_number(cls: Any, value: Any, info: ValidationInfo) -> Any:
+    """A field validator (mode "before", on every field) refusing ``true``/``false`` where a
+    number is expected: pydantic's lax mode reads them as 1 and 0, so ``weight: true`` would be
+    a task of weight 1."""
+    if isinstance(value, bool) and info.field_name is not None:
+        field = cls.model_fields.get(info.field_name)
+        if field is not None and _numeric(field.annotation):
+            raise ValueError("a boolean is not a number")
+    return value
+
+
+def refuse_bool_numbers(cls: Any, data: Any) -> Any:
+    """The same as a model validator (mode "before"), for models whose fields cannot each take
+    a validator (a discriminated union's tag)."""
+    if isinstance(data, dict):
+        for name, field in cls.model_fields.items():
+            key = field.alias or name
+            if isinstance(data.get(key), bool) and _numeric(field.annotation):
+                raise ValueError(f"{key}: a boolean is not a number (got {data[key]!r})")
+    return data

@@ -1,0 +1,88 @@
+"""Hostile input to the coordinator's API (the real app and store in process): each finding of
+the probe in issue 13 answered by a clear 4xx that quotes no more than a few characters of the
+input, with nothing created and the service still answering."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from unicron.control.coordinator import CoordinatorSettings
+from unicron.control.service import create_app
+from unicron.control.tokens import issue, load_or_create_secret
+from unicron.core.access import Role
+
+TASK = "{name: %s, weight: 1, throughput: {1: 1.0e9}, run: {program: [python, x.py], iterations: 5}}"
+
+
+def alias_bomb() -> str:
+    """A few hundred bytes of YAML whose aliases expand to 9**9 (387 million) strings."""
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for previous, name in zip("abcdefgh", "bcdefghi", strict=True):
+        lines.append(f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]")
+    return "\n".join([*lines, "name: [*i]"]) + "\n"
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    state = tmp_path / "state"
+    admin = {"authorization": f"Bearer {issue(load_or_create_secret(state), Role.ADMIN, 'ops')}"}
+    settings = CoordinatorSettings(state_dir=state, checkpoint_root=tmp_path / "ckpt")
+    with TestClient(create_app(settings), headers=admin, raise_server_exceptions=False) as c:
+        yield c
+
+
+def refused(client: TestClient, status: int, body: str | bytes) -> str:
+    """Submit ``body``: it must get ``status`` with a short error, and create no task."""
+    response = client.post("/v1/tasks", content=body, headers={"content-type": "application/yaml"})
+    assert response.status_code == status, response.text[:300]
+    assert len(response.content) < 2000  # names the problem; never echoes the input
+    assert client.get("/v1/tasks").json() == []
+    return str(response.json()["error"])
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(client: TestClient) -> None:
+    bomb = alias_bomb()
+    assert len(bomb) < 600
+    assert "aliases expanded" in refused(client, 422, bomb)
+
+
+def test_deep_nesting_and_big_bodies_are_refused(client: TestClient) -> None:
+    assert "nested deeper than" in refused(client, 422, "[" * 100_000 + "]" * 100_000)
+    assert "nested deeper than" in refused(client, 422, '{"name": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    big = (TASK % "big").replace("x.py", "x" * 10_000_000)
+    assert "larger than 1048576 bytes" in refused(client, 413, big)
+
+
+def test_a_submission_is_taken_whole_or_not_at_all(client: TestClient) -> None:
+    one_bad = f"tasks:\n  - {TASK % 'good'}\n  - {(TASK % 'bad').replace('weight: 1', 'weight: -1')}\n"
+    assert "tasks[1](bad).weight" in refused(client, 422, one_bad)
+    twice = f"tasks:\n  - {TASK % 'same'}\n  - {TASK % 'same'}\n"
+    assert "appears twice" in refused(client, 422, twice)
+
+
+def test_numbers_names_and_echoes(client: TestClient) -> None:
+    assert "boolean is not a number" in refused(
+        client, 422, (TASK % "b").replace("weight: 1", "weight: true")
+    )
+    for name in ("../etc", ".hidden", "a/b", "x" * 64):
+        assert "name" in refused(client, 422, TASK % f'"{name}"')
+    long_value = (TASK % "t").replace("weight: 1", f"weight: {'9' * 5000}x")
+    assert "..." in refused(client, 422, long_value)  # the bad value is quoted, cut short
+
+
+def test_queries_and_agent_messages_out_of_bounds(client: TestClient, tmp_path: Path) -> None:
+    assert client.get("/v1/events", params={"since": 2**70}).status_code == 422
+    assert client.get("/v1/events", params={"limit": -5}).status_code == 422
+    agent = {"authorization": f"Bearer {issue(load_or_create_secret(tmp_path / 'state'), Role.AGENT, 'n')}"}
+    for wait in ("nan", "inf", "-1", "31"):
+        answer = client.get("/v1/agents/n/orders", params={"wait": wait}, headers=agent)
+        assert answer.status_code == 422 and answer.json()["problems"][0]["path"] == "query.wait"
+    bad = [{"node": "n", "slots": True}, {"node": "../n", "slots": 2}, {"node": "n", "slots": 2**70}]
+    for body in bad:
+        assert client.post("/v1/agents/register", json=body, headers=agent).status_code in (403, 422)
+    assert client.get("/v1/nodes").json() == []
+    assert client.get("/health").json() == {"status": "ok"}
