@@ -90,6 +90,31 @@ def test_a_torn_newest_checkpoint_falls_back_to_the_next_newest_in_any_tier(tmp_
     assert checkpoint.digest(model) == checkpoint.digest(model_at(10.0))
 
 
+class Payload:
+    """What a writer of the shared directory could put in a checkpoint: unpickling it runs code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, (f"ran code while loading {self.marker}",))
+
+
+def test_a_checkpoint_carrying_code_is_passed_over_without_running_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    persistent = tmp_path / "ckpt"
+    checkpoint.save(persistent, 10, state_of(model_at(10.0), 10))
+    planted = {**state_of(model_at(20.0), 20), "extra": Payload(tmp_path)}
+    torch.save(planted, checkpoint.path_for(persistent, 20))
+    found = checkpoint.load_nearest(persistent, None)
+    assert found is not None and found.state["step"] == 10
+    assert [why for _, why in found.skipped] == ["unreadable: UnpicklingError"]
+    assert "ran code" not in capsys.readouterr().out
+    torch.load(checkpoint.path_for(persistent, 20), weights_only=False)  # what it would have done
+    assert "ran code" in capsys.readouterr().out
+
+
 def test_the_state_digest_covers_the_optimizer() -> None:
     model = model_at(1.0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)

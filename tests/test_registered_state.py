@@ -229,3 +229,25 @@ def test_the_loader_outside_the_steps_or_twice_is_refused_with_the_fix() -> None
         session.loader(torch.ones(8, 4), 4, batch_size=2)
     with pytest.raises(RuntimeError, match=r"create the loader \(session\.loader"):
         next(ut.init(iterations=1).steps(*build()[:2]))
+
+
+class Counter:
+    """A user's own counter whose state is an object of its own class."""
+
+    def __init__(self) -> None:
+        self.seen = Counter.Box()
+
+    class Box:
+        pass
+
+    def state_dict(self) -> dict[str, object]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        pass
+
+
+def test_state_that_a_checkpoint_could_not_load_without_running_code_is_refused() -> None:
+    session = ut.init(iterations=1)
+    with pytest.raises(TypeError, match=r"return plain values from state_dict\(\) \(.*Unsupported global"):
+        session.register("counter", Counter())

@@ -3,10 +3,12 @@ position, written atomically by rank 0."""
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -100,6 +102,36 @@ class Restored:
         )
 
 
+def read(source: Path | BinaryIO) -> dict[str, Any]:
+    """A saved state, unpickled with ``weights_only``: tensors, numbers, strings and containers
+    only. A checkpoint or a peer's transfer can run no code in the worker that reads it (anyone
+    who can write the shared directory could otherwise run code in every worker)."""
+    state: dict[str, Any] = torch.load(source, weights_only=True)
+    return state
+
+
+def check_plain(name: str, state: dict[str, Any]) -> None:
+    """Refuse a registered object whose state ``read`` could not load back (an object of the
+    user's own class in it), when it is registered rather than at the first restore."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    try:
+        read(buffer)
+    except pickle.UnpicklingError as exc:
+        raise TypeError(
+            f"session.register({name!r}, ...): its state_dict() holds something other than tensors, "
+            "numbers, strings, lists and dicts, which checkpoints do not load (they run no code): "
+            f"return plain values from state_dict() ({_refused_global(exc)})"
+        ) from None
+
+
+def _refused_global(exc: Exception) -> str:
+    """The line of torch's refusal that names what it would not load."""
+    lines = str(exc).splitlines()
+    return next((line.strip() for line in lines if "GLOBAL" in line), lines[0] if lines else "")[:160]
+
+
 def load_nearest(persistent: Path, host: Path | None) -> Restored | None:
     """The newest intact checkpoint, from the nearest tier: the node's in-memory copy before the
     persistent one of the same step; a copy that cannot be read or does not match the digest
@@ -116,8 +148,8 @@ def load_nearest(persistent: Path, host: Path | None) -> Restored | None:
     skipped: list[tuple[str, str]] = []
     for _, _, source, path in sorted(found, key=lambda f: (-f[0], f[1])):
         try:
-            state: dict[str, Any] = torch.load(path, weights_only=False)
-        except Exception as exc:  # torn, truncated or foreign: not a usable copy
+            state = read(path)
+        except Exception as exc:  # torn, truncated, foreign, or carrying code: not a usable copy
             skipped.append((str(path), f"unreadable: {type(exc).__name__}"))
             continue
         if not _intact(state):
@@ -146,8 +178,7 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
     pointer = directory / LATEST
     if not pointer.exists():
         return None
-    state: dict[str, Any] = torch.load(directory / pointer.read_text().strip(), weights_only=False)
-    return state
+    return read(directory / pointer.read_text().strip())
 
 
 def digest(module: torch.nn.Module) -> str:

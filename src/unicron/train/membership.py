@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from unicron.train import checkpoint
 from unicron.train.data import unclaimed_share
 from unicron.train.state import TrainState, digest_parts
 
@@ -174,7 +175,7 @@ def _send_state(
 def _checked(payload: torch.Tensor, digest: int, damage: Callable[[], bool]) -> dict[str, Any] | None:
     """The state in ``payload`` if it matches ``digest``, else None (torn or damaged)."""
     try:
-        state: dict[str, Any] = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
+        state = checkpoint.read(io.BytesIO(payload.numpy().tobytes()))
         if damage():
             first = next(t for t in state["model"].values() if t.is_floating_point())
             first.view(-1)[0] += 1.0

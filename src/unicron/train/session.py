@@ -170,6 +170,7 @@ class Session:
         if self._resumed:
             raise RuntimeError(f"session.register({name!r}, ...) in session.steps(...): register before")
         check_registrable(name, obj, self.extras)
+        checkpoint.check_plain(name, obj.state_dict())
         self.extras[name] = obj
 
     def loader(
