@@ -1,29 +1,52 @@
-"""The worker's side of the task's rendezvous store, against a real TCPStore: forming a group
-waits for every member, and a group the coordinator re-forms before they all arrived (a member
-failed on the way) is skipped by every member alike, never formed by some and skipped by others."""
+"""The worker's side of the task's rendezvous store, against a real TCPStore served the way the
+coordinator serves it: forming a group waits for every member, and a group the coordinator
+re-forms before they all arrived (a member failed on the way) is skipped by every member alike,
+never formed by some and skipped by others. Values not signed with the task's key (written by
+anyone who reaches the port: the store has no authentication) are ignored by workers and by the
+coordinator, and the store listens on its advertised address only."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from unicron.core.protocol import Membership, membership_key
+from unicron.control.rendezvous import Rendezvous
+from unicron.core.protocol import Membership, membership_key, ready_key
+from unicron.core.signing import derive, sign
 from unicron.train.taskstore import TaskStore
 
 TIMEOUT = timedelta(seconds=20)
+SECRET = b"s" * 64
 
 
-def master() -> Any:
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=TIMEOUT, wait_for_workers=False)  # type: ignore[attr-defined]
+class Served:
+    """The coordinator's side (a Rendezvous) and a raw client of the same store, as an intruder
+    who reached its port would hold."""
+
+    def __init__(self) -> None:
+        self.rendezvous = Rendezvous("127.0.0.1", SECRET)
+        self.port = self.rendezvous.host("lm")
+        self.raw: Any = dist.TCPStore("127.0.0.1", self.port, is_master=False, timeout=TIMEOUT)  # type: ignore[attr-defined]
+
+    def member(self) -> TaskStore:
+        return TaskStore(f"127.0.0.1:{self.port}", "lm", derive(SECRET, "lm"), TIMEOUT, reconnect_s=1.0)
+
+    def set(self, key: str, value: str) -> None:
+        self.rendezvous.set("lm", key, value)
 
 
-def arrive_all(store: Any, generation: int, ranks: list[int], world: int) -> list[bool]:
+def master() -> Served:
+    return Served()
+
+
+def arrive_all(store: Served, generation: int, ranks: list[int], world: int) -> list[bool]:
     def one(rank: int) -> bool:
-        member = TaskStore(f"127.0.0.1:{store.port}", "lm", TIMEOUT, reconnect_s=1.0)
-        return member.arrive(generation, rank, world, TIMEOUT)
+        return store.member().arrive(generation, rank, world, TIMEOUT)
 
     with ThreadPoolExecutor(len(ranks)) as pool:
         return list(pool.map(one, ranks))
@@ -42,3 +65,49 @@ def test_a_generation_re_formed_before_all_arrived_is_skipped_by_all() -> None:
         assert waiting.result(timeout=20) == [False, False]
     # A member arriving late (it was slow, not dead) follows the same decision.
     assert arrive_all(store, 3, [2], 3) == [False]
+
+
+def test_forged_replayed_and_unsigned_values_are_ignored() -> None:
+    served = master()
+    member = served.member()
+    shrink = Membership(generation=4, world_size=1, ranks={0: 0}, failed=[1, 2, 3])
+    name = membership_key("lm", 3)
+    served.raw.set(name, shrink.model_dump_json())  # unsigned
+    assert not member.membership_changed(3)
+    served.raw.set(name, sign(derive(b"x" * 64, "lm"), name, shrink.model_dump_json()))  # another key
+    assert not member.membership_changed(3)
+    genuine_for_5 = sign(derive(SECRET, "lm"), membership_key("lm", 5), shrink.model_dump_json())
+    served.raw.set(name, genuine_for_5)  # the coordinator's, replayed under another generation
+    assert not member.membership_changed(3) and not member.peers_failed(3)
+    real = Membership(generation=4, world_size=2, ranks={0: 0, 1: 1}, failed=[])
+    served.set(name, real.model_dump_json())
+    assert member.membership_changed(3) and member.posted(3) == real
+    # Readiness: a forged announcement does not count; the worker's own does.
+    served.raw.set(ready_key("lm", 4, 1), "1")
+    assert not served.rendezvous.ready("lm", [ready_key("lm", 4, 1)])
+    member.announce_ready(4, 1)
+    assert served.rendezvous.ready("lm", [ready_key("lm", 4, 1)])
+
+
+def test_a_forged_membership_does_not_end_a_wait_for_the_real_one() -> None:
+    served = master()
+    name = membership_key("lm", 7)
+    served.raw.set(name, Membership(generation=8, world_size=1, ranks={0: 0}).model_dump_json())
+    real = Membership(generation=8, world_size=3, ranks={0: 0, 1: 1, 2: 2})
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(served.member().next_membership, 7, TIMEOUT)
+        time.sleep(0.3)
+        assert not waiting.done()
+        served.set(name, real.model_dump_json())
+        assert waiting.result(timeout=20) == real
+
+
+def test_the_store_listens_on_its_address_only() -> None:
+    served = master()
+    listening = [
+        line.split()[1]
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+        if line.split()[3] == "0A"
+    ]  # state LISTEN: local address as hex ip:port
+    assert f"0100007F:{served.port:04X}" in listening  # 127.0.0.1
+    assert f"00000000:{served.port:04X}" not in listening  # not 0.0.0.0

@@ -67,6 +67,7 @@ class Context:
             generation=generation,
             world_size=world,
             store=f"{self.settings.advertise_host}:{port}",
+            store_key=self.act.rendezvous.key(name),
             checkpoint_dir=str(self.settings.checkpoint_root / name),
             iterations=spec.run.iterations,
             checkpoint_every=spec.run.checkpoint_every,

@@ -74,7 +74,7 @@ class Coordinator:
         store = Store(settings.state_dir / "unicron.sqlite")
         self.store: StoreReads = store  # writes go through the applier (self.act)
         self.orders_out = Orders(next_seq=int(clock() * 1e6))
-        self.act = Applier(store, Rendezvous(settings.advertise_host), self.orders_out)
+        self.act = Applier(store, Rendezvous.serving(settings), self.orders_out)
         self.ctx = Context(settings, store, self.act, clock)
         self.clock = clock
         self.generations = Generations(self.ctx)

@@ -3,22 +3,54 @@
 Each task gets one ``torch.distributed.TCPStore``; each generation of its workers uses a fresh
 key prefix (``<task>/g<generation>``), because reusing a prefix collides with the keys the last
 membership left behind. Workers never host a store, so a dead worker cannot take the rendezvous
-with it.
+with it. A store listens on the coordinator's advertised address only (a socket bound here and
+handed to torch, whose own server would listen on every interface), and every value written to
+steer workers is signed with the task's key (``core.signing``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import socket
+from typing import TYPE_CHECKING, Any
+
+from unicron.control.tokens import load_or_create_secret
+from unicron.core.signing import derive, opened, sign
+
+if TYPE_CHECKING:
+    from unicron.control.context import CoordinatorSettings
+
+
+def listening(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host`` only, on ``port`` if free, else on any port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.bind((host, 0))
+    sock.listen(512)
+    return sock
 
 
 class Rendezvous:
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, secret: bytes) -> None:
         # Imported now, at start-up: importing torch takes seconds, and done at the first launch
         # it would block the service's loop, so that heartbeats and long polls time out.
         import torch.distributed  # noqa: F401
 
         self.host_address = host
+        self.secret = secret
         self._stores: dict[str, Any] = {}
+
+    @classmethod
+    def serving(cls, settings: CoordinatorSettings) -> Rendezvous:
+        """The coordinator's: on its advertised address, keys derived from the cluster secret."""
+        return cls(settings.advertise_host, load_or_create_secret(settings.state_dir))
+
+    def key(self, task: str) -> str:
+        """The task's store key, for its workers' environment."""
+        return derive(self.secret, task)
 
     def host(self, task: str, port: int = 0) -> int:
         """Serve the task's store (on ``port`` if free, else on any port); return the port."""
@@ -26,20 +58,26 @@ class Rendezvous:
             return int(self._stores[task].port)
         import torch.distributed as dist  # the service needs torch; the planner does not
 
-        try:
-            store = dist.TCPStore(self.host_address, port, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
-        except (RuntimeError, OSError):
-            store = dist.TCPStore(self.host_address, 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+        sock = listening(self.host_address, port)
+        bound = sock.getsockname()[1]
+        # The store takes the socket over (and closes it when it is freed).
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            self.host_address, bound, is_master=True, wait_for_workers=False, master_listen_fd=sock.detach()
+        )
         self._stores[task] = store
         return int(store.port)
 
     def set(self, task: str, key: str, value: str) -> None:
-        self._stores[task].set(key, value)
+        self._stores[task].set(key, sign(self.key(task), key, value))
 
     def ready(self, task: str, keys: list[str]) -> bool:
-        """Whether every key exists (newcomers announce themselves this way)."""
+        """Whether every key holds a value signed by the task's workers (newcomers announce
+        themselves this way); a forged one counts as absent."""
         store = self._stores.get(task)
-        return store is not None and bool(store.check(keys))
+        if store is None or not store.check(keys):
+            return False
+        secret = self.key(task)
+        return all(opened(secret, key, store.get(key)) is not None for key in keys)
 
     def close(self, task: str) -> None:
         self._stores.pop(task, None)

@@ -23,6 +23,7 @@ KEYS: dict[str, str] = {
     "rank": "UNICRON_RANK",
     "world_size": "UNICRON_WORLD_SIZE",
     "store": "UNICRON_STORE",
+    "store_key": "UNICRON_STORE_KEY",
     "checkpoint_dir": "UNICRON_CHECKPOINT_DIR",
     "iterations": "UNICRON_ITERATIONS",
     "checkpoint_every": "UNICRON_CHECKPOINT_EVERY",
@@ -53,6 +54,7 @@ class WorkerEnv(BaseModel):
     rank: int = 0
     world_size: int = 1
     store: str | None = None  # host:port of the task's rendezvous store
+    store_key: str | None = None  # hex key signing the store's values (core.signing)
     checkpoint_dir: str | None = None
     iterations: int = 0
     checkpoint_every: int = 0

@@ -31,7 +31,6 @@ from unicron.core.protocol import (
     FaultReport,
     Membership,
     Phase,
-    ready_key,
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
@@ -115,7 +114,10 @@ class Session:
         elif self.world_size > 1 or self.contract.spare:
             if not self.store_address:
                 raise RuntimeError("UNICRON_STORE is not set: run workers through a Unicron agent")
-            self.store = TaskStore(self.store_address, self.task, self.timeout, self.limits.store_reconnect_s)
+            if not self.contract.store_key:
+                raise RuntimeError("UNICRON_STORE_KEY is not set: run workers through a Unicron agent")
+            key, reconnect_s = self.contract.store_key, self.limits.store_reconnect_s
+            self.store = TaskStore(self.store_address, self.task, key, self.timeout, reconnect_s)
             self.faults.claim = self.store.claim
             joining = self.contract.joining
             if self.contract.spare:
@@ -124,7 +126,7 @@ class Session:
             if joining:
                 # A newcomer to live replicas: announce readiness; the coordinator then tells the
                 # replicas to make room at their next step boundary.
-                self.store.raw.set(ready_key(self.task, self.generation, self.rank), "1")
+                self.store.announce_ready(self.generation, self.rank)
             self._join()
         return self
 

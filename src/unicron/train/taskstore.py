@@ -4,6 +4,10 @@ where newcomers say they are ready and where generation-0 faults are claimed.
 Training must not depend on the coordinator being up: while its store is unreachable the
 membership checks say "no change", and the connection is re-made now and then (a restarted
 coordinator serves the store on the same port).
+
+Anyone who reaches the store's port can write to it, so the values that steer workers are
+signed with the task's key (``core.signing``): a membership or identity that does not open with
+it is treated as not there (and said once on stderr), and readiness is announced signed.
 """
 
 from __future__ import annotations
@@ -18,14 +22,30 @@ from typing import Any
 
 import torch.distributed as dist
 
-from unicron.core.protocol import Membership, membership_key, spare_key
+from unicron.core.protocol import Membership, membership_key, ready_key, spare_key
+from unicron.core.signing import opened, sign
 
 
 class TaskStore:
-    def __init__(self, address: str, task: str, timeout: timedelta, reconnect_s: float) -> None:
+    def __init__(self, address: str, task: str, key: str, timeout: timedelta, reconnect_s: float) -> None:
         self.address, self.task, self.timeout, self.reconnect_s = address, task, timeout, reconnect_s
+        self.key = key
         self.raw: Any = self._connect(timeout)
         self._reconnect_at = 0.0
+        self._refused: set[str] = set()
+
+    def _read(self, name: str) -> str | None:
+        """The payload under ``name`` if it is signed with the task's key, else None."""
+        payload = opened(self.key, name, self.raw.get(name))
+        if payload is None and name not in self._refused:
+            self._refused.add(name)
+            print(f"{name}: a value not signed with the task's key; ignored", file=sys.stderr)
+        return payload
+
+    def announce_ready(self, generation: int, rank: int) -> None:
+        """A newcomer of ``generation`` says it is about to join its live peers."""
+        name = ready_key(self.task, generation, rank)
+        self.raw.set(name, sign(self.key, name, "1"))
 
     def _connect(self, timeout: timedelta) -> Any:
         host, port = self.address.rsplit(":", 1)
@@ -34,7 +54,8 @@ class TaskStore:
     def membership_changed(self, generation: int) -> bool:
         """Whether the coordinator posted the membership that follows ``generation``."""
         try:
-            return bool(self.raw.check([membership_key(self.task, generation)]))
+            name = membership_key(self.task, generation)
+            return bool(self.raw.check([name])) and self._read(name) is not None
         except Exception:
             now = time.monotonic()
             if now - self._reconnect_at > self.reconnect_s:
@@ -50,12 +71,22 @@ class TaskStore:
         return self.membership_changed(generation) and bool(self.posted(generation).failed)
 
     def posted(self, generation: int) -> Membership:
-        return Membership.model_validate_json(self.raw.get(membership_key(self.task, generation)))
+        """The membership that follows ``generation`` (posted and signed: membership_changed)."""
+        payload = self._read(membership_key(self.task, generation))
+        if payload is None:
+            raise RuntimeError(f"generation {generation}: no signed membership follows it")
+        return Membership.model_validate_json(payload)
 
     def next_membership(self, generation: int, timeout: timedelta) -> Membership:
-        """Wait for the membership that follows ``generation``."""
-        self.raw.wait([membership_key(self.task, generation)], timeout)
-        return self.posted(generation)
+        """Wait for the (signed) membership that follows ``generation``."""
+        name = membership_key(self.task, generation)
+        deadline = time.monotonic() + timeout.total_seconds()
+        self.raw.wait([name], timeout)
+        while (payload := self._read(name)) is None:  # a forgery: wait for the coordinator's
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"generation {generation}: no signed membership within {timeout}")
+            time.sleep(0.05)
+        return Membership.model_validate_json(payload)
 
     def arrive(self, generation: int, rank: int, world_size: int, timeout: timedelta) -> bool:
         """Wait until every member of ``generation`` has arrived to form its group (True), or
@@ -80,7 +111,12 @@ class TaskStore:
         """A hot spare's wait for the identity the coordinator gives it (None: not needed after
         all, or its task is gone)."""
         key = spare_key(self.task, spare_rank)
-        return json.loads(self.raw.get(key)) if self._wait_for_key(key, stop, gone_for_s) else None
+        while self._wait_for_key(key, stop, gone_for_s):
+            payload = self._read(key)
+            if payload is not None:
+                return dict(json.loads(payload))
+            time.sleep(0.5)  # a forgery: wait for the coordinator's
+        return None
 
     def _wait_for_key(self, key: str, stop: Callable[[], bool], gone_for_s: float) -> bool:
         """Wait until ``key`` is set (True), or until ``stop()`` says so or the store has been
