@@ -195,7 +195,12 @@ class StepLoop:
                 for p in self.model.parameters():
                     p.grad = None
                 if session.step >= step:
-                    self.phase = StepPhase.COPIED  # the copied state already holds this step
+                    # The copied state holds this step: a replica finished its reduction in the
+                    # group this rank last contributed to (a newer group would have had this rank
+                    # in it), and a reduction finished anywhere holds every member's gradients.
+                    if contributed:
+                        session.trace("samples", step=step, ids=contributed)
+                    self.phase = StepPhase.COPIED
                     return
                 contributed = []
             # Survivors keep what they computed; the samples nobody holds are shared out.
