@@ -22,6 +22,7 @@ from unicron.control.service import create_app
 from unicron.control.tokens import issue, load_or_create_secret, secret_path, verify
 from unicron.core.access import Need, Principal, Role, decide
 from unicron.core.errors import UsageError
+from unicron.core.settings import Settings
 
 TASK = "name: t1\nweight: 1\nthroughput: {1: 1.0e9}\nrun: {program: [python, x.py], iterations: 5}\n"
 
@@ -36,6 +37,7 @@ NEEDS = {
     ("get", "/v1/events"): Need.READ,
     ("post", "/v1/tasks"): Need.MANAGE,
     ("delete", "/v1/tasks/{name}"): Need.MANAGE,
+    ("delete", "/v1/nodes/{name}"): Need.MANAGE,
     ("post", "/v1/agents/register"): Need.OWN_NODE,
     ("post", "/v1/agents/heartbeat"): Need.OWN_NODE,
     ("get", "/v1/agents/{node}/orders"): Need.OWN_NODE,
@@ -172,3 +174,31 @@ def test_the_secret_is_private_and_token_create_issues_working_tokens(
     os.chmod(secret_path(state), 0o644)
     exposed = subprocess.run([*cli, "--role", "admin"], capture_output=True, text=True)
     assert exposed.returncode == 2 and f"chmod 600 {secret_path(state)}" in exposed.stderr
+
+
+def test_an_admin_removes_a_lost_stale_registration_that_locked_real_agents_out(tmp_path: Path) -> None:
+    # The probe's lockout: a node registered with 1 slot made every real 2-slot agent a conflict
+    # (its token now has to be that node's; still, a stale or mistaken registration must go).
+    state = tmp_path / "state"
+    limits = Settings(heartbeat_interval_s=0.1, heartbeat_deadline_s=0.5)
+    settings = CoordinatorSettings(state_dir=state, checkpoint_root=tmp_path / "ckpt", limits=limits)
+    admin, viewer = auth(state, Role.ADMIN, "ops"), auth(state, Role.VIEWER, "v")
+    with TestClient(create_app(settings)) as app:
+        stale = {"node": "stale", "slots": 1}
+        assert (
+            app.post("/v1/agents/register", json=stale, headers=auth(state, Role.AGENT, "stale")).status_code
+            == 200
+        )
+        real = {"node": "real", "slots": 2}
+        real_agent = auth(state, Role.AGENT, "real")
+        assert app.post("/v1/agents/register", json=real, headers=real_agent).status_code == 409
+        early = app.delete("/v1/nodes/stale", headers=admin)
+        assert early.status_code == 409 and "stop its agent first" in early.json()["error"]
+        assert app.delete("/v1/nodes/stale", headers=viewer).status_code == 403
+        deadline = time.time() + 20
+        while app.get("/v1/nodes", headers=viewer).json()[0]["state"] != "lost" and time.time() < deadline:
+            time.sleep(0.1)
+        assert app.delete("/v1/nodes/stale", headers=admin).json() == {"removed": "stale"}
+        assert app.delete("/v1/nodes/stale", headers=admin).status_code == 404
+        assert app.post("/v1/agents/register", json=real, headers=real_agent).status_code == 200
+        assert [n["name"] for n in app.get("/v1/nodes", headers=viewer).json()] == ["real"]

@@ -1,8 +1,7 @@
 """The coordinator: dispatches requests and reports to its parts, ticks, and applies.
 
-All methods are synchronous and run on the service's event loop, one at a time, so they never
-race. The HTTP layer (``control.service``) only translates requests into these calls. The parts,
-one concept each:
+Synchronous, on the service's event loop, one call at a time (no races); ``control.service``
+only translates requests into these calls. The parts, one concept each:
 
 - ``detection.py``: silent nodes, hangs, workers that never started (judged on the tick);
 - ``recovery.py``: incidents, fault scope, the severity ladder's decision;
@@ -28,6 +27,7 @@ from unicron.control.placing import Placer
 from unicron.control.rates import RateMeter
 from unicron.control.records import TaskRecord
 from unicron.control.recovery import CONSEQUENCES, Recovery, Sign
+from unicron.control.removal import removable
 from unicron.control.rendezvous import Rendezvous
 from unicron.control.snapshot import StoreReads
 from unicron.control.store import Store
@@ -90,12 +90,9 @@ class Coordinator:
                     self.act.task_store_port(task.name, port)
         self.generations.orphaned_newcomers()
         gpu = settings.cluster.gpu_type()
+        live, mtbf = len(self.store.tasks(live_only=True)), settings.cluster.node_mtbf_hours
         self.act.record(
-            "coordinator_started",
-            tasks=len(self.store.tasks(live_only=True)),
-            gpu=gpu.name,
-            peak_flops=gpu.peak_flops,
-            node_mtbf_hours=settings.cluster.node_mtbf_hours,
+            "coordinator_started", tasks=live, gpu=gpu.name, peak_flops=gpu.peak_flops, node_mtbf_hours=mtbf
         )
 
     def spec(self, name: str) -> LiveTaskSpec:
@@ -104,8 +101,7 @@ class Coordinator:
     # ------------------------------------------------------------------ user API
     def submit(self, *specs: LiveTaskSpec) -> None:
         """Add tasks: all of them, or (a name is taken) none."""
-        taken = [s.name for s in specs if self.store.task(s.name) is not None]
-        if taken:
+        if taken := [s.name for s in specs if self.store.task(s.name) is not None]:
             raise Conflict(f"a task named {taken[0]!r} exists; choose another name")
         for spec in specs:
             self.act.add_task(spec.name, spec.model_dump_json(), self.clock())
@@ -118,6 +114,10 @@ class Coordinator:
             raise Conflict(f"task {name!r} is already {task.state.value}")
         self.ctx.act.stop_generation(name, task.generation, self.limits.stop_grace_s)
         self._ended(name, TaskState.CANCELLED, "task_cancelled")
+
+    def remove_node(self, name: str) -> None:  # an admin forgets a lost node (a stale registration)
+        removable(name, self.store.node(name), self.store.held_slots().get(name, {}))
+        self.act.remove_node(name)
 
     def _ended(self, name: str, state: TaskState, event: str, **detail: Any) -> None:
         self.act.task_ended(name, state, self.clock())

@@ -184,6 +184,12 @@ class Applier:
                 case Launch():
                     self.launch(effect, now)
 
+    def remove_node(self, node: str) -> None:
+        """An admin removed a lost node (control.removal): its record and its order queue go."""
+        self._store.remove_node(node)
+        self.orders.take(node)
+        self.record("node_removed", node=node)
+
     def node_lost(self, node: str, silent_s: float) -> list[WorkerRecord]:
         """A node went silent: it is lost, with its live workers (returned as they were), and
         its unsent orders mean nothing any more."""

@@ -218,6 +218,12 @@ def _manage_routes(runtime: Runtime) -> APIRouter:
         runtime.c.cancel(name)
         return task_summary(runtime.c, runtime.c.store.get_task(name))
 
+    @router.delete("/v1/nodes/{name}")
+    async def remove_node(name: str) -> dict[str, str]:
+        """Forget a lost node holding no workers (a retired machine, a stale registration)."""
+        runtime.c.remove_node(name)
+        return {"removed": name}
+
     return router
 
 

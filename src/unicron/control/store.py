@@ -291,6 +291,10 @@ class Store:
         with self._tx() as db:
             db.execute("UPDATE nodes SET last_seen = ? WHERE name = ?", (now, name))
 
+    def remove_node(self, name: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM nodes WHERE name = ?", (name,))
+
     def node_state(self, name: str, to: NodeState) -> None:
         with self._tx() as db:
             row = db.execute("SELECT state FROM nodes WHERE name = ?", (name,)).fetchone()
