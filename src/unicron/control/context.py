@@ -73,6 +73,7 @@ class Context:
             checkpoint_every=spec.run.checkpoint_every,
             pg_timeout_s=self.limits.process_group_timeout_s,
             membership_timeout_s=self.limits.membership_timeout_s,
+            storage_wait_s=self.limits.storage_wait_s,
             recovery=spec.run.recovery,
             faults=[f.model_dump() for f in spec.run.faults] or None,
             joining=joining,

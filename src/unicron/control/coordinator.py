@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from unicron.control import reported
 from unicron.control.context import Context, CoordinatorSettings
 from unicron.control.detection import Detector
 from unicron.control.effects import Applier, Orders
 from unicron.control.generations import Generations
-from unicron.control.hangs import innermost_frame
 from unicron.control.placing import Placer
 from unicron.control.rates import RateMeter
 from unicron.control.records import TaskRecord
@@ -30,6 +30,7 @@ from unicron.control.recovery import CONSEQUENCES, Recovery, Sign
 from unicron.control.removal import removable
 from unicron.control.rendezvous import Rendezvous
 from unicron.control.snapshot import StoreReads
+from unicron.control.storagewatch import StorageWatch
 from unicron.control.store import Store
 from unicron.core.errors import Conflict
 from unicron.core.ladder import Ladder
@@ -50,6 +51,7 @@ from unicron.core.protocol import (
     RegistrationReply,
     RestoredReport,
     StacksReport,
+    StorageReport,
     WorkerReport,
     WorkerState,
 )
@@ -82,6 +84,8 @@ class Coordinator:
         self.detector = Detector(self.ctx, self.recovery)
         self.rates = RateMeter(window_s=self.limits.measure_window_s, change=self.limits.measure_change)
         self.placer = Placer(self.ctx, self.generations, self.rates)
+        self.storage = StorageWatch(self.ctx)
+        self.storage.rebuild()
         self.dirty = True
         for task in self.store.tasks(live_only=True):
             if task.store_port:
@@ -130,6 +134,7 @@ class Coordinator:
         self.recovery.forget(name)
         self.recovery.ladder.forget(name)
         self.detector.forget(name)
+        self.storage.forget(name)
         self.generations.growing.pop(name, None)
         self.ctx.forget_task(name)
         self.dirty = True
@@ -230,7 +235,11 @@ class Coordinator:
         if task is None:
             return
         if isinstance(report, StacksReport):
-            self._stacks(report)  # ordered for a generation that has usually moved on since
+            incident = self.detector.hang_incidents.get((report.task, report.generation))
+            reported.stacks(self.act, report, incident)  # ordered for a generation now usually gone
+            return
+        if isinstance(report, StorageReport):
+            self.storage.report(task, report, node)
             return
         if isinstance(report, ExitReport) and report.generation != task.generation:
             report = self._successor(task, report)  # it died while being renamed in place
@@ -274,47 +283,11 @@ class Coordinator:
         elif isinstance(report, CheckpointReport):
             if report.rank == 0:
                 self.act.task_checkpointed(report.task, report.step)
+                self.storage.persisted(report.task, report.step)
         elif isinstance(report, RestoredReport):
-            self._restored(report, node)
+            reported.restored(self.act, report, node)
         elif isinstance(report, ExitReport):
             self._exit(task, report)
-
-    def _stacks(self, report: StacksReport) -> None:
-        """Every rank's Python stack at a hang, with the frame each main thread was in, recorded
-        with the hang's incident (so it says where the task hung)."""
-        self.act.record(
-            "stacks",
-            task=report.task,
-            node=report.node,
-            incident=self.detector.hang_incidents.get((report.task, report.generation)),
-            generation=report.generation,
-            where={rank: innermost_frame(text) for rank, text in report.stacks.items()},
-            stacks=report.stacks,
-        )
-
-    def _restored(self, report: RestoredReport, node: str) -> None:
-        """Where a relaunched task's state came from; a newer copy passed over (unreadable, or
-        not matching its digest) is an event of its own, naming the file and why."""
-        where: dict[str, Any] = {"rank": report.rank, "generation": report.generation}
-        if report.skipped:
-            self.act.record(
-                "checkpoint_corrupt",
-                task=report.task,
-                node=node,
-                **where,
-                skipped=[{"path": p, "why": why} for p, why in report.skipped],
-                used=report.path,
-                step=report.step,
-            )
-        if report.rank == 0 or report.skipped:
-            self.act.record(
-                "checkpoint_restored",
-                task=report.task,
-                node=node,
-                **where,
-                step=report.step,
-                source=report.source,
-            )
 
     def _successor(self, task: TaskRecord, report: ExitReport) -> ExitReport:
         """An exit reported under a generation the worker had been moved out of belongs to the

@@ -106,6 +106,22 @@ class RestoredReport(_Message):
     skipped: list[tuple[str, str]] = Field(default_factory=list)  # (file, why)
 
 
+class StorageReport(_Message):
+    """A checkpoint tier stopped taking checkpoints (full, read-only, gone: ``ok`` False) and
+    training goes on from the state in memory, or it takes them again (``ok`` True). Sent by the
+    writing rank when the tier's state changes, not at every failed save."""
+
+    type: Literal["storage"] = "storage"
+    task: str
+    generation: Int
+    rank: Int
+    step: Int
+    tier: Literal["persistent", "host_memory"]
+    ok: bool
+    error: str = Field(default="", max_length=2000)
+    time: float = 0.0  # when the tier failed or came back (Unix time)
+
+
 class DoneReport(_Message):
     type: Literal["done"] = "done"
     task: str
@@ -160,6 +176,7 @@ WorkerReport = Annotated[
     | ExceptionReport
     | CheckpointReport
     | RestoredReport
+    | StorageReport
     | DoneReport
     | ExitReport
     | FaultReport
@@ -203,6 +220,7 @@ AgentDatagram = Annotated[
     | ExceptionReport
     | CheckpointReport
     | RestoredReport
+    | StorageReport
     | DoneReport
     | FaultReport
     | Progress,

@@ -127,6 +127,12 @@ class Settings(BaseModel):
     same_fault_limit: int = Field(
         3, ge=1, description="a task or storage fault repeated this often within the window fails the task"
     )
+    storage_wait_s: float = Field(
+        300.0,
+        ge=0,
+        description="at the last step, how long the final state waits for failing checkpoint storage to "
+        "take it before the task fails (earlier checkpoints that fail are retried at the next one)",
+    )
     task_fault_window_s: float = Field(
         2.0, gt=0, description="the same fault on two nodes of a task at once (within this) is the task's own"
     )

@@ -29,6 +29,7 @@ KEYS: dict[str, str] = {
     "checkpoint_every": "UNICRON_CHECKPOINT_EVERY",
     "pg_timeout_s": "UNICRON_PG_TIMEOUT",
     "membership_timeout_s": "UNICRON_MEMBERSHIP_TIMEOUT",
+    "storage_wait_s": "UNICRON_STORAGE_WAIT",
     "recovery": "UNICRON_RECOVERY",
     "faults": "UNICRON_FAULTS",
     "joining": "UNICRON_JOINING",
@@ -60,6 +61,7 @@ class WorkerEnv(BaseModel):
     checkpoint_every: int = 0
     pg_timeout_s: float | None = None  # None: the library's default (Settings)
     membership_timeout_s: float | None = None
+    storage_wait_s: float | None = None  # the final state's wait for failing storage (Settings)
     recovery: Literal["in_process", "restart"] = "in_process"
     faults: list[dict[str, Any]] | None = None
     joining: bool = False  # a newcomer to live replicas

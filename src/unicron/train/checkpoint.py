@@ -3,6 +3,7 @@ position, written atomically by rank 0."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -46,32 +47,26 @@ class CheckpointWriteError(OSError):
 
 
 def save(directory: Path, step: int, state: dict[str, Any], keep: int = 3) -> Path:
-    """Write ``state`` for ``step`` and point ``latest`` at it; keep the newest ``keep``."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write ``state`` for ``step`` and point ``latest`` at it; keep the newest ``keep``. A
+    storage that refuses any part of it raises ``CheckpointWriteError`` and keeps no partial file
+    (the previous checkpoint and pointer stay as they were)."""
     target = path_for(directory, step)
-    tmp = target.with_suffix(".tmp")
+    tmp, pointer = target.with_suffix(".tmp"), directory / (LATEST + ".tmp")
     try:
+        directory.mkdir(parents=True, exist_ok=True)
         torch.save(state, tmp)
+        os.replace(tmp, target)
+        pointer.write_text(target.name)
+        os.replace(pointer, directory / LATEST)
     except (OSError, RuntimeError) as exc:
-        tmp.unlink(missing_ok=True)  # a torn file must not fill the store further
-        raise CheckpointWriteError(f"checkpoint storage failed writing {tmp}: {exc}") from exc
-    os.replace(tmp, target)
-    pointer = directory / (LATEST + ".tmp")
-    pointer.write_text(target.name)
-    os.replace(pointer, directory / LATEST)
+        for torn in (tmp, pointer):  # a torn file must not fill the store further
+            with contextlib.suppress(OSError):
+                torn.unlink(missing_ok=True)
+        raise CheckpointWriteError(f"checkpoint storage failed writing {target}: {exc}") from exc
     for old in sorted(directory.glob("step-*.pt"))[:-keep]:
-        old.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # pruning is best effort: the new file is in place
+            old.unlink(missing_ok=True)
     return target
-
-
-def save_step(
-    directory: Path, host: Path | None, step: int, state: dict[str, Any], persistent: bool
-) -> Path | None:
-    """Save a step's state to the node's in-memory folder ``host`` (two kept), if given, and to
-    the persistent ``directory`` if ``persistent``; returns the persistent file, if written."""
-    if host is not None:
-        save(host, step, state, keep=2)
-    return save(directory, step, state) if persistent else None
 
 
 def host_dir(persistent: Path, node: str, root: str | None = None) -> Path | None:

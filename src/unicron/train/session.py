@@ -31,6 +31,7 @@ from unicron.core.protocol import (
     FaultReport,
     Membership,
     Phase,
+    StorageReport,
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
@@ -38,6 +39,7 @@ from unicron.train import checkpoint, membership
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
 from unicron.train.loader import MapDataset, StepData, step_data
+from unicron.train.persisting import Persisting, Tier
 from unicron.train.progress import ProgressReporter
 from unicron.train.state import Stateful, TrainState, check_registrable
 from unicron.train.steploop import Loader, StepLoop
@@ -78,6 +80,9 @@ class Session:
             else None
         )
         self.limits = limits = Settings()
+        wait = contract.storage_wait_s
+        self.storage_wait_s = limits.storage_wait_s if wait is None else wait
+        self.persisting = Persisting(self._storage)
         self.timeout = timedelta(seconds=contract.pg_timeout_s or timeout_s or limits.process_group_timeout_s)
         self.channel = ReportChannel(contract.agent_socket)
         faults = [FaultSpec.model_validate(f) for f in contract.faults or []]
@@ -301,25 +306,45 @@ class Session:
         return copied
 
     def maybe_checkpoint(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, force: bool = False
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, final: bool = False
     ) -> None:
-        """Save every ``checkpoint_every`` steps (rank 0 writes; every rank holds the same state)."""
+        """Save every ``checkpoint_every`` steps (rank 0 writes; every rank holds the same state).
+        Storage that refuses a checkpoint stops nothing (``persisting.py``), except that the
+        ``final`` state waits for it (up to ``storage_wait_s``) at the task's last step."""
         if self.checkpoint_dir is None:
             return
-        due = force or (self.checkpoint_every and self.step % self.checkpoint_every == 0)
+        due = final or (self.checkpoint_every and self.step % self.checkpoint_every == 0)
         host = self.host_dir if self.local_rank == 0 else None  # one in-memory copy per node
         if not due or (self.rank != 0 and host is None):
             return
         self.progress.at(self.step, Phase.CHECKPOINT)
         where = {"task": self.task, "generation": self.generation, "world_size": self.world_size}
         state = checkpoint.state_of(TrainState(model, optimizer, self.extras), self.step, **where)
-        path = checkpoint.save_step(self.checkpoint_dir, host, self.step, state, persistent=self.rank == 0)
+        if host is not None:
+            self.persisting.attempt("host_memory", lambda: checkpoint.save(host, self.step, state, keep=2))
+        if self.rank != 0:
+            return
+        directory = self.checkpoint_dir
+
+        def write() -> Path:
+            return checkpoint.save(directory, self.step, state)
+
+        if final and self.step >= self.iterations:  # the result: it must reach the storage
+            path: Path | None = self.persisting.final(write, self.storage_wait_s)
+        else:
+            path = self.persisting.attempt("persistent", write)
         if path is not None:
             self.channel.send(CheckpointReport(**self._identity(), step=self.step, path=str(path)))
 
+    def _storage(self, tier: Tier, ok: bool, error: str, when: float) -> None:
+        self.trace("storage", tier=tier, ok=ok, step=self.step)
+        self.channel.send(
+            StorageReport(**self._identity(), step=self.step, tier=tier, ok=ok, error=error[:2000], time=when)
+        )
+
     def _finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
         """Save the final state and report the parameters' digest; returns it."""
-        self.maybe_checkpoint(model, optimizer, force=True)
+        self.maybe_checkpoint(model, optimizer, final=True)
         value = checkpoint.digest(model)
         self.channel.send(DoneReport(**self._identity(), step=self.step, digest=value))
         return value
