@@ -134,6 +134,7 @@ class Agent:
         self.run_dir = run_dir
         self.socket_path = run_dir / "agent.sock"
         self.workers: dict[tuple[str, int, int], Worker] = {}
+        self.forgotten: dict[str, ForgetTask] = {}  # ended tasks whose workers here still run
         self.reports: list[WorkerReport] = []
         self.urgent = asyncio.Event()
         self.interval = 0.5
@@ -266,6 +267,8 @@ class Agent:
                 reached=worker.progress.generation if worker.progress else o.generation,
             )
         )
+        if o.task in self.forgotten:
+            self.forget_task(self.forgotten[o.task])
 
     async def stop(self, order: StopWorkers) -> None:
         chosen = [
@@ -382,11 +385,17 @@ class Agent:
                 self._spawn(self.stop(order))
 
     def forget_task(self, order: ForgetTask) -> None:
-        """Remove the node's in-memory checkpoints of an ended task (and their folder if empty)."""
+        """Remove the node's in-memory checkpoints of an ended task (and their folder if empty),
+        again once its last worker here exits: one still saving its final state (rank 0 reports
+        the end before the others' last writes) would otherwise leave a copy nobody frees."""
         path = host_checkpoint_dir(order.checkpoint_dir, self.node, order.host_checkpoint_root)
         shutil.rmtree(path, ignore_errors=True)
         with contextlib.suppress(OSError):
             path.parent.rmdir()
+        live = any(task == order.task and not w.exited for (task, _, _), w in self.workers.items())
+        self.forgotten.pop(order.task, None)
+        if live:
+            self.forgotten[order.task] = order
 
     def rename(self, order: RenameWorker) -> None:
         worker = self.workers.pop((order.task, order.generation, order.rank), None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from unicron.control.tokens import issue, load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.errors import UnicronError
 from unicron.core.states import SLOT_HOLDING_PHASES
+from unicron.core.workerenv import host_checkpoint_dir
 
 
 def free_port() -> int:
@@ -212,6 +214,17 @@ class LocalCluster:
         self.frozen.clear()
         self.kill_coordinator()
         self.client.close()
+        self._free_memory_tier()
+
+    def _free_memory_tier(self) -> None:
+        """The embedded cluster is gone: the nodes' in-memory copies of tasks that had not ended
+        go with it (an agent that stops keeps them for its next start; these nodes have none)."""
+        for folder in (self.root / "checkpoints").glob("*"):
+            for node in self.node_names:
+                path = host_checkpoint_dir(folder, node)
+                shutil.rmtree(path, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    path.parent.rmdir()
 
     def __enter__(self) -> LocalCluster:
         return self.start()

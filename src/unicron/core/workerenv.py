@@ -127,4 +127,6 @@ def unmanaged_identity(env: Mapping[str, str]) -> dict[str, str]:
         KEYS["rank"]: env.get("RANK", "0"),
         KEYS["world_size"]: env.get("WORLD_SIZE", "1"),
         KEYS["local_rank"]: env.get("LOCAL_RANK", "0"),
+        # No agent frees a node's in-memory copies when such a run ends: none unless asked for.
+        KEYS["host_checkpoints"]: env.get(KEYS["host_checkpoints"], "0"),
     }
