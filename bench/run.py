@@ -13,6 +13,7 @@ from bench import (
     simulation_docs,
     throughput_docs,
 )
+from bench.chaos.__main__ import main as chaos_main
 
 
 def main() -> None:
@@ -45,6 +46,7 @@ def main() -> None:
     )
     overhead = overhead_bench.main()
     print(json.dumps({f"{r['model']}@{r['workers']}": r["ratio"] for r in overhead["rows"]}, indent=2))
+    chaos_main([])  # the 15-minute soak: docs/bench/chaos.json, docs/reliability.md
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from bench.chaos import check as chaos_check
 from unicron.control.localcluster import LocalCluster
 from unicron.core.specs import ModelSpec
 from unicron.planning.gpt import flops_per_sample
@@ -89,25 +90,7 @@ def without_tokens() -> dict[str, str]:
 
 def reference(tmp: Path, iterations: int, extra: Sequence[str] = ()) -> dict[str, Any]:
     """The final checkpoint of the same training without failures, in one process."""
-    out = tmp / "reference"
-    subprocess.run(
-        [
-            sys.executable,
-            str(TRAIN),
-            *ARGS,
-            *extra,
-            "--iterations",
-            str(iterations),
-            "--checkpoint-dir",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    state = load_latest(out)
-    assert state is not None and state["step"] == iterations
-    return state
+    return chaos_check.reference(tmp / "reference", iterations, extra)
 
 
 def alive(pid: int, trace: Path) -> bool:

@@ -1,0 +1,130 @@
+"""What the soak checks at the end: each task's final state against a failure-free run, its
+sample ledger, and what the cluster left behind (processes, listening ports, file descriptors,
+shared memory)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unicron.train.checkpoint import load_latest
+from unicron.train.data import DataStream
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
+GLOBAL_BATCH, MICRO_BATCH, DATASET = 16, 2, 512
+ARGS = ["--dtype", "float64", "--global-batch", str(GLOBAL_BATCH), "--micro-batch", str(MICRO_BATCH)]
+ARGS += ["--dataset-size", str(DATASET)]
+
+
+def reference(out: Path, iterations: int, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The final checkpoint of the same training without failures, in one process (``extra``:
+    more arguments of the example trainer)."""
+    argv = [*ARGS, *extra, "--iterations", str(iterations), "--checkpoint-dir", str(out)]
+    subprocess.run([sys.executable, str(TRAIN), *argv], check=True, capture_output=True, timeout=900)
+    state = load_latest(out)
+    assert state is not None and state["step"] == iterations
+    return state
+
+
+def same_state(got: dict[str, Any] | None, want: dict[str, Any]) -> bool:
+    """Parameters, optimizer moments and registered objects equal (float64, tight tolerance)."""
+    if got is None or got["step"] != want["step"] or got["model"].keys() != want["model"].keys():
+        return False
+    try:
+        for name in want["model"]:
+            torch.testing.assert_close(got["model"][name], want["model"][name], rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(
+            got["optimizer"]["state"], want["optimizer"]["state"], rtol=1e-9, atol=1e-11
+        )
+    except AssertionError:
+        return False
+    return bool(got["extras"] == want["extras"])
+
+
+def surviving_rows(rows: list[dict[str, Any]], launched: Iterable[int]) -> list[dict[str, Any]]:
+    """The ledger lines whose training is in the final state: a generation launched from a
+    checkpoint retrains the steps after it, so the earlier generations' lines from its first
+    step on were rolled back. Generations formed in place roll nothing back."""
+    samples = [r for r in rows if r["what"] == "samples"]
+    for generation in sorted(launched):
+        trained = [r["step"] for r in samples if r["generation"] == generation]
+        if trained:
+            first = min(trained)
+            samples = [r for r in samples if r["generation"] >= generation or r["step"] < first]
+    return samples
+
+
+@dataclass(frozen=True)
+class Ledger:
+    steps_exact: int  # steps whose recorded samples are exactly their global batch
+    steps_short: int  # steps missing a share (a rank killed between its all-reduce and its line)
+    wrong: list[str]  # steps with a sample twice, a foreign sample, or none recorded
+
+    @property
+    def ok(self) -> bool:
+        return not self.wrong
+
+
+def ledger(rows: list[dict[str, Any]], launched: Iterable[int], iterations: int) -> Ledger:
+    steps: dict[int, Counter[int]] = {}
+    for r in surviving_rows(rows, launched):
+        steps.setdefault(r["step"], Counter()).update(r["ids"])
+    exact, short, wrong = 0, 0, []
+    for step in range(1, iterations + 1):
+        want, got = Counter(DataStream(GLOBAL_BATCH, MICRO_BATCH, DATASET, 0).batch(step)), steps.get(step)
+        if got == want:
+            exact += 1
+        elif not got or got - want:
+            wrong.append(f"step {step}: {'nothing recorded' if not got else 'a sample twice or foreign'}")
+        else:
+            short += 1
+    return Ledger(exact, short, wrong)
+
+
+# ------------------------------------------------------------------ leaks
+def processes_of(root: Path) -> list[int]:
+    """Processes started for the cluster under ``root``: the coordinator and agents name it on
+    their command line, workers in their environment (their checkpoint folder)."""
+    mark = str(root).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            text = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if mark in text:
+            found.append(int(entry.name))
+    return found
+
+
+def listening_ports() -> set[int]:
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def open_fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def shared_memory() -> set[str]:
+    """Files in /dev/shm (the in-memory checkpoint tier, torch's shared tensors)."""
+    return {str(p) for p in Path("/dev/shm").rglob("*") if p.is_file()}

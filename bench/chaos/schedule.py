@@ -1,0 +1,69 @@
+"""The soak's plan, a pure function of its seed: which tasks run, which faults their workers
+inject (the fault library, at random steps), and which faults hit the cluster from outside, when,
+and where. The same seed gives the same plan; what a fault finds to strike (which workers are
+running at that moment) depends on the run, so targets are drawn as indices into the sorted
+candidates."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+# Faults injected from outside the workers, by the soak (bench/chaos/inject.py).
+CLUSTER_FAULTS = (
+    "worker_kill",  # SIGKILL a running worker
+    "worker_hang",  # SIGSTOP a running worker: a hang, found by the iteration-time statistics
+    "node_freeze",  # SIGSTOP a node's agent and workers (power or network gone), then it returns
+    "node_loss",  # SIGKILL a node's agent and workers, then it returns
+    "agent_kill",  # SIGKILL a node's agent (its workers die with it), restarted at once
+    "coordinator_kill",  # kill -9 the coordinator, restarted after a pause
+    "checkpoint_corrupt",  # truncate a task's newest persistent checkpoint
+)
+# Faults the workers inject themselves (unicron.train.faults), once per task (generation 0).
+WORKER_FAULTS = ("raise", "kill_after_reduce", "kill_in_backward", "hang", "stall_before_reduce")
+WEIGHTS = (1.0, 2.0, 3.0)  # three tasks of different weights
+
+
+@dataclass(frozen=True)
+class Strike:
+    """One fault from outside: after ``delay_s``, ``kind`` strikes the ``pick``-th candidate."""
+
+    delay_s: float
+    kind: str
+    pick: int
+    pause_s: float  # how long a lost node or coordinator stays away
+
+
+@dataclass
+class Plan:
+    seed: int
+    iterations: int
+    rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def worker_faults(self) -> list[dict[str, Any]]:
+        """Two faults of the library for a new task, at random steps (rank 0, which every
+        world has; generation 0: whichever worker first reaches the step, once)."""
+        steps = sorted(self.rng.sample(range(5, self.iterations - 5), 2))
+        return [
+            {
+                "action": self.rng.choice(WORKER_FAULTS),
+                "rank": 0,
+                "step": s,
+                "generation": 0,
+                "seconds": 3.0,
+                "message": "chaos soak: an injected error",
+            }
+            for s in steps
+        ]
+
+    def next_strike(self, mean_gap_s: float) -> Strike:
+        return Strike(
+            delay_s=min(3 * mean_gap_s, self.rng.expovariate(1 / mean_gap_s)),
+            kind=self.rng.choice(CLUSTER_FAULTS),
+            pick=self.rng.randrange(1 << 30),
+            pause_s=self.rng.uniform(1.0, 8.0),
+        )

@@ -1,0 +1,128 @@
+"""The soak: three tasks of different weights on a local cluster, successors submitted as they
+finish, while the workers inject faults of the library at random steps and the soak strikes the
+cluster from outside at random times; then every task must finish, exact, with nothing leaked."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.chaos import check, inject, report
+from bench.chaos.schedule import WEIGHTS, Plan
+from unicron.control.localcluster import LocalCluster
+
+# The soak's cluster: hot spares on, and limits that keep a many-fault run going. An assumption
+# of the soak (not a default): isolation is short and repeats do not fail a task, so that the
+# run tests recovery under continual faults rather than the ladder's give-up rules.
+SETTINGS = {
+    "isolation_s": 20,
+    "isolate_after": 1000,
+    "task_failure_limit": 1000,
+    "same_fault_limit": 1000,
+    "max_restarts": 1000,
+    "hang_warmup_steps": 3,
+    "hang_floor_s": 2.0,
+}
+ITERATIONS, CHECKPOINT_EVERY, STEP_DELAY = 60, 10, 0.05
+THROUGHPUT = "{1: 1.0e9, 2: 1.9e9, 4: 3.6e9}"
+
+
+def task_spec(name: str, weight: float, trace: Path, faults: list[dict[str, Any]]) -> str:
+    argv = ", ".join(["python", str(check.TRAIN), *check.ARGS, "--step-delay", str(STEP_DELAY)])
+    return (
+        f"name: {name}\nweight: {weight}\nthroughput: {THROUGHPUT}\nrun:\n  program: [{argv}]\n"
+        f"  iterations: {ITERATIONS}\n  checkpoint_every: {CHECKPOINT_EVERY}\n  flops_per_sample: 1e7\n"
+        f"  env: {{UNICRON_TRACE_FILE: {trace}}}\n  faults: {json.dumps(faults)}\n"
+    )
+
+
+@dataclass
+class Soak:
+    root: Path
+    minutes: float
+    seed: int
+    mean_gap_s: float = 10.0
+    plan: Plan = field(init=False)
+    submitted: dict[str, float] = field(default_factory=dict)  # name -> weight
+    strikes: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.plan = Plan(self.seed, ITERATIONS)
+
+    def submit(self, cluster: LocalCluster, weight: float) -> None:
+        name = f"w{weight:g}-{sum(w == weight for w in self.submitted.values())}"
+        trace = self.root / "traces" / f"{name}.jsonl"
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        cluster.submit(task_spec(name, weight, trace, self.plan.worker_faults()))
+        self.submitted[name] = weight
+
+    def refill(self, cluster: LocalCluster) -> None:
+        """Each weight's task that finished is followed by a new one."""
+        tasks = {t["name"]: t for t in cluster.get("/v1/tasks")}
+        for weight in WEIGHTS:
+            latest = [n for n, w in self.submitted.items() if w == weight][-1]
+            if tasks[latest]["state"] == "finished":
+                self.submit(cluster, weight)
+
+    def run(self, cluster: LocalCluster) -> None:
+        for weight in WEIGHTS:
+            self.submit(cluster, weight)
+        t0 = time.time()
+        deadline = t0 + self.minutes * 60
+        while time.time() < deadline:
+            fault = self.plan.next_strike(self.mean_gap_s)
+            time.sleep(min(fault.delay_s, max(0.0, deadline - time.time())))
+            if time.time() >= deadline:
+                break
+            self.refill(cluster)
+            target = inject.strike(cluster, fault)
+            self.strikes.append({"at_s": round(time.time() - t0, 1), "kind": fault.kind, "target": target})
+        finished = lambda: all(t["state"] == "finished" for t in cluster.get("/v1/tasks"))  # noqa: E731
+        cluster.wait(finished, 600, "every task to finish")
+
+
+def measure(root: Path, minutes: float, seed: int, mean_gap_s: float = 10.0) -> dict[str, Any]:
+    """Run the soak under ``root``; returns the record that docs/bench/chaos.json holds."""
+    ports, shm = check.listening_ports(), check.shared_memory()
+    want = check.reference(root / "reference", ITERATIONS)
+    soak = Soak(root, minutes, seed, mean_gap_s)
+    started = time.time()
+    with LocalCluster(root / "cluster", nodes=3, slots=2, settings=SETTINGS) as cluster:
+        fds_before = service_fds(cluster)
+        try:
+            soak.run(cluster)
+            # Ended tasks' in-memory copies are freed by their nodes' agents, shortly after the end.
+            with contextlib.suppress(TimeoutError):
+                cluster.wait(lambda: check.shared_memory() <= shm, 15, "in-memory copies to be freed")
+        finally:
+            tasks, events = cluster.get("/v1/tasks"), cluster.get("/v1/events", limit=1_000_000)
+            fds_after = service_fds(cluster)
+            left_in_memory = sorted(check.shared_memory() - shm)
+    elapsed = time.time() - started
+    time.sleep(2)  # processes killed on close are reaped
+    leaks = {
+        "processes": check.processes_of(root / "cluster"),
+        "listening_ports": sorted(check.listening_ports() - ports),
+        "shared_memory": left_in_memory,
+        "fds": {"before": fds_before, "after": fds_after},
+    }
+    return report.summary(soak, tasks, events, want, leaks, elapsed)
+
+
+def service_fds(cluster: LocalCluster) -> dict[str, int]:
+    """Open file descriptors of the coordinator and of each agent."""
+    out = {"coordinator": check.open_fds(cluster.coordinator.pid) if cluster.coordinator else 0}
+    out.update({name: check.open_fds(agent.pid) for name, agent in sorted(cluster.agents.items())})
+    return out
+
+
+def fd_growth(fds: dict[str, dict[str, int]]) -> int:
+    """The largest growth of one service's descriptors from the start to the end (a restarted
+    service is compared with the start of its kind)."""
+    before, after = fds["before"], fds["after"]
+    agents = max((v for k, v in before.items() if k != "coordinator"), default=0)
+    return max((v - before.get(k, agents) for k, v in after.items()), default=0)
