@@ -106,6 +106,9 @@ class RestoredReport(_Message):
     skipped: list[tuple[str, str]] = Field(default_factory=list)  # (file, why)
 
 
+StorageTier = Literal["persistent", "host_memory"]  # where checkpoints are kept
+
+
 class StorageReport(_Message):
     """A checkpoint tier stopped taking checkpoints (full, read-only, gone: ``ok`` False) and
     training goes on from the state in memory, or it takes them again (``ok`` True). Sent by the
@@ -116,7 +119,7 @@ class StorageReport(_Message):
     generation: Int
     rank: Int
     step: Int
-    tier: Literal["persistent", "host_memory"]
+    tier: StorageTier
     ok: bool
     error: str = Field(default="", max_length=2000)
     time: float = 0.0  # when the tier failed or came back (Unix time)

@@ -16,11 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
+from unicron.core.protocol import StorageTier as Tier
 from unicron.train.checkpoint import CheckpointWriteError
 
-Tier = Literal["persistent", "host_memory"]
 # (tier, ok, error, when): what the session sends its agent as a StorageReport.
 Notify = Callable[[Tier, bool, str, float], None]
 

@@ -32,6 +32,7 @@ from unicron.core.protocol import (
     Membership,
     Phase,
     StorageReport,
+    StorageTier,
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
@@ -39,7 +40,7 @@ from unicron.train import checkpoint, membership
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
 from unicron.train.loader import MapDataset, StepData, step_data
-from unicron.train.persisting import Persisting, Tier
+from unicron.train.persisting import Persisting
 from unicron.train.progress import ProgressReporter
 from unicron.train.state import Stateful, TrainState, check_registrable
 from unicron.train.steploop import Loader, StepLoop
@@ -336,7 +337,7 @@ class Session:
         if path is not None:
             self.channel.send(CheckpointReport(**self._identity(), step=self.step, path=str(path)))
 
-    def _storage(self, tier: Tier, ok: bool, error: str, when: float) -> None:
+    def _storage(self, tier: StorageTier, ok: bool, error: str, when: float) -> None:
         self.trace("storage", tier=tier, ok=ok, step=self.step)
         self.channel.send(
             StorageReport(**self._identity(), step=self.step, tier=tier, ok=ok, error=error[:2000], time=when)
