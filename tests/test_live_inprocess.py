@@ -120,16 +120,20 @@ def test_survivors_abandon_a_collective_stuck_on_a_frozen_node(tmp_path: Path) -
 
 
 @pytest.mark.timeout(420)
-def test_a_worker_killed_with_gradient_buckets_in_flight_is_recovered_in_place(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("nodes", "dead"), [(2, 2), (1, 1)], ids=["four-to-three", "two-to-one"])
+def test_a_worker_killed_with_gradient_buckets_in_flight_is_recovered_in_place(
+    tmp_path: Path, nodes: int, dead: int
+) -> None:
     """The gradient all-reduce runs in buckets launched during the last backward pass; a rank
     dies right after launching its first one. The survivors' own gradients are untouched (the
-    buckets are copies), so they recover in place and compute only the dead rank's samples."""
+    buckets are copies), so they recover in place and compute only the dead rank's samples:
+    also a lone survivor, which has no one to settle the step's samples with."""
     trace = tmp_path / "trace.jsonl"
-    iterations = 50
-    fault = [{"action": "kill_in_backward", "rank": 2, "step": 20, "generation": 0}]
-    table = "{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}"
+    iterations, workers = 50, 2 * nodes
+    fault = [{"action": "kill_in_backward", "rank": dead, "step": 20, "generation": 0}]
+    table = "{1: 1.0e9, 2: 1.9e9, 3: 2.7e9, 4: 3.5e9}"
     spec = traced_task(trace, table, iterations, 0.1, f"  faults: {json.dumps(fault)}\n")
-    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+    with LocalCluster(tmp_path / "cluster", nodes=nodes, slots=2) as cluster:
         cluster.submit(spec)
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
         events = cluster.get("/v1/events", task="lm")
@@ -138,13 +142,13 @@ def test_a_worker_killed_with_gradient_buckets_in_flight_is_recovered_in_place(t
     assert [e["detail"]["kind"] for e in events if e["kind"] == "incident"] == ["exited_abnormally"]
     assert [e["detail"]["step"] for e in events if e["kind"] == "fault_injected"] == [20]
     recovered = [e["detail"] for e in events if e["kind"] == "in_process_recovery"]
-    assert len(recovered) == 1 and recovered[0]["failed"] == [2], recovered
+    assert len(recovered) == 1 and recovered[0]["failed"] == [dead], recovered
     rows = read_trace(trace)
     # The survivors of step 20 recomputed exactly the dead rank's share of it.
     recompute = [r for r in rows if r["what"] == "recompute" and r["step"] == 20]
-    assert sum(r["samples"] for r in recompute) == 16 // 4, recompute
+    assert sum(r["samples"] for r in recompute) == 16 // workers, recompute
     assert_every_incident_closed(events)
-    assert_ledger_exact(rows, iterations, frozen=frozenset({2}))
+    assert_ledger_exact(rows, iterations, frozen=frozenset({dead}))
     assert_ends_exact(tmp_path, "lm", iterations)
 
 

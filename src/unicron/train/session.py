@@ -285,6 +285,13 @@ class Session:
         """Whether the coordinator posted a new membership (never while it is unreachable)."""
         return self.in_process and self.store is not None and self.store.membership_changed(self.generation)
 
+    def declared_failed(self) -> bool:
+        """Whether the coordinator's next membership declares this rank failed."""
+        store = self.store
+        if not self.in_process or store is None or not store.peers_failed(self.generation):
+            return False
+        return self.rank in store.posted(self.generation).failed
+
     def rejoin(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
         """Leave the current group, wait for the coordinator's next membership, join it, agree.
         A member lost meanwhile (its group fails to form or to agree) is a failure during the

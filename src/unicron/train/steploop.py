@@ -34,8 +34,8 @@ import torch.distributed as dist
 
 from unicron.core.protocol import Phase
 from unicron.train import gradsync
-from unicron.train.data import shard
-from unicron.train.iteration import Iteration
+from unicron.train.data import shard, unclaimed_share
+from unicron.train.iteration import Iteration, PeerLostError
 from unicron.train.loader import StepData
 from unicron.train.membership import settle
 from unicron.train.state import step_schedulers
@@ -162,7 +162,12 @@ class StepLoop:
         cannot do this: with a failure during recovery, or a member that saw the new membership
         at the boundary while another was inside the step, what each holds is not its old shard."""
         session, ids = self.session, self.data.stream.batch(step)
-        if not session.settle_pending or session.world_size == 1 or not dist.is_initialized():
+        if session.world_size == 1:
+            # Alone (a group shrunk to one): nobody to settle with; what this rank holds is
+            # kept, and it computes the rest of the step.
+            session.settle_pending = False
+            return unclaimed_share(ids, [held], 0, 1)
+        if not session.settle_pending or not dist.is_initialized():
             return shard(ids, session.rank, session.world_size)
         session.settle_pending = False
         session.progress.at(step, Phase.COLLECTIVE, "settle")
@@ -264,3 +269,9 @@ class StepLoop:
             self.buckets.finish(watch)  # launched during the last backward
         else:
             gradsync.all_reduce_gradients(self.model, watch, self.scale)
+        if watch is not None and session.declared_failed():
+            # Declared failed (hung, or its node lost) while the reduction was pending: its peers
+            # abandoned that collective and re-formed without it, and what completed here is
+            # their abandoned buffers. The step is not this rank's: it leaves (rejoin: it is not
+            # in the new membership) and neither records the step nor checkpoints it.
+            raise PeerLostError("this rank was declared failed while its reduction was pending")
