@@ -50,6 +50,7 @@ class Cluster:
 
     c: Coordinator
     clock: Clock
+    settings: CoordinatorSettings
     running: dict[tuple[str, int, int], tuple[str, int]] = field(default_factory=dict)  # -> (node, pid)
     orders: list[tuple[str, Order]] = field(default_factory=list)
     acked: dict[str, int] = field(default_factory=dict)
@@ -127,21 +128,29 @@ class Cluster:
         )
         self.beat(node, report)
 
+    def restart(self) -> None:
+        """The coordinator is killed and started again on the same state (agents and workers
+        go on)."""
+        self.c.shutdown()
+        self.c = Coordinator(self.settings, self.clock)
+
     def events(self, kind: str) -> list[dict[str, Any]]:
         return [{"id": e.id, **e.detail} for e in self.c.store.events(task=None) if e.kind == kind]
 
 
 def make_cluster(tmp_path: Path) -> Iterator[Any]:
-    made: list[Coordinator] = []
+    made: list[Cluster] = []
 
     def build(recovery: str = "in_process", **limits: Any) -> Cluster:
         clock = Clock()
         settings = CoordinatorSettings(
-            state_dir=tmp_path / "state", checkpoint_root=tmp_path / "ckpt", limits=Settings(**limits)
+            state_dir=tmp_path / f"state{len(made)}",
+            checkpoint_root=tmp_path / "ckpt",
+            limits=Settings(**limits),
         )
         c = Coordinator(settings, clock)
-        made.append(c)
-        cluster = Cluster(c, clock)
+        cluster = Cluster(c, clock, settings)
+        made.append(cluster)
         for node in ("n0", "n1"):
             c.register(Registration(node=node, slots=2))
         c.submit(*parse_live_tasks(SPEC.format(recovery=recovery), "test"))
@@ -154,5 +163,5 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
         return cluster
 
     yield build
-    for c in made:
-        c.shutdown()
+    for cluster in made:
+        cluster.c.shutdown()

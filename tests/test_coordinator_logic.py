@@ -383,3 +383,48 @@ def test_steps_trained_again_after_a_restart_are_not_progress(make: Any) -> None
         cluster.train(step)
     after = cluster.c.store.get_task("lm")
     assert after.samples == 5 * 16  # steps 1-4 again added nothing; step 5 did
+
+
+def test_an_incident_open_across_a_coordinator_restart_is_recovered_or_escalated(make: Any) -> None:
+    """The coordinator is killed while survivors recover in place. Started again, it knows the
+    incident from its log: a step regained closes it (once); a recovery that regains none by
+    the deadline escalates as it would have without the restart."""
+    cluster = make(recovery_deadline_s=10.0)
+    cluster.exit(1)
+    cluster.restart()
+    cluster.step(0.5)
+    cluster.train(2)
+    (outcome,) = cluster.events("outcome")
+    assert outcome["outcome"] == "recovered" and outcome["actions"] == ["in-process recovery"]
+
+    stuck = make(recovery_deadline_s=10.0)
+    stuck.exit(1)
+    stuck.clock.now += 8.0  # most of the deadline passed before the restart
+    stuck.restart()
+    for _ in range(19):
+        stuck.step(0.5)  # the deadline starts afresh: members may have been stuck meanwhile
+    assert stuck.events("escalation") == []
+    stuck.step(1.0)
+    (escalation,) = stuck.events("escalation")
+    assert escalation["to_action"] == "restart from checkpoint"
+    assert stuck.c.store.get_task("lm").state is TaskState.RESTARTING
+
+
+def test_an_incident_open_when_its_task_ends_ends_with_it(make: Any) -> None:
+    """A task cancelled (or finishing) while a failure is being recovered: the incident is closed
+    with the task's end, not left open; so is one whose task ended while no coordinator ran."""
+    cluster = make()
+    cluster.exit(1)
+    cluster.c.cancel("lm")
+    (outcome,) = cluster.events("outcome")
+    assert outcome["outcome"] == "task ended" and outcome["task_state"] == "cancelled"
+    assert outcome["actions"] == ["in-process recovery"]
+
+    other = make()
+    other.exit(1)
+    other.c.act.task_ended("lm", TaskState.CANCELLED, other.clock.now)  # behind the coordinator's back
+    other.restart()
+    (outcome,) = other.events("outcome")
+    assert outcome["outcome"] == "task ended" and outcome["task_state"] == "cancelled"
+    other.restart()  # closed once
+    assert len(other.events("outcome")) == 1

@@ -56,17 +56,9 @@ from unicron.core.protocol import (
     WorkerState,
 )
 from unicron.core.states import NodeState, TaskState, WorkerPhase
-from unicron.core.taxonomy import ErrorKind, Scope
+from unicron.core.taxonomy import ErrorKind, Scope, error_kind
 
 __all__ = ["Coordinator", "CoordinatorSettings"]
-
-
-def kind_of(value: str) -> ErrorKind:
-    """A worker's classification; one this coordinator does not know counts as ``other``."""
-    try:
-        return ErrorKind(value)
-    except ValueError:
-        return ErrorKind.OTHER
 
 
 class Coordinator:
@@ -86,6 +78,7 @@ class Coordinator:
         self.placer = Placer(self.ctx, self.generations, self.rates)
         self.storage = StorageWatch(self.ctx)
         self.storage.rebuild()
+        self.recovery.rebuild()
         self.dirty = True
         for task in self.store.tasks(live_only=True):
             if task.store_port:
@@ -313,7 +306,7 @@ class Coordinator:
             )
 
     def _exception(self, task: TaskRecord, report: ExceptionReport, node: str) -> None:
-        kind = kind_of(report.kind)
+        kind = error_kind(report.kind)
         self.act.record(
             "exception",
             task=report.task,

@@ -17,11 +17,12 @@ from unicron.control.context import Context
 from unicron.control.effects import Effect, Isolate, StopGeneration, TaskDown
 from unicron.control.generations import Generations
 from unicron.control.hangs import WorkerKey, not_arrived
-from unicron.control.records import TaskRecord
+from unicron.control.records import EventRecord, TaskRecord
 from unicron.control.response import (
     IN_PROCESS,
     RESTART_FAILED,
     RESTART_FROM_CHECKPOINT,
+    TASK_ENDED,
     TASK_FAILED,
     Failure,
     in_place,
@@ -32,7 +33,7 @@ from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import Progress
 from unicron.core.states import TaskState
-from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope
+from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope, error_kind
 
 # Kinds that a peer's failure produces in the survivors: an incident opened by one of these may
 # turn out to have a deeper cause.
@@ -74,6 +75,25 @@ def attribute(sign: Sign, recent: Sequence[Sign], window: float) -> Scope:
     ]
     together = [r for r in same if None in (r.generation, sign.generation) or r.generation == sign.generation]
     return Scope.TASK if together else Scope.WORKER
+
+
+def reopened(events: Sequence[EventRecord]) -> list[tuple[int, Incident]]:
+    """The incidents in ``events`` that no outcome closed (but the storage's: its own watch keeps
+    those, ``storagewatch``), with the generation each struck and the actions taken so far."""
+    closed = {e.detail.get("incident") for e in events if e.kind == "outcome"}
+    found: dict[int, tuple[int, Incident]] = {}
+    for e in events:
+        if e.kind == "incident" and e.id not in closed and e.detail.get("scope") != Scope.STORAGE.value:
+            kind, action = error_kind(str(e.detail.get("kind"))), str(e.detail.get("action"))
+            found[e.id] = (int(e.detail.get("generation", 0)), Incident(e.id, kind, e.time, action))
+        elif e.kind in ("in_process_recovery", "escalation") and e.detail.get("incident") in found:
+            incident = found[e.detail["incident"]][1]
+            if e.kind == "escalation":  # as _escalate: the action under way changes
+                incident.action = str(e.detail["to_action"])
+            incident.actions.append(IN_PROCESS if e.kind == "in_process_recovery" else incident.action)
+    for _, incident in found.values():
+        incident.actions = incident.actions or [incident.action]
+    return list(found.values())
 
 
 @dataclass
@@ -160,6 +180,7 @@ class Recovery:
             incident.deadline = now + self.ctx.limits.recovery_deadline_s
         self._apply(response.effects, now)
         if response.action == TASK_FAILED:
+            del self.incidents[(name, task.generation)]  # its outcome is recorded: task failed
             self.released(name)
 
     def _apply(self, effects: Sequence[Effect], now: float) -> None:
@@ -292,15 +313,45 @@ class Recovery:
         incident.action = to
         incident.actions.append(to)
 
+    def rebuild(self) -> None:
+        """After a restart: the incidents of live tasks that no outcome closed are open again
+        (the next step regained closes them, a new fault supersedes them, and one recovering in
+        place gets its deadline afresh: its members may have been stuck since before the
+        restart); those of tasks that ended while no coordinator ran are closed with the task."""
+        now = self.ctx.clock()
+        for task in self.ctx.store.tasks():
+            for generation, incident in reopened(self.ctx.store.events(task=task.name, limit=1_000_000)):
+                if not task.state.live:
+                    self._ended(task.name, incident, task.state)
+                    continue
+                if incident.actions[-1] in (IN_PROCESS, RESTART_FAILED):
+                    incident.deadline = now + self.ctx.limits.recovery_deadline_s
+                self.incidents[(task.name, generation)] = incident
+
     def forget(self, name: str) -> None:
-        """The task ended: nothing of it stays open."""
+        """The task ended: nothing of it stays open; an incident still being recovered ends
+        with it (its outcome says how the task ended)."""
+        task = self.ctx.store.task(name)
         for key in [k for k in self.incidents if k[0] == name]:
-            del self.incidents[key]
+            incident = self.incidents.pop(key)
+            if task is not None:
+                self._ended(name, incident, task.state)
         self.awaiting = {k: v for k, v in self.awaiting.items() if k[0] != name}
         self.awaiting_ranks = {k: v for k, v in self.awaiting_ranks.items() if k[0] != name}
         self.faults = {k: v for k, v in self.faults.items() if k[0] != name}
         self.recent.pop(name, None)
         self.task_faults = {k: v for k, v in self.task_faults.items() if k[0] != name}
+
+    def _ended(self, name: str, incident: Incident, state: TaskState) -> None:
+        self.ctx.act.record(
+            "outcome",
+            task=name,
+            incident=incident.id,
+            outcome=TASK_ENDED,
+            task_state=state.value,
+            action=incident.action,
+            actions=incident.actions,
+        )
 
     def root_cause(self, name: str, kind: ErrorKind, node: str) -> None:
         """A later, surer verdict for an open incident: the peers' connection errors that opened it

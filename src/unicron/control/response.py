@@ -23,6 +23,7 @@ IN_PROCESS = "in-process recovery"
 RESTART_FAILED = "restart of the stuck workers"  # tier two: new processes take peer state
 RESTART_FROM_CHECKPOINT = "restart from checkpoint"
 TASK_FAILED = "task failed"
+TASK_ENDED = "task ended"  # an incident still open when its task ended (finished, cancelled)
 
 
 @dataclass(frozen=True)

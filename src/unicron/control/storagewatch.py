@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from unicron.control.context import Context
 from unicron.control.records import EventRecord, TaskRecord
+from unicron.control.response import TASK_ENDED
 from unicron.core.protocol import StorageReport
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope
 
@@ -46,9 +47,11 @@ class StorageWatch:
     open: dict[tuple[str, str], Opened] = field(default_factory=dict)
 
     def rebuild(self) -> None:
-        """The open incidents of live tasks, from the event log (after a restart)."""
-        for task in self.ctx.store.tasks(live_only=True):
+        """The open incidents, from the event log (after a restart); those of ended tasks end."""
+        for task in self.ctx.store.tasks():
             self.open.update(open_incidents(self.ctx.store.events(task=task.name, limit=1_000_000)))
+            if not task.state.live:
+                self.forget(task.name)  # it ended while no coordinator ran
 
     def report(self, task: TaskRecord, report: StorageReport, node: str) -> None:
         """A tier of ``task``'s checkpoints started refusing them, or took one again."""
@@ -63,8 +66,20 @@ class StorageWatch:
         self._close((name, PERSISTENT), step)
 
     def forget(self, name: str) -> None:
+        """The task ended: its open storage incidents end with it."""
+        task = self.ctx.store.task(name)
         for key in [k for k in self.open if k[0] == name]:
-            del self.open[key]
+            opened = self.open.pop(key)
+            state = task.state.value if task is not None else "gone"
+            self.ctx.act.record(
+                "outcome",
+                task=name,
+                incident=opened.incident,
+                outcome=TASK_ENDED,
+                task_state=state,
+                action=CONTINUE_FROM_MEMORY,
+                actions=[CONTINUE_FROM_MEMORY],
+            )
 
     def _open(self, task: TaskRecord, report: StorageReport, node: str) -> None:
         now, info = self.ctx.clock(), TAXONOMY[ErrorKind.STORAGE_ERROR]

@@ -70,6 +70,14 @@ class ErrorKind(StrEnum):
     OTHER = "other"
 
 
+def error_kind(value: str) -> ErrorKind:
+    """A reported or recorded classification; one this version does not know counts as ``other``."""
+    try:
+        return ErrorKind(value)
+    except ValueError:
+        return ErrorKind.OTHER
+
+
 @dataclass(frozen=True)
 class KindInfo:
     severity: Severity
