@@ -22,6 +22,7 @@ from unicron.core.protocol import (
     LaunchWorker,
     Phase,
     Progress,
+    Registration,
     RenameWorker,
     StopWorkers,
     WorkerState,
@@ -428,3 +429,20 @@ def test_an_incident_open_when_its_task_ends_ends_with_it(make: Any) -> None:
     assert outcome["outcome"] == "task ended" and outcome["task_state"] == "cancelled"
     other.restart()  # closed once
     assert len(other.events("outcome")) == 1
+
+
+def test_a_node_back_from_the_dead_frees_the_copies_of_tasks_that_ended_meanwhile(make: Any) -> None:
+    """Tasks ending free every node's in-memory checkpoints, but a lost node gets no order: when
+    it registers again it is told to free those of the tasks that ended while it was away."""
+    cluster = make()
+    for _ in range(8):  # n1 goes silent: lost
+        cluster.clock.now += 0.5
+        cluster.beat("n0")
+        cluster.c.tick()
+    assert cluster.c.store.node("n1").state is NodeState.LOST  # type: ignore[union-attr]
+    cluster.c.cancel("lm")
+    assert not [o for node, o in cluster.orders if node == "n1" and isinstance(o, ForgetTask)]
+    cluster.c.register(Registration(node="n1", slots=2))
+    cluster.step()
+    freed = [o for node, o in cluster.orders if node == "n1" and isinstance(o, ForgetTask)]
+    assert [o.task for o in freed] == ["lm"]

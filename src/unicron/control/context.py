@@ -53,9 +53,9 @@ class Context:
             self._sample_flops[name] = flops_per_sample(spec.model) if spec.model is not None else declared
         return self._sample_flops[name]
 
-    def forget_task(self, name: str) -> None:
-        """The task ended: every node frees its in-memory checkpoints."""
-        self.act.forget_task(name, self.settings.checkpoint_root / name, self.spec(name).run.env)
+    def forget_task(self, name: str, only: str | None = None) -> None:
+        """The task ended: every node (or ``only`` that one) frees its in-memory checkpoints."""
+        self.act.forget_task(name, self.settings.checkpoint_root / name, self.spec(name).run.env, only)
 
     def worker_env(
         self, name: str, generation: int, world: int, port: int, joining: bool = False, spare: bool = False

@@ -148,6 +148,12 @@ class Coordinator:
         if known is None or known.state is NodeState.LOST:
             self.act.record("node_joined" if known is None else "node_back", node=reg.node, slots=reg.slots)
             self.dirty = True
+        if known is not None and known.state is NodeState.LOST:
+            # Tasks that ended while it was lost were forgotten everywhere but there: its
+            # in-memory copies of them (written before it went) would stay in its RAM for good.
+            for task in self.store.tasks():
+                if not task.state.live and (task.finished or 0) >= known.last_seen:
+                    self.ctx.forget_task(task.name, only=reg.node)
         self._reconcile_workers(reg.node, reg.workers)
         return RegistrationReply(
             node=reg.node,

@@ -283,10 +283,12 @@ class Applier:
         identity = {"generation": generation, "rank": rank, "world_size": world}
         self.rendezvous.set(task, spare_key(task, spare_rank), json.dumps(identity))
 
-    def forget_task(self, task: str, checkpoint_dir: Path, env: dict[str, str]) -> None:
-        """Every node frees what it keeps for an ended task."""
+    def forget_task(
+        self, task: str, checkpoint_dir: Path, env: dict[str, str], only: str | None = None
+    ) -> None:
+        """Every node (or ``only`` that one) frees what it keeps for an ended task."""
         for node in self._store.nodes():
-            if node.state is not NodeState.LOST:
+            if node.state is not NodeState.LOST and only in (None, node.name):
                 order = ForgetTask(
                     task=task,
                     checkpoint_dir=str(checkpoint_dir),
