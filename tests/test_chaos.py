@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.chaos.check import surviving_rows
 from bench.chaos.schedule import CLUSTER_FAULTS, Plan
 from bench.chaos.soak import measure
 
@@ -21,6 +22,25 @@ def test_the_same_seed_plans_the_same_soak() -> None:
     assert strikes == [two.next_strike(10.0) for _ in range(50)]
     assert {s.kind for s in strikes} == set(CLUSTER_FAULTS)
     assert strikes != [Plan(8, 60).next_strike(10.0) for _ in range(50)]
+
+
+def test_a_relaunch_rolls_back_what_came_after_its_checkpoint_even_if_it_recorded_nothing() -> None:
+    """Generation 1 trains steps 1-4; generation 2, launched from the checkpoint of step 2, dies
+    in its first step; generation 3, formed in place from it, trains steps 3-4 again. Only
+    generation 1's steps 1-2 and generation 3's lines are in the final state."""
+
+    def line(generation: int, step: int) -> dict[str, object]:
+        return {"what": "samples", "generation": generation, "step": step, "ids": [step]}
+
+    rows = [line(1, s) for s in (1, 2, 3, 4)] + [{"what": "resumed", "generation": 2, "step": 2}]
+    rows += [line(3, 3), line(3, 4)]
+    kept = [(r["generation"], r["step"]) for r in surviving_rows(rows, launched=[1, 2])]
+    assert kept == [(1, 1), (1, 2), (3, 3), (3, 4)]
+    # The same, but generation 2's members were renamed into 3 before they said they resumed.
+    rows = [line(1, s) for s in (1, 2, 3, 4)] + [{"what": "resumed", "generation": 3, "step": 2}]
+    rows += [line(3, 3), line(3, 4)]
+    kept = [(r["generation"], r["step"]) for r in surviving_rows(rows, launched=[1, 2])]
+    assert kept == [(1, 1), (1, 2), (3, 3), (3, 4)]
 
 
 @pytest.mark.timeout(1200)

@@ -52,13 +52,19 @@ def same_state(got: dict[str, Any] | None, want: dict[str, Any]) -> bool:
 
 def surviving_rows(rows: list[dict[str, Any]], launched: Iterable[int]) -> list[dict[str, Any]]:
     """The ledger lines whose training is in the final state: a generation launched from a
-    checkpoint retrains the steps after it, so the earlier generations' lines from its first
-    step on were rolled back. Generations formed in place roll nothing back."""
+    checkpoint retrains the steps after it, so the earlier generations' lines after its
+    checkpoint were rolled back. Its members may write their lines, and even their resume, under
+    a later generation formed in place from it (renamed after a failure in their first steps),
+    and agree on the newest state any of them resumed from. Generations formed in place roll
+    nothing back."""
     samples = [r for r in rows if r["what"] == "samples"]
-    for generation in sorted(launched):
-        trained = [r["step"] for r in samples if r["generation"] == generation]
-        if trained:
-            first = min(trained)
+    launches = sorted(launched)
+    for generation, upto in zip(launches, [*launches[1:], None], strict=True):
+        ours = range(generation, upto if upto is not None else 1 << 62)  # it and those formed from it
+        resumed = [r["step"] for r in rows if r["what"] == "resumed" and r["generation"] in ours]
+        trained = [r["step"] for r in samples if r["generation"] in ours]
+        first = max(resumed) + 1 if resumed else min(trained, default=None)
+        if first is not None:
             samples = [r for r in samples if r["generation"] >= generation or r["step"] < first]
     return samples
 

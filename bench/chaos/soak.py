@@ -82,7 +82,22 @@ class Soak:
             target = inject.strike(cluster, fault)
             self.strikes.append({"at_s": round(time.time() - t0, 1), "kind": fault.kind, "target": target})
         finished = lambda: all(t["state"] == "finished" for t in cluster.get("/v1/tasks"))  # noqa: E731
-        cluster.wait(finished, 600, "every task to finish")
+        try:
+            cluster.wait(finished, 600, "every task to finish")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{stuck(cluster)}") from None
+
+
+def stuck(cluster: LocalCluster) -> str:
+    """What a soak that never ends shows: each unfinished task, the nodes, and the task's last
+    events (for the failure's message)."""
+    lines = [f"nodes: {[(n['name'], n['state']) for n in cluster.get('/v1/nodes')]}"]
+    for task in cluster.get("/v1/tasks"):
+        if task["state"] != "finished":
+            lines.append(f"task {task}")
+            events = cluster.get("/v1/events", task=task["name"], limit=1_000_000)[-25:]
+            lines += [f"  {e['id']} {e['kind']} {json.dumps(e['detail'])[:300]}" for e in events]
+    return "\n".join(lines)
 
 
 def measure(root: Path, minutes: float, seed: int, mean_gap_s: float = 10.0) -> dict[str, Any]:
