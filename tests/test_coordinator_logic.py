@@ -15,6 +15,7 @@ from unicron.core.protocol import (
     DoneReport,
     ExceptionReport,
     ExitReport,
+    FaultReport,
     ForgetTask,
     Heartbeat,
     IterationReport,
@@ -26,6 +27,7 @@ from unicron.core.protocol import (
     RenameWorker,
     StopWorkers,
     WorkerState,
+    fault_claim_key,
 )
 from unicron.core.states import IllegalTransition, NodeState, TaskState
 from unicron.core.taxonomy import ErrorKind, Scope
@@ -446,3 +448,24 @@ def test_a_node_back_from_the_dead_frees_the_copies_of_tasks_that_ended_meanwhil
     cluster.step()
     freed = [o for node, o in cluster.orders if node == "n1" and isinstance(o, ForgetTask)]
     assert [o.task for o in freed] == ["lm"]
+
+
+def test_faults_injected_before_a_restart_stay_claimed_in_the_re_created_store(make: Any) -> None:
+    """A generation-0 fault strikes once: its claim lives in the task's store, which a restarted
+    coordinator re-creates; the faults already injected are claimed there again."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    cluster = make()
+    node, _ = cluster.running[("lm", 1, 0)]
+    now = cluster.clock.now
+    injected = FaultReport(task="lm", generation=1, rank=0, step=2, action="raise", time=now, index=1)
+    cluster.beat(node, injected)
+    cluster.restart()
+    port = cluster.c.store.get_task("lm").store_port
+    client = dist.TCPStore(  # type: ignore[attr-defined]
+        cluster.c.act.rendezvous.host_address, port, is_master=False, timeout=timedelta(seconds=10)
+    )
+    assert client.add(fault_claim_key("lm", 1), 1) == 2  # claimed before: this is no first claim
+    assert client.add(fault_claim_key("lm", 0), 1) == 1  # never injected: still free

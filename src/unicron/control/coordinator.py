@@ -85,12 +85,20 @@ class Coordinator:
                 port = self.ctx.act.rendezvous.host(task.name, task.store_port)
                 if port != task.store_port:
                     self.act.task_store_port(task.name, port)
+                self._claim_injected(task.name)
         self.generations.orphaned_newcomers()
         gpu = settings.cluster.gpu_type()
         live, mtbf = len(self.store.tasks(live_only=True)), settings.cluster.node_mtbf_hours
         self.act.record(
             "coordinator_started", tasks=live, gpu=gpu.name, peak_flops=gpu.peak_flops, node_mtbf_hours=mtbf
         )
+
+    def _claim_injected(self, name: str) -> None:
+        """A store re-created after a restart forgot which generation-0 faults were claimed: the
+        ones already injected (the event log) are claimed again, so that none strikes twice."""
+        for e in self.store.events(task=name, limit=1_000_000):
+            if e.kind == "fault_injected" and e.detail.get("index") is not None:
+                self.act.rendezvous.claim(name, int(e.detail["index"]))
 
     def spec(self, name: str) -> LiveTaskSpec:
         return self.ctx.spec(name)
@@ -269,6 +277,7 @@ class Coordinator:
                 step=report.step,
                 action=report.action,
                 generation=report.generation,
+                index=report.index,
             )
         elif isinstance(report, ExceptionReport):
             self._exception(task, report, node)

@@ -14,6 +14,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from unicron.control.tokens import load_or_create_secret
+from unicron.core.protocol import fault_claim_key
 from unicron.core.signing import derive, opened, sign
 
 if TYPE_CHECKING:
@@ -66,6 +67,10 @@ class Rendezvous:
         )
         self._stores[task] = store
         return int(store.port)
+
+    def claim(self, task: str, index: int) -> None:
+        """Mark the task's generation-0 fault ``index`` as claimed (``train.faults``)."""
+        self._stores[task].add(fault_claim_key(task, index), 1)
 
     def set(self, task: str, key: str, value: str) -> None:
         self._stores[task].set(key, sign(self.key(task), key, value))

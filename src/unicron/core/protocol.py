@@ -68,6 +68,9 @@ class FaultReport(_Message):
     step: Int
     action: str
     time: float
+    # Its place in the task's list of faults: a generation-0 fault is claimed once by this
+    # index, and the coordinator claims it again in a store it re-creates after a restart.
+    index: Int | None = None
 
 
 class ExceptionReport(_Message):
@@ -357,6 +360,11 @@ class Membership(_Message):
     # Ranks declared failed: a collective waiting for them will never finish, so members abandon
     # it. Without any (a planned grow or shrink), members finish the step first.
     failed: list[Int] = []
+
+
+def fault_claim_key(task: str, index: int) -> str:
+    """The counter whose first increment claims the task's generation-0 fault ``index``."""
+    return f"{task}/fault/{index}"
 
 
 def membership_key(task: str, generation: int) -> str:

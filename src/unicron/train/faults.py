@@ -81,6 +81,7 @@ class FaultInjector:
                 step=step,
                 action=fault.action,
                 time=time.time(),
+                index=next(i for i, f in enumerate(self.all_faults) if f is fault),
             )
         )
 

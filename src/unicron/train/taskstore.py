@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from unicron.core.protocol import Membership, membership_key, ready_key, spare_key
+from unicron.core.protocol import Membership, fault_claim_key, membership_key, ready_key, spare_key
 from unicron.core.signing import opened, sign
 
 
@@ -142,6 +142,6 @@ class TaskStore:
     def claim(self, index: int) -> bool:
         """Whether this worker is the first to reach a generation-0 fault (atomic in the store)."""
         try:
-            return int(self.raw.add(f"{self.task}/fault/{index}", 1)) == 1
+            return int(self.raw.add(fault_claim_key(self.task, index), 1)) == 1
         except Exception:
             return False
