@@ -469,3 +469,27 @@ def test_faults_injected_before_a_restart_stay_claimed_in_the_re_created_store(m
     )
     assert client.add(fault_claim_key("lm", 1), 1) == 2  # claimed before: this is no first claim
     assert client.add(fault_claim_key("lm", 0), 1) == 1  # never injected: still free
+
+
+def test_a_launch_whose_first_step_never_ends_is_a_hang(make: Any) -> None:
+    """Relaunched from its checkpoint, the task's workers all run but the first step never ends
+    (a rank hung in it): there are no step times of the generation to judge it by, so the
+    first step's own deadline finds it, and the stalled launch is handled like any hang."""
+    cluster = make(recovery="restart", first_step_timeout_s=30.0)
+    cluster.exit(1)
+    for _ in range(100):  # until the relaunch
+        if cluster.c.store.get_task("lm").launched_generation > 1:
+            break
+        cluster.step(0.5)
+    relaunched = cluster.clock.now
+    task = cluster.c.store.get_task("lm")
+    assert task.state is TaskState.STARTING and task.launched_generation == task.generation > 1
+    while cluster.clock.now - relaunched < 25.0:
+        cluster.step(1.0)
+    assert cluster.events("hang_detected") == []  # not yet
+    for _ in range(10):
+        cluster.step(1.0)
+    (hang,) = cluster.events("hang_detected")
+    assert hang["generation"] == task.generation and hang["step"] == task.step + 1
+    incidents = [i for i in cluster.events("incident") if i["kind"] == "task_hang"]
+    assert [i["generation"] for i in incidents] == [task.generation]

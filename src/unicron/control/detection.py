@@ -81,15 +81,25 @@ class Detector:
         return changed
 
     def check_start(self, task: TaskRecord, now: float) -> None:
-        stale = [
-            w
-            for w in self.ctx.store.workers(task.name, task.generation)
-            if w.state is WorkerPhase.LAUNCHING and now - w.launched > self.ctx.limits.launch_timeout_s
-        ]
+        """A launch: every worker must start within ``launch_timeout_s``, and once all run, the
+        first step must end within ``first_step_timeout_s`` (the step-time statistics that find
+        a hang later do not exist yet, so without this a rank hung in it stalls the task)."""
+        workers = self.ctx.store.workers(task.name, task.generation)
+        limits = self.ctx.limits
+        late = [w for w in workers if now - w.launched > limits.launch_timeout_s]
+        stale = [w for w in late if w.state is WorkerPhase.LAUNCHING]
         if stale:
             self.recovery.incident(
                 task.name, ErrorKind.EXITED_ABNORMALLY, None, f"{len(stale)} worker(s) never started"
             )
+            return
+        key = (task.name, task.generation)
+        handled = key in self.recovery.incidents or key in self.recovery.awaiting
+        if task.launched_generation != task.generation or handled or not workers:
+            return  # an in-place generation: its incident's deadline covers it
+        since = max(w.launched for w in workers)
+        if all(w.state is WorkerPhase.RUNNING for w in workers) and now - since > limits.first_step_timeout_s:
+            self._hung(task, now, task.step + 1, since, limits.first_step_timeout_s)
 
     def check_hang(self, task: TaskRecord, now: float) -> None:
         if (task.name, task.generation) in self.recovery.awaiting:
@@ -100,6 +110,11 @@ class Detector:
         # One heartbeat more: the report of a step that did end may still be on its way.
         if not monitor.late(now - self.ctx.limits.heartbeat_interval_s):
             return
+        self._hung(task, now, monitor.last_step + 1, monitor.last_time, monitor.deadline() or 0.0)
+
+    def _hung(self, task: TaskRecord, now: float, step: int, since: float, deadline_s: float) -> None:
+        """``step`` is late (nothing since ``since``): name the hung ranks, record every rank's
+        stack, kill the culprits and open the incident."""
         workers = self.ctx.store.workers(task.name, task.generation, live=True)
         seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
         verdict = hang_verdict(workers, seen, self.stopped, self.progress, now, self.ctx.limits)
@@ -111,10 +126,10 @@ class Detector:
         self.ctx.act.record(
             "hang_detected",
             task=task.name,
-            step=monitor.last_step + 1,
-            mean_s=round(monitor.mean_interval() or 0.0, 4),
-            waited_s=round(now - monitor.last_time, 3),
-            deadline_s=round(monitor.deadline() or 0, 3),
+            step=step,
+            mean_s=round(self.monitor(task.name, task.generation).mean_interval() or 0.0, 4),
+            waited_s=round(now - since, 3),
+            deadline_s=round(deadline_s, 3),
             culprits=[w.rank for w in culprits],
             why=verdict.why,
             where=verdict.where,
@@ -127,10 +142,9 @@ class Detector:
             task.name,
             ErrorKind.TASK_HANG,
             culprits[0].node if culprits else None,
-            f"step {monitor.last_step + 1} late; hung rank(s) {[w.rank for w in culprits] or 'unknown'}:"
-            f" {verdict.why}",
+            f"step {step} late; hung rank(s) {[w.rank for w in culprits] or 'unknown'}: {verdict.why}",
             failed={w.rank for w in culprits} or None,
-            seen_at=monitor.last_time,
+            seen_at=since,
         )
         incident = self.recovery.incidents.get((task.name, task.generation))
         if incident is not None:

@@ -12,6 +12,8 @@ The ordering, checked whenever settings are built (so at start-up), and why it m
     stop_grace_s          <= restart_stop_wait_s       a stop gets its grace before slots are reused
     hang_cap_s            <  process_group_timeout_s   Unicron sees a hang before the collective
                                                        times out (else the timeout decides)
+    heartbeat_deadline_s  <  first_step_timeout_s      node loss is decided before a first step hangs
+    first_step_timeout_s  <  process_group_timeout_s   as hang_cap_s, for a launch's first step
     process_group_timeout_s < launch_timeout_s ... is not required: they measure different things.
 
 The hang deadline of a task is clamp(hang_multiple x mean recent iteration, floor, cap), active
@@ -63,6 +65,13 @@ ORDERING: tuple[tuple[str, str, bool, str], ...] = (
         False,
         "a hang must be detected before the collective times out",
     ),
+    ("heartbeat_deadline_s", "first_step_timeout_s", False, "node loss must be decided before a hang"),
+    (
+        "first_step_timeout_s",
+        "process_group_timeout_s",
+        False,
+        "a first step that hangs must be detected before its collective times out",
+    ),
 )
 
 
@@ -90,6 +99,12 @@ class Settings(BaseModel):
     stop_grace_s: float = Field(3.0, ge=0, description="SIGTERM to SIGKILL for a planned stop")
     failure_stop_grace_s: float = Field(1.0, ge=0, description="SIGTERM to SIGKILL after a failure")
     launch_timeout_s: float = Field(120.0, gt=0, description="a worker must start within this")
+    first_step_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="once a launch's workers all run, its first step (loading the checkpoint, forming"
+        " the group) must end within this, else the step hangs (the hang deadline needs step times)",
+    )
     membership_timeout_s: float = Field(
         60.0, gt=0, description="a survivor waits this long for the coordinator's next membership"
     )
