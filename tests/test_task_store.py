@@ -111,3 +111,19 @@ def test_the_store_listens_on_its_address_only() -> None:
     ]  # state LISTEN: local address as hex ip:port
     assert f"0100007F:{served.port:04X}" in listening  # 127.0.0.1
     assert f"00000000:{served.port:04X}" not in listening  # not 0.0.0.0
+
+
+def test_a_worker_is_declared_failed_through_the_generations_it_was_carried_into() -> None:
+    """A lone worker (generation 2, rank 0) busy in a step while a grow formed generation 3
+    (it is rank 0 there) and that group then lost it (generation 4 declares rank 0 failed): it
+    learns it is out. Its newcomer is not; nor is anyone before any membership is posted."""
+    store = master()
+    member = store.member()
+    assert not member.declared_failed(2, 0)
+    grow = Membership(generation=3, world_size=2, ranks={0: 0})
+    store.set(membership_key("lm", 2), grow.model_dump_json())
+    assert not member.declared_failed(2, 0)  # a planned grow: the step is still its own
+    lost = Membership(generation=4, world_size=1, ranks={1: 0}, failed=[0])
+    store.set(membership_key("lm", 3), lost.model_dump_json())
+    assert member.declared_failed(2, 0)
+    assert not member.declared_failed(3, 1)  # the newcomer goes on

@@ -286,11 +286,9 @@ class Session:
         return self.in_process and self.store is not None and self.store.membership_changed(self.generation)
 
     def declared_failed(self) -> bool:
-        """Whether the coordinator's next membership declares this rank failed."""
+        """Whether the coordinator has declared this worker failed since its generation formed."""
         store = self.store
-        if not self.in_process or store is None or not store.peers_failed(self.generation):
-            return False
-        return self.rank in store.posted(self.generation).failed
+        return self.in_process and store is not None and store.declared_failed(self.generation, self.rank)
 
     def rejoin(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
         """Leave the current group, wait for the coordinator's next membership, join it, agree.

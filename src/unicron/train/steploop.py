@@ -257,21 +257,21 @@ class StepLoop:
         """Sum the gradients over the ranks (``gradsync``); abandoned once the coordinator posts
         a new membership (a peer was declared dead or hung), when this rank recovers in place."""
         session = self.session
+        store, generation = session.store, session.generation
+        watch = None if not session.in_process or store is None else lambda: store.peers_failed(generation)
         if session.world_size == 1:  # nothing to sum: only the weighting
             with torch.no_grad():
                 for p in self.params:
                     if p.grad is not None:
                         p.grad.mul_(self.scale)
-            return
-        store, generation = session.store, session.generation
-        watch = None if not session.in_process or store is None else lambda: store.peers_failed(generation)
-        if self.buckets is not None and self.buckets.armed:
+        elif self.buckets is not None and self.buckets.armed:
             self.buckets.finish(watch)  # launched during the last backward
         else:
             gradsync.all_reduce_gradients(self.model, watch, self.scale)
-        if watch is not None and session.declared_failed():
-            # Declared failed (hung, or its node lost) while the reduction was pending: its peers
-            # abandoned that collective and re-formed without it, and what completed here is
-            # their abandoned buffers. The step is not this rank's: it leaves (rejoin: it is not
-            # in the new membership) and neither records the step nor checkpoints it.
-            raise PeerLostError("this rank was declared failed while its reduction was pending")
+        if session.declared_failed():
+            # Declared failed (hung, or its node lost) during the step: its peers abandoned the
+            # collective and re-formed without it (what completed here, if anything, is their
+            # abandoned buffers), or a lone worker's newcomers went on without it. The step is
+            # not this worker's: it leaves (rejoin: it is in no later membership) and neither
+            # records the step nor checkpoints it.
+            raise PeerLostError("this worker was declared failed during the step")

@@ -70,6 +70,21 @@ class TaskStore:
         will never finish)."""
         return self.membership_changed(generation) and bool(self.posted(generation).failed)
 
+    def declared_failed(self, generation: int, rank: int) -> bool:
+        """Whether the memberships posted after ``generation`` declare this worker (``rank`` in
+        it) failed, following it through the generations it was carried into meanwhile (a grow
+        posted while it was busy, then a failure of that group)."""
+        for _ in range(64):  # far more generations than can pass within one step
+            if not self.membership_changed(generation):
+                return False
+            posted = self.posted(generation)
+            if rank in posted.failed:
+                return True
+            if rank not in posted.ranks:
+                return False  # left by a planned change, after finishing its step
+            generation, rank = posted.generation, posted.ranks[rank]
+        return False
+
     def posted(self, generation: int) -> Membership:
         """The membership that follows ``generation`` (posted and signed: membership_changed)."""
         payload = self._read(membership_key(self.task, generation))
