@@ -24,23 +24,29 @@ def test_the_same_seed_plans_the_same_soak() -> None:
     assert strikes != [Plan(8, 60).next_strike(10.0) for _ in range(50)]
 
 
-def test_a_relaunch_rolls_back_what_came_after_its_checkpoint_even_if_it_recorded_nothing() -> None:
-    """Generation 1 trains steps 1-4; generation 2, launched from the checkpoint of step 2, dies
-    in its first step; generation 3, formed in place from it, trains steps 3-4 again. Only
-    generation 1's steps 1-2 and generation 3's lines are in the final state."""
+def test_what_a_process_resumed_from_a_checkpoint_trains_again_is_rolled_back() -> None:
+    """Generation 1 (process 1) trains steps 1-4. Process 7, launched in generation 2 from the
+    checkpoint of step 2, is renamed into generation 3 before its first line and trains steps
+    3-4 again: only generation 1's steps 1-2 and its lines are in the final state. A newcomer
+    that resumed and then took a replica's state rolls nothing back; one left alone with its
+    checkpoint does."""
 
-    def line(generation: int, step: int) -> dict[str, object]:
-        return {"what": "samples", "generation": generation, "step": step, "ids": [step]}
+    def line(generation: int, step: int, pid: int) -> dict[str, object]:
+        return {"what": "samples", "generation": generation, "step": step, "ids": [step], "pid": pid}
 
-    rows = [line(1, s) for s in (1, 2, 3, 4)] + [{"what": "resumed", "generation": 2, "step": 2}]
-    rows += [line(3, 3), line(3, 4)]
-    kept = [(r["generation"], r["step"]) for r in surviving_rows(rows, launched=[1, 2])]
-    assert kept == [(1, 1), (1, 2), (3, 3), (3, 4)]
-    # The same, but generation 2's members were renamed into 3 before they said they resumed.
-    rows = [line(1, s) for s in (1, 2, 3, 4)] + [{"what": "resumed", "generation": 3, "step": 2}]
-    rows += [line(3, 3), line(3, 4)]
-    kept = [(r["generation"], r["step"]) for r in surviving_rows(rows, launched=[1, 2])]
-    assert kept == [(1, 1), (1, 2), (3, 3), (3, 4)]
+    def event(what: str, generation: int, pid: int, step: int = 0) -> dict[str, object]:
+        return {"what": what, "generation": generation, "pid": pid, "step": step}
+
+    first = [event("started", 1, pid=1)] + [line(1, s, pid=1) for s in (1, 2, 3, 4)]
+    relaunch = [event("started", 2, pid=7), event("resumed", 3, pid=7, step=2), line(3, 3, 7), line(3, 4, 7)]
+    newcomer = [event("started", 4, pid=9), event("resumed", 4, pid=9, step=0)]
+    rows = first + relaunch + newcomer + [event("state_from_replica", 4, pid=9), line(4, 5, 7), line(4, 5, 9)]
+    kept = [(r["generation"], r["step"]) for r in surviving_rows(rows)]
+    assert kept == [(1, 1), (1, 2), (3, 3), (3, 4), (4, 5), (4, 5)]
+    alone = first + newcomer + [line(5, 1, 9), line(5, 2, 9)]  # generation 1 was declared failed
+    assert [(r["generation"], r["step"]) for r in surviving_rows(alone)] == [(5, 1), (5, 2)]
+    afresh = [*first, event("started", 6, pid=11), line(6, 1, 11)]  # no checkpoint to resume from
+    assert [(r["generation"], r["step"]) for r in surviving_rows(afresh)] == [(6, 1)]
 
 
 @pytest.mark.timeout(1200)

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,22 +50,21 @@ def same_state(got: dict[str, Any] | None, want: dict[str, Any]) -> bool:
     return bool(got["extras"] == want["extras"])
 
 
-def surviving_rows(rows: list[dict[str, Any]], launched: Iterable[int]) -> list[dict[str, Any]]:
-    """The ledger lines whose training is in the final state: a generation launched from a
-    checkpoint retrains the steps after it, so the earlier generations' lines after its
-    checkpoint were rolled back. Its members may write their lines, and even their resume, under
-    a later generation formed in place from it (renamed after a failure in their first steps),
-    and agree on the newest state any of them resumed from. Generations formed in place roll
-    nothing back."""
+def surviving_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ledger lines whose training is in the final state. A process that started from a
+    checkpoint of step R (0: none) and never took a live replica's state instead (a launch's
+    member, or a newcomer left as the only member) trains the steps after R again, from its
+    first line's generation on: the lines of earlier generations after R were rolled back. That
+    generation may be later than its launch (renamed in place after a failure in its first steps)."""
     samples = [r for r in rows if r["what"] == "samples"]
-    launches = sorted(launched)
-    for generation, upto in zip(launches, [*launches[1:], None], strict=True):
-        ours = range(generation, upto if upto is not None else 1 << 62)  # it and those formed from it
-        resumed = [r["step"] for r in rows if r["what"] == "resumed" and r["generation"] in ours]
-        trained = [r["step"] for r in samples if r["generation"] in ours]
-        first = max(resumed) + 1 if resumed else min(trained, default=None)
-        if first is not None:
-            samples = [r for r in samples if r["generation"] >= generation or r["step"] < first]
+    replaced = {r["pid"] for r in rows if r["what"] == "state_from_replica"}
+    started = {r["pid"] for r in rows if r["what"] == "started"} - replaced
+    for pid in started:
+        base = max((r["step"] for r in rows if r["what"] == "resumed" and r["pid"] == pid), default=0)
+        own = [x["generation"] for x in samples if x["pid"] == pid]
+        if own:
+            first = min(own)
+            samples = [x for x in samples if x["generation"] >= first or x["step"] <= base]
     return samples
 
 
@@ -80,9 +79,9 @@ class Ledger:
         return not self.wrong
 
 
-def ledger(rows: list[dict[str, Any]], launched: Iterable[int], iterations: int) -> Ledger:
+def ledger(rows: list[dict[str, Any]], iterations: int) -> Ledger:
     steps: dict[int, Counter[int]] = {}
-    for r in surviving_rows(rows, launched):
+    for r in surviving_rows(rows):
         steps.setdefault(r["step"], Counter()).update(r["ids"])
     exact, short, wrong = 0, 0, []
     for step in range(1, iterations + 1):

@@ -25,7 +25,7 @@ def task_result(
     launched = [e["detail"]["generation"] for e in mine if e["kind"] == "task_launch"]
     trace = soak.root / "traces" / f"{name}.jsonl"
     rows = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
-    book = check.ledger(rows, launched, task["iterations"])
+    book = check.ledger(rows, task["iterations"])
     try:
         final = load_latest(soak.root / "cluster" / "checkpoints" / name)
     except Exception:  # a torn final checkpoint: not exact
