@@ -38,6 +38,8 @@ NEEDS = {
     ("post", "/v1/tasks"): Need.MANAGE,
     ("delete", "/v1/tasks/{name}"): Need.MANAGE,
     ("delete", "/v1/nodes/{name}"): Need.MANAGE,
+    ("post", "/v1/nodes/{name}/drain"): Need.MANAGE,
+    ("post", "/v1/nodes/{name}/resume"): Need.MANAGE,
     ("post", "/v1/agents/register"): Need.OWN_NODE,
     ("post", "/v1/agents/heartbeat"): Need.OWN_NODE,
     ("get", "/v1/agents/{node}/orders"): Need.OWN_NODE,

@@ -4,6 +4,7 @@ plan moves each task (in place or by a restart)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from unicron.control.effects import Isolate, Record, StopGeneration, StopWorker, Switch, TaskDown
@@ -182,3 +183,29 @@ def test_a_task_not_running_is_launched_or_left_to_its_recovery() -> None:
     assert move_for(waiting, 0, {}, (), True, False, even, 6).kind is MoveKind.KEEP
     starting = replace(task(), state=TaskState.STARTING)
     assert move_for(starting, 2, {"b": 2}, (), True, False, even, 6).kind is MoveKind.KEEP
+
+
+def test_members_on_a_drained_node_move_off_without_a_restart() -> None:
+    """Node ``a`` is drained (out of service) while ranks 0-1 run there: newcomers join first
+    where the plan wants the task, then the members on ``a`` leave; the members leave first when
+    the larger size is not usable; only a task that cannot move in place restarts."""
+    members = snapshot().live("lm")
+
+    def off(
+        wanted: dict[str, int],
+        usable: Callable[[int], bool] = even,
+        in_place: bool = True,
+        up: set[str] | None = None,
+    ) -> Move:
+        service = up if up is not None else {"b", "c"}
+        return move_for(task(), 4, wanted, members, in_place, False, usable, 6, in_service=service)
+
+    grow = off({"b": 2, "c": 2})
+    assert grow.kind is MoveKind.GROW and grow.extra == {"c": 2}
+    four_at_most = off({"b": 2, "c": 2}, usable=lambda n: n in (2, 4))
+    assert four_at_most.kind is MoveKind.SHRINK and four_at_most.shrink is not None
+    assert four_at_most.shrink.membership.ranks == {2: 0, 3: 1}
+    assert off({"b": 2, "c": 2}, in_place=False).kind is MoveKind.RESTART
+    assert off({"c": 2}, usable=lambda n: n in (2, 4), up={"c"}).kind is MoveKind.RESTART  # nobody stays
+    # Without a drained node the same plan leaves the task as it is.
+    assert move_for(task(), 4, {"a": 2, "b": 2}, members, True, False, even, 6).kind is MoveKind.KEEP

@@ -156,6 +156,18 @@ def cancel(api: Api, name: str) -> None:
     console().print(f"{task['name']}: {task['state']}")
 
 
+def node_action(api: Api, name: str, action: str, body: dict[str, Any] | None = None) -> None:
+    """Drain, resume or remove a node; prints its state afterwards."""
+    path = f"/v1/nodes/{check_name(name, 'node name')}"
+    if action == "remove":
+        api.request("DELETE", path)
+        console().print(f"{name}: removed")
+        return
+    api.request("POST", f"{path}/{action}", json=body)
+    state = next((n["state"] for n in api.request("GET", "/v1/nodes") if n["name"] == name), "?")
+    console().print(f"{name}: {state}")
+
+
 def events(api: Api, task: str | None, json_output: bool) -> None:
     rows = api.request("GET", "/v1/events", params={"task": task} if task else {})
     if json_output:

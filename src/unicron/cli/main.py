@@ -175,6 +175,44 @@ def events(
     show(Api.of(coordinator, token_file, ca), task, json_output)
 
 
+node_app = typer.Typer(help="Take nodes out of service and back (an admin token).", no_args_is_help=True)
+app.add_typer(node_app, name="node")
+
+
+@node_app.command("drain")
+def node_drain(
+    name: str,
+    reason: Annotated[str, typer.Option(help="why (recorded with the event)")] = "",
+    coordinator: URL = "http://127.0.0.1:8470",
+    token_file: TOKEN_FILE = None,
+    ca: CA = None,
+) -> None:
+    """Drain a node: its tasks move off without losing a step; nothing new goes there."""
+    from unicron.cli.live import Api, node_action
+
+    node_action(Api.of(coordinator, token_file, ca), name, "drain", {"reason": reason})
+
+
+@node_app.command("resume")
+def node_resume(
+    name: str, coordinator: URL = "http://127.0.0.1:8470", token_file: TOKEN_FILE = None, ca: CA = None
+) -> None:
+    """Put a drained node back in service."""
+    from unicron.cli.live import Api, node_action
+
+    node_action(Api.of(coordinator, token_file, ca), name, "resume")
+
+
+@node_app.command("remove")
+def node_remove(
+    name: str, coordinator: URL = "http://127.0.0.1:8470", token_file: TOKEN_FILE = None, ca: CA = None
+) -> None:
+    """Forget a lost node that holds no workers (a retired machine)."""
+    from unicron.cli.live import Api, node_action
+
+    node_action(Api.of(coordinator, token_file, ca), name, "remove")
+
+
 token_app = typer.Typer(help="Issue bearer tokens for the coordinator's API.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 

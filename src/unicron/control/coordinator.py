@@ -21,6 +21,7 @@ from typing import Any
 from unicron.control import reported
 from unicron.control.context import Context, CoordinatorSettings
 from unicron.control.detection import Detector
+from unicron.control.draining import drainable, resumable
 from unicron.control.effects import Applier, Orders
 from unicron.control.generations import Generations
 from unicron.control.placing import Placer
@@ -124,6 +125,16 @@ class Coordinator:
         removable(name, self.store.node(name), self.store.held_slots().get(name, {}))
         self.act.remove_node(name)
 
+    def drain_node(self, name: str, reason: str) -> None:  # an admin takes a node out (control/draining.py)
+        drainable(name, self.store.node(name))
+        self.act.node_out_of_service(name, NodeState.DRAINING, "node_draining", reason=reason)
+        self.dirty = True
+
+    def resume_node(self, name: str) -> None:
+        resumable(name, self.store.node(name))
+        self.act.node_out_of_service(name, NodeState.HEALTHY, "node_resumed")
+        self.dirty = True
+
     def _ended(self, name: str, state: TaskState, event: str, **detail: Any) -> None:
         self.act.task_ended(name, state, self.clock())
         self.act.record(event, task=name, **detail)
@@ -150,8 +161,8 @@ class Coordinator:
                 f"{others[0].slots}; start every agent with the same --slots"
             )
         # An isolated node stays out until its isolation ends, even if its agent comes back.
-        isolated = known is not None and known.state is NodeState.ISOLATED
-        state = NodeState.ISOLATED if isolated else NodeState.HEALTHY
+        kept = known is not None and known.state in (NodeState.ISOLATED, NodeState.DRAINING)
+        state = known.state if known is not None and kept else NodeState.HEALTHY
         self.act.node_registered(reg.node, reg.slots, reg.gpus, reg.host, state, self.clock())
         if known is None or known.state is NodeState.LOST:
             self.act.record("node_joined" if known is None else "node_back", node=reg.node, slots=reg.slots)
@@ -378,6 +389,9 @@ class Coordinator:
         if report.rank != 0:
             return
         monitor.step_done(report.step, ended)
+        if task.name in self.placer.regrow:  # its first step after a shrink off a drained node
+            self.placer.regrow.discard(task.name)
+            self.dirty = True
         if task.state is TaskState.STARTING:
             self.dirty = True  # the plan may want it larger or smaller now
             downtime = self.act.task_running(task.name, self.clock())

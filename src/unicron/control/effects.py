@@ -184,6 +184,11 @@ class Applier:
                 case Launch():
                     self.launch(effect, now)
 
+    def node_out_of_service(self, node: str, state: NodeState, event: str, **detail: Any) -> None:
+        """An admin drained a node or put it back (``control/draining.py``)."""
+        self._store.node_state(node, state)
+        self.record(event, node=node, **detail)
+
     def remove_node(self, node: str) -> None:
         """An admin removed a lost node (control.removal): its record and its order queue go."""
         self._store.remove_node(node)

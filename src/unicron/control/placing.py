@@ -10,7 +10,7 @@ live replicas), else by a restart from the checkpoint. Idle slots hold hot spare
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -54,29 +54,48 @@ def move_for(
     growing: bool,
     usable: Callable[[int], bool],
     generation: int,
+    in_service: Collection[str] | None = None,
 ) -> Move:
     """How a task goes from its members to ``after`` workers placed as ``wanted`` (node ->
     count): in place where its recovery mode allows and the placement fits (newcomers only on
     top of the members where they are; a shrink keeping members on the kept nodes), else by a
-    restart. ``in_place``: the task recovers in process; ``growing``: newcomers are on the way."""
+    restart. ``in_place``: the task recovers in process; ``growing``: newcomers are on the way;
+    ``in_service``: the nodes work may stay on (None: all). Members elsewhere (a drained node)
+    move off without losing a step: newcomers first join the live replicas where the plan wants
+    the task, taking their state from them, then those members leave at a step boundary (they
+    leave first where the larger size is not usable)."""
     if task.state is TaskState.STARTING:
         return Move(MoveKind.KEEP)  # decide once it runs again (it may be recovering in place)
     if task.state is not TaskState.RUNNING:
         return Move(MoveKind.LAUNCH) if after > 0 else Move(MoveKind.KEEP)
-    if after == task.workers or growing:
+    staying = [w for w in members if in_service is None or w.node in in_service]
+    moving_off = len(staying) < len(members)
+    if growing or (after == task.workers and not moving_off):
         return Move(MoveKind.KEEP)
-    if in_place and after > task.workers:
-        current: dict[str, int] = {}
-        for w in members:
-            current[w.node] = current.get(w.node, 0) + 1
-        extra = {n: c - current.get(n, 0) for n, c in wanted.items() if c > current.get(n, 0)}
-        if sum(extra.values()) == after - task.workers:
-            return Move(MoveKind.GROW, extra=extra)
-    if in_place and 0 < after < task.workers:
+    current: dict[str, int] = {}
+    for w in staying:
+        current[w.node] = current.get(w.node, 0) + 1
+    extra = {n: c - current.get(n, 0) for n, c in wanted.items() if c > current.get(n, 0)}
+    added = sum(extra.values())
+    fits = usable(task.workers + added) if moving_off else added == after - task.workers
+    if in_place and added and fits and (moving_off or after > task.workers):
+        return Move(MoveKind.GROW, extra=extra)
+    if in_place and (moving_off or 0 < after < task.workers):
         shrink = planned_shrink(members, wanted, usable, generation)
         if shrink is not None:
             return Move(MoveKind.SHRINK, shrink=shrink)
     return Move(MoveKind.RESTART)
+
+
+def stranded(snapshot: Snapshot) -> bool:
+    """Whether an active task still has members on a node out of service (being drained)."""
+    healthy = snapshot.healthy()
+    return any(
+        w.node not in healthy
+        for t in snapshot.tasks.values()
+        if t.state.active
+        for w in snapshot.live(t.name)
+    )
 
 
 @dataclass
@@ -98,6 +117,7 @@ class Placer:
     spares: dict[tuple[str, int], Spare] = field(default_factory=dict)
     last_plan: dict[str, int] | None = None
     pending: list[tuple[str, ...]] = field(default_factory=list)  # submissions not yet planned
+    regrow: set[str] = field(default_factory=set)  # shrunk off a drained node: plan again after
 
     def cluster_state(self, snapshot: Snapshot) -> tuple[ClusterState, dict[int, str]]:
         """The planner's view of the snapshot: healthy nodes (by id) and where the active tasks'
@@ -159,7 +179,7 @@ class Placer:
         decided = self.allocator.decide(state, self.rates.version)
         self.pending.clear()  # every live task is in this plan
         best, layout = decided.plan, decided.layout
-        if decided.rebalance:
+        if decided.rebalance and not stranded(snapshot):
             # Nothing happened but new measurements: move running tasks only for a clear gain.
             before = sum(d.waf_before for d in best.decisions)
             if best.waf < before * (1 + self.ctx.limits.rebalance_min_gain):
@@ -187,11 +207,14 @@ class Placer:
             growing=name in self.generations.growing,
             usable=spec.is_usable,
             generation=snapshot.next_generation[name],
+            in_service=snapshot.healthy(),
         )
         if move.kind is MoveKind.GROW:
             self._grow(snapshot, name, move.extra, decision.reason)
         elif move.kind is MoveKind.SHRINK and move.shrink is not None:
             self.generations.shrink_planned(snapshot, name, move.shrink, decision.reason)
+            if len(move.shrink.kept) < decision.after:
+                self.regrow.add(name)  # moved off a drained node: grow back once it has shrunk
         elif move.kind is MoveKind.RESTART:
             self.ctx.act.record(
                 "task_resize", task=name, before=task.workers, after=decision.after, reason=decision.reason

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from unicron.control.bodylimit import BodyLimit
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
@@ -127,6 +127,10 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
     return app
 
 
+class DrainRequest(BaseModel):
+    reason: str = Field("", max_length=200, description="why (recorded with the event)")
+
+
 class Problem(BaseModel):
     path: str
     message: str
@@ -223,6 +227,19 @@ def _manage_routes(runtime: Runtime) -> APIRouter:
         """Forget a lost node holding no workers (a retired machine, a stale registration)."""
         runtime.c.remove_node(name)
         return {"removed": name}
+
+    @router.post("/v1/nodes/{name}/drain")
+    async def drain_node(name: str, body: DrainRequest | None = None) -> dict[str, str]:
+        """Take a node out of service: its tasks move off without losing a step, nothing new is
+        placed there, until it is resumed."""
+        runtime.c.drain_node(name, body.reason if body is not None else "")
+        return {"draining": name}
+
+    @router.post("/v1/nodes/{name}/resume")
+    async def resume_node(name: str) -> dict[str, str]:
+        """Put a drained node back in service."""
+        runtime.c.resume_node(name)
+        return {"resumed": name}
 
     return router
 

@@ -35,6 +35,7 @@ class NodeState(StrEnum):
     HEALTHY = "healthy"
     LOST = "lost"  # its heartbeats stopped
     ISOLATED = "isolated"  # out of use for a while after hardware errors
+    DRAINING = "draining"  # taken out by an admin: its work moves off, nothing new comes (until resumed)
 
 
 class WorkerPhase(StrEnum):
@@ -71,8 +72,9 @@ TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
 }
 _N = NodeState
 NODE_TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
-    _N.HEALTHY: frozenset({_N.LOST, _N.ISOLATED}),
-    _N.ISOLATED: frozenset({_N.HEALTHY, _N.LOST}),
+    _N.HEALTHY: frozenset({_N.LOST, _N.ISOLATED, _N.DRAINING}),
+    _N.ISOLATED: frozenset({_N.HEALTHY, _N.LOST, _N.DRAINING}),
+    _N.DRAINING: frozenset({_N.HEALTHY, _N.LOST}),  # resumed by an admin, or silent
     _N.LOST: frozenset({_N.HEALTHY, _N.ISOLATED}),  # its agent registered again
 }
 _W = WorkerPhase
