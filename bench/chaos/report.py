@@ -83,7 +83,9 @@ def summary(
         "tasks_ledger_ok": sum(r["ledger_ok"] for r in results),
         "leaks": leaks,
         "leaked": leaked,
-        "ok": all(r["finished"] and r["exact"] and r["ledger_ok"] for r in results) and not leaked,
+        "ok": all(r["finished"] and r["exact"] and r["ledger_ok"] for r in results)
+        and not leaked
+        and all(e["id"] in closed for e in events if e["kind"] == "incident"),
         "strikes": soak.strikes,
         "tasks": results,
     }
@@ -104,6 +106,7 @@ def write(result: dict[str, Any]) -> None:
             ports=len(leaks["listening_ports"]),
             shm=len(leaks["shared_memory"]),
             fd_growth=leaks["fd_growth"],
+            open=len(result["incidents_open"]),
             verdict="passed" if result["ok"] else "FAILED",
         )
     )
