@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
-from bench.chaos.schedule import Strike
+from bench.chaos.schedule import ITERATIONS, Strike
 from unicron.control.localcluster import LocalCluster
 
 LOST_WITHIN_S = 30.0  # a frozen node must be declared lost within this
@@ -53,12 +54,15 @@ def _corrupt(cluster: LocalCluster, fault: Strike) -> str | None:
     """Truncate the newest persistent checkpoint of a running task (a torn write); the task's
     final checkpoint comes later and is not struck."""
     running = {t["name"] for t in cluster.get("/v1/tasks") if t["state"] == "running"}
+    # Not the final one (a task still "running" may have saved it already): nothing reads it
+    # back to repair it, so striking it would test the soak, not the recovery.
+    final = f"step-{ITERATIONS:08d}.pt"
     folders = sorted(
-        p for p in (cluster.root / "checkpoints").glob("*") if p.name in running and any(p.glob("step-*.pt"))
+        p for p in (cluster.root / "checkpoints").glob("*") if p.name in running and _struck(p, final)
     )
     if not folders:
         return None
-    newest = sorted(folders[fault.pick % len(folders)].glob("step-*.pt"))[-1]
+    newest = sorted(c for c in folders[fault.pick % len(folders)].glob("step-*.pt") if c.name != final)[-1]
     try:
         size = newest.stat().st_size
         with newest.open("r+b") as f:
@@ -66,6 +70,11 @@ def _corrupt(cluster: LocalCluster, fault: Strike) -> str | None:
     except FileNotFoundError:  # pruned meanwhile
         return None
     return str(newest.relative_to(cluster.root))
+
+
+def _struck(folder: Path, final: str) -> bool:
+    """Whether ``folder`` holds a checkpoint the soak may truncate (any but the final one)."""
+    return any(c.name != final for c in folder.glob("step-*.pt"))
 
 
 def _node(cluster: LocalCluster, fault: Strike) -> str | None:

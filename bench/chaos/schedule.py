@@ -23,6 +23,7 @@ CLUSTER_FAULTS = (
 # Faults the workers inject themselves (unicron.train.faults), once per task (generation 0).
 WORKER_FAULTS = ("raise", "kill_after_reduce", "kill_in_backward", "hang", "stall_before_reduce")
 WEIGHTS = (1.0, 2.0, 3.0)  # three tasks of different weights
+ITERATIONS = 60  # the steps of every task of the soak
 
 
 @dataclass(frozen=True)

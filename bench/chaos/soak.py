@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos import check, inject, report
-from bench.chaos.schedule import WEIGHTS, Plan
+from bench.chaos.schedule import ITERATIONS, WEIGHTS, Plan
 from unicron.control.localcluster import LocalCluster
 
 # The soak's cluster: hot spares on, and limits that keep a many-fault run going. An assumption
@@ -28,7 +28,7 @@ SETTINGS = {
     "hang_floor_s": 2.0,
     "first_step_timeout_s": 30.0,  # a rank hung in a launch's first step is found within this
 }
-ITERATIONS, CHECKPOINT_EVERY, STEP_DELAY = 60, 10, 0.05
+CHECKPOINT_EVERY, STEP_DELAY = 10, 0.05
 THROUGHPUT = "{1: 1.0e9, 2: 1.9e9, 4: 3.6e9}"
 
 
