@@ -493,3 +493,19 @@ def test_a_launch_whose_first_step_never_ends_is_a_hang(make: Any) -> None:
     assert hang["generation"] == task.generation and hang["step"] == task.step + 1
     incidents = [i for i in cluster.events("incident") if i["kind"] == "task_hang"]
     assert [i["generation"] for i in incidents] == [task.generation]
+
+
+def test_a_peer_error_of_a_generation_left_behind_starts_no_recovery(make: Any) -> None:
+    """A survivor's peer error still waiting for its cause when the task moved on to a new
+    generation (a grow switched it meanwhile) belongs to a group that is gone: it is dropped,
+    not answered by re-forming the new generation (which the 8-minute chaos soak saw happen at
+    every tick, 212 incidents for one task)."""
+    cluster = make()
+    cluster.exit(1)
+    cluster.train(2)  # generation 2 runs
+    seen = cluster.clock.now
+    cluster.c.recovery.awaiting[("lm", 1)] = (seen, ErrorKind.CONNECTION_RESET, "n0")
+    for _ in range(20):
+        cluster.step(0.5)
+    assert len(cluster.events("incident")) == 1 and cluster.c.store.get_task("lm").generation == 2
+    assert cluster.c.recovery.awaiting == {}

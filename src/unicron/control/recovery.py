@@ -164,8 +164,7 @@ class Recovery:
         scope = self.note(name, Sign(now, kind, node, generation), scope)
         if (name, task.generation) in self.incidents:
             return
-        self.awaiting.pop((name, task.generation), None)
-        self.awaiting_ranks.pop((name, task.generation), None)
+        self._stop_awaiting(name)  # this incident answers every peer error of the task so far
         self.generations.cancel_growth(name)
         decision = self.ladder.decide(name, kind, node, now, scope)
         incident = self._open(task, kind, node, why, scope, decision, seen_at)
@@ -336,8 +335,7 @@ class Recovery:
             incident = self.incidents.pop(key)
             if task is not None:
                 self._ended(name, incident, task.state)
-        self.awaiting = {k: v for k, v in self.awaiting.items() if k[0] != name}
-        self.awaiting_ranks = {k: v for k, v in self.awaiting_ranks.items() if k[0] != name}
+        self._stop_awaiting(name)
         self.faults = {k: v for k, v in self.faults.items() if k[0] != name}
         self.recent.pop(name, None)
         self.task_faults = {k: v for k, v in self.task_faults.items() if k[0] != name}
@@ -369,11 +367,22 @@ class Recovery:
                 incident.kind = kind
 
     def expire_awaiting(self, now: float) -> None:
-        """No death was reported in time: whoever is alive rebuilds the group in place."""
+        """No death was reported in time: whoever is alive rebuilds the group in place. Peer
+        errors of a generation the task has left (a grow or a restart moved it on) are dropped:
+        answering them would re-form the new generation for nothing, and again at every tick,
+        as nothing would ever clear them."""
         grace = self.ctx.limits.heartbeat_deadline_s + self.ctx.limits.cause_grace_s
-        for (name, _generation), (since, kind, where) in list(self.awaiting.items()):
-            if now - since > grace:
+        for (name, generation), (since, kind, where) in list(self.awaiting.items()):
+            task = self.ctx.store.task(name)
+            if task is None or task.generation != generation:
+                self.awaiting.pop((name, generation), None)
+                self.awaiting_ranks.pop((name, generation), None)
+            elif now - since > grace:
                 self.incident(name, kind, where, "peers reported errors; no rank died", set(), since)
+
+    def _stop_awaiting(self, name: str) -> None:
+        self.awaiting = {k: v for k, v in self.awaiting.items() if k[0] != name}
+        self.awaiting_ranks = {k: v for k, v in self.awaiting_ranks.items() if k[0] != name}
 
     def node_lost(self, node: str, silent_s: float) -> None:
         store = self.ctx.store
