@@ -77,7 +77,10 @@ class TaskStore:
         for _ in range(64):  # far more generations than can pass within one step
             if not self.membership_changed(generation):
                 return False
-            posted = self.posted(generation)
+            try:
+                posted = self.posted(generation)
+            except Exception:
+                return False  # the store went away meanwhile (a coordinator restart): not known
             if rank in posted.failed:
                 return True
             if rank not in posted.ranks:
