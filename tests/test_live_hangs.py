@@ -70,3 +70,26 @@ def test_a_running_hung_rank_is_found_by_its_position_and_only_it_is_killed(tmp_
     assert culprits < trainers and finishers == trainers - culprits, (trainers, culprits, finishers)
     assert_ledger_exact(rows, ITERATIONS)
     assert_ends_exact(tmp_path, "lm", ITERATIONS)
+
+
+@pytest.mark.timeout(420)
+def test_a_rank_hung_in_the_first_step_is_found_without_step_times(tmp_path: Path) -> None:
+    """A rank stops in the task's very first step: there are no step times to judge a late step
+    by, so only the first step's own deadline finds it. The stopped rank is named and killed,
+    the others recover in place, and the task ends exact."""
+    trace = tmp_path / "trace.jsonl"
+    fault = "  faults:\n    - {action: hang, rank: 1, step: 1, generation: 1}\n"
+    spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}", 30, 0.05, fault)
+    settings = {"first_step_timeout_s": 20.0}
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
+        cluster.submit(spec)
+        events, rows = finish_and_settle(cluster, trace)
+    story = [(e["kind"], e["detail"]) for e in events]
+    (hang,) = [e["detail"] for e in events if e["kind"] == "hang_detected"]
+    assert hang["culprits"] == [1] and hang["step"] == 1 and hang["generation"] == 1, story
+    assert [e["detail"]["kind"] for e in events if e["kind"] == "incident"] == ["task_hang"], story
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("task_launch") == 1 and "in_process_recovery" in kinds, story
+    assert_every_incident_closed(events)
+    assert_ledger_exact(rows, 30, frozen=frozenset({1}))
+    assert_ends_exact(tmp_path, "lm", 30)
