@@ -280,16 +280,7 @@ class Coordinator:
         elif isinstance(report, FaultReport):
             if report.action not in CORRUPTIONS:
                 self.recovery.faults[(report.task, report.generation)] = report.time
-            self.act.record(
-                "fault_injected",
-                task=report.task,
-                node=node,
-                rank=report.rank,
-                step=report.step,
-                action=report.action,
-                generation=report.generation,
-                index=report.index,
-            )
+            reported.injected(self.act, report, node)
         elif isinstance(report, ExceptionReport):
             self._exception(task, report, node)
         elif isinstance(report, LaunchFailedReport):

@@ -1,6 +1,7 @@
 """Facts that workers and agents report, recorded as events for the operator: where a relaunched
-task's state came from, and every rank's stack at a hang. Neither changes what the coordinator
-decides; both are what an operator reads to learn what happened."""
+task's state came from, every rank's stack at a hang, and each fault the library injected.
+None changes what the coordinator decides; they are what an operator (or a benchmark) reads to
+learn what happened."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from unicron.control.effects import Applier
 from unicron.control.hangs import innermost_frame
-from unicron.core.protocol import RestoredReport, StacksReport
+from unicron.core.protocol import FaultReport, RestoredReport, StacksReport
 
 
 def stacks(act: Applier, report: StacksReport, incident: int | None) -> None:
@@ -48,3 +49,17 @@ def restored(act: Applier, report: RestoredReport, node: str) -> None:
             step=report.step,
             source=report.source,
         )
+
+
+def injected(act: Applier, report: FaultReport, node: str) -> None:
+    """A fault the library injected (its index claims it once, also across a restart)."""
+    act.record(
+        "fault_injected",
+        task=report.task,
+        node=node,
+        rank=report.rank,
+        step=report.step,
+        action=report.action,
+        generation=report.generation,
+        index=report.index,
+    )
