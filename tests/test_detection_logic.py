@@ -19,6 +19,8 @@ from unicron.core.taxonomy import Action, ErrorKind
         ({"hang_floor_s": 400.0}, "hang_floor_s (400) must be <= hang_cap_s"),
         ({"failure_stop_grace_s": 5.0}, "failure_stop_grace_s (5) must be <= stop_grace_s"),
         ({"heartbeat_deadline_s": 400.0}, "heartbeat_deadline_s (400) must be < hang_cap_s"),
+        ({"first_step_timeout_s": 1000.0}, "first_step_timeout_s (1000) must be < process_group_timeout_s"),
+        ({"first_step_timeout_s": 2.0}, "heartbeat_deadline_s (2.5) must be < first_step_timeout_s"),
     ],
 )
 def test_inconsistent_timeouts_are_refused_with_the_fix(changes: dict[str, float], words: str) -> None:
