@@ -450,6 +450,31 @@ def test_a_node_back_from_the_dead_frees_the_copies_of_tasks_that_ended_meanwhil
     assert [o.task for o in freed] == ["lm"]
 
 
+def test_a_drained_node_lost_and_back_stays_drained_until_resumed(make: Any) -> None:
+    """A drain outlasts the agent (a node rebooted for its maintenance comes back drained, as
+    Slurm keeps state=drain): nothing is placed there until an admin resumes it."""
+    cluster = make()
+    cluster.c.drain_node("n1", "new disk")
+    for _ in range(8):  # n1 reboots: silent, lost
+        cluster.clock.now += 0.5
+        cluster.beat("n0")
+        cluster.c.tick()
+    assert cluster.c.store.node("n1").state is NodeState.LOST  # type: ignore[union-attr]
+    cluster.c.register(Registration(node="n1", slots=2))
+    assert cluster.c.store.node("n1").state is NodeState.DRAINING  # type: ignore[union-attr]
+    before = len(cluster.orders)
+    cluster.step()
+    assert not [o for node, o in cluster.orders[before:] if node == "n1" and isinstance(o, LaunchWorker)]
+    cluster.c.resume_node("n1")
+    assert cluster.c.store.node("n1").state is NodeState.HEALTHY  # type: ignore[union-attr]
+    for _ in range(8):  # lost again once resumed: back healthy
+        cluster.clock.now += 0.5
+        cluster.beat("n0")
+        cluster.c.tick()
+    cluster.c.register(Registration(node="n1", slots=2))
+    assert cluster.c.store.node("n1").state is NodeState.HEALTHY  # type: ignore[union-attr]
+
+
 def test_faults_injected_before_a_restart_stay_claimed_in_the_re_created_store(make: Any) -> None:
     """A generation-0 fault strikes once: its claim lives in the task's store, which a restarted
     coordinator re-creates; the faults already injected are claimed there again."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from unicron.control.draining import returning_state
 from unicron.control.effects import Isolate, Record, StopGeneration, StopWorker, Switch, TaskDown
 from unicron.control.placing import Move, MoveKind, move_for
 from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
@@ -209,3 +210,14 @@ def test_members_on_a_drained_node_move_off_without_a_restart() -> None:
     assert off({"c": 2}, usable=lambda n: n in (2, 4), up={"c"}).kind is MoveKind.RESTART  # nobody stays
     # Without a drained node the same plan leaves the task as it is.
     assert move_for(task(), 4, {"a": 2, "b": 2}, members, True, False, even, 6).kind is MoveKind.KEEP
+
+
+def test_isolation_and_drain_outlast_a_node_lost_and_back() -> None:
+    node = NodeRecord(id=1, name="a", slots=2, gpus=[], host="h", state=NodeState.LOST, last_seen=0.0)
+    assert returning_state(node, None, isolated_until=100.0, now=50.0) is NodeState.ISOLATED
+    assert returning_state(node, None, isolated_until=100.0, now=150.0) is NodeState.HEALTHY
+    assert returning_state(node, "node_draining", isolated_until=0.0, now=150.0) is NodeState.DRAINING
+    assert returning_state(node, "node_resumed", isolated_until=0.0, now=150.0) is NodeState.HEALTHY
+    draining = replace(node, state=NodeState.DRAINING)
+    assert returning_state(draining, "node_draining", isolated_until=0.0, now=1.0) is NodeState.DRAINING
+    assert returning_state(None, "node_draining", isolated_until=0.0, now=1.0) is NodeState.HEALTHY

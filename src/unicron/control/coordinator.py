@@ -21,7 +21,7 @@ from typing import Any
 from unicron.control import reported
 from unicron.control.context import Context, CoordinatorSettings
 from unicron.control.detection import Detector
-from unicron.control.draining import drainable, resumable
+from unicron.control.draining import DRAIN_EVENTS, drainable, resumable, returning_state
 from unicron.control.effects import Applier, Orders
 from unicron.control.generations import Generations
 from unicron.control.placing import Placer
@@ -160,12 +160,16 @@ class Coordinator:
                 f"node {reg.node} offers {reg.slots} slots but the cluster's nodes have "
                 f"{others[0].slots}; start every agent with the same --slots"
             )
-        # An isolated node stays out until its isolation ends, even if its agent comes back.
-        kept = known is not None and known.state in (NodeState.ISOLATED, NodeState.DRAINING)
-        state = known.state if known is not None and kept else NodeState.HEALTHY
+        drain = self.store.last_node_event(reg.node, DRAIN_EVENTS) if known is not None else None
+        state = returning_state(known, drain, self.recovery.isolated_until.get(reg.node, 0.0), self.clock())
         self.act.node_registered(reg.node, reg.slots, reg.gpus, reg.host, state, self.clock())
         if known is None or known.state is NodeState.LOST:
-            self.act.record("node_joined" if known is None else "node_back", node=reg.node, slots=reg.slots)
+            self.act.record(
+                "node_joined" if known is None else "node_back",
+                node=reg.node,
+                slots=reg.slots,
+                state=state.value,
+            )
             self.dirty = True
         if known is not None and known.state is NodeState.LOST:
             # Tasks that ended while it was lost were forgotten everywhere but there: its

@@ -112,6 +112,16 @@ class Store:
             )
         return [EventRecord.of(r) for r in rows]
 
+    def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None:
+        """The kind of the newest of ``kinds`` recorded on ``node``, or None."""
+        marks, values = _marks(kinds)
+        rows = self._rows(
+            f"SELECT kind FROM events WHERE node = ? AND kind IN ({marks}) ORDER BY id DESC LIMIT 1",
+            node,
+            *values,
+        )
+        return str(rows[0]["kind"]) if rows else None
+
     # ------------------------------------------------------------ tasks
     def task(self, name: str) -> TaskRecord | None:
         rows = self._rows("SELECT * FROM tasks WHERE name = ?", name)

@@ -75,7 +75,7 @@ NODE_TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
     _N.HEALTHY: frozenset({_N.LOST, _N.ISOLATED, _N.DRAINING}),
     _N.ISOLATED: frozenset({_N.HEALTHY, _N.LOST, _N.DRAINING}),
     _N.DRAINING: frozenset({_N.HEALTHY, _N.LOST}),  # resumed by an admin, or silent
-    _N.LOST: frozenset({_N.HEALTHY, _N.ISOLATED}),  # its agent registered again
+    _N.LOST: frozenset({_N.HEALTHY, _N.ISOLATED, _N.DRAINING}),  # its agent registered again
 }
 _W = WorkerPhase
 _ENDED = frozenset({_W.EXITED, _W.FAILED, _W.LOST, _W.STOPPED})
