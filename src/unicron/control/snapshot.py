@@ -9,7 +9,7 @@ store only as :class:`StoreReads` (mypy rejects a write through it). The applier
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,6 +50,8 @@ class StoreReads(Protocol):
     def snapshot(self) -> Snapshot: ...
 
     def events(self, since_id: int = 0, task: str | None = None, limit: int = 1000) -> list[EventRecord]: ...
+
+    def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None: ...
 
     def task(self, name: str) -> TaskRecord | None: ...
 
