@@ -10,8 +10,8 @@ import sys
 import time
 from typing import Any
 
-from unicron.control.agent import _is_stopped, _read_stack
 from unicron.control.hangs import hang_verdict, innermost_frame
+from unicron.control.processes import is_stopped, read_stack
 from unicron.control.records import WorkerRecord
 from unicron.core.protocol import DumpStacks, Phase, Progress, StacksReport, StopWorkers
 from unicron.core.settings import Settings
@@ -132,11 +132,11 @@ def test_a_stopped_process_stack_is_read_without_resuming_it() -> None:
     process = subprocess.Popen([sys.executable, "-c", program])
     try:
         deadline = time.time() + 30
-        while not _is_stopped(process.pid) and time.time() < deadline:
+        while not is_stopped(process.pid) and time.time() < deadline:
             time.sleep(0.05)
-        text = asyncio.run(_read_stack(process.pid))
+        text = asyncio.run(read_stack(process.pid))
         assert innermost_frame(text) == "halt (<string>:3)", text
-        assert _is_stopped(process.pid)
+        assert is_stopped(process.pid)
     finally:
         process.kill()
         process.wait()

@@ -5,7 +5,8 @@
 - Each exit is seen the moment it happens (asyncio's child watcher) with its code or signal.
 - A stop order sends SIGTERM to the worker's group and SIGKILL after the grace period.
 - Workers send reports as JSON datagrams to the agent's Unix socket; the agent forwards them
-  with the next heartbeat, at once for urgent ones (exits, exceptions).
+  with the next heartbeat, at once for urgent ones (exits, exceptions). Their positions are not
+  messages: the agent reads each worker's board when it heartbeats (``control.processes``).
 - When the coordinator is unreachable the agent keeps its workers running, keeps their reports,
   and registers again when the coordinator answers.
 """
@@ -20,8 +21,6 @@ import shutil
 import signal
 import sys
 import time
-from asyncio.subprocess import PIPE, STDOUT
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import httpx
 from pydantic import ValidationError
 
 from unicron.control.credentials import Credentials
+from unicron.control.processes import Worker, is_stopped, read_stack
 from unicron.core.protocol import (
     AGENT_DATAGRAM,
     DumpStacks,
@@ -40,14 +40,12 @@ from unicron.core.protocol import (
     LaunchFailedReport,
     LaunchWorker,
     OrderBatch,
-    Progress,
     Registration,
     RegistrationReply,
     RenameWorker,
     StacksReport,
     StopWorkers,
     WorkerReport,
-    WorkerState,
 )
 from unicron.core.workerenv import WorkerEnv, host_checkpoint_dir
 
@@ -57,61 +55,6 @@ MAX_BUFFERED_REPORTS = 10_000
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class Worker:
-    order: LaunchWorker
-    process: asyncio.subprocess.Process
-    log: Path
-    started: float = field(default_factory=time.time)
-    exited: bool = False
-    stop_ordered: bool = False  # the coordinator asked for it to stop
-    progress: Progress | None = None  # the latest position the worker sent
-
-    @property
-    def stack_file(self) -> Path:
-        return self.log.with_suffix(".stacks")
-
-    def state(self) -> WorkerState:
-        return WorkerState(
-            task=self.order.task,
-            generation=self.order.generation,
-            rank=self.order.rank,
-            pid=self.process.pid,
-            running=not self.exited,
-            stopped=not self.exited and _is_stopped(self.process.pid),
-            returncode=self.process.returncode if self.exited else None,
-            progress=self.progress,
-        )
-
-
-async def _read_stack(pid: int, timeout_s: float = 10.0) -> str:
-    """A stopped process's Python stack, read from its memory by py-spy (``--nonblocking``: the
-    process is neither resumed nor paused further)."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    try:
-        run = await asyncio.create_subprocess_exec(
-            spy, "dump", "--pid", str(pid), "--nonblocking", stdout=PIPE, stderr=STDOUT
-        )
-    except OSError as exc:
-        return f"(stopped; its stack could not be read: {exc})"
-    try:
-        out, _ = await asyncio.wait_for(run.communicate(), timeout_s)
-    except TimeoutError:
-        run.kill()
-        await run.wait()
-        return f"(stopped; py-spy gave no stack within {timeout_s:g} s)"
-    return out.decode(errors="replace")[:64_000]
-
-
-def _is_stopped(pid: int) -> bool:
-    """Whether the process is stopped (SIGSTOP or traced): state T or t in /proc/PID/stat."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] in "Tt"
 
 
 class Agent:
@@ -159,17 +102,7 @@ class Agent:
                 message = AGENT_DATAGRAM.validate_json(data)
             except ValidationError:
                 return
-            if isinstance(message, Progress):
-                self.agent.moved(message)
-            else:
-                self.agent.queue(message)
-
-    def moved(self, progress: Progress) -> None:
-        """Keep a worker's latest position (only the latest matters: nothing is queued)."""
-        for worker in self.workers.values():
-            if worker.process.pid == progress.pid and not worker.exited:
-                worker.progress = progress
-                return
+            self.agent.queue(message)
 
     def queue(self, report: WorkerReport) -> None:
         self.reports.append(report)
@@ -234,6 +167,7 @@ class Agent:
                 "local_rank": order.local_rank,
                 "agent_socket": str(self.socket_path),
                 "stack_file": str(self._log_path(order).with_suffix(".stacks")),
+                "position_file": str(self._log_path(order).with_suffix(".position")),
             }
         )
         env = {**os.environ, **order.env, **mine.to_env()}
@@ -252,7 +186,10 @@ class Agent:
 
     async def _watch(self, worker: Worker) -> None:
         code = await worker.process.wait()
+        last = worker.progress  # read before its board goes
         worker.exited = True
+        with contextlib.suppress(OSError):
+            worker.board.unlink()
         o = worker.order
         self.queue(
             ExitReport(
@@ -264,7 +201,7 @@ class Agent:
                 signal=-code if code < 0 else None,
                 time=time.time(),
                 stop_ordered=worker.stop_ordered,
-                reached=worker.progress.generation if worker.progress else o.generation,
+                reached=last.generation if last else o.generation,
             )
         )
         if o.task in self.forgotten:
@@ -290,7 +227,7 @@ class Agent:
         (py-spy, without resuming it)."""
         async with self.dumping:
             live = [w for (task, _, _), w in self.workers.items() if task == order.task and not w.exited]
-            halted = {w.process.pid for w in live if _is_stopped(w.process.pid)}
+            halted = {w.process.pid for w in live if is_stopped(w.process.pid)}
             stopped = [w for w in live if w.process.pid in halted]
             # Only workers that sent their position run the library, which handles the signal
             # (SIGUSR1's default action would end any other program).
@@ -300,7 +237,7 @@ class Agent:
                 offsets[w.order.rank] = w.stack_file.stat().st_size if w.stack_file.exists() else 0
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w.process.pid, signal.SIGUSR1)
-            stacks = {w.order.rank: await _read_stack(w.process.pid) for w in stopped}
+            stacks = {w.order.rank: await read_stack(w.process.pid) for w in stopped}
             await asyncio.sleep(order.wait_s)
             for w in signalled:
                 with contextlib.suppress(OSError), w.stack_file.open("rb") as f:

@@ -207,9 +207,10 @@ WAITING_PHASES = frozenset({Phase.COLLECTIVE, Phase.REJOIN})
 
 
 class Progress(_Message):
-    """A worker's position, sent to its agent as a datagram each time it moves (per micro-batch,
-    on entering a collective). The agent keeps only the latest and reports it in the worker's
-    state, so the coordinator sees which rank has not reached the collective the others wait in."""
+    """A worker's position, written on its board each time it moves (per micro-batch, on
+    entering a collective; ``core.position``). The agent reads the latest and reports it in the
+    worker's state, so the coordinator sees which rank has not reached the collective the others
+    wait in."""
 
     type: Literal["progress"] = "progress"
     pid: Int  # the worker, whatever generation and rank it has now
@@ -228,8 +229,7 @@ AgentDatagram = Annotated[
     | RestoredReport
     | StorageReport
     | DoneReport
-    | FaultReport
-    | Progress,
+    | FaultReport,
     Field(discriminator="type"),
 ]
 AGENT_DATAGRAM = TypeAdapter(AgentDatagram)  # what a worker may send its agent

@@ -39,6 +39,7 @@ KEYS: dict[str, str] = {
     "agent_socket": "UNICRON_AGENT_SOCKET",
     "trace_file": "UNICRON_TRACE_FILE",
     "stack_file": "UNICRON_STACK_FILE",
+    "position_file": "UNICRON_POSITION_FILE",
     "host_checkpoints": "UNICRON_HOST_CHECKPOINTS",
     "host_checkpoint_root": "UNICRON_HOST_CHECKPOINT_ROOT",
 }
@@ -71,6 +72,7 @@ class WorkerEnv(BaseModel):
     agent_socket: str | None = None
     trace_file: str | None = None
     stack_file: str | None = None  # where the worker's stack goes when its agent asks (SIGUSR1)
+    position_file: str | None = None  # the board its agent reads its position from (core.position)
     host_checkpoints: bool = True  # keep an in-memory (tmpfs) checkpoint copy per node
     host_checkpoint_root: str | None = None
 

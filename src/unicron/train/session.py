@@ -94,7 +94,7 @@ class Session:
         self.running: StepLoop | None = None  # the `session.steps(...)` loop in progress
         self.digest: str | None = None  # the final parameters' digest, once the steps ran out
         self.store: TaskStore | None = None
-        self.progress = ProgressReporter(self.channel, contract.stack_file, lambda: self.generation)
+        self.progress = ProgressReporter(contract.position_file, contract.stack_file, lambda: self.generation)
         self.in_process = contract.recovery == "in_process" and bool(self.store_address)  # needs the store
         wait_s = contract.membership_timeout_s or limits.membership_timeout_s
         self.membership_timeout = timedelta(seconds=wait_s)

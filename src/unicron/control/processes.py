@@ -1,0 +1,83 @@
+"""A worker process as its agent sees it: its order, log, stack dumps and position board;
+whether it is stopped, and the stack of one that is."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sys
+import time
+from asyncio.subprocess import PIPE, STDOUT
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from unicron.core.position import decode
+from unicron.core.protocol import LaunchWorker, Progress, WorkerState
+
+
+@dataclass
+class Worker:
+    order: LaunchWorker
+    process: asyncio.subprocess.Process
+    log: Path
+    started: float = field(default_factory=time.time)
+    exited: bool = False
+    stop_ordered: bool = False  # the coordinator asked for it to stop
+    last_position: Progress | None = None  # the latest read from its board
+
+    @property
+    def stack_file(self) -> Path:
+        return self.log.with_suffix(".stacks")
+
+    @property
+    def board(self) -> Path:
+        return self.log.with_suffix(".position")
+
+    @property
+    def progress(self) -> Progress | None:
+        """Its latest position (core.position); a torn or missing record keeps the last one."""
+        if not self.exited:
+            with contextlib.suppress(OSError):
+                self.last_position = decode(self.board.read_bytes(), self.process.pid) or self.last_position
+        return self.last_position
+
+    def state(self) -> WorkerState:
+        return WorkerState(
+            task=self.order.task,
+            generation=self.order.generation,
+            rank=self.order.rank,
+            pid=self.process.pid,
+            running=not self.exited,
+            stopped=not self.exited and is_stopped(self.process.pid),
+            returncode=self.process.returncode if self.exited else None,
+            progress=self.progress,
+        )
+
+
+async def read_stack(pid: int, timeout_s: float = 10.0) -> str:
+    """A stopped process's Python stack, read from its memory by py-spy (``--nonblocking``: the
+    process is neither resumed nor paused further)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    try:
+        run = await asyncio.create_subprocess_exec(
+            spy, "dump", "--pid", str(pid), "--nonblocking", stdout=PIPE, stderr=STDOUT
+        )
+    except OSError as exc:
+        return f"(stopped; its stack could not be read: {exc})"
+    try:
+        out, _ = await asyncio.wait_for(run.communicate(), timeout_s)
+    except TimeoutError:
+        run.kill()
+        await run.wait()
+        return f"(stopped; py-spy gave no stack within {timeout_s:g} s)"
+    return out.decode(errors="replace")[:64_000]
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP or traced): state T or t in /proc/PID/stat."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] in "Tt"
