@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ def run_agent(
 def create_token(
     role: str, subject: str | None, state_dir: Path, ttl: float | None, output: Path | None
 ) -> None:
-    from unicron.control.tokens import issue, read_secret
+    from unicron.control.tokens import issue, read_secret, token_id
 
     try:
         kind = Role(role)
@@ -104,12 +105,34 @@ def create_token(
         raise UsageError(f"--role {role!r} is not a role: use admin, agent or viewer") from None
     if kind is Role.AGENT and subject is None:
         raise UsageError("an agent token speaks for one node: pass --subject <node name>")
-    token = issue(read_secret(state_dir), kind, subject or kind.value, ttl)
+    secret = read_secret(state_dir)
+    token = issue(secret, kind, subject or kind.value, ttl)
+    ident = token_id(secret, token)["jti"]
     if output is None:
         print(token)
+        print(f"token id {ident} (for `unicron token revoke --id`)", file=sys.stderr)
     else:
         write_token(output, token)
-        console().print(f"wrote a {kind.value} token for {subject or kind.value} to {output}")
+        console().print(f"wrote a {kind.value} token for {subject or kind.value} to {output} (id {ident})")
+
+
+def revoke_token(state_dir: Path, token_file: Path | None, ident: str | None) -> None:
+    from unicron.control.revocation import revoke
+    from unicron.control.tokens import read_secret, token_id
+
+    if (token_file is None) == (ident is None):
+        raise UsageError("name the token to revoke: --token-file FILE or --id ID (one of them)")
+    if token_file is not None:
+        try:
+            text = token_file.read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"--token-file {token_file}: {exc.strerror}") from None
+        record = token_id(read_secret(state_dir), text)
+    else:
+        assert ident is not None
+        record = {"jti": ident}
+    revoke(state_dir, record)
+    console().print(f"revoked token {record['jti']}: the coordinator refuses it from its next call")
 
 
 @dataclass(frozen=True)

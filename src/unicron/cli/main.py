@@ -213,7 +213,9 @@ def node_remove(
     node_action(Api.of(coordinator, token_file, ca), name, "remove")
 
 
-token_app = typer.Typer(help="Issue bearer tokens for the coordinator's API.", no_args_is_help=True)
+token_app = typer.Typer(
+    help="Issue and revoke bearer tokens for the coordinator's API.", no_args_is_help=True
+)
 app.add_typer(token_app, name="token")
 
 
@@ -233,6 +235,20 @@ def token_create(
     from unicron.cli.live import create_token
 
     create_token(role, subject, state_dir, ttl, output)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_file: Annotated[Path | None, typer.Option(help="the file holding the token to revoke")] = None,
+    ident: Annotated[
+        str | None, typer.Option("--id", help="or the token's id, as `token create` printed it")
+    ] = None,
+    state_dir: STATE_DIR = Path(".unicron/coordinator"),
+) -> None:
+    """Take back one token: the coordinator refuses it from its next call (others stay valid)."""
+    from unicron.cli.live import revoke_token
+
+    revoke_token(state_dir, token_file, ident)
 
 
 @app.command()

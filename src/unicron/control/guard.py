@@ -13,6 +13,7 @@ from typing import Annotated
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from unicron.control.revocation import Revocations
 from unicron.control.tokens import verify
 from unicron.core.access import Need, Principal, decide
 from unicron.core.errors import Forbidden, Unauthenticated
@@ -30,11 +31,13 @@ def enforce(principal: Principal | None, need: Need, node: str | None = None) ->
 
 
 class Guard:
-    def __init__(self, secret: bytes) -> None:
-        self.secret = secret
+    def __init__(self, secret: bytes, revocations: Revocations) -> None:
+        self.secret, self.revocations = secret, revocations
 
     def principal(self, credentials: HTTPAuthorizationCredentials | None) -> Principal | None:
-        return None if credentials is None else verify(self.secret, credentials.credentials)
+        if credentials is None:
+            return None
+        return verify(self.secret, credentials.credentials, self.revocations.ids())
 
     def needing(self, need: Need) -> Callable[[HTTPAuthorizationCredentials | None], Principal]:
         """A route dependency that lets through only callers who may do ``need`` (READ or

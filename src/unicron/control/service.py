@@ -22,6 +22,7 @@ from unicron.control.bodylimit import BodyLimit
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.guard import Guard, own_node
 from unicron.control.records import TaskRecord
+from unicron.control.revocation import Revocations
 from unicron.control.tokens import load_or_create_secret
 from unicron.core.access import Need, Principal
 from unicron.core.errors import Conflict, Forbidden, NotFound, SpecError, Unauthenticated, UnicronError
@@ -102,7 +103,7 @@ class Runtime:
 
 def create_app(settings: CoordinatorSettings) -> FastAPI:
     runtime = Runtime(settings)
-    guard = Guard(load_or_create_secret(settings.state_dir))
+    guard = Guard(load_or_create_secret(settings.state_dir), Revocations(settings.state_dir))
     # The schema is served below, behind a token like every other call; no interactive docs.
     app = FastAPI(
         title="Unicron coordinator",

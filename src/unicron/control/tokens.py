@@ -5,7 +5,7 @@ owner only (mode 0600); `unicron token create` reads the same file to issue toke
 one needs access to the coordinator's host, as a Slurm munge key or a kubeadm CA does. A token
 is a JWT (HS256) naming a role and a subject and, when asked, an expiry; the coordinator checks
 its signature on every call and keeps no table of tokens. Rotating the secret (delete the file,
-restart) revokes every token at once.
+restart) revokes every token at once; `unicron token revoke` takes back one (control.revocation).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import secrets
 import stat
 import time
 import uuid
+from collections.abc import Collection
 from pathlib import Path
 
 import jwt
@@ -75,11 +76,27 @@ def issue(secret: bytes, role: Role, subject: str, ttl_s: float | None = None) -
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
-def verify(secret: bytes, token: str) -> Principal | None:
+def verify(secret: bytes, token: str, revoked: Collection[str] = frozenset()) -> Principal | None:
     """The principal a token names, or None if it is not one this secret signed (forged,
-    altered, expired, or of an unknown role)."""
+    altered, expired, or of an unknown role) or its id is among the ``revoked``."""
     try:
         claims = jwt.decode(token, secret, algorithms=[ALGORITHM], options={"require": ["role", "sub"]})
+        if claims.get("jti") in revoked:
+            return None
         return Principal(Role(claims["role"]), str(claims["sub"]))
     except (jwt.PyJWTError, ValueError, TypeError):
         return None
+
+
+def token_id(secret: bytes, token: str) -> dict[str, str]:
+    """A token's id, role and subject, if this secret signed it (expired or not)."""
+    try:
+        claims = jwt.decode(
+            token, secret, algorithms=[ALGORITHM], options={"require": ["jti"], "verify_exp": False}
+        )
+        return {"jti": str(claims["jti"]), "role": str(claims.get("role")), "sub": str(claims.get("sub"))}
+    except jwt.PyJWTError:
+        raise UsageError(
+            "that token was not issued with this cluster secret (or is not a token): check --state-dir "
+            "and --token-file, or pass --id"
+        ) from None

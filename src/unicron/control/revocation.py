@@ -1,0 +1,79 @@
+"""Revoked tokens: one token taken back before it expires (a leaked agent token, a person who
+left), without rotating the cluster secret and re-issuing every other token.
+
+`unicron token revoke` appends the token's id (its ``jti``) to ``revoked-tokens`` in the
+coordinator's state directory (mode 0600, one JSON object a line: the id, its role and subject
+when known, and when it was revoked). The coordinator looks at the file's size and mtime on each
+call and reads it again when they change, so a revocation takes effect at the next call, without
+a restart. The list only grows; rotating the secret (which revokes every token) is the time to
+delete it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import time
+from pathlib import Path
+
+from unicron.core.errors import UsageError
+
+REVOKED_FILE = "revoked-tokens"
+_TOKEN_ID = re.compile(r"^[0-9a-f]{32}$")  # tokens.issue: uuid4().hex
+
+
+def revoked_path(state_dir: Path) -> Path:
+    return state_dir / REVOKED_FILE
+
+
+def revoke(state_dir: Path, record: dict[str, str]) -> None:
+    """Add a token (``record["jti"]``, with its role and subject if known) to the revoked ones."""
+    if not _TOKEN_ID.match(record["jti"]):
+        raise UsageError(
+            f"--id {record['jti']!r} is not a token id (32 hex digits, as `token create` prints)"
+        )
+    path = revoked_path(state_dir)
+    if not state_dir.is_dir():
+        raise UsageError(f"no coordinator state directory at {state_dir}: pass the coordinator's --state-dir")
+    line = json.dumps({**record, "revoked_at": round(time.time(), 3)}) + "\n"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, stat.S_IRUSR | stat.S_IWUSR)
+    with os.fdopen(fd, "r+b") as out:
+        end = out.seek(0, os.SEEK_END)
+        if end and os.pread(fd, 1, end - 1) != b"\n":
+            line = "\n" + line  # a line left unfinished (a writer that died) must not swallow this one
+        out.write(line.encode())
+
+
+class Revocations:
+    """The ids of revoked tokens, read again whenever the file changes."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = revoked_path(state_dir)
+        self._seen: tuple[int, int] | None = None  # (size, mtime_ns) of the file last read
+        self._ids: frozenset[str] = frozenset()
+
+    def ids(self) -> frozenset[str]:
+        try:
+            info = self.path.stat()
+        except FileNotFoundError:
+            self._seen, self._ids = None, frozenset()
+            return self._ids
+        if (info.st_size, info.st_mtime_ns) != self._seen:
+            self._ids = frozenset(_ids_in(self.path.read_text(errors="replace")))
+            self._seen = (info.st_size, info.st_mtime_ns)
+        return self._ids
+
+
+def _ids_in(text: str) -> list[str]:
+    """The ids on the file's lines; a line that is not a record (a torn last line) is skipped."""
+    ids = []
+    for line in text.splitlines():
+        try:
+            jti = json.loads(line).get("jti")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(jti, str):
+            ids.append(jti)
+    return ids
