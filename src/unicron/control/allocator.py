@@ -116,11 +116,19 @@ class Allocator:
                 if found is None and _normal(state.assignment) != _normal(table.state.assignment):
                     why = "workers changed"
                 elif chosen is not None:
-                    layout = place(chosen.allocation(), state.healthy, state.gpus_per_node, state.assignment)
+                    layout = place(
+                        chosen.allocation(),
+                        state.healthy,
+                        state.gpus_per_node,
+                        state.assignment,
+                        state.replica_sizes,
+                    )
                     seconds = time.perf_counter() - started
                     return Decided(chosen, layout, "table", found, why, seconds, rebalance)
         best = plan(state)
-        layout = place(best.allocation(), state.healthy, state.gpus_per_node, state.assignment)
+        layout = place(
+            best.allocation(), state.healthy, state.gpus_per_node, state.assignment, state.replica_sizes
+        )
         return Decided(best, layout, "solved", None, why, time.perf_counter() - started, rebalance)
 
     def refresh(self, state: ClusterState, decided: Decided, curves_version: int) -> None:

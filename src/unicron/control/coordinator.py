@@ -35,7 +35,7 @@ from unicron.control.storagewatch import StorageWatch
 from unicron.control.store import Store
 from unicron.core.errors import Conflict
 from unicron.core.ladder import Ladder
-from unicron.core.livespecs import CORRUPTIONS, LiveTaskSpec
+from unicron.core.livespecs import CORRUPTIONS, LiveTaskSpec, replica_misfit
 from unicron.core.protocol import (
     SPARE_GENERATION,
     CheckpointReport,
@@ -109,6 +109,9 @@ class Coordinator:
         """Add tasks: all of them, or (a name is taken) none."""
         if taken := [s.name for s in specs if self.store.task(s.name) is not None]:
             raise Conflict(f"a task named {taken[0]!r} exists; choose another name")
+        nodes = self.store.nodes()
+        if nodes and (misfit := next(filter(None, (replica_misfit(s, nodes[0].slots) for s in specs)), None)):
+            raise Conflict(misfit)
         for spec in specs:
             self.act.add_task(spec.name, spec.model_dump_json(), self.clock())
             self.act.record("task_submitted", task=spec.name, weight=spec.weight)

@@ -9,6 +9,7 @@ a step boundary and take their state from them. The arithmetic is pure (``surviv
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -27,17 +28,27 @@ class Shrink:
     left: list[WorkerRecord]  # live workers that do not go on (failed, or let go by the plan)
 
 
+def whole_replicas(kept: Sequence[WorkerRecord], size: int) -> list[WorkerRecord]:
+    """Those of ``kept`` whose replica (ranks ``r * size`` to ``r * size + size - 1`` of their
+    generation) is kept whole: a sharded replica is useless without any one of its shards."""
+    counts = Counter(w.rank // size for w in kept)
+    return [w for w in kept if counts[w.rank // size] == size]
+
+
 def survivors(
     live: Sequence[WorkerRecord],
     failed: Collection[int],
     healthy: Collection[str],
     usable: Callable[[int], bool],
     generation: int,
+    replica_size: int = 1,
 ) -> Shrink | str:
     """The next generation after ``failed`` ranks (and every rank on a node no longer healthy)
-    are gone: the largest usable number of survivors, lowest ranks first. A string says why
+    are gone: the largest usable number of survivors, lowest ranks first; with replicas, only
+    whole ones (the other members of a failed rank's replica leave with it). A string says why
     there is none."""
     alive = [w for w in live if w.rank not in failed and w.node in healthy]
+    alive = whole_replicas(alive, replica_size)
     keep = max((k for k in range(len(alive), 0, -1) if usable(k)), default=0)
     if keep == 0:
         return f"{len(alive)} survivor(s), no usable size"
@@ -53,18 +64,22 @@ def survivors(
 
 
 def planned_shrink(
-    live: Sequence[WorkerRecord], wanted: dict[str, int], usable: Callable[[int], bool], generation: int
+    live: Sequence[WorkerRecord],
+    wanted: dict[str, int],
+    usable: Callable[[int], bool],
+    generation: int,
+    replica_size: int = 1,
 ) -> Shrink | None:
-    """Keep the members on the nodes the placement keeps (``wanted``: node -> count); None when
-    that leaves nobody, loses nobody, or an unusable size."""
+    """Keep the members on the nodes the placement keeps (``wanted``: node -> count), in whole
+    replicas; None when that leaves nobody, loses nobody, or an unusable size."""
     quota = dict(wanted)
-    kept, left = [], []
+    kept = []
     for w in sorted(live, key=lambda w: w.rank):
         if quota.get(w.node, 0) > 0:
             kept.append(w)
             quota[w.node] -= 1
-        else:
-            left.append(w)
+    kept = whole_replicas(kept, replica_size)
+    left = [w for w in sorted(live, key=lambda w: w.rank) if w not in kept]
     if not kept or not left or not usable(len(kept)):
         return None
     membership = Membership(

@@ -55,6 +55,7 @@ def move_for(
     usable: Callable[[int], bool],
     generation: int,
     in_service: Collection[str] | None = None,
+    replica_size: int = 1,
 ) -> Move:
     """How a task goes from its members to ``after`` workers placed as ``wanted`` (node ->
     count): in place where its recovery mode allows and the placement fits (newcomers only on
@@ -81,7 +82,7 @@ def move_for(
     if in_place and added and fits and (moving_off or after > task.workers):
         return Move(MoveKind.GROW, extra=extra)
     if in_place and (moving_off or 0 < after < task.workers):
-        shrink = planned_shrink(members, wanted, usable, generation)
+        shrink = planned_shrink(members, wanted, usable, generation, replica_size)
         if shrink is not None:
             return Move(MoveKind.SHRINK, shrink=shrink)
     return Move(MoveKind.RESTART)
@@ -208,6 +209,7 @@ class Placer:
             usable=spec.is_usable,
             generation=snapshot.next_generation[name],
             in_service=snapshot.healthy(),
+            replica_size=spec.replica_size,
         )
         if move.kind is MoveKind.GROW:
             self._grow(snapshot, name, move.extra, decision.reason)

@@ -171,8 +171,9 @@ class Recovery:
         failure = Failure(name, node, why, None if failed is None else frozenset(failed), incident.id)
         may_stay = self.generations.in_place(name)
         snapshot = self.ctx.store.snapshot()
+        spec = self.ctx.spec(name)
         response = respond(
-            snapshot, failure, decision, may_stay, self.ctx.spec(name).is_usable, self.ctx.limits, now
+            snapshot, failure, decision, may_stay, spec.is_usable, self.ctx.limits, now, spec.replica_size
         )
         incident.actions.append(response.action)
         if response.action == IN_PROCESS:
@@ -280,7 +281,8 @@ class Recovery:
             self._escalate(
                 name, incident, RESTART_FAILED, f"rank(s) {ranks} never reached generation {generation}"
             )
-            stay = in_place(snapshot, name, set(ranks), incident.id, self.ctx.spec(name).is_usable)
+            spec = self.ctx.spec(name)
+            stay = in_place(snapshot, name, set(ranks), incident.id, spec.is_usable, (), spec.replica_size)
             if self.generations.in_place(name) and not isinstance(stay, str):
                 self._apply(stay, now)
                 incident.stuck_nodes = {w.node for w in stuck}

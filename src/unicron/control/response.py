@@ -58,14 +58,16 @@ def in_place(
     incident: int,
     usable: Callable[[int], bool],
     out: Collection[str] = (),
+    replica_size: int = 1,
 ) -> tuple[Effect, ...] | str:
-    """The survivors (on healthy nodes, not in ``out``) rebuild their group as the next
-    generation and go on; nothing restarts. The failed ranks still on a healthy node are
-    killed (a raising or hung process may linger). A string says why that is not possible."""
+    """The survivors (on healthy nodes, not in ``out``; whole replicas) rebuild their group as
+    the next generation and go on; nothing restarts. The failed ranks still on a healthy node
+    are killed (a raising or hung process may linger); the rest of their replicas leave. A
+    string says why that is not possible."""
     task = snapshot.task(name)
     healthy = snapshot.healthy() - set(out)
     live = snapshot.live(name)
-    shrink = survivors(live, failed, healthy, usable, snapshot.next_generation[name])
+    shrink = survivors(live, failed, healthy, usable, snapshot.next_generation[name], replica_size)
     if isinstance(shrink, str):
         return shrink
     stops = [StopWorker(w, 0.0) for w in shrink.left if w.rank in failed and w.node in healthy]
@@ -97,6 +99,7 @@ def respond(
     usable: Callable[[int], bool],
     limits: Settings,
     now: float,
+    replica_size: int = 1,
 ) -> Response:
     """The effects of the ladder's ``decision`` on ``failure``. ``may_stay``: the task recovers
     in place (its spec asks for it and no grow is under way)."""
@@ -108,7 +111,7 @@ def respond(
         effects += isolation(snapshot, failure.node, why, now, limits)
     out = {e.node for e in effects if isinstance(e, Isolate)}
     if may_stay and not decision.fail_task and failure.failed is not None:
-        stay = in_place(snapshot, name, failure.failed, failure.incident, usable, out)
+        stay = in_place(snapshot, name, failure.failed, failure.incident, usable, out, replica_size)
         if not isinstance(stay, str):
             return Response(IN_PROCESS, (*effects, *stay))
         detail = {

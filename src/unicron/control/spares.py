@@ -32,8 +32,8 @@ def spare_gains(
     out = []
     for spec in specs:
         n = workers.get(spec.name, 0)
-        if n == 0 or spec.run.recovery != "in_process":
-            continue
+        if n == 0 or spec.run.recovery != "in_process" or spec.run.replica_size > 1:
+            continue  # (a sharded replica comes back whole: single-rank spares do not help it)
         shrunk = max((k for k in range(n - 1, 0, -1) if spec.is_usable(k)), default=0)
         if shrunk == 0:
             continue

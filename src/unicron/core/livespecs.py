@@ -3,6 +3,7 @@ and the faults a task may have injected into its workers for tests and demos."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -82,6 +83,13 @@ class RunSpec(SpecBase):
         description="in_process: survivors rebuild their group and go on; restart: every failure "
         "restarts the task from its checkpoint",
     )
+    replica_size: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description="ranks per data-parallel replica (the model is sharded within one): the task "
+        "is planned, placed and recovered in whole replicas; counts must be its multiples",
+    )
 
     @field_validator("program", mode="before")
     @classmethod
@@ -105,6 +113,48 @@ class LiveTaskSpec(TaskSpec):
                 f"{FIX_MARK}remove run.flops_per_sample, or use a throughput table instead of model"
             )
         return self
+
+    @model_validator(mode="after")
+    def _whole_replicas(self) -> LiveTaskSpec:
+        size = self.run.replica_size
+        counts = [("worker_step", self.worker_step), ("min_workers", self.min_workers)]
+        counts += [("max_workers", self.max_workers), ("current_workers", self.current_workers or None)]
+        counts += [("throughput", count) for count in self.throughput or {}]
+        for field, count in counts:
+            if count is not None and count % size:
+                raise ValueError(
+                    f"{field} {count} is not a whole number of replicas of run.replica_size {size}"
+                    f"{FIX_MARK}use multiples of {size} (or change run.replica_size)"
+                )
+        return self
+
+    @property
+    def replica_size(self) -> int:
+        return self.run.replica_size
+
+    @property
+    def step(self) -> int:
+        """Usable counts are multiples of both ``worker_step`` and the replica size."""
+        return math.lcm(self.worker_step or 1, self.run.replica_size)
+
+    @property
+    def step_named(self) -> str:
+        if self.run.replica_size == 1:
+            return super().step_named
+        whole = f"run.replica_size {self.run.replica_size} (whole replicas)"
+        return whole if self.worker_step is None else f"{self.step} (worker_step and {whole})"
+
+
+def replica_misfit(spec: LiveTaskSpec, slots: int) -> str | None:
+    """Why ``spec``'s replicas cannot be placed whole on nodes of ``slots``, or None: a replica
+    must fill a node evenly (its size divides the node's) or span whole nodes (a multiple)."""
+    size = spec.run.replica_size
+    if slots % size == 0 or size % slots == 0:
+        return None
+    return (
+        f"task {spec.name}: run.replica_size {size} neither divides nor spans whole nodes of {slots} slots"
+        f"{FIX_MARK}use a divisor or a multiple of {slots}"
+    )
 
 
 class LiveClusterSpec(NodeHardware):

@@ -154,7 +154,7 @@ class TaskSpec(SpecBase):
         step = self.step
         if lo is not None and lo % step:
             raise ValueError(
-                f"min_workers {lo} is not a multiple of worker_step {step}{FIX_MARK}use a multiple of {step}"
+                f"min_workers {lo} is not a multiple of {self.step_named}{FIX_MARK}use a multiple of {step}"
             )
         if self.current_workers and not self.is_usable(self.current_workers):
             raise ValueError(
@@ -171,6 +171,17 @@ class TaskSpec(SpecBase):
     @property
     def step(self) -> int:
         return self.worker_step or 1
+
+    @property
+    def step_named(self) -> str:
+        """Where the step comes from, for errors."""
+        return f"worker_step {self.step}"
+
+    @property
+    def replica_size(self) -> int:
+        """Workers placed and recovered together (one sharded copy of the model): 1 here; a live
+        task's ``run.replica_size``."""
+        return 1
 
     @property
     def minimum(self) -> int:

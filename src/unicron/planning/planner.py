@@ -55,6 +55,11 @@ class ClusterState:
         """The tasks, then the queued submissions' tasks."""
         return self.tasks + tuple(t for group in self.arriving for t in group)
 
+    @property
+    def replica_sizes(self) -> dict[str, int]:
+        """Each task's replica size: its workers are placed in whole replicas."""
+        return {t.name: t.replica_size for t in self.known_tasks}
+
     def returning_node(self, event: NodeBack | None = None) -> int:
         """The node a ``node-back`` event brings: the one named, else the longest-down one,
         else a new one."""
@@ -81,7 +86,7 @@ class ClusterState:
                     f"current_workers add up to {sum(wanted.values())} GPUs, "
                     f"the cluster has {cluster.total_gpus}"
                 )
-            assignment = pack(wanted, nodes, cluster.gpus_per_node)
+            assignment = pack(wanted, nodes, cluster.gpus_per_node, {t.name: t.replica_size for t in tasks})
         curves = {
             t.name: curve_for(t, gpu, cluster.gpus_per_node, (measured or {}).get(t.name)) for t in tasks
         }
@@ -398,7 +403,7 @@ def advance(state: ClusterState, event: PlanEvent | None, chosen: Plan) -> Clust
     """The state after ``event`` happened and ``chosen`` was carried out."""
     sit = _situation(state, event)
     previous = {n: dict(t) for n, t in state.assignment.items() if n in sit.nodes}
-    assignment = place(chosen.allocation(), sit.nodes, state.gpus_per_node, previous)
+    assignment = place(chosen.allocation(), sit.nodes, state.gpus_per_node, previous, state.replica_sizes)
     down, next_node = state.down, state.next_node
     if isinstance(event, NodeLost):
         down = (*down, event.node)
