@@ -23,7 +23,6 @@ from unicron.core.protocol import (
     LaunchWorker,
     Phase,
     Progress,
-    Registration,
     RenameWorker,
     StopWorkers,
     WorkerState,
@@ -431,48 +430,6 @@ def test_an_incident_open_when_its_task_ends_ends_with_it(make: Any) -> None:
     assert outcome["outcome"] == "task ended" and outcome["task_state"] == "cancelled"
     other.restart()  # closed once
     assert len(other.events("outcome")) == 1
-
-
-def test_a_node_back_from_the_dead_frees_the_copies_of_tasks_that_ended_meanwhile(make: Any) -> None:
-    """Tasks ending free every node's in-memory checkpoints, but a lost node gets no order: when
-    it registers again it is told to free those of the tasks that ended while it was away."""
-    cluster = make()
-    for _ in range(8):  # n1 goes silent: lost
-        cluster.clock.now += 0.5
-        cluster.beat("n0")
-        cluster.c.tick()
-    assert cluster.c.store.node("n1").state is NodeState.LOST  # type: ignore[union-attr]
-    cluster.c.cancel("lm")
-    assert not [o for node, o in cluster.orders if node == "n1" and isinstance(o, ForgetTask)]
-    cluster.c.register(Registration(node="n1", slots=2))
-    cluster.step()
-    freed = [o for node, o in cluster.orders if node == "n1" and isinstance(o, ForgetTask)]
-    assert [o.task for o in freed] == ["lm"]
-
-
-def test_a_drained_node_lost_and_back_stays_drained_until_resumed(make: Any) -> None:
-    """A drain outlasts the agent (a node rebooted for its maintenance comes back drained, as
-    Slurm keeps state=drain): nothing is placed there until an admin resumes it."""
-    cluster = make()
-    cluster.c.drain_node("n1", "new disk")
-    for _ in range(8):  # n1 reboots: silent, lost
-        cluster.clock.now += 0.5
-        cluster.beat("n0")
-        cluster.c.tick()
-    assert cluster.c.store.node("n1").state is NodeState.LOST  # type: ignore[union-attr]
-    cluster.c.register(Registration(node="n1", slots=2))
-    assert cluster.c.store.node("n1").state is NodeState.DRAINING  # type: ignore[union-attr]
-    before = len(cluster.orders)
-    cluster.step()
-    assert not [o for node, o in cluster.orders[before:] if node == "n1" and isinstance(o, LaunchWorker)]
-    cluster.c.resume_node("n1")
-    assert cluster.c.store.node("n1").state is NodeState.HEALTHY  # type: ignore[union-attr]
-    for _ in range(8):  # lost again once resumed: back healthy
-        cluster.clock.now += 0.5
-        cluster.beat("n0")
-        cluster.c.tick()
-    cluster.c.register(Registration(node="n1", slots=2))
-    assert cluster.c.store.node("n1").state is NodeState.HEALTHY  # type: ignore[union-attr]
 
 
 def test_faults_injected_before_a_restart_stay_claimed_in_the_re_created_store(make: Any) -> None:
