@@ -2,7 +2,7 @@
 while a task trains on it. The task moves off by planned membership changes (its members there
 leave at a step boundary, newcomers join its live replicas on a free node), no process of the
 other nodes restarts, nothing is relaunched, and it ends exact; the drained node stays out of
-service until resumed.
+service until resumed, also across a reboot.
 """
 
 from __future__ import annotations
@@ -49,6 +49,15 @@ def test_a_drained_node_is_emptied_without_losing_a_step(tmp_path: Path) -> None
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
         nodes = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
         assert nodes[drained] == "draining"  # out of service until resumed
+
+        def state() -> str:
+            return str(next(n["state"] for n in cluster.get("/v1/nodes") if n["name"] == drained))
+
+        cluster.kill_node(drained)  # rebooted for its maintenance: lost, then back
+        cluster.wait(lambda: state() == "lost", 60, f"{drained} to be declared lost")
+        cluster.start_agent(drained)
+        cluster.wait(lambda: state() != "lost", 60, f"{drained} to register again")
+        assert state() == "draining"  # the drain outlasts the reboot
         resumed = cli(cluster, "resume", drained)
         assert resumed.returncode == 0 and "healthy" in resumed.stdout, resumed.stderr
         events = cluster.get("/v1/events", limit=100_000)

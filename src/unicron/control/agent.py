@@ -229,7 +229,7 @@ class Agent:
             live = [w for (task, _, _), w in self.workers.items() if task == order.task and not w.exited]
             halted = {w.process.pid for w in live if is_stopped(w.process.pid)}
             stopped = [w for w in live if w.process.pid in halted]
-            # Only workers that sent their position run the library, which handles the signal
+            # Only workers that wrote a position run the library, which handles the signal
             # (SIGUSR1's default action would end any other program).
             signalled = [w for w in live if w.progress is not None and w.process.pid not in halted]
             offsets = {}

@@ -79,7 +79,8 @@ def planned_shrink(
             kept.append(w)
             quota[w.node] -= 1
     kept = whole_replicas(kept, replica_size)
-    left = [w for w in sorted(live, key=lambda w: w.rank) if w not in kept]
+    staying = {w.rank for w in kept}
+    left = [w for w in sorted(live, key=lambda w: w.rank) if w.rank not in staying]
     if not kept or not left or not usable(len(kept)):
         return None
     membership = Membership(

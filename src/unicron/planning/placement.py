@@ -68,7 +68,7 @@ def _place(
 ) -> Assignment:
     result: Assignment = {
         n: {
-            t: g - g % units[t]
+            t: _whole(g, units[t])
             for t, g in previous.get(n, {}).items()
             if counts.get(t, 0) > 0 and g >= units[t]
         }
@@ -92,8 +92,8 @@ def _place(
             if result[node][task] == 0:
                 del result[node][task]
 
-    # Largest units first (a fresh packing of whole replicas never strands one then), then the
-    # tasks that need the most.
+    # Largest units first (first-fit decreasing, which packs units that divide each other and the
+    # node size without waste), then the tasks that need the most.
     growing = sorted(counts, key=lambda t: (-units[t], -(counts[t] - placed(t)), t))
     for task in growing:
         need, unit = counts[task] - placed(task), units[task]
