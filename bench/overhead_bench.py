@@ -7,6 +7,10 @@ checks, progress and iteration reports, overlapped gradient buckets). Same model
 schedule, clipping and accumulation; one thread per worker on both sides; in the same run, the
 two alternating (DDP, Unicron, Unicron, DDP) so that drift of the machine falls on both.
 
+Sharded replicas (issue 14): `examples/fsdp/train_hsdp.py` (FSDP2 HSDP on a replicate x shard
+mesh) under torchrun against `examples/fsdp/train.py` as a task with `run.replica_size: 2`
+(FSDP2 inside each replica, Unicron's own sum across replicas), a ~19.5M-parameter GPT.
+
 Step time: the median interval between consecutive `optimizer.step()` ends (recorded by
 `bench/steptimes.py`, the same hook on both sides), over every worker, after a warm-up. The
 port checkpoints only at the end, as the DDP script does. Models: the tinygpt example's default
@@ -23,26 +27,78 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from unicron.control.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
-PORT = ROOT / "examples" / "ddp-port"
+PORT, FSDP = ROOT / "examples" / "ddp-port", ROOT / "examples" / "fsdp"
 TIMER = ROOT / "bench" / "steptimes.py"
-MODELS = {  # name -> (arguments of both scripts, parameters)
-    "tinygpt": ([], "tinygpt default (2 layers, hidden 64)"),
-    "gpt-10m": (["--layers", "6", "--hidden", "384", "--heads", "6"], "6 layers, hidden 384"),
+
+
+@dataclass(frozen=True)
+class Model:
+    """One model's cells: the baseline script (torchrun) and its Unicron port, with their
+    arguments; ``replica_size``: ranks per replica (the port's ``run.replica_size``)."""
+
+    described: str
+    args: tuple[str, ...]
+    baseline: Path
+    baseline_args: tuple[str, ...]
+    port: Path
+    port_args: tuple[str, ...]
+    workers: tuple[int, ...]
+    runs: int  # per side in each cell
+    iterations: int
+    replica_size: int = 1
+
+
+GPT10M = ("--layers", "6", "--hidden", "384", "--heads", "6")
+# The ddp-port scripts share their defaults; examples/fsdp/train.py takes tinygpt's (32 in 4s).
+SAME_BATCH = ("--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512")
+MODELS = {
+    # tinygpt's steps are short (tens of ms), where this shared machine's run-to-run noise weighs
+    # most, and its runs are cheap: 5 runs a side, 200 steps (40 gave under a second of steady
+    # state); gpt-10m's runs take ~1 min a pair; the sharded GPT's steps take seconds.
+    "tinygpt": Model(
+        "tinygpt default (2 layers, hidden 64)",
+        (),
+        PORT / "train_ddp.py",
+        ("--checkpoint",),
+        PORT / "train_unicron.py",
+        ("--checkpoint",),
+        (1, 2, 4),
+        5,
+        200,
+    ),
+    "gpt-10m": Model(
+        "6 layers, hidden 384",
+        GPT10M,
+        PORT / "train_ddp.py",
+        ("--checkpoint",),
+        PORT / "train_unicron.py",
+        ("--checkpoint",),
+        (1, 2, 4),
+        2,
+        40,
+    ),
+    "gpt-20m-hsdp": Model(
+        "8 layers, hidden 448, sequence 64, vocabulary 256; replicas of 2 ranks",
+        SAME_BATCH,
+        FSDP / "train_hsdp.py",
+        ("--replica-size", "2"),
+        FSDP / "train.py",
+        (),
+        (2, 4),
+        2,
+        24,
+        replica_size=2,
+    ),
 }
-WORKERS = (1, 2, 4)
-# Runs per side in each cell: tinygpt's steps are short (tens of ms), where this shared machine's
-# run-to-run noise weighs most, and its runs are cheap; gpt-10m's runs take ~1 min a pair.
-RUNS = {"tinygpt": 5, "gpt-10m": 2}
-# Steps run per model (tinygpt's take ~20 ms: 40 of them gave each run under a second of steady
-# state), and the first intervals left out (start-up, first allocations).
-ITERATIONS, WARMUP = {"tinygpt": 200, "gpt-10m": 40}, 8
-TARGET = 1.02  # issue 12: Unicron / DDP step time at most this
+WARMUP = 8  # the first step intervals left out (start-up, first allocations)
+TARGET = 1.02  # issues 12 and 14: Unicron / torchrun step time at most this
 
 
 def step_seconds(folder: Path) -> float:
@@ -56,15 +112,18 @@ def step_seconds(folder: Path) -> float:
     return statistics.median(intervals)
 
 
-def script_args(model: str, checkpoint: Path) -> list[str]:
-    return [*MODELS[model][0], "--iterations", str(ITERATIONS[model]), "--checkpoint", str(checkpoint)]
+def with_paths(args: tuple[str, ...], path: Path) -> list[str]:
+    """``args`` with a path after a flag that takes one (``--checkpoint``)."""
+    return [a for arg in args for a in ((arg, str(path)) if arg == "--checkpoint" else (arg,))]
 
 
 def ddp(root: Path, model: str, workers: int) -> float:
-    out = root / "times"
+    """The baseline under torchrun (DDP, or FSDP2 HSDP for a sharded model)."""
+    m, out = MODELS[model], root / "times"
     out.mkdir(parents=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers)]
-    cmd += [str(TIMER), str(out), str(PORT / "train_ddp.py"), *script_args(model, root / "ddp.pt")]
+    cmd += [str(TIMER), str(out), str(m.baseline), *m.args, "--iterations", str(m.iterations)]
+    cmd += with_paths(m.baseline_args, root / "ddp.pt")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with (root / "torchrun.log").open("wb") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=True, timeout=900)
@@ -72,24 +131,36 @@ def ddp(root: Path, model: str, workers: int) -> float:
 
 
 def unicron(root: Path, model: str, workers: int) -> float:
-    out = root / "times"
+    m, out = MODELS[model], root / "times"
     out.mkdir(parents=True)
-    program = ["python", str(TIMER), str(out), str(PORT / "train_unicron.py")]
-    program += [*MODELS[model][0], "--checkpoint", str(root / "unused")]
+    program = [
+        "python",
+        str(TIMER),
+        str(out),
+        str(m.port),
+        *m.args,
+        *with_paths(m.port_args, root / "unused"),
+    ]
     spec = (
         f"name: overhead\nweight: 1\nthroughput: {{{workers}: 1.0e9}}\nmin_workers: {workers}\n"
-        f"run:\n  program: {json.dumps(program)}\n  iterations: {ITERATIONS[model]}\n"
-        "  checkpoint_every: 100000\n  env: {OMP_NUM_THREADS: '1'}\n"
+        f"run:\n  program: {json.dumps(program)}\n  iterations: {m.iterations}\n"
+        f"  checkpoint_every: 100000\n  replica_size: {m.replica_size}\n  env: {{OMP_NUM_THREADS: '1'}}\n"
     )
     with LocalCluster(root / "cluster", nodes=1, slots=workers) as cluster:
         cluster.submit(spec)
-        cluster.wait(lambda: cluster.task("overhead")["state"] == "finished", 900, "the task to finish")
+        ended = ("finished", "failed")
+        cluster.wait(lambda: cluster.task("overhead")["state"] in ended, 900, "the task to finish")
+        task = cluster.task("overhead")
+    if task["state"] != "finished":
+        raise RuntimeError(f"the Unicron run of {model} at {workers} workers failed: {task['reason']}")
     return step_seconds(out)
 
 
 def measure(root: Path, model: str, workers: int) -> dict[str, Any]:
     runs: dict[str, list[float]] = {"ddp": [], "unicron": []}
-    order = [side for i in range(RUNS[model]) for side in (("ddp", "unicron"), ("unicron", "ddp"))[i % 2]]
+    order = [
+        side for i in range(MODELS[model].runs) for side in (("ddp", "unicron"), ("unicron", "ddp"))[i % 2]
+    ]
     for i, side in enumerate(order):  # DDP, Unicron, Unicron, DDP, ...: drift falls on both
         where = root / f"{model}-{workers}-{i}-{side}"
         runs[side].append((ddp if side == "ddp" else unicron)(where, model, workers))
@@ -98,6 +169,7 @@ def measure(root: Path, model: str, workers: int) -> dict[str, Any]:
     return {
         "workers": workers,
         "model": model,
+        "replica_size": MODELS[model].replica_size,
         "unicron_step_s": round(ours, 5),
         "ddp_step_s": round(theirs, 5),
         "ratio": round(ours / theirs, 4),
@@ -108,13 +180,14 @@ def measure(root: Path, model: str, workers: int) -> dict[str, Any]:
 
 def main() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="unicron-overhead-") as tmp:
-        rows = [measure(Path(tmp), model, workers) for model in MODELS for workers in WORKERS]
+        rows = [measure(Path(tmp), model, workers) for model, m in MODELS.items() for workers in m.workers]
     result = {
         "target_ratio": TARGET,
-        "iterations": ITERATIONS,
+        "iterations": {name: m.iterations for name, m in MODELS.items()},
         "warmup_steps": WARMUP,
-        "models": {name: described for name, (_, described) in MODELS.items()},
-        "runs_per_side": RUNS,
+        "models": {name: m.described for name, m in MODELS.items()},
+        "baselines": {name: f"torchrun + {m.baseline.relative_to(ROOT)}" for name, m in MODELS.items()},
+        "runs_per_side": {name: m.runs for name, m in MODELS.items()},
         "rows": rows,
         "met": all(r["ratio"] <= TARGET for r in rows),
     }
@@ -160,6 +233,9 @@ def write_markdown(r: dict[str, Any]) -> None:
             big=r["models"]["gpt-10m"],
             tiny_runs=r["runs_per_side"]["tinygpt"],
             big_runs=r["runs_per_side"]["gpt-10m"],
+            sharded=r["models"]["gpt-20m-hsdp"],
+            sharded_steps=r["iterations"]["gpt-20m-hsdp"],
+            sharded_runs=r["runs_per_side"]["gpt-20m-hsdp"],
         )
     )
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from unicron.control.localcluster import free_port
 from unicron.train import gradsync
+from unicron.train.peers import Peers
 
 
 class Net(torch.nn.Module):
@@ -31,7 +32,8 @@ class Net(torch.nn.Module):
 
 def grads_after(rank: int, overlap: bool, micro_batches: int, scale: float) -> dict[str, torch.Tensor]:
     model = Net()
-    buckets = gradsync.Buckets(model, cap_bytes=3000)  # several buckets of about one layer each
+    # Several buckets of about one layer each.
+    buckets = gradsync.Buckets(model, Peers.world(), cap_bytes=3000)
     assert len(buckets.buckets) > 2
     data = torch.randn(8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
     for i in range(micro_batches):
@@ -43,7 +45,7 @@ def grads_after(rank: int, overlap: bool, micro_batches: int, scale: float) -> d
             buckets.arm(scale)
         buckets.finish(None)
     else:
-        gradsync.all_reduce_gradients(model, None, scale)
+        gradsync.all_reduce_gradients(model, Peers.world(), None, scale)
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -59,7 +61,7 @@ def waits_out_a_slow_peer(rank: int) -> bool:
         asked[0] += 1
         return False  # no peer fails here
 
-    gradsync.wait_or_abandon(dist.all_reduce(summed, async_op=True), peers_failed)
+    gradsync.wait_or_abandon(dist.all_reduce(summed, async_op=True), Peers.world(), peers_failed)
     return bool((summed == 3).all()) and (rank == 1 or asked[0] >= 2)
 
 
@@ -72,7 +74,7 @@ def _member(rank: int, port: int, out: mp.Queue) -> None:  # type: ignore[type-a
     bucketed = grads_after(rank, True, computed, 0.25)
     # A failure with buckets in flight: the local gradients are untouched until the end.
     model = Net()
-    buckets = gradsync.Buckets(model, cap_bytes=3000)
+    buckets = gradsync.Buckets(model, Peers.world(), cap_bytes=3000)
     model(torch.ones(2, 16, dtype=torch.float64)).sum().backward()
     local = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     buckets.arm()

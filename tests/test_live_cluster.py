@@ -26,6 +26,7 @@ from unicron.core.specs import ModelSpec
 from unicron.planning.gpt import flops_per_sample
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream, shard
+from unicron.train.replicas import Layout, micro_batches, replica_share
 
 from .conftest import ROOT
 
@@ -128,6 +129,7 @@ def assert_ledger_exact(
     seed: int = 0,
     frozen: frozenset[int] = frozenset(),
     world: int = 4,
+    replica_size: int = 1,
 ) -> None:
     """The sample ledger: every step trained on exactly its global batch, once (no step lost or
     repeated, no sample skipped or seen twice). ``frozen``: the ranks (in a world of ``world``) of
@@ -146,10 +148,20 @@ def assert_ledger_exact(
             unrecorded = step
             missing = Counter(want) - got
             assert not got - Counter(want), step  # nothing twice, ever
-            shares = {i for r in frozen for i in shard(want, r, world)}
+            shares = {i for r in frozen for i in share_of(want, r, world, replica_size)}
             assert set(missing) <= shares, step
             continue
         assert got == Counter(want), step
+
+
+def share_of(ids: list[int], rank: int, world: int, replica_size: int) -> list[int]:
+    """The samples of a step's ``ids`` that ``rank`` trains on in a generation that formed at the
+    step's boundary (replicas of ``replica_size`` ranks: dealt to replicas, then to their ranks)."""
+    if replica_size == 1:
+        return shard(ids, rank, world)
+    layout = Layout(rank, world, replica_size)
+    mine = replica_share(ids, layout.replica, layout.replicas)
+    return [i for chunk in micro_batches(mine, layout.position, replica_size, 2) for i in chunk]
 
 
 def latest_generation(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from unicron.control.localcluster import free_port
 from unicron.core.workerenv import host_checkpoint_dir
 from unicron.train import checkpoint, membership
+from unicron.train.peers import Peers
 from unicron.train.session import Session
 from unicron.train.state import StateMismatch, TrainState
 
@@ -173,7 +174,7 @@ def _member(rank: int, port: int, out: mp.Queue, damaged: int = 0) -> None:  # t
     damage = iter([rank == 2] * damaged)  # the newcomer's first ``damaged`` receipts arrive damaged
     try:
         agreed: membership.Agreement | str = membership.agree(
-            train, 7 if rank < 2 else 0, node, lambda: next(damage, False)
+            Peers.world(), train, 7 if rank < 2 else 0, node, lambda: next(damage, False)
         )
     except RuntimeError as exc:
         agreed = str(exc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,8 +24,8 @@ from schedule import warmup_cosine
 import unicron.train as ut
 
 
-def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__)
+def parse(doc: str | None = __doc__, **defaults: object) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=doc)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
@@ -50,11 +51,18 @@ def parse() -> argparse.Namespace:
         help="emulated accelerator time per sample: each worker then computes like a device of that "
         "speed, whatever the host's cores (the demo's slots stand for GPUs)",
     )
+    p.set_defaults(**defaults)
     return p.parse_args()
 
 
 def main() -> None:
-    args = parse()
+    train(parse())
+
+
+def train(
+    args: argparse.Namespace, shard: Callable[[torch.nn.Module, ut.Session], None] | None = None
+) -> None:
+    """The training run; ``shard``: how to shard the model inside its replica (examples/fsdp)."""
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
     config = Config(args.vocab, args.sequence, args.layers, args.hidden, args.heads)
@@ -64,6 +72,8 @@ def main() -> None:
     ) as session:
         torch.manual_seed(args.seed)  # the same initial parameters on every rank
         model = TinyGPT(config).to(dtype)
+        if shard is not None:
+            shard(model, session)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, warmup_cosine(args.warmup, session.iterations)

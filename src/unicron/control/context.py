@@ -66,6 +66,7 @@ class Context:
             task=name,
             generation=generation,
             world_size=world,
+            replica_size=spec.run.replica_size,
             store=f"{self.settings.advertise_host}:{port}",
             store_key=self.act.rendezvous.key(name),
             checkpoint_dir=str(self.settings.checkpoint_root / name),

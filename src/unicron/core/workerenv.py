@@ -22,6 +22,7 @@ KEYS: dict[str, str] = {
     "generation": "UNICRON_GENERATION",
     "rank": "UNICRON_RANK",
     "world_size": "UNICRON_WORLD_SIZE",
+    "replica_size": "UNICRON_REPLICA_SIZE",
     "store": "UNICRON_STORE",
     "store_key": "UNICRON_STORE_KEY",
     "checkpoint_dir": "UNICRON_CHECKPOINT_DIR",
@@ -55,6 +56,7 @@ class WorkerEnv(BaseModel):
     generation: int = 0
     rank: int = 0
     world_size: int = 1
+    replica_size: int = 1  # ranks per data-parallel replica (run.replica_size): ranks r*K..r*K+K-1
     store: str | None = None  # host:port of the task's rendezvous store
     store_key: str | None = None  # hex key signing the store's values (core.signing)
     checkpoint_dir: str | None = None

@@ -29,7 +29,7 @@ def state_of(train: TrainState, step: int, **where: Any) -> dict[str, Any]:
     data position (the stream is addressed by step), where it was taken (task, generation, world
     size), the parameters' digest and the whole state's (``state_digest``), checked when it is
     loaded."""
-    parts = train.state_dict()
+    parts = train.full_state_dict()
     return {
         **parts,
         "step": step,

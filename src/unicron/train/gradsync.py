@@ -15,38 +15,55 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from unicron.train import membership
 from unicron.train.iteration import PeerLostError
+from unicron.train.peers import Peers
 
 POLL = timedelta(milliseconds=100)  # how often a pending collective asks whether a peer failed
 
 
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor``: its shard of a sharded (DTensor) one, sharing its storage."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
+
+
 def all_reduce_gradients(
-    model: torch.nn.Module, peers_failed: Callable[[], bool] | None, scale: float = 1.0
+    model: torch.nn.Module, peers: Peers | None, peers_failed: Callable[[], bool] | None, scale: float = 1.0
 ) -> None:
-    """Sum the gradients times ``scale`` over the ranks, as one flat buffer. ``peers_failed``:
-    polled while the collective is pending (None: wait for it, however long)."""
-    if not dist.is_initialized():
+    """Sum the gradients (this rank's shards of them, in a sharded replica) times ``scale`` over
+    the peers, as one flat buffer. ``peers_failed``: polled while the collective is pending
+    (None: wait for it, however long)."""
+    if peers is None or not peers.usable:
         raise ConnectionResetError("the process group is gone: connection to peers broken")
+    grads, flat = flat_gradients(model, scale)
+    wait_or_abandon(peers.all_reduce_async(flat), peers, peers_failed)
+    write_back(grads, flat)
+
+
+def flat_gradients(model: torch.nn.Module, scale: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The model's gradients (this rank's shards of them; zeros for those backward never
+    reached) and a flat copy of them times ``scale``, to reduce; the gradients stay as they are."""
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [local(p.grad) for p in params if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
     if scale != 1.0:
         flat.mul_(scale)
-    work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
-    wait_or_abandon(work, peers_failed)
+    return grads, flat
+
+
+def write_back(grads: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy the reduced ``flat`` buffer into ``grads`` (as ``flat_gradients`` laid it out)."""
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
-def wait_or_abandon(work: Any, peers_failed: Callable[[], bool] | None) -> None:
+def wait_or_abandon(work: Any, peers: Peers, peers_failed: Callable[[], bool] | None) -> None:
     """Wait for a collective, but abandon it once ``peers_failed`` says so: a peer was declared
     dead or hung. A peer whose node went silent without closing its connections (powered off,
     partitioned) would otherwise keep the collective waiting until the process-group timeout,
@@ -57,7 +74,7 @@ def wait_or_abandon(work: Any, peers_failed: Callable[[], bool] | None) -> None:
     ``Work.wait(timeout)`` only stops waiting), so between waits the store is asked about peers.
     A sleep-and-poll loop instead costs up to its sleep after every collective, and steals the
     CPU from peers still computing on the same cores."""
-    if peers_failed is None or dist.get_backend() != "gloo":
+    if peers_failed is None or peers.backend != "gloo":
         work.wait()
         return
     while True:
@@ -68,7 +85,7 @@ def wait_or_abandon(work: Any, peers_failed: Callable[[], bool] | None) -> None:
             if work.is_completed():
                 break  # done (a timeout that raced completion) or failed: the wait below says
         if peers_failed():
-            membership.abandon()
+            peers.abandon()
             raise PeerLostError("a peer was declared failed: the pending collective is abandoned")
     work.wait()  # raises the collective's own error, if it failed
 
@@ -82,8 +99,8 @@ class Buckets:
     waits, and writes the sums back. The gradients themselves are only written back at the end,
     so a failure with buckets in flight leaves every rank's local sum intact for recovery."""
 
-    def __init__(self, model: torch.nn.Module, cap_bytes: int = 25 * 2**20) -> None:
-        self.model = model
+    def __init__(self, model: torch.nn.Module, peers: Peers, cap_bytes: int = 25 * 2**20) -> None:
+        self.model, self.peers = model, peers
         params = [p for p in model.parameters() if p.requires_grad]
         self.buckets: list[list[torch.nn.Parameter]] = [[]]
         size = 0
@@ -102,9 +119,13 @@ class Buckets:
             p.register_post_accumulate_grad_hook(self._accumulated)  # type: ignore[no-untyped-call]
 
     @classmethod
-    def of(cls, model: torch.nn.Module, existing: Buckets | None) -> Buckets:
-        """The model's buckets (made once: their hooks stay on the parameters)."""
-        return existing if existing is not None and existing.model is model else cls(model)
+    def of(cls, model: torch.nn.Module, peers: Peers, existing: Buckets | None) -> Buckets:
+        """The model's buckets (made once: their hooks stay on the parameters), reduced over
+        ``peers`` (the group of the current generation)."""
+        if existing is not None and existing.model is model:
+            existing.peers = peers
+            return existing
+        return cls(model, peers)
 
     def _reset(self) -> None:
         self.ready: list[set[int]] = [set() for _ in self.buckets]
@@ -114,7 +135,7 @@ class Buckets:
     def arm(self, scale: float = 1.0) -> None:
         """The next backward is the step's last: reduce buckets, times ``scale``, as they fill."""
         self._reset()
-        self.armed, self.scale = dist.is_initialized(), scale
+        self.armed, self.scale = self.peers.usable, scale
 
     def disarm(self) -> None:
         """Abandon what is in flight (a failure: the group is being rebuilt)."""
@@ -141,7 +162,7 @@ class Buckets:
         buffer = torch.cat([g.reshape(-1) for g in grads])
         if self.scale != 1.0:
             buffer.mul_(self.scale)
-        self.flights.append((dist.all_reduce(buffer, op=dist.ReduceOp.SUM, async_op=True), buffer))
+        self.flights.append((self.peers.all_reduce_async(buffer), buffer))
 
     def finish(self, peers_failed: Callable[[], bool] | None) -> None:
         """Launch the buckets backward did not fill (unused parameters, or a rank with no
@@ -152,7 +173,7 @@ class Buckets:
             while len(self.flights) < len(self.buckets):
                 self._launch(len(self.flights))
             for work, _ in self.flights:
-                wait_or_abandon(work, peers_failed)
+                wait_or_abandon(work, self.peers, peers_failed)
             for bucket, (_, buffer) in zip(self.buckets, self.flights, strict=True):
                 offset = 0
                 for p in bucket:

@@ -12,7 +12,6 @@ taking model and optimizer state from the nearest live replica when they differ.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import hashlib
 import io
@@ -26,6 +25,7 @@ import torch.distributed as dist
 
 from unicron.train import checkpoint
 from unicron.train.data import unclaimed_share
+from unicron.train.peers import Peers
 from unicron.train.state import TrainState, digest_parts
 
 
@@ -48,40 +48,12 @@ def leave() -> None:
             dist.destroy_process_group()
 
 
-def abandon() -> None:
-    """Drop the current group while a collective on it is still pending (a peer may never
-    answer): unregister it without touching it. Destroying or even aborting it can block on the
-    pending collective's transport; so it is kept alive, never destroyed (one leaked group per
-    abandonment: its thread stays blocked until the transport times out)."""
-    c10d = dist.distributed_c10d
-    pg = c10d.GroupMember.WORLD
-    if pg is None:
-        return
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))  # never freed, not even at interpreter exit
-    c10d._update_default_pg(None)
-    world = c10d._world
-    for table in (
-        world.pg_map,
-        world.pg_names,
-        world.pg_group_ranks,
-        world.pg_backend_config,
-        world.pg_to_tag,
-        world.tags_to_pg,
-        world.pg_coalesce_state,
-    ):
-        table.clear()
-    c10d._unregister_all_process_groups()  # type: ignore[attr-defined]
-    world.group_count = 0
-
-
-def settle(ids: list[int], held: list[int]) -> tuple[list[int], list[int]]:
-    """Right after a group (re)formed: members tell each other which of the step's samples
+def settle(peers: Peers, ids: list[int], held: list[int]) -> tuple[list[int], list[int]]:
+    """Right after a group (re)formed: peers tell each other which of the step's samples
     ``ids`` they already hold (``held``: accumulated in gradients, not yet reduced) and share
-    out the rest. Returns this member's share and how many samples each member held."""
-    ledger: list[list[int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(ledger, held)
-    holdings = [p or [] for p in ledger]
-    return unclaimed_share(ids, holdings, dist.get_rank(), len(holdings)), [len(p) for p in holdings]
+    out the rest. Returns this peer's share and how many samples each peer held."""
+    holdings = peers.gather_lists(held)
+    return unclaimed_share(ids, holdings, peers.rank, len(holdings)), [len(p) for p in holdings]
 
 
 def _digest_number(digest: str) -> int:
@@ -103,6 +75,7 @@ def _node_number(node: str) -> int:
 
 
 def agree(
+    peers: Peers,
     train: TrainState,
     completed: int,
     node: str = "",
@@ -118,10 +91,9 @@ def agree(
     loaded then (state is loaded only once every receiver accepted it), so the members can
     agree again in the group that follows. ``damage`` and ``sending``: fault injection, True to
     damage what this member receives; called as the first transfer begins."""
-    world = dist.get_world_size()
+    world = peers.size
     mine = torch.tensor([completed, _digest_number(train.digest()), _node_number(node)], dtype=torch.int64)
-    gathered = [torch.zeros(3, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(gathered, mine)
+    gathered = peers.all_gather(mine)
     steps = [int(g[0]) for g in gathered]
     digests = [int(g[1]) for g in gathered]
     nodes = [int(g[2]) for g in gathered]
@@ -132,16 +104,17 @@ def agree(
     current = [r for r in range(world) if steps[r] == top and digests[r] == digests[lowest]]
     behind = [r for r in range(world) if r not in current]
     nearest = next((r for r in current if nodes[r] == nodes[behind[0]]), lowest)
-    me, rejected = dist.get_rank(), list[int]()
+    me, rejected = peers.rank, list[int]()
     sending()
     for source in [nearest, *(r for r in current if r != nearest)]:
-        if _send_state(train, source, digests[source], me in behind, damage):
+        if _send_state(peers, train, source, digests[source], me in behind, damage):
             return Agreement(top, True, source, me in behind, nodes[source] == nodes[me], tuple(rejected))
         rejected.append(source)
     raise RuntimeError(f"the state from every live replica ({current}) failed its digest check")
 
 
 def _send_state(
+    peers: Peers,
     train: TrainState,
     source: int,
     digest: int,
@@ -151,21 +124,19 @@ def _send_state(
     """Broadcast ``source``'s state; receivers keep it only if it matches ``digest``. Returns
     whether every receiver accepted it (agreed by all members, so that all try the next source
     together); only then do the receivers load it, so a failure on the way loads nothing."""
-    if dist.get_rank() == source:
+    if peers.rank == source:
         buffer = io.BytesIO()
         torch.save(train.state_dict(), buffer)
         payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
         size = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         size = torch.zeros(1, dtype=torch.int64)
-    dist.broadcast(size, src=source)
-    if dist.get_rank() != source:
+    peers.broadcast(size, source)
+    if peers.rank != source:
         payload = torch.empty(int(size[0]), dtype=torch.uint8)
-    dist.broadcast(payload, src=source)
+    peers.broadcast(payload, source)
     state = _checked(payload, digest, damage) if receiving else None
-    refused = torch.tensor([int(receiving and state is None)], dtype=torch.int64)
-    dist.all_reduce(refused, op=dist.ReduceOp.MAX)
-    if int(refused[0]):
+    if peers.max(int(receiving and state is None)):
         return False
     if state is not None:
         train.load_state_dict(state)

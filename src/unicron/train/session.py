@@ -9,7 +9,6 @@ See docs/training-library.md for the diff against a plain DDP script.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -39,10 +38,12 @@ from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
 from unicron.train import checkpoint, membership
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
+from unicron.train.groups import Groups
 from unicron.train.loader import MapDataset, StepData, step_data
+from unicron.train.peers import Peers
 from unicron.train.persisting import Persisting
 from unicron.train.progress import ProgressReporter
-from unicron.train.state import Stateful, TrainState, check_registrable
+from unicron.train.state import Stateful, TrainState, check_registrable, digest_of
 from unicron.train.steploop import Loader, StepLoop
 from unicron.train.taskstore import TaskStore
 from unicron.train.tracefile import TraceFile
@@ -85,6 +86,8 @@ class Session:
         self.storage_wait_s = limits.storage_wait_s if wait is None else wait
         self.persisting = Persisting(self._storage)
         self.timeout = timedelta(seconds=contract.pg_timeout_s or timeout_s or limits.process_group_timeout_s)
+        self.replica_size = contract.replica_size
+        self.groups = Groups(self.task, self.replica_size, self.timeout)
         self.channel = ReportChannel(contract.agent_socket)
         faults = [FaultSpec.model_validate(f) for f in contract.faults or []]
         self.faults = FaultInjector(faults, self.rank, self.generation, self._fault_report, self.task)
@@ -117,6 +120,7 @@ class Session:
 
         if self.world_size > 1 and self.under_torchrun:
             dist.init_process_group("gloo", timeout=self.timeout)  # env:// from torchrun
+            self.groups.peers = Peers.world()
         elif self.world_size > 1 or self.contract.spare:
             if not self.store_address:
                 raise RuntimeError("UNICRON_STORE is not set: run workers through a Unicron agent")
@@ -145,7 +149,15 @@ class Session:
         while not self.store.arrive(self.generation, self.rank, self.world_size, self.timeout):
             self.faults.rejoining()  # on the way into the generation that follows
             self._adopt(self.store.posted(self.generation))
-        membership.join(self.store.raw, self.task, self.generation, self.rank, self.world_size, self.timeout)
+        self.groups.join(self.store.raw, self.generation, self.rank, self.world_size)
+
+    @property
+    def mesh(self) -> Any:
+        """The replica's device mesh, to shard the model over (``fully_shard(module,
+        mesh=session.mesh)``); None when the task's replicas are of one rank (``run.replica_size``).
+        The session sums the shards' gradients over the replicas itself (see ``sharded.py``)."""
+        self.start()
+        return self.groups.mesh()
 
     def _adopt(self, new: Membership) -> None:
         """Take this worker's identity in the membership that follows its generation."""
@@ -232,11 +244,11 @@ class Session:
         )  # refuses bad models, optimizers
         found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir) if self.checkpoint_dir else None
         if found is not None:
-            train.load_state_dict(found.state)
+            train.load_state_dict(found.state, whole=True)
             self.step = int(found.state["step"])
             self.trace("resumed", step=self.step, source=found.source, skipped=len(found.skipped))
             self.channel.send(found.report(self.task, self.generation, self.rank))
-        if dist.is_initialized():
+        if self.groups.peers is not None:
             # Members check they hold the same state; a newcomer joining live replicas gets
             # theirs here instead of the (older) checkpoint.
             self._first_agreement(model, optimizer)
@@ -262,7 +274,10 @@ class Session:
             self.faults.agreeing()
         train = TrainState(model, optimizer, self.extras)
         sending = self.faults.transferring if reformed else (lambda: None)
-        agreed = membership.agree(train, self.step, self.node, self.faults.transfer_damaged, sending)
+        peers = self.groups.peers
+        if peers is None:
+            raise ConnectionResetError("the process group is gone: connection to peers broken")
+        agreed = membership.agree(peers, train, self.step, self.node, self.faults.transfer_damaged, sending)
         self.step = agreed.step
         self.settle_pending = True
         for source in agreed.rejected:
@@ -282,8 +297,10 @@ class Session:
         self.forward_exception(exc)
 
     def membership_changed(self) -> bool:
-        """Whether the coordinator posted a new membership (never while it is unreachable)."""
-        return self.in_process and self.store is not None and self.store.membership_changed(self.generation)
+        """Whether the coordinator posted a new membership (never while it is unreachable); the
+        ranks of a replica take it together (``Groups.replica_agrees``)."""
+        posted = self.in_process and self.store is not None and self.store.membership_changed(self.generation)
+        return self.groups.replica_agrees(posted)
 
     def declared_failed(self) -> bool:
         """Whether the coordinator has declared this worker failed since its generation formed."""
@@ -298,7 +315,7 @@ class Session:
         assert self.store is not None
         started = time.time()
         for attempt in range(4):
-            membership.leave()  # outside the except block: see StepLoop.micro_batches
+            self.groups.leave()  # outside the except block: see StepLoop.micro_batches
             self.progress.at(self.step + 1, Phase.REJOIN)
             self.faults.rejoining()
             self._adopt(self.store.next_membership(self.generation, self.membership_timeout))
@@ -321,11 +338,15 @@ class Session:
             return
         due = final or (self.checkpoint_every and self.step % self.checkpoint_every == 0)
         host = self.host_dir if self.local_rank == 0 else None  # one in-memory copy per node
-        if not due or (self.rank != 0 and host is None):
+        train = TrainState(model, optimizer, self.extras)
+        # A sharded state is gathered whole by every rank of a replica together.
+        if not due or (self.rank != 0 and host is None and not train.sharded):
             return
         self.progress.at(self.step, Phase.CHECKPOINT)
         where = {"task": self.task, "generation": self.generation, "world_size": self.world_size}
-        state = checkpoint.state_of(TrainState(model, optimizer, self.extras), self.step, **where)
+        state = checkpoint.state_of(train, self.step, **where)
+        if self.rank != 0 and host is None:
+            return
         if host is not None:
             self.persisting.attempt("host_memory", lambda: checkpoint.save(host, self.step, state, keep=2))
         if self.rank != 0:
@@ -351,7 +372,7 @@ class Session:
     def _finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
         """Save the final state and report the parameters' digest; returns it."""
         self.maybe_checkpoint(model, optimizer, final=True)
-        value = checkpoint.digest(model)
+        value = digest_of(TrainState(model, optimizer, self.extras).full_state_dict()["model"])
         self.channel.send(DoneReport(**self._identity(), step=self.step, digest=value))
         return value
 
@@ -370,9 +391,7 @@ class Session:
 
     def close(self) -> None:
         """Leave the process group and close the reports (``with init() as session`` does it)."""
-        if dist.is_available() and dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
+        self.groups.close()
         self.progress.close()
         self.channel.close()
 

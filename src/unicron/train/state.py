@@ -17,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
+from unicron.train import sharded
+
 
 @runtime_checkable
 class Stateful(Protocol):
@@ -51,16 +53,36 @@ class TrainState:
                 "(torch.optim.AdamW(model.parameters(), ...)) after the model is built and moved"
             )
 
+    @property
+    def sharded(self) -> bool:
+        """The model is sharded inside its replica (FSDP2): ``sharded.py``."""
+        return sharded.is_sharded(self.model)
+
     def state_dict(self) -> dict[str, Any]:
-        """``model``, ``optimizer`` and, when objects are registered, ``extras`` (name -> state)."""
+        """``model``, ``optimizer`` and, when objects are registered, ``extras`` (name -> state).
+        A sharded model's tensors are this rank's shards (as the matching rank of another
+        replica holds them): what is digested and sent between replicas."""
         parts: dict[str, Any] = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.extras:
             parts["extras"] = {name: obj.state_dict() for name, obj in self.extras.items()}
-        return parts
+        return sharded.localized(parts) if self.sharded else parts
 
-    def load_state_dict(self, parts: dict[str, Any]) -> None:
+    def full_state_dict(self) -> dict[str, Any]:
+        """The state with every tensor whole, as a checkpoint holds it (a sharded model's are
+        gathered over its replica: every rank of the replica calls this)."""
+        if not self.sharded:
+            return self.state_dict()
+        parts: dict[str, Any] = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.extras:
+            parts["extras"] = {name: obj.state_dict() for name, obj in self.extras.items()}
+        return sharded.full(parts)  # type: ignore[no-any-return]
+
+    def load_state_dict(self, parts: dict[str, Any], whole: bool = False) -> None:
         """Load every part; the registered names must match the saved ones exactly (a missing
-        or unknown one means the state was saved by a different program)."""
+        or unknown one means the state was saved by a different program). ``whole``: the
+        tensors are whole (a checkpoint), not this rank's shards (another replica's)."""
+        if self.sharded:
+            parts = sharded.restored(parts, self.model, self.optimizer, whole)
         saved = dict(parts.get("extras") or {})
         if set(saved) != set(self.extras):
             raise StateMismatch(

@@ -30,14 +30,14 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from unicron.core.protocol import Phase
-from unicron.train import gradsync
+from unicron.train import gradsync, replicas, sharded, shardsync
 from unicron.train.data import shard, unclaimed_share
 from unicron.train.iteration import Iteration, PeerLostError
 from unicron.train.loader import StepData
 from unicron.train.membership import settle
+from unicron.train.peers import Peers
 from unicron.train.state import step_schedulers
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class StepLoop:
     ) -> None:
         self.session, self.model, self.optimizer, self.data = session, model, optimizer, data
         self.phase = StepPhase.REDUCED
-        self.share: list[int] = []
+        self.chunks: list[list[int]] = []  # this rank's micro-batches of the step (sample ids)
         self.it = Iteration(0)
         # A full micro-batch's share of the step's samples: the factor the accumulated gradients
         # get once, in the reduction (a shorter micro-batch's gradients are pre-weighted).
@@ -88,12 +88,24 @@ class StepLoop:
         self.settled_step = 0  # the last step in which a re-formed group settled its samples
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.handles = [optimizer.register_step_pre_hook(self._check_reduced)]
+        self.sharded = sharded.is_sharded(model)
+        if self.sharded:
+            sharded.prepare(model)
+            held, whole = sharded.sizes(model)
+            session.trace("sharded", parameters=held, of=whole)  # this rank's share of the model
+        # With replicas of several ranks, micro-batches are weighed at the outputs (sharded.py).
+        self.outputs = sharded.OutputWeight(model) if session.groups.replicated else None
+        replicated = self.sharded and session.groups.replicated
+        self.unit_sums = shardsync.UnitSums(model) if replicated else None
 
     def _weigh(self, relative: float) -> list[Any]:
         """Hooks weighting the next backward's gradients by ``relative``, a micro-batch's samples
         over a full one's (none for a full one)."""
         if relative == 1:
             return []
+        if self.outputs is not None:
+            self.outputs.weight = relative
+            return [_Restore(self.outputs)]
         return [p.register_hook(lambda grad: grad * relative) for p in self.params]  # type: ignore[no-untyped-call]
 
     def _check_reduced(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -106,6 +118,8 @@ class StepLoop:
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
+        if self.outputs is not None:
+            self.outputs.close()
 
     # ------------------------------------------------------------------ step boundaries
     def begin(self, step: int) -> bool:
@@ -115,14 +129,13 @@ class StepLoop:
         if session.membership_changed():
             # A planned change (a newcomer, a resize) takes effect at a step boundary: no work lost.
             session.rejoin(self.model, self.optimizer)
-        share = self._settle(step)
-        if share is None:
+        chunks = self._settle(step)
+        if chunks is None:
             return False
-        self.share, self.phase = share, StepPhase.COMPUTING
+        self.chunks, self.phase = chunks, StepPhase.COMPUTING
         stream = self.data.stream
-        micro = -(-len(share) // stream.micro_batch)
         self.scale = stream.micro_batch / len(stream.batch(step))
-        self.it = Iteration(step, micro, lambda: session.faults.before_last_micro_batch(step))
+        self.it = Iteration(step, len(chunks), lambda: session.faults.before_last_micro_batch(step))
         session.faults.step_started(step)  # inside the step's time: a slowed rank computes slowly
         return True
 
@@ -140,7 +153,7 @@ class StepLoop:
         session.channel.send(self.it.report(session.task, session.generation, session.rank))
         session.maybe_checkpoint(self.model, self.optimizer)
 
-    def _settle(self, step: int) -> list[int] | None:
+    def _settle(self, step: int) -> list[list[int]] | None:
         """This rank's samples of ``step``, at its start. After a group (re)formed this is the
         members' first collective: a peer failing in it (a newcomer that dies or hangs at once)
         is recovered from in-process like a failure in the all-reduce."""
@@ -154,7 +167,7 @@ class StepLoop:
             self.session.rejoin(self.model, self.optimizer)  # outside the except block: see micro_batches
         raise AssertionError("unreachable")
 
-    def _my_part(self, step: int, held: list[int]) -> list[int]:
+    def _my_part(self, step: int, held: list[int]) -> list[list[int]]:
         """This rank's samples of ``step``. Right after the group was (re)formed, members tell
         each other which of the step's samples they already hold (the ledger: accumulated in
         gradients, not yet reduced; nothing for a member that was at the step boundary or is
@@ -162,19 +175,39 @@ class StepLoop:
         cannot do this: with a failure during recovery, or a member that saw the new membership
         at the boundary while another was inside the step, what each holds is not its old shard."""
         session, ids = self.session, self.data.stream.batch(step)
+        groups, micro = session.groups, self.data.stream.micro_batch
+        if groups.replicated:
+            return self._replica_part(step, ids, held)
         if session.world_size == 1:
             # Alone (a group shrunk to one): nobody to settle with; what this rank holds is
             # kept, and it computes the rest of the step.
             session.settle_pending = False
-            return unclaimed_share(ids, [held], 0, 1)
-        if not session.settle_pending or not dist.is_initialized():
-            return shard(ids, session.rank, session.world_size)
+            return _split(unclaimed_share(ids, [held], 0, 1), micro)
+        if not session.settle_pending or groups.peers is None:
+            return _split(shard(ids, session.rank, session.world_size), micro)
         session.settle_pending = False
         session.progress.at(step, Phase.COLLECTIVE, "settle")
-        mine, held_counts = settle(ids, held)
+        mine, held_counts = settle(groups.peers, ids, held)
         session.trace("ledger", step=step, held=held_counts, mine=len(mine))
         self.settled_step = step
-        return mine
+        return _split(mine, micro)
+
+    def _replica_part(self, step: int, ids: list[int], held: list[int]) -> list[list[int]]:
+        """As ``_my_part``, with replicas of several ranks: samples are dealt to replicas (the
+        peers), then to the replica's ranks in micro-batches they all run together."""
+        session, groups = self.session, self.session.groups
+        peers, replica, layout = groups.peers, groups.replica, groups.layout
+        if peers is None or replica is None or layout is None:
+            raise ConnectionResetError("the process group is gone: connection to peers broken")
+        if session.settle_pending:
+            session.settle_pending = False
+            session.progress.at(step, Phase.COLLECTIVE, "settle")
+            mine, held_counts = replicas.settle(replica, peers, ids, held)
+            session.trace("ledger", step=step, held=held_counts, mine=len(mine))
+            self.settled_step = step
+        else:
+            mine = replicas.replica_share(ids, peers.rank, peers.size)
+        return replicas.micro_batches(mine, layout.position, layout.size, self.data.stream.micro_batch)
 
     # ------------------------------------------------------------------ inside a step
     def micro_batches(self) -> Iterator[Any]:
@@ -183,8 +216,8 @@ class StepLoop:
         if self.phase is not StepPhase.COMPUTING:
             raise RuntimeError("the loader was iterated twice in one step: iterate it once per step")
         step, session = self.it.step, self.session
-        yield from self._chunks(self.share, arm=self._overlap(step))
-        contributed = list(self.share)
+        yield from self._chunks(self.chunks, arm=self._overlap(step))
+        contributed = [i for chunk in self.chunks for i in chunk]
         session.faults.before_reduce(step)
         for attempt in range(4):
             try:
@@ -210,32 +243,36 @@ class StepLoop:
                 contributed = []
             # Survivors keep what they computed; the samples nobody holds are shared out.
             mine = self._my_part(step, held=contributed)
-            session.trace("recompute", step=step, samples=len(mine))
+            session.trace("recompute", step=step, samples=sum(len(chunk) for chunk in mine))
             yield from self._chunks(mine, arm=None)
-            contributed += mine
+            contributed += [i for chunk in mine for i in chunk]
         else:
             raise AssertionError("unreachable")
         session.trace("samples", step=step, ids=contributed)  # the ledger: reduced, so in the step
         self.phase = StepPhase.REDUCED
         session.faults.after_reduce(step)
 
-    def _chunks(self, ids: list[int], arm: Callable[[], None] | None) -> Iterator[Any]:
+    def _chunks(self, chunks: list[list[int]], arm: Callable[[], None] | None) -> Iterator[Any]:
         # Each sample's gradient counts 1/B (B: the step's samples, fewer in an epoch's last step
         # without drop_last): the SUM over ranks is then the global mean for any number of
         # ranks, and work can move between ranks without rescaling. A full micro-batch's mean-loss
         # gradient gets its factor (`scale`) in the reduction; a shorter one is pre-weighted by
         # its size relative to a full one, by a hook held only while its backward runs.
+        # An empty micro-batch (a replica's rank with no sample left in the last round) computes a
+        # sample of the step weighed 0, to run FSDP's collectives with its replica-mates.
         stream, it = self.data.stream, self.it
-        if arm is not None and not ids:
+        if arm is not None and not chunks:
             arm()  # nothing to compute, but the same collectives as the others
-        for start in range(0, len(ids), stream.micro_batch):
-            chunk = ids[start : start + stream.micro_batch]
-            if arm is not None and start + stream.micro_batch >= len(ids):
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1
+            if arm is not None and last:
                 arm()  # the last micro-batch: its backward reduces the gradient buckets
+            if self.sharded:
+                sharded.sync_gradients(self.model, last)  # FSDP reduce-scatters at the last only
             self.session.progress.at(it.step, Phase.COMPUTE, micro_batch=len(it.marks))
             hooks = self._weigh(len(chunk) / stream.micro_batch)
             try:
-                yield self.data.fetch(chunk)
+                yield self.data.fetch(chunk or stream.batch(it.step)[:1])
             finally:
                 for hook in hooks:
                     hook.remove()
@@ -246,12 +283,30 @@ class StepLoop:
         a step in which the group settled who holds what (it re-formed: every member knows, as
         the settle is their first collective, so all reduce one flat buffer: collectives match)."""
         session = self.session
-        if session.world_size == 1 or self.settled_step == step or not dist.is_initialized():
+        peers = session.groups.peers
+        if session.world_size == 1 or self.settled_step == step or peers is None:
             return None
-        self.buckets = gradsync.Buckets.of(self.model, self.buckets)
+        if session.groups.replicated:
+            return self._overlap_units(step, peers)
+        self.buckets = gradsync.Buckets.of(self.model, peers, self.buckets)
         self.buckets.before_first = lambda: session.faults.before_reduce(step)
         buckets, scale = self.buckets, self.scale
         return lambda: buckets.arm(scale)
+
+    def _overlap_units(self, step: int, peers: Peers) -> Callable[[], None] | None:
+        """As ``_overlap`` for a sharded model (``shardsync``): only when every replica has a
+        sample to run a backward on (else some would launch sums that others never match)."""
+        sums = self.unit_sums
+        if sums is None or not sums.usable or len(self.data.stream.batch(step)) < peers.size:
+            return None
+        sums.before_first = lambda: self.session.faults.before_reduce(step)
+        scale = self.scale
+
+        def arm() -> None:
+            if sums.can_arm():  # the same on every rank: they run the same program
+                sums.arm(peers, scale)
+
+        return arm
 
     def _reduce(self) -> None:
         """Sum the gradients over the ranks (``gradsync``); abandoned once the coordinator posts
@@ -259,7 +314,15 @@ class StepLoop:
         session = self.session
         store, generation = session.store, session.generation
         watch = None if not session.in_process or store is None else lambda: store.peers_failed(generation)
-        if session.world_size == 1:  # nothing to sum: only the weighting
+        groups = session.groups
+        if groups.replicated:
+            if groups.peers is None or groups.replica is None:
+                raise ConnectionResetError("the process group is gone: connection to peers broken")
+            if self.unit_sums is not None and self.unit_sums.armed:
+                self.unit_sums.finish(groups.replica, watch)  # launched during the last backward
+            else:
+                replicas.reduce(self.model, self.sharded, groups.replica, groups.peers, watch, self.scale)
+        elif session.world_size == 1:  # nothing to sum: only the weighting
             with torch.no_grad():
                 for p in self.params:
                     if p.grad is not None:
@@ -267,7 +330,7 @@ class StepLoop:
         elif self.buckets is not None and self.buckets.armed:
             self.buckets.finish(watch)  # launched during the last backward
         else:
-            gradsync.all_reduce_gradients(self.model, watch, self.scale)
+            gradsync.all_reduce_gradients(self.model, groups.peers, watch, self.scale)
         if session.declared_failed():
             # Declared failed (hung, or its node lost) during the step: its peers abandoned the
             # collective and re-formed without it (what completed here, if anything, is their
@@ -275,3 +338,18 @@ class StepLoop:
             # not this worker's: it leaves (rejoin: it is in no later membership) and neither
             # records the step nor checkpoints it.
             raise PeerLostError("this worker was declared failed during the step")
+
+
+def _split(ids: list[int], micro: int) -> list[list[int]]:
+    """``ids`` in micro-batches of ``micro`` (the last one shorter)."""
+    return [ids[start : start + micro] for start in range(0, len(ids), micro)]
+
+
+class _Restore:
+    """Puts the output weight back to 1 once the micro-batch's backward is done."""
+
+    def __init__(self, outputs: sharded.OutputWeight) -> None:
+        self.outputs = outputs
+
+    def remove(self) -> None:
+        self.outputs.weight = 1.0

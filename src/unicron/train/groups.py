@@ -1,0 +1,92 @@
+"""A worker's process groups across generations: its data-parallel peers (re-formed every
+generation) and, with replicas of several ranks, its replica's own group (formed once, kept for
+the replica's life: ``replicas.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from unicron.train import membership, replicas
+from unicron.train.peers import Peers
+from unicron.train.replicas import Layout
+
+
+class Groups:
+    def __init__(self, task: str, replica_size: int, timeout: timedelta) -> None:
+        self.task, self.size, self.timeout = task, replica_size, timeout
+        self.peers: Peers | None = None  # this generation's data-parallel peers
+        self.replica: Peers | None = None  # the replica's own group (replicas of several ranks)
+        self.layout: Layout | None = None
+
+    @property
+    def replicated(self) -> bool:
+        """Replicas of several ranks: peers are one rank per replica."""
+        return self.size > 1
+
+    def join(self, store: Any, generation: int, rank: int, world: int) -> None:
+        """Form this generation's groups (the replica's, the first time)."""
+        if not self.replicated:
+            membership.join(store, self.task, generation, rank, world, self.timeout)
+            self.peers = Peers.world()
+            return
+        layout = Layout(rank, world, self.size)
+        if self.replica is None:
+            replicas.form_replica(store, self.task, generation, layout, membership.backend(), self.timeout)
+            self.replica = Peers.world()
+        elif self.layout is not None and layout.position != self.layout.position:
+            raise RuntimeError(
+                f"rank {self.layout.rank} became rank {rank}: another shard position of its replica "
+                f"(replicas of {self.size}); the coordinator must keep replicas whole and in order"
+            )
+        self.layout = layout
+        self.peers = replicas.form_peers(store, self.task, generation, layout, self.timeout)
+
+    def leave(self) -> None:
+        """Leave this generation's peers (the replica's group stays: a live replica keeps it)."""
+        if not self.replicated:
+            self.peers = None
+            membership.leave()
+            return
+        self.peers = None
+        gc.collect()  # the group closes its connections once nothing refers to it
+
+    def mesh(self) -> Any:
+        """The replica's device mesh, for ``fully_shard(module, mesh=...)``; None with replicas of
+        one rank (nothing to shard over)."""
+        if not self.replicated or self.replica is None:
+            return None
+        from torch.distributed.device_mesh import DeviceMesh
+
+        device = "cuda" if membership.backend() == "nccl" else "cpu"
+        replica = dist.group.WORLD
+        assert replica is not None
+        return DeviceMesh.from_group(replica, device)
+
+    def replica_agrees(self, mine: bool) -> bool:
+        """Whether any rank of the replica says so (``mine``); without a replica, ``mine``. Its
+        ranks must take a planned membership change at the same step boundary: FSDP runs each
+        forward and backward on all of them together. A replica that cannot tell (a rank of it
+        died) says so: its ranks then find themselves in no later membership."""
+        if self.replica is None:
+            return mine
+        try:
+            return bool(self.replica.max(int(mine)))
+        except Exception:  # a dead replica-mate: the replica is out anyway
+            return True
+
+    def close(self) -> None:
+        """Shut every group down while the interpreter still runs: a gloo group destroyed during
+        its teardown (still referenced then) can abort the process as it exits."""
+        peers, self.peers = self.peers, None
+        if peers is not None and peers.standalone:
+            with contextlib.suppress(Exception):
+                peers.group.shutdown()
+        gc.collect()
+        if dist.is_available() and dist.is_initialized():
+            with contextlib.suppress(Exception):  # leaving anyway
+                dist.destroy_process_group()

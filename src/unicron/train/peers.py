@@ -1,0 +1,116 @@
+"""The data-parallel peers of a rank: the group its gradients are summed over and its state is
+agreed in, as one object.
+
+With replicas of one rank (``run.replica_size: 1``) the peers are the whole task: the default
+process group of the generation. With replicas of K ranks, FSDP owns the default group (the
+replica's K ranks, formed once per replica: ``replicas.py``) and the peers of shard position s
+are the rank at position s in every replica: a standalone gloo group per generation, which
+Unicron alone uses and can abandon while a collective on it is pending (a peer replica failed)
+without touching the replica's own group.
+
+Every collective here goes through the process group object's own methods, so the same code
+serves a registered group and a standalone one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Peers:
+    group: Any  # a torch ProcessGroup
+    rank: int
+    size: int
+    backend: str
+    standalone: bool  # not registered with torch.distributed (a replica's cross group)
+
+    @classmethod
+    def world(cls) -> Peers:
+        """The default process group (replicas of one rank)."""
+        group = dist.group.WORLD
+        return cls(group, dist.get_rank(), dist.get_world_size(), str(dist.get_backend()), False)
+
+    @classmethod
+    def standalone_gloo(cls, store: Any, prefix: str, rank: int, size: int, timeout: timedelta) -> Peers:
+        """A gloo group of its own over ``store`` under ``prefix`` (formed by all ``size`` ranks)."""
+        scoped = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
+        group = dist.ProcessGroupGloo(scoped, rank, size, timeout)
+        return cls(group, rank, size, "gloo", True)
+
+    @property
+    def usable(self) -> bool:
+        """False once the default group was destroyed under this object (a ``break`` fault)."""
+        return self.standalone or (dist.is_initialized() and dist.group.WORLD is self.group)
+
+    # ------------------------------------------------------------------ collectives
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        out = [torch.empty_like(tensor) for _ in range(self.size)]
+        self.group.allgather([out], [tensor]).wait()
+        return out
+
+    def broadcast(self, tensor: torch.Tensor, source: int) -> None:
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = source, 0
+        self.group.broadcast([tensor], options).wait()
+
+    def max(self, value: int) -> int:
+        tensor = torch.tensor([value], dtype=torch.int64)
+        self.group.allreduce([tensor], self._op(dist.ReduceOp.MAX)).wait()
+        return int(tensor[0])
+
+    def all_reduce_async(self, tensor: torch.Tensor) -> Any:
+        """Sum ``tensor`` over the peers in place; returns the pending work."""
+        return self.group.allreduce([tensor], self._op(dist.ReduceOp.SUM))
+
+    def gather_lists(self, mine: list[int]) -> list[list[int]]:
+        """Every peer's list of integers (lengths may differ)."""
+        lengths = self.all_gather(torch.tensor([len(mine)], dtype=torch.int64))
+        longest = max(int(n[0]) for n in lengths)
+        padded = torch.zeros(longest, dtype=torch.int64)
+        padded[: len(mine)] = torch.tensor(mine, dtype=torch.int64)
+        rows = self.all_gather(padded)
+        return [row[: int(n[0])].tolist() for row, n in zip(rows, lengths, strict=True)]
+
+    @staticmethod
+    def _op(op: Any) -> Any:
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        return options
+
+    # ------------------------------------------------------------------ leaving
+    def abandon(self) -> None:
+        """Drop this group while a collective on it may still be pending (a peer may never
+        answer). Destroying or even aborting it can block on the pending collective's transport,
+        so it is kept alive, never destroyed (one leaked group per abandonment)."""
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.group))  # never freed, not even at exit
+        if not self.standalone:
+            unregister_default_group()
+
+
+def unregister_default_group() -> None:
+    """Forget torch.distributed's default group (and every group derived from it) without
+    touching it: the caller keeps it alive (see ``Peers.abandon``)."""
+    c10d = dist.distributed_c10d
+    if c10d.GroupMember.WORLD is None:
+        return
+    c10d._update_default_pg(None)
+    world = c10d._world
+    for table in (
+        world.pg_map,
+        world.pg_names,
+        world.pg_group_ranks,
+        world.pg_backend_config,
+        world.pg_to_tag,
+        world.tags_to_pg,
+        world.pg_coalesce_state,
+    ):
+        table.clear()
+    c10d._unregister_all_process_groups()  # type: ignore[attr-defined]
+    world.group_count = 0

@@ -1,0 +1,110 @@
+"""Sharded replicas through the real stack (issue 14): a task of three replicas of two ranks,
+its model sharded by FSDP2 inside each replica (examples/fsdp). One rank dies in its backward:
+its replica leaves whole, the two others go on in place with the same global batch; a
+replacement replica forms and takes each shard from the matching rank of a live replica. Then a
+node is lost with a replica on it. The task ends with the parameters and optimizer state of a
+failure-free unsharded run (float64) and an exact sample ledger."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from unicron.control.localcluster import LocalCluster
+from unicron.train.checkpoint import load_latest
+
+from .test_live_cluster import ARGS, ROOT, assert_ends_exact, assert_ledger_exact, read_trace, traced_task
+from .test_live_replicas import replicas_per_node, whole
+
+FSDP = ROOT / "examples" / "fsdp" / "train.py"
+# The tinygpt defaults (the reference run is examples/tinygpt/train.py, unsharded).
+SMALL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--sequence", "32", "--vocab", "64"]
+
+
+@pytest.mark.timeout(600)
+def test_a_sharded_replica_fails_whole_and_a_replacement_takes_shards_from_a_live_one(tmp_path: Path) -> None:
+    trace, iterations = tmp_path / "trace.jsonl", 60
+    fault = [{"action": "kill_in_backward", "rank": 1, "step": 12, "generation": 0}]
+    program = ["python", str(FSDP), *ARGS, *SMALL, "--step-delay", "0.1"]
+    lines = f"  replica_size: 2\n  faults: {json.dumps(fault)}\n"
+    # No checkpoint before the end: a replacement replica can only take its state from a live one.
+    table = "{2: 1.9e9, 4: 3.5e9, 6: 5.0e9}"
+    spec = traced_task(trace, table, iterations, 0.1, lines, program=program, checkpoint_every=1000)
+    with LocalCluster(tmp_path / "cluster", nodes=3, slots=2) as cluster:
+        cluster.submit(spec)
+        cluster.wait(lambda: cluster.task("lm")["step"] >= 3, 240, "the task to train")
+        first = cluster.get("/v1/workers")
+        assert len(first) == 6 and whole(replicas_per_node(first)), first
+
+        def regrown() -> bool:
+            task = cluster.task("lm")
+            return task["workers"] == 6 and task["generation"] > 2 and task["state"] == "running"
+
+        cluster.wait(regrown, 300, "the task to grow back to three replicas")
+        step = cluster.task("lm")["step"]
+        cluster.wait(lambda: cluster.task("lm")["step"] >= step + 3, 120, "training on six again")
+        running = [w for w in cluster.get("/v1/workers") if w["state"] == "running"]
+        assert whole(replicas_per_node(running)), running
+        lost = next(w["node"] for w in running if w["rank"] == 2)
+        on_node = frozenset(int(w["rank"]) for w in running if w["node"] == lost)
+        cluster.kill_node(lost)
+        cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
+        events = cluster.get("/v1/events", task="lm", limit=100_000)
+    story = [(e["kind"], e["detail"]) for e in events]
+    assert [e["kind"] for e in events].count("task_launch") == 1, story  # never relaunched
+    recovered = [e["detail"] for e in events if e["kind"] == "in_process_recovery"]
+    assert recovered[0]["failed"] == [1] and recovered[0]["survivors"] == [2, 3, 4, 5], story
+    rows = read_trace(trace)
+    shards = [r for r in rows if r["what"] == "sharded"]
+    assert shards and all(r["parameters"] < r["of"] for r in shards)  # each rank holds a part
+    # The replacement replica's two ranks each took their shard from a live replica's rank at
+    # the same position (peers are one rank per replica, per position).
+    taken = [r for r in rows if r["what"] == "state_from_replica"]
+    assert {r["rank"] % 2 for r in taken} == {0, 1}, taken
+    assert_ledger_exact(rows, iterations, frozen=on_node, world=6, replica_size=2)
+    assert_ends_exact(tmp_path, "lm", iterations)
+
+
+@pytest.mark.timeout(600)
+def test_a_checkpoint_saved_by_three_sharded_replicas_resumes_at_two(tmp_path: Path) -> None:
+    """The checkpoint holds the state whole (gathered over the replica), so it loads at another
+    replica count (and shard count): a cluster of three replicas stops once a checkpoint is
+    saved; one of two replicas resumes from it and ends as if never interrupted."""
+    first, second, iterations = tmp_path / "first.jsonl", tmp_path / "second.jsonl", 32
+    program = ["python", str(FSDP), *ARGS, *SMALL, "--step-delay", "0.05"]
+    table = "{2: 1.9e9, 4: 3.5e9, 6: 5.0e9}"
+    with LocalCluster(tmp_path / "first", nodes=3, slots=2) as cluster:
+        cluster.submit(traced_task(first, table, iterations, 0.05, "  replica_size: 2\n", program=program))
+        cluster.wait(lambda: cluster.task("lm")["checkpoint_step"] >= 10, 300, "a checkpoint")
+    saved = load_latest(tmp_path / "first" / "checkpoints" / "lm")
+    assert saved is not None and saved["world_size"] == 6 and saved["step"] < iterations
+    shutil.copytree(tmp_path / "first" / "checkpoints", tmp_path / "cluster" / "checkpoints")
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+        cluster.submit(traced_task(second, table, iterations, 0.05, "  replica_size: 2\n", program=program))
+        cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the rest")
+    rows = read_trace(second)
+    resumed = [r for r in rows if r["what"] == "resumed"]
+    assert len(resumed) == 4 and {r["step"] for r in resumed} == {saved["step"]}, resumed
+    before = [r for r in read_trace(first) if r["what"] != "samples" or r["step"] <= saved["step"]]
+    assert_ledger_exact(before + rows, iterations)
+    assert_ends_exact(tmp_path, "lm", iterations)
+
+
+@pytest.mark.timeout(300)
+def test_a_sharded_task_trains_in_float32(tmp_path: Path) -> None:
+    """The demo's precision (the tests above use float64 to compare exactly): FSDP's reductions
+    must be ones gloo takes (plain sums)."""
+    trace = tmp_path / "trace.jsonl"
+    program = ["python", str(FSDP), *SMALL, "--global-batch", "16", "--micro-batch", "2"]
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+        cluster.submit(
+            traced_task(trace, "{2: 1.9e9, 4: 3.5e9}", 6, 0.0, "  replica_size: 2\n", program=program)
+        )
+        cluster.wait(lambda: cluster.task("lm")["state"] in ("finished", "failed"), 240, "the task to end")
+        task = cluster.task("lm")
+        story = [(e["kind"], e["detail"]) for e in cluster.get("/v1/events", task="lm")]
+    assert task["state"] == "finished" and task["failures"] == 0, "\n".join(map(str, story))
+    assert len([r for r in read_trace(trace) if r["what"] == "sharded"]) == 4
