@@ -108,3 +108,20 @@ def test_a_sharded_task_trains_in_float32(tmp_path: Path) -> None:
         story = [(e["kind"], e["detail"]) for e in cluster.get("/v1/events", task="lm")]
     assert task["state"] == "finished" and task["failures"] == 0, "\n".join(map(str, story))
     assert len([r for r in read_trace(trace) if r["what"] == "sharded"]) == 4
+
+
+@pytest.mark.timeout(300)
+def test_one_sharded_replica_ends_exact(tmp_path: Path) -> None:
+    """One replica of two ranks: no sum across replicas at all (FSDP's reduce-scatter holds the
+    whole step), the same result as the unsharded run."""
+    trace, iterations = tmp_path / "trace.jsonl", 8
+    program = ["python", str(FSDP), *ARGS, *SMALL]
+    with LocalCluster(tmp_path / "cluster", nodes=1, slots=2) as cluster:
+        cluster.submit(
+            traced_task(trace, "{2: 1.9e9}", iterations, 0.0, "  replica_size: 2\n", program=program)
+        )
+        cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 240, "the task to finish")
+    rows = read_trace(trace)
+    assert len([r for r in rows if r["what"] == "sharded"]) == 2
+    assert_ledger_exact(rows, iterations)
+    assert_ends_exact(tmp_path, "lm", iterations)

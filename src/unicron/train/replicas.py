@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from unicron.train.data import shard, unclaimed_share
-from unicron.train.gradsync import flat_gradients, wait_or_abandon, write_back
+from unicron.train.gradsync import flat_gradients, local, wait_or_abandon, write_back
 from unicron.train.iteration import PeerLostError
 from unicron.train.peers import Peers
 
@@ -111,6 +111,12 @@ def reduce(
     """Sum the step's gradients: over the replica (FSDP's reduce-scatter did it already for a
     sharded model; a whole model is summed here), then over the peers; the sums are written
     back only once every rank of the replica has its own, so a replica stays at one step."""
+    if sharded and peers.size == 1:  # one replica: FSDP's reduce-scatter summed it all
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None and scale != 1.0:
+                    local(p.grad).mul_(scale)
+        return
     grads, flat = flat_gradients(model, scale)
     if not sharded:  # replica-mates fail only with the replica: nothing to abandon it for
         wait_or_abandon(replica.all_reduce_async(flat), replica, None)

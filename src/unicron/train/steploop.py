@@ -294,11 +294,13 @@ class StepLoop:
         return lambda: buckets.arm(scale)
 
     def _overlap_units(self, step: int, peers: Peers) -> Callable[[], None] | None:
-        """As ``_overlap`` for a sharded model (``shardsync``): only when every replica has a
-        sample to run a backward on (else some would launch sums that others never match)."""
+        """As ``_overlap`` for a sharded model (``shardsync``): only with several replicas, each
+        with a sample to run a backward on (else some would launch sums that others never match)."""
         sums = self.unit_sums
         if sums is None or not sums.usable or len(self.data.stream.batch(step)) < peers.size:
             return None
+        if peers.size == 1:
+            return None  # one replica: nothing to sum across (replicas.reduce only weighs)
         sums.before_first = lambda: self.session.faults.before_reduce(step)
         scale = self.scale
 
