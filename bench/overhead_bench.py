@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,9 +179,23 @@ def measure(root: Path, model: str, workers: int) -> dict[str, Any]:
     }
 
 
-def main() -> dict[str, Any]:
+def main(only: Sequence[str] = ()) -> dict[str, Any]:
+    """Measure every cell, or (``only``) those models' cells, keeping the other rows of the last
+    run's JSON (each row's two sides are always measured in the same run)."""
+    unknown = set(only) - set(MODELS)
+    if unknown:
+        raise SystemExit(f"unknown model(s) {sorted(unknown)}: choose among {sorted(MODELS)}")
+    out = ROOT / "docs" / "bench" / "overhead.json"
+    kept = [r for r in json.loads(out.read_text())["rows"] if r["model"] not in only] if only else []
     with tempfile.TemporaryDirectory(prefix="unicron-overhead-") as tmp:
-        rows = [measure(Path(tmp), model, workers) for model, m in MODELS.items() for workers in m.workers]
+        fresh = [
+            measure(Path(tmp), model, workers)
+            for model, m in MODELS.items()
+            if not only or model in only
+            for workers in m.workers
+        ]
+    order = list(MODELS)
+    rows = sorted(kept + fresh, key=lambda r: (order.index(r["model"]), r["workers"]))
     result = {
         "target_ratio": TARGET,
         "iterations": {name: m.iterations for name, m in MODELS.items()},
@@ -241,4 +256,5 @@ def write_markdown(r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(), indent=2))
+    # python -m bench.overhead_bench [MODEL ...]: every model, or only those
+    print(json.dumps(main(sys.argv[1:]), indent=2))
