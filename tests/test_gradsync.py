@@ -33,16 +33,16 @@ class Net(torch.nn.Module):
 def grads_after(rank: int, overlap: bool, micro_batches: int, scale: float) -> dict[str, torch.Tensor]:
     model = Net()
     # Several buckets of about one layer each.
-    buckets = gradsync.Buckets(model, Peers.world(), cap_bytes=3000)
+    buckets = gradsync.Buckets(model, cap_bytes=3000)
     assert len(buckets.buckets) > 2
     data = torch.randn(8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
     for i in range(micro_batches):
         if overlap and i == micro_batches - 1:
-            buckets.arm(scale)
+            buckets.arm(Peers.world(), scale)
         model(data[i * 2 : i * 2 + 2]).pow(2).sum().backward()
     if overlap:
         if micro_batches == 0:
-            buckets.arm(scale)
+            buckets.arm(Peers.world(), scale)
         buckets.finish(None)
     else:
         gradsync.all_reduce_gradients(model, Peers.world(), None, scale)
@@ -74,10 +74,10 @@ def _member(rank: int, port: int, out: mp.Queue) -> None:  # type: ignore[type-a
     bucketed = grads_after(rank, True, computed, 0.25)
     # A failure with buckets in flight: the local gradients are untouched until the end.
     model = Net()
-    buckets = gradsync.Buckets(model, Peers.world(), cap_bytes=3000)
+    buckets = gradsync.Buckets(model, cap_bytes=3000)
     model(torch.ones(2, 16, dtype=torch.float64)).sum().backward()
     local = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    buckets.arm()
+    buckets.arm(Peers.world())
     model(torch.ones(2, 16, dtype=torch.float64)).sum().backward()
     buckets.disarm()  # as recovery does when the collective fails
     kept = all(torch.equal(p.grad, 2 * local[n]) for n, p in model.named_parameters() if p.grad is not None)

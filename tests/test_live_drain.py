@@ -63,7 +63,7 @@ def test_a_drained_node_is_emptied_without_losing_a_step(tmp_path: Path) -> None
         events = cluster.get("/v1/events", limit=100_000)
     kinds = [e["kind"] for e in events]
     story = [(e["kind"], e["detail"]) for e in events]
-    assert kinds.count("task_launch") == 1 and "incident" not in kinds, story  # moved, never restarted
+    assert kinds.count("task_launch") == 1 and "incident" not in kinds, "\n".join(map(str, story))  # moved
     assert [e["detail"]["reason"] for e in events if e["kind"] == "node_draining"] == ["maintenance"]
     assert "node_resumed" in kinds
     rows = read_trace(trace)

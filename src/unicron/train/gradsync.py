@@ -99,8 +99,8 @@ class Buckets:
     waits, and writes the sums back. The gradients themselves are only written back at the end,
     so a failure with buckets in flight leaves every rank's local sum intact for recovery."""
 
-    def __init__(self, model: torch.nn.Module, peers: Peers, cap_bytes: int = 25 * 2**20) -> None:
-        self.model, self.peers = model, peers
+    def __init__(self, model: torch.nn.Module, cap_bytes: int = 25 * 2**20) -> None:
+        self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
         self.buckets: list[list[torch.nn.Parameter]] = [[]]
         size = 0
@@ -119,23 +119,24 @@ class Buckets:
             p.register_post_accumulate_grad_hook(self._accumulated)  # type: ignore[no-untyped-call]
 
     @classmethod
-    def of(cls, model: torch.nn.Module, peers: Peers, existing: Buckets | None) -> Buckets:
-        """The model's buckets (made once: their hooks stay on the parameters), reduced over
-        ``peers`` (the group of the current generation)."""
-        if existing is not None and existing.model is model:
-            existing.peers = peers
-            return existing
-        return cls(model, peers)
+    def of(cls, model: torch.nn.Module, existing: Buckets | None) -> Buckets:
+        """The model's buckets (made once: their hooks stay on the parameters)."""
+        return existing if existing is not None and existing.model is model else cls(model)
 
     def _reset(self) -> None:
+        # The peers are held only while armed: the hooks keep this object for the model's life,
+        # and a group still referenced when the interpreter exits can abort it (gloo's threads).
+        self.peers: Peers | None = None
         self.ready: list[set[int]] = [set() for _ in self.buckets]
         self.flights: list[tuple[Any, torch.Tensor]] = []  # (work, buffer) per launched bucket
         self.error: Exception | None = None
 
-    def arm(self, scale: float = 1.0) -> None:
-        """The next backward is the step's last: reduce buckets, times ``scale``, as they fill."""
+    def arm(self, peers: Peers, scale: float = 1.0) -> None:
+        """The next backward is the step's last: reduce buckets over ``peers`` (the group of
+        the current generation), times ``scale``, as they fill."""
         self._reset()
-        self.armed, self.scale = self.peers.usable, scale
+        self.armed, self.scale = peers.usable, scale
+        self.peers = peers if self.armed else None
 
     def disarm(self) -> None:
         """Abandon what is in flight (a failure: the group is being rebuilt)."""
@@ -162,18 +163,21 @@ class Buckets:
         buffer = torch.cat([g.reshape(-1) for g in grads])
         if self.scale != 1.0:
             buffer.mul_(self.scale)
+        assert self.peers is not None  # armed
         self.flights.append((self.peers.all_reduce_async(buffer), buffer))
 
     def finish(self, peers_failed: Callable[[], bool] | None) -> None:
         """Launch the buckets backward did not fill (unused parameters, or a rank with no
         samples), wait for all, and write the sums back into the gradients."""
+        peers = self.peers
         try:
             if self.error is not None:
                 raise self.error
+            assert peers is not None  # armed
             while len(self.flights) < len(self.buckets):
                 self._launch(len(self.flights))
             for work, _ in self.flights:
-                wait_or_abandon(work, self.peers, peers_failed)
+                wait_or_abandon(work, peers, peers_failed)
             for bucket, (_, buffer) in zip(self.buckets, self.flights, strict=True):
                 offset = 0
                 for p in bucket:

@@ -338,9 +338,11 @@ class Session:
             return
         due = final or (self.checkpoint_every and self.step % self.checkpoint_every == 0)
         host = self.host_dir if self.local_rank == 0 else None  # one in-memory copy per node
+        if not due:
+            return
         train = TrainState(model, optimizer, self.extras)
         # A sharded state is gathered whole by every rank of a replica together.
-        if not due or (self.rank != 0 and host is None and not train.sharded):
+        if self.rank != 0 and host is None and not train.sharded:
             return
         self.progress.at(self.step, Phase.CHECKPOINT)
         where = {"task": self.task, "generation": self.generation, "world_size": self.world_size}

@@ -47,10 +47,11 @@ def prepare(model: torch.nn.Module) -> None:
         module.set_force_sum_reduction_for_comms(True)
 
 
-def sync_gradients(model: torch.nn.Module, on: bool) -> None:
-    """Whether the next backward reduce-scatters (the step's last micro-batch) or accumulates."""
-    for module in fsdp_modules(model):
-        module.set_requires_gradient_sync(on, recurse=False)
+def sync_gradients(units: list[FSDPModule], on: bool) -> None:
+    """Whether the next backward of the model whose FSDP ``units`` these are reduce-scatters
+    (the step's last micro-batch) or accumulates."""
+    for unit in units:
+        unit.set_requires_gradient_sync(on, recurse=False)
 
 
 class OutputWeight:

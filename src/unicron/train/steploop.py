@@ -89,6 +89,7 @@ class StepLoop:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.handles = [optimizer.register_step_pre_hook(self._check_reduced)]
         self.sharded = sharded.is_sharded(model)
+        self.fsdp_units = sharded.fsdp_modules(model)
         if self.sharded:
             sharded.prepare(model)
             held, whole = sharded.sizes(model)
@@ -268,7 +269,7 @@ class StepLoop:
             if arm is not None and last:
                 arm()  # the last micro-batch: its backward reduces the gradient buckets
             if self.sharded:
-                sharded.sync_gradients(self.model, last)  # FSDP reduce-scatters at the last only
+                sharded.sync_gradients(self.fsdp_units, last)  # FSDP reduce-scatters at the last only
             self.session.progress.at(it.step, Phase.COMPUTE, micro_batch=len(it.marks))
             hooks = self._weigh(len(chunk) / stream.micro_batch)
             try:
@@ -288,10 +289,10 @@ class StepLoop:
             return None
         if session.groups.replicated:
             return self._overlap_units(step, peers)
-        self.buckets = gradsync.Buckets.of(self.model, peers, self.buckets)
+        self.buckets = gradsync.Buckets.of(self.model, self.buckets)
         self.buckets.before_first = lambda: session.faults.before_reduce(step)
         buckets, scale = self.buckets, self.scale
-        return lambda: buckets.arm(scale)
+        return lambda: buckets.arm(peers, scale)
 
     def _overlap_units(self, step: int, peers: Peers) -> Callable[[], None] | None:
         """As ``_overlap`` for a sharded model (``shardsync``): only with several replicas, each
