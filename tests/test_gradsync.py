@@ -14,9 +14,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from unicron.control.localcluster import free_port
 from unicron.train import gradsync
 from unicron.train.peers import Peers
+
+from .spawned import run_ranks
 
 
 class Net(torch.nn.Module):
@@ -88,26 +89,18 @@ def _member(rank: int, port: int, out: mp.Queue) -> None:  # type: ignore[type-a
     out.put(
         (
             rank,
-            {n: t.flatten().tolist() for n, t in flat.items()},
-            {n: t.flatten().tolist() for n, t in bucketed.items()},
-            kept,
+            (
+                {n: t.flatten().tolist() for n, t in flat.items()},
+                {n: t.flatten().tolist() for n, t in bucketed.items()},
+                kept,
+            ),
         )
     )
     dist.destroy_process_group()
 
 
 def test_buckets_sum_exactly_what_one_flat_all_reduce_sums() -> None:
-    ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
-    port = free_port()
-    procs = [ctx.Process(target=_member, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = {
-        rank: (flat, bucketed, kept) for rank, flat, bucketed, kept in (out.get(timeout=120) for _ in procs)
-    }
-    for p in procs:
-        p.join(60)
+    results = run_ranks(_member, 2)
     for flat, bucketed, kept in results.values():
         assert flat.keys() == bucketed.keys() and "unused.weight" in bucketed
         for name in flat:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from unicron.control.localcluster import LocalCluster
-from unicron.train.checkpoint import load_latest
+from unicron.train import dcpfiles
+from unicron.train.dcpfiles import path_for
 
 from .test_live_cluster import ARGS, ROOT, assert_ends_exact, assert_ledger_exact, read_trace, traced_task
 from .test_live_replicas import replicas_per_node, whole
@@ -70,18 +72,24 @@ def test_a_sharded_replica_fails_whole_and_a_replacement_takes_shards_from_a_liv
 
 @pytest.mark.timeout(600)
 def test_a_checkpoint_saved_by_three_sharded_replicas_resumes_at_two(tmp_path: Path) -> None:
-    """The checkpoint holds the state whole (gathered over the replica), so it loads at another
-    replica count (and shard count): a cluster of three replicas stops once a checkpoint is
-    saved; one of two replicas resumes from it and ends as if never interrupted."""
+    """The checkpoint is written shard by shard (torch.distributed.checkpoint) and reshards as it
+    loads: a cluster of three replicas stops once a checkpoint is saved; one of two replicas
+    resumes from it and ends as if never interrupted."""
     first, second, iterations = tmp_path / "first.jsonl", tmp_path / "second.jsonl", 32
     program = ["python", str(FSDP), *ARGS, *SMALL, "--step-delay", "0.05"]
     table = "{2: 1.9e9, 4: 3.5e9, 6: 5.0e9}"
     with LocalCluster(tmp_path / "first", nodes=3, slots=2) as cluster:
         cluster.submit(traced_task(first, table, iterations, 0.05, "  replica_size: 2\n", program=program))
         cluster.wait(lambda: cluster.task("lm")["checkpoint_step"] >= 10, 300, "a checkpoint")
-    saved = load_latest(tmp_path / "first" / "checkpoints" / "lm")
-    assert saved is not None and saved["world_size"] == 6 and saved["step"] < iterations
-    shutil.copytree(tmp_path / "first" / "checkpoints", tmp_path / "cluster" / "checkpoints")
+    # The newest checkpoint the three replicas saved (as the cluster shut down, the replicas that
+    # stopped last may have gone on alone for a step and saved one at world 2).
+    saved = newest_saved_at(tmp_path / "first" / "checkpoints" / "lm", world_size=6)
+    assert saved["step"] < iterations and saved["replica_size"] == 2
+    folder = tmp_path / "cluster" / "checkpoints" / "lm"
+    folder.mkdir(parents=True)
+    shutil.copytree(
+        path_for(tmp_path / "first" / "checkpoints" / "lm", saved["step"]), path_for(folder, saved["step"])
+    )
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
         cluster.submit(traced_task(second, table, iterations, 0.05, "  replica_size: 2\n", program=program))
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the rest")
@@ -91,6 +99,15 @@ def test_a_checkpoint_saved_by_three_sharded_replicas_resumes_at_two(tmp_path: P
     before = [r for r in read_trace(first) if r["what"] != "samples" or r["step"] <= saved["step"]]
     assert_ledger_exact(before + rows, iterations)
     assert_ends_exact(tmp_path, "lm", iterations)
+
+
+def newest_saved_at(folder: Path, world_size: int) -> dict[str, Any]:
+    """The newest checkpoint in ``folder`` saved by a world of ``world_size`` (read whole)."""
+    for path in sorted(folder.glob("step-*.dcp"), reverse=True):
+        state = dcpfiles.read_whole(path)
+        if state["world_size"] == world_size:
+            return state
+    raise AssertionError(f"no checkpoint saved at world {world_size} in {folder}")
 
 
 @pytest.mark.timeout(300)

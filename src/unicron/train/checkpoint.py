@@ -15,6 +15,7 @@ import torch
 
 from unicron.core.protocol import RestoredReport
 from unicron.core.workerenv import host_checkpoint_dir
+from unicron.train import dcpfiles
 from unicron.train.state import TrainState, digest_of, digest_parts
 
 LATEST = "latest"
@@ -131,27 +132,45 @@ def load_nearest(persistent: Path, host: Path | None) -> Restored | None:
     """The newest intact checkpoint, from the nearest tier: the node's in-memory copy before the
     persistent one of the same step; a copy that cannot be read or does not match the digest
     saved with it is passed over (and named in ``skipped``) for the next newest, in either
-    tier, down to the oldest kept."""
+    tier, down to the oldest kept. A sharded replica's checkpoint (``shardedcheckpoint.py``) is
+    read whole."""
+    skipped: list[tuple[str, str]] = []
+    for _, _, source, path in candidates(persistent, host):
+        state, why = read_checked(path)
+        if state is not None:
+            return Restored(state, source, path, tuple(skipped))
+        skipped.append((str(path), why))
+    return None
+
+
+def candidates(persistent: Path, host: Path | None) -> list[tuple[int, int, str, Path]]:
+    """The checkpoints in both tiers, newest first, the nearer tier first at the same step:
+    (step, tier order, tier, path), whole-state files and sharded checkpoints alike."""
     tiers = [("host_memory", host), ("persistent", persistent)]
     found = [
         (_step_of(path), order, source, path)
         for order, (source, folder) in enumerate(tiers)
         if folder is not None and folder.is_dir()
-        for path in folder.glob("step-*.pt")
+        for path in [*folder.glob("step-*.pt"), *filter(dcpfiles.is_checkpoint, folder.glob("step-*.dcp"))]
         if path.stem.removeprefix("step-").isdigit()
     ]
-    skipped: list[tuple[str, str]] = []
-    for _, _, source, path in sorted(found, key=lambda f: (-f[0], f[1])):
+    return sorted(found, key=lambda f: (-f[0], f[1]))
+
+
+def read_checked(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """The state saved at ``path`` if it is intact, else None and why not."""
+    if path.is_dir():
         try:
-            state = read(path)
-        except Exception as exc:  # torn, truncated, foreign, or carrying code: not a usable copy
-            skipped.append((str(path), f"unreadable: {type(exc).__name__}"))
-            continue
-        if not _intact(state):
-            skipped.append((str(path), "does not match its digest"))
-            continue
-        return Restored(state, source, path, tuple(skipped))
-    return None
+            return dcpfiles.read_whole(path), ""
+        except dcpfiles.CheckpointCorrupt as exc:
+            return None, str(exc)[:200]
+    try:
+        state = read(path)
+    except Exception as exc:  # torn, truncated, foreign, or carrying code: not a usable copy
+        return None, f"unreadable: {type(exc).__name__}"
+    if not _intact(state):
+        return None, "does not match its digest"
+    return state, ""
 
 
 def _step_of(path: Path) -> int:
@@ -173,7 +192,8 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
     pointer = directory / LATEST
     if not pointer.exists():
         return None
-    return read(directory / pointer.read_text().strip())
+    path = directory / pointer.read_text().strip()
+    return dcpfiles.read_whole(path) if path.is_dir() else read(path)
 
 
 def digest(module: torch.nn.Module) -> str:

@@ -22,6 +22,7 @@ class Groups:
         self.peers: Peers | None = None  # this generation's data-parallel peers
         self.replica: Peers | None = None  # the replica's own group (replicas of several ranks)
         self.layout: Layout | None = None
+        self._places: list[tuple[str, int]] | None = None  # (node, local rank) of each replica rank
 
     @property
     def replicated(self) -> bool:
@@ -67,17 +68,31 @@ class Groups:
         assert replica is not None
         return DeviceMesh.from_group(replica, device)
 
-    def replica_agrees(self, mine: bool) -> bool:
-        """Whether any rank of the replica says so (``mine``); without a replica, ``mine``. Its
-        ranks must take a planned membership change at the same step boundary: FSDP runs each
-        forward and backward on all of them together. A replica that cannot tell (a rank of it
-        died) says so: its ranks then find themselves in no later membership."""
+    def replica_agrees(self, *mine: bool) -> tuple[bool, ...]:
+        """Whether any rank of the replica says so, for each of ``mine`` (one collective);
+        without a replica, ``mine``. Its ranks must take a planned membership change, and a
+        request to stop, at the same step boundary: FSDP runs each forward and backward on all
+        of them together (a rank that stopped alone would leave its mates in an all-gather). A
+        replica that cannot tell (a rank of it died) says yes to all: its ranks then find
+        themselves in no later membership."""
         if self.replica is None:
             return mine
         try:
-            return bool(self.replica.max(int(mine)))
+            return tuple(bool(v) for v in self.replica.maxima([int(m) for m in mine]))
         except Exception:  # a dead replica-mate: the replica is out anyway
-            return True
+            return tuple(True for _ in mine)
+
+    def replica_on_one_node(self, node: str, local_rank: int) -> bool:
+        """Whether the replica's ranks are all on this node, this rank's replica being the
+        node's first (its first rank has local rank 0): the replica that keeps the node's
+        in-memory checkpoint. Asked once per replica (its ranks never move)."""
+        if self.replica is None:
+            return local_rank == 0
+        if self._places is None:
+            places: list[Any] = [None] * self.size
+            dist.all_gather_object(places, (node, local_rank))
+            self._places = [(str(n), int(r)) for n, r in places]
+        return len({n for n, _ in self._places}) == 1 and self._places[0][1] == 0
 
     def close(self) -> None:
         """Shut every group down while the interpreter still runs: a gloo group destroyed during

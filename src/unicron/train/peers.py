@@ -61,9 +61,13 @@ class Peers:
         self.group.broadcast([tensor], options).wait()
 
     def max(self, value: int) -> int:
-        tensor = torch.tensor([value], dtype=torch.int64)
+        return self.maxima([value])[0]
+
+    def maxima(self, values: list[int]) -> list[int]:
+        """Each of ``values``' maximum over the peers, in one collective."""
+        tensor = torch.tensor(values, dtype=torch.int64)
         self.group.allreduce([tensor], self._op(dist.ReduceOp.MAX)).wait()
-        return int(tensor[0])
+        return [int(v) for v in tensor]
 
     def all_reduce_async(self, tensor: torch.Tensor) -> Any:
         """Sum ``tensor`` over the peers in place; returns the pending work."""

@@ -12,6 +12,7 @@ ending with its result in memory only.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,12 +51,14 @@ class Persisting:
 
     def final(self, write: Callable[[], Path], wait_s: float, retry_s: float = 1.0) -> Path:
         """Write the final state to the persistent tier, retrying every ``retry_s`` while the
-        storage refuses it, for at most ``wait_s``; then raise the storage's error."""
-        deadline = self.clock() + wait_s
-        while True:
+        storage refuses it, for about ``wait_s``; then raise the storage's error. A fixed number
+        of tries, not a deadline: the ranks of a sharded replica write their parts together, so
+        each must try as often as the others (their clocks differ)."""
+        tries = max(0, math.ceil(wait_s / retry_s))
+        for attempt in range(tries + 1):
             path = self.attempt("persistent", write)
             if path is not None:
                 return path
-            if self.clock() >= deadline:
-                return write()  # one last try: its CheckpointWriteError says why, as a storage fault
-            self.sleep(min(retry_s, max(0.0, deadline - self.clock())))
+            if attempt < tries:
+                self.sleep(retry_s)
+        return write()  # one last try: its CheckpointWriteError says why, as a storage fault

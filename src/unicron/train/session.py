@@ -35,7 +35,7 @@ from unicron.core.protocol import (
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
-from unicron.train import checkpoint, membership
+from unicron.train import checkpoint, membership, shardedcheckpoint
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
 from unicron.train.groups import Groups
@@ -226,9 +226,12 @@ class Session:
         self._resume(model, optimizer)
         self.running = loop = StepLoop(self, model, optimizer, self.data)
         try:
-            while self.step < self.iterations and not self.stop_requested:
+            while self.step < self.iterations:
+                changed, stop = self.at_boundary()
+                if stop:
+                    break
                 step = self.step + 1
-                if loop.begin(step):
+                if loop.begin(step, changed):
                     yield step
                     loop.end(step)
         finally:
@@ -242,9 +245,8 @@ class Session:
             True,
             TrainState(model, optimizer, self.extras),
         )  # refuses bad models, optimizers
-        found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir) if self.checkpoint_dir else None
+        found = self._load_checkpoint(train)
         if found is not None:
-            train.load_state_dict(found.state, whole=True)
             self.step = int(found.state["step"])
             self.trace("resumed", step=self.step, source=found.source, skipped=len(found.skipped))
             self.channel.send(found.report(self.task, self.generation, self.rank))
@@ -252,6 +254,18 @@ class Session:
             # Members check they hold the same state; a newcomer joining live replicas gets
             # theirs here instead of the (older) checkpoint.
             self._first_agreement(model, optimizer)
+
+    def _load_checkpoint(self, train: TrainState) -> checkpoint.Restored | None:
+        """Load the nearest intact checkpoint into ``train``: a sharded replica's ranks together
+        (``shardedcheckpoint.restore_nearest``), else each rank on its own."""
+        if self.checkpoint_dir is None:
+            return None
+        if train.sharded:
+            return shardedcheckpoint.restore_nearest(train, self.checkpoint_dir, self.host_dir)
+        found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir)
+        if found is not None:
+            train.load_state_dict(found.state, whole=True)
+        return found
 
     def _first_agreement(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Agree once the group formed; a newcomer (or spare) whose live peers lose a member
@@ -296,11 +310,13 @@ class Session:
             raise exc
         self.forward_exception(exc)
 
-    def membership_changed(self) -> bool:
-        """Whether the coordinator posted a new membership (never while it is unreachable); the
-        ranks of a replica take it together (``Groups.replica_agrees``)."""
+    def at_boundary(self) -> tuple[bool, bool]:
+        """At a step boundary: whether the coordinator posted a new membership (never while it
+        is unreachable), and whether this worker is asked to stop; the ranks of a replica take
+        both together (``Groups.replica_agrees``)."""
         posted = self.in_process and self.store is not None and self.store.membership_changed(self.generation)
-        return self.groups.replica_agrees(posted)
+        changed, stop = self.groups.replica_agrees(posted, self.stop_requested)
+        return changed, stop
 
     def declared_failed(self) -> bool:
         """Whether the coordinator has declared this worker failed since its generation formed."""
@@ -341,28 +357,50 @@ class Session:
         if not due:
             return
         train = TrainState(model, optimizer, self.extras)
-        # A sharded state is gathered whole by every rank of a replica together.
-        if self.rank != 0 and host is None and not train.sharded:
+        if train.sharded:
+            self._checkpoint_replica(train, final)
             return
-        self.progress.at(self.step, Phase.CHECKPOINT)
-        where = {"task": self.task, "generation": self.generation, "world_size": self.world_size}
-        state = checkpoint.state_of(train, self.step, **where)
         if self.rank != 0 and host is None:
             return
+        self.progress.at(self.step, Phase.CHECKPOINT)
+        state = checkpoint.state_of(train, self.step, **self._where())
         if host is not None:
             self.persisting.attempt("host_memory", lambda: checkpoint.save(host, self.step, state, keep=2))
-        if self.rank != 0:
+        if self.rank == 0:
+            directory = self.checkpoint_dir
+            self._persist(lambda: checkpoint.save(directory, self.step, state), final)
+
+    def _checkpoint_replica(self, train: TrainState, final: bool) -> None:
+        """A sharded replica's checkpoint (``shardedcheckpoint.py``): every rank of the replica
+        writes its shard together, the replica of rank 0 to the persistent tier, and on each
+        node the replica that lies wholly on it (the node's first) to the in-memory tier."""
+        layout, directory = self.groups.layout, self.checkpoint_dir
+        if layout is None or directory is None:
             return
-        directory = self.checkpoint_dir
+        persistent = layout.replica == 0
+        host = self.host_dir if self.groups.replica_on_one_node(self.node, self.local_rank) else None
+        if not persistent and host is None:
+            return
+        self.progress.at(self.step, Phase.CHECKPOINT)
+        state = shardedcheckpoint.state_of(train, self.step, self.replica_size, **self._where())
+        commit = layout.position == 0
+        if host is not None:
+            self.persisting.attempt(
+                "host_memory", lambda: shardedcheckpoint.save(host, self.step, state, commit, keep=2)
+            )
+        if persistent:
+            self._persist(lambda: shardedcheckpoint.save(directory, self.step, state, commit), final)
 
-        def write() -> Path:
-            return checkpoint.save(directory, self.step, state)
+    def _where(self) -> dict[str, Any]:
+        return {"task": self.task, "generation": self.generation, "world_size": self.world_size}
 
+    def _persist(self, write: Callable[[], Path], final: bool) -> None:
+        """Write a checkpoint to the persistent tier; the task's result waits for the storage."""
         if final and self.step >= self.iterations:  # the result: it must reach the storage
             path: Path | None = self.persisting.final(write, self.storage_wait_s)
         else:
             path = self.persisting.attempt("persistent", write)
-        if path is not None:
+        if path is not None and self.rank == 0:
             self.channel.send(CheckpointReport(**self._identity(), step=self.step, path=str(path)))
 
     def _storage(self, tier: StorageTier, ok: bool, error: str, when: float) -> None:

@@ -8,8 +8,9 @@
   gradient arriving at the model's outputs instead, which scales every parameter's gradient by
   the chain rule (true of any loss computed from the model's outputs).
 - State: digests and transfers between replicas use each rank's own shard (``localized``; a
-  replacement replica's rank takes the matching rank's shard); checkpoints hold the full state
-  (``full``), which loads at any replica count and any shard count (``distributed``).
+  replacement replica's rank takes the matching rank's shard); checkpoints are written shard by
+  shard and reshard as they load (``shardedcheckpoint.py``); a whole-state checkpoint of an
+  unsharded run loads into the shards (``restored``).
 """
 
 from __future__ import annotations

@@ -123,11 +123,12 @@ class StepLoop:
             self.outputs.close()
 
     # ------------------------------------------------------------------ step boundaries
-    def begin(self, step: int) -> bool:
-        """Get ``step`` ready: a planned membership change first, then this rank's share.
-        False: the state (taken from a replica) already holds it."""
+    def begin(self, step: int, changed: bool) -> bool:
+        """Get ``step`` ready: a planned membership change first (``changed``: the coordinator
+        posted one), then this rank's share. False: the state (taken from a replica) already
+        holds it."""
         session = self.session
-        if session.membership_changed():
+        if changed:
             # A planned change (a newcomer, a resize) takes effect at a step boundary: no work lost.
             session.rejoin(self.model, self.optimizer)
         chunks = self._settle(step)
