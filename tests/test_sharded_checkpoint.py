@@ -1,7 +1,8 @@
 """Checkpoints of a sharded replica through torch.distributed.checkpoint, on real gloo
 processes: two ranks write their shards; the checkpoint reads back whole (the form an unsharded
 run loads, equal to the state gathered whole) and loads into three shards (resharded) and into
-an unsharded model, exact; a corrupted shard is refused by its digest at any shard count, and a
+an unsharded model, exact; a replica loads its in-memory copy only where all its ranks have
+one; a corrupted shard is refused by its digest at any shard count, and a
 metadata file that would run code is refused without running it."""
 
 from __future__ import annotations
@@ -61,12 +62,12 @@ def plain(state: dict[str, Any]) -> Any:
     return state
 
 
-def _rank(rank: int, port: int, out: mp.Queue, world: int, folder: str) -> None:  # type: ignore[type-arg]
+def _rank(rank: int, port: int, out: mp.Queue, world: int, folder: str, load: bool, hosts: list[str]) -> None:  # type: ignore[type-arg]
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=60))  # type: ignore[attr-defined]
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     train = build(sharded=True)
     result: Any
-    if world == 2:  # train two steps, save
+    if not load:  # train two steps, save
         for _ in range(2):
             train.model(torch.randn(3, 4, dtype=torch.float64)).pow(2).sum().backward()
             train.optimizer.step()
@@ -75,8 +76,9 @@ def _rank(rank: int, port: int, out: mp.Queue, world: int, folder: str) -> None:
         state = shardedcheckpoint.state_of(train, 2, 2, task="t", generation=0, world_size=2)
         shardedcheckpoint.save(Path(folder), 2, state, commit=rank == 0)
         result = plain(train.full_state_dict())
-    else:  # load, resharded
-        found = shardedcheckpoint.restore_nearest(train, Path(folder), None)
+    else:  # load, resharded at another world size; each rank has its node's in-memory folder, if any
+        host = Path(hosts[rank]) if hosts else None
+        found = shardedcheckpoint.restore_nearest(train, Path(folder), host)
         full = plain(train.full_state_dict())
         result = None if found is None else (found.state["step"], found.source, full, found.skipped)
     out.put((rank, result))
@@ -84,14 +86,14 @@ def _rank(rank: int, port: int, out: mp.Queue, world: int, folder: str) -> None:
     dist.destroy_process_group()
 
 
-def run(world: int, folder: Path) -> dict[int, Any]:
-    return run_ranks(_rank, world, world, str(folder))
+def run(world: int, folder: Path, load: bool = True, hosts: tuple[Path, ...] = ()) -> dict[int, Any]:
+    return run_ranks(_rank, world, world, str(folder), load, [str(h) for h in hosts])
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     folder = tmp_path_factory.mktemp("ckpt")
-    results = run(2, folder)
+    results = run(2, folder, load=False)
     assert results[0] == results[1]
     return folder, results[0]
 
@@ -116,9 +118,22 @@ def test_a_sharded_checkpoint_reads_back_whole_and_loads_into_other_shard_counts
     assert all(r[3] == () for r in loaded.values())
 
 
-def test_a_corrupt_or_hostile_checkpoint_is_refused(
+def test_the_replica_loads_from_node_memory_only_where_all_its_ranks_have_the_copy(
     saved: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
+    source, whole = saved
+    node, empty = tmp_path / "node-a", tmp_path / "node-b"
+    shutil.copytree(source / "step-00000002.dcp", node / "step-00000002.dcp")
+    empty.mkdir()
+    together = run(2, source, hosts=(node, node))  # a replica on one node: its memory copy
+    assert [r[1] for r in together.values()] == ["host_memory"] * 2
+    assert all(r[2] == whole for r in together.values())
+    split = run(2, source, hosts=(node, empty))  # across two nodes: only the persistent one is common
+    assert [r[1] for r in split.values()] == ["persistent"] * 2
+    assert all(r[2] == whole for r in split.values())
+
+
+def test_a_corrupt_checkpoint_is_refused(saved: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     import shutil
 
     source, _ = saved
