@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from unicron.train import checkpoint, dcpfiles, shardedcheckpoint
+from unicron.train.rowdigest import layout_digest
 from unicron.train.state import TrainState
 
 from .spawned import run_ranks
@@ -80,7 +81,8 @@ def _rank(rank: int, port: int, out: mp.Queue, world: int, folder: str, load: bo
         host = Path(hosts[rank]) if hosts else None
         found = shardedcheckpoint.restore_nearest(train, Path(folder), host)
         full = plain(train.full_state_dict())
-        result = None if found is None else (found.state["step"], found.source, full, found.skipped)
+        digest = layout_digest(train.model.state_dict(), shardedcheckpoint.gather_over_replica)
+        result = None if found is None else (found.state["step"], found.source, full, found.skipped, digest)
     out.put((rank, result))
     dist.barrier()
     dist.destroy_process_group()
@@ -116,6 +118,8 @@ def test_a_sharded_checkpoint_reads_back_whole_and_loads_into_other_shard_counts
     loaded = run(3, folder)
     assert {r[0] for r in loaded.values()} == {2} and all(r[2] == whole for r in loaded.values())
     assert all(r[3] == () for r in loaded.values())
+    # The parameters' digest is the same in three shards as whole (what a finished task reports).
+    assert {r[4] for r in loaded.values()} == {layout_digest(one.model.state_dict())}
 
 
 def test_the_replica_loads_from_node_memory_only_where_all_its_ranks_have_the_copy(

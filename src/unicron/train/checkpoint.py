@@ -16,6 +16,7 @@ import torch
 from unicron.core.protocol import RestoredReport
 from unicron.core.workerenv import host_checkpoint_dir
 from unicron.train import dcpfiles
+from unicron.train.rowdigest import layout_digest
 from unicron.train.state import TrainState, digest_of, digest_parts
 
 LATEST = "latest"
@@ -197,5 +198,6 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
 
 
 def digest(module: torch.nn.Module) -> str:
-    """A checksum of the parameters alone, to check that runs match."""
-    return digest_of(module.state_dict())
+    """A checksum of the parameters alone, to check that runs match: the one a finished task
+    reports (``rowdigest.layout_digest``, the same for a whole model and its shards)."""
+    return layout_digest(module.state_dict())

@@ -91,8 +91,14 @@ class Peers:
     # ------------------------------------------------------------------ leaving
     def abandon(self) -> None:
         """Drop this group while a collective on it may still be pending (a peer may never
-        answer). Destroying or even aborting it can block on the pending collective's transport,
-        so it is kept alive, never destroyed (one leaked group per abandonment)."""
+        answer). A gloo group cannot be aborted (its ``abort`` leaves a blocked operation
+        blocked: pytorch-notes.md) and destroying it can block on the pending collective's
+        transport, so it is kept alive, never destroyed (one leaked group per abandonment). An
+        NCCL group is aborted instead, as torch provides for exactly this: a leaked communicator
+        would keep its pending kernel on the GPU stream (not run here: no GPU, docs/gpu.md)."""
+        if self.backend == "nccl" and not self.standalone:
+            dist.distributed_c10d._abort_process_group(self.group)
+            return
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.group))  # never freed, not even at exit
         if not self.standalone:
             unregister_default_group()

@@ -35,7 +35,7 @@ from unicron.core.protocol import (
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
-from unicron.train import checkpoint, membership, shardedcheckpoint
+from unicron.train import checkpoint, membership, sharded, shardedcheckpoint
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
 from unicron.train.groups import Groups
@@ -43,7 +43,8 @@ from unicron.train.loader import MapDataset, StepData, step_data
 from unicron.train.peers import Peers
 from unicron.train.persisting import Persisting
 from unicron.train.progress import ProgressReporter
-from unicron.train.state import Stateful, TrainState, check_registrable, digest_of
+from unicron.train.rowdigest import layout_digest
+from unicron.train.state import Stateful, TrainState, check_registrable
 from unicron.train.steploop import Loader, StepLoop
 from unicron.train.taskstore import TaskStore
 from unicron.train.tracefile import TraceFile
@@ -410,9 +411,12 @@ class Session:
         )
 
     def _finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
-        """Save the final state and report the parameters' digest; returns it."""
+        """Save the final state and report the parameters' digest; returns it. The digest does not
+        depend on sharding (``rowdigest.py``): a sharded run and an unsharded one that reach the
+        same parameters report the same digest, and no rank gathers the model to compute it."""
         self.maybe_checkpoint(model, optimizer, final=True)
-        value = digest_of(TrainState(model, optimizer, self.extras).full_state_dict()["model"])
+        gather = shardedcheckpoint.gather_over_replica if sharded.is_sharded(model) else None
+        value = layout_digest(model.state_dict(), gather)
         self.channel.send(DoneReport(**self._identity(), step=self.step, digest=value))
         return value
 
