@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_map
 
 from unicron.train import checkpoint, dcpfiles, shardedcheckpoint
 from unicron.train.rowdigest import layout_digest
@@ -52,6 +54,13 @@ def build(sharded: bool) -> TrainState:
     return TrainState(model, optimizer, {"counter": Counter()})
 
 
+def whole_state(train: TrainState) -> dict[str, Any]:
+    """The training state with every sharded tensor gathered whole (a collective)."""
+    parts = {"model": train.model.state_dict(), "optimizer": train.optimizer.state_dict()}
+    parts["extras"] = {name: obj.state_dict() for name, obj in train.extras.items()}
+    return tree_map(lambda v: v.full_tensor() if isinstance(v, DTensor) else v, parts)  # type: ignore[no-any-return]
+
+
 def plain(state: dict[str, Any]) -> Any:
     """Tensors as lists, to cross a queue."""
     if isinstance(state, torch.Tensor):
@@ -76,11 +85,11 @@ def _rank(rank: int, port: int, out: mp.Queue, world: int, folder: str, load: bo
         train.extras["counter"].count = 2  # type: ignore[attr-defined]
         state = shardedcheckpoint.state_of(train, 2, 2, task="t", generation=0, world_size=2)
         shardedcheckpoint.save(Path(folder), 2, state, commit=rank == 0)
-        result = plain(train.full_state_dict())
+        result = plain(whole_state(train))
     else:  # load, resharded at another world size; each rank has its node's in-memory folder, if any
         host = Path(hosts[rank]) if hosts else None
         found = shardedcheckpoint.restore_nearest(train, Path(folder), host)
-        full = plain(train.full_state_dict())
+        full = plain(whole_state(train))
         digest = layout_digest(train.model.state_dict(), shardedcheckpoint.gather_over_replica)
         result = None if found is None else (found.state["step"], found.source, full, found.skipped, digest)
     out.put((rank, result))
@@ -113,11 +122,15 @@ def test_a_sharded_checkpoint_reads_back_whole_and_loads_into_other_shard_counts
     assert found is not None and found.source == "persistent"
     one = build(sharded=False)
     one.load_state_dict(found.state, whole=True)
-    assert plain(one.full_state_dict()) == whole
+    assert plain(whole_state(one)) == whole
     # Resharded into three ranks (rows 7 and 5 split 3/3/1 and 2/2/1).
     loaded = run(3, folder)
     assert {r[0] for r in loaded.values()} == {2} and all(r[2] == whole for r in loaded.values())
     assert all(r[3] == () for r in loaded.values())
+    # A whole-state checkpoint (an unsharded run's) loads into the shards of a replica too.
+    unsharded = folder.parent / "unsharded"
+    checkpoint.save(unsharded, 2, checkpoint.state_of(one, 2))
+    assert all(r[2] == whole and r[1] == "persistent" for r in run(2, unsharded).values())
     # The parameters' digest is the same in three shards as whole (what a finished task reports).
     assert {r[4] for r in loaded.values()} == {layout_digest(one.model.state_dict())}
 

@@ -31,7 +31,7 @@ def state_of(train: TrainState, step: int, **where: Any) -> dict[str, Any]:
     data position (the stream is addressed by step), where it was taken (task, generation, world
     size), the parameters' digest and the whole state's (``state_digest``), checked when it is
     loaded."""
-    parts = train.full_state_dict()
+    parts = train.state_dict()  # whole: a sharded model's checkpoints are shardedcheckpoint's
     return {
         **parts,
         "step": step,
@@ -165,6 +165,8 @@ def read_checked(path: Path) -> tuple[dict[str, Any] | None, str]:
             return dcpfiles.read_whole(path), ""
         except dcpfiles.CheckpointCorrupt as exc:
             return None, str(exc)[:200]
+        except Exception as exc:  # a DCP folder that is not a checkpoint of ours
+            return None, f"unreadable: {type(exc).__name__}"
     try:
         state = read(path)
     except Exception as exc:  # torn, truncated, foreign, or carrying code: not a usable copy

@@ -83,12 +83,6 @@ def localized(tree: Any) -> Any:
     return tree_map(lambda v: v.to_local() if isinstance(v, DTensor) else v, tree)
 
 
-def full(tree: Any) -> Any:
-    """``tree`` with each sharded tensor gathered whole (a collective over the replica: every
-    rank of it calls this, in the same order)."""
-    return tree_map(lambda v: v.full_tensor() if isinstance(v, DTensor) else v, tree)
-
-
 Rebuild = Callable[[torch.Tensor, DTensor], torch.Tensor]
 
 

@@ -67,16 +67,6 @@ class TrainState:
             parts["extras"] = {name: obj.state_dict() for name, obj in self.extras.items()}
         return sharded.localized(parts) if self.sharded else parts
 
-    def full_state_dict(self) -> dict[str, Any]:
-        """The state with every tensor whole, as a checkpoint holds it (a sharded model's are
-        gathered over its replica: every rank of the replica calls this)."""
-        if not self.sharded:
-            return self.state_dict()
-        parts: dict[str, Any] = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if self.extras:
-            parts["extras"] = {name: obj.state_dict() for name, obj in self.extras.items()}
-        return sharded.full(parts)  # type: ignore[no-any-return]
-
     def load_state_dict(self, parts: dict[str, Any], whole: bool = False) -> None:
         """Load every part; the registered names must match the saved ones exactly (a missing
         or unknown one means the state was saved by a different program). ``whole``: the
