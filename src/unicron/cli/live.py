@@ -85,13 +85,24 @@ def run_coordinator(
 
 
 def run_agent(
-    url: str, node: str | None, slots: int, run_dir: Path | None, gpus: str | None, credentials: Credentials
+    url: str,
+    node: str | None,
+    slots: int,
+    run_dir: Path | None,
+    gpus: str | None,
+    credentials: Credentials,
+    address: str | None = None,
 ) -> None:
     from unicron.control.agent import run_agent as start
+    from unicron.control.hostaddress import AddressError, NodeAddress, interface_of
 
     name = check_name(node or socket.gethostname(), "--node")
     devices = [g for g in (gpus or "").split(",") if g]
-    start(url, name, slots, run_dir or Path(f".unicron/agents/{name}"), devices, credentials)
+    try:
+        where = NodeAddress(address, interface_of(address)) if address else NodeAddress()
+    except AddressError as exc:
+        raise UsageError(str(exc)) from None
+    start(url, name, slots, run_dir or Path(f".unicron/agents/{name}"), devices, credentials, where)
 
 
 def create_token(

@@ -110,6 +110,13 @@ def agent(
     node: Annotated[str | None, typer.Option(help="node name (default: the host name)")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="for the socket and worker logs")] = None,
     gpus: Annotated[str | None, typer.Option(help="comma-separated GPU ids, one per slot")] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="this node's address, where other nodes' workers reach its workers (several "
+            "nodes: required; its interface carries their collectives)"
+        ),
+    ] = None,
     token_file: TOKEN_FILE = None,
     ca: CA = None,
 ) -> None:
@@ -118,7 +125,7 @@ def agent(
     from unicron.cli.live import run_agent
     from unicron.control.credentials import resolve
 
-    run_agent(coordinator, node, slots, run_dir, gpus, resolve(token_file, ca))
+    run_agent(coordinator, node, slots, run_dir, gpus, resolve(token_file, ca), address)
 
 
 @app.command()

@@ -28,6 +28,7 @@ import httpx
 from pydantic import ValidationError
 
 from unicron.control.credentials import Credentials
+from unicron.control.hostaddress import NodeAddress
 from unicron.control.processes import Worker, is_stopped, read_stack
 from unicron.core.protocol import (
     AGENT_DATAGRAM,
@@ -65,7 +66,7 @@ class Agent:
         slots: int,
         run_dir: Path,
         gpus: list[str] | None = None,
-        host: str = "127.0.0.1",
+        where: NodeAddress | None = None,
         credentials: Credentials | None = None,
     ) -> None:
         self.url = coordinator.rstrip("/")
@@ -73,7 +74,7 @@ class Agent:
         self.node = node
         self.slots = slots
         self.gpus = gpus or []
-        self.host = host
+        self.where = where or NodeAddress()
         self.run_dir = run_dir
         self.socket_path = run_dir / "agent.sock"
         self.workers: dict[tuple[str, int, int], Worker] = {}
@@ -170,7 +171,8 @@ class Agent:
                 "position_file": str(self._log_path(order).with_suffix(".position")),
             }
         )
-        env = {**os.environ, **order.env, **mine.to_env()}
+        # The node's interface first: an operator's own GLOO_SOCKET_IFNAME, or the task's, wins.
+        env = {**self.where.worker_env(), **os.environ, **order.env, **mine.to_env()}
         # torch.distributed's own names, for scripts and libraries that read them.
         env.update(
             {
@@ -277,7 +279,7 @@ class Agent:
             node=self.node,
             slots=self.slots,
             gpus=self.gpus,
-            host=self.host,
+            host=self.where.address,
             workers=[w.state() for w in self.workers.values()],
         )
         response = await client.post(f"{self.url}/v1/agents/register", content=reg.model_dump_json())
@@ -412,9 +414,10 @@ def run_agent(
     run_dir: Path,
     gpus: list[str] | None = None,
     credentials: Credentials | None = None,
+    where: NodeAddress | None = None,
 ) -> None:
     async def main() -> None:
-        agent = Agent(coordinator, node, slots, run_dir, gpus, credentials=credentials)
+        agent = Agent(coordinator, node, slots, run_dir, gpus, where, credentials)
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,4 +1,7 @@
-"""An embedded local cluster: a real coordinator and real agents as processes on loopback.
+"""An embedded local cluster: a real coordinator and real agents as processes on loopback, or
+(given ``hosts``) each on a test host of its own (``testhosts.py``): the coordinator on the
+first, an agent on each next one, every party bound to its host's address, and this process's
+own calls to the coordinator made from inside the coordinator's host.
 
 Used by ``make demo`` and the end-to-end tests. Every process it starts is in its own process
 group and is killed on close (also on Ctrl-C or interpreter exit); workers die with their agent.
@@ -24,6 +27,7 @@ from typing import Any
 import httpx
 
 from unicron.control.credentials import Credentials, read_token, write_token
+from unicron.control.testhosts import Host, InNamespace, TestHosts
 from unicron.control.tokens import issue, load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.errors import UnicronError
@@ -56,6 +60,7 @@ class LocalCluster:
         settings: dict[str, Any] | None = None,
         cluster: Path | None = None,
         tls: TlsFiles | None = None,
+        hosts: TestHosts | None = None,
     ) -> None:
         self.root = root
         self.tls = tls
@@ -63,8 +68,20 @@ class LocalCluster:
         self.cluster = cluster  # the planner's hardware inputs (coordinator --cluster)
         self.node_names = [f"node-{i}" for i in range(nodes)]
         self.slots = slots
-        self.port = port or free_port()
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.hosts = hosts
+        self.host_of: dict[str, Host] = {}  # node -> its test host (with ``hosts``)
+        self.net: InNamespace | None = None  # where this process's calls are made from
+        address = "127.0.0.1"
+        if hosts is not None:
+            if len(hosts.hosts) < nodes + 1:
+                raise ValueError(f"{nodes} nodes and the coordinator need {nodes + 1} test hosts")
+            self.coordinator_host = hosts.hosts[0]
+            self.host_of = dict(zip(self.node_names, hosts.hosts[1:], strict=False))
+            self.net = hosts.client(self.coordinator_host)
+            address = self.coordinator_host.address
+        self.address = address
+        self.port = port or (8470 if hosts is not None else free_port())  # a host's ports are all free
+        self.url = f"{'https' if tls else 'http'}://{address}:{self.port}"
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.frozen: list[tuple[subprocess.Popen[bytes], list[int]]] = []
@@ -73,17 +90,32 @@ class LocalCluster:
         self.secret = load_or_create_secret(root / "coordinator")
         self.admin_token = self.token_file(Role.ADMIN, "local-admin")
         self.credentials = Credentials(read_token(self.admin_token), tls.ca if tls else None)
-        self.client = httpx.Client(
-            base_url=self.url, timeout=10.0, headers=self.credentials.headers, verify=self.credentials.verify
+        self.client = self._here(
+            httpx.Client,
+            base_url=self.url,
+            timeout=10.0,
+            headers=self.credentials.headers,
+            verify=self.credentials.verify,
         )
         atexit.register(self.close)
 
+    def _here(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` where this process's connections to the cluster are made: on the
+        coordinator's test host (its namespace), or here on loopback."""
+        return fn(*args, **kwargs) if self.net is None else self.net.call(fn, *args, **kwargs)
+
+    def command(self, argv: list[str], node: str | None = None) -> list[str]:
+        """``argv`` as run on ``node``'s host (None: the coordinator's), e.g. a CLI call."""
+        if self.hosts is None:
+            return argv
+        return self.hosts.command(self.host_of[node] if node else self.coordinator_host, argv)
+
     # ------------------------------------------------------------------ processes
-    def _spawn(self, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], log: Path, node: str | None = None) -> subprocess.Popen[bytes]:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
             return subprocess.Popen(
-                [sys.executable, "-m", "unicron.cli.main", *args],
+                self.command([sys.executable, "-m", "unicron.cli.main", *args], node),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -118,6 +150,8 @@ class LocalCluster:
             extra += ["--cluster", str(self.cluster)]
         if self.tls is not None:
             extra += ["--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
+        if self.hosts is not None:
+            extra += ["--host", self.address, "--advertise", self.address]
         self.coordinator = self._spawn(
             [
                 "coordinator",
@@ -135,7 +169,7 @@ class LocalCluster:
 
     def _healthy(self) -> bool:
         try:
-            return self.client.get("/health").status_code == 200
+            return bool(self._here(self.client.get, "/health").status_code == 200)
         except httpx.HTTPError:
             return False
 
@@ -159,9 +193,20 @@ class LocalCluster:
                 "--token-file",
                 str(self.token_file(Role.AGENT, name)),
                 *(["--ca", str(self.tls.ca)] if self.tls else []),
+                *(["--address", self.host_of[name].address] if self.hosts is not None else []),
             ],
             self.root / "logs" / f"agent-{name}.log",
+            name if self.hosts is not None else None,
         )
+
+    def cut_link(self, name: str) -> None:
+        """Cut ``name``'s network link (test hosts only): its processes run on, unreachable."""
+        assert self.hosts is not None, "links exist between test hosts: pass hosts=TestHosts(...)"
+        self.hosts.cut(self.host_of[name])
+
+    def heal_link(self, name: str) -> None:
+        assert self.hosts is not None, "links exist between test hosts: pass hosts=TestHosts(...)"
+        self.hosts.heal(self.host_of[name])
 
     def _signal_node(self, name: str, sig: int) -> tuple[subprocess.Popen[bytes], list[int]]:
         """Send ``sig`` to a node's agent and to each of its live workers' process groups (only
@@ -213,7 +258,8 @@ class LocalCluster:
                 agent.wait(5)
         self.frozen.clear()
         self.kill_coordinator()
-        self.client.close()
+        with contextlib.suppress(Exception):  # the host's thread may be gone with its harness
+            self._here(self.client.close)
         self._free_memory_tier()
 
     def _free_memory_tier(self) -> None:
@@ -236,12 +282,16 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ the API
     def get(self, path: str, **params: Any) -> Any:
-        response = self.client.get(path, params=params)
+        response = self._here(self.client.get, path, params=params)
         response.raise_for_status()
         return response.json()
 
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        response: httpx.Response = self._here(self.client.post, path, **kwargs)
+        return response
+
     def submit(self, spec_yaml: str) -> list[dict[str, Any]]:
-        response = self.client.post(
+        response = self.post(
             "/v1/tasks", content=spec_yaml.encode(), headers={"content-type": "application/yaml"}
         )
         if response.status_code != 201:

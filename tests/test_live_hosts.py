@@ -1,0 +1,146 @@
+"""Several hosts for real (issue 15): test hosts in network namespaces, each with an address of
+its own, the coordinator on one and an agent on each other; workers' collectives and the
+rendezvous store travel between those addresses, and a lost host is a cut link, not a stopped
+process. Skipped, with the reason, where network namespaces cannot be made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from unicron.control.localcluster import LocalCluster
+from unicron.control.testhosts import NETNS_DIR, PREFIX, TestHosts, remove_leftovers, unavailable
+
+from .test_live_cluster import assert_ends_exact, assert_ledger_exact, finish_and_settle, traced_task
+
+REASON = unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no test hosts here: {REASON}")
+
+ECHO = (
+    "import socket,sys;s=socket.create_server((sys.argv[1],7000));"
+    "c,_=s.accept();c.sendall(c.recv(9));c.close()"
+)
+
+
+def connect(address: str, timeout: float) -> str:
+    """Connect to ``address``:7000 and echo a word; what happened."""
+    try:
+        with socket.create_connection((address, 7000), timeout=timeout) as s:
+            s.sendall(b"unicron")
+            return s.recv(9).decode()
+    except TimeoutError:
+        return "timeout"
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def serve(hosts: TestHosts, name: str) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen(hosts.command(hosts[name], [sys.executable, "-c", ECHO, hosts[name].address]))
+    time.sleep(0.5)
+    return server
+
+
+@pytest.mark.timeout(120)
+def test_hosts_reach_each_other_by_address_lose_a_cut_link_and_are_removed() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    leftover = f"{PREFIX}{dead.pid}-h0"  # a harness whose process died without closing
+    subprocess.run(["ip", "netns", "add", leftover], check=True)
+    with TestHosts(3) as hosts:
+        assert not (NETNS_DIR / leftover).exists()  # removed when the next harness started
+        names = {h.namespace for h in hosts.hosts}
+        assert {p.name for p in NETNS_DIR.iterdir()} >= names
+        client = hosts.client(hosts["h0"])
+        # Each host has its own network: h1's address exists there and nowhere else.
+        own = subprocess.run(hosts.command(hosts["h1"], ["ip", "-o", "addr"]), capture_output=True, text=True)
+        assert hosts["h1"].address in own.stdout and hosts["h2"].address not in own.stdout
+        server = serve(hosts, "h1")
+        assert client.call(connect, hosts["h1"].address, 5) == "unicron"
+        server.wait(10)
+        server = serve(hosts, "h1")
+        hosts.cut(hosts["h1"])
+        # A cut link is silence, not a refusal: the connection times out.
+        assert client.call(connect, hosts["h1"].address, 1.5) == "timeout"
+        hosts.heal(hosts["h1"])
+        assert client.call(connect, hosts["h1"].address, 5) == "unicron"
+        server.wait(10)
+        # Nothing leaves the harness's hosts: none has a route beyond the bridge's subnet.
+        routes = subprocess.run(hosts.command(hosts["h2"], ["ip", "route"]), capture_output=True, text=True)
+        assert "default" not in routes.stdout
+    assert not names & {p.name for p in NETNS_DIR.iterdir()}  # all removed
+    assert remove_leftovers() == []
+
+
+def peer_addresses(hosts: TestHosts, cluster: LocalCluster, node: str, pid: int) -> set[str]:
+    """The remote addresses of ``pid``'s established TCP connections, seen on ``node``'s host."""
+    shown = subprocess.run(
+        hosts.command(cluster.host_of[node], ["ss", "-Htnp", "state", "established"]),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {
+        line.split()[3].rsplit(":", 1)[0] for line in shown.splitlines() if re.search(rf"pid={pid}\b", line)
+    }
+
+
+@pytest.mark.timeout(480)
+def test_a_task_across_hosts_recovers_in_place_from_a_cut_link_and_the_host_rejoins(tmp_path: Path) -> None:
+    """Three agents on three hosts, a task on all three. One host's link is cut: the coordinator
+    declares it lost from heartbeats alone (its processes still run), the other two go on in
+    place, and the cut-off worker commits nothing. When the link heals, the agent registers
+    again, is told to stop its stale worker, and the task grows back onto the host with a
+    newcomer that takes a live replica's state; the task ends exact with an exact ledger."""
+    trace, iterations = tmp_path / "trace.jsonl", 260
+    spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
+    with TestHosts(4) as hosts, LocalCluster(tmp_path / "cluster", nodes=3, slots=1, hosts=hosts) as cluster:
+        cluster.submit(spec)
+        cluster.wait(
+            lambda: cluster.task("lm")["step"] >= 15 and cluster.task("lm")["workers"] == 3, 240, "3 workers"
+        )
+        workers = {w["node"]: w for w in cluster.get("/v1/workers") if w["state"] == "running"}
+        addresses = {n: h.address for n, h in cluster.host_of.items()}
+        # No loopback shortcut: each worker's collectives run to the other hosts' addresses.
+        for node, w in workers.items():
+            others = {a for n, a in addresses.items() if n != node}
+            assert peer_addresses(hosts, cluster, node, w["pid"]) & others, node
+        cut, stale = "node-2", workers["node-2"]
+        cluster.cut_link(cut)
+
+        def state(node: str) -> str:
+            return str(next(n["state"] for n in cluster.get("/v1/nodes") if n["name"] == node))
+
+        cluster.wait(lambda: state(cut) == "lost", 60, f"{cut} to be declared lost")
+        cluster.wait(lambda: cluster.task("lm")["workers"] == 2, 60, "the task to go on with 2")
+        assert os.path.exists(f"/proc/{stale['pid']}")  # cut off, not dead: only silent
+        at_heal = cluster.task("lm")["step"]
+        time.sleep(3)
+        cluster.heal_link(cut)
+        cluster.wait(lambda: state(cut) == "healthy", 60, f"{cut} to register again")
+        cluster.wait(lambda: cluster.task("lm")["workers"] == 3, 120, "the task to grow back onto it")
+        back = [w["pid"] for w in cluster.get("/v1/workers") if w["node"] == cut and w["state"] == "running"]
+        events, rows = finish_and_settle(cluster, trace)
+    kinds = [e["kind"] for e in events]
+    story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
+    assert kinds.count("task_launch") == 1, story  # recovered in place: never relaunched
+    assert at_heal < iterations, "the heal came after the task ended: nothing was shown"
+    # The survivors kept their processes to the end.
+    finishers = {r["pid"] for r in rows if r["what"] == "samples" and r["step"] == iterations}
+    assert {workers["node-0"]["pid"], workers["node-1"]["pid"]} <= finishers
+    # The cut-off worker trained nothing after its generation was re-formed without it.
+    left = [r for r in rows if r["pid"] == stale["pid"] and r["what"] == "samples"]
+    assert all(r["generation"] == stale["generation"] for r in left), left
+    # The host came back as a newcomer that took a live replica's state, not the checkpoint's.
+    assert back and stale["pid"] not in back, back
+    assert any(r["what"] == "state_from_replica" and r["pid"] in back for r in rows), story
+    assert_ledger_exact(rows, iterations, frozen=frozenset({stale["rank"]}), world=3)
+    assert_ends_exact(tmp_path, "lm", iterations)
