@@ -94,12 +94,18 @@ def peer_addresses(hosts: TestHosts, cluster: LocalCluster, node: str, pid: int)
 
 
 @pytest.mark.timeout(480)
-def test_a_task_across_hosts_recovers_in_place_from_a_cut_link_and_the_host_rejoins(tmp_path: Path) -> None:
-    """Three agents on three hosts, a task on all three. One host's link is cut: the coordinator
-    declares it lost from heartbeats alone (its processes still run), the other two go on in
-    place, and the cut-off worker commits nothing. When the link heals, the agent registers
-    again, is told to stop its stale worker, and the task grows back onto the host with a
-    newcomer that takes a live replica's state; the task ends exact with an exact ledger."""
+@pytest.mark.parametrize("fault", ["cut_link", "cut_from_coordinator"])
+def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
+    tmp_path: Path, fault: str
+) -> None:
+    """Three agents on three hosts, a task on all three. One host is lost to the network: its
+    link cut, or (``cut_from_coordinator``) only its path to the coordinator's host, so that its
+    worker, the one that writes checkpoints (rank 0), still reaches its peers. The coordinator
+    declares the host lost from heartbeats alone (its processes still run), the other two go on
+    in place, and the cut-off worker joins no later generation and trains nothing more (no split
+    brain). When the network heals, the agent registers again, is told to stop its stale worker,
+    and the task grows back onto the host with a newcomer that takes a live replica's state; the
+    task ends exact, with an exact ledger."""
     trace, iterations = tmp_path / "trace.jsonl", 260
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
     with TestHosts(4) as hosts, LocalCluster(tmp_path / "cluster", nodes=3, slots=1, hosts=hosts) as cluster:
@@ -113,32 +119,40 @@ def test_a_task_across_hosts_recovers_in_place_from_a_cut_link_and_the_host_rejo
         for node, w in workers.items():
             others = {a for n, a in addresses.items() if n != node}
             assert peer_addresses(hosts, cluster, node, w["pid"]) & others, node
-        cut, stale = "node-2", workers["node-2"]
-        cluster.cut_link(cut)
+        if fault == "cut_link":
+            lost = "node-2"
+            cluster.cut_link(lost)
+        else:
+            lost = next(n for n, w in workers.items() if w["rank"] == 0)
+            hosts.partition([cluster.host_of[lost]], [cluster.coordinator_host])
+        stale = workers[lost]
 
         def state(node: str) -> str:
             return str(next(n["state"] for n in cluster.get("/v1/nodes") if n["name"] == node))
 
-        cluster.wait(lambda: state(cut) == "lost", 60, f"{cut} to be declared lost")
+        cluster.wait(lambda: state(lost) == "lost", 60, f"{lost} to be declared lost")
         cluster.wait(lambda: cluster.task("lm")["workers"] == 2, 60, "the task to go on with 2")
         assert os.path.exists(f"/proc/{stale['pid']}")  # cut off, not dead: only silent
         at_heal = cluster.task("lm")["step"]
         time.sleep(3)
-        cluster.heal_link(cut)
-        cluster.wait(lambda: state(cut) == "healthy", 60, f"{cut} to register again")
+        if fault == "cut_link":
+            cluster.heal_link(lost)
+        else:
+            hosts.mend()
+        cluster.wait(lambda: state(lost) == "healthy", 60, f"{lost} to register again")
         cluster.wait(lambda: cluster.task("lm")["workers"] == 3, 120, "the task to grow back onto it")
-        back = [w["pid"] for w in cluster.get("/v1/workers") if w["node"] == cut and w["state"] == "running"]
+        back = [w["pid"] for w in cluster.get("/v1/workers") if w["node"] == lost and w["state"] == "running"]
         events, rows = finish_and_settle(cluster, trace)
     kinds = [e["kind"] for e in events]
     story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
     assert kinds.count("task_launch") == 1, story  # recovered in place: never relaunched
     assert at_heal < iterations, "the heal came after the task ended: nothing was shown"
-    # The survivors kept their processes to the end.
+    survivors = {w["pid"] for n, w in workers.items() if n != lost}
     finishers = {r["pid"] for r in rows if r["what"] == "samples" and r["step"] == iterations}
-    assert {workers["node-0"]["pid"], workers["node-1"]["pid"]} <= finishers
-    # The cut-off worker trained nothing after its generation was re-formed without it.
-    left = [r for r in rows if r["pid"] == stale["pid"] and r["what"] == "samples"]
-    assert all(r["generation"] == stale["generation"] for r in left), left
+    assert survivors <= finishers  # the survivors kept their processes to the end
+    # The cut-off worker never joined a later generation: it trained, and counted, nothing more.
+    later = [r for r in rows if r["pid"] == stale["pid"] and r["generation"] != stale["generation"]]
+    assert not later, later
     # The host came back as a newcomer that took a live replica's state, not the checkpoint's.
     assert back and stale["pid"] not in back, back
     assert any(r["what"] == "state_from_replica" and r["pid"] in back for r in rows), story

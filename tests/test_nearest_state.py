@@ -237,3 +237,15 @@ def test_a_run_without_an_agent_keeps_no_copy_in_the_nodes_memory(tmp_path: Path
     assert session.host_dir is None
     assert (tmp_path / "step-00000002.pt").exists()
     assert not host_checkpoint_dir(tmp_path, session.node).exists()
+
+
+def test_a_writer_left_behind_cannot_move_latest_back(tmp_path: Path) -> None:
+    """A worker cut off from its task (a partitioned host) that saves a step the others have
+    passed commits nothing: ``latest`` keeps naming the newer step; a newer step moves it on."""
+    state = {"model": {"w": torch.ones(2)}}
+    checkpoint.save(tmp_path, 20, {**state, "step": 20})
+    stale = checkpoint.save(tmp_path, 10, {**state, "step": 10})
+    assert stale.exists()  # written, but not committed
+    assert (tmp_path / checkpoint.LATEST).read_text() == checkpoint.path_for(tmp_path, 20).name
+    checkpoint.save(tmp_path, 30, {**state, "step": 30})
+    assert (tmp_path / checkpoint.LATEST).read_text() == checkpoint.path_for(tmp_path, 30).name

@@ -4,7 +4,10 @@ Each host is a network namespace with one interface (``eth0``) and an address of
 ``SUBNET``, joined by a veth pair to a bridge that lives in a namespace of its own, as machines
 are joined to a switch. Everything else (processes, files, the checkpoint folder) is shared, as a
 cluster shares its storage. A host's link is cut by setting its bridge port down: its connections
-then time out, as on a real partition (nothing answers, nothing refuses).
+then time out, as on a real partition (nothing answers, nothing refuses). A partition between
+two groups of hosts (a host cut off from the coordinator but not from its peers) pins, on each
+side, the other side's addresses to a hardware address no host has: their frames are lost on
+the bridge, silently, while every other pair still talks.
 
 Safety. Traffic must go only between the namespaces made here, to the addresses assigned here:
 
@@ -43,6 +46,7 @@ PREFIX = "unicron-"
 NETNS_DIR = Path("/var/run/netns")
 CLONE_NEWNET = 0x40000000
 INTERFACE = "eth0"  # each host's one interface (a name of its own namespace)
+NOWHERE = "02:00:00:00:00:01"  # a hardware address no host has: frames sent to it are lost
 T = TypeVar("T")
 
 
@@ -124,6 +128,7 @@ class TestHosts:
         self.bridge = f"{tag}-switch"
         self.hosts = [Host(f"h{i}", f"{tag}-h{i}", f"{SUBNET}.{10 + i}", f"p{i}") for i in range(count)]
         self._made: list[str] = []
+        self._severed: set[tuple[Host, Host]] = set()
         self._clients: dict[str, InNamespace] = {}
         self._lock = threading.Lock()
 
@@ -205,6 +210,24 @@ class TestHosts:
 
     def heal(self, host: Host) -> None:
         _ip("-n", self.bridge, "link", "set", host.port, "up")
+
+    def partition(self, side: list[Host], other: list[Host]) -> None:
+        """Lose every packet between a host of ``side`` and one of ``other`` (both ways); the
+        hosts of each side still reach each other and any host in neither."""
+        for a in side:
+            for b in other:
+                for here, there in ((a, b), (b, a)):
+                    _ip(
+                        "-n", here.namespace, "neigh", "replace", there.address,
+                        "lladdr", NOWHERE, "dev", here.interface, "nud", "permanent",
+                    )  # fmt: skip
+                    self._severed.add((here, there))
+
+    def mend(self) -> None:
+        """End every partition: addresses are resolved afresh."""
+        for here, there in sorted(self._severed, key=lambda pair: (pair[0].name, pair[1].name)):
+            _ip("-n", here.namespace, "neigh", "del", there.address, "dev", here.interface, check=False)
+        self._severed.clear()
 
 
 def _enter(namespace: str) -> str:

@@ -58,8 +58,7 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int = 3) -> Pa
         directory.mkdir(parents=True, exist_ok=True)
         torch.save(state, tmp)
         os.replace(tmp, target)
-        pointer.write_text(target.name)
-        os.replace(pointer, directory / LATEST)
+        point_latest(directory, target)
     except (OSError, RuntimeError) as exc:
         for torn in (tmp, pointer):  # a torn file must not fill the store further
             with contextlib.suppress(OSError):
@@ -69,6 +68,20 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int = 3) -> Pa
         with contextlib.suppress(OSError):  # pruning is best effort: the new file is in place
             old.unlink(missing_ok=True)
     return target
+
+
+def point_latest(directory: Path, target: Path) -> bool:
+    """Point ``latest`` at ``target`` unless it already names a later step: the pointer never
+    goes back. A writer cut off from its task (its host partitioned, its generation left behind)
+    that saves a step the others have passed does not commit it; whether it pointed is returned.
+    (Resuming never depends on the pointer: ``load_nearest`` takes the newest intact copy.)"""
+    pointer, latest = directory / (LATEST + ".tmp"), directory / LATEST
+    with contextlib.suppress(OSError, ValueError):
+        if _step_of(Path(latest.read_text().strip())) > _step_of(target):
+            return False
+    pointer.write_text(target.name)
+    os.replace(pointer, latest)
+    return True
 
 
 def host_dir(persistent: Path, node: str, root: str | None = None) -> Path | None:

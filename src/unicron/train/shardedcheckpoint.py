@@ -76,8 +76,7 @@ def save(directory: Path, step: int, state: dict[str, Any], commit: bool, keep: 
         if commit:
             shutil.rmtree(target, ignore_errors=True)
             os.replace(tmp, target)
-            pointer.write_text(target.name)
-            os.replace(pointer, directory / checkpoint.LATEST)
+            checkpoint.point_latest(directory, target)
     except (OSError, RuntimeError, CheckpointException) as exc:
         if commit:
             shutil.rmtree(tmp, ignore_errors=True)
