@@ -93,6 +93,15 @@ def peer_addresses(hosts: TestHosts, cluster: LocalCluster, node: str, pid: int)
     }
 
 
+def status_of(cluster: LocalCluster) -> str:
+    argv = [sys.executable, "-m", "unicron.cli.main", "status", "--coordinator", cluster.url]
+    argv += ["--token-file", str(cluster.admin_token)]
+    env = {**os.environ, "COLUMNS": "200"}
+    done = subprocess.run(cluster.command(argv), capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("fault", ["cut_link", "cut_from_coordinator"])
 def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
@@ -133,6 +142,8 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
         cluster.wait(lambda: state(lost) == "lost", 60, f"{lost} to be declared lost")
         cluster.wait(lambda: cluster.task("lm")["workers"] == 2, 60, "the task to go on with 2")
         assert os.path.exists(f"/proc/{stale['pid']}")  # cut off, not dead: only silent
+        shown = status_of(cluster)  # the CLI, run on the coordinator's host
+        assert re.search(rf"{lost}\s.*lost.*unreachable", shown), shown
         at_heal = cluster.task("lm")["step"]
         time.sleep(3)
         if fault == "cut_link":
@@ -143,6 +154,9 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
         cluster.wait(lambda: cluster.task("lm")["workers"] == 3, 120, "the task to grow back onto it")
         back = [w["pid"] for w in cluster.get("/v1/workers") if w["node"] == lost and w["state"] == "running"]
         events, rows = finish_and_settle(cluster, trace)
+    # The cut-off agent said once that it could not reach the coordinator, and when it could.
+    said = (tmp_path / "cluster" / "logs" / f"agent-{lost}.log").read_text()
+    assert said.count("cannot reach the coordinator") == 1 and "reached the coordinator" in said, said
     kinds = [e["kind"] for e in events]
     story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
     assert kinds.count("task_launch") == 1, story  # recovered in place: never relaunched
@@ -150,8 +164,13 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
     survivors = {w["pid"] for n, w in workers.items() if n != lost}
     finishers = {r["pid"] for r in rows if r["what"] == "samples" and r["step"] == iterations}
     assert survivors <= finishers  # the survivors kept their processes to the end
-    # The cut-off worker never joined a later generation: it trained, and counted, nothing more.
-    later = [r for r in rows if r["pid"] == stale["pid"] and r["generation"] != stale["generation"]]
+    # The cut-off worker never joined a later generation: it trained, and counted, nothing more
+    # (reading, once back, the membership that left it out, it leaves: "left").
+    later = [
+        r
+        for r in rows
+        if r["pid"] == stale["pid"] and r["generation"] != stale["generation"] and r["what"] != "left"
+    ]
     assert not later, later
     # The host came back as a newcomer that took a live replica's state, not the checkpoint's.
     assert back and stale["pid"] not in back, back

@@ -256,12 +256,15 @@ def status(api: Api, json_output: bool) -> None:
         print(json.dumps({"nodes": nodes, "tasks": tasks, "workers": workers}, indent=2))
         return
     out = console()
-    table = Table("node", "state", "slots", "used", "heartbeat", title="Nodes", title_justify="left")
+    table = Table(
+        "node", "address", "state", "slots", "used", "heartbeat", title="Nodes", title_justify="left"
+    )
     for n in nodes:
         used = ", ".join(f"{t}:{k}" for t, k in n["used"].items()) or "-"
-        table.add_row(
-            n["name"], n["state"], str(n["slots"]), used, f"{n['seconds_since_heartbeat']:.1f} s ago"
-        )
+        age = n["seconds_since_heartbeat"]
+        # A lost node's agent cannot reach the coordinator (or is down): say so, not only an age.
+        beat = f"none for {age:.1f} s: unreachable" if n["state"] == "lost" else f"{age:.1f} s ago"
+        table.add_row(n["name"], n["host"], n["state"], str(n["slots"]), used, beat)
     out.print(table)
     table = task_table(tasks)
     out.print(table)

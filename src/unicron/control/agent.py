@@ -48,6 +48,7 @@ from unicron.core.protocol import (
     StopWorkers,
     WorkerReport,
 )
+from unicron.core.reachability import Reachability
 from unicron.core.workerenv import WorkerEnv, host_checkpoint_dir
 
 MAX_BUFFERED_REPORTS = 10_000
@@ -85,8 +86,15 @@ class Agent:
         self.registered = False
         self.stopping = False
         self.acked = 0  # the number of the last order carried out
+        # Retries back off while the coordinator does not answer (capped: a node must come back
+        # within seconds of its network), and the log says so once, not once per beat.
+        self.link = Reachability(f"the coordinator at {self.url}", base_s=0.5, cap_s=4.0)
         self.dumping = asyncio.Lock()  # held while stacks are dumped: a stop waits for it
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def _say(self, line: str | None) -> None:
+        if line is not None:
+            print(f"agent {self.node}: {line}", file=sys.stderr, flush=True)
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
@@ -384,21 +392,22 @@ class Agent:
                 timeout=2.0, headers=headers, verify=self.credentials.verify
             ) as client:
                 while not self.stopping:
+                    wait = self.interval
                     try:
                         if not self.registered:
                             await self._register(client)
                         await self._beat(client)
+                        self._say(self.link.reached(time.monotonic()))
                     except (httpx.HTTPError, RuntimeError) as exc:
                         self.registered = False
-                        print(
-                            f"agent {self.node}: coordinator unreachable ({exc}); retrying", file=sys.stderr
-                        )
+                        wait, line = self.link.failed(time.monotonic(), exc)
+                        self._say(line)
                     except Exception as exc:  # the heartbeat must go on whatever one beat hit
                         print(f"agent {self.node}: heartbeat failed: {exc!r}", file=sys.stderr)
                     self.forget_exited()
                     self.urgent.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.urgent.wait(), self.interval)
+                        await asyncio.wait_for(self.urgent.wait(), wait)
         finally:
             transport.close()
 

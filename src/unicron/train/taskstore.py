@@ -23,6 +23,7 @@ from typing import Any
 import torch.distributed as dist
 
 from unicron.core.protocol import Membership, fault_claim_key, membership_key, ready_key, spare_key
+from unicron.core.reachability import Reachability
 from unicron.core.signing import opened, sign
 
 
@@ -33,6 +34,12 @@ class TaskStore:
         self.raw: Any = self._connect(timeout)
         self._reconnect_at = 0.0
         self._refused: set[str] = set()
+        # Only for what the log says: the store is tried again every ``reconnect_s``.
+        self.link = Reachability(f"the rendezvous store at {address}", reconnect_s, reconnect_s)
+
+    def _say(self, line: str | None, more: str = "") -> None:
+        if line is not None:
+            print(f"{self.task}: {line}{more}", file=sys.stderr, flush=True)
 
     def _read(self, name: str) -> str | None:
         """The payload under ``name`` if it is signed with the task's key, else None."""
@@ -55,9 +62,13 @@ class TaskStore:
         """Whether the coordinator posted the membership that follows ``generation``."""
         try:
             name = membership_key(self.task, generation)
-            return bool(self.raw.check([name])) and self._read(name) is not None
-        except Exception:
+            posted = bool(self.raw.check([name])) and self._read(name) is not None
+            if self.link.away:
+                self._say(self.link.reached(time.monotonic()))
+            return posted
+        except Exception as exc:
             now = time.monotonic()
+            self._say(self.link.failed(now, exc)[1], "; training goes on meanwhile")
             if now - self._reconnect_at > self.reconnect_s:
                 self._reconnect_at = now
                 with contextlib.suppress(Exception):
