@@ -6,6 +6,7 @@ import json
 
 from bench import (
     detection_bench,
+    network_bench,
     overhead_bench,
     planner_bench,
     recovery_bench,
@@ -44,6 +45,9 @@ def main() -> None:
             indent=2,
         )
     )
+    network = network_bench.main()  # a cut link across test hosts (None where none can be made)
+    if network is not None:
+        print(json.dumps({k: network[k] for k in ("unicron", "torchrun_tuned")}, indent=2))
     overhead = overhead_bench.main()
     print(json.dumps({f"{r['model']}@{r['workers']}": r["ratio"] for r in overhead["rows"]}, indent=2))
     chaos_main([])  # the 15-minute soak: docs/bench/chaos.json, docs/reliability.md

@@ -102,12 +102,12 @@ class Torchrun:
         # torchrun starts its workers in sessions of their own: a stopped (SIGSTOPped or hung)
         # worker outlives the job's process group, so every worker the trace names is killed too.
         for r in self.rows():
-            if r["what"] == "started" and _runs_train(r["pid"]):  # (not a reused pid)
+            if r["what"] == "started" and runs_train(r["pid"]):  # (not a reused pid)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(r["pid"], signal.SIGKILL)
 
 
-def _runs_train(pid: int) -> bool:
+def runs_train(pid: int) -> bool:
     try:
         return str(TRAIN) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:

@@ -27,6 +27,8 @@ from unicron.cli import demo_waf
 from unicron.cli.console import console
 from unicron.cli.live import task_table
 from unicron.control.localcluster import LocalCluster
+from unicron.control.testhosts import TestHosts, unavailable
+from unicron.core.errors import UsageError
 from unicron.core.livespecs import parse_live_cluster, parse_live_tasks
 from unicron.core.taxonomy import ErrorKind
 
@@ -91,7 +93,7 @@ def script(marks: dict[str, Any]) -> list[Step]:
     def running(name: str, step: int) -> Callable[[LocalCluster], bool]:
         return lambda c: _task(c, name)["state"] == "running" and _task(c, name)["step"] >= step
 
-    def lose(c: LocalCluster) -> None:
+    def lose(c: LocalCluster) -> None:  # on test hosts: its link is cut, its processes run on
         # A node of the heaviest task: the planner then has to take slots from a lighter one.
         held: dict[str, dict[str, int]] = {}
         for w in c.get("/v1/workers"):
@@ -100,18 +102,29 @@ def script(marks: dict[str, Any]) -> list[Step]:
                 per[w["task"]] = per.get(w["task"], 0) + 1
         node = next((n for n, per in sorted(held.items()) if set(per) == {"alpha"}), "node-3")
         marks.update(lost=time.time(), node=node, hit=held.get(node, {}))
-        c.kill_node(node)
+        if c.hosts is not None:
+            c.cut_link(node)
+        else:
+            c.kill_node(node)
 
     def back(c: LocalCluster) -> None:
         marks["back"] = time.time()
-        c.start_agent(marks["node"])
+        if c.hosts is not None:
+            c.heal_link(marks["node"])
+        else:
+            c.start_agent(marks["node"])
 
     def kill_worker(c: LocalCluster) -> None:
         c.kill_worker("alpha", 1)
 
+    losing = (
+        "cut the link of a node of alpha: its agent and workers run on, unreachable"
+        if marks.get("hosts")
+        else "lose a node of alpha: its agent and workers die"
+    )
     return [
         Step("kill worker rank 1 of alpha (SIGKILL)", running("alpha", 100), kill_worker),
-        Step("lose a node of alpha: its agent and workers die", running("alpha", 250), lose),
+        Step(losing, running("alpha", 250), lose),
         Step(
             "bring the node back",
             lambda c: time.time() - marks.get("lost", time.time()) > 25,
@@ -317,7 +330,9 @@ class _Watch:
             self.out.print("progress: " + ", ".join(states), markup=False)
 
 
-def run_demo(root: Path, timeout_s: float = 900) -> int:
+def run_demo(root: Path, timeout_s: float = 900, hosts: int | None = None) -> int:
+    """The demo on loopback, or (``hosts``) with the coordinator and each of ``hosts`` agents on
+    a test host of its own (network namespaces: ``control/testhosts.py``)."""
     out = console()
 
     def stop(*_: Any) -> None:
@@ -325,14 +340,17 @@ def run_demo(root: Path, timeout_s: float = 900) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)  # also when started where SIGINT was ignored
-    out.print(f"Starting a coordinator and 4 agents of 2 slots on loopback (state and logs in {root}) ...")
-    cluster = LocalCluster(root, nodes=4, slots=2, cluster=CLUSTER.resolve())
+    test_hosts = _test_hosts(hosts)
+    where = "on loopback" if test_hosts is None else "each on a test host of its own (+1 for the coordinator)"
+    nodes = hosts or 4
+    out.print(f"Starting a coordinator and {nodes} agents of 2 slots {where} (state and logs in {root}) ...")
+    cluster = LocalCluster(root, nodes=nodes, slots=2, cluster=CLUSTER.resolve(), hosts=test_hosts)
     watch = _Watch(cluster, out, time.time())
     try:
         cluster.start()
         created = cluster.submit(TASKS.read_text())
         watch.say("submitted " + ", ".join(f"{t['name']} (weight {t['weight']:g})" for t in created))
-        marks: dict[str, Any] = {}
+        marks: dict[str, Any] = {"hosts": test_hosts is not None}
         steps = script(marks)
         recorder = demo_waf.WafRecorder(time.time())
         live = Live(view(cluster, watch.log), console=out, refresh_per_second=2) if out.is_terminal else None
@@ -352,6 +370,21 @@ def run_demo(root: Path, timeout_s: float = 900) -> int:
         return 130
     finally:
         cluster.close()
+        if test_hosts is not None:
+            test_hosts.close()
+
+
+def _test_hosts(count: int | None) -> TestHosts | None:
+    """``count`` agent hosts and one for the coordinator, made now; refused with the reason
+    (and the fix) where network namespaces cannot be made."""
+    if count is None:
+        return None
+    if not 2 <= count <= 16:
+        raise UsageError(f"--hosts {count}: the demo runs on 2 to 16 test hosts (4 is its usual size)")
+    reason = unavailable()
+    if reason is not None:
+        raise UsageError(f"--hosts needs network namespaces, and {reason}: run as root, or drop --hosts")
+    return TestHosts(count + 1).create()
 
 
 def _final_report(

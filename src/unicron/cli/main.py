@@ -261,13 +261,21 @@ def token_revoke(
 @app.command()
 def demo(
     root: Annotated[Path | None, typer.Option(help="where state and logs go (default: a new folder)")] = None,
+    hosts: Annotated[
+        int | None,
+        typer.Option(
+            help="run across this many test hosts (network namespaces, as root), each agent and "
+            "the coordinator on a host of its own; a node is lost by cutting its link"
+        ),
+    ] = None,
 ) -> None:
     """Run the live demo on an embedded local cluster (what `make demo` runs)."""
     import time as _time
 
     from unicron.cli.demo import run_demo
 
-    raise typer.Exit(run_demo(root or Path(f".unicron/demo-{_time.strftime('%Y%m%d-%H%M%S')}")))
+    folder = root or Path(f".unicron/demo-{_time.strftime('%Y%m%d-%H%M%S')}")
+    raise typer.Exit(run_demo(folder, hosts=hosts))
 
 
 @app.callback()
