@@ -34,3 +34,15 @@ def test_the_agent_refuses_a_foreign_address_with_the_fix_and_no_traceback() -> 
     assert done.returncode == 2, done.stderr
     assert "--address 192.0.2.77 is not an address of this host" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_demo_refuses_a_host_count_it_cannot_run_with_the_fix() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "unicron.cli.main", "demo", "--hosts", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--hosts 1: the demo runs on 2 to 16 test hosts" in done.stderr
+    assert "Traceback" not in done.stderr

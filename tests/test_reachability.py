@@ -32,3 +32,11 @@ def test_retries_back_off_to_a_cap_and_the_log_says_it_once_then_reminds_then_sa
 
 def test_an_error_is_described_by_kind_and_text() -> None:
     assert describe(ConnectionRefusedError("refused")) == "ConnectionRefusedError: refused"
+
+
+def test_an_outage_of_hours_keeps_retrying_at_the_cap() -> None:
+    """A retry every few seconds for a day: the backoff must stay a number, never overflow."""
+    link = Reachability("the task's store", base_s=0.5, cap_s=4.0)
+    for attempt in range(30_000):
+        delay, _ = link.failed(float(attempt) * 4, TimeoutError())
+    assert 2.0 <= delay <= 4.0

@@ -37,7 +37,9 @@ class Reachability:
         """Another failed attempt at ``now``: how long to wait before the next, and the line to
         log (None: nothing new to say)."""
         self.failures += 1
-        ceiling = min(self.cap_s, self.base_s * 2 ** (self.failures - 1))
+        # The exponent stops growing long before the cap is passed: an outage of hours (a retry
+        # every cap_s) must not overflow the float.
+        ceiling = min(self.cap_s, self.base_s * 2 ** min(self.failures - 1, 60))
         delay = ceiling * (0.5 + 0.5 * self.rng.random())
         if self.since is None:
             self.since = self.said = now
