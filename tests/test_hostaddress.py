@@ -24,25 +24,19 @@ def test_an_address_of_another_machine_is_refused_naming_this_hosts_own() -> Non
         interface_of("192.0.2.77")  # documentation range: looked up here, never contacted
 
 
-def test_the_agent_refuses_a_foreign_address_with_the_fix_and_no_traceback() -> None:
+def refused(*args: str) -> str:
+    """The CLI's complaint about ``args``: exit 2, no traceback."""
     done = subprocess.run(
-        [sys.executable, "-m", "unicron.cli.main", "agent", "--node", "n0", "--address", "192.0.2.77"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-m", "unicron.cli.main", *args], capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 2, done.stderr
-    assert "--address 192.0.2.77 is not an address of this host" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    return done.stderr
+
+
+def test_the_agent_refuses_a_foreign_address_with_the_fix_and_no_traceback() -> None:
+    said = refused("agent", "--node", "n0", "--address", "192.0.2.77")
+    assert "--address 192.0.2.77 is not an address of this host" in said
 
 
 def test_the_demo_refuses_a_host_count_it_cannot_run_with_the_fix() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "unicron.cli.main", "demo", "--hosts", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "--hosts 1: the demo runs on 2 to 16 test hosts" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert "--hosts 1: the demo runs on 2 to 16 test hosts" in refused("demo", "--hosts", "1")
