@@ -258,6 +258,51 @@ def token_revoke(
     revoke_token(state_dir, token_file, ident)
 
 
+slurm_app = typer.Typer(
+    help="Run Unicron inside a Slurm allocation (deploy/slurm/unicron.sbatch).", no_args_is_help=True
+)
+app.add_typer(slurm_app, name="slurm")
+SLURM_ROOT = Annotated[
+    Path | None,
+    typer.Option(
+        help="shared folder for state, checkpoints, tokens and logs (default: .unicron/slurm-JOBID)"
+    ),
+]
+SLOTS = Annotated[int, typer.Option(help="worker slots per node (default: the node's GPUs, else 1)")]
+
+
+@slurm_app.command("run")
+def slurm_run(
+    specs: Annotated[list[Path], typer.Argument(help="task YAML files to run to their end")],
+    root: SLURM_ROOT = None,
+    port: Annotated[int, typer.Option(help="the coordinator's port on the head node")] = 8470,
+    slots: SLOTS = 0,
+    settings: Annotated[Path | None, typer.Option(help="the coordinator's settings YAML")] = None,
+    cluster: Annotated[Path | None, typer.Option(help="the planner's hardware inputs YAML")] = None,
+    wait: Annotated[float, typer.Option(help="seconds to wait for the coordinator and agents")] = 180.0,
+) -> None:
+    """The batch script's command: the coordinator on the first node, an agent on every node
+    (one srun step), the tasks submitted and followed to their end; exit 0 when all finished."""
+    from unicron.cli.slurm import run
+
+    raise typer.Exit(run(specs, root, port, slots, settings, cluster, wait))
+
+
+@slurm_app.command("node")
+def slurm_node(
+    root: Annotated[Path, typer.Option(help="the job's shared folder")],
+    port: Annotated[int, typer.Option(help="the coordinator's port on the head node")] = 8470,
+    slots: SLOTS = 0,
+    settings: Annotated[Path | None, typer.Option(help="the coordinator's settings YAML")] = None,
+    cluster: Annotated[Path | None, typer.Option(help="the planner's hardware inputs YAML")] = None,
+) -> None:
+    """One node's part (started by `slurm run` with srun): the agent, and on the first node the
+    coordinator, kept running until the step ends."""
+    from unicron.cli.slurm import node
+
+    raise typer.Exit(node(root, port, slots, settings, cluster))
+
+
 @app.command()
 def demo(
     root: Annotated[Path | None, typer.Option(help="where state and logs go (default: a new folder)")] = None,
