@@ -17,13 +17,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench examples
 	$(VENV)/bin/mypy src
 
-# System packages the tests drive for real: Slurm with munge (tests/test_slurm.py). Installed as
-# root with apt-get; elsewhere those tests are skipped with the reason.
+# System packages the tests drive for real: Slurm with munge (tests/test_slurm.py), nftables
+# (packet loss between test hosts). Installed as root with apt-get; elsewhere those tests are
+# skipped with the reason.
 system:
-	@if command -v slurmctld >/dev/null && command -v munged >/dev/null; then :; \
+	@if command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v nft >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing slurm-wlm and munge (apt-get)"; \
-	  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	  echo "installing slurm-wlm, munge and nftables (apt-get)"; \
+	  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge nftables >/dev/null; \
 	else echo "not root with apt-get: the Slurm tests will be skipped"; fi
 
 test: lint system

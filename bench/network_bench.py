@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import cells
 from bench.torchrun import TRAIN, runs_train, trace_rows
 from unicron.control.localcluster import LocalCluster
 from unicron.control.testhosts import TestHosts, unavailable
@@ -225,6 +226,22 @@ def main() -> dict[str, Any] | None:
     (ROOT / "docs" / "bench" / "network.json").write_text(json.dumps(result, indent=2) + "\n")
     write_markdown(result)
     return result
+
+
+def cut_link_rows() -> dict[str, str]:
+    """The cut-link rows that docs/detection.md and docs/recovery.md carry (keys ``detection``,
+    ``recovery``), from the last network bench's JSON; none where it has not run."""
+    path = ROOT / "docs" / "bench" / "network.json"
+    if not path.exists():
+        return {}
+    r = json.loads(path.read_text())
+    ours, theirs = r["unicron"], r["torchrun_tuned"]
+    label = f"cut link ({r['workers']['hosts']} hosts x {r['workers']['per_host']}, `bench/network_bench.py`)"
+    down = [f"{side['downtime']['median_s']:.2f}" for side in (ours, theirs)]
+    return {
+        "detection": f"| {label} | {cells.timing(ours['detection'])} | {cells.timing(theirs['detection'])} |",
+        "recovery": f"| {label} | {' | '.join(down)} | {' | '.join([cells.NOT_MEASURED] * 4)} |",
+    }
 
 
 def _cell(entry: dict[str, Any]) -> str:

@@ -73,6 +73,12 @@ def test_hosts_reach_each_other_by_address_lose_a_cut_link_and_are_removed() -> 
         hosts.heal(hosts["h1"])
         assert client.call(connect, hosts["h1"].address, 5) == "unicron"
         server.wait(10)
+        server = serve(hosts, "h1")
+        hosts.lose(hosts["h1"], 100)  # every packet lost at random (here: all of them)
+        assert client.call(connect, hosts["h1"].address, 1.5) == "timeout"
+        hosts.lose(hosts["h1"], 0)
+        assert client.call(connect, hosts["h1"].address, 5) == "unicron"
+        server.wait(10)
         # Nothing leaves the harness's hosts: none has a route beyond the bridge's subnet.
         routes = subprocess.run(hosts.command(hosts["h2"], ["ip", "route"]), capture_output=True, text=True)
         assert "default" not in routes.stdout
@@ -91,6 +97,13 @@ def peer_addresses(hosts: TestHosts, cluster: LocalCluster, node: str, pid: int)
     return {
         line.split()[3].rsplit(":", 1)[0] for line in shown.splitlines() if re.search(rf"pid={pid}\b", line)
     }
+
+
+def train_on_three(cluster: LocalCluster, spec: str) -> None:
+    """Submit ``spec`` and wait until it trains on three workers, 15 steps in."""
+    cluster.submit(spec)
+    task = lambda: cluster.task("lm")  # noqa: E731
+    cluster.wait(lambda: task()["step"] >= 15 and task()["workers"] == 3, 240, "3 workers")
 
 
 def status_of(cluster: LocalCluster) -> str:
@@ -118,10 +131,7 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
     trace, iterations = tmp_path / "trace.jsonl", 260
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
     with TestHosts(4) as hosts, LocalCluster(tmp_path / "cluster", nodes=3, slots=1, hosts=hosts) as cluster:
-        cluster.submit(spec)
-        cluster.wait(
-            lambda: cluster.task("lm")["step"] >= 15 and cluster.task("lm")["workers"] == 3, 240, "3 workers"
-        )
+        train_on_three(cluster, spec)
         workers = {w["node"]: w for w in cluster.get("/v1/workers") if w["state"] == "running"}
         addresses = {n: h.address for n, h in cluster.host_of.items()}
         # No loopback shortcut: each worker's collectives run to the other hosts' addresses.
@@ -176,4 +186,67 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
     assert back and stale["pid"] not in back, back
     assert any(r["what"] == "state_from_replica" and r["pid"] in back for r in rows), story
     assert_ledger_exact(rows, iterations, frozen=frozenset({stale["rank"]}), world=3)
+    assert_ends_exact(tmp_path, "lm", iterations)
+
+
+@pytest.mark.timeout(480)
+def test_a_host_that_reaches_the_coordinator_but_not_its_peers_is_found_and_taken_out(tmp_path: Path) -> None:
+    """The reverse partition: a host still heartbeats (so it is never lost) but its peers cannot
+    reach it, so every rank waits in a collective and no rank can be blamed. The agents probe
+    each other, the host their reports single out is isolated and its rank counted failed, the
+    others recover in place; once the network is mended and the isolation is over, the task grows
+    back onto the host, and ends exact."""
+    trace, iterations = tmp_path / "trace.jsonl", 260
+    spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
+    settings = {"isolation_s": 12}
+    with (
+        TestHosts(4) as hosts,
+        LocalCluster(tmp_path / "cluster", nodes=3, slots=1, hosts=hosts, settings=settings) as cluster,
+    ):
+        train_on_three(cluster, spec)
+        cut = "node-2"
+        stale = next(w for w in cluster.get("/v1/workers") if w["node"] == cut and w["state"] == "running")
+        hosts.partition([cluster.host_of[cut]], [h for n, h in cluster.host_of.items() if n != cut])
+
+        def state(node: str) -> str:
+            return str(next(n["state"] for n in cluster.get("/v1/nodes") if n["name"] == node))
+
+        cluster.wait(lambda: cluster.task("lm")["workers"] == 2, 60, "the task to go on without the host")
+        assert state(cut) == "isolated"  # taken out, not lost: its heartbeats still arrive
+        cluster.wait(lambda: not os.path.exists(f"/proc/{stale['pid']}"), 30, "its worker to be stopped")
+        at_mend = cluster.task("lm")["step"]
+        hosts.mend()
+        cluster.wait(lambda: cluster.task("lm")["workers"] == 3, 120, "the task to grow back onto it")
+        events, rows = finish_and_settle(cluster, trace)
+    story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
+    checks = [e["detail"] for e in events if e["kind"] == "peer_check"]
+    assert checks and checks[0]["culprits"] == [cut], story
+    assert set(checks[0]["unreachable"][cut]) == {"node-0", "node-1"}, story
+    incidents = [e for e in events if e["kind"] == "incident"]
+    assert [(e["node"], e["detail"]["kind"]) for e in incidents][:1] == [(cut, "node_partitioned")], story
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("task_launch") == 1 and "in_process_recovery" in kinds, story  # never relaunched
+    assert at_mend < iterations, "the mend came after the task ended: nothing was shown"
+    assert_ledger_exact(rows, iterations, frozen=frozenset({stale["rank"]}), world=3)
+    assert_ends_exact(tmp_path, "lm", iterations)
+
+
+@pytest.mark.timeout(480)
+def test_training_goes_on_exact_through_packet_loss_on_a_host(tmp_path: Path) -> None:
+    """A tenth of the packets to and from one host lost at random while 40 steps train: TCP
+    retransmits (timeouts backing off from 200 ms), heartbeats (every 0.5 s, a 2.5 s deadline)
+    still arrive, so no node is declared lost; the task ends exact, with an exact ledger."""
+    trace, iterations = tmp_path / "trace.jsonl", 160
+    spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
+    with TestHosts(4) as hosts, LocalCluster(tmp_path / "cluster", nodes=3, slots=1, hosts=hosts) as cluster:
+        train_on_three(cluster, spec)
+        lossy = cluster.host_of["node-1"]
+        hosts.lose(lossy, 10)
+        began = cluster.task("lm")["step"]
+        cluster.wait(lambda: cluster.task("lm")["step"] >= began + 40, 240, "40 steps through the loss")
+        hosts.lose(lossy, 0)
+        events, rows = finish_and_settle(cluster, trace)
+    story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
+    assert not [e for e in events if e["kind"] == "incident"], story
+    assert_ledger_exact(rows, iterations, world=3)
     assert_ends_exact(tmp_path, "lm", iterations)

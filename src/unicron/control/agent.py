@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from unicron.control import peerprobe
 from unicron.control.credentials import Credentials
 from unicron.control.hostaddress import NodeAddress
 from unicron.control.processes import Worker, is_stopped, read_stack
@@ -89,6 +90,7 @@ class Agent:
         # Retries back off while the coordinator does not answer (capped: a node must come back
         # within seconds of its network), and the log says so once, not once per beat.
         self.link = Reachability(f"the coordinator at {self.url}", base_s=0.5, cap_s=4.0)
+        self.probe_port = 0  # the peer-probe listener's, once it listens (run)
         self.dumping = asyncio.Lock()  # held while stacks are dumped: a stop waits for it
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -248,6 +250,8 @@ class Agent:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w.process.pid, signal.SIGUSR1)
             stacks = {w.order.rank: await read_stack(w.process.pid) for w in stopped}
+            # The peers are probed meanwhile: a hang no rank is to blame for may be the network.
+            probing = asyncio.ensure_future(peerprobe.unreachable(order.peers)) if order.peers else None
             await asyncio.sleep(order.wait_s)
             for w in signalled:
                 with contextlib.suppress(OSError), w.stack_file.open("rb") as f:
@@ -260,6 +264,7 @@ class Agent:
                     node=self.node,
                     stacks=stacks,
                     time=time.time(),
+                    unreachable=None if probing is None else await probing,
                 )
             )
 
@@ -288,6 +293,7 @@ class Agent:
             slots=self.slots,
             gpus=self.gpus,
             host=self.where.address,
+            probe_port=self.probe_port,
             workers=[w.state() for w in self.workers.values()],
         )
         response = await client.post(f"{self.url}/v1/agents/register", content=reg.model_dump_json())
@@ -386,6 +392,8 @@ class Agent:
             lambda: self._Datagrams(self), local_addr=str(self.socket_path), family=1
         )
         headers = {"content-type": "application/json", **self.credentials.headers}
+        probe = await peerprobe.listen(self.where.address)  # peers check they can reach this node
+        self.probe_port = probe.sockets[0].getsockname()[1]
         self._spawn(self._poll_orders())
         try:
             async with httpx.AsyncClient(
@@ -410,6 +418,7 @@ class Agent:
                         await asyncio.wait_for(self.urgent.wait(), wait)
         finally:
             transport.close()
+            probe.close()
 
     async def shutdown(self, grace_s: float = 5.0) -> None:
         self.stopping = True

@@ -165,7 +165,7 @@ class Coordinator:
             )
         drain = self.store.last_node_event(reg.node, DRAIN_EVENTS) if known is not None else None
         state = returning_state(known, drain, self.recovery.isolated_until.get(reg.node, 0.0), self.clock())
-        self.act.node_registered(reg.node, reg.slots, reg.gpus, reg.host, state, self.clock())
+        self.act.node_registered(reg.node, reg.slots, reg.gpus, reg.host, state, self.clock(), reg.probe_port)
         if known is None or known.state is NodeState.LOST:
             self.act.record(
                 "node_joined" if known is None else "node_back",
@@ -260,6 +260,8 @@ class Coordinator:
         if task is None:
             return
         if isinstance(report, StacksReport):
+            if self.detector.stacks_reported(report, self.clock()):
+                return  # it answers a peer check, which records it with its verdict
             incident = self.detector.hang_incidents.get((report.task, report.generation))
             reported.stacks(self.act, report, incident)  # ordered for a generation now usually gone
             return
@@ -456,6 +458,7 @@ class Coordinator:
         if self.detector.check_nodes(now):
             self.dirty = True
         self.recovery.expire_awaiting(now)
+        self.detector.judge_checks(now)
         for name in list(self.generations.growing):
             if self.generations.check_growth(name, now):
                 self.dirty = True  # idle slots may want a new spare

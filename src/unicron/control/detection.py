@@ -12,12 +12,14 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from unicron.control import reported
 from unicron.control.context import Context
 from unicron.control.hangs import WorkerKey, hang_verdict
 from unicron.control.monitor import TaskMonitor
+from unicron.control.peercheck import PeerCheck, probe_endpoints
 from unicron.control.records import NodeRecord, TaskRecord
 from unicron.control.recovery import Recovery
-from unicron.core.protocol import Progress
+from unicron.core.protocol import Progress, StacksReport
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind
@@ -44,6 +46,8 @@ class Detector:
     stopped: dict[WorkerKey, bool] = field(default_factory=dict)  # process is SIGSTOPped
     progress: dict[WorkerKey, Progress | None] = field(default_factory=dict)  # last reported position
     hang_incidents: dict[tuple[str, int], int] = field(default_factory=dict)  # (task, gen) -> incident
+    checks: dict[tuple[str, int], PeerCheck] = field(default_factory=dict)  # hangs awaiting a peer probe
+    graced: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)  # -> (late step, until)
     listening_since: float | None = None
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
@@ -94,7 +98,7 @@ class Detector:
             )
             return
         key = (task.name, task.generation)
-        handled = key in self.recovery.incidents or key in self.recovery.awaiting
+        handled = key in self.recovery.incidents or key in self.recovery.awaiting or key in self.checks
         if task.launched_generation != task.generation or handled or not workers:
             return  # an in-place generation: its incident's deadline covers it
         since = max(w.launched for w in workers)
@@ -102,11 +106,15 @@ class Detector:
             self._hung(task, now, task.step + 1, since, limits.first_step_timeout_s)
 
     def check_hang(self, task: TaskRecord, now: float) -> None:
-        if (task.name, task.generation) in self.recovery.awaiting:
-            return  # a failure is being handled
+        key = (task.name, task.generation)
+        if key in self.recovery.awaiting or key in self.checks:
+            return  # a failure is being handled, or the peers are being probed
         if task.step >= self.ctx.spec(task.name).run.iterations:
             return  # training is over; the workers are saving and exiting
         monitor = self.monitor(task.name, task.generation)
+        step, until = self.graced.get(key, (0, 0.0))
+        if step == monitor.last_step + 1 and now < until:
+            return  # a slow network's grace
         # One heartbeat more: the report of a step that did end may still be on its way.
         if not monitor.late(now - self.ctx.limits.heartbeat_interval_s):
             return
@@ -114,15 +122,20 @@ class Detector:
 
     def _hung(self, task: TaskRecord, now: float, step: int, since: float, deadline_s: float) -> None:
         """``step`` is late (nothing since ``since``): name the hung ranks, record every rank's
-        stack, kill the culprits and open the incident."""
+        stack, kill the culprits and open the incident. With no culprit and several nodes, the
+        agents probe each other first (``peercheck``): the incident waits for their answer."""
         workers = self.ctx.store.workers(task.name, task.generation, live=True)
         seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
         verdict = hang_verdict(workers, seen, self.stopped, self.progress, now, self.ctx.limits)
         if verdict is None:
             return
         culprits = verdict.culprits
+        checked = self.graced.get((task.name, task.generation), (0, 0.0))[0] == step  # and graced
+        endpoints = None
+        if not culprits and not checked:
+            endpoints = probe_endpoints(self.ctx.store.nodes(), {w.node for w in workers})
         # Every rank's stack first (the agents carry this out before the stop that follows).
-        self.ctx.act.dump_stacks(task.name, task.generation)
+        self.ctx.act.dump_stacks(task.name, task.generation, endpoints)
         self.ctx.act.record(
             "hang_detected",
             task=task.name,
@@ -134,7 +147,11 @@ class Detector:
             why=verdict.why,
             where=verdict.where,
             generation=task.generation,
+            peer_check=endpoints is not None,
         )
+        if endpoints is not None:
+            self.checks[(task.name, task.generation)] = PeerCheck.of(workers, step, since, verdict.why, now)
+            return
         # Kill the hung worker(s) at once: the hang becomes an ordinary death.
         for w in culprits:
             self.ctx.act.stop_worker(w, 0.0)
@@ -149,3 +166,55 @@ class Detector:
         incident = self.recovery.incidents.get((task.name, task.generation))
         if incident is not None:
             self.hang_incidents[(task.name, task.generation)] = incident.id
+
+    # ------------------------------------------------------------------ peer checks
+    def stacks_reported(self, report: StacksReport, now: float) -> bool:
+        """Take a stacks report that answers a peer check (True), and judge the check once it
+        is complete."""
+        check = self.checks.get((report.task, report.generation))
+        if check is None:
+            return False
+        check.add(report)
+        self.judge_checks(now)
+        return True
+
+    def judge_checks(self, now: float) -> None:
+        for key, check in list(self.checks.items()):
+            if check.complete(now):
+                del self.checks[key]
+                self._judged(check, now)
+
+    def _judged(self, check: PeerCheck, now: float) -> None:
+        """A node its peers cannot reach fails (its ranks) and is taken out. If every node reaches
+        every other, the network is slow rather than broken: the step gets ``network_grace_s``
+        more (once). Otherwise the hang is what it was: no rank to blame."""
+        key = (check.task, check.generation)
+        verdict = check.verdict()
+        whole = len(check.unreachable) == len(check.ranks) and not any(check.unreachable.values())
+        grace = self.ctx.limits.network_grace_s if whole else 0.0
+        self.ctx.act.record(
+            "peer_check",
+            task=check.task,
+            generation=check.generation,
+            culprits=list(verdict.culprits),
+            why=verdict.why,
+            unreachable=check.unreachable,
+            grace_s=grace,
+        )
+        task = self.ctx.store.task(check.task)
+        if grace > 0:
+            self.graced[key] = (check.step, now + grace)
+        elif task is not None and task.generation == check.generation and key not in self.recovery.incidents:
+            late = f"step {check.step} late"
+            if verdict.culprits:
+                kind, node, why = ErrorKind.NODE_PARTITIONED, verdict.culprits[0], f"{late}; {verdict.why}"
+            else:
+                kind, node = ErrorKind.TASK_HANG, None
+                why = f"{late}; hung rank(s) unknown: {check.why}; {verdict.why}"
+            failed = check.failed(verdict.culprits) or None
+            self.recovery.incident(check.task, kind, node, why, failed, check.since)
+        incident = self.recovery.incidents.get(key)
+        if incident is not None:
+            self.hang_incidents[key] = incident.id
+        for report in check.stacks:
+            reported.stacks(self.ctx.act, report, self.hang_incidents.get(key))

@@ -229,11 +229,11 @@ class Applier:
         """Exactly that worker (a generation-wide stop could hit a survivor mid-rename)."""
         self.orders.add(node, StopWorkers(task=task, generation=generation, rank=rank, grace_s=grace_s))
 
-    def dump_stacks(self, task: str, generation: int) -> None:
+    def dump_stacks(self, task: str, generation: int, peers: dict[str, str] | None = None) -> None:
         """Every node running the generation dumps its workers' stacks (before any stop that
-        follows: the agent carries orders out in turn)."""
+        follows: the agent carries orders out in turn), and probes ``peers`` if given."""
         for node in sorted({w.node for w in self._store.workers(task, generation, live=True)}):
-            self.orders.add(node, DumpStacks(task=task, generation=generation))
+            self.orders.add(node, DumpStacks(task=task, generation=generation, peers=peers or {}))
 
     def stop_generation(self, task: str, generation: int, grace_s: float) -> None:
         """Every live worker of the generation, on nodes that can still hear it."""

@@ -51,6 +51,7 @@ class NodeRecord:
     host: str
     state: NodeState
     last_seen: float
+    probe_port: int = 0  # its agent's peer-probe listener on ``host`` (0: none)
 
     @classmethod
     def of(cls, row: sqlite3.Row) -> NodeRecord:

@@ -75,6 +75,7 @@ ADDED_COLUMNS = (
     ("tasks", "reason", "TEXT"),
     ("tasks", "launched_generation", "INTEGER NOT NULL DEFAULT 0"),
     ("tasks", "redo_until", "INTEGER NOT NULL DEFAULT 0"),
+    ("nodes", "probe_port", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 

@@ -281,20 +281,29 @@ class Store:
         return [NodeRecord.of(r) for r in self._rows("SELECT * FROM nodes ORDER BY id")]
 
     def node_registered(
-        self, name: str, slots: int, gpus: list[str], host: str, state: NodeState, now: float
+        self,
+        name: str,
+        slots: int,
+        gpus: list[str],
+        host: str,
+        state: NodeState,
+        now: float,
+        probe_port: int = 0,
     ) -> None:
         with self._tx() as db:
             row = db.execute("SELECT state FROM nodes WHERE name = ?", (name,)).fetchone()
             if row is None:
                 db.execute(
-                    "INSERT INTO nodes (name, slots, gpus, host, state, last_seen) VALUES (?, ?, ?, ?, ?, ?)",
-                    (name, slots, json.dumps(gpus), host, state.value, now),
+                    "INSERT INTO nodes (name, slots, gpus, host, state, last_seen, probe_port)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (name, slots, json.dumps(gpus), host, state.value, now, probe_port),
                 )
                 return
             check(f"node {name}", NODE_TRANSITIONS, NodeState(row["state"]), state)
             db.execute(
-                "UPDATE nodes SET slots = ?, gpus = ?, host = ?, state = ?, last_seen = ? WHERE name = ?",
-                (slots, json.dumps(gpus), host, state.value, now, name),
+                "UPDATE nodes SET slots = ?, gpus = ?, host = ?, state = ?, last_seen = ?, probe_port = ?"
+                " WHERE name = ?",
+                (slots, json.dumps(gpus), host, state.value, now, probe_port, name),
             )
 
     def node_seen(self, name: str, now: float) -> None:

@@ -223,6 +223,28 @@ class TestHosts:
                     )  # fmt: skip
                     self._severed.add((here, there))
 
+    def lose(self, host: Host, percent: int) -> None:
+        """Drop ``percent`` % of the packets ``host`` sends or receives on its link, at random
+        (nftables in its namespace: real loss, which TCP answers with retransmissions, timeouts
+        backing off from 200 ms). ``percent=0`` ends it."""
+        if not 0 <= percent <= 100:
+            raise ValueError(f"percent={percent}: between 0 and 100")
+        if shutil.which("nft") is None:
+            raise HostsUnavailable("`nft` (nftables) is not installed: make test installs it as root")
+        inside = ["ip", "netns", "exec", host.namespace, "nft"]
+        subprocess.run([*inside, "delete", "table", "inet", "unicron_loss"], capture_output=True, timeout=30)
+        if percent == 0:
+            return
+        drop = "drop" if percent == 100 else f"numgen random mod 100 < {percent} drop"
+        rules = "\n".join(
+            f"chain {hook} {{ type filter hook {hook} priority 0; {way} {INTERFACE} {drop}; }}"
+            for hook, way in (("input", "iifname"), ("output", "oifname"))
+        )
+        script = f"table inet unicron_loss {{\n{rules}\n}}\n"
+        done = subprocess.run([*inside, "-f", "-"], input=script, capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise HostsUnavailable(f"nft refused the loss rules: {done.stderr.strip()}")
+
     def mend(self) -> None:
         """End every partition: addresses are resolved afresh."""
         for here, there in sorted(self._severed, key=lambda pair: (pair[0].name, pair[1].name)):

@@ -162,6 +162,7 @@ class StacksReport(_Message):
     node: str
     stacks: dict[int, str] = Field(json_schema_extra={"propertyNames": {"pattern": INT_KEY}})  # pid -> stack
     time: float = 0.0
+    unreachable: list[str] | None = None  # with ``peers`` ordered: the peers this node cannot connect to
 
 
 class LaunchFailedReport(_Message):
@@ -281,6 +282,9 @@ class DumpStacks(_Message):
     task: str
     generation: Int
     wait_s: float = 0.5  # how long to give the workers to write their stacks
+    # The generation's other nodes (name -> host:port of their probe listener): connect to each
+    # and report those that cannot be reached (a hang no rank can be blamed for: the network?).
+    peers: dict[str, str] = Field(default_factory=dict)
 
 
 class ForgetTask(_Message):
@@ -316,6 +320,7 @@ class Registration(_Message):
     slots: Int = Field(gt=0)
     gpus: list[str] = Field(default_factory=list)  # device ids, empty without GPUs
     host: str = "127.0.0.1"
+    probe_port: Int = 0  # the agent's peer-probe listener on ``host`` (0: none)
     workers: list[WorkerState] = Field(default_factory=list)
 
 

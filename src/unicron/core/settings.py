@@ -14,6 +14,7 @@ The ordering, checked whenever settings are built (so at start-up), and why it m
                                                        times out (else the timeout decides)
     heartbeat_deadline_s  <  first_step_timeout_s      node loss is decided before a first step hangs
     first_step_timeout_s  <  process_group_timeout_s   as hang_cap_s, for a launch's first step
+    network_grace_s       <  process_group_timeout_s   a slow network's grace ends before gloo gives up
     process_group_timeout_s < launch_timeout_s ... is not required: they measure different things.
 
 The hang deadline of a task is clamp(hang_multiple x mean recent iteration, floor, cap), active
@@ -72,6 +73,12 @@ ORDERING: tuple[tuple[str, str, bool, str], ...] = (
         False,
         "a first step that hangs must be detected before its collective times out",
     ),
+    (
+        "network_grace_s",
+        "process_group_timeout_s",
+        False,
+        "a slow network's grace must end before the collective times out",
+    ),
 )
 
 
@@ -92,6 +99,13 @@ class Settings(BaseModel):
         30.0, ge=0, description="added to the deadline of a step that saves"
     )
     hang_cap_s: float = Field(300.0, gt=0, description="the hang deadline is never longer")
+    network_grace_s: float = Field(
+        10.0,
+        ge=0,
+        description="a hang where every rank waits in a collective while every node reaches every"
+        " other waits this much longer, once per step: a lossy network (TCP retransmissions) is slow,"
+        " not broken, and a restart would not mend it",
+    )
     straggler_ratio: float = Field(1.5, gt=1, description="slower than this x its peers' median")
     straggler_window: int = Field(10, ge=2, description="for this many consecutive steps")
     # workers

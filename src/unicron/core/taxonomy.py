@@ -51,6 +51,7 @@ class StateSource(StrEnum):
 
 class ErrorKind(StrEnum):
     NODE_LOST = "node_lost"
+    NODE_PARTITIONED = "node_partitioned"  # it reaches the coordinator but not its peers
     ECC_ERROR = "ecc_error"
     NVLINK_ERROR = "nvlink_error"
     GPU_DRIVER_ERROR = "gpu_driver_error"
@@ -92,6 +93,10 @@ _S3 = KindInfo(Severity.SEV3, Action.REATTEMPT, False)
 
 TAXONOMY: dict[ErrorKind, KindInfo] = {
     ErrorKind.NODE_LOST: _S1,
+    # Not in the paper's table: a host its peers cannot reach (found by the agents' peer probe
+    # after a hang no rank is to blame for). Taken out like a lost node, for the isolation
+    # period, but not awaiting repair: a network that heals brings it back.
+    ErrorKind.NODE_PARTITIONED: KindInfo(Severity.SEV1, Action.RECONFIGURE, False, Scope.NODE),
     ErrorKind.ECC_ERROR: _S1,
     ErrorKind.NVLINK_ERROR: _S1,
     ErrorKind.GPU_DRIVER_ERROR: _S1,

@@ -1,0 +1,49 @@
+"""The peer probe behind a hang no rank can be blamed for: the verdict (pure, hand-built reports)
+and the probe itself (real sockets on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from unicron.control.peerprobe import listen, partition_verdict, unreachable
+
+NODES = {"a", "b", "c", "d", "e"}
+
+
+def test_the_node_its_peers_cannot_reach_is_the_culprit() -> None:
+    reports = {"a": ["e"], "b": ["e"], "c": ["e"], "d": ["e"], "e": ["a", "b", "c", "d"]}
+    verdict = partition_verdict(reports, NODES)
+    assert verdict.culprits == ("e",) and "e cut off from peers" in verdict.why
+    # It is found from the others' reports alone, when its own did not come.
+    assert partition_verdict({k: v for k, v in reports.items() if k != "e"}, NODES).culprits == ("e",)
+
+
+def test_two_cut_off_nodes_are_both_taken_and_a_tie_blames_no_one() -> None:
+    reports = {"a": ["d", "e"], "b": ["d", "e"], "c": ["d", "e"], "d": ["a", "b", "c"], "e": ["a", "b", "c"]}
+    assert set(partition_verdict(reports, NODES).culprits) == {"d", "e"}
+    halves = {"a": ["c", "d"], "b": ["c", "d"], "c": ["a", "b"], "d": ["a", "b"]}
+    assert partition_verdict(halves, {"a", "b", "c", "d"}).culprits == ()  # either side could be cut off
+    three_two = {"a": ["d", "e"], "b": ["d", "e"], "c": ["d", "e"]}
+    assert partition_verdict(three_two, NODES).culprits == ("d", "e")  # the smaller side goes
+    assert partition_verdict({"a": ["b"], "b": ["a"]}, {"a", "b"}).culprits == ()
+
+
+def test_a_whole_network_blames_no_node() -> None:
+    verdict = partition_verdict({n: [] for n in NODES}, NODES)
+    assert verdict.culprits == () and "not the network" in verdict.why
+    assert partition_verdict({"a": ["zz"]}, NODES).culprits == ()  # a name outside the generation
+
+
+def test_the_probe_reaches_a_listener_and_not_a_closed_port() -> None:
+    async def probe() -> list[str]:
+        server = await listen("127.0.0.1")
+        port = server.sockets[0].getsockname()[1]
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+            gone = closed.getsockname()[1]
+            found = await unreachable({"up": f"127.0.0.1:{port}", "down": f"127.0.0.1:{gone}"}, 1.0)
+        server.close()
+        return found
+
+    assert asyncio.run(probe()) == ["down"]
