@@ -23,12 +23,14 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import cells
+from bench.network_bench import cut_link_rows
 from bench.torchrun import TRAIN, Torchrun
 from unicron.control.localcluster import LocalCluster
 from unicron.core.settings import ORDERING, Settings
@@ -232,6 +234,7 @@ def write_markdown(r: dict[str, Any]) -> None:
         f"{cells.timing(r[cls].get('torchrun_tuned'))} |"
         for cls in (*CLASSES, "node_loss", LONG)
     )
+    rows = "\n".join([rows, *[row for kind, row in cut_link_rows().items() if kind == "detection"]])
     template = (Path(__file__).parent / "templates" / "detection.md").read_text()
     (ROOT / "docs" / "detection.md").write_text(
         template.format(
@@ -266,4 +269,7 @@ def settings_markdown() -> str:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(), indent=2))
+    if sys.argv[1:] == ["--docs"]:  # the page again from the last measured figures (a text change)
+        write_markdown(json.loads((ROOT / "docs" / "bench" / "detection.json").read_text()))
+    else:
+        print(json.dumps(main(), indent=2))

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from bench import cells
+from bench.network_bench import cut_link_rows
 from bench.torchrun import TRAIN, Torchrun, trace_rows
 from unicron.control.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
@@ -224,6 +225,7 @@ def write_markdown(r: dict[str, Any]) -> None:
         + " |"
         for c in classes
     )
+    rows = "\n".join([rows, *[row for kind, row in cut_link_rows().items() if kind == "recovery"]])
     template = (Path(__file__).parent / "templates" / "recovery.md").read_text()
     ratio = r["worker_crash_ratio"]
     (ROOT / "docs" / "recovery.md").write_text(
@@ -236,4 +238,7 @@ def write_markdown(r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(), indent=2))
+    if sys.argv[1:] == ["--docs"]:  # the page again from the last measured figures (a text change)
+        write_markdown(json.loads((ROOT / "docs" / "bench" / "recovery.json").read_text()))
+    else:
+        print(json.dumps(main(), indent=2))

@@ -24,6 +24,10 @@ def main() -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "scaling"}, indent=2))
     sim = simulation_docs.main()
     print(json.dumps({k: v for k, v in sim.items() if k != "results"}, indent=2))
+    # First: its cut-link rows go into the detection and recovery pages written next.
+    network = network_bench.main()  # a cut link across test hosts (None where none can be made)
+    if network is not None:
+        print(json.dumps({k: network[k] for k in ("unicron", "torchrun_tuned")}, indent=2))
     detection = detection_bench.main()
     print(
         json.dumps(
@@ -45,9 +49,6 @@ def main() -> None:
             indent=2,
         )
     )
-    network = network_bench.main()  # a cut link across test hosts (None where none can be made)
-    if network is not None:
-        print(json.dumps({k: network[k] for k in ("unicron", "torchrun_tuned")}, indent=2))
     overhead = overhead_bench.main()
     print(json.dumps({f"{r['model']}@{r['workers']}": r["ratio"] for r in overhead["rows"]}, indent=2))
     chaos_main([])  # the 15-minute soak: docs/bench/chaos.json, docs/reliability.md
