@@ -58,7 +58,9 @@ def test_the_allocation_is_read_from_slurms_variables_and_node_addresses() -> No
 
 def test_slurm_run_outside_an_allocation_says_how_to_submit_it(tmp_path: Path) -> None:
     spec = tmp_path / "task.yaml"
-    spec.write_text("name: x\n")
+    spec.write_text(traced_task(tmp_path / "trace.jsonl", "{1: 1.0e9}", 10, 0.0))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nweight: -1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     done = subprocess.run(
         [sys.executable, "-m", "unicron.cli.main", "slurm", "run", str(spec)],
@@ -66,6 +68,11 @@ def test_slurm_run_outside_an_allocation_says_how_to_submit_it(tmp_path: Path) -
     )  # fmt: skip
     assert done.returncode == 2 and "sbatch deploy/slurm/unicron.sbatch" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "unicron.cli.main", "slurm", "run", str(bad)],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "weight" in refused.stderr and "Traceback" not in refused.stderr
 
 
 REASON = hosts_unavailable() or slurm_unavailable()
@@ -77,7 +84,7 @@ def test_the_sbatch_script_runs_tinygpt_on_slurm_nodes_and_recovers_a_killed_wor
     """sbatch on 3 nodes: the job's coordinator and agents come up on the nodes' own addresses,
     the task trains on all three, a worker killed mid-run is recovered in place, the task ends
     with the parameters of a failure-free run and an exact ledger, and the job completes with
-    exit 0 leaving no process behind."""
+    exit 0 leaving no process behind. A second job on the same root finds the task done."""
     trace, iterations = tmp_path / "trace.jsonl", 40
     spec = tmp_path / "task.yaml"
     spec.write_text(traced_task(trace, "{1: 1.0e9, 2: 1.9e9, 3: 2.7e9}", iterations, 0.1))
@@ -86,10 +93,9 @@ def test_the_sbatch_script_runs_tinygpt_on_slurm_nodes_and_recovers_a_killed_wor
         nodes = {f"n{i}": hosts.hosts[i] for i in (1, 2, 3)}
         with SlurmCluster(hosts, tmp_path / "slurm", hosts.hosts[0], nodes) as slurm:
             slurm.env["PATH"] = f"{Path(sys.executable).parent}:{slurm.env['PATH']}"
-            submitted = slurm.run(
-                ["sbatch", "--parsable", "--nodes=3", f"--chdir={ROOT}", f"--output={tmp_path / 'job.out'}",
-                 str(ROOT / "deploy" / "slurm" / "unicron.sbatch"), "--root", str(root), str(spec)]
-            )  # fmt: skip
+            submit = ["sbatch", "--parsable", "--nodes=3", f"--chdir={ROOT}"]
+            script = [str(ROOT / "deploy" / "slurm" / "unicron.sbatch"), "--root", str(root), str(spec)]
+            submitted = slurm.run([*submit, f"--output={tmp_path / 'job.out'}", *script])
             job = submitted.strip().split(";")[0]
             api = AdminClient(hosts, root, job, nodes["n1"].address)
             try:
@@ -99,17 +105,27 @@ def test_the_sbatch_script_runs_tinygpt_on_slurm_nodes_and_recovers_a_killed_wor
                 os.kill(killed["pid"], signal.SIGKILL)
             finally:
                 api.close()
-            wait(lambda: slurm.job(job)["JobState"] in ("COMPLETED", "FAILED", "CANCELLED"), 400, "the job")
-            finished = slurm.job(job)
+            finished = wait_for_job(slurm, job)
+            # A second job on the same root follows the task from its state: it is over already.
+            again = slurm.run([*submit, f"--output={tmp_path / 'again.out'}", *script])
+            resumed = wait_for_job(slurm, again.strip().split(";")[0])
     said = (tmp_path / "job.out").read_text()
     assert (finished["JobState"], finished["ExitCode"]) == ("COMPLETED", "0:0"), said
+    said_again = (tmp_path / "again.out").read_text()
+    assert (resumed["JobState"], resumed["ExitCode"]) == ("COMPLETED", "0:0"), said_again
     assert registered == {name: host.address for name, host in nodes.items()}  # each node by its address
     rows = read_trace(trace)
     started = {r["pid"] for r in rows if r["what"] == "started"}
     assert killed["pid"] in started and len(started) == 4  # 3 + the one that replaced the killed worker
+    # (and the second job trained nothing again)
     assert not any(alive(pid, trace) for pid in started)  # the job's end stopped everything
     assert_ledger_exact(rows, iterations, frozen=frozenset({killed["rank"]}), world=3)
     assert_ends_exact(tmp_path, "lm", iterations)
+
+
+def wait_for_job(slurm: SlurmCluster, job: str) -> dict[str, str]:
+    wait(lambda: slurm.job(job)["JobState"] in ("COMPLETED", "FAILED", "CANCELLED"), 400, f"job {job} to end")
+    return slurm.job(job)
 
 
 def running(api: AdminClient) -> list[dict[str, Any]]:

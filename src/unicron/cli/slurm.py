@@ -9,6 +9,7 @@ from pathlib import Path
 from unicron.control.slurm import current_allocation
 from unicron.control.slurmjob import Layout, run_job, run_node
 from unicron.core.errors import UsageError
+from unicron.core.livespecs import parse_live_tasks
 
 
 def default_slots() -> int:
@@ -34,6 +35,7 @@ def run(
     for spec in specs:
         if not spec.is_file():
             raise UsageError(f"task file {spec} does not exist: pass the YAML of the tasks to run")
+        parse_live_tasks(spec.read_text(), str(spec))  # a bad spec is refused before anything starts
     if slots < 0:
         raise UsageError(f"--slots {slots}: pass a positive number of worker slots per node (or 0: the GPUs)")
     allocation = current_allocation()

@@ -37,6 +37,7 @@ from unicron.control.slurm import Allocation
 from unicron.control.tokens import issue, load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.errors import UnicronError
+from unicron.core.livespecs import parse_live_tasks
 from unicron.core.states import TaskState
 
 ENDED = {TaskState.FINISHED.value, TaskState.FAILED.value, TaskState.CANCELLED.value}
@@ -198,6 +199,14 @@ class Coordinator:
         return response.json()
 
     def submit(self, spec: Path) -> list[str]:
+        """Submit the tasks of ``spec``; a task the coordinator has already (the root of an
+        earlier job, or a requeued one) is followed, not submitted again: it goes on from its
+        state and its newest checkpoint."""
+        names = [task.name for task in parse_live_tasks(spec.read_text(), str(spec))]
+        known = {task["name"] for task in self.get("/v1/tasks")}
+        if set(names) <= known:
+            say(f"{', '.join(names)}: known from an earlier run of this root, followed from its state")
+            return names
         response = self.client.post(
             "/v1/tasks", content=spec.read_bytes(), headers={"content-type": "application/yaml"}
         )
@@ -253,7 +262,7 @@ def run_job(
         api.wait(lambda: api.client.get("/health").status_code == 200, wait_s, "coordinator", step)
         api.wait(every_agent, wait_s, "agent on every node", step)
         names = [name for spec in specs for name in api.submit(spec)]
-        say(f"submitted {', '.join(names)}")
+        say(f"following {', '.join(names)}")
         ended = follow(api, names, step)
     finally:
         end_step(step, layout.stop_file(allocation.job_id))
@@ -266,7 +275,7 @@ def follow(api: Coordinator, names: list[str], step: subprocess.Popen[bytes]) ->
     """Poll the tasks until each has ended, printing each change of state and each incident with
     what was done about it; their last states."""
     seen: dict[str, str] = {}
-    told: set[int] = set()
+    told = {e["id"] for e in api.get("/v1/events") if e["kind"] == "incident"}  # an earlier job's
     while True:
         if step.poll() is not None:
             raise UnicronError(f"the job step ended ({step.returncode}) before the tasks: see logs/")
