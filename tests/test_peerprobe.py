@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from unicron.control.peercheck import PeerCheck, outcome
 from unicron.control.peerprobe import listen, partition_verdict, unreachable
+from unicron.core.taxonomy import ErrorKind
 
 NODES = {"a", "b", "c", "d", "e"}
 
@@ -47,3 +49,25 @@ def test_the_probe_reaches_a_listener_and_not_a_closed_port() -> None:
         return found
 
     assert asyncio.run(probe()) == ["down"]
+
+
+def check(unreachable: dict[str, list[str]]) -> PeerCheck:
+    ranks = {"a": {0, 1}, "b": {2, 3}, "c": {4, 5}}
+    return PeerCheck("lm", 3, 12, 100.0, "every rank waits", 105.0, ranks, unreachable)
+
+
+def test_a_complete_check_takes_out_the_cut_off_node_with_its_ranks() -> None:
+    decided = outcome(check({"a": ["c"], "b": ["c"], "c": ["a", "b"]}), 10.0)
+    assert (decided.kind, decided.node, decided.failed, decided.grace_s) == (
+        ErrorKind.NODE_PARTITIONED, "c", frozenset({4, 5}), 0.0,
+    )  # fmt: skip
+
+
+def test_a_whole_network_gets_the_grace_once_every_node_answered() -> None:
+    whole = outcome(check({"a": [], "b": [], "c": []}), 10.0)
+    assert whole.grace_s == 10.0  # slow, not broken: no incident yet
+    unanswered = outcome(check({"a": [], "b": []}), 10.0)  # c's answer never came
+    assert (unanswered.grace_s, unanswered.kind, unanswered.failed) == (0.0, ErrorKind.TASK_HANG, None)
+    tie = outcome(check({"a": ["b"], "b": ["a"], "c": []}), 10.0)  # a and b: either could be cut off
+    assert (tie.grace_s, tie.kind, tie.failed) == (0.0, ErrorKind.TASK_HANG, None)
+    assert outcome(check({"a": [], "b": [], "c": []}), 0.0).grace_s == 0.0  # the grace turned off

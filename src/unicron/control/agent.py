@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -30,7 +29,7 @@ from pydantic import ValidationError
 from unicron.control import peerprobe
 from unicron.control.credentials import Credentials
 from unicron.control.hostaddress import NodeAddress
-from unicron.control.processes import Worker, is_stopped, read_stack
+from unicron.control.processes import Worker, dies_with_parent, is_stopped, read_stack
 from unicron.core.protocol import (
     AGENT_DATAGRAM,
     DumpStacks,
@@ -53,11 +52,6 @@ from unicron.core.reachability import Reachability
 from unicron.core.workerenv import WorkerEnv, host_checkpoint_dir
 
 MAX_BUFFERED_REPORTS = 10_000
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class Agent:
@@ -143,7 +137,7 @@ class Agent:
                     stdin=asyncio.subprocess.DEVNULL,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=dies_with_parent(signal.SIGKILL),
                 )
         except (OSError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:500]

@@ -16,7 +16,7 @@ from unicron.control import reported
 from unicron.control.context import Context
 from unicron.control.hangs import WorkerKey, hang_verdict
 from unicron.control.monitor import TaskMonitor
-from unicron.control.peercheck import PeerCheck, probe_endpoints
+from unicron.control.peercheck import PeerCheck, outcome, probe_endpoints
 from unicron.control.records import NodeRecord, TaskRecord
 from unicron.control.recovery import Recovery
 from unicron.core.protocol import Progress, StacksReport
@@ -68,6 +68,8 @@ class Detector:
         self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
         self.stopped = {k: v for k, v in self.stopped.items() if k[0] != name}
         self.progress = {k: v for k, v in self.progress.items() if k[0] != name}
+        self.checks = {k: v for k, v in self.checks.items() if k[0] != name}
+        self.graced = {k: v for k, v in self.graced.items() if k[0] != name}
 
     def check_nodes(self, now: float) -> bool:
         """Declare silent nodes lost and end isolations that ran out; True when nodes changed."""
@@ -130,9 +132,10 @@ class Detector:
         if verdict is None:
             return
         culprits = verdict.culprits
-        checked = self.graced.get((task.name, task.generation), (0, 0.0))[0] == step  # and graced
+        # The peers are probed once per late step: after a slow network's grace, the hang is handled.
+        graced_already = self.graced.get((task.name, task.generation), (0, 0.0))[0] == step
         endpoints = None
-        if not culprits and not checked:
+        if not culprits and not graced_already:
             endpoints = probe_endpoints(self.ctx.store.nodes(), {w.node for w in workers})
         # Every rank's stack first (the agents carry this out before the stop that follows).
         self.ctx.act.dump_stacks(task.name, task.generation, endpoints)
@@ -185,34 +188,24 @@ class Detector:
                 self._judged(check, now)
 
     def _judged(self, check: PeerCheck, now: float) -> None:
-        """A node its peers cannot reach fails (its ranks) and is taken out. If every node reaches
-        every other, the network is slow rather than broken: the step gets ``network_grace_s``
-        more (once). Otherwise the hang is what it was: no rank to blame."""
+        """Carry out what the complete check decides (``peercheck.outcome``)."""
         key = (check.task, check.generation)
-        verdict = check.verdict()
-        whole = len(check.unreachable) == len(check.ranks) and not any(check.unreachable.values())
-        grace = self.ctx.limits.network_grace_s if whole else 0.0
+        decided = outcome(check, self.ctx.limits.network_grace_s)
         self.ctx.act.record(
             "peer_check",
             task=check.task,
             generation=check.generation,
-            culprits=list(verdict.culprits),
-            why=verdict.why,
+            culprits=list(decided.verdict.culprits),
+            why=decided.verdict.why,
             unreachable=check.unreachable,
-            grace_s=grace,
+            grace_s=decided.grace_s,
         )
         task = self.ctx.store.task(check.task)
-        if grace > 0:
-            self.graced[key] = (check.step, now + grace)
+        if decided.grace_s > 0:
+            self.graced[key] = (check.step, now + decided.grace_s)
         elif task is not None and task.generation == check.generation and key not in self.recovery.incidents:
-            late = f"step {check.step} late"
-            if verdict.culprits:
-                kind, node, why = ErrorKind.NODE_PARTITIONED, verdict.culprits[0], f"{late}; {verdict.why}"
-            else:
-                kind, node = ErrorKind.TASK_HANG, None
-                why = f"{late}; hung rank(s) unknown: {check.why}; {verdict.why}"
-            failed = check.failed(verdict.culprits) or None
-            self.recovery.incident(check.task, kind, node, why, failed, check.since)
+            failed = None if decided.failed is None else set(decided.failed)
+            self.recovery.incident(check.task, decided.kind, decided.node, decided.why, failed, check.since)
         incident = self.recovery.incidents.get(key)
         if incident is not None:
             self.hang_incidents[key] = incident.id

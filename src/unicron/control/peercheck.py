@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from unicron.control.peerprobe import PROBE_TIMEOUT_S, PartitionVerdict, partition_verdict
 from unicron.control.records import NodeRecord, WorkerRecord
 from unicron.core.protocol import StacksReport
+from unicron.core.taxonomy import ErrorKind
 
 # Dump (0.5 s) and probe in parallel, then one heartbeat or two for the report to arrive.
 PEER_CHECK_S = PROBE_TIMEOUT_S + 3.0
@@ -63,3 +64,32 @@ class PeerCheck:
 
     def failed(self, culprits: Sequence[str]) -> set[int]:
         return {rank for node in culprits for rank in self.ranks.get(node, ())}
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """What a complete peer check decides: more time (``grace_s`` > 0, no incident), or the
+    incident to open: its kind, node, failed ranks (None: no rank can be blamed) and why."""
+
+    verdict: PartitionVerdict
+    grace_s: float = 0.0
+    kind: ErrorKind = ErrorKind.TASK_HANG
+    node: str | None = None
+    failed: frozenset[int] | None = None
+    why: str = ""
+
+
+def outcome(check: PeerCheck, grace_s: float) -> CheckOutcome:
+    """A node its peers cannot reach fails (its ranks) and is taken out. If every node answered
+    and reaches every other, the network is slow rather than broken (a lossy link's
+    retransmissions): the step gets ``grace_s`` more. Otherwise the hang is what it was."""
+    verdict = check.verdict()
+    late = f"step {check.step} late"
+    if verdict.culprits:
+        failed = frozenset(check.failed(verdict.culprits))
+        return CheckOutcome(
+            verdict, 0.0, ErrorKind.NODE_PARTITIONED, verdict.culprits[0], failed, f"{late}; {verdict.why}"
+        )
+    whole = set(check.unreachable) >= set(check.ranks) and not any(check.unreachable.values())
+    why = f"{late}; hung rank(s) unknown: {check.why}; {verdict.why}"
+    return CheckOutcome(verdict, grace_s if whole else 0.0, why=why)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import shutil
 import sys
 import time
 from asyncio.subprocess import PIPE, STDOUT
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +74,17 @@ async def read_stack(pid: int, timeout_s: float = 10.0) -> str:
         await run.wait()
         return f"(stopped; py-spy gave no stack within {timeout_s:g} s)"
     return out.decode(errors="replace")[:64_000]
+
+
+def dies_with_parent(sig: int) -> Callable[[], None]:
+    """A ``preexec_fn`` (it runs in the child between fork and exec): the child gets ``sig`` when
+    the process that started it dies (PR_SET_PDEATHSIG), so nothing outlives its supervisor."""
+
+    def arm() -> None:
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)
+
+    return arm
 
 
 def is_stopped(pid: int) -> bool:

@@ -20,7 +20,6 @@ an earlier one continues from its state.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import signal
 import subprocess
 import sys
@@ -32,7 +31,8 @@ from typing import Any
 
 import httpx
 
-from unicron.control.credentials import read_token, write_token
+from unicron.control.credentials import Credentials, read_token, write_token
+from unicron.control.processes import dies_with_parent
 from unicron.control.slurm import Allocation
 from unicron.control.tokens import issue, load_or_create_secret
 from unicron.core.access import Role
@@ -76,11 +76,6 @@ class Layout:
 
 def say(line: str) -> None:
     print(f"unicron slurm: {line}", flush=True)
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _cli(*args: str) -> list[str]:
@@ -135,7 +130,10 @@ class Supervisor:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             self.running[name] = subprocess.Popen(
-                self.commands[name], stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+                self.commands[name],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=dies_with_parent(signal.SIGTERM),  # the step ends: its processes stop
             )
 
     def run(self) -> int:
@@ -191,12 +189,21 @@ class Coordinator:
 
     def __init__(self, url: str, token: str) -> None:
         self.url = url
-        self.client = httpx.Client(base_url=url, timeout=10.0, headers={"authorization": f"Bearer {token}"})
+        self.client = httpx.Client(base_url=url, timeout=10.0, headers=Credentials(token).headers)
 
     def get(self, path: str) -> Any:
         response = self.client.get(path)
         response.raise_for_status()
         return response.json()
+
+    def events_after(self, cursor: int) -> tuple[list[dict[str, Any]], int]:
+        """Every event after id ``cursor`` (page by page: the API returns at most a page), and
+        the id to ask after next time."""
+        found: list[dict[str, Any]] = []
+        while page := self.get(f"/v1/events?since={cursor}"):
+            found += page
+            cursor = page[-1]["id"]
+        return found, cursor
 
     def submit(self, spec: Path) -> list[str]:
         """Submit the tasks of ``spec``; a task the coordinator has already (the root of an
@@ -275,7 +282,7 @@ def follow(api: Coordinator, names: list[str], step: subprocess.Popen[bytes]) ->
     """Poll the tasks until each has ended, printing each change of state and each incident with
     what was done about it; their last states."""
     seen: dict[str, str] = {}
-    told = {e["id"] for e in api.get("/v1/events") if e["kind"] == "incident"}  # an earlier job's
+    cursor = api.events_after(0)[1]  # an earlier job's events (a reused root) are not this job's
     while True:
         if step.poll() is not None:
             raise UnicronError(f"the job step ended ({step.returncode}) before the tasks: see logs/")
@@ -284,9 +291,9 @@ def follow(api: Coordinator, names: list[str], step: subprocess.Popen[bytes]) ->
                 if task["name"] in names and seen.get(task["name"]) != task["state"]:
                     seen[task["name"]] = task["state"]
                     say(f"{task['name']}: {task['state']} at step {task.get('step')}")
-            for event in api.get("/v1/events"):
-                if event["kind"] == "incident" and event["id"] not in told:
-                    told.add(event["id"])
+            events, cursor = api.events_after(cursor)
+            for event in events:
+                if event["kind"] == "incident":
                     say(incident_line(event))
         if len(seen) == len(names) and all(state in ENDED for state in seen.values()):
             return seen
