@@ -4,6 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: venv test lint system demo bench docs clean
+, := ,
 
 venv: $(STAMP)
 
@@ -17,16 +18,26 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench examples
 	$(VENV)/bin/mypy src
 
-# System packages the tests drive for real: Slurm with munge (tests/test_slurm.py), nftables
-# (packet loss between test hosts). Installed as root with apt-get; elsewhere those tests are
-# skipped with the reason.
-system:
-	@if command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v nft >/dev/null; then :; \
+# System packages driven for real, from Debian with apt-get as root (elsewhere what needs them
+# is skipped with the reason): Slurm with munge (tests/test_slurm.py); nftables (packet loss
+# between test hosts); iptables and libnetfilter-queue (delay between test hosts, with the
+# NetfilterQueue package built against it: the `netfaults` extra).
+# $(call apt,PACKAGES,COMMANDS THAT SHOW THEY ARE THERE,WHAT IS SKIPPED WITHOUT THEM)
+apt = @if $(2); then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing slurm-wlm, munge and nftables (apt-get)"; \
-	  { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge nftables >/dev/null; } \
-	    || echo "apt-get failed: the tests that need Slurm or nftables will be skipped"; \
-	else echo "not root with apt-get: the tests that need Slurm or nftables will be skipped"; fi
+	  echo "installing $(1) (apt-get)"; \
+	  { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null; } \
+	    || echo "apt-get failed: $(3) will be skipped"; \
+	else echo "not root with apt-get: $(3) will be skipped"; fi
+SYSTEM_PACKAGES := slurm-wlm munge nftables iptables libnetfilter-queue-dev gcc
+SYSTEM_CHECK := command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v nft >/dev/null \
+	&& command -v iptables >/dev/null && [ -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ]
+
+system: $(STAMP)
+	$(call apt,$(SYSTEM_PACKAGES),$(SYSTEM_CHECK),the tests that need Slurm$(,) nftables or iptables)
+	@$(PY) -c "import netfilterqueue" 2>/dev/null \
+	  || $(PY) -m pip install -q --disable-pip-version-check -e '.[netfaults]' >/dev/null 2>&1 \
+	  || echo "NetfilterQueue did not build: the tests that delay packets will be skipped"
 
 test: lint system
 	$(VENV)/bin/pytest -q

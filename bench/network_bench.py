@@ -13,8 +13,12 @@ its processes still running), after training passed step 10.
   first reaction the workers can see (a survivor's SIGTERM or collective error, or the relaunch);
   downtime runs to the first step completed after the relaunch (resumed from its checkpoint).
 
+It also measures what the harness's delay does (``TestHosts.delay``): the time of one gloo
+all-reduce between two test hosts as one of them delays every packet by 0, 5 and 20 ms.
+
 Writes docs/bench/network.json and docs/multi-host.md; ``python -m bench.network_bench`` (run by
-`make bench`). Needs root and network namespaces; without them it writes nothing and says why.
+`make bench`); ``--delay`` measures the delay rows alone, keeping the others. Needs root and
+network namespaces; without them it writes nothing and says why.
 """
 
 from __future__ import annotations
@@ -34,13 +38,15 @@ from typing import Any
 from bench import cells
 from bench.torchrun import TRAIN, runs_train, trace_rows
 from unicron.control.localcluster import LocalCluster
-from unicron.control.testhosts import TestHosts, unavailable
+from unicron.control.testhosts import TestHosts, delay_unavailable, unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512", "--step-delay", "0.02"]
 REPEATS = int(os.environ.get("UNICRON_BENCH_REPEATS", "3"))
 PG_TIMEOUT_S = 20.0  # torchrun's process-group timeout, tuned as in the detection benchmark
 CUT_AFTER_STEP = 10
+DELAYS_MS = (0.0, 5.0, 20.0)
+PROBE_PORT = 29600  # the probe's store, on the first test host (its ports are all free)
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
@@ -202,6 +208,41 @@ def summary(samples: list[dict[str, float | None]], key: str) -> dict[str, Any]:
     }
 
 
+def delay_rows(folder: Path) -> list[dict[str, float]]:
+    """The all-reduce time between two test hosts at each of ``DELAYS_MS`` on the second."""
+    with TestHosts(2) as hosts:
+        first, second = hosts.hosts
+        ranks = []
+        for rank, host in enumerate((first, second)):
+            argv = [sys.executable, "-m", "bench.allreduce_probe", str(rank), first.address]
+            argv += [str(PROBE_PORT), str(len(DELAYS_MS)), str(folder)]
+            ranks.append(
+                subprocess.Popen(hosts.command(host, argv), stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            )
+        rows = []
+        for phase, ms in enumerate(DELAYS_MS):
+            hosts.delay(second, ms)
+            (folder / f"go-{phase}").touch()
+            assert ranks[0].stdout is not None
+            measured = json.loads(ranks[0].stdout.readline())
+            rows.append(
+                {"delay_ms": ms, "round_trip_added_ms": 2 * ms, "allreduce_ms": measured["allreduce_ms"]}
+            )
+        for rank in ranks:
+            rank.wait(60)
+    return rows
+
+
+def measure_delay() -> dict[str, Any] | None:
+    reason = unavailable() or delay_unavailable()
+    if reason is not None:
+        print(f"delay rows skipped: {reason}")
+        return None
+    with tempfile.TemporaryDirectory(prefix="unicron-delay-") as tmp:
+        rows = delay_rows(Path(tmp))
+    return {"floats": 1000, "repeats": 20, "rows": rows}
+
+
 def main() -> dict[str, Any] | None:
     reason = unavailable()
     if reason is not None:
@@ -221,10 +262,23 @@ def main() -> dict[str, Any] | None:
             "process_group_timeout_s": PG_TIMEOUT_S,
         },
         "target_detection_s": 3.0,
+        "delay": measure_delay(),
     }
+    save(result)
+    return result
+
+
+def save(result: dict[str, Any]) -> None:
     (ROOT / "docs" / "bench").mkdir(parents=True, exist_ok=True)
     (ROOT / "docs" / "bench" / "network.json").write_text(json.dumps(result, indent=2) + "\n")
     write_markdown(result)
+
+
+def only_delay() -> dict[str, Any] | None:
+    """The delay rows measured again, the cut-link rows kept from the last run."""
+    result = json.loads((ROOT / "docs" / "bench" / "network.json").read_text())
+    result["delay"] = measure_delay()
+    save(result)
     return result
 
 
@@ -250,6 +304,17 @@ def _cell(entry: dict[str, Any]) -> str:
     return f"{entry['median_s']:.2f} s (max {entry['max_s']:.2f})"
 
 
+def _delay_table(delay: dict[str, Any] | None) -> str:
+    if not delay:
+        return "(not measured: the last run had no test hosts or could not delay packets)"
+    lines = ["| delay on one host | round trip through it | one all-reduce |", "|---|---|---|"]
+    lines += [
+        f"| {row['delay_ms']:g} ms | +{row['round_trip_added_ms']:g} ms | {row['allreduce_ms']:.1f} ms |"
+        for row in delay["rows"]
+    ]
+    return "\n".join(lines)
+
+
 def write_markdown(r: dict[str, Any]) -> None:
     """The measured table of docs/multi-host.md (the rest of the page is the template's)."""
     ours, theirs = r["unicron"], r["torchrun_tuned"]
@@ -261,6 +326,7 @@ def write_markdown(r: dict[str, Any]) -> None:
     (ROOT / "docs" / "multi-host.md").write_text(
         template.format(
             rows=rows,
+            delay_rows=_delay_table(r.get("delay")),
             repeats=len(ours["detection"]["samples"]),
             pg=theirs["process_group_timeout_s"],
             after=r["after_step"],
@@ -272,5 +338,7 @@ def write_markdown(r: dict[str, Any]) -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--docs"]:  # the page again from the last measured figures (a text change)
         write_markdown(json.loads((ROOT / "docs" / "bench" / "network.json").read_text()))
+    elif sys.argv[1:] == ["--delay"]:
+        print(json.dumps(only_delay(), indent=2))
     else:
         print(json.dumps(main(), indent=2))

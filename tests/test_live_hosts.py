@@ -19,13 +19,22 @@ from pathlib import Path
 import pytest
 
 from unicron.control.localcluster import LocalCluster
-from unicron.control.testhosts import NETNS_DIR, PREFIX, TestHosts, remove_leftovers, unavailable
+from unicron.control.testhosts import (
+    NETNS_DIR,
+    PREFIX,
+    TestHosts,
+    delay_unavailable,
+    remove_leftovers,
+    unavailable,
+)
 
 from .test_live_cluster import assert_ends_exact, assert_ledger_exact, finish_and_settle, traced_task
 
 REASON = unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no test hosts here: {REASON}")
 NEEDS_NFT = pytest.mark.skipif(shutil.which("nft") is None, reason="nftables missing (make test installs it)")
+NO_DELAY = delay_unavailable()
+NEEDS_DELAY = pytest.mark.skipif(NO_DELAY is not None, reason=f"cannot delay packets here: {NO_DELAY}")
 
 ECHO = (
     "import socket,sys;s=socket.create_server((sys.argv[1],7000));"
@@ -43,6 +52,13 @@ def connect(address: str, timeout: float) -> str:
         return "timeout"
     except OSError as exc:
         return type(exc).__name__
+
+
+def echo_time(address: str, timeout: float) -> float:
+    """Seconds to connect to ``address``:7000 and have a word echoed (two round trips)."""
+    began = time.monotonic()
+    assert connect(address, timeout) == "unicron"
+    return time.monotonic() - began
 
 
 def serve(hosts: TestHosts, name: str) -> subprocess.Popen[bytes]:
@@ -239,21 +255,47 @@ def test_a_host_loses_packets_on_demand() -> None:
         server.wait(10)
 
 
+@NEEDS_DELAY
+@pytest.mark.timeout(120)
+def test_a_host_delays_packets_on_demand() -> None:
+    with TestHosts(2) as hosts:
+        client = hosts.client(hosts["h0"])
+        hosts.delay(hosts["h1"], 100)
+        server = serve(hosts, "h1")
+        # Connect and echo: two round trips, each through h1's delay twice (in and out).
+        assert client.call(echo_time, hosts["h1"].address, 10) >= 0.4
+        server.wait(10)
+        hosts.delay(hosts["h1"], 0)
+        rules = subprocess.run(hosts.command(hosts["h1"], ["iptables", "-S"]), capture_output=True, text=True)
+        assert "NFQUEUE" not in rules.stdout  # the delay is gone with its rules
+        server = serve(hosts, "h1")
+        assert client.call(connect, hosts["h1"].address, 5) == "unicron"
+        server.wait(10)
+
+
 @NEEDS_NFT
+@NEEDS_DELAY
 @pytest.mark.timeout(480)
-def test_training_goes_on_exact_through_packet_loss_on_a_host(tmp_path: Path) -> None:
+def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path: Path) -> None:
     """A tenth of the packets to and from one host lost at random while 40 steps train: TCP
     retransmits (timeouts backing off from 200 ms), heartbeats (every 0.5 s, a 2.5 s deadline)
-    still arrive, so no node is declared lost; the task ends exact, with an exact ledger."""
+    still arrive, so no node is declared lost. Then every packet of another host waits 20 ms for
+    20 steps (each collective's round trips through it 40 ms longer): slower steps, nothing
+    broken. The task ends exact, with an exact ledger, and no incident."""
     trace, iterations = tmp_path / "trace.jsonl", 160
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
     with TestHosts(4) as hosts, LocalCluster(tmp_path / "cluster", nodes=3, slots=1, hosts=hosts) as cluster:
         train_on_three(cluster, spec)
-        lossy = cluster.host_of["node-1"]
+        lossy, slow = cluster.host_of["node-1"], cluster.host_of["node-2"]
         hosts.lose(lossy, 10)
         began = cluster.task("lm")["step"]
         cluster.wait(lambda: cluster.task("lm")["step"] >= began + 40, 240, "40 steps through the loss")
         hosts.lose(lossy, 0)
+        hosts.delay(slow, 20)
+        began = cluster.task("lm")["step"]
+        cluster.wait(lambda: cluster.task("lm")["step"] >= began + 20, 240, "20 steps through the delay")
+        assert cluster.task("lm")["step"] < iterations, "the task ended before the delay was shown"
+        hosts.delay(slow, 0)
         events, rows = finish_and_settle(cluster, trace)
     story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
     assert not [e for e in events if e["kind"] == "incident"], story

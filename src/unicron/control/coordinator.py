@@ -86,6 +86,7 @@ class Coordinator:
                 port = self.ctx.act.rendezvous.host(task.name, task.store_port)
                 if port != task.store_port:
                     self.act.task_store_port(task.name, port)
+                self.act.generation_current(task.name, task.generation)  # the store is new
                 self._claim_injected(task.name)
         self.generations.orphaned_newcomers()
         gpu = settings.cluster.gpu_type()

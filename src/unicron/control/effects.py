@@ -30,6 +30,7 @@ from unicron.core.protocol import (
     Order,
     RenameWorker,
     StopWorkers,
+    current_key,
     membership_key,
     spare_key,
 )
@@ -145,7 +146,6 @@ class Applier:
         self.orders = orders
         # Facts reported from outside, recorded as they come (the store's own operations).
         self.add_task = store.add_task
-        self.task_launched = store.task_launched
         self.task_stopping = store.task_stopping
         self.task_ended = store.task_ended
         self.task_waiting = store.task_waiting
@@ -202,6 +202,16 @@ class Applier:
         self.record("node_lost", node=node, silent_s=round(silent_s, 3))
         self.orders.take(node)
         return self._store.lose_node_workers(node)
+
+    def task_launched(self, task: str, generation: int, workers: int, port: int, now: float) -> None:
+        """A generation was launched from a checkpoint: it is the task's current one."""
+        self._store.task_launched(task, generation, workers, port, now)
+        self.generation_current(task, generation)
+
+    def generation_current(self, task: str, generation: int) -> None:
+        """Tell the task's workers which generation is current: only its members commit
+        checkpoints (``train/fencing.py``)."""
+        self.rendezvous.set(task, current_key(task), str(generation))
 
     def launch(self, launch: Launch, now: float) -> list[WorkerRecord]:
         added = self._store.add_workers(
@@ -261,6 +271,7 @@ class Applier:
         self.rendezvous.set(
             switch.task, membership_key(switch.task, switch.old), switch.membership.model_dump_json()
         )
+        self.generation_current(switch.task, switch.membership.generation)  # after the path to it
 
     def use_spare(
         self,

@@ -18,6 +18,9 @@ Safety. Traffic must go only between the namespaces made here, to the addresses 
   inside a host (a process under ``ip netns exec``, or a thread that entered the namespace:
   ``InNamespace``, which checks it did before any socket is made).
 
+Delay is added by a process in the host (``netdelay.py``) that holds each of its packets for a
+while: this kernel has no ``netem``.
+
 Every namespace is named ``unicron-<pid>-<host>`` after the process that made it; ``close``
 removes them (``with TestHosts(...)`` and interpreter exit do it), and a later harness removes
 those whose maker died without closing (a killed test run).
@@ -28,11 +31,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import importlib.util
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +52,7 @@ NETNS_DIR = Path("/var/run/netns")
 CLONE_NEWNET = 0x40000000
 INTERFACE = "eth0"  # each host's one interface (a name of its own namespace)
 NOWHERE = "02:00:00:00:00:01"  # a hardware address no host has: frames sent to it are lost
+DELAY_QUEUE = 7  # the netfilter queue a delayed host's packets wait in (numbered per namespace)
 T = TypeVar("T")
 
 
@@ -83,6 +89,15 @@ def unavailable() -> str | None:
     if done.returncode != 0:
         return f"`ip netns add` failed: {done.stderr.strip()}"
     _ip("netns", "del", probe, check=False)
+    return None
+
+
+def delay_unavailable() -> str | None:
+    """Why ``TestHosts.delay`` cannot work here (None: it can)."""
+    if shutil.which("iptables") is None:
+        return "`iptables` is not installed: make test installs it as root"
+    if importlib.util.find_spec("netfilterqueue") is None:
+        return "the NetfilterQueue package is missing: make test installs it (pip install -e '.[netfaults]')"
     return None
 
 
@@ -130,6 +145,7 @@ class TestHosts:
         self._made: list[str] = []
         self._severed: set[tuple[Host, Host]] = set()
         self._clients: dict[str, InNamespace] = {}
+        self._delayers: dict[str, subprocess.Popen[str]] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ life
@@ -172,6 +188,10 @@ class TestHosts:
             for client in self._clients.values():
                 client.close()
             self._clients.clear()
+            for delayer in self._delayers.values():
+                delayer.kill()
+                delayer.wait()
+            self._delayers.clear()
             for namespace in reversed(self._made):
                 _remove_namespace(namespace)
             self._made.clear()
@@ -245,11 +265,66 @@ class TestHosts:
         if done.returncode != 0:
             raise HostsUnavailable(f"nft refused the loss rules: {done.stderr.strip()}")
 
+    def tcp_retries(self, host: Host, retries: int) -> None:
+        """How often ``host``'s TCP sends unanswered data again before the connection fails
+        (``net.ipv4.tcp_retries2`` of its namespace). Linux's 15 take about 15 minutes, 3 about
+        3 s: to the host's connections a partition of a minute then lasts as long as one of
+        hours does with the default (calls into it fail, rather than wait)."""
+        if not 1 <= retries <= 15:
+            raise ValueError(f"retries={retries}: between 1 and 15")
+        _ip("netns", "exec", host.namespace, "sysctl", "-q", "-w", f"net.ipv4.tcp_retries2={retries}")
+
+    def delay(self, host: Host, ms: float) -> None:
+        """Hold every packet ``host`` sends or receives on its link for ``ms`` before it goes on
+        (so a round trip between it and another host takes ``2 * ms`` more); ``ms=0`` ends it.
+        Real delay for every connection, gloo's included: the packets wait in a netfilter queue
+        that a process inside the host (``netdelay.py``) releases, in order."""
+        if ms < 0:
+            raise ValueError(f"ms={ms}: a delay cannot be negative")
+        for rule in _delay_rules(host, "-D"):
+            subprocess.run(self.command(host, rule), capture_output=True, timeout=30)
+        if (delayer := self._delayers.pop(host.name, None)) is not None:
+            delayer.kill()
+            delayer.wait()
+        if ms == 0:
+            return
+        if (reason := delay_unavailable()) is not None:
+            raise HostsUnavailable(reason)
+        argv = [
+            sys.executable,
+            "-m",
+            "unicron.control.netdelay",
+            "--queue",
+            str(DELAY_QUEUE),
+            "--delay-ms",
+            str(ms),
+        ]
+        delayer = subprocess.Popen(self.command(host, argv), stdout=subprocess.PIPE, text=True)
+        assert delayer.stdout is not None
+        if delayer.stdout.readline().strip() != "ready":  # bound before any packet is queued to it
+            delayer.kill()
+            raise HostsUnavailable(f"the delay process on {host.name} did not start (exit {delayer.wait()})")
+        self._delayers[host.name] = delayer
+        for rule in _delay_rules(host, "-A"):
+            done = subprocess.run(self.command(host, rule), capture_output=True, text=True, timeout=30)
+            if done.returncode != 0:
+                raise HostsUnavailable(f"iptables refused the delay rule: {done.stderr.strip()}")
+
     def mend(self) -> None:
         """End every partition: addresses are resolved afresh."""
         for here, there in sorted(self._severed, key=lambda pair: (pair[0].name, pair[1].name)):
             _ip("-n", here.namespace, "neigh", "del", there.address, "dev", here.interface, check=False)
         self._severed.clear()
+
+
+def _delay_rules(host: Host, action: str) -> list[list[str]]:
+    """The iptables commands that add (``-A``) or delete (``-D``) the rules queueing every
+    packet on ``host``'s link, in and out, to its delay process."""
+    queue = ["-j", "NFQUEUE", "--queue-num", str(DELAY_QUEUE)]
+    return [
+        ["iptables", action, "INPUT", "-i", host.interface, *queue],
+        ["iptables", action, "OUTPUT", "-o", host.interface, *queue],
+    ]
 
 
 def _enter(namespace: str) -> str:

@@ -377,6 +377,13 @@ def membership_key(task: str, generation: int) -> str:
     return f"{task}/membership/{generation}"
 
 
+def current_key(task: str) -> str:
+    """Where the coordinator writes the task's current generation (a number), at every launch
+    and every change of membership: a checkpoint is committed only by a member of it
+    (``train/fencing.py``)."""
+    return f"{task}/current"
+
+
 SPARE_GENERATION = 0  # hot spares run as generation 0 of their task until they are used
 
 

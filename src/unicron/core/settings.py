@@ -135,7 +135,13 @@ class Settings(BaseModel):
         " from its newest intact checkpoint",
     )
     store_reconnect_s: float = Field(
-        5.0, gt=0, description="a worker retries an unreachable rendezvous store this often"
+        5.0, gt=0, description="a worker retries an unreachable rendezvous store at most this far apart"
+    )
+    commit_confirm_s: float = Field(
+        5.0,
+        gt=0,
+        description="a checkpoint is committed once the task's store confirms, within this, that its"
+        " writer belongs to the current generation (train/fencing.py); else it is not",
     )
     # handling
     escalation_window_s: float = Field(600.0, gt=0, description="repeats are counted within this")

@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,15 +49,28 @@ class CheckpointWriteError(OSError):
     storage, so that the fault is classified as the storage's and blamed on no node."""
 
 
-def save(directory: Path, step: int, state: dict[str, Any], keep: int = 3) -> Path:
+def save(
+    directory: Path,
+    step: int,
+    state: dict[str, Any],
+    keep: int = 3,
+    confirm: Callable[[], None] | None = None,
+) -> Path:
     """Write ``state`` for ``step`` and point ``latest`` at it; keep the newest ``keep``. A
     storage that refuses any part of it raises ``CheckpointWriteError`` and keeps no partial file
-    (the previous checkpoint and pointer stay as they were)."""
+    (the previous checkpoint and pointer stay as they were). ``confirm`` is called once the file
+    is written, before it is committed: what it raises (``fencing.CommitRefused``) leaves no file."""
     target = path_for(directory, step)
     tmp, pointer = target.with_suffix(".tmp"), directory / (LATEST + ".tmp")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         torch.save(state, tmp)
+        if confirm is not None:
+            try:
+                confirm()
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
         os.replace(tmp, target)
         point_latest(directory, target)
     except (OSError, RuntimeError) as exc:

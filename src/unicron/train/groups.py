@@ -82,6 +82,10 @@ class Groups:
         except Exception:  # a dead replica-mate: the replica is out anyway
             return tuple(True for _ in mine)
 
+    def replica_worst(self, mine: int) -> int:
+        """The largest of the replica's ``mine`` (one collective); without a replica, ``mine``."""
+        return mine if self.replica is None else self.replica.maxima([mine])[0]
+
     def replica_on_one_node(self, node: str, local_rank: int) -> bool:
         """Whether the replica's ranks are all on this node, this rank's replica being the
         node's first (its first rank has local rank 0): the replica that keeps the node's

@@ -8,6 +8,10 @@ checkpoint tries again, and the first one that the tier takes is reported too (t
 closes). Only the final state must reach the storage: ``Persisting.final`` retries it until
 ``wait_s`` has passed, then raises, so that the task fails with the storage's reason rather than
 ending with its result in memory only.
+
+A checkpoint that its writer could not confirm as the task's current generation's
+(``fencing.py``) is not a storage fault: it is skipped, and retried in the same way when it is
+the final one; one whose writer was superseded ends the attempt (``CommitRefused`` is raised).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from unicron.core.protocol import StorageTier as Tier
 from unicron.train.checkpoint import CheckpointWriteError
+from unicron.train.fencing import CommitRefused, Standing
 
 # (tier, ok, error, when): what the session sends its agent as a StorageReport.
 Notify = Callable[[Tier, bool, str, float], None]
@@ -34,6 +39,7 @@ class Persisting:
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
     failing: dict[Tier, float] = field(default_factory=dict)
+    refused: Callable[[Tier, CommitRefused], None] = lambda tier, why: None  # a commit not confirmed
 
     def attempt(self, tier: Tier, write: Callable[[], Path]) -> Path | None:
         """Write one checkpoint to ``tier``; None when the storage refused it (reported when the
@@ -45,13 +51,19 @@ class Persisting:
                 self.failing[tier] = now = self.clock()
                 self.notify(tier, False, str(exc), now)
             return None
+        except CommitRefused as exc:
+            self.refused(tier, exc)
+            if exc.standing is Standing.SUPERSEDED:
+                raise
+            return None
         if self.failing.pop(tier, None) is not None:
             self.notify(tier, True, "", self.clock())
         return path
 
     def final(self, write: Callable[[], Path], wait_s: float, retry_s: float = 1.0) -> Path:
         """Write the final state to the persistent tier, retrying every ``retry_s`` while the
-        storage refuses it, for about ``wait_s``; then raise the storage's error. A fixed number
+        storage refuses it (or the commit cannot be confirmed), for about ``wait_s``; then raise
+        the storage's error (or ``CommitRefused``). A fixed number
         of tries, not a deadline: the ranks of a sharded replica write their parts together, so
         each must try as often as the others (their clocks differ)."""
         tries = max(0, math.ceil(wait_s / retry_s))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +39,7 @@ from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
 from unicron.train import checkpoint, membership, sharded, shardedcheckpoint
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
+from unicron.train.fencing import CommitRefused, Fence
 from unicron.train.groups import Groups
 from unicron.train.loader import MapDataset, StepData, step_data
 from unicron.train.peers import Peers
@@ -85,10 +87,18 @@ class Session:
         self.limits = limits = Settings()
         wait = contract.storage_wait_s
         self.storage_wait_s = limits.storage_wait_s if wait is None else wait
-        self.persisting = Persisting(self._storage)
+        self.persisting = Persisting(self._storage, refused=self._refused)
         self.timeout = timedelta(seconds=contract.pg_timeout_s or timeout_s or limits.process_group_timeout_s)
         self.replica_size = contract.replica_size
         self.groups = Groups(self.task, self.replica_size, self.timeout)
+        self.fence = Fence(
+            self.store_address or "",
+            self.task,
+            contract.store_key or "",
+            limits.commit_confirm_s,
+            lambda: (self.generation, self.rank, self.step),
+            self.groups.replica_worst,
+        )
         self.channel = ReportChannel(contract.agent_socket)
         faults = [FaultSpec.model_validate(f) for f in contract.faults or []]
         self.faults = FaultInjector(faults, self.rank, self.generation, self._fault_report, self.task)
@@ -354,22 +364,33 @@ class Session:
         if self.checkpoint_dir is None:
             return
         due = final or (self.checkpoint_every and self.step % self.checkpoint_every == 0)
-        host = self.host_dir if self.local_rank == 0 else None  # one in-memory copy per node
         if not due:
             return
         train = TrainState(model, optimizer, self.extras)
-        if train.sharded:
-            self._checkpoint_replica(train, final)
-            return
+        try:
+            if train.sharded:
+                self._checkpoint_replica(train, final)
+            else:
+                self._checkpoint_whole(train, final)
+        except CommitRefused:  # superseded: the task went on without this worker (fencing.py)
+            raise SystemExit(0) from None
+
+    def _checkpoint_whole(self, train: TrainState, final: bool) -> None:
+        """Rank 0 writes the persistent checkpoint, each node's first rank its in-memory copy."""
+        host = self.host_dir if self.local_rank == 0 else None  # one in-memory copy per node
         if self.rank != 0 and host is None:
             return
         self.progress.at(self.step, Phase.CHECKPOINT)
         state = checkpoint.state_of(train, self.step, **self._where())
+        confirm = self.fence.confirm
         if host is not None:
-            self.persisting.attempt("host_memory", lambda: checkpoint.save(host, self.step, state, keep=2))
+            self.persisting.attempt(
+                "host_memory", lambda: checkpoint.save(host, self.step, state, keep=2, confirm=confirm)
+            )
         if self.rank == 0:
             directory = self.checkpoint_dir
-            self._persist(lambda: checkpoint.save(directory, self.step, state), final)
+            assert directory is not None
+            self._persist(lambda: checkpoint.save(directory, self.step, state, confirm=confirm), final)
 
     def _checkpoint_replica(self, train: TrainState, final: bool) -> None:
         """A sharded replica's checkpoint (``shardedcheckpoint.py``): every rank of the replica
@@ -385,12 +406,16 @@ class Session:
         self.progress.at(self.step, Phase.CHECKPOINT)
         state = shardedcheckpoint.state_of(train, self.step, self.replica_size, **self._where())
         commit = layout.position == 0
+        confirm = lambda: self.fence.confirm_in_replica(commit)  # noqa: E731
         if host is not None:
             self.persisting.attempt(
-                "host_memory", lambda: shardedcheckpoint.save(host, self.step, state, commit, keep=2)
+                "host_memory",
+                lambda: shardedcheckpoint.save(host, self.step, state, commit, keep=2, confirm=confirm),
             )
         if persistent:
-            self._persist(lambda: shardedcheckpoint.save(directory, self.step, state, commit), final)
+            self._persist(
+                lambda: shardedcheckpoint.save(directory, self.step, state, commit, confirm=confirm), final
+            )
 
     def _where(self) -> dict[str, Any]:
         return {"task": self.task, "generation": self.generation, "world_size": self.world_size}
@@ -403,6 +428,10 @@ class Session:
             path = self.persisting.attempt("persistent", write)
         if path is not None and self.rank == 0:
             self.channel.send(CheckpointReport(**self._identity(), step=self.step, path=str(path)))
+
+    def _refused(self, tier: StorageTier, refused: CommitRefused) -> None:
+        self.trace("commit_refused", tier=tier, standing=refused.standing.value, step=self.step)
+        print(f"{self.task}: {refused}", file=sys.stderr, flush=True)
 
     def _storage(self, tier: StorageTier, ok: bool, error: str, when: float) -> None:
         self.trace("storage", tier=tier, ok=ok, step=self.step)

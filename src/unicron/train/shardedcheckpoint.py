@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +61,20 @@ def state_of(train: TrainState, step: int, replica_size: int, **where: Any) -> d
     return {**parts, **meta, "layout_digest": digest}
 
 
-def save(directory: Path, step: int, state: dict[str, Any], commit: bool, keep: int = 3) -> Path:
+def save(
+    directory: Path,
+    step: int,
+    state: dict[str, Any],
+    commit: bool,
+    keep: int = 3,
+    confirm: Callable[[], None] | None = None,
+) -> Path:
     """Write the replica's shards of ``state`` for ``step`` (every rank of the replica calls
     this); the rank that ``commit``s renames it into place, points ``latest`` at it and prunes
     to the newest ``keep``. Storage that refuses any part raises ``CheckpointWriteError`` on
-    every rank (DCP gathers each rank's failure), leaving the previous checkpoint as it was."""
+    every rank (DCP gathers each rank's failure), leaving the previous checkpoint as it was.
+    Every rank calls ``confirm`` before the commit (the replica agrees on its answer:
+    ``fencing.Fence.confirm_in_replica``); what it raises leaves no folder."""
     target = path_for(directory, step)
     tmp, pointer = target.with_name(target.name + ".tmp"), directory / (checkpoint.LATEST + ".tmp")
     try:
@@ -73,6 +83,7 @@ def save(directory: Path, step: int, state: dict[str, Any], commit: bool, keep: 
             shutil.rmtree(tmp, ignore_errors=True)  # a torn attempt at the same step
         dist.barrier()  # the folder is ready before any rank writes into it
         dcp_save(state, storage_writer=FileSystemWriter(tmp))
+        _confirmed(confirm, tmp if commit else None)
         if commit:
             shutil.rmtree(target, ignore_errors=True)
             os.replace(tmp, target)
@@ -87,6 +98,19 @@ def save(directory: Path, step: int, state: dict[str, Any], commit: bool, keep: 
         for old in sorted(p for p in directory.glob(f"step-*{SUFFIX}") if p.is_dir())[:-keep]:
             shutil.rmtree(old, ignore_errors=True)  # best effort: the new one is in place
     return target
+
+
+def _confirmed(confirm: Callable[[], None] | None, tmp: Path | None) -> None:
+    """Run ``confirm`` before a commit; what it raises removes the written folder (``tmp``: the
+    committing rank's)."""
+    if confirm is None:
+        return
+    try:
+        confirm()
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def load(train: TrainState, path: Path) -> dict[str, Any]:

@@ -34,8 +34,9 @@ class TaskStore:
         self.raw: Any = self._connect(timeout)
         self._reconnect_at = 0.0
         self._refused: set[str] = set()
-        # Only for what the log says: the store is tried again every ``reconnect_s``.
-        self.link = Reachability(f"the rendezvous store at {address}", reconnect_s, reconnect_s)
+        # Reconnections back off from half a second to ``reconnect_s``, jittered (a cluster's
+        # workers do not all return at once to a restarted coordinator's stores).
+        self.link = Reachability(f"the rendezvous store at {address}", min(0.5, reconnect_s), reconnect_s)
 
     def _say(self, line: str | None, more: str = "") -> None:
         if line is not None:
@@ -68,9 +69,10 @@ class TaskStore:
             return posted
         except Exception as exc:
             now = time.monotonic()
-            self._say(self.link.failed(now, exc)[1], "; training goes on meanwhile")
-            if now - self._reconnect_at > self.reconnect_s:
-                self._reconnect_at = now
+            if now >= self._reconnect_at:  # each attempt to reconnect counts one failure
+                delay, line = self.link.failed(now, exc)
+                self._say(line, "; training goes on meanwhile")
+                self._reconnect_at = now + delay
                 with contextlib.suppress(Exception):
                     self.raw = self._connect(timedelta(seconds=2))
                     self.raw.set_timeout(self.timeout)

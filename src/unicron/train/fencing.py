@@ -1,0 +1,166 @@
+"""Checkpoint commits fenced by generation: only a member of the task's current generation
+commits a checkpoint.
+
+A host cut off from the coordinator is declared lost, and its task goes on without it: in place,
+or relaunched from its checkpoint on other nodes. Its own workers do not know: if the whole
+world of the task was on that side (a task on one node, or a group of nodes cut off together),
+their collectives still work, and once their store calls give up they train on, writing
+checkpoints into the shared folder that the task's new generation writes too. That is split
+brain on storage: two lineages committing the same steps, and a later resume taking whichever
+wrote last.
+
+So a checkpoint is written in full, then committed (renamed into place, ``latest`` moved) only
+after the writer has confirmed, with the coordinator's store, that it still belongs to the
+task's current generation: the coordinator writes that generation (``core.protocol.current_key``,
+signed with the task's key) at every launch and every change of membership. The writer reads it
+over a connection of its own with a short timeout (the worker's usual store connection may be
+blocked in a call to a host that no longer answers), and follows the memberships posted since
+its own generation: a worker carried into the current one by in-place changes is still a
+member. The answer is one of:
+
+- ``CURRENT``: commit;
+- ``SUPERSEDED``: the task went on without this worker (it was declared failed, left, or the
+  task was relaunched): commit nothing, and stop;
+- ``UNKNOWN``: the store did not answer (a partition, or the coordinator is down): commit
+  nothing now; a periodic checkpoint is skipped (the next one tries again, and every replica
+  still holds the state), the final one is retried like a storage fault (``persisting.py``).
+
+The check and the rename are two steps, so a writer confirmed just before its host is cut off
+may still commit that one checkpoint, of a step its generation did reach; nothing later.
+
+The ranks of a sharded replica write a checkpoint together (and retry the final one together),
+so they take one answer: the committing rank's, shared in one collective over the replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+from unicron.core.protocol import Membership, current_key, membership_key
+from unicron.core.signing import opened
+
+MAX_HOPS = 64  # far more changes of membership than can pass between two checkpoints
+
+
+class Standing(StrEnum):
+    CURRENT = "current"
+    SUPERSEDED = "superseded"
+    UNKNOWN = "unknown"
+
+
+WORST_LAST = (Standing.CURRENT, Standing.UNKNOWN, Standing.SUPERSEDED)  # a replica takes its worst
+
+
+class CommitRefused(Exception):
+    """A checkpoint was written but not committed: its writer is not (known to be) a member of
+    the task's current generation. Not a storage fault (the storage took the file)."""
+
+    def __init__(self, standing: Standing, generation: int, step: int) -> None:
+        self.standing = standing
+        why = (
+            "the task went on without this worker"
+            if standing is Standing.SUPERSEDED
+            else "the task's store did not answer"
+        )
+        super().__init__(f"checkpoint of step {step} not committed by generation {generation}: {why}")
+
+
+def standing(
+    generation: int, rank: int, current: int | None, following: Callable[[int], Membership | None]
+) -> Standing:
+    """Whether ``rank`` of ``generation`` belongs to the task's ``current`` generation (None: the
+    store did not say). ``following(g)`` is the membership posted after generation ``g`` (None:
+    none was: the task was relaunched from a checkpoint instead, or ``g`` is still current)."""
+    if current is None:
+        return Standing.UNKNOWN
+    for _ in range(MAX_HOPS):
+        if generation == current:
+            return Standing.CURRENT
+        if generation > current:  # a store re-created behind the coordinator's record: not known yet
+            return Standing.UNKNOWN
+        posted = following(generation)
+        if posted is None or rank in posted.failed or rank not in posted.ranks:
+            return Standing.SUPERSEDED
+        generation, rank = posted.generation, posted.ranks[rank]
+    return Standing.UNKNOWN
+
+
+def read_standing(
+    address: str, task: str, key: str, generation: int, rank: int, timeout_s: float
+) -> Standing:
+    """``standing`` as the task's store says it, over a connection of its own that waits at most
+    about ``timeout_s`` for each answer. Values not signed with the task's ``key`` count as absent."""
+    import torch.distributed as dist
+
+    host, port = address.rsplit(":", 1)
+    try:
+        raw: Any = dist.TCPStore(  # type: ignore[attr-defined]
+            host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s)
+        )
+    except Exception:  # cannot connect: a partition, or the coordinator is down
+        return Standing.UNKNOWN
+
+    def signed(name: str) -> str | None:
+        return opened(key, name, raw.get(name)) if raw.check([name]) else None
+
+    def following(g: int) -> Membership | None:
+        payload = signed(membership_key(task, g))
+        return None if payload is None else Membership.model_validate_json(payload)
+
+    try:
+        value = signed(current_key(task))
+        return standing(generation, rank, None if value is None else int(value), following)
+    except Exception:  # the store stopped answering meanwhile
+        return Standing.UNKNOWN
+
+
+@dataclass
+class Fence:
+    """One worker's checkpoint commits, confirmed with its task's store at ``address`` (``key``:
+    the task's store key) within ``timeout_s``. ``where()`` is the worker's (generation, rank,
+    step) now; ``worst(code)`` the largest code over its sharded replica (one collective; the
+    code itself without a replica). Without a store (a world of one run without an agent, or
+    under torchrun) nothing is fenced."""
+
+    address: str
+    task: str
+    key: str
+    timeout_s: float
+    where: Callable[[], tuple[int, int, int]]
+    worst: Callable[[int], int]
+    confirmed_at: int | None = None  # the step whose commit was last confirmed (both tiers use it)
+
+    def confirm(self) -> None:
+        """Raise ``CommitRefused`` unless this worker belongs to the current generation."""
+        if self._settled():
+            return
+        self._settle(self._read())
+
+    def confirm_in_replica(self, commit: bool) -> None:
+        """The same for every rank of a sharded replica, called by all of them together: the
+        committing rank (``commit``) asks the store, and all take its answer."""
+        if self._settled():
+            return
+        mine = WORST_LAST.index(self._read()) if commit else 0
+        try:
+            agreed = WORST_LAST[self.worst(mine)]
+        except Exception:  # a replica-mate died: nothing is committed
+            agreed = Standing.UNKNOWN
+        self._settle(agreed)
+
+    def _settled(self) -> bool:
+        return not (self.address and self.key) or self.confirmed_at == self.where()[2]
+
+    def _read(self) -> Standing:
+        generation, rank, _ = self.where()
+        return read_standing(self.address, self.task, self.key, generation, rank, self.timeout_s)
+
+    def _settle(self, found: Standing) -> None:
+        generation, _, step = self.where()
+        if found is not Standing.CURRENT:
+            raise CommitRefused(found, generation, step)
+        self.confirmed_at = step
