@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint system demo bench docs clean
+.PHONY: venv test lint system browser demo bench docs clean
 , := ,
 
 venv: $(STAMP)
@@ -21,7 +21,8 @@ lint: $(STAMP)
 # System packages driven for real, from Debian with apt-get as root (elsewhere what needs them
 # is skipped with the reason): Slurm with munge (tests/test_slurm.py); nftables (packet loss
 # between test hosts); iptables and libnetfilter-queue (delay between test hosts, with the
-# NetfilterQueue package built against it: the `netfaults` extra).
+# NetfilterQueue package built against it: the `netfaults` extra); Chromium and its driver (the
+# dashboard in a real browser: tests/test_live_dashboard.py, and the demo's screenshot).
 # $(call apt,PACKAGES,COMMANDS THAT SHOW THEY ARE THERE,WHAT IS SKIPPED WITHOUT THEM)
 apt = @if $(2); then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -32,19 +33,24 @@ apt = @if $(2); then :; \
 SYSTEM_PACKAGES := slurm-wlm munge nftables iptables libnetfilter-queue-dev gcc
 SYSTEM_CHECK := command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v nft >/dev/null \
 	&& command -v iptables >/dev/null && [ -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ]
+BROWSER_PACKAGES := chromium chromium-driver
+BROWSER_CHECK := command -v chromium >/dev/null && command -v chromedriver >/dev/null
 
-system: $(STAMP)
+system: $(STAMP) browser
 	$(call apt,$(SYSTEM_PACKAGES),$(SYSTEM_CHECK),the tests that need Slurm$(,) nftables or iptables)
 	@$(PY) -c "import netfilterqueue" 2>/dev/null \
 	  || $(PY) -m pip install -q --disable-pip-version-check -e '.[netfaults]' >/dev/null 2>&1 \
 	  || echo "NetfilterQueue did not build: the tests that delay packets will be skipped"
+
+browser:
+	$(call apt,$(BROWSER_PACKAGES),$(BROWSER_CHECK),the browser test and the demo's screenshot)
 
 test: lint system
 	$(VENV)/bin/pytest -q
 
 # The demo's run writes docs/live-cluster.md's demo section and its figures (bench/demo_docs.py).
 DEMO_RUN := .unicron/demo
-demo: $(STAMP)
+demo: $(STAMP) browser
 	rm -rf $(DEMO_RUN)
 	$(VENV)/bin/unicron demo --root $(DEMO_RUN)
 	$(PY) -m bench.demo_docs $(DEMO_RUN)

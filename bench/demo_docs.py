@@ -1,5 +1,6 @@
 """After `make demo`: its run writes the demo section of docs/live-cluster.md (plans and WAF
-tables, from bench/templates/live-cluster.md), docs/demo-waf.png and docs/bench/demo-waf.json.
+tables, from bench/templates/live-cluster.md), docs/demo-waf.png, docs/bench/demo-waf.json and
+(where a headless browser ran) docs/dashboard.png.
 
 `python -m bench.demo_docs RUN_DIR` (RUN_DIR: the demo's --root, holding waf.json and waf.png).
 """
@@ -63,6 +64,9 @@ def main(run_dir: Path) -> None:
     shutil.copyfile(run_dir / "waf.png", docs / "demo-waf.png")
     (docs / "live-cluster.md").write_text(render(comparison))
     print(f"wrote docs/live-cluster.md, docs/demo-waf.png and docs/bench/demo-waf.json from {run_dir}")
+    if (run_dir / "dashboard.png").exists():  # taken where a headless browser runs (cli/browser.py)
+        shutil.copyfile(run_dir / "dashboard.png", docs / "dashboard.png")
+        print(f"wrote docs/dashboard.png from {run_dir}")
 
 
 if __name__ == "__main__":

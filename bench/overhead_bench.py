@@ -20,6 +20,7 @@ Writes docs/bench/overhead.json and docs/performance.md (run by `make bench`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.scraper import Scraper
 from unicron.control.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +134,11 @@ def ddp(root: Path, model: str, workers: int) -> float:
     return step_seconds(out)
 
 
-def unicron(root: Path, model: str, workers: int) -> float:
+def unicron(
+    root: Path, model: str, workers: int, scraped: list[Scraper] | None = None, iterations: int = 0
+) -> float:
+    """The port as a Unicron task (``iterations``: other than the model's); ``scraped``: watched
+    meanwhile by a ``Scraper`` (appended)."""
     m, out = MODELS[model], root / "times"
     out.mkdir(parents=True)
     program = [
@@ -145,14 +151,18 @@ def unicron(root: Path, model: str, workers: int) -> float:
     ]
     spec = (
         f"name: overhead\nweight: 1\nthroughput: {{{workers}: 1.0e9}}\nmin_workers: {workers}\n"
-        f"run:\n  program: {json.dumps(program)}\n  iterations: {m.iterations}\n"
+        f"run:\n  program: {json.dumps(program)}\n  iterations: {iterations or m.iterations}\n"
         f"  checkpoint_every: 100000\n  replica_size: {m.replica_size}\n  env: {{OMP_NUM_THREADS: '1'}}\n"
     )
     with LocalCluster(root / "cluster", nodes=1, slots=workers) as cluster:
-        cluster.submit(spec)
-        ended = ("finished", "failed")
-        cluster.wait(lambda: cluster.task("overhead")["state"] in ended, 900, "the task to finish")
-        task = cluster.task("overhead")
+        watching = Scraper(cluster) if scraped is not None else contextlib.nullcontext()
+        with watching:
+            cluster.submit(spec)
+            ended = ("finished", "failed")
+            cluster.wait(lambda: cluster.task("overhead")["state"] in ended, 900, "the task to finish")
+            task = cluster.task("overhead")
+        if isinstance(watching, Scraper) and scraped is not None:
+            scraped.append(watching)
     if task["state"] != "finished":
         raise RuntimeError(f"the Unicron run of {model} at {workers} workers failed: {task['reason']}")
     return step_seconds(out)
@@ -257,5 +267,9 @@ def write_markdown(r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    # python -m bench.overhead_bench [MODEL ...]: every model, or only those
-    print(json.dumps(main(sys.argv[1:]), indent=2))
+    # python -m bench.overhead_bench [MODEL ...]: every model, or only those; --docs: the page
+    # again from the last measured figures (a text change)
+    if sys.argv[1:] == ["--docs"]:
+        write_markdown(json.loads((ROOT / "docs" / "bench" / "overhead.json").read_text()))
+    else:
+        print(json.dumps(main(sys.argv[1:]), indent=2))

@@ -7,6 +7,7 @@ import json
 from bench import (
     detection_bench,
     network_bench,
+    observe_bench,
     overhead_bench,
     planner_bench,
     recovery_bench,
@@ -51,6 +52,8 @@ def main() -> None:
     )
     overhead = overhead_bench.main()
     print(json.dumps({f"{r['model']}@{r['workers']}": r["ratio"] for r in overhead["rows"]}, indent=2))
+    watched = observe_bench.main()  # what a scrape and a dashboard cost the same training
+    print(json.dumps({k: watched[k] for k in ("quiet_step_s", "watched_step_s", "ratio")}, indent=2))
     chaos_main([])  # the 15-minute soak: docs/bench/chaos.json, docs/reliability.md
 
 

@@ -35,6 +35,9 @@ NEEDS = {
     ("get", "/v1/nodes"): Need.READ,
     ("get", "/v1/workers"): Need.READ,
     ("get", "/v1/events"): Need.READ,
+    ("get", "/v1/incidents"): Need.READ,
+    ("get", "/v1/dashboard"): Need.READ,
+    ("get", "/metrics"): Need.READ,  # Prometheus scrapes with a viewer token (not in the schema)
     ("post", "/v1/tasks"): Need.MANAGE,
     ("delete", "/v1/tasks/{name}"): Need.MANAGE,
     ("delete", "/v1/nodes/{name}"): Need.MANAGE,
@@ -88,9 +91,27 @@ def test_the_decision_table() -> None:
     assert other.status == 403 and "--subject node-b" in other.why
 
 
+def test_the_dashboard_page_needs_no_token_and_holds_no_data(app: TestClient, state: Path) -> None:
+    """The page and its files are the same for everyone (its data comes from /v1/dashboard, with
+    the token it is given); nothing else is served from the package's folder."""
+    app.post(
+        "/v1/tasks",
+        content=TASK,
+        headers={"content-type": "application/yaml", **auth(state, Role.ADMIN, "a")},
+    )
+    page = app.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "t1" not in page.text  # no task, node or event in it: the script asks for them
+    for name in ("dashboard.js", "dashboard.css", "uPlot.iife.min.js", "uPlot.min.css"):
+        assert app.get(f"/ui/{name}").status_code == 200, name
+    for name in ("index.html", "uPlot.LICENSE", "..%2F..%2Fservice.py", "secret"):
+        assert app.get(f"/ui/{name}").status_code == 404, name
+
+
 def test_every_endpoint_with_no_token_a_forged_one_and_each_role(app: TestClient, state: Path) -> None:
     schema = app.get("/openapi.json", headers=auth(state, Role.VIEWER, "v")).json()
-    routes = {(m, p) for p, ops in schema["paths"].items() for m in ops} | {("get", "/openapi.json")}
+    routes = {(m, p) for p, ops in schema["paths"].items() for m in ops}
+    routes |= {("get", "/openapi.json"), ("get", "/metrics")}
     assert routes == set(NEEDS), "a route without an entry in NEEDS: say who may call it"
     forged = issue(b"0" * 64, Role.ADMIN, "mallory")  # signed with a secret that is not the cluster's
     callers: dict[str, tuple[Principal | None, dict[str, str]]] = {

@@ -23,16 +23,19 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from unicron.cli import demo_waf
+from unicron.cli import browser, demo_waf
 from unicron.cli.console import console
 from unicron.cli.live import task_table
 from unicron.control.localcluster import LocalCluster
 from unicron.control.testhosts import TestHosts, unavailable
+from unicron.control.tokens import issue
+from unicron.core.access import Role
 from unicron.core.errors import UsageError
 from unicron.core.livespecs import parse_live_cluster, parse_live_tasks
 from unicron.core.taxonomy import ErrorKind
 
 TASKS = Path("examples/demo/tasks.yaml")
+SHOT_AFTER_S = 20  # the dashboard is photographed this long after the lost node is back
 CLUSTER = Path("examples/demo/cluster.yaml")  # the planner's hardware inputs
 NEWS = (
     "task_launch",
@@ -357,6 +360,9 @@ def run_demo(root: Path, timeout_s: float = 900, hosts: int | None = None) -> in
         with live or contextlib.nullcontext():
             while True:
                 tasks = watch.once(steps, recorder)
+                if "shot" not in marks and time.time() - marks.get("back", time.time()) > SHOT_AFTER_S:
+                    marks["shot"] = _photograph(cluster, root)
+                    watch.say(marks["shot"])
                 watch.show(live, tasks)
                 if all(t["state"] in ("finished", "failed", "cancelled") for t in tasks) and not steps:
                     break
@@ -372,6 +378,15 @@ def run_demo(root: Path, timeout_s: float = 900, hosts: int | None = None) -> in
         cluster.close()
         if test_hosts is not None:
             test_hosts.close()
+
+
+def _photograph(cluster: LocalCluster, root: Path) -> str:
+    """The dashboard as a viewer sees it once the node is back (``bench/demo_docs.py`` copies
+    it to docs/dashboard.png); on test hosts the browser would have to run inside one: not done."""
+    if cluster.hosts is not None:
+        return "no screenshot: the coordinator is on a test host"
+    token = issue(cluster.secret, Role.VIEWER, "demo-screenshot")
+    return browser.photograph_dashboard(cluster.url, token, root / "dashboard.png")
 
 
 def _test_hosts(count: int | None) -> TestHosts | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -92,6 +93,7 @@ def run_agent(
     gpus: str | None,
     credentials: Credentials,
     address: str | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     from unicron.control.agent import run_agent as start
     from unicron.control.hostaddress import AddressError, NodeAddress, interface_of
@@ -102,7 +104,8 @@ def run_agent(
         where = NodeAddress(address, interface_of(address)) if address else NodeAddress()
     except AddressError as exc:
         raise UsageError(str(exc)) from None
-    start(url, name, slots, run_dir or Path(f".unicron/agents/{name}"), devices, credentials, where)
+    folder = run_dir or Path(f".unicron/agents/{name}")
+    start(url, name, slots, folder, devices, credentials, where, metrics_port)
 
 
 def create_token(
@@ -204,16 +207,20 @@ def node_action(api: Api, name: str, action: str, body: dict[str, Any] | None = 
 
 def events(api: Api, task: str | None, json_output: bool) -> None:
     rows = api.request("GET", "/v1/events", params={"task": task} if task else {})
+    incidents = api.request("GET", "/v1/incidents", params={"task": task} if task else {})
     if json_output:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"events": rows, "incidents": incidents}, indent=2))
         return
     table = Table("id", "time", "kind", "task", "node", "detail")
     for e in rows:
-        detail = ", ".join(f"{k}={v}" for k, v in e["detail"].items())
-        table.add_row(
-            str(e["id"]), f"{e['time']:.3f}", e["kind"], e["task"] or "", e["node"] or "", Text(detail)
-        )
+        table.add_row(*event_cells(e))
     console().print(table)
+    console().print(incident_table(incidents, last=len(incidents)))
+
+
+def event_cells(e: dict[str, Any]) -> tuple[str, str, str, str, str, Text]:
+    detail = ", ".join(f"{k}={v}" for k, v in e["detail"].items())
+    return str(e["id"]), f"{e['time']:.3f}", e["kind"], e["task"] or "", e["node"] or "", Text(detail)
 
 
 def task_table(tasks: list[dict[str, Any]], title: str = "Tasks") -> Table:
@@ -249,13 +256,18 @@ def task_table(tasks: list[dict[str, Any]], title: str = "Tasks") -> Table:
 
 
 def status(api: Api, json_output: bool) -> None:
+    if json_output:
+        nodes, tasks, workers = (api.request("GET", f"/v1/{what}") for what in ("nodes", "tasks", "workers"))
+        print(json.dumps({"nodes": nodes, "tasks": tasks, "workers": workers}, indent=2))
+        return
+    console().print(status_view(api))
+
+
+def status_view(api: Api) -> Group:
+    """What `unicron status` shows (and `--watch` refreshes): nodes, tasks, workers, incidents."""
     nodes = api.request("GET", "/v1/nodes")
     tasks = api.request("GET", "/v1/tasks")
     workers = api.request("GET", "/v1/workers")
-    if json_output:
-        print(json.dumps({"nodes": nodes, "tasks": tasks, "workers": workers}, indent=2))
-        return
-    out = console()
     table = Table(
         "node", "address", "state", "slots", "used", "heartbeat", title="Nodes", title_justify="left"
     )
@@ -265,9 +277,7 @@ def status(api: Api, json_output: bool) -> None:
         # A lost node's agent cannot reach the coordinator (or is down): say so, not only an age.
         beat = f"none for {age:.1f} s: unreachable" if n["state"] == "lost" else f"{age:.1f} s ago"
         table.add_row(n["name"], n["host"], n["state"], str(n["slots"]), used, beat)
-    out.print(table)
-    table = task_table(tasks)
-    out.print(table)
+    shown: list[Table] = [table, task_table(tasks)]
     table = Table(
         "task", "gen", "rank", "node", "local", "state", "pid", "exit", title="Workers", title_justify="left"
     )
@@ -287,44 +297,39 @@ def status(api: Api, json_output: bool) -> None:
             str(w["pid"] or ""),
             code,
         )
-    out.print(table)
-    out.print(incident_table(api.request("GET", "/v1/events")))
+    shown += [table, incident_table(api.request("GET", "/v1/incidents", params={"last": 10}))]
+    return Group(*shown)
 
 
-def incident_table(events: list[dict[str, Any]], last: int = 10) -> Table:
-    """The latest incidents: when detected, how fast, kind, severity, action and outcome."""
-    outcomes = {e["detail"].get("incident"): e["detail"] for e in events if e["kind"] == "outcome"}
-    causes = {e["detail"]["incident"]: e["detail"] for e in events if e["kind"] == "root_cause"}
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"
+
+
+def incident_table(incidents: list[dict[str, Any]], last: int = 10) -> Table:
+    """The latest incidents, each with its breakdown (``control/breakdown.py``): the fault, its
+    detection, the decision, the transition, the first step after it, the work it cost and the
+    ladder's actions."""
     table = Table(
-        "id",
-        "task",
-        "node",
-        "kind",
-        "severity",
-        "action",
-        "detected in",
-        "outcome",
-        "downtime",
-        title="Incidents",
-        title_justify="left",
-    )
-    incidents = [e for e in events if e["kind"] == "incident"][-last:]
-    for e in incidents:
-        d = e["detail"]
-        outcome = outcomes.get(e["id"], {})
-        latency = "-" if d.get("detection_s") is None else f"{d['detection_s']:.2f} s"
-        downtime = "-" if outcome.get("downtime_s") is None else f"{outcome['downtime_s']:.1f} s"
-        cause = causes.get(e["id"])
-        kind = d["kind"] if cause is None else f"{cause['kind']} (first seen as {d['kind']})"
+        "id", "task", "node", "kind", "sev", "fault", "detection", "decision", "transition",
+        "first step", "downtime", "lost", "actions", "outcome", title="Incidents", title_justify="left",
+    )  # fmt: skip
+    for b in incidents[-last:]:
+        s = b["seconds"]
+        kind = (
+            b["kind"] if b["first_seen_as"] is None else f"{b['kind']} (first seen as {b['first_seen_as']})"
+        )
+        steps = "?" if b["lost_steps"] is None else b["lost_steps"]
         table.add_row(
-            str(e["id"]),
-            e["task"] or "",
-            cause["lost_node"] if cause else e["node"] or "",
+            str(b["incident"]),
+            b["task"] or "",
+            b["node"] or "",
             kind,
-            d["severity"],
-            d["action"],
-            latency,
-            outcome.get("outcome", "open"),
-            downtime,
+            b["severity"],
+            b["fault_source"] or "-",
+            *(seconds(s[p]) for p in ("detection", "decision", "transition", "first_step")),
+            seconds(b["downtime_s"]),
+            f"{steps} steps, {b['lost_micro_batches']} mb",
+            " -> ".join(b["actions"]),
+            b["outcome"] or "open",
         )
     return table

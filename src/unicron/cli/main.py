@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from unicron.core.errors import UnicronError
+from unicron.core.errors import UnicronError, UsageError
 
 app = typer.Typer(
     name="unicron",
@@ -117,6 +117,14 @@ def agent(
             "nodes: required; its interface carries their collectives)"
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="serve Prometheus metrics on this port of the node's address (0: any free one)",
+        ),
+    ] = None,
     token_file: TOKEN_FILE = None,
     ca: CA = None,
 ) -> None:
@@ -125,7 +133,7 @@ def agent(
     from unicron.cli.live import run_agent
     from unicron.control.credentials import resolve
 
-    run_agent(coordinator, node, slots, run_dir, gpus, resolve(token_file, ca), address)
+    run_agent(coordinator, node, slots, run_dir, gpus, resolve(token_file, ca), address, metrics_port)
 
 
 @app.command()
@@ -153,18 +161,27 @@ def cancel(
     send(Api.of(coordinator, token_file, ca), name)
 
 
+WATCH = Annotated[float, typer.Option(min=0.2, max=3600, help="seconds between readings")]
+
+
 @app.command()
 def status(
     coordinator: URL = "http://127.0.0.1:8470",
     json_output: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="refresh until Ctrl-C")] = False,
+    interval: WATCH = 2.0,
     token_file: TOKEN_FILE = None,
     ca: CA = None,
 ) -> None:
-    """Print nodes, slots, tasks and workers."""
+    """Print nodes, slots, tasks, workers and the latest incidents."""
     from unicron.cli.live import Api
     from unicron.cli.live import status as show
+    from unicron.cli.watch import watch_status
 
-    show(Api.of(coordinator, token_file, ca), json_output)
+    api = Api.of(coordinator, token_file, ca)
+    if watch and json_output:
+        raise UsageError("--watch and --json do not go together: --json prints one reading")
+    watch_status(api, interval) if watch else show(api, json_output)
 
 
 @app.command()
@@ -172,14 +189,22 @@ def events(
     coordinator: URL = "http://127.0.0.1:8470",
     task: Annotated[str | None, typer.Option(help="only this task's events")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="print new events as they come, until Ctrl-C")
+    ] = False,
+    interval: WATCH = 1.0,
     token_file: TOKEN_FILE = None,
     ca: CA = None,
 ) -> None:
-    """Print the coordinator's event log."""
+    """Print the coordinator's event log and each incident's breakdown."""
     from unicron.cli.live import Api
     from unicron.cli.live import events as show
+    from unicron.cli.watch import follow_events
 
-    show(Api.of(coordinator, token_file, ca), task, json_output)
+    api = Api.of(coordinator, token_file, ca)
+    if follow and json_output:
+        raise UsageError("--follow and --json do not go together: --json prints one reading")
+    follow_events(api, task, interval) if follow else show(api, task, json_output)
 
 
 node_app = typer.Typer(help="Take nodes out of service and back (an admin token).", no_args_is_help=True)
@@ -334,6 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     except UnicronError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C ends --watch, --follow and long commands: no traceback
+        sys.exit(130)
 
 
 if __name__ == "__main__":

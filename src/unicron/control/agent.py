@@ -27,6 +27,7 @@ import httpx
 from pydantic import ValidationError
 
 from unicron.control import peerprobe
+from unicron.control.agentmetrics import AgentMetrics
 from unicron.control.credentials import Credentials
 from unicron.control.hostaddress import NodeAddress
 from unicron.control.processes import Worker, dies_with_parent, is_stopped, read_stack
@@ -64,8 +65,10 @@ class Agent:
         gpus: list[str] | None = None,
         where: NodeAddress | None = None,
         credentials: Credentials | None = None,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self.url = coordinator.rstrip("/")
+        self.metrics = metrics or AgentMetrics()  # served only when asked (``run_agent``)
         self.credentials = credentials or Credentials()  # an agent token for this node, the CA
         self.node = node
         self.slots = slots
@@ -155,6 +158,7 @@ class Agent:
             return
         worker = Worker(order, process, log)
         self.workers[key] = worker
+        self.metrics.launched(order)
         self._spawn(self._watch(worker))
 
     def _log_path(self, order: LaunchWorker) -> Path:
@@ -197,19 +201,19 @@ class Agent:
         with contextlib.suppress(OSError):
             worker.board.unlink()
         o = worker.order
-        self.queue(
-            ExitReport(
-                task=o.task,
-                generation=o.generation,
-                rank=o.rank,
-                node=self.node,
-                code=code if code >= 0 else None,
-                signal=-code if code < 0 else None,
-                time=time.time(),
-                stop_ordered=worker.stop_ordered,
-                reached=last.generation if last else o.generation,
-            )
+        report = ExitReport(
+            task=o.task,
+            generation=o.generation,
+            rank=o.rank,
+            node=self.node,
+            code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            time=time.time(),
+            stop_ordered=worker.stop_ordered,
+            reached=last.generation if last else o.generation,
         )
+        self.metrics.exited(report)
+        self.queue(report)
         if o.task in self.forgotten:
             self.forget_task(self.forgotten[o.task])
 
@@ -305,8 +309,10 @@ class Agent:
             reports=sending,
             acked=self.acked,
         )
+        began = time.monotonic()
         response = await client.post(f"{self.url}/v1/agents/heartbeat", content=hb.model_dump_json())
         response.raise_for_status()
+        self.metrics.beat(time.monotonic() - began, sending, time.time())
         del self.reports[: len(sending)]
         reply = HeartbeatReply.model_validate_json(response.content)
         if not reply.registered:
@@ -402,11 +408,13 @@ class Agent:
                         self._say(self.link.reached(time.monotonic()))
                     except (httpx.HTTPError, RuntimeError) as exc:
                         self.registered = False
+                        self.metrics.reachable.set(0)
                         wait, line = self.link.failed(time.monotonic(), exc)
                         self._say(line)
                     except Exception as exc:  # the heartbeat must go on whatever one beat hit
                         print(f"agent {self.node}: heartbeat failed: {exc!r}", file=sys.stderr)
                     self.forget_exited()
+                    self.metrics.workers.set(sum(not w.exited for w in self.workers.values()))
                     self.urgent.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.urgent.wait(), wait)
@@ -427,9 +435,15 @@ def run_agent(
     gpus: list[str] | None = None,
     credentials: Credentials | None = None,
     where: NodeAddress | None = None,
+    metrics_port: int | None = None,
 ) -> None:
+    metrics, where = AgentMetrics(), where or NodeAddress()
+    if metrics_port is not None:  # on the node's address (loopback without one)
+        port = metrics.serve(where.address, metrics_port)
+        print(f"agent {node}: metrics at http://{where.address}:{port}/metrics", flush=True)
+
     async def main() -> None:
-        agent = Agent(coordinator, node, slots, run_dir, gpus, where, credentials)
+        agent = Agent(coordinator, node, slots, run_dir, gpus, where, credentials, metrics)
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

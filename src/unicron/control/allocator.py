@@ -97,6 +97,9 @@ class Allocator:
         self._wake = False  # the build under way was asked for by new inputs: plan once it is ready
         self.table: PlanTable | None = None
         self.table_version = -1  # the curves version the table was built with
+        # Plans decided by source ("table": a lookup, "solved": on the spot) and tables started
+        # ("rebuilds"), since start-up: what an operator watches (``metrics.py``).
+        self.counts: dict[str, int] = {"table": 0, "solved": 0, "rebuilds": 0}
 
     def decide(self, state: ClusterState, curves_version: int) -> Decided:
         """The plan for ``state``: looked up when the table answers it, else solved."""
@@ -124,11 +127,13 @@ class Allocator:
                         state.replica_sizes,
                     )
                     seconds = time.perf_counter() - started
+                    self.counts["table"] += 1
                     return Decided(chosen, layout, "table", found, why, seconds, rebalance)
         best = plan(state)
         layout = place(
             best.allocation(), state.healthy, state.gpus_per_node, state.assignment, state.replica_sizes
         )
+        self.counts["solved"] += 1
         return Decided(best, layout, "solved", None, why, time.perf_counter() - started, rebalance)
 
     def refresh(self, state: ClusterState, decided: Decided, curves_version: int) -> None:
@@ -153,6 +158,7 @@ class Allocator:
         if self._building is not None:
             self._building.cancel()
         self._building = self._pool.submit(build_arrivals if arrivals_only else self._builder, state)
+        self.counts["rebuilds"] += 1
         self._building_version = curves_version
         self._wake = wake
 

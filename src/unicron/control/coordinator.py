@@ -8,6 +8,7 @@ only translates requests into these calls. The parts, one concept each:
 - ``response.py``: that decision as effects, a pure function of a ``snapshot.py`` snapshot;
 - ``generations.py``: in-place shrinks and grows (membership arithmetic);
 - ``placing.py``: the planner's answer carried out, hot spares;
+- ``stepping.py``: what each completed step changes (counts, rates, statistics, recovery);
 - ``effects.py``: the applier, the only code that writes the store, the rendezvous stores and
   the agents' order queues (the rest hold the store as ``StoreReads``); ``store.py``: the only SQL.
 """
@@ -19,11 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from unicron.control import reported
+from unicron.control.clusterview import Viewer
 from unicron.control.context import Context, CoordinatorSettings
 from unicron.control.detection import Detector
 from unicron.control.draining import DRAIN_EVENTS, drainable, resumable, returning_state
 from unicron.control.effects import Applier, Orders
 from unicron.control.generations import Generations
+from unicron.control.metrics import Metrics
 from unicron.control.placing import Placer
 from unicron.control.rates import RateMeter
 from unicron.control.records import TaskRecord
@@ -31,8 +34,10 @@ from unicron.control.recovery import CONSEQUENCES, Recovery, Sign
 from unicron.control.removal import removable
 from unicron.control.rendezvous import Rendezvous
 from unicron.control.snapshot import StoreReads
+from unicron.control.stepping import Steps
 from unicron.control.storagewatch import StorageWatch
 from unicron.control.store import Store
+from unicron.control.wafhistory import WafHistory
 from unicron.core.errors import Conflict
 from unicron.core.ladder import Ladder
 from unicron.core.livespecs import CORRUPTIONS, LiveTaskSpec, replica_misfit
@@ -77,6 +82,14 @@ class Coordinator:
         self.detector = Detector(self.ctx, self.recovery)
         self.rates = RateMeter(window_s=self.limits.measure_window_s, change=self.limits.measure_change)
         self.placer = Placer(self.ctx, self.generations, self.rates)
+        self.steps = Steps(self.ctx, self.detector, self.recovery, self.placer, self.rates)
+        # What operators watch (nothing decides on it): the WAF over time, metrics, the view.
+        self.history = WafHistory()
+        self.viewer = Viewer(
+            self.ctx, self.placer, self.rates, self.history, lambda: len(self.recovery.incidents)
+        )
+        self.metrics = Metrics(self.viewer.view)
+        self.act.listeners.append(self.metrics.on_event)
         self.storage = StorageWatch(self.ctx)
         self.storage.rebuild()
         self.recovery.rebuild()
@@ -272,7 +285,7 @@ class Coordinator:
         if isinstance(report, ExitReport) and report.generation != task.generation:
             report = self._successor(task, report)  # it died while being renamed in place
         if isinstance(report, IterationReport) and report.generation < task.generation:
-            self._kept_iteration(task, report)
+            self.steps.kept(task, report)
             return
         if (
             isinstance(report, DoneReport)
@@ -286,7 +299,8 @@ class Coordinator:
         if report.generation != task.generation:
             return  # stale: from a generation that is gone
         if isinstance(report, IterationReport):
-            self._iteration(task, report)
+            if self.steps.completed(task, report):
+                self.dirty = True  # the plan may want the task larger or smaller now
         elif isinstance(report, FaultReport):
             if report.action not in CORRUPTIONS:
                 self.recovery.faults[(report.task, report.generation)] = report.time
@@ -320,18 +334,6 @@ class Coordinator:
                 return report.model_copy(update={"generation": w.generation, "rank": w.rank})
         return report
 
-    def _kept_iteration(self, task: TaskRecord, report: IterationReport) -> None:
-        """A step a member finished in the generation it has since been moved out of (in place:
-        the step was kept, not redone). Its samples are work done and count; the timing
-        statistics belong to the current generation."""
-        row = self.store.worker(report.task, report.generation, report.rank)
-        if row is not None and row.state is WorkerPhase.MOVED:
-            spec = self.spec(task.name)
-            flop = self._weighted_flop(spec, report.samples)
-            self.act.count_iteration(
-                task.name, report.generation, report.rank, report.step, report.samples, flop
-            )
-
     def _exception(self, task: TaskRecord, report: ExceptionReport, node: str) -> None:
         kind = error_kind(report.kind)
         self.act.record(
@@ -354,57 +356,6 @@ class Coordinator:
             why, seen = f"rank {report.rank} raised {report.error_type}", report.time or None
             failed, gen = {report.rank}, report.generation
             self.recovery.incident(task.name, kind, node, why, failed, seen, generation=gen)
-
-    def _iteration(self, task: TaskRecord, report: IterationReport) -> None:
-        spec = self.spec(task.name)
-        monitor = self.detector.monitor(task.name, task.generation)
-        for rank, slow in monitor.rank_compute(report.step, report.rank, report.compute_s, task.workers):
-            self.act.record(
-                "straggler" if slow else "straggler_recovered",
-                task=task.name,
-                rank=rank,
-                step=report.step,
-                generation=task.generation,
-            )
-        flop = self._weighted_flop(spec, report.samples)
-        ended = report.time or self.clock()
-        if not self.act.count_iteration(
-            task.name, task.generation, report.rank, report.step, report.samples, flop
-        ):
-            return  # seen before (sent again after a coordinator restart)
-        sample_flops = self.ctx.flops_per_sample(task.name)
-        if sample_flops:
-            rate = self.rates.report(
-                task.name,
-                task.generation,
-                task.workers,
-                report.step,
-                report.rank,
-                report.samples,
-                ended,
-                sample_flops,
-            )
-            if rate is not None:
-                self.act.record("throughput_measured", task=task.name, workers=task.workers, flops=rate)
-                self.placer.inputs_changed()  # the plan may change with it, once its table is built
-        if report.rank != 0:
-            return
-        monitor.step_done(report.step, ended)
-        if task.name in self.placer.regrow:  # its first step after a shrink off a drained node
-            self.placer.regrow.discard(task.name)
-            self.dirty = True
-        if task.state is TaskState.STARTING:
-            self.dirty = True  # the plan may want it larger or smaller now
-            downtime = self.act.task_running(task.name, self.clock())
-            if downtime is not None:
-                self.recovery.recovered(task.name, downtime, report.step)
-            self.act.record(
-                "task_running",
-                task=task.name,
-                generation=task.generation,
-                workers=task.workers,
-                step=report.step,
-            )
 
     def _exit(self, task: TaskRecord, report: ExitReport) -> None:
         key = (report.task, report.generation, report.rank)
@@ -475,6 +426,7 @@ class Coordinator:
             elif task.state is TaskState.RUNNING:
                 self.detector.check_hang(task, now)
         live = self.store.tasks(live_only=True)
+        self.history.sample(now, {t.name: t.flop for t in live})
         if self.dirty and not any(t.state is TaskState.RESTARTING for t in live):
             self.dirty = False
             self.placer.reconcile()
@@ -486,10 +438,6 @@ class Coordinator:
         self.act.end_workers(task.name, task.generation, WorkerPhase.STOPPED)
         self.act.task_waiting(task.name)
         self.dirty = True
-
-    def _weighted_flop(self, spec: LiveTaskSpec, samples: int) -> float:
-        """Weighted FLOP done by ``samples`` samples (WAF integrated over time)."""
-        return spec.weight * (self.ctx.flops_per_sample(spec.name) or 0.0) * samples
 
     def shutdown(self) -> None:
         self.placer.allocator.close()

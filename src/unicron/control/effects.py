@@ -144,6 +144,8 @@ class Applier:
         self._store = store
         self.rendezvous = rendezvous
         self.orders = orders
+        # Called with each event recorded: (id, kind, task, detail).
+        self.listeners: list[Callable[[int, str, str | None, dict[str, Any]], None]] = []
         # Facts reported from outside, recorded as they come (the store's own operations).
         self.add_task = store.add_task
         self.task_stopping = store.task_stopping
@@ -160,8 +162,14 @@ class Applier:
         self.node_state = store.node_state
         self.worker_phase = store.worker_phase
         self.end_workers = store.end_workers
-        self.record = store.event
         self.close_store = store.close
+
+    def record(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
+        """Record an event; then tell the listeners (the metrics). Returns the event's id."""
+        event_id = self._store.event(what, task, node, **detail)
+        for listen in self.listeners:
+            listen(event_id, what, task, detail)
+        return event_id
 
     def apply(self, effects: Iterable[Effect], now: float) -> None:
         """Carry out a decider's effects, in order."""

@@ -61,12 +61,15 @@ class LocalCluster:
         cluster: Path | None = None,
         tls: TlsFiles | None = None,
         hosts: TestHosts | None = None,
+        agent_metrics: bool = False,
     ) -> None:
         self.root = root
         self.tls = tls
         self.settings = settings or {}
         self.cluster = cluster  # the planner's hardware inputs (coordinator --cluster)
         self.node_names = [f"node-{i}" for i in range(nodes)]
+        # node -> the port its agent serves its metrics on (``agent_metrics``; loopback only)
+        self.agent_metrics = {n: free_port() for n in self.node_names} if agent_metrics else {}
         self.slots = slots
         self.hosts = hosts
         self.host_of: dict[str, Host] = {}  # node -> its test host (with ``hosts``)
@@ -194,6 +197,7 @@ class LocalCluster:
                 str(self.token_file(Role.AGENT, name)),
                 *(["--ca", str(self.tls.ca)] if self.tls else []),
                 *(["--address", self.host_of[name].address] if self.hosts is not None else []),
+                *(["--metrics-port", str(self.agent_metrics[name])] if name in self.agent_metrics else []),
             ],
             self.root / "logs" / f"agent-{name}.log",
             name if self.hosts is not None else None,

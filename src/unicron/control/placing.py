@@ -25,7 +25,7 @@ from unicron.control.spares import choose, spare_gains
 from unicron.core.protocol import SPARE_GENERATION
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.planning.placement import Assignment
-from unicron.planning.planner import ClusterState
+from unicron.planning.planner import ClusterState, Plan
 from unicron.planning.planner import Decision as PlanDecision
 from unicron.planning.throughput import ThroughputCurve, curve_for
 
@@ -117,6 +117,7 @@ class Placer:
     allocator: Allocator = field(default_factory=Allocator)
     spares: dict[tuple[str, int], Spare] = field(default_factory=dict)
     last_plan: dict[str, int] | None = None
+    last_decided: Plan | None = None  # the plan carried out last (its expected WAF, per task too)
     pending: list[tuple[str, ...]] = field(default_factory=list)  # submissions not yet planned
     regrow: set[str] = field(default_factory=set)  # shrunk off a drained node: plan again after
 
@@ -188,6 +189,7 @@ class Placer:
                 self.keep_spares(snapshot, state, names, assignment)
                 return
         self._record_plan(decided, snapshot.tasks)
+        self.last_decided = best
         for decision in best.decisions:
             name = decision.task
             wanted = {names[n]: per[name] for n, per in sorted(layout.items()) if per.get(name)}

@@ -31,7 +31,7 @@ from unicron.control.response import (
 )
 from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
-from unicron.core.protocol import Progress
+from unicron.core.protocol import IterationReport, Progress
 from unicron.core.states import TaskState
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope, error_kind
 
@@ -120,6 +120,7 @@ class Recovery:
     awaiting_ranks: dict[tuple[str, int], set[int]] = field(default_factory=dict)
     recent: dict[str, list[Sign]] = field(default_factory=dict)  # every sign of a fault, per task
     isolated_until: dict[str, float] = field(default_factory=dict)
+    last_incident: dict[str, int] = field(default_factory=dict)  # per task, open or closed
     task_faults: dict[tuple[str, ErrorKind], list[float]] = field(default_factory=dict)
 
     def peer_error(
@@ -149,11 +150,13 @@ class Recovery:
         seen_at: float | None = None,
         scope: Scope | None = None,
         generation: int | None = None,
+        seen_as: str = "first report",
     ) -> None:
         """Open the generation's incident (once) and carry out the ladder's decision. ``failed``:
         the ranks known to be gone (without them the survivors cannot be told apart);
-        ``seen_at``: when the symptom happened, for the detection time when no fault was injected;
-        ``generation``: the one the failing worker was in, if known (for ``attribute``)."""
+        ``seen_at``: when the symptom happened (``seen_as`` says what that time is), for the
+        detection time when no fault was injected; ``generation``: the one the failing worker
+        was in, if known (for ``attribute``)."""
         now = self.ctx.clock()
         task = self.ctx.store.get_task(name)
         fresh = task.state is TaskState.STARTING and task.launched_generation == task.generation
@@ -167,7 +170,7 @@ class Recovery:
         self._stop_awaiting(name)  # this incident answers every peer error of the task so far
         self.generations.cancel_growth(name)
         decision = self.ladder.decide(name, kind, node, now, scope)
-        incident = self._open(task, kind, node, why, scope, decision, seen_at)
+        incident = self._open(task, kind, node, why, scope, decision, seen_at, seen_as)
         failure = Failure(name, node, why, None if failed is None else frozenset(failed), incident.id)
         may_stay = self.generations.in_place(name)
         snapshot = self.ctx.store.snapshot()
@@ -179,6 +182,15 @@ class Recovery:
         if response.action == IN_PROCESS:
             incident.deadline = now + self.ctx.limits.recovery_deadline_s
         self._apply(response.effects, now)
+        decided = self.ctx.clock()
+        self.ctx.act.record(
+            "response",
+            task=name,
+            incident=incident.id,
+            action=response.action,
+            decided_at=decided,
+            decision_s=round(decided - now, 6),
+        )
         if response.action == TASK_FAILED:
             del self.incidents[(name, task.generation)]  # its outcome is recorded: task failed
             self.released(name)
@@ -198,12 +210,14 @@ class Recovery:
         scope: Scope,
         decision: LadderDecision,
         seen_at: float | None,
+        seen_as: str,
     ) -> Incident:
         """Record the generation's incident (the ladder's decision, when the fault began) and
         close the ones it supersedes (a new fault struck while they were being recovered)."""
         now, name, record = self.ctx.clock(), task.name, self.ctx.act.record
         superseded = [k for k in self.incidents if k[0] == name]
-        began = self.faults.get((name, task.generation), seen_at)
+        injected = self.faults.get((name, task.generation))
+        began = seen_at if injected is None else injected
         incident_id = record(
             "incident",
             task=name,
@@ -216,6 +230,8 @@ class Recovery:
             ladder=decision.why,
             detected_at=now,
             detection_s=None if began is None else round(max(0.0, now - began), 4),
+            fault_at=began,
+            fault_source="injected" if injected is not None else None if began is None else seen_as,
             generation=task.generation,
             step=task.step,
             checkpoint_step=task.checkpoint_step,
@@ -225,6 +241,7 @@ class Recovery:
             record("outcome", task=name, incident=earlier.id, outcome="superseded", by=incident_id)
         incident = Incident(incident_id, kind, now, decision.action.label)
         self.incidents[(name, task.generation)] = incident
+        self.last_incident[name] = incident_id
         return incident
 
     def note(self, name: str, sign: Sign, scope: Scope | None = None) -> Scope:
@@ -243,7 +260,10 @@ class Recovery:
             return Scope.TASK
         return scope
 
-    def recovered(self, name: str, downtime: float, step: int) -> None:
+    def recovered(self, name: str, downtime: float, first: IterationReport) -> None:
+        """The task completed ``first``, its first step since it stopped: its incidents are
+        recovered (the step's end regained training; the transition ended when its computing
+        resumed: the step's start after a relaunch, the group re-formed within it in place)."""
         for (task, generation), incident in list(self.incidents.items()):
             if task == name:
                 self.ctx.act.record(
@@ -252,11 +272,25 @@ class Recovery:
                     incident=incident.id,
                     outcome="recovered",
                     downtime_s=round(downtime, 3),
-                    resumed_step=step,
+                    resumed_step=first.step,
+                    first_step_ended_at=first.time or self.ctx.clock(),
+                    resumed_at=first.resumed_at or None,
                     action=incident.action,
                     actions=incident.actions,
                 )
                 del self.incidents[(task, generation)]
+
+    def recomputed(self, report: IterationReport) -> None:
+        """Survivors computed departed ranks' micro-batches: work the task's latest incident cost."""
+        self.ctx.act.record(
+            "recomputed",
+            task=report.task,
+            incident=self.last_incident.get(report.task),
+            generation=report.generation,
+            rank=report.rank,
+            step=report.step,
+            micro_batches=report.recomputed,
+        )
 
     def check_deadline(
         self, name: str, generation: int, now: float, progress: Mapping[WorkerKey, Progress | None]
@@ -328,6 +362,7 @@ class Recovery:
                 if incident.actions[-1] in (IN_PROCESS, RESTART_FAILED):
                     incident.deadline = now + self.ctx.limits.recovery_deadline_s
                 self.incidents[(task.name, generation)] = incident
+                self.last_incident[task.name] = max(incident.id, self.last_incident.get(task.name, 0))
 
     def forget(self, name: str) -> None:
         """The task ended: nothing of it stays open; an incident still being recovered ends
@@ -340,6 +375,7 @@ class Recovery:
         self._stop_awaiting(name)
         self.faults = {k: v for k, v in self.faults.items() if k[0] != name}
         self.recent.pop(name, None)
+        self.last_incident.pop(name, None)
         self.task_faults = {k: v for k, v in self.task_faults.items() if k[0] != name}
 
     def _ended(self, name: str, incident: Incident, state: TaskState) -> None:
@@ -399,8 +435,7 @@ class Recovery:
             if task is not None and task.state.active and not ranks:
                 self.generations.cancel_growth(name)  # only newcomers were there
             elif task is not None and task.state.active:
-                self.incident(
-                    name, ErrorKind.NODE_LOST, node, f"node {node} silent for {silent_s:.1f} s", ranks
-                )
+                why, last = f"node {node} silent for {silent_s:.1f} s", self.ctx.clock() - silent_s
+                self.incident(name, ErrorKind.NODE_LOST, node, why, ranks, last, seen_as="last heartbeat")
             elif task is not None:
                 self.root_cause(name, ErrorKind.NODE_LOST, node)

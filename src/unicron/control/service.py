@@ -15,12 +15,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from unicron.control import dashboard
 from unicron.control.bodylimit import BodyLimit
+from unicron.control.breakdown import KINDS, Breakdown, breakdowns
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.guard import Guard, own_node
+from unicron.control.metrics import CONTENT_TYPE
 from unicron.control.records import TaskRecord
 from unicron.control.revocation import Revocations
 from unicron.control.tokens import load_or_create_secret
@@ -120,6 +123,7 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
     app.include_router(_manage_routes(runtime), dependencies=[manage], responses=ERRORS)
     app.include_router(_cluster_routes(runtime), dependencies=[read], responses=ERRORS)
     app.include_router(_agent_routes(runtime, guard), responses=ERRORS)
+    app.include_router(_page_routes())
 
     @app.get("/openapi.json", dependencies=[read], include_in_schema=False)
     async def schema() -> dict[str, Any]:
@@ -288,6 +292,31 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
         store = runtime.c.store
         return [w.as_dict() for t in store.tasks(live_only=True) for w in store.workers(t.name, t.generation)]
 
+    @router.get("/v1/incidents")
+    async def incidents(
+        task: Annotated[str | None, Query(max_length=63)] = None,
+        last: Annotated[int, Query(ge=1, le=10_000, description="the newest this many")] = 100,
+    ) -> list[dict[str, Any]]:
+        """Each incident's breakdown: fault, detection, decision, transition and first step after
+        it, with the work it cost and the ladder's actions (``control/breakdown.py``)."""
+        return [b.as_dict() for b in recent_incidents(runtime.c, task, last)]
+
+    @router.get("/v1/dashboard")
+    async def dashboard_state(
+        since: Annotated[float, Query(ge=0, description="WAF points after this time (Unix)")] = 0.0,
+    ) -> dict[str, Any]:
+        """Everything the dashboard page shows, in one reading."""
+        c = runtime.c
+        plans = c.store.events(kinds=("plan",), limit=20, newest=True)
+        return dashboard.document(
+            c.viewer.view(), c.history.since(since), recent_incidents(c, None, 30), plans
+        )
+
+    @router.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        """Prometheus metrics (``control/metrics.py``); scrape with a viewer token."""
+        return Response(runtime.c.metrics.exposition(), media_type=CONTENT_TYPE)
+
     @router.get("/v1/events")
     async def events(
         since: Annotated[int, Query(ge=0, le=MAX_INT, description="events after this id")] = 0,
@@ -295,6 +324,30 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=1_000_000)] = 1000,
     ) -> list[dict[str, Any]]:
         return [e.as_dict() for e in runtime.c.store.events(since, task, limit)]
+
+    return router
+
+
+def recent_incidents(c: Coordinator, task: str | None, last: int) -> list[Breakdown]:
+    """The newest ``last`` incidents' breakdowns (of ``task``), from the events that tell them."""
+    events = c.store.events(task=task, kinds=KINDS, limit=50 * last, newest=True)
+    return breakdowns(events)[-last:]
+
+
+def _page_routes() -> APIRouter:
+    """The dashboard's page and files: no data in them (the page asks the API for it, with the
+    token it is given), so they need no token."""
+    router = APIRouter()
+
+    @router.get("/", include_in_schema=False)
+    async def page() -> Response:
+        return Response(dashboard.asset("index.html"), media_type=dashboard.ASSETS["index.html"])
+
+    @router.get("/ui/{name}", include_in_schema=False)
+    async def ui_file(name: str) -> Response:
+        if name not in dashboard.ASSETS or name == "index.html":
+            raise NotFound(f"no file {name!r} in the dashboard")
+        return Response(dashboard.asset(name), media_type=dashboard.ASSETS[name])
 
     return router
 

@@ -49,7 +49,14 @@ class StoreReads(Protocol):
 
     def snapshot(self) -> Snapshot: ...
 
-    def events(self, since_id: int = 0, task: str | None = None, limit: int = 1000) -> list[EventRecord]: ...
+    def events(
+        self,
+        since_id: int = 0,
+        task: str | None = None,
+        limit: int = 1000,
+        kinds: Iterable[str] = (),
+        newest: bool = False,
+    ) -> list[EventRecord]: ...
 
     def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None: ...
 

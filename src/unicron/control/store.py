@@ -10,15 +10,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
-import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
 
-from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
-from unicron.control.schema import open_database
+from unicron.control.eventlog import Database, placeholders
+from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.snapshot import Snapshot
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.states import (
@@ -36,37 +30,11 @@ from unicron.core.states import (
 )
 
 
-def _marks(values: Iterable[object]) -> tuple[str, list[str]]:
-    items = [str(v) for v in values]
-    return ",".join("?" * len(items)), items
-
-
-class Store:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._db = open_database(path)
-        self._lock = threading.RLock()
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-
-    def _rows(self, sql: str, *args: object) -> list[sqlite3.Row]:
-        with self._lock:
-            return list(self._db.execute(sql, args).fetchall())
-
+class Store(Database):
     def snapshot(self) -> Snapshot:
         """Live tasks, nodes and each live task's current members, in one read."""
-        task_marks, task_states = _marks(LIVE_TASK_STATES)
-        worker_marks, phases = _marks(LIVE_WORKER_PHASES)
+        task_marks, task_states = placeholders(LIVE_TASK_STATES)
+        worker_marks, phases = placeholders(LIVE_WORKER_PHASES)
         with self._tx() as db:
             tasks = [
                 TaskRecord.of(r)
@@ -93,35 +61,6 @@ class Store:
             next_generation={t.name: max(t.generation, highest.get(t.name, 0)) + 1 for t in tasks},
         )
 
-    # ------------------------------------------------------------ events
-    def event(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
-        """Record that ``what`` happened, to ``task`` and/or on ``node``; returns the event's id."""
-        with self._tx() as db:
-            cursor = db.execute(
-                "INSERT INTO events (time, kind, task, node, detail) VALUES (?, ?, ?, ?, ?)",
-                (time.time(), what, task, node, json.dumps(detail, default=str)),
-            )
-            return int(cursor.lastrowid or 0)
-
-    def events(self, since_id: int = 0, task: str | None = None, limit: int = 1000) -> list[EventRecord]:
-        if task is None:
-            rows = self._rows("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", since_id, limit)
-        else:
-            rows = self._rows(
-                "SELECT * FROM events WHERE id > ? AND task = ? ORDER BY id LIMIT ?", since_id, task, limit
-            )
-        return [EventRecord.of(r) for r in rows]
-
-    def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None:
-        """The kind of the newest of ``kinds`` recorded on ``node``, or None."""
-        marks, values = _marks(kinds)
-        rows = self._rows(
-            f"SELECT kind FROM events WHERE node = ? AND kind IN ({marks}) ORDER BY id DESC LIMIT 1",
-            node,
-            *values,
-        )
-        return str(rows[0]["kind"]) if rows else None
-
     # ------------------------------------------------------------ tasks
     def task(self, name: str) -> TaskRecord | None:
         rows = self._rows("SELECT * FROM tasks WHERE name = ?", name)
@@ -136,7 +75,7 @@ class Store:
     def tasks(self, live_only: bool = False) -> list[TaskRecord]:
         if not live_only:
             return [TaskRecord.of(r) for r in self._rows("SELECT * FROM tasks ORDER BY submitted")]
-        marks, states = _marks(LIVE_TASK_STATES)
+        marks, states = placeholders(LIVE_TASK_STATES)
         rows = self._rows(f"SELECT * FROM tasks WHERE state IN ({marks}) ORDER BY submitted", *states)
         return [TaskRecord.of(r) for r in rows]
 
@@ -329,7 +268,7 @@ class Store:
             sql += " AND generation = ?"
             args.append(str(generation))
         if live:
-            marks, states = _marks(LIVE_WORKER_PHASES)
+            marks, states = placeholders(LIVE_WORKER_PHASES)
             sql += f" AND state IN ({marks})"
             args += states
         return [WorkerRecord.of(r) for r in self._rows(sql + " ORDER BY generation, rank", *args)]
@@ -341,13 +280,13 @@ class Store:
         return WorkerRecord.of(rows[0]) if rows else None
 
     def live_workers_on(self, node: str) -> list[WorkerRecord]:
-        marks, states = _marks(LIVE_WORKER_PHASES)
+        marks, states = placeholders(LIVE_WORKER_PHASES)
         rows = self._rows(f"SELECT * FROM workers WHERE node = ? AND state IN ({marks})", node, *states)
         return [WorkerRecord.of(r) for r in rows]
 
     def held_slots(self) -> dict[str, dict[str, int]]:
         """node -> task -> live workers there."""
-        marks, states = _marks(LIVE_WORKER_PHASES)
+        marks, states = placeholders(LIVE_WORKER_PHASES)
         held: dict[str, dict[str, int]] = {}
         for r in self._rows(
             f"SELECT node, task, COUNT(*) AS n FROM workers WHERE state IN ({marks}) GROUP BY node, task",
@@ -378,7 +317,7 @@ class Store:
         """Record workers for ``placement`` (node -> count), ranks from ``first_rank`` on, each on
         a local slot (device) that no worker or spare of any task holds on its node."""
         added: list[WorkerRecord] = []
-        marks, holding = _marks(SLOT_HOLDING_PHASES)
+        marks, holding = placeholders(SLOT_HOLDING_PHASES)
         with self._tx() as db:
             rank = first_rank
             for node, count in placement.items():
@@ -430,7 +369,7 @@ class Store:
 
     def end_workers(self, task: str, generation: int, to: WorkerPhase) -> None:
         """Every live worker of a generation becomes ``to`` (stopped, or moved to the next one)."""
-        marks, states = _marks(s for s in sources(WORKER_TRANSITIONS, to) if WorkerPhase(s).live)
+        marks, states = placeholders(s for s in sources(WORKER_TRANSITIONS, to) if WorkerPhase(s).live)
         with self._tx() as db:
             db.execute(
                 f"UPDATE workers SET state = ? WHERE task = ? AND generation = ? AND state IN ({marks})",
@@ -442,7 +381,7 @@ class Store:
     ) -> None:
         """Survivors ``kept`` (record -> new rank) form generation ``new``: their rows of ``old``
         become moved, each gets a running row in ``new``, and the task follows, in one commit."""
-        marks, states = _marks(LIVE_WORKER_PHASES)
+        marks, states = placeholders(LIVE_WORKER_PHASES)
         with self._tx() as db:
             db.execute(
                 f"UPDATE workers SET state = ? WHERE task = ? AND generation = ? AND state IN ({marks})",
@@ -474,7 +413,7 @@ class Store:
     def lose_node_workers(self, node: str) -> list[WorkerRecord]:
         """A node was lost: its live workers are lost too; returns them as they were."""
         lost = self.live_workers_on(node)
-        marks, states = _marks(LIVE_WORKER_PHASES)
+        marks, states = placeholders(LIVE_WORKER_PHASES)
         with self._tx() as db:
             db.execute(
                 f"UPDATE workers SET state = ? WHERE node = ? AND state IN ({marks})",

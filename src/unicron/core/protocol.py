@@ -56,6 +56,12 @@ class IterationReport(_Message):
     samples: Int  # samples this rank processed in the step
     time: float = 0.0  # wall-clock time (Unix) the step ended, on the worker
     compute_s: float = 0.0  # time spent in the rank's own forward/backward, before waiting for peers
+    # Micro-batches this rank computed in the step for ranks that left it mid-step (the samples
+    # nobody held after the group re-formed): work the failure cost.
+    recomputed: Int = 0
+    # When this rank's computing last (re)started in the step (Unix time): the step's start, or
+    # when its group was re-formed mid-step. The end of a recovery's transition.
+    resumed_at: float = 0.0
 
 
 class FaultReport(_Message):

@@ -19,6 +19,9 @@ class Iteration:
     started: float = field(default_factory=time.perf_counter)
     samples: int = 0
     marks: list[float] = field(default_factory=list)
+    recomputed: int = 0  # micro-batches computed for ranks that left the step
+    # When computing (re)started (Unix time): the step's start, or when the group re-formed in it.
+    resumed_at: float = field(default_factory=time.time)
 
     def record(self, samples: int) -> None:
         """Add a micro-batch of ``samples`` samples."""
@@ -48,6 +51,8 @@ class Iteration:
             samples=self.samples,
             time=time.time(),
             compute_s=self.compute_s(ended),
+            recomputed=self.recomputed,
+            resumed_at=self.resumed_at,
         )
 
 

@@ -26,6 +26,7 @@ micro-batches, and only the user's code knows how.
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -230,7 +231,9 @@ class StepLoop:
                 session.recoverable(exc, last=attempt == 3)
             # Outside the except block: the exception's frames (inside torch.distributed) would
             # keep the failed group alive, and its sockets open, so peers would never notice.
-            if session.rejoin(self.model, self.optimizer):
+            copied = session.rejoin(self.model, self.optimizer)
+            self.it.resumed_at = time.time()  # the transition is over: the re-formed group computes
+            if copied:
                 # Members disagreed: state came from a replica; what was accumulated is void.
                 for p in self.model.parameters():
                     p.grad = None
@@ -246,6 +249,7 @@ class StepLoop:
             # Survivors keep what they computed; the samples nobody holds are shared out.
             mine = self._my_part(step, held=contributed)
             session.trace("recompute", step=step, samples=sum(len(chunk) for chunk in mine))
+            self.it.recomputed += len(mine)
             yield from self._chunks(mine, arm=None)
             contributed += [i for chunk in mine for i in chunk]
         else:
