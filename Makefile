@@ -36,8 +36,9 @@ SYSTEM_CHECK := command -v slurmctld >/dev/null && command -v munged >/dev/null 
 BROWSER_PACKAGES := chromium chromium-driver
 BROWSER_CHECK := command -v chromium >/dev/null && command -v chromedriver >/dev/null
 
-system: $(STAMP) browser
-	$(call apt,$(SYSTEM_PACKAGES),$(SYSTEM_CHECK),the tests that need Slurm$(,) nftables or iptables)
+# One apt-get run for all of them (its index update takes seconds).
+system: $(STAMP)
+	$(call apt,$(SYSTEM_PACKAGES) $(BROWSER_PACKAGES),$(SYSTEM_CHECK) && $(BROWSER_CHECK),the tests that need Slurm$(,) nftables$(,) iptables or a browser)
 	@$(PY) -c "import netfilterqueue" 2>/dev/null \
 	  || $(PY) -m pip install -q --disable-pip-version-check -e '.[netfaults]' >/dev/null 2>&1 \
 	  || echo "NetfilterQueue did not build: the tests that delay packets will be skipped"

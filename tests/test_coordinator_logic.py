@@ -491,3 +491,30 @@ def test_a_peer_error_of_a_generation_left_behind_starts_no_recovery(make: Any) 
         cluster.step(0.5)
     assert len(cluster.events("incident")) == 1 and cluster.c.store.get_task("lm").generation == 2
     assert cluster.c.recovery.awaiting == {}
+
+
+def test_a_stalled_coordinator_loses_no_node_and_finds_no_hang(make: Any) -> None:
+    """Its process did not run for 20 s (a SIGSTOP, a long pause): at its next tick every node
+    looks silent and the task's last step long past, although the agents and workers went on,
+    only unheard. It gives every node a full deadline to be heard from again, judges no step late
+    until then, and records the stall; the same silence while it ran loses the nodes."""
+    cluster = make(heartbeat_deadline_s=2.0)
+    cluster.c.loop_clock, cluster.c.last_tick = cluster.clock, None  # the fake clock times the loop too
+    for step in range(2, 12):  # steps every 0.5 s: the hang deadline is its floor
+        cluster.train(step)
+        cluster.step(0.5)
+    cluster.clock.now += 20.0  # nothing ran: no tick, no heartbeat read
+    cluster.c.tick()
+    for step in range(12, 16):  # the agents are heard again (with what the workers did meanwhile)
+        cluster.train(step)
+        cluster.step(0.5)
+    nodes = {n.name: n.state for n in cluster.c.store.nodes()}
+    assert nodes == {"n0": NodeState.HEALTHY, "n1": NodeState.HEALTHY}
+    assert cluster.events("incident") == [] and cluster.events("hang_detected") == []
+    (stall,) = cluster.events("coordinator_stalled")
+    assert stall["seconds"] == 20.0
+    for _ in range(5):  # now silence while it runs: n1 is lost after the deadline
+        cluster.clock.now += 0.5
+        cluster.beat("n0")
+        cluster.c.tick()
+    assert cluster.c.store.node("n1").state is NodeState.LOST  # type: ignore[union-attr]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +34,8 @@ from .conftest import ROOT
 
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 ARGS = ["--dtype", "float64", "--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512"]
-ITERATIONS = 90
+ITERATIONS = 120
+STALL_S = 7.5  # a pause of the coordinator: three heartbeat deadlines (2.5 s)
 # The example trainer's model as a `model:` spec (examples/tinygpt/model.py defaults, ARGS' batch).
 TINYGPT = "{layers: 2, hidden_size: 64, heads: 4, sequence_length: 32, vocabulary: 64, global_batch: 16}"
 
@@ -243,6 +246,25 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
         since = max(e["id"] for e in cluster.get("/v1/events") if e["kind"] == "coordinator_started")
         after = [e["kind"] for e in cluster.get("/v1/events", since=since, task="lm")]
         assert "incident" not in after and "task_launch" not in after, after
+        # The coordinator stops running for three heartbeat deadlines (SIGSTOP; in the field a
+        # long pause of its process or an overloaded host). Its own silence is not the nodes':
+        # no node is lost, nothing is relaunched, it records the stall (detection.stalled_for).
+        # Before that rule, such a pause lost every node and relaunched every healthy worker.
+        assert cluster.coordinator is not None
+        paused = max(e["id"] for e in cluster.get("/v1/events"))
+        os.kill(cluster.coordinator.pid, signal.SIGSTOP)
+        time.sleep(STALL_S)
+        os.kill(cluster.coordinator.pid, signal.SIGCONT)
+        before = cluster.task("lm")
+        cluster.wait(lambda: at(before["step"] + 5), 120, "training to go on after the pause")
+        since = [e for e in cluster.get("/v1/events", since=paused)]
+        story = [(e["kind"], e["node"], e["detail"]) for e in since]
+        assert not {"node_lost", "incident", "task_launch", "in_process_recovery"} & {
+            k for k, _, _ in story
+        }, story
+        stalls = [d["seconds"] for k, _, d in story if k == "coordinator_stalled"]
+        assert stalls and max(stalls) >= STALL_S - 1, story
+        assert cluster.task("lm")["generation"] == before["generation"]
         cluster.start_agent("node-1")
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
 

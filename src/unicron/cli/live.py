@@ -215,7 +215,7 @@ def events(api: Api, task: str | None, json_output: bool) -> None:
     for e in rows:
         table.add_row(*event_cells(e))
     console().print(table)
-    console().print(incident_table(incidents, last=len(incidents)))
+    console().print(incident_table(incidents, last=len(incidents), phases=True))
 
 
 def event_cells(e: dict[str, Any]) -> tuple[str, str, str, str, str, Text]:
@@ -305,28 +305,29 @@ def seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
 
-def incident_table(incidents: list[dict[str, Any]], last: int = 10) -> Table:
-    """The latest incidents, each with its breakdown (``control/breakdown.py``): the fault, its
-    detection, the decision, the transition, the first step after it, the work it cost and the
-    ladder's actions."""
-    table = Table(
-        "id", "task", "node", "kind", "sev", "fault", "detection", "decision", "transition",
-        "first step", "downtime", "lost", "actions", "outcome", title="Incidents", title_justify="left",
-    )  # fmt: skip
+def incident_table(incidents: list[dict[str, Any]], last: int = 10, phases: bool = False) -> Table:
+    """The latest incidents, each with what it cost (``control/breakdown.py``): detection,
+    downtime, lost work, the ladder's actions and the outcome; with ``phases`` also the fault's
+    source and the decision, transition and first step (``unicron events``)."""
+    table = Table(title="Incidents", title_justify="left")
+    timed = ("fault", "detection", "decision", "transition", "first step") if phases else ("detection",)
+    for name in ("id", "task", "node", "kind", "sev", *timed, "downtime", "lost", "actions", "outcome"):
+        # Names are never cut (they are what one searches for); the rest folds onto more lines.
+        table.add_column(name, no_wrap=name in ("id", "kind", "sev", "outcome"), overflow="fold")
     for b in incidents[-last:]:
         s = b["seconds"]
-        kind = (
-            b["kind"] if b["first_seen_as"] is None else f"{b['kind']} (first seen as {b['first_seen_as']})"
-        )
+        first = b["first_seen_as"]
+        kind = b["kind"] if first is None else f"{b['kind']} (first seen as {first})"
         steps = "?" if b["lost_steps"] is None else b["lost_steps"]
+        times = [seconds(s[p]) for p in ("detection", "decision", "transition", "first_step")]
+        shown = [b["fault_source"] or "-", *times] if phases else times[:1]
         table.add_row(
             str(b["incident"]),
             b["task"] or "",
             b["node"] or "",
             kind,
             b["severity"],
-            b["fault_source"] or "-",
-            *(seconds(s[p]) for p in ("detection", "decision", "transition", "first_step")),
+            *shown,
             seconds(b["downtime_s"]),
             f"{steps} steps, {b['lost_micro_batches']} mb",
             " -> ".join(b["actions"]),

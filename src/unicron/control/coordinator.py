@@ -22,7 +22,7 @@ from typing import Any
 from unicron.control import reported
 from unicron.control.clusterview import Viewer
 from unicron.control.context import Context, CoordinatorSettings
-from unicron.control.detection import Detector
+from unicron.control.detection import Detector, stalled_for
 from unicron.control.draining import DRAIN_EVENTS, drainable, resumable, returning_state
 from unicron.control.effects import Applier, Orders
 from unicron.control.generations import Generations
@@ -68,7 +68,15 @@ __all__ = ["Coordinator", "CoordinatorSettings"]
 
 
 class Coordinator:
-    def __init__(self, settings: CoordinatorSettings, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        clock: Callable[[], float] = time.time,
+        loop_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        # ``loop_clock`` times the loop itself (a stall of this process); tests that step
+        # ``clock`` by hand pass time without stalling.
+        self.loop_clock = loop_clock
         self.settings = settings
         self.limits = settings.limits
         store = Store(settings.state_dir / "unicron.sqlite")
@@ -94,6 +102,7 @@ class Coordinator:
         self.storage.rebuild()
         self.recovery.rebuild()
         self.dirty = True
+        self.last_tick: float | None = None  # when the loop last ran (a long gap: it stalled)
         for task in self.store.tasks(live_only=True):
             if task.store_port:
                 port = self.ctx.act.rendezvous.host(task.name, task.store_port)
@@ -406,7 +415,11 @@ class Coordinator:
 
     # ------------------------------------------------------------------ the control loop
     def tick(self) -> None:
-        now = self.clock()
+        now, ran = self.clock(), self.loop_clock()
+        stalled = stalled_for(self.last_tick, ran, self.limits)
+        self.last_tick = ran
+        if stalled is not None:
+            self.detector.resumed(now, stalled)
         if self.detector.check_nodes(now):
             self.dirty = True
         self.recovery.expire_awaiting(now)

@@ -38,6 +38,17 @@ def silent_nodes(
     return out
 
 
+def stalled_for(last_tick: float | None, now: float, limits: Settings) -> float | None:
+    """How long the coordinator itself did not run (a SIGSTOP, a long pause of its process, an
+    overloaded host, a request that blocked its loop), when that is longer than two heartbeat
+    intervals (its loop ticks ten times a second); else None. Heartbeats could not be read
+    meanwhile, so what went silent during it says nothing of the nodes."""
+    if last_tick is None:
+        return None
+    gap = now - last_tick
+    return gap if gap > 2 * limits.heartbeat_interval_s else None
+
+
 @dataclass
 class Detector:
     ctx: Context
@@ -49,6 +60,7 @@ class Detector:
     checks: dict[tuple[str, int], PeerCheck] = field(default_factory=dict)  # hangs awaiting a peer probe
     graced: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)  # -> (late step, until)
     listening_since: float | None = None
+    judging_from: float = 0.0  # after a stall of the coordinator, hangs are judged from then
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
         key = (name, generation)
@@ -86,10 +98,22 @@ class Detector:
                 changed = True
         return changed
 
+    def resumed(self, now: float, stalled_s: float) -> None:
+        """The coordinator ran again after ``stalled_s`` without: every node gets a full
+        heartbeat deadline from now (as after a restart), steps are judged late only once every
+        agent had time to deliver what its workers did meanwhile (they trained on: nothing
+        about them needs the coordinator), and recovery's clocks stop for the stall."""
+        self.listening_since = now
+        self.judging_from = now + self.ctx.limits.heartbeat_deadline_s
+        self.recovery.paused(stalled_s)
+        self.ctx.act.record("coordinator_stalled", seconds=round(stalled_s, 3), grace_until=self.judging_from)
+
     def check_start(self, task: TaskRecord, now: float) -> None:
         """A launch: every worker must start within ``launch_timeout_s``, and once all run, the
         first step must end within ``first_step_timeout_s`` (the step-time statistics that find
         a hang later do not exist yet, so without this a rank hung in it stalls the task)."""
+        if now < self.judging_from:
+            return  # the coordinator just stalled: the agents' reports are still on their way
         workers = self.ctx.store.workers(task.name, task.generation)
         limits = self.ctx.limits
         late = [w for w in workers if now - w.launched > limits.launch_timeout_s]
@@ -108,6 +132,8 @@ class Detector:
             self._hung(task, now, task.step + 1, since, limits.first_step_timeout_s)
 
     def check_hang(self, task: TaskRecord, now: float) -> None:
+        if now < self.judging_from:
+            return  # the coordinator just stalled: the steps done meanwhile are still on their way
         key = (task.name, task.generation)
         if key in self.recovery.awaiting or key in self.checks:
             return  # a failure is being handled, or the peers are being probed

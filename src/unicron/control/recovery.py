@@ -404,6 +404,14 @@ class Recovery:
                 )
                 incident.kind = kind
 
+    def paused(self, seconds: float) -> None:
+        """The coordinator did not run for ``seconds``: the recoveries' deadlines and the waits
+        for a death's cause move on by as much (their time passed unwatched, not unused)."""
+        for incident in self.incidents.values():
+            if incident.deadline is not None:
+                incident.deadline += seconds
+        self.awaiting = {k: (since + seconds, kind, node) for k, (since, kind, node) in self.awaiting.items()}
+
     def expire_awaiting(self, now: float) -> None:
         """No death was reported in time: whoever is alive rebuilds the group in place. Peer
         errors of a generation the task has left (a grow or a restart moved it on) are dropped:

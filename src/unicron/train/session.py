@@ -39,7 +39,7 @@ from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
 from unicron.train import checkpoint, membership, sharded, shardedcheckpoint
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
-from unicron.train.fencing import CommitRefused, Fence
+from unicron.train.fencing import CommitRefused, Fence, Standing
 from unicron.train.groups import Groups
 from unicron.train.loader import MapDataset, StepData, step_data
 from unicron.train.peers import Peers
@@ -372,8 +372,10 @@ class Session:
                 self._checkpoint_replica(train, final)
             else:
                 self._checkpoint_whole(train, final)
-        except CommitRefused:  # superseded: the task went on without this worker (fencing.py)
-            raise SystemExit(0) from None
+        except CommitRefused as refused:
+            if refused.standing is not Standing.SUPERSEDED:
+                raise  # the final state could not be committed: the task fails, saying why
+            raise SystemExit(0) from None  # the task went on without this worker (fencing.py)
 
     def _checkpoint_whole(self, train: TrainState, final: bool) -> None:
         """Rank 0 writes the persistent checkpoint, each node's first rank its in-memory copy."""
