@@ -291,10 +291,10 @@ def test_a_host_delays_packets_on_demand() -> None:
 @NEEDS_DELAY
 @pytest.mark.timeout(480)
 def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path: Path) -> None:
-    """A tenth of the packets to and from one host lost at random while 40 steps train: TCP
+    """A tenth of the packets to and from one host lost at random while 30 steps train: TCP
     retransmits (timeouts backing off from 200 ms), heartbeats (every 0.5 s, a 2.5 s deadline)
     still arrive, so no node is declared lost. Then every packet of another host waits 20 ms for
-    20 steps (each collective's round trips through it 40 ms longer): slower steps, nothing
+    15 steps (each collective's round trips through it 40 ms longer): slower steps, nothing
     broken. The task ends exact, with an exact ledger, and no incident."""
     trace, iterations = tmp_path / "trace.jsonl", 160
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
@@ -303,11 +303,11 @@ def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path
         lossy, slow = cluster.host_of["node-1"], cluster.host_of["node-2"]
         hosts.lose(lossy, 10)
         began = cluster.task("lm")["step"]
-        cluster.wait(lambda: cluster.task("lm")["step"] >= began + 40, 240, "40 steps through the loss")
+        cluster.wait(lambda: cluster.task("lm")["step"] >= began + 30, 240, "30 steps through the loss")
         hosts.lose(lossy, 0)
         hosts.delay(slow, 20)
         began = cluster.task("lm")["step"]
-        cluster.wait(lambda: cluster.task("lm")["step"] >= began + 20, 240, "20 steps through the delay")
+        cluster.wait(lambda: cluster.task("lm")["step"] >= began + 15, 240, "15 steps through the delay")
         assert cluster.task("lm")["step"] < iterations, "the task ended before the delay was shown"
         hosts.delay(slow, 0)
         events, rows = finish_and_settle(cluster, trace)

@@ -11,6 +11,7 @@ failure-free run.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,10 @@ def allocation(cluster: LocalCluster) -> dict[str, int]:
 def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) -> None:
     traces = {name: tmp_path / f"{name}.jsonl" for name in TASKS}
     with LocalCluster(tmp_path / "cluster", nodes=4, slots=2) as cluster:
+        # The agents' registrations ask for a plan at the coordinator's next tick (every 0.1 s);
+        # a submission that came before it would be planned then, solved while its table is
+        # still being built, and the lookup this test checks would not be made.
+        time.sleep(0.5)
         for name in TASKS:
             cluster.submit(spec_yaml(name, traces[name]))
         full = optimum(4)
