@@ -22,7 +22,9 @@ lint: $(STAMP)
 # is skipped with the reason): Slurm with munge (tests/test_slurm.py); nftables (packet loss
 # between test hosts); iptables and libnetfilter-queue (delay between test hosts, with the
 # NetfilterQueue package built against it: the `netfaults` extra); Chromium and its driver (the
-# dashboard in a real browser: tests/test_live_dashboard.py, and the demo's screenshot).
+# dashboard in a real browser: tests/test_live_dashboard.py, and the demo's screenshot); etcd
+# (the store's etcd backend and the coordinators' leader election: tests/test_store.py,
+# tests/test_live_failover.py).
 # $(call apt,PACKAGES,COMMANDS THAT SHOW THEY ARE THERE,WHAT IS SKIPPED WITHOUT THEM)
 apt = @if $(2); then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -30,15 +32,16 @@ apt = @if $(2); then :; \
 	  { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null; } \
 	    || echo "apt-get failed: $(3) will be skipped"; \
 	else echo "not root with apt-get: $(3) will be skipped"; fi
-SYSTEM_PACKAGES := slurm-wlm munge nftables iptables libnetfilter-queue-dev gcc
+SYSTEM_PACKAGES := slurm-wlm munge nftables iptables libnetfilter-queue-dev gcc etcd-server
 SYSTEM_CHECK := command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v nft >/dev/null \
-	&& command -v iptables >/dev/null && [ -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ]
+	&& command -v iptables >/dev/null && [ -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ] \
+	&& command -v etcd >/dev/null
 BROWSER_PACKAGES := chromium chromium-driver
 BROWSER_CHECK := command -v chromium >/dev/null && command -v chromedriver >/dev/null
 
 # One apt-get run for all of them (its index update takes seconds).
 system: $(STAMP)
-	$(call apt,$(SYSTEM_PACKAGES) $(BROWSER_PACKAGES),$(SYSTEM_CHECK) && $(BROWSER_CHECK),the tests that need Slurm$(,) nftables$(,) iptables or a browser)
+	$(call apt,$(SYSTEM_PACKAGES) $(BROWSER_PACKAGES),$(SYSTEM_CHECK) && $(BROWSER_CHECK),the tests that need Slurm$(,) nftables$(,) iptables$(,) etcd or a browser)
 	@$(PY) -c "import netfilterqueue" 2>/dev/null \
 	  || $(PY) -m pip install -q --disable-pip-version-check -e '.[netfaults]' >/dev/null 2>&1 \
 	  || echo "NetfilterQueue did not build: the tests that delay packets will be skipped"

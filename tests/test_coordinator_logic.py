@@ -277,6 +277,7 @@ def test_scope_attribution() -> None:
 def test_a_store_written_before_new_columns_opens(tmp_path: Path) -> None:
     import sqlite3
 
+    from unicron.control.sqlitebackend import SqliteBackend
     from unicron.control.store import Store
 
     path = tmp_path / "old.sqlite"
@@ -293,7 +294,7 @@ def test_a_store_written_before_new_columns_opens(tmp_path: Path) -> None:
     old.execute("INSERT INTO tasks (name, spec, state, submitted) VALUES ('t', '{}', 'running', 0)")
     old.commit()
     old.close()
-    store = Store(path)
+    store = Store(SqliteBackend(path))
     task = store.get_task("t")
     assert task.state is TaskState.RUNNING and task.reason is None and task.launched_generation == 0
     store.close()

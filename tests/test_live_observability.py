@@ -51,7 +51,7 @@ def value(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
 
 
 def scrape(cluster: LocalCluster) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    response = cluster.client.get("/metrics")
+    response = cluster.request("GET", "/metrics")
     assert response.status_code == 200, response.text
     return samples(response.text)
 
@@ -91,7 +91,7 @@ def test_a_failure_is_counted_broken_down_and_shown_live(tmp_path: Path) -> None
         cluster.wait(lambda: cluster.task("lm")["step"] > at + 10, 120, "more steps")
         (incident,) = cluster.get("/v1/incidents")
         shown = page.incident(tmp_path / "dashboard.png") if page is not None else None
-        after, text = scrape(cluster), cluster.client.get("/metrics").text
+        after, text = scrape(cluster), cluster.request("GET", "/metrics").text
         pages = {n: httpx.get(f"http://127.0.0.1:{p}/metrics").text for n, p in cluster.agent_metrics.items()}
         agent = {n: samples(page) for n, page in pages.items()}
         watched, followed = interrupted(watch), interrupted(follow)

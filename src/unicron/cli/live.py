@@ -18,6 +18,7 @@ from unicron.cli.console import console
 from unicron.cli.files import read_text
 from unicron.control.credentials import Credentials, resolve, write_token
 from unicron.core.access import Role
+from unicron.core.coordinators import parse_coordinators
 from unicron.core.errors import UnicronError, UsageError
 from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, parse_live_cluster
 from unicron.core.names import check_name
@@ -32,6 +33,20 @@ def load_settings(path: Path | None) -> Settings:
     if path is None:
         return Settings()
     return validate_spec(Settings, load_yaml_text(read_text(path), str(path)) or {}, str(path))
+
+
+def check_store(url: str | None) -> str | None:
+    """``--store``: a well-formed etcd URL whose cluster answers now (else a clear error)."""
+    if url is None:
+        return None
+    from unicron.control.etcdbackend import EtcdClients, parse_url
+
+    endpoints, _ = parse_url(url)
+    try:
+        EtcdClients(endpoints, timeout_s=3.0).post("maintenance/status", {})
+    except ConnectionError as exc:
+        raise UsageError(f"--store {url}: {exc}; start etcd there or give its client address") from None
+    return url
 
 
 def load_cluster(path: Path | None) -> LiveClusterSpec:
@@ -67,6 +82,7 @@ def run_coordinator(
     advertise: str | None,
     settings_file: Path | None = None,
     cluster_file: Path | None = None,
+    store: str | None = None,
 ) -> None:
     import uvicorn
 
@@ -75,12 +91,15 @@ def run_coordinator(
 
     listen = serving.uvicorn_args()
     host = serving.host
+    reachable = advertise or (host if host not in ("0.0.0.0", "::") else socket.gethostname())
     settings = CoordinatorSettings(
         state_dir=state_dir,
         checkpoint_root=checkpoint_dir or state_dir / "checkpoints",
-        advertise_host=advertise or (host if host not in ("0.0.0.0", "::") else socket.gethostname()),
+        advertise_host=reachable,
+        url=f"{'https' if 'ssl_certfile' in listen else 'http'}://{reachable}:{serving.port}",
         cluster=load_cluster(cluster_file),
         limits=load_settings(settings_file),
+        store=check_store(store),
     )
     uvicorn.run(create_app(settings), log_level="warning", **listen)
 
@@ -161,14 +180,24 @@ class Api:
         return cls(url.rstrip("/"), resolve(token_file, ca))
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            own = self.credentials
-            with httpx.Client(timeout=10.0, headers=own.headers, verify=own.verify) as client:
-                response = client.request(method, f"{self.url}{path}", **kwargs)
-        except httpx.HTTPError as exc:
-            raise UnicronError(
-                f"cannot reach the coordinator at {self.url} ({exc}); is it running?"
-            ) from None
+        """Call the coordinator; with several addresses (``--coordinator A,B``), the first that
+        accepts the connection (the leader: standbys keep their ports closed). A request is
+        sent on to the next address only when it could not connect, so it is never made twice."""
+        urls = parse_coordinators(self.url)
+        own = self.credentials
+        with httpx.Client(timeout=10.0, headers=own.headers, verify=own.verify) as client:
+            for i, url in enumerate(urls):
+                try:
+                    response = client.request(method, f"{url}{path}", **kwargs)
+                    break
+                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                    if i + 1 < len(urls):
+                        continue
+                    raise UnicronError(
+                        f"cannot reach the coordinator at {self.url} ({exc}); is it running?"
+                    ) from None
+                except httpx.HTTPError as exc:
+                    raise UnicronError(f"the coordinator at {url} did not answer ({exc})") from None
         if response.status_code >= 400:
             try:
                 body = response.json()

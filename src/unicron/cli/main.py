@@ -91,6 +91,13 @@ def coordinator(
     ] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="serve HTTPS with this certificate (PEM)")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="the certificate's private key (PEM)")] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="keep the state in etcd: etcd://host:port[,host:port...][/prefix] "
+            "(default: SQLite in --state-dir)"
+        ),
+    ] = None,
 ) -> None:
     """Run the coordinator service (REST API, agent channel, planner, rendezvous).
 
@@ -99,7 +106,7 @@ def coordinator(
     from unicron.cli.live import Serving, run_coordinator
 
     run_coordinator(
-        Serving(host, port, tls_cert, tls_key), state_dir, checkpoint_dir, advertise, settings, cluster
+        Serving(host, port, tls_cert, tls_key), state_dir, checkpoint_dir, advertise, settings, cluster, store
     )
 
 

@@ -31,8 +31,10 @@ from unicron.control.agentmetrics import AgentMetrics
 from unicron.control.credentials import Credentials
 from unicron.control.hostaddress import NodeAddress
 from unicron.control.processes import Worker, dies_with_parent, is_stopped, read_stack
+from unicron.core.coordinators import Coordinators
 from unicron.core.protocol import (
     AGENT_DATAGRAM,
+    AGENT_RETRY_CAP_S,
     DumpStacks,
     ExceptionReport,
     ExitReport,
@@ -67,7 +69,7 @@ class Agent:
         credentials: Credentials | None = None,
         metrics: AgentMetrics | None = None,
     ) -> None:
-        self.url = coordinator.rstrip("/")
+        self.coordinators = Coordinators.of(coordinator)
         self.metrics = metrics or AgentMetrics()  # served only when asked (``run_agent``)
         self.credentials = credentials or Credentials()  # an agent token for this node, the CA
         self.node = node
@@ -86,10 +88,17 @@ class Agent:
         self.acked = 0  # the number of the last order carried out
         # Retries back off while the coordinator does not answer (capped: a node must come back
         # within seconds of its network), and the log says so once, not once per beat.
-        self.link = Reachability(f"the coordinator at {self.url}", base_s=0.5, cap_s=4.0)
+        self.link = Reachability(
+            f"the coordinator at {self.coordinators}", base_s=0.5, cap_s=AGENT_RETRY_CAP_S
+        )
         self.probe_port = 0  # the peer-probe listener's, once it listens (run)
         self.dumping = asyncio.Lock()  # held while stacks are dumped: a stop waits for it
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        """The coordinator the next request goes to (the leader, once found)."""
+        return self.coordinators.current
 
     def _say(self, line: str | None) -> None:
         if line is not None:
@@ -405,12 +414,16 @@ class Agent:
                         if not self.registered:
                             await self._register(client)
                         await self._beat(client)
+                        self.coordinators.answered()
                         self._say(self.link.reached(time.monotonic()))
                     except (httpx.HTTPError, RuntimeError) as exc:
                         self.registered = False
                         self.metrics.reachable.set(0)
-                        wait, line = self.link.failed(time.monotonic(), exc)
-                        self._say(line)
+                        if self.coordinators.failed():  # every address failed: back off
+                            wait, line = self.link.failed(time.monotonic(), exc)
+                            self._say(line)
+                        else:
+                            wait = 0.0
                     except Exception as exc:  # the heartbeat must go on whatever one beat hit
                         print(f"agent {self.node}: heartbeat failed: {exc!r}", file=sys.stderr)
                     self.forget_exited()

@@ -23,6 +23,13 @@ class CoordinatorSettings:
     advertise_host: str = "127.0.0.1"  # where workers reach the rendezvous stores
     cluster: LiveClusterSpec = DEFAULT_LIVE_CLUSTER  # the planner's hardware inputs (--cluster)
     limits: Settings = field(default_factory=Settings)
+    # Where the state is kept: ``etcd://host:port,...[/prefix]``; None: SQLite in ``state_dir``.
+    store: str | None = None
+    url: str = ""  # where this coordinator serves (announced to the others while it leads)
+
+    @property
+    def store_location(self) -> str | Path:
+        return self.store or self.state_dir / "unicron.sqlite"
 
 
 @dataclass

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from unicron.control import reported
+from unicron.control.backend import Backend
 from unicron.control.clusterview import Viewer
 from unicron.control.context import Context, CoordinatorSettings
 from unicron.control.detection import Detector, stalled_for
@@ -36,7 +37,7 @@ from unicron.control.rendezvous import Rendezvous
 from unicron.control.snapshot import StoreReads
 from unicron.control.stepping import Steps
 from unicron.control.storagewatch import StorageWatch
-from unicron.control.store import Store
+from unicron.control.store import Store, open_backend
 from unicron.control.wafhistory import WafHistory
 from unicron.core.errors import Conflict
 from unicron.core.ladder import Ladder
@@ -73,13 +74,14 @@ class Coordinator:
         settings: CoordinatorSettings,
         clock: Callable[[], float] = time.time,
         loop_clock: Callable[[], float] = time.monotonic,
+        backend: Backend | None = None,
     ) -> None:
         # ``loop_clock`` times the loop itself (a stall of this process); tests that step
         # ``clock`` by hand pass time without stalling.
         self.loop_clock = loop_clock
         self.settings = settings
         self.limits = settings.limits
-        store = Store(settings.state_dir / "unicron.sqlite")
+        store = Store(backend or open_backend(settings.store_location))
         self.store: StoreReads = store  # writes go through the applier (self.act)
         self.orders_out = Orders(next_seq=int(clock() * 1e6))
         self.act = Applier(store, Rendezvous.serving(settings), self.orders_out)

@@ -19,7 +19,7 @@ from unicron.control.monitor import TaskMonitor
 from unicron.control.peercheck import PeerCheck, outcome, probe_endpoints
 from unicron.control.records import NodeRecord, TaskRecord
 from unicron.control.recovery import Recovery
-from unicron.core.protocol import Progress, StacksReport
+from unicron.core.protocol import AGENT_RETRY_CAP_S, Progress, StacksReport
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind
@@ -29,7 +29,8 @@ def silent_nodes(
     nodes: Sequence[NodeRecord], now: float, listening_since: float, limits: Settings
 ) -> list[tuple[str, float]]:
     """Nodes not heard within the deadline, counted from when the service could hear them at
-    all (after a restart every known node gets a full deadline to reconnect)."""
+    all (after a start, a takeover or a stall every known node gets a full deadline after the
+    agents' longest pause between retries)."""
     out = []
     for node in nodes:
         silent = now - max(node.last_seen, listening_since)
@@ -85,8 +86,8 @@ class Detector:
 
     def check_nodes(self, now: float) -> bool:
         """Declare silent nodes lost and end isolations that ran out; True when nodes changed."""
-        if self.listening_since is None:
-            self.listening_since = now
+        if self.listening_since is None:  # just started (or took over): agents retry meanwhile
+            self.listening_since = now + AGENT_RETRY_CAP_S
         store, changed = self.ctx.store, False
         for name, silent in silent_nodes(store.nodes(), now, self.listening_since, self.ctx.limits):
             self.recovery.node_lost(name, silent)
@@ -103,7 +104,7 @@ class Detector:
         heartbeat deadline from now (as after a restart), steps are judged late only once every
         agent had time to deliver what its workers did meanwhile (they trained on: nothing
         about them needs the coordinator), and recovery's clocks stop for the stall."""
-        self.listening_since = now
+        self.listening_since = now + AGENT_RETRY_CAP_S
         self.judging_from = now + self.ctx.limits.heartbeat_deadline_s
         self.recovery.paused(stalled_s)
         self.ctx.act.record("coordinator_stalled", seconds=round(stalled_s, 3), grace_until=self.judging_from)

@@ -62,6 +62,8 @@ class LocalCluster:
         tls: TlsFiles | None = None,
         hosts: TestHosts | None = None,
         agent_metrics: bool = False,
+        store: str | None = None,
+        coordinators: int = 1,
     ) -> None:
         self.root = root
         self.tls = tls
@@ -84,8 +86,14 @@ class LocalCluster:
             address = self.coordinator_host.address
         self.address = address
         self.port = port or (8470 if hosts is not None else free_port())  # a host's ports are all free
-        self.url = f"{'https' if tls else 'http'}://{address}:{self.port}"
-        self.coordinator: subprocess.Popen[bytes] | None = None
+        # Several coordinators (``store`` etcd): one leads, the others stand by on ports of their own.
+        self.store = store
+        self.ports = [self.port] + [free_port() for _ in range(coordinators - 1)]
+        scheme = "https" if tls else "http"
+        self.urls = [f"{scheme}://{address}:{p}" for p in self.ports]
+        self.url = ",".join(self.urls)  # what agents are given
+        self.coordinators: dict[int, subprocess.Popen[bytes]] = {}
+        self.leading = 0  # the coordinator this process's calls reached last
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.frozen: list[tuple[subprocess.Popen[bytes], list[int]]] = []
         # The coordinator's secret exists before it starts, so that every party gets its token
@@ -95,7 +103,6 @@ class LocalCluster:
         self.credentials = Credentials(read_token(self.admin_token), tls.ca if tls else None)
         self.client = self._here(
             httpx.Client,
-            base_url=self.url,
             timeout=10.0,
             headers=self.credentials.headers,
             verify=self.credentials.verify,
@@ -132,7 +139,7 @@ class LocalCluster:
         return path
 
     def start(self) -> LocalCluster:
-        self.start_coordinator()
+        self.start_coordinators()
         for name in self.node_names:
             self.start_agent(name)
         self.wait(
@@ -142,7 +149,18 @@ class LocalCluster:
         )
         return self
 
-    def start_coordinator(self) -> None:
+    @property
+    def coordinator(self) -> subprocess.Popen[bytes] | None:
+        """The first coordinator's process (the only one without ``coordinators``)."""
+        return self.coordinators.get(0)
+
+    def start_coordinators(self) -> None:
+        """Every coordinator; returns once one leads (the others stand by)."""
+        for index in range(len(self.ports)):
+            self.start_coordinator(index, wait=False)
+        self.wait(self.healthy, 60, "a coordinator to lead")
+
+    def start_coordinator(self, index: int = 0, wait: bool = True) -> None:
         extra: list[str] = []
         if self.settings:
             path = self.root / "settings.yaml"
@@ -155,31 +173,33 @@ class LocalCluster:
             extra += ["--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
         if self.hosts is not None:
             extra += ["--host", self.address, "--advertise", self.address]
-        self.coordinator = self._spawn(
+        if self.store is not None:
+            extra += ["--store", self.store]
+        self.coordinators[index] = self._spawn(
             [
                 "coordinator",
                 "--port",
-                str(self.port),
+                str(self.ports[index]),
                 "--state-dir",
                 str(self.root / "coordinator"),
                 "--checkpoint-dir",
                 str(self.root / "checkpoints"),
                 *extra,
             ],
-            self.root / "logs" / "coordinator.log",
+            self.root / "logs" / ("coordinator.log" if index == 0 else f"coordinator-{index}.log"),
         )
-        self.wait(self._healthy, 60, "the coordinator to listen")
+        if wait:
+            self.wait(self.healthy, 60, "the coordinator to listen")
 
-    def _healthy(self) -> bool:
+    def healthy(self) -> bool:
         try:
-            return bool(self._here(self.client.get, "/health").status_code == 200)
+            return bool(self.request("GET", "/health").status_code == 200)
         except httpx.HTTPError:
             return False
 
-    def kill_coordinator(self) -> None:
-        if self.coordinator is not None:
-            _kill_group(self.coordinator, signal.SIGKILL)
-            self.coordinator = None
+    def kill_coordinator(self, index: int = 0) -> None:
+        if (process := self.coordinators.pop(index, None)) is not None:
+            _kill_group(process, signal.SIGKILL)
 
     def start_agent(self, name: str) -> None:
         self.agents[name] = self._spawn(
@@ -261,7 +281,8 @@ class LocalCluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 agent.wait(5)
         self.frozen.clear()
-        self.kill_coordinator()
+        for index in list(self.coordinators):
+            self.kill_coordinator(index)
         with contextlib.suppress(Exception):  # the host's thread may be gone with its harness
             self._here(self.client.close)
         self._free_memory_tier()
@@ -285,14 +306,30 @@ class LocalCluster:
         self.close()
 
     # ------------------------------------------------------------------ the API
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """A request to the coordinator that leads: the one reached last, else the next that
+        accepts the connection (standbys keep their ports closed)."""
+        for attempt in range(len(self.urls)):
+            index = (self.leading + attempt) % len(self.urls)
+            try:
+                response: httpx.Response = self._here(
+                    self.client.request, method, self.urls[index] + path, **kwargs
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                if attempt + 1 == len(self.urls):
+                    raise
+                continue
+            self.leading = index
+            return response
+        raise AssertionError("unreachable")
+
     def get(self, path: str, **params: Any) -> Any:
-        response = self._here(self.client.get, path, params=params)
+        response = self.request("GET", path, params=params)
         response.raise_for_status()
         return response.json()
 
     def post(self, path: str, **kwargs: Any) -> httpx.Response:
-        response: httpx.Response = self._here(self.client.post, path, **kwargs)
-        return response
+        return self.request("POST", path, **kwargs)
 
     def submit(self, spec_yaml: str) -> list[dict[str, Any]]:
         response = self.post(

@@ -1,13 +1,15 @@
 """Typed records of the coordinator's store: what a row of each table holds.
 
 Records are frozen snapshots; to change one, call a named operation of :class:`Store`.
+``row`` is a record as a backend keeps it (states as their values) and ``of`` reads it back.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from enum import Enum
 from typing import Any
 
 from unicron.core.states import NodeState, TaskState, WorkerPhase
@@ -38,7 +40,7 @@ class TaskRecord:
     redo_until: int  # the step reached before that launch: steps up to it are trained again
 
     @classmethod
-    def of(cls, row: sqlite3.Row) -> TaskRecord:
+    def of(cls, row: Mapping[str, Any]) -> TaskRecord:
         return cls(**{**dict(row), "state": TaskState(row["state"])})
 
 
@@ -54,8 +56,10 @@ class NodeRecord:
     probe_port: int = 0  # its agent's peer-probe listener on ``host`` (0: none)
 
     @classmethod
-    def of(cls, row: sqlite3.Row) -> NodeRecord:
-        return cls(**{**dict(row), "state": NodeState(row["state"]), "gpus": json.loads(row["gpus"])})
+    def of(cls, row: Mapping[str, Any]) -> NodeRecord:
+        gpus = row["gpus"]  # JSON text in SQLite, a list in etcd's JSON value
+        listed = json.loads(gpus) if isinstance(gpus, str) else list(gpus)
+        return cls(**{**dict(row), "state": NodeState(row["state"]), "gpus": listed})
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ class WorkerRecord:
     launched: float
 
     @classmethod
-    def of(cls, row: sqlite3.Row) -> WorkerRecord:
+    def of(cls, row: Mapping[str, Any]) -> WorkerRecord:
         return cls(**{**dict(row), "state": WorkerPhase(row["state"])})
 
     @property
@@ -93,8 +97,18 @@ class EventRecord:
     detail: dict[str, Any]
 
     @classmethod
-    def of(cls, row: sqlite3.Row) -> EventRecord:
-        return cls(**{**dict(row), "detail": json.loads(row["detail"])})
+    def of(cls, row: Mapping[str, Any]) -> EventRecord:
+        detail = row["detail"]
+        return cls(**{**dict(row), "detail": json.loads(detail) if isinstance(detail, str) else dict(detail)})
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def row(record: TaskRecord | NodeRecord | WorkerRecord) -> dict[str, Any]:
+    """The record's fields as plain values (a state as its value), as a backend stores them."""
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        out[f.name] = value.value if isinstance(value, Enum) else value
+    return out

@@ -19,13 +19,16 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from unicron.control import dashboard
+from unicron.control.backend import Fenced
 from unicron.control.bodylimit import BodyLimit
 from unicron.control.breakdown import KINDS, Breakdown, breakdowns
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.guard import Guard, own_node
+from unicron.control.leadership import abdicate, lead
 from unicron.control.metrics import CONTENT_TYPE
 from unicron.control.records import TaskRecord
 from unicron.control.revocation import Revocations
+from unicron.control.store import open_backend
 from unicron.control.tokens import load_or_create_secret
 from unicron.core.access import Need, Principal
 from unicron.core.errors import Conflict, Forbidden, NotFound, SpecError, Unauthenticated, UnicronError
@@ -85,13 +88,19 @@ class Runtime:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        coordinator = self.coordinator = Coordinator(self.settings)
+        # With etcd, a standby waits here, its port closed (agents and clients go to the next
+        # address they were given), until it leads; then it loads the state and serves.
+        backend = open_backend(self.settings.store_location)
+        leading = await asyncio.to_thread(lead, backend, self.settings.url, self.settings.limits.leader_ttl_s)
+        coordinator = self.coordinator = Coordinator(self.settings, backend=backend)
         coordinator.orders_out.on_add = self.wake
 
         async def loop() -> None:
             while True:
                 try:
                     coordinator.tick()
+                except Fenced as exc:
+                    abdicate(str(exc))
                 except Exception as exc:  # keep serving; the failure is recorded
                     coordinator.act.record("coordinator_error", error=repr(exc)[:500])
                 await asyncio.sleep(TICK_S)
@@ -102,6 +111,8 @@ class Runtime:
         finally:
             ticker.cancel()
             coordinator.shutdown()
+            if leading is not None:
+                leading.resign()
 
 
 def create_app(settings: CoordinatorSettings) -> FastAPI:

@@ -1,18 +1,30 @@
-"""The coordinator's durable state in SQLite: nodes, tasks, workers (slots held per generation),
-the iterations already counted, and events. With ``schema.py`` (its tables), the only SQL.
+"""The coordinator's durable state: nodes, tasks, workers (slots held per generation), the
+iterations already counted, and events, over a backend (``backend.py``: SQLite or etcd).
 
-Every operation is named for what it does, returns typed records (``records.py``) and commits at
-once, so a restarted coordinator loses nothing. State changes are checked against the transition
-tables of ``core.states``: an illegal one raises :class:`IllegalTransition` and writes nothing.
+Every operation is named for what it does and returns typed records (``records.py``). The state
+is held in memory and read from there; a change is decided there, written through the backend
+at once (all its rows or none), and only then applied in memory, so a restarted coordinator
+loses nothing and a refused write (:class:`Fenced`: another coordinator leads) changes nothing.
+State changes are checked against the transition tables of ``core.states``: an illegal one
+raises :class:`IllegalTransition` and writes nothing.
+
+A node's ``last_seen`` is the one field kept in memory only between its other changes: writing
+every heartbeat (four thousand a second at 2,048 agents) would load the backend for nothing,
+since a coordinator that starts gives every node a full deadline anyway (``silent_nodes``).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
-from unicron.control.eventlog import Database, placeholders
-from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
+from unicron.control.backend import Backend, Change, Delete, Put, Table, WorkerKey
+from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord, row
 from unicron.control.snapshot import Snapshot
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.states import (
@@ -30,41 +42,79 @@ from unicron.core.states import (
 )
 
 
-class Store(Database):
+@dataclass
+class _Batch:
+    """The records one operation changes, written together."""
+
+    tasks: list[TaskRecord] = field(default_factory=list)
+    nodes: list[NodeRecord] = field(default_factory=list)
+    workers: list[WorkerRecord] = field(default_factory=list)
+    counted: dict[WorkerKey, int] = field(default_factory=dict)
+    removed_nodes: list[str] = field(default_factory=list)
+
+    def changes(self) -> list[Change]:
+        out: list[Change] = [Put(Table.TASKS, (t.name,), row(t)) for t in self.tasks]
+        out += [Put(Table.NODES, (n.name,), row(n)) for n in self.nodes]
+        out += [Put(Table.WORKERS, w.key, row(w)) for w in self.workers]
+        out += [
+            Put(Table.COUNTED, key, {"task": key[0], "generation": key[1], "rank": key[2], "step": step})
+            for key, step in self.counted.items()
+        ]
+        return out + [Delete(Table.NODES, (name,)) for name in self.removed_nodes]
+
+
+def open_backend(location: str | Path) -> Backend:
+    """``etcd://host:port,host:port[/prefix]``, or a SQLite file's path."""
+    text = str(location)
+    if text.startswith("etcd://"):
+        from unicron.control.etcdbackend import EtcdBackend
+
+        return EtcdBackend.from_url(text)
+    from unicron.control.sqlitebackend import SqliteBackend
+
+    return SqliteBackend(Path(text))
+
+
+class Store:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._lock = threading.RLock()
+        loaded = backend.load()
+        self._tasks = {t.name: t for t in sorted(loaded.tasks, key=lambda t: t.submitted)}
+        self._nodes = {n.name: n for n in sorted(loaded.nodes, key=lambda n: n.id)}
+        self._workers: dict[str, dict[tuple[int, int], WorkerRecord]] = {}
+        for w in loaded.workers:
+            self._workers.setdefault(w.task, {})[(w.generation, w.rank)] = w
+        self._counted = dict(loaded.counted)
+        self._next_node_id = max((n.id for n in loaded.nodes), default=0) + 1
+
+    def _commit(self, batch: _Batch) -> None:
+        """Write ``batch`` through the backend, then (only if that worked) hold it in memory."""
+        self.backend.write(batch.changes())
+        for t in batch.tasks:
+            self._tasks[t.name] = t
+        for n in batch.nodes:
+            self._nodes[n.name] = n
+        for w in batch.workers:
+            self._workers.setdefault(w.task, {})[(w.generation, w.rank)] = w
+        self._counted.update(batch.counted)
+        for name in batch.removed_nodes:
+            self._nodes.pop(name, None)
+
     def snapshot(self) -> Snapshot:
         """Live tasks, nodes and each live task's current members, in one read."""
-        task_marks, task_states = placeholders(LIVE_TASK_STATES)
-        worker_marks, phases = placeholders(LIVE_WORKER_PHASES)
-        with self._tx() as db:
-            tasks = [
-                TaskRecord.of(r)
-                for r in db.execute(
-                    f"SELECT * FROM tasks WHERE state IN ({task_marks}) ORDER BY submitted", task_states
-                )
-            ]
-            nodes = [NodeRecord.of(r) for r in db.execute("SELECT * FROM nodes ORDER BY id")]
-            members: dict[str, list[WorkerRecord]] = {t.name: [] for t in tasks}
-            for r in db.execute(
-                f"SELECT w.* FROM workers w JOIN tasks t ON w.task = t.name AND w.generation = t.generation "
-                f"WHERE t.state IN ({task_marks}) AND w.state IN ({worker_marks}) ORDER BY w.rank",
-                (*task_states, *phases),
-            ):
-                members[r["task"]].append(WorkerRecord.of(r))
-            highest = {
-                r["task"]: int(r["g"] or 0)
-                for r in db.execute("SELECT task, MAX(generation) AS g FROM workers GROUP BY task")
-            }
-        return Snapshot(
-            tasks={t.name: t for t in tasks},
-            nodes={n.name: n for n in nodes},
-            members={name: tuple(ws) for name, ws in members.items()},
-            next_generation={t.name: max(t.generation, highest.get(t.name, 0)) + 1 for t in tasks},
-        )
+        with self._lock:
+            tasks = self.tasks(live_only=True)
+            return Snapshot(
+                tasks={t.name: t for t in tasks},
+                nodes=dict(self._nodes),
+                members={t.name: tuple(self.workers(t.name, t.generation, live=True)) for t in tasks},
+                next_generation={t.name: max(t.generation, self.max_generation(t.name)) + 1 for t in tasks},
+            )
 
     # ------------------------------------------------------------ tasks
     def task(self, name: str) -> TaskRecord | None:
-        rows = self._rows("SELECT * FROM tasks WHERE name = ?", name)
-        return TaskRecord.of(rows[0]) if rows else None
+        return self._tasks.get(name)
 
     def get_task(self, name: str) -> TaskRecord:
         task = self.task(name)
@@ -73,118 +123,92 @@ class Store(Database):
         return task
 
     def tasks(self, live_only: bool = False) -> list[TaskRecord]:
-        if not live_only:
-            return [TaskRecord.of(r) for r in self._rows("SELECT * FROM tasks ORDER BY submitted")]
-        marks, states = placeholders(LIVE_TASK_STATES)
-        rows = self._rows(f"SELECT * FROM tasks WHERE state IN ({marks}) ORDER BY submitted", *states)
-        return [TaskRecord.of(r) for r in rows]
+        with self._lock:
+            return [t for t in self._tasks.values() if not live_only or t.state in LIVE_TASK_STATES]
 
     def add_task(self, name: str, spec_json: str, now: float) -> None:
-        with self._tx() as db:
-            if db.execute("SELECT 1 FROM tasks WHERE name = ?", (name,)).fetchone():
+        with self._lock:
+            if name in self._tasks:
                 raise Conflict(f"a task named {name!r} exists; choose another name")
-            db.execute(
-                "INSERT INTO tasks (name, spec, state, submitted) VALUES (?, ?, ?, ?)",
-                (name, spec_json, TaskState.WAITING.value, now),
-            )
+            new = TaskRecord(
+                name=name, spec=spec_json, state=TaskState.WAITING, generation=0, workers=0, step=0,
+                checkpoint_step=0, store_port=0, failures=0, restarts=0, down_since=None,
+                downtime_s=0.0, samples=0, flop=0.0, digest=None, submitted=now, started=None,
+                finished=None, reason=None, launched_generation=0, redo_until=0,
+            )  # fmt: skip
+            self._commit(_Batch(tasks=[new]))
 
-    def _move_task(self, db: sqlite3.Connection, name: str, to: TaskState) -> sqlite3.Row:
-        row = db.execute("SELECT * FROM tasks WHERE name = ?", (name,)).fetchone()
-        if row is None:
-            raise NotFound(f"no task named {name!r}")
-        check(f"task {name}", TASK_TRANSITIONS, TaskState(row["state"]), to)
-        return row  # type: ignore[no-any-return]
+    def _moved(self, name: str, to: TaskState, **changes: Any) -> None:
+        """Move task ``name`` to state ``to`` (a legal transition) with ``changes``, at once."""
+        with self._lock:
+            task = self.get_task(name)
+            check(f"task {name}", TASK_TRANSITIONS, task.state, to)
+            self._commit(_Batch(tasks=[replace(task, state=to, **changes)]))
+
+    def _changed(self, name: str, **changes: Any) -> None:
+        """Change fields of task ``name`` (nothing happens to a task that is unknown)."""
+        with self._lock:
+            if (task := self.task(name)) is not None:
+                self._commit(_Batch(tasks=[replace(task, **changes)]))
 
     def task_launched(self, name: str, generation: int, workers: int, port: int, now: float) -> None:
         """A generation was launched from a checkpoint (the first launch or a restart)."""
-        with self._tx() as db:
-            self._move_task(db, name, TaskState.STARTING)
-            db.execute(
-                "UPDATE tasks SET state = ?, generation = ?, launched_generation = ?, workers = ?, "
-                "store_port = ?, restarts = restarts + ?, started = COALESCE(started, ?), "
-                "redo_until = step WHERE name = ?",
-                (
-                    TaskState.STARTING.value,
-                    generation,
-                    generation,
-                    workers,
-                    port,
-                    int(generation > 1),
-                    now,
-                    name,
-                ),
-            )
+        task = self.get_task(name)
+        self._moved(
+            name, TaskState.STARTING, generation=generation, launched_generation=generation,
+            workers=workers, store_port=port, restarts=task.restarts + int(generation > 1),
+            started=task.started if task.started is not None else now, redo_until=task.step,
+        )  # fmt: skip
 
     def task_down(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
         """A failure took the task down: it recovers (starting in place, or restarting) or fails."""
-        with self._tx() as db:
-            row = self._move_task(db, name, to)
-            finished = now if to is TaskState.FAILED else None
-            db.execute(
-                "UPDATE tasks SET state = ?, failures = failures + 1, down_since = COALESCE(down_since, ?), "
-                "finished = COALESCE(?, finished), reason = COALESCE(?, reason) WHERE name = ?",
-                (to.value, row["down_since"] or now, finished, reason, name),
-            )
+        task = self.get_task(name)
+        self._moved(
+            name, to, failures=task.failures + 1,
+            down_since=task.down_since if task.down_since is not None else now,
+            finished=now if to is TaskState.FAILED else task.finished,
+            reason=reason if reason is not None else task.reason,
+        )  # fmt: skip
 
     def task_stopping(self, name: str, now: float) -> None:
         """The plan stops the task's generation at a step boundary, to relaunch it."""
-        with self._tx() as db:
-            self._move_task(db, name, TaskState.RESTARTING)
-            db.execute(
-                "UPDATE tasks SET state = ?, down_since = COALESCE(down_since, ?) WHERE name = ?",
-                (TaskState.RESTARTING.value, now, name),
-            )
+        task = self.get_task(name)
+        down = task.down_since if task.down_since is not None else now
+        self._moved(name, TaskState.RESTARTING, down_since=down)
 
     def task_ended(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
         """Finished, cancelled or failed (without a new failure to count)."""
-        with self._tx() as db:
-            self._move_task(db, name, to)
-            db.execute(
-                "UPDATE tasks SET state = ?, finished = ?, reason = COALESCE(?, reason) WHERE name = ?",
-                (to.value, now, reason, name),
-            )
+        task = self.get_task(name)
+        self._moved(name, to, finished=now, reason=reason if reason is not None else task.reason)
 
     def task_waiting(self, name: str) -> None:
         """No workers: stopped for a relaunch, or queued with no slots for it."""
-        with self._tx() as db:
-            self._move_task(db, name, TaskState.WAITING)
-            db.execute(
-                "UPDATE tasks SET state = ?, workers = 0 WHERE name = ?", (TaskState.WAITING.value, name)
-            )
+        self._moved(name, TaskState.WAITING, workers=0)
 
     def task_running(self, name: str, now: float) -> float | None:
         """The generation completed a step; returns the downtime that ended, if any."""
-        with self._tx() as db:
-            row = self._move_task(db, name, TaskState.RUNNING)
-            down = now - row["down_since"] if row["down_since"] is not None else None
-            db.execute(
-                "UPDATE tasks SET state = ?, downtime_s = downtime_s + ?, down_since = NULL WHERE name = ?",
-                (TaskState.RUNNING.value, down or 0.0, name),
-            )
+        with self._lock:
+            task = self.get_task(name)
+            down = now - task.down_since if task.down_since is not None else None
+            self._moved(name, TaskState.RUNNING, downtime_s=task.downtime_s + (down or 0.0), down_since=None)
             return down
 
     def task_membership(self, name: str, generation: int, workers: int) -> None:
         """The task's workers now form ``generation`` (in place: nothing restarted)."""
-        with self._tx() as db:
-            db.execute(
-                "UPDATE tasks SET generation = ?, workers = ? WHERE name = ?", (generation, workers, name)
-            )
+        self._changed(name, generation=generation, workers=workers)
 
     def task_store_port(self, name: str, port: int) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE tasks SET store_port = ? WHERE name = ?", (port, name))
+        self._changed(name, store_port=port)
 
     def task_checkpointed(self, name: str, step: int) -> None:
-        with self._tx() as db:
-            db.execute(
-                "UPDATE tasks SET checkpoint_step = MAX(checkpoint_step, ?) WHERE name = ?", (step, name)
-            )
+        with self._lock:
+            if (task := self.task(name)) is not None:
+                self._changed(name, checkpoint_step=max(task.checkpoint_step, step))
 
     def task_done(self, name: str, step: int, digest: str) -> None:
-        with self._tx() as db:
-            db.execute(
-                "UPDATE tasks SET digest = ?, step = MAX(step, ?) WHERE name = ?", (digest, step, name)
-            )
+        with self._lock:
+            if (task := self.task(name)) is not None:
+                self._changed(name, digest=digest, step=max(task.step, step))
 
     def count_iteration(
         self, name: str, generation: int, rank: int, step: int, samples: int, flop: float
@@ -192,32 +216,31 @@ class Store(Database):
         """Count a rank's completed step once: False (nothing counted) for a report seen before.
         A step trained again after a restart from a checkpoint (up to ``redo_until``) is not
         progress: it adds nothing to the samples and FLOP achieved (the WAF)."""
-        with self._tx() as db:
-            seen = db.execute(
-                "SELECT step FROM counted WHERE task = ? AND generation = ? AND rank = ?",
-                (name, generation, rank),
-            ).fetchone()
-            if seen is not None and seen["step"] >= step:
+        with self._lock:
+            key = (name, generation, rank)
+            if (seen := self._counted.get(key)) is not None and seen >= step:
                 return False
-            db.execute(
-                "INSERT OR REPLACE INTO counted (task, generation, rank, step) VALUES (?, ?, ?, ?)",
-                (name, generation, rank, step),
-            )
-            db.execute(
-                "UPDATE tasks SET samples = samples + CASE WHEN ? > redo_until THEN ? ELSE 0 END, "
-                "flop = flop + CASE WHEN ? > redo_until THEN ? ELSE 0 END, step = MAX(step, ?) "
-                "WHERE name = ?",
-                (step, samples, step, flop, step, name),
-            )
+            batch = _Batch(counted={key: step})
+            if (task := self.task(name)) is not None:
+                progress = step > task.redo_until
+                batch.tasks.append(
+                    replace(
+                        task,
+                        samples=task.samples + (samples if progress else 0),
+                        flop=task.flop + (flop if progress else 0.0),
+                        step=max(task.step, step),
+                    )
+                )
+            self._commit(batch)
             return True
 
     # ------------------------------------------------------------ nodes
     def node(self, name: str) -> NodeRecord | None:
-        rows = self._rows("SELECT * FROM nodes WHERE name = ?", name)
-        return NodeRecord.of(rows[0]) if rows else None
+        return self._nodes.get(name)
 
     def nodes(self) -> list[NodeRecord]:
-        return [NodeRecord.of(r) for r in self._rows("SELECT * FROM nodes ORDER BY id")]
+        with self._lock:
+            return list(self._nodes.values())
 
     def node_registered(
         self,
@@ -229,81 +252,80 @@ class Store(Database):
         now: float,
         probe_port: int = 0,
     ) -> None:
-        with self._tx() as db:
-            row = db.execute("SELECT state FROM nodes WHERE name = ?", (name,)).fetchone()
-            if row is None:
-                db.execute(
-                    "INSERT INTO nodes (name, slots, gpus, host, state, last_seen, probe_port)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (name, slots, json.dumps(gpus), host, state.value, now, probe_port),
+        with self._lock:
+            known = self.node(name)
+            if known is None:
+                node = NodeRecord(self._next_node_id, name, slots, list(gpus), host, state, now, probe_port)
+                self._next_node_id += 1
+            else:
+                check(f"node {name}", NODE_TRANSITIONS, known.state, state)
+                node = replace(
+                    known,
+                    slots=slots,
+                    gpus=list(gpus),
+                    host=host,
+                    state=state,
+                    last_seen=now,
+                    probe_port=probe_port,
                 )
-                return
-            check(f"node {name}", NODE_TRANSITIONS, NodeState(row["state"]), state)
-            db.execute(
-                "UPDATE nodes SET slots = ?, gpus = ?, host = ?, state = ?, last_seen = ?, probe_port = ?"
-                " WHERE name = ?",
-                (slots, json.dumps(gpus), host, state.value, now, probe_port, name),
-            )
+            self._commit(_Batch(nodes=[node]))
 
     def node_seen(self, name: str, now: float) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE nodes SET last_seen = ? WHERE name = ?", (now, name))
+        """A heartbeat: held in memory only (see the module's docstring)."""
+        with self._lock:
+            if (node := self.node(name)) is not None:
+                self._nodes[name] = replace(node, last_seen=now)
 
     def remove_node(self, name: str) -> None:
-        with self._tx() as db:
-            db.execute("DELETE FROM nodes WHERE name = ?", (name,))
+        with self._lock:
+            self._commit(_Batch(removed_nodes=[name]))
 
     def node_state(self, name: str, to: NodeState) -> None:
-        with self._tx() as db:
-            row = db.execute("SELECT state FROM nodes WHERE name = ?", (name,)).fetchone()
-            if row is None:
+        with self._lock:
+            node = self.node(name)
+            if node is None:
                 raise NotFound(f"no node named {name!r}")
-            check(f"node {name}", NODE_TRANSITIONS, NodeState(row["state"]), to)
-            db.execute("UPDATE nodes SET state = ? WHERE name = ?", (to.value, name))
+            check(f"node {name}", NODE_TRANSITIONS, node.state, to)
+            self._commit(_Batch(nodes=[replace(node, state=to)]))
 
     # ------------------------------------------------------------ workers
     def workers(self, task: str, generation: int | None = None, live: bool = False) -> list[WorkerRecord]:
-        sql, args = "SELECT * FROM workers WHERE task = ?", [task]
-        if generation is not None:
-            sql += " AND generation = ?"
-            args.append(str(generation))
-        if live:
-            marks, states = placeholders(LIVE_WORKER_PHASES)
-            sql += f" AND state IN ({marks})"
-            args += states
-        return [WorkerRecord.of(r) for r in self._rows(sql + " ORDER BY generation, rank", *args)]
+        with self._lock:
+            found = [
+                w
+                for w in self._workers.get(task, {}).values()
+                if (generation is None or w.generation == generation) and (not live or w.state.live)
+            ]
+        return sorted(found, key=lambda w: (w.generation, w.rank))
 
     def worker(self, task: str, generation: int, rank: int) -> WorkerRecord | None:
-        rows = self._rows(
-            "SELECT * FROM workers WHERE task = ? AND generation = ? AND rank = ?", task, generation, rank
-        )
-        return WorkerRecord.of(rows[0]) if rows else None
+        return self._workers.get(task, {}).get((generation, rank))
+
+    def _all_workers(self, phases: Iterable[WorkerPhase]) -> list[WorkerRecord]:
+        wanted = set(phases)
+        with self._lock:
+            return [w for ws in self._workers.values() for w in ws.values() if w.state in wanted]
 
     def live_workers_on(self, node: str) -> list[WorkerRecord]:
-        marks, states = placeholders(LIVE_WORKER_PHASES)
-        rows = self._rows(f"SELECT * FROM workers WHERE node = ? AND state IN ({marks})", node, *states)
-        return [WorkerRecord.of(r) for r in rows]
+        return sorted(
+            (w for w in self._all_workers(LIVE_WORKER_PHASES) if w.node == node), key=lambda w: w.key
+        )
 
     def held_slots(self) -> dict[str, dict[str, int]]:
         """node -> task -> live workers there."""
-        marks, states = placeholders(LIVE_WORKER_PHASES)
         held: dict[str, dict[str, int]] = {}
-        for r in self._rows(
-            f"SELECT node, task, COUNT(*) AS n FROM workers WHERE state IN ({marks}) GROUP BY node, task",
-            *states,
-        ):
-            held.setdefault(r["node"], {})[r["task"]] = int(r["n"])
+        for w in self._all_workers(LIVE_WORKER_PHASES):
+            held.setdefault(w.node, {}).setdefault(w.task, 0)
+            held[w.node][w.task] += 1
         return held
 
     def max_generation(self, task: str) -> int:
-        rows = self._rows("SELECT MAX(generation) AS g FROM workers WHERE task = ?", task)
-        return int(rows[0]["g"] or 0)
+        with self._lock:
+            return max((g for g, _ in self._workers.get(task, {})), default=0)
 
     def max_rank(self, task: str, generation: int) -> int | None:
-        rows = self._rows(
-            "SELECT MAX(rank) AS r FROM workers WHERE task = ? AND generation = ?", task, generation
-        )
-        return None if rows[0]["r"] is None else int(rows[0]["r"])
+        with self._lock:
+            return max((r for g, r in self._workers.get(task, {}) if g == generation), default=None)
 
     def add_workers(
         self,
@@ -316,29 +338,19 @@ class Store(Database):
     ) -> list[WorkerRecord]:
         """Record workers for ``placement`` (node -> count), ranks from ``first_rank`` on, each on
         a local slot (device) that no worker or spare of any task holds on its node."""
-        added: list[WorkerRecord] = []
-        marks, holding = placeholders(SLOT_HOLDING_PHASES)
-        with self._tx() as db:
+        with self._lock:
+            holding = self._all_workers(SLOT_HOLDING_PHASES)
+            added: list[WorkerRecord] = []
             rank = first_rank
             for node, count in placement.items():
-                taken = {
-                    int(r["local_rank"])
-                    for r in db.execute(
-                        f"SELECT local_rank FROM workers WHERE node = ? AND state IN ({marks})",
-                        (node, *holding),
-                    ).fetchall()
-                }
+                taken = {w.local_rank for w in holding if w.node == node}
                 for local in [i for i in range(len(taken) + count) if i not in taken][:count]:
-                    db.execute(
-                        "INSERT OR REPLACE INTO workers (task, generation, rank, node, local_rank, state, "
-                        "launched) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (task, generation, rank, node, local, phase.value, now),
-                    )
                     added.append(
                         WorkerRecord(task, generation, rank, node, local, phase, None, None, None, now)
                     )
                     rank += 1
-        return added
+            self._commit(_Batch(workers=added))
+            return added
 
     def worker_phase(
         self,
@@ -350,77 +362,95 @@ class Store(Database):
     ) -> bool:
         """Move one worker to ``to``; False when it is unknown or already ended (a late report
         about a worker that was since declared lost or stopped changes nothing)."""
-        with self._tx() as db:
-            row = db.execute(
-                "SELECT state FROM workers WHERE task = ? AND generation = ? AND rank = ?", key
-            ).fetchone()
-            if row is None:
+        with self._lock:
+            worker = self.worker(*key)
+            if worker is None:
                 return False
-            before = WorkerPhase(row["state"])
-            if before != to and not WORKER_TRANSITIONS[before]:
+            if worker.state != to and not WORKER_TRANSITIONS[worker.state]:
                 return False  # ended already: the first verdict stands
-            check(f"worker {key}", WORKER_TRANSITIONS, before, to)
-            db.execute(
-                "UPDATE workers SET state = ?, pid = COALESCE(?, pid), exit_code = COALESCE(?, exit_code), "
-                "exit_signal = COALESCE(?, exit_signal) WHERE task = ? AND generation = ? AND rank = ?",
-                (to.value, pid, code, signal, *key),
+            check(f"worker {key}", WORKER_TRANSITIONS, worker.state, to)
+            moved = replace(
+                worker,
+                state=to,
+                pid=pid if pid is not None else worker.pid,
+                exit_code=code if code is not None else worker.exit_code,
+                exit_signal=signal if signal is not None else worker.exit_signal,
             )
+            self._commit(_Batch(workers=[moved]))
             return True
+
+    def _ended(self, workers: Iterable[WorkerRecord], to: WorkerPhase) -> list[WorkerRecord]:
+        return [replace(w, state=to) for w in workers]
 
     def end_workers(self, task: str, generation: int, to: WorkerPhase) -> None:
         """Every live worker of a generation becomes ``to`` (stopped, or moved to the next one)."""
-        marks, states = placeholders(s for s in sources(WORKER_TRANSITIONS, to) if WorkerPhase(s).live)
-        with self._tx() as db:
-            db.execute(
-                f"UPDATE workers SET state = ? WHERE task = ? AND generation = ? AND state IN ({marks})",
-                (to.value, task, generation, *states),
-            )
+        entering = set(sources(WORKER_TRANSITIONS, to))
+        with self._lock:
+            chosen = [w for w in self.workers(task, generation, live=True) if w.state.value in entering]
+            self._commit(_Batch(workers=self._ended(chosen, to)))
 
     def switch_generation(
         self, task: str, old: int, new: int, kept: dict[WorkerRecord, int], now: float
     ) -> None:
         """Survivors ``kept`` (record -> new rank) form generation ``new``: their rows of ``old``
         become moved, each gets a running row in ``new``, and the task follows, in one commit."""
-        marks, states = placeholders(LIVE_WORKER_PHASES)
-        with self._tx() as db:
-            db.execute(
-                f"UPDATE workers SET state = ? WHERE task = ? AND generation = ? AND state IN ({marks})",
-                (WorkerPhase.MOVED.value, task, old, *states),
-            )
-            for w, rank in kept.items():
-                db.execute(
-                    "INSERT OR REPLACE INTO workers (task, generation, rank, node, local_rank, state, pid, "
-                    "launched) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (task, new, rank, w.node, w.local_rank, WorkerPhase.RUNNING.value, w.pid, now),
+        with self._lock:
+            batch = _Batch(workers=self._ended(self.workers(task, old, live=True), WorkerPhase.MOVED))
+            batch.workers += [
+                WorkerRecord(
+                    task, new, rank, w.node, w.local_rank, WorkerPhase.RUNNING, w.pid, None, None, now
                 )
-            db.execute("UPDATE tasks SET generation = ?, workers = ? WHERE name = ?", (new, len(kept), task))
+                for w, rank in kept.items()
+            ]
+            if (record := self.task(task)) is not None:
+                batch.tasks.append(replace(record, generation=new, workers=len(kept)))
+            self._commit(batch)
 
     def spare_used(
         self, task: str, spare_rank: int, generation: int, rank: int, node: str, local: int, now: float
     ) -> None:
         """A hot spare takes a newcomer's identity: its spare row is used, the newcomer's recorded."""
-        with self._tx() as db:
-            db.execute(
-                "UPDATE workers SET state = ? WHERE task = ? AND generation = 0 AND rank = ? AND state = ?",
-                (WorkerPhase.USED.value, task, spare_rank, WorkerPhase.SPARE.value),
+        with self._lock:
+            spare = self.worker(task, 0, spare_rank)
+            batch = _Batch(workers=[] if spare is None or spare.state is not WorkerPhase.SPARE else [
+                replace(spare, state=WorkerPhase.USED)
+            ])  # fmt: skip
+            batch.workers.append(
+                WorkerRecord(
+                    task, generation, rank, node, local, WorkerPhase.LAUNCHING, None, None, None, now
+                )
             )
-            db.execute(
-                "INSERT OR REPLACE INTO workers (task, generation, rank, node, local_rank, state, "
-                "launched) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (task, generation, rank, node, local, WorkerPhase.LAUNCHING.value, now),
-            )
+            self._commit(batch)
 
     def lose_node_workers(self, node: str) -> list[WorkerRecord]:
         """A node was lost: its live workers are lost too; returns them as they were."""
-        lost = self.live_workers_on(node)
-        marks, states = placeholders(LIVE_WORKER_PHASES)
-        with self._tx() as db:
-            db.execute(
-                f"UPDATE workers SET state = ? WHERE node = ? AND state IN ({marks})",
-                (WorkerPhase.LOST.value, node, *states),
-            )
-        return lost
+        with self._lock:
+            lost = self.live_workers_on(node)
+            self._commit(_Batch(workers=self._ended(lost, WorkerPhase.LOST)))
+            return lost
+
+    # ------------------------------------------------------------ the event log
+    def event(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
+        """Record that ``what`` happened, to ``task`` and/or on ``node``; returns the event's id."""
+        with self._lock:
+            return self.backend.append_event(time.time(), what, task, node, json.dumps(detail, default=str))
+
+    def events(
+        self,
+        since_id: int = 0,
+        task: str | None = None,
+        limit: int = 1000,
+        kinds: Iterable[str] = (),
+        newest: bool = False,
+    ) -> list[EventRecord]:
+        """Events after ``since_id``, in order: the first ``limit`` (``newest``: the last) of
+        ``task``'s, of ``kinds``."""
+        return self.backend.events(since_id, task, limit, frozenset(kinds), newest)
+
+    def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None:
+        """The kind of the newest of ``kinds`` recorded on ``node``, or None."""
+        return self.backend.last_node_event(node, kinds)
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            self.backend.close()

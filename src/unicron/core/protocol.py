@@ -239,6 +239,10 @@ AgentDatagram = Annotated[
     | FaultReport,
     Field(discriminator="type"),
 ]
+# An agent that cannot reach a coordinator retries at most this far apart (its backoff's cap),
+# so a coordinator that starts, takes over or resumes hears every live node within it.
+AGENT_RETRY_CAP_S = 4.0
+
 AGENT_DATAGRAM = TypeAdapter(AgentDatagram)  # what a worker may send its agent
 
 

@@ -143,6 +143,13 @@ class Settings(BaseModel):
         description="a checkpoint is committed once the task's store confirms, within this, that its"
         " writer belongs to the current generation (train/fencing.py); else it is not",
     )
+    # the control plane (several coordinators on etcd: control/leadership.py)
+    leader_ttl_s: float = Field(
+        3.0,
+        ge=2,
+        description="a leading coordinator's etcd lease: a standby takes over within about this much"
+        " of the leader's death (etcd's lease granularity is a second)",
+    )
     # handling
     escalation_window_s: float = Field(600.0, gt=0, description="repeats are counted within this")
     max_reattempts: int = Field(2, ge=0, description="in-place retries before restarting the process")

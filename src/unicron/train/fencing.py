@@ -34,6 +34,7 @@ so they take one answer: the committing rank's, shared in one collective over th
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -97,6 +98,10 @@ def read_standing(
     import torch.distributed as dist
 
     host, port = address.rsplit(":", 1)
+    try:  # a store nobody serves (no coordinator leads now) refuses at once: do not wait for it
+        socket.create_connection((host, int(port)), timeout=min(1.0, timeout_s)).close()
+    except OSError:
+        return Standing.UNKNOWN
     try:
         raw: Any = dist.TCPStore(  # type: ignore[attr-defined]
             host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -33,6 +34,7 @@ class TaskStore:
         self.key = key
         self.raw: Any = self._connect(timeout)
         self._reconnect_at = 0.0
+        self._reconnecting: threading.Thread | None = None
         self._refused: set[str] = set()
         # Reconnections back off from half a second to ``reconnect_s``, jittered (a cluster's
         # workers do not all return at once to a restarted coordinator's stores).
@@ -69,14 +71,22 @@ class TaskStore:
             return posted
         except Exception as exc:
             now = time.monotonic()
-            if now >= self._reconnect_at:  # each attempt to reconnect counts one failure
+            reconnecting = self._reconnecting is not None and self._reconnecting.is_alive()
+            if now >= self._reconnect_at and not reconnecting:  # each attempt counts one failure
                 delay, line = self.link.failed(now, exc)
                 self._say(line, "; training goes on meanwhile")
                 self._reconnect_at = now + delay
-                with contextlib.suppress(Exception):
-                    self.raw = self._connect(timedelta(seconds=2))
-                    self.raw.set_timeout(self.timeout)
+                # In a thread of its own: a connection attempt waits up to two seconds for a
+                # store that is not there, and the step must not wait with it.
+                self._reconnecting = threading.Thread(target=self._reconnect, daemon=True)
+                self._reconnecting.start()
             return False
+
+    def _reconnect(self) -> None:
+        with contextlib.suppress(Exception):
+            raw = self._connect(timedelta(seconds=2))
+            raw.set_timeout(self.timeout)
+            self.raw = raw
 
     def peers_failed(self, generation: int) -> bool:
         """Whether the posted membership declares ranks failed (a collective waiting for them

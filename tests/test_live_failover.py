@@ -1,0 +1,132 @@
+"""Coordinator high availability, end to end: two coordinators on a real three-member etcd
+cluster, one leading through its lease, while three tasks train on real workers.
+
+Kill -9 the leader, and a worker of one task at the same moment: the standby takes over, nothing
+it knew is lost (tasks, nodes, incidents), no node is taken for lost, the workers of the other
+tasks never stop stepping, and the worker that died meanwhile is handled by the new leader once
+it is up (the rendezvous store its task re-forms through is served again). Every task ends with
+the parameters of a failure-free run and an exact sample ledger.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from unicron.control.etcdlocal import EtcdCluster, etcd_binary
+from unicron.control.localcluster import LocalCluster
+
+from .test_live_cluster import (
+    assert_ends_exact,
+    assert_every_incident_closed,
+    assert_ledger_exact,
+    finish_and_settle,
+    latest_generation,
+    traced_task,
+)
+
+ITERATIONS = 90
+TABLE = "{2: 2.0e9}"
+TASKS = ("a", "b", "c")
+
+
+def tasks_spec(tmp: Path) -> str:
+    specs = [traced_task(tmp / f"trace-{name}.jsonl", TABLE, ITERATIONS, 0.25, name=name) for name in TASKS]
+    return "tasks:\n" + "".join("  - " + s.replace("\n", "\n    ").rstrip() + "\n" for s in specs)
+
+
+@pytest.mark.timeout(600)
+def test_a_standby_takes_over_from_a_killed_leader_and_training_goes_on(tmp_path: Path) -> None:
+    if etcd_binary() is None:
+        pytest.skip("etcd is not installed (make test installs etcd-server)")
+    etcd = EtcdCluster(tmp_path / "etcd", size=3).start()
+    settings = {"leader_ttl_s": 3}
+    try:
+        with LocalCluster(
+            tmp_path / "cluster", nodes=3, slots=2, store=etcd.url, coordinators=2, settings=settings
+        ) as cluster:
+            leader = cluster.leading
+            cluster.submit(tasks_spec(tmp_path))
+            cluster.wait(
+                lambda: all(
+                    cluster.task(t)["state"] == "running" and cluster.task(t)["step"] >= 10 for t in TASKS
+                ),
+                180,
+                "three tasks training",
+            )
+            before_tasks = {t: cluster.task(t) for t in TASKS}
+            before_nodes = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
+            before_events = cluster.get("/v1/events", limit=1000)
+            last_event = max(e["id"] for e in before_events)
+
+            victim = next(
+                w["pid"]
+                for w in cluster.get("/v1/workers")
+                if (w["task"], w["rank"], w["state"]) == ("b", 1, "running")
+            )
+            killed_at = time.time()
+            cluster.kill_coordinator(leader)
+            os.kill(victim, signal.SIGKILL)  # a failure while nobody leads
+            cluster.wait(cluster.healthy, 60, "the standby to lead")
+            led_at = time.time()
+            assert cluster.leading != leader
+
+            # Nothing the old leader knew is lost.
+            assert {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}.keys() == before_nodes.keys()
+            for name, was in before_tasks.items():
+                now = cluster.task(name)
+                assert now["step"] >= was["step"] and now["samples"] >= was["samples"], name
+            kept = {e["id"]: e["kind"] for e in cluster.get("/v1/events", limit=1000)}
+            lost = [
+                (e["id"], e["kind"], kept.get(e["id"]))
+                for e in before_events
+                if kept.get(e["id"]) != e["kind"]
+            ]
+            assert not lost, (lost, len(before_events), len(kept))
+
+            # The worker that died during the takeover is handled by the new leader.
+            cluster.wait(
+                lambda: (
+                    cluster.task("b")["failures"] > before_tasks["b"]["failures"]
+                    and cluster.task("b")["state"] == "running"
+                ),
+                120,
+                "the new leader to handle b's failure",
+            )
+            events: list[dict[str, object]] = []
+            traces: dict[str, list[dict[str, object]]] = {}
+            for name in TASKS:
+                events_of, traces[name] = finish_and_settle(cluster, tmp_path / f"trace-{name}.jsonl", name)
+                events += events_of
+            after = cluster.get("/v1/events", since=last_event, limit=100_000)
+    finally:
+        etcd.close()
+
+    # No node was taken for lost: the new leader gave every agent time to find it.
+    assert not [e for e in after if e["kind"] == "node_lost"], after
+    assert any(e["kind"] == "coordinator_started" for e in after), [(e["id"], e["kind"]) for e in after][:40]
+    # The other tasks' workers never stopped stepping: rank 0 ended steps while nobody led at
+    # no less than half its pace before (a worker that waited for the store it reconnects to,
+    # two seconds a try, would not).
+    for name in ("a", "c"):
+        ends = [r["time"] for r in traces[name] if r["what"] == "samples" and r["rank"] == 0]
+        pace = statistics.median(b - a for a, b in itertools.pairwise(ends) if b < killed_at)
+        meanwhile = [t for t in ends if killed_at < t < led_at]
+        assert len(meanwhile) >= 0.5 * (led_at - killed_at) / pace, (
+            name,
+            len(meanwhile),
+            pace,
+            led_at - killed_at,
+        )
+        assert not [e for e in after if e.get("task") == name and e["kind"] in ("incident", "task_launch")]
+    assert_every_incident_closed([e for e in events if e.get("task") == "b"])
+    for name in TASKS:
+        frozen = frozenset({1}) if name == "b" else frozenset()
+        assert_ledger_exact(latest_generation(traces[name]), ITERATIONS, world=2, frozen=frozen)
+        assert_ends_exact(tmp_path, name, ITERATIONS)

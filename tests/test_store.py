@@ -1,0 +1,216 @@
+"""The store's contract, run against both backends: SQLite (a file) and a real etcd (started here
+on loopback). Each test opens the store again where it matters, to show that what was decided is
+what is kept."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from unicron.control import etcdbackend
+from unicron.control.backend import Fenced
+from unicron.control.etcdlocal import EtcdCluster, etcd_binary
+from unicron.control.store import Store, open_backend
+from unicron.core.errors import Conflict, NotFound
+from unicron.core.states import IllegalTransition, NodeState, TaskState, WorkerPhase
+
+Opener = Callable[[], Store]  # opens the store again at the same place
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    if etcd_binary() is None:
+        pytest.skip("etcd is not installed (make test installs etcd-server)")
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd")).start()
+    yield cluster
+    cluster.close()
+
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture(params=["sqlite", "etcd"])
+def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    if request.param == "sqlite":
+        location = str(tmp_path / "unicron.sqlite")
+    else:
+        location = request.getfixturevalue("etcd").url + f"/test{next(_prefixes)}"
+    opened: list[Store] = []
+
+    def again() -> Store:
+        opened.append(Store(open_backend(location)))
+        return opened[-1]
+
+    yield again
+    for store in opened:
+        store.close()
+
+
+def test_tasks_move_only_by_legal_transitions_and_are_kept(reopen: Opener) -> None:
+    store = reopen()
+    store.add_task("a", '{"x": 1}', now=10.0)
+    with pytest.raises(Conflict):
+        store.add_task("a", "{}", now=11.0)
+    store.task_launched("a", generation=1, workers=2, port=555, now=12.0)
+    with pytest.raises(IllegalTransition):
+        store.task_waiting("a")  # starting -> waiting: not allowed, nothing written
+    store.task_down("a", TaskState.STARTING, now=14.0, reason="lost")  # recovers in place
+    assert store.task_running("a", now=16.5) == pytest.approx(2.5)
+    store.task_checkpointed("a", 7)
+    store.task_checkpointed("a", 5)  # never moves back
+    with pytest.raises(NotFound):
+        store.task_running("nope", now=1.0)
+    task = reopen().get_task("a")
+    assert (task.state, task.generation, task.workers, task.store_port) == (TaskState.RUNNING, 1, 2, 555)
+    assert (task.failures, task.downtime_s, task.down_since, task.reason) == (1, 2.5, None, "lost")
+    assert (task.checkpoint_step, task.started, task.spec) == (7, 12.0, '{"x": 1}')
+
+
+def test_a_step_is_counted_once_and_a_redone_step_is_not_progress(reopen: Opener) -> None:
+    store = reopen()
+    store.add_task("a", "{}", now=1.0)
+    store.task_launched("a", 1, 1, 0, now=2.0)
+    assert store.count_iteration("a", 1, 0, step=1, samples=8, flop=10.0)
+    assert store.count_iteration("a", 1, 0, step=2, samples=8, flop=10.0)
+    assert not store.count_iteration("a", 1, 0, step=2, samples=8, flop=10.0)  # sent again
+    store.task_down("a", TaskState.RESTARTING, now=3.0)
+    store.task_waiting("a")
+    store.task_launched("a", 2, 1, 0, now=4.0)  # from a checkpoint at step 0: steps 1-2 are redone
+    reopened = reopen()
+    assert not reopened.count_iteration("a", 1, 0, step=1, samples=8, flop=10.0)  # kept across a restart
+    assert reopened.count_iteration("a", 2, 0, step=2, samples=8, flop=10.0)
+    assert reopened.count_iteration("a", 2, 0, step=3, samples=8, flop=10.0)
+    task = reopen().get_task("a")
+    assert (task.samples, task.flop, task.step, task.redo_until, task.restarts) == (24, 30.0, 3, 2, 1)
+
+
+def test_workers_take_free_local_slots_and_keep_their_first_verdict(reopen: Opener) -> None:
+    store = reopen()
+    store.node_registered("n1", 4, ["g0", "g1", "g2", "g3"], "10.0.0.1", NodeState.HEALTHY, now=1.0)
+    store.add_task("a", "{}", 1.0)
+    store.add_task("b", "{}", 2.0)
+    store.add_workers("a", 0, {"n1": 1}, 0, WorkerPhase.SPARE, now=2.0)
+    first = store.add_workers("b", 1, {"n1": 2}, 0, WorkerPhase.LAUNCHING, now=3.0)
+    assert [w.local_rank for w in first] == [1, 2]
+    assert store.worker_phase(("b", 1, 0), WorkerPhase.RUNNING, pid=42)
+    assert store.worker_phase(("b", 1, 1), WorkerPhase.FAILED, code=3)
+    assert not store.worker_phase(("b", 1, 1), WorkerPhase.RUNNING)  # ended: the verdict stands
+    assert not store.worker_phase(("b", 9, 0), WorkerPhase.RUNNING)
+    again = store.add_workers("b", 1, {"n1": 1}, 2, WorkerPhase.LAUNCHING, now=4.0)
+    assert [w.local_rank for w in again] == [2]  # the failed worker's slot is free
+    reopened = reopen()
+    assert reopened.held_slots() == {"n1": {"b": 2}}
+    assert [(w.rank, w.state, w.pid, w.exit_code) for w in reopened.workers("b", 1)] == [
+        (0, WorkerPhase.RUNNING, 42, None),
+        (1, WorkerPhase.FAILED, None, 3),
+        (2, WorkerPhase.LAUNCHING, None, None),
+    ]
+    assert (reopened.max_generation("b"), reopened.max_rank("b", 1), reopened.max_rank("b", 5)) == (
+        1,
+        2,
+        None,
+    )
+
+
+def test_a_generation_switches_in_one_commit_and_a_spare_takes_a_newcomers_place(reopen: Opener) -> None:
+    store = reopen()
+    store.node_registered("n1", 4, [], "h", NodeState.HEALTHY, now=1.0)
+    store.add_task("a", "{}", 1.0)
+    store.task_launched("a", 1, 3, 0, now=2.0)
+    store.add_workers("a", 1, {"n1": 3}, 0, WorkerPhase.RUNNING, now=2.0)
+    store.add_workers("a", 0, {"n1": 1}, 0, WorkerPhase.SPARE, now=2.0)
+    survivors = store.workers("a", 1)
+    store.worker_phase(survivors[1].key, WorkerPhase.FAILED, code=1)
+    store.switch_generation("a", 1, 2, {survivors[0]: 0, survivors[2]: 1}, now=5.0)
+    store.spare_used("a", 0, generation=2, rank=2, node="n1", local=3, now=6.0)
+    snap = reopen().snapshot()
+    assert snap.task("a").generation == 2 and snap.task("a").workers == 2
+    assert [(w.rank, w.local_rank, w.state) for w in snap.live("a")] == [
+        (0, 0, WorkerPhase.RUNNING),
+        (1, 2, WorkerPhase.RUNNING),
+        (2, 3, WorkerPhase.LAUNCHING),
+    ]
+    assert snap.next_generation["a"] == 3
+    states = {w.rank: w.state for w in reopen().workers("a", 1)}
+    assert states == {0: WorkerPhase.MOVED, 1: WorkerPhase.FAILED, 2: WorkerPhase.MOVED}
+    assert reopen().worker("a", 0, 0).state is WorkerPhase.USED  # type: ignore[union-attr]
+
+
+def test_a_lost_node_loses_its_workers_and_a_removed_node_is_gone(reopen: Opener) -> None:
+    store = reopen()
+    for i, name in enumerate(["n1", "n2"]):
+        store.node_registered(name, 2, [], f"h{i}", NodeState.HEALTHY, now=1.0, probe_port=7000 + i)
+    store.add_task("a", "{}", 1.0)
+    store.add_workers("a", 1, {"n1": 1, "n2": 1}, 0, WorkerPhase.RUNNING, now=2.0)
+    store.node_seen("n2", now=9.0)
+    store.node_state("n1", NodeState.LOST)
+    assert [w.rank for w in store.lose_node_workers("n1")] == [0]
+    store.node_state("n2", NodeState.DRAINING)
+    with pytest.raises(IllegalTransition):
+        store.node_state("n2", NodeState.ISOLATED)  # draining -> isolated: not allowed
+    store.remove_node("n1")
+    reopened = reopen()
+    assert [n.name for n in reopened.nodes()] == ["n2"] and reopened.node("n1") is None
+    n2 = reopened.node("n2")
+    assert n2 is not None and (n2.probe_port, n2.state, n2.host) == (7001, NodeState.DRAINING, "h1")
+    assert [w.state for w in reopened.workers("a", 1)] == [WorkerPhase.LOST, WorkerPhase.RUNNING]
+    assert reopened.live_workers_on("n2")[0].rank == 1 and reopened.live_workers_on("n1") == []
+
+
+def test_events_are_read_in_order_filtered_and_paged(reopen: Opener, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(etcdbackend, "PAGE", 3)  # several pages out of a few events
+    store = reopen()
+    ids = [store.event("tick", task="a" if i % 2 else "b", node="n1", i=i) for i in range(8)]
+    store.event("node_lost", node="n2", seconds=3.2)
+    assert ids == sorted(ids) and len(set(ids)) == 8
+    reopened = reopen()
+    assert [e.detail["i"] for e in reopened.events(task="a")] == [1, 3, 5, 7]
+    assert [e.detail["i"] for e in reopened.events(task="a", limit=2, newest=True)] == [5, 7]
+    assert [e.detail["i"] for e in reopened.events(since_id=ids[5], kinds=["tick"])] == [6, 7]
+    assert reopened.events(kinds=["node_lost"])[0].detail == {"seconds": 3.2}
+    assert reopened.last_node_event("n2", ["node_lost", "node_back"]) == "node_lost"
+    assert reopened.last_node_event("n1", ["node_lost"]) is None
+    assert reopened.event("later") > ids[-1]  # ids go on after a restart
+
+
+def test_a_write_fenced_by_another_leader_changes_nothing(etcd: EtcdCluster) -> None:
+    backend = open_backend(etcd.url + "/fenced")
+    assert isinstance(backend, etcdbackend.EtcdBackend)
+    store = Store(backend)
+    store.add_task("a", "{}", 1.0)
+    backend.clients.post(
+        "kv/put", {"key": etcdbackend.encode("/fenced/leader"), "value": etcdbackend.encode("other")}
+    )
+    backend.fence = ("/fenced/leader", "me")
+    with pytest.raises(Fenced):
+        store.task_launched("a", 1, 2, 0, now=2.0)
+    with pytest.raises(Fenced):
+        store.event("x")
+    assert store.get_task("a").state is TaskState.WAITING  # in memory too
+    assert Store(open_backend(etcd.url + "/fenced")).get_task("a").state is TaskState.WAITING
+    backend.fence = ("/fenced/leader", "other")
+    store.task_launched("a", 1, 2, 0, now=2.0)
+    assert Store(open_backend(etcd.url + "/fenced")).get_task("a").state is TaskState.STARTING
+
+
+def test_a_bad_store_url_is_refused_naming_the_fix() -> None:
+    from unicron.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="host:port"):
+        etcdbackend.parse_url("etcd://localhost")
+    assert etcdbackend.parse_url("etcd://a:1,b:2/x/") == ([("a", 1), ("b", 2)], "/x")
+
+
+def test_a_standby_opened_early_continues_the_event_log_and_never_overwrites_it(etcd: EtcdCluster) -> None:
+    url = etcd.url + "/early"
+    standby = open_backend(url)  # made when its process starts; it leads (loads) later
+    first = Store(open_backend(url))
+    ids = [first.event("x") for _ in range(3)]
+    assert Store(standby).event("y") == ids[-1] + 1
+    stale = Store(open_backend(url))
+    first.event("z")  # the id ``stale`` would use next is taken meanwhile
+    assert stale.event("w") == ids[-1] + 3
+    assert [e.kind for e in Store(open_backend(url)).events()] == ["x", "x", "x", "y", "z", "w"]
