@@ -519,3 +519,36 @@ def test_a_stalled_coordinator_loses_no_node_and_finds_no_hang(make: Any) -> Non
         cluster.beat("n0")
         cluster.c.tick()
     assert cluster.c.store.node("n1").state is NodeState.LOST  # type: ignore[union-attr]
+
+
+def test_a_node_lost_long_enough_is_forgotten_and_one_holding_workers_is_not(make: Any) -> None:
+    from unicron.control.records import NodeRecord
+    from unicron.control.removal import forgettable
+
+    cluster = make(heartbeat_deadline_s=2.0, forget_lost_node_s=30.0)
+    for _ in range(40):  # n1 goes silent: lost after 2 s, forgotten 30 s after it was last heard
+        cluster.clock.now += 0.5
+        cluster.beat("n0")
+        cluster.c.tick()
+        if cluster.c.store.node("n1") is None:
+            break
+    assert cluster.c.store.node("n1") is not None  # lost, still listed
+    for _ in range(30):
+        cluster.clock.now += 0.5
+        cluster.beat("n0")
+        cluster.c.tick()
+    assert cluster.c.store.node("n1") is None and cluster.c.store.node("n0") is not None
+    (removed,) = [e for e in cluster.c.store.events(kinds=["node_removed"])]
+    assert removed.node == "n1" and "forget_lost_node_s" in removed.detail["why"]
+
+    lost = NodeRecord(1, "gone", 1, [], "h", NodeState.LOST, last_seen=0.0)
+    holding = NodeRecord(2, "holding", 1, [], "h", NodeState.LOST, last_seen=0.0)
+    recent = NodeRecord(3, "recent", 1, [], "h", NodeState.LOST, last_seen=90.0)
+    asked: list[bool] = []
+
+    def held() -> dict[str, dict[str, int]]:
+        asked.append(True)
+        return {"holding": {"t": 1}}
+
+    assert forgettable([lost, holding, recent], held, now=100.0, after_s=30.0) == ["gone"]
+    assert forgettable([recent], held, now=100.0, after_s=30.0) == [] and len(asked) == 1

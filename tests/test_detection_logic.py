@@ -82,3 +82,21 @@ def test_monitor_re_anchors_after_a_rewind() -> None:
     monitor.step_done(2, ended=100.0)  # restarted from a checkpoint at step 1
     assert not monitor.late(now=100.5)
     assert monitor.late(now=104.0)
+
+
+def test_a_node_not_heard_since_the_coordinator_started_gets_the_agents_retry_pause_on_top() -> None:
+    """After a start, a takeover or a stall at t=100, an agent that failed meanwhile may be in
+    its longest retry pause (AGENT_RETRY_CAP_S): it is lost only after that plus the deadline.
+    A node heard since then follows the usual deadline."""
+    from unicron.control.detection import silent_nodes
+    from unicron.control.records import NodeRecord
+    from unicron.core.protocol import AGENT_RETRY_CAP_S
+    from unicron.core.states import NodeState
+
+    limits = Settings()
+    away = NodeRecord(1, "away", 1, [], "h", NodeState.HEALTHY, last_seen=90.0)
+    heard = NodeRecord(2, "heard", 1, [], "h", NodeState.HEALTHY, last_seen=101.0)
+    edge = 100 + AGENT_RETRY_CAP_S + limits.heartbeat_deadline_s
+    assert silent_nodes([away, heard], edge - 0.1, 100.0, limits) == [("heard", pytest.approx(edge - 101.1))]
+    assert [n for n, _ in silent_nodes([away, heard], edge + 0.1, 100.0, limits)] == ["away", "heard"]
+    assert silent_nodes([heard], 101.0 + limits.heartbeat_deadline_s - 0.1, 100.0, limits) == []

@@ -19,6 +19,7 @@ from unicron.control.monitor import TaskMonitor
 from unicron.control.peercheck import PeerCheck, outcome, probe_endpoints
 from unicron.control.records import NodeRecord, TaskRecord
 from unicron.control.recovery import Recovery
+from unicron.control.removal import forgettable
 from unicron.core.protocol import AGENT_RETRY_CAP_S, Progress, StacksReport
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, WorkerPhase
@@ -28,12 +29,13 @@ from unicron.core.taxonomy import ErrorKind
 def silent_nodes(
     nodes: Sequence[NodeRecord], now: float, listening_since: float, limits: Settings
 ) -> list[tuple[str, float]]:
-    """Nodes not heard within the deadline, counted from when the service could hear them at
-    all (after a start, a takeover or a stall every known node gets a full deadline after the
-    agents' longest pause between retries)."""
+    """Nodes not heard within the deadline. A node not heard since the service could hear them
+    at all (it started, took over, or resumed from a stall) is counted from then plus the agents'
+    longest pause between retries: its agent, failing meanwhile, may be in that pause."""
     out = []
     for node in nodes:
-        silent = now - max(node.last_seen, listening_since)
+        heard = node.last_seen if node.last_seen >= listening_since else listening_since + AGENT_RETRY_CAP_S
+        silent = now - heard
         if node.state is not NodeState.LOST and silent > limits.heartbeat_deadline_s:
             out.append((node.name, silent))
     return out
@@ -86,11 +88,15 @@ class Detector:
 
     def check_nodes(self, now: float) -> bool:
         """Declare silent nodes lost and end isolations that ran out; True when nodes changed."""
-        if self.listening_since is None:  # just started (or took over): agents retry meanwhile
-            self.listening_since = now + AGENT_RETRY_CAP_S
+        if self.listening_since is None:
+            self.listening_since = now
         store, changed = self.ctx.store, False
         for name, silent in silent_nodes(store.nodes(), now, self.listening_since, self.ctx.limits):
             self.recovery.node_lost(name, silent)
+            changed = True
+        after_s = self.ctx.limits.forget_lost_node_s
+        for name in forgettable(store.nodes(), store.held_slots, now, after_s):
+            self.ctx.act.remove_node(name, why=f"lost for over {after_s:g} s (forget_lost_node_s)")
             changed = True
         for node in store.nodes():
             if node.state is NodeState.ISOLATED and now >= self.recovery.isolated_until.get(node.name, 0):
@@ -104,7 +110,7 @@ class Detector:
         heartbeat deadline from now (as after a restart), steps are judged late only once every
         agent had time to deliver what its workers did meanwhile (they trained on: nothing
         about them needs the coordinator), and recovery's clocks stop for the stall."""
-        self.listening_since = now + AGENT_RETRY_CAP_S
+        self.listening_since = now
         self.judging_from = now + self.ctx.limits.heartbeat_deadline_s
         self.recovery.paused(stalled_s)
         self.ctx.act.record("coordinator_stalled", seconds=round(stalled_s, 3), grace_until=self.judging_from)

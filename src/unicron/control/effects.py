@@ -197,11 +197,11 @@ class Applier:
         self._store.node_state(node, state)
         self.record(event, node=node, **detail)
 
-    def remove_node(self, node: str) -> None:
-        """An admin removed a lost node (control.removal): its record and its order queue go."""
+    def remove_node(self, node: str, why: str = "an admin removed it") -> None:
+        """A lost node's record and its order queue go (control.removal)."""
         self._store.remove_node(node)
         self.orders.take(node)
-        self.record("node_removed", node=node)
+        self.record("node_removed", node=node, why=why)
 
     def node_lost(self, node: str, silent_s: float) -> list[WorkerRecord]:
         """A node went silent: it is lost, with its live workers (returned as they were), and

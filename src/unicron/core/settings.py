@@ -15,6 +15,7 @@ The ordering, checked whenever settings are built (so at start-up), and why it m
     heartbeat_deadline_s  <  first_step_timeout_s      node loss is decided before a first step hangs
     first_step_timeout_s  <  process_group_timeout_s   as hang_cap_s, for a launch's first step
     network_grace_s       <  process_group_timeout_s   a slow network's grace ends before gloo gives up
+    heartbeat_deadline_s  <  forget_lost_node_s        a node is forgotten only after it is lost
     process_group_timeout_s < launch_timeout_s ... is not required: they measure different things.
 
 The hang deadline of a task is clamp(hang_multiple x mean recent iteration, floor, cap), active
@@ -79,6 +80,7 @@ ORDERING: tuple[tuple[str, str, bool, str], ...] = (
         False,
         "a slow network's grace must end before the collective times out",
     ),
+    ("heartbeat_deadline_s", "forget_lost_node_s", False, "a node is forgotten only after it is lost"),
 )
 
 
@@ -156,6 +158,12 @@ class Settings(BaseModel):
     max_restarts: int = Field(3, ge=0, description="process restarts before reconfiguring")
     isolate_after: int = Field(2, ge=1, description="SEV1/SEV2 errors on one node before isolating it")
     isolation_s: float = Field(300.0, ge=0, description="how long an isolated node stays out")
+    forget_lost_node_s: float = Field(
+        3600.0,
+        gt=0,
+        description="a node lost this long, holding no workers, is forgotten (its agent, if it comes"
+        " back, registers as a new node)",
+    )
     # placement
     hot_spares: int = Field(1, ge=0, description="hot spares per task, on slots the plan leaves idle")
     rebalance_min_gain: float = Field(
