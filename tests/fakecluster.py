@@ -32,7 +32,7 @@ SPEC = """
 name: lm
 weight: 1
 throughput: {{1: 1.0e9, 2: 2.0e9, 3: 2.7e9, 4: 3.6e9}}
-run: {{program: [python, train.py], iterations: 100, recovery: {recovery}}}
+run: {{program: [python, train.py], iterations: 100, recovery: {recovery}{run_extra}}}
 """
 
 
@@ -141,7 +141,7 @@ class Cluster:
 def make_cluster(tmp_path: Path) -> Iterator[Any]:
     made: list[Cluster] = []
 
-    def build(recovery: str = "in_process", **limits: Any) -> Cluster:
+    def build(recovery: str = "in_process", run_extra: str = "", **limits: Any) -> Cluster:
         clock = Clock()
         settings = CoordinatorSettings(
             state_dir=tmp_path / f"state{len(made)}",
@@ -153,7 +153,7 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
         made.append(cluster)
         for node in ("n0", "n1"):
             c.register(Registration(node=node, slots=2))
-        c.submit(*parse_live_tasks(SPEC.format(recovery=recovery), "test"))
+        c.submit(*parse_live_tasks(SPEC.format(recovery=recovery, run_extra=run_extra), "test"))
         c.placer.allocator.wait()  # the table that answers the submission (built in the background)
         cluster.step()
         assert len([o for _, o in cluster.orders if isinstance(o, LaunchWorker)]) == 4

@@ -5,12 +5,14 @@ ordered (launches, stops, renames), the generations and the incident it recorded
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from unicron.control.recovery import Sign, attribute
+from unicron.core.ladder import Ladder
 from unicron.core.protocol import (
     DoneReport,
     ExceptionReport,
@@ -28,8 +30,9 @@ from unicron.core.protocol import (
     WorkerState,
     fault_claim_key,
 )
+from unicron.core.settings import Settings
 from unicron.core.states import IllegalTransition, NodeState, TaskState
-from unicron.core.taxonomy import ErrorKind, Scope
+from unicron.core.taxonomy import Action, ErrorKind, Scope
 
 
 def test_a_dead_worker_is_measured_from_its_exit_and_survivors_go_on_in_place(make: Any) -> None:
@@ -552,3 +555,36 @@ def test_a_node_lost_long_enough_is_forgotten_and_one_holding_workers_is_not(mak
 
     assert forgettable([lost, holding, recent], held, now=100.0, after_s=30.0) == ["gone"]
     assert forgettable([recent], held, now=100.0, after_s=30.0) == [] and len(asked) == 1
+
+
+def test_a_restarted_coordinator_keeps_the_ladder_the_measured_rates_and_the_spares(make: Any) -> None:
+    """What decides behaviour survives a restart: the failures the ladder counted toward the next
+    escalation, the throughput measured at each size (the plan's input), the hot spares waiting."""
+    cluster = make(hot_spares=1, run_extra=", flops_per_sample: 1.0e7")
+    for step in range(2, 40):  # a full measurement window at 4 workers
+        cluster.clock.now += 1.0
+        cluster.train(step)
+    cluster.exit(3)  # counted by the ladder
+    for _ in range(3):
+        cluster.step()
+    cluster.c.placer._launch_spare("lm", "n1", cluster.clock.now)  # as keep_spares does on an idle slot
+    before = cluster.c
+    assert before.rates.used["lm"] and before.recovery.ladder.history()["failures"]["lm"]
+    assert before.placer.spares
+    cluster.restart()
+    assert cluster.c.rates.used == before.rates.used
+    assert cluster.c.recovery.ladder.history() == before.recovery.ladder.history()
+    assert cluster.c.placer.spares == before.placer.spares
+
+
+def test_a_restored_ladder_escalates_as_the_original_would() -> None:
+    settings = Settings(max_reattempts=2)
+    original = Ladder(settings)
+    for at in (1.0, 2.0):
+        assert original.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", at).action is Action.REATTEMPT
+    copy = Ladder(settings)
+    copy.restore(json.loads(json.dumps(original.history())))  # as the store keeps it
+    assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0) == original.decide(
+        "t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0
+    )
+    assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 4.0).action is Action.RESTART_PROCESS

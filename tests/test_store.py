@@ -214,3 +214,13 @@ def test_a_standby_opened_early_continues_the_event_log_and_never_overwrites_it(
     first.event("z")  # the id ``stale`` would use next is taken meanwhile
     assert stale.event("w") == ids[-1] + 3
     assert [e.kind for e in Store(open_backend(url)).events()] == ["x", "x", "x", "y", "z", "w"]
+
+
+def test_what_a_part_keeps_is_there_after_a_restart(reopen: Opener) -> None:
+    store = reopen()
+    assert store.kept("ladder") is None
+    store.keep("ladder", {"failures": {"a": [1.5, 2.5]}})
+    store.keep("rates", {"a": {"4": 3.5e9}})
+    store.keep("ladder", {"failures": {}})  # replaced, not merged
+    reopened = reopen()
+    assert reopened.kept("ladder") == {"failures": {}} and reopened.kept("rates") == {"a": {"4": 3.5e9}}

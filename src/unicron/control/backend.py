@@ -26,6 +26,7 @@ class Table(Enum):
     NODES = "nodes"
     WORKERS = "workers"
     COUNTED = "counted"  # the last step of each rank already counted: a resent report counts once
+    KEPT = "kept"  # what the coordinator's parts keep across a restart (the ladder, measured rates)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Loaded:
     nodes: list[NodeRecord] = field(default_factory=list)
     workers: list[WorkerRecord] = field(default_factory=list)
     counted: dict[WorkerKey, int] = field(default_factory=dict)
+    kept: dict[str, Any] = field(default_factory=dict)
 
 
 class Fenced(RuntimeError):

@@ -103,6 +103,10 @@ class Coordinator:
         self.storage = StorageWatch(self.ctx)
         self.storage.rebuild()
         self.recovery.rebuild()
+        # What decides behaviour and is not a row of its own: kept by the parts, restored here.
+        self.recovery.ladder.restore(self.store.kept("ladder") or self.recovery.ladder.history())
+        self.rates.restore(self.store.kept("rates") or {})
+        self.placer.rebuild_spares()
         self.dirty = True
         self.last_tick: float | None = None  # when the loop last ran (a long gap: it stalled)
         for task in self.store.tasks(live_only=True):
@@ -173,6 +177,7 @@ class Coordinator:
         self.ctx.act.rendezvous.close(name)
         self.recovery.forget(name)
         self.recovery.ladder.forget(name)
+        self.act.keep("ladder", self.recovery.ladder.history())
         self.detector.forget(name)
         self.storage.forget(name)
         self.generations.growing.pop(name, None)

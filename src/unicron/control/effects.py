@@ -162,6 +162,7 @@ class Applier:
         self.node_state = store.node_state
         self.worker_phase = store.worker_phase
         self.end_workers = store.end_workers
+        self.keep = store.keep  # what a part keeps across a restart (the ladder, measured rates)
         self.close_store = store.close
 
     def record(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:

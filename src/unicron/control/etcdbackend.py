@@ -4,7 +4,7 @@ holding its JSON, each change one etcd transaction, the event log keys in id ord
 Keys under the prefix (``/unicron`` unless the URL names one)::
 
     tasks/<name>   nodes/<name>   workers/<task>/<generation>/<rank>   counted/<task>/<g>/<r>
-    events/<id, 16 digits>
+    kept/<name>    events/<id, 16 digits>   leader (leadership.py)
 
 Spoken over etcd's v3 JSON gateway with ``etcd3gw`` (OpenStack's maintained client). A request
 that cannot reach one endpoint goes to the next. When this coordinator leads through an etcd
@@ -122,6 +122,7 @@ class EtcdBackend:
             nodes=[NodeRecord.of(r) for r in self._rows(Table.NODES)],
             workers=[WorkerRecord.of(r) for r in self._rows(Table.WORKERS)],
             counted=counted,
+            kept={r["name"]: r["value"] for r in self._rows(Table.KEPT)},
         )
 
     # ------------------------------------------------------------ writes

@@ -279,6 +279,14 @@ class Placer:
         )
 
     # ------------------------------------------------------------------ hot spares
+    def rebuild_spares(self) -> None:
+        """After a restart (or a takeover): the spares still waiting are those the store lists
+        (their rows), so that a grow uses them and the plan stops them when it needs their slot."""
+        for task in self.ctx.store.tasks(live_only=True):
+            for w in self.ctx.store.workers(task.name, SPARE_GENERATION, live=False):
+                if w.state is WorkerPhase.SPARE:
+                    self.spares[(w.task, w.rank)] = Spare(w.task, w.rank, w.node, w.local_rank, w.launched)
+
     def keep_spares(
         self, snapshot: Snapshot, state: ClusterState, names: dict[int, str], layout: Assignment
     ) -> None:

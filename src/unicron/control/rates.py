@@ -84,3 +84,12 @@ class RateMeter:
 
     def measured(self, task: str) -> dict[int, float]:
         return dict(self.used.get(task, {}))
+
+    def kept(self) -> dict[str, dict[str, float]]:
+        """The rates in use, as plain data (kept across a coordinator's restart)."""
+        return {task: {str(world): rate for world, rate in per.items()} for task, per in self.used.items()}
+
+    def restore(self, kept: dict[str, dict[str, float]]) -> None:
+        """Use the rates a coordinator before this one measured (from :meth:`kept`)."""
+        self.used = {task: {int(world): rate for world, rate in per.items()} for task, per in kept.items()}
+        self.version += 1

@@ -170,6 +170,7 @@ class Recovery:
         self._stop_awaiting(name)  # this incident answers every peer error of the task so far
         self.generations.cancel_growth(name)
         decision = self.ladder.decide(name, kind, node, now, scope)
+        self.ctx.act.keep("ladder", self.ladder.history())
         incident = self._open(task, kind, node, why, scope, decision, seen_at, seen_as)
         failure = Failure(name, node, why, None if failed is None else frozenset(failed), incident.id)
         may_stay = self.generations.in_place(name)
@@ -255,6 +256,7 @@ class Recovery:
         scope = scope or attribute(sign, recent, self.ctx.limits.task_fault_window_s)
         if scope is Scope.TASK and not sticky:
             self.ladder.reattribute(name, kind, now)  # the open incident's fault was the task's
+            self.ctx.act.keep("ladder", self.ladder.history())
         if scope is Scope.TASK or sticky:
             self.task_faults[(name, kind)] = [*sticky, now]
             return Scope.TASK

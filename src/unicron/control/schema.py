@@ -60,6 +60,12 @@ CREATE TABLE IF NOT EXISTS counted (
     step INTEGER NOT NULL,
     PRIMARY KEY (task, generation, rank)
 );
+-- What the coordinator's parts keep across a restart, as JSON: the severity ladder's history,
+-- the measured rates the planner uses.
+CREATE TABLE IF NOT EXISTS kept (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
 from unicron.core.errors import NotFound
@@ -81,3 +81,5 @@ class StoreReads(Protocol):
     def max_generation(self, task: str) -> int: ...
 
     def max_rank(self, task: str, generation: int) -> int | None: ...
+
+    def kept(self, name: str) -> Any: ...

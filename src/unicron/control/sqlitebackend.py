@@ -20,6 +20,7 @@ KEY_COLUMNS = {
     Table.NODES: ("name",),
     Table.WORKERS: ("task", "generation", "rank"),
     Table.COUNTED: ("task", "generation", "rank"),
+    Table.KEPT: ("name",),
 }
 
 
@@ -63,6 +64,7 @@ class SqliteBackend:
                 (r["task"], int(r["generation"]), int(r["rank"])): int(r["step"])
                 for r in self._rows("SELECT * FROM counted")
             },
+            kept={r["name"]: json.loads(r["value"]) for r in self._rows("SELECT * FROM kept")},
         )
 
     def write(self, changes: Sequence[Change]) -> None:

@@ -50,6 +50,7 @@ class _Batch:
     nodes: list[NodeRecord] = field(default_factory=list)
     workers: list[WorkerRecord] = field(default_factory=list)
     counted: dict[WorkerKey, int] = field(default_factory=dict)
+    kept: dict[str, Any] = field(default_factory=dict)
     removed_nodes: list[str] = field(default_factory=list)
 
     def changes(self) -> list[Change]:
@@ -60,6 +61,7 @@ class _Batch:
             Put(Table.COUNTED, key, {"task": key[0], "generation": key[1], "rank": key[2], "step": step})
             for key, step in self.counted.items()
         ]
+        out += [Put(Table.KEPT, (name,), {"name": name, "value": value}) for name, value in self.kept.items()]
         return out + [Delete(Table.NODES, (name,)) for name in self.removed_nodes]
 
 
@@ -86,6 +88,7 @@ class Store:
         for w in loaded.workers:
             self._workers.setdefault(w.task, {})[(w.generation, w.rank)] = w
         self._counted = dict(loaded.counted)
+        self._kept = dict(loaded.kept)
         self._next_node_id = max((n.id for n in loaded.nodes), default=0) + 1
 
     def _commit(self, batch: _Batch) -> None:
@@ -98,6 +101,7 @@ class Store:
         for w in batch.workers:
             self._workers.setdefault(w.task, {})[(w.generation, w.rank)] = w
         self._counted.update(batch.counted)
+        self._kept.update(batch.kept)
         for name in batch.removed_nodes:
             self._nodes.pop(name, None)
 
@@ -428,6 +432,16 @@ class Store:
             lost = self.live_workers_on(node)
             self._commit(_Batch(workers=self._ended(lost, WorkerPhase.LOST)))
             return lost
+
+    # ------------------------------------------------------------ what the parts keep
+    def kept(self, name: str) -> Any:
+        """What was kept under ``name`` (plain JSON data), or None."""
+        return self._kept.get(name)
+
+    def keep(self, name: str, value: Any) -> None:
+        """Keep ``value`` (plain JSON data) under ``name``, replacing what was kept there."""
+        with self._lock:
+            self._commit(_Batch(kept={name: value}))
 
     # ------------------------------------------------------------ the event log
     def event(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
