@@ -12,6 +12,7 @@ from bench import (
     planner_bench,
     recovery_bench,
     reference_docs,
+    scale_bench,
     simulation_docs,
     throughput_docs,
 )
@@ -54,6 +55,12 @@ def main() -> None:
     print(json.dumps({f"{r['model']}@{r['workers']}": r["ratio"] for r in overhead["rows"]}, indent=2))
     watched = observe_bench.main()  # what a scrape and a dashboard cost the same training
     print(json.dumps({k: watched[k] for k in ("quiet_step_s", "watched_step_s", "ratio")}, indent=2))
+    scale = scale_bench.main()  # N simulated agents against each store backend
+    print(
+        json.dumps(
+            [{k: r[k] for k in ("backend", "agents", "p99_s", "cores")} for r in scale["rows"]], indent=2
+        )
+    )
     chaos_main([])  # the 15-minute soak: docs/bench/chaos.json, docs/reliability.md
 
 

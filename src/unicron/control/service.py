@@ -309,8 +309,10 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
         last: Annotated[int, Query(ge=1, le=10_000, description="the newest this many")] = 100,
     ) -> list[dict[str, Any]]:
         """Each incident's breakdown: fault, detection, decision, transition and first step after
-        it, with the work it cost and the ladder's actions (``control/breakdown.py``)."""
-        return [b.as_dict() for b in recent_incidents(runtime.c, task, last)]
+        it, with the work it cost and the ladder's actions (``control/breakdown.py``). Read in a
+        thread: the event log may be long (and in etcd), and the loop judges liveness."""
+        found = await asyncio.to_thread(recent_incidents, runtime.c, task, last)
+        return [b.as_dict() for b in found]
 
     @router.get("/v1/dashboard")
     async def dashboard_state(
@@ -334,7 +336,10 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
         task: Annotated[str | None, Query(max_length=63)] = None,
         limit: Annotated[int, Query(ge=1, le=1_000_000)] = 1000,
     ) -> list[dict[str, Any]]:
-        return [e.as_dict() for e in runtime.c.store.events(since, task, limit)]
+        # Read in a thread (the store's reads are locked): a reader of a long log, or of etcd, must
+        # not hold up the loop that reads heartbeats and judges liveness.
+        found = await asyncio.to_thread(runtime.c.store.events, since, task, limit)
+        return [e.as_dict() for e in found]
 
     return router
 

@@ -1,0 +1,164 @@
+"""The control plane at cluster scale: N simulated agents (``bench/fleet.py``: the real agent
+protocol over HTTP, no workers) heartbeating at the default interval against one coordinator,
+with its state in SQLite and in etcd (a one-member etcd on loopback).
+
+Per N and backend: heartbeat latency p50/p99 (measured by the agents, over a window after every
+agent registered), the coordinator's CPU over that window (cores: its process's user + system
+time / wall time), false node losses (must be 0), and the detection time of one agent that goes
+silent at the end (its last answered beat to the ``node_lost`` event; target within 3 s).
+The agents run in ``PROCESSES`` processes on this same 2-core machine, so they take CPU from
+the coordinator: the latencies are an upper bound.
+
+Writes docs/bench/scale.json and docs/scale.md (``python -m bench.scale_bench [N ...]``;
+``--docs`` rewrites the page from the last JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from unicron.control.etcdlocal import EtcdCluster, etcd_binary
+from unicron.control.localcluster import LocalCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+COUNTS = (256, 1024, 2048)
+PROCESSES = 2  # agent processes (one event loop each)
+SETTLE_S = 15.0  # after the last registration, before the window (the registrations' plans)
+WINDOW_S = 20.0
+SILENT_EXTRA_S = 8.0  # after the window: the silent agent's detection
+TARGETS = {"p99_s": 0.1, "cores": 1.0, "detection_s": 3.0, "false_losses": 0}
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def node_events(cluster: LocalCluster, kind: str) -> list[dict[str, Any]]:
+    found, since = [], 0
+    while page := cluster.get("/v1/events", since=since, limit=1000):
+        found += [e for e in page if e["kind"] == kind]
+        since = page[-1]["id"]
+    return found
+
+
+def answered(
+    read: Callable[[], list[dict[str, Any]]], within_s: float = 180.0
+) -> list[dict[str, Any]] | None:
+    """``read()`` once the coordinator answers again (an overloaded one works through its
+    backlog first); None if it does not within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            return read()
+        except httpx.HTTPError:
+            time.sleep(2.0)
+    return None
+
+
+def one(root: Path, backend: str, count: int) -> dict[str, Any]:
+    etcd = EtcdCluster(root / "etcd").start() if backend == "etcd" else None
+    try:
+        with LocalCluster(root / "cluster", nodes=0, store=etcd.url if etcd else None) as cluster:
+            assert cluster.coordinator is not None
+            pid = cluster.coordinator.pid
+            start = time.time()
+            window_from = start + SETTLE_S + count / 400  # registrations take a while at large N
+            silent_at = window_from + WINDOW_S
+            until = silent_at + SILENT_EXTRA_S
+            silent = "a0-00000"
+            fleets = []
+            for k in range(PROCESSES):
+                out = root / f"fleet-{k}.json"
+                argv = [sys.executable, "-m", "bench.fleet", "--url", cluster.urls[0]]
+                argv += ["--state-dir", str(root / "cluster" / "coordinator"), "--prefix", f"a{k}-"]
+                argv += ["--count", str(count // PROCESSES), "--until", str(until), "--out", str(out)]
+                argv += ["--silent", silent, "--silent-at", str(silent_at)] if k == 0 else []
+                fleets.append((subprocess.Popen(argv, cwd=ROOT), out))
+            time.sleep(max(0.0, window_from - time.time()))
+            cpu_from, wall_from = cpu_seconds(pid), time.monotonic()
+            time.sleep(WINDOW_S)
+            cores = (cpu_seconds(pid) - cpu_from) / (time.monotonic() - wall_from)
+            for process, _ in fleets:
+                process.wait(timeout=until - time.time() + 60)
+            results = [json.loads(out.read_text()) for _, out in fleets]
+            lost = answered(lambda: node_events(cluster, "node_lost"))
+    finally:
+        if etcd is not None:
+            etcd.close()
+    latencies = [lat for r in results for at, lat in r["latency"] if window_from <= at <= silent_at]
+    last_beat = results[0]["silent_last_beat"]
+    # The loss that followed its silence (an overloaded coordinator may have lost it before).
+    found = [e["time"] for e in lost or [] if e["node"] == silent and last_beat and e["time"] >= last_beat]
+    return {
+        "backend": backend,
+        "agents": count,
+        "beats": len(latencies),
+        "p50_s": round(statistics.median(latencies), 4) if latencies else None,
+        "p99_s": round(p99, 4) if (p99 := quantile(latencies, 0.99)) is not None else None,
+        "max_s": round(max(latencies), 4) if latencies else None,
+        "failures": sum(r["failures"] for r in results),
+        "cores": round(cores, 3),
+        "false_losses": None if lost is None else len([e for e in lost if e["node"] != silent]),
+        "detection_s": round(found[0] - last_beat, 3) if found and last_beat else None,
+    }
+
+
+def verdict(row: dict[str, Any]) -> str:
+    misses = [k for k, limit in TARGETS.items() if row.get(k) is None or not 0 <= row[k] <= limit]
+    return "met" if not misses else "NOT met: " + ", ".join(misses)
+
+
+def write_docs(result: dict[str, Any]) -> None:
+    lines = [
+        "| backend | agents | heartbeats | p50 (ms) | p99 (ms) | max (ms) | failed | coordinator cores "
+        "| false losses | detection (s) | targets |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        ms = [f"{r[k] * 1000:.1f}" if r[k] is not None else "-" for k in ("p50_s", "p99_s", "max_s")]
+        found = r["detection_s"] is not None and r["detection_s"] >= 0  # (a loss before its silence is none)
+        detection = r["detection_s"] if found else "not found"
+        cells = [r["backend"], r["agents"], r["beats"], *ms, r["failures"], f"{r['cores']:.2f}"]
+        losses = "no answer" if r["false_losses"] is None else r["false_losses"]
+        cells += [losses, detection, verdict(r)]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    template = (Path(__file__).parent / "templates" / "scale.md").read_text()
+    (ROOT / "docs" / "scale.md").write_text(template.replace("{table}", "\n".join(lines)))
+
+
+def main(counts: tuple[int, ...] = COUNTS) -> dict[str, Any]:
+    backends = ["sqlite"] + (["etcd"] if etcd_binary() else [])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="unicron-scale-") as tmp:
+        for count in counts:
+            for backend in backends:
+                rows.append(one(Path(tmp) / f"{backend}-{count}", backend, count))
+                print(json.dumps(rows[-1]), flush=True)
+    result = {"window_s": WINDOW_S, "processes": PROCESSES, "targets": TARGETS, "rows": rows}
+    (ROOT / "docs" / "bench" / "scale.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_docs(result)
+    return result
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--docs"]:  # the page again from the last measured figures (a text change)
+        write_docs(json.loads((ROOT / "docs" / "bench" / "scale.json").read_text()))
+    else:
+        main(tuple(int(a) for a in sys.argv[1:]) or COUNTS)
