@@ -31,7 +31,7 @@ from .test_live_cluster import (
     traced_task,
 )
 
-ITERATIONS = 90
+ITERATIONS = 60
 TABLE = "{2: 2.0e9}"
 TASKS = ("a", "b", "c")
 

@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,27 @@ def scrape(cluster: LocalCluster) -> dict[tuple[str, frozenset[tuple[str, str]]]
     return samples(response.text)
 
 
+_STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_cli_left_behind() -> Iterator[None]:
+    """A `--watch` or `--follow` started by a test that failed before interrupting it is killed
+    (it would poll a coordinator that is gone for as long as the machine runs)."""
+    yield
+    while _STARTED:
+        process = _STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+
+
 def cli(cluster: LocalCluster, *args: str) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "unicron.cli.main", *args, "--coordinator", cluster.url]
     env = {**os.environ, "COLUMNS": "250", "UNICRON_TOKEN_FILE": str(cluster.admin_token)}
-    return subprocess.Popen([*argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    process = subprocess.Popen([*argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    _STARTED.append(process)
+    return process
 
 
 def interrupted(process: subprocess.Popen[str]) -> tuple[int, str]:

@@ -54,15 +54,18 @@ def small_tmpfs(where: Path, options: str = "size=64k") -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-@pytest.fixture(params=["size=64k", "ro"], ids=["full", "read-only"])
-def full_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
-    """The checkpoint directory of task "full": too small for a checkpoint, or read-only."""
-    yield from small_tmpfs(tmp_path / "cluster" / "checkpoints" / "full", request.param)
-
-
+# Each way storage refuses (full: ENOSPC; read-only: EROFS) is classified in the unit test below
+# and driven live in one of the two live scenarios (they share everything after the
+# classification; both modes in both scenarios cost a minute of make test for nothing new).
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    yield from small_tmpfs(tmp_path / "small")
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """The checkpoint directory of task "full": too small for a checkpoint."""
+    yield from small_tmpfs(tmp_path / "cluster" / "checkpoints" / "full", "size=64k")
+
+
+@pytest.fixture(params=["size=64k", "ro"], ids=["full", "read-only"])
+def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    yield from small_tmpfs(tmp_path / "small", request.param)
 
 
 def test_a_checkpoint_that_does_not_fit_is_a_storage_fault(small_disk: Path) -> None:
@@ -116,7 +119,7 @@ def break_storage(where: Path, how: str) -> Callable[[], None]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("how", ["full", "read-only"])
+@pytest.mark.parametrize("how", ["read-only"])
 def test_storage_that_fails_mid_run_costs_no_step_and_no_process(tmp_path: Path, how: str) -> None:
     iterations, trace = 80, tmp_path / "trace.jsonl"
     folder = tmp_path / "cluster" / "checkpoints" / "lm"
