@@ -224,3 +224,46 @@ def test_what_a_part_keeps_is_there_after_a_restart(reopen: Opener) -> None:
     store.keep("ladder", {"failures": {}})  # replaced, not merged
     reopened = reopen()
     assert reopened.kept("ladder") == {"failures": {}} and reopened.kept("rates") == {"a": {"4": 3.5e9}}
+
+
+def test_one_coordinator_leads_a_standby_takes_over_when_it_stops_and_the_old_one_is_fenced(
+    etcd: EtcdCluster,
+) -> None:
+    from unicron.control.leadership import Leader, Leadership, lost
+
+    first_backend = open_backend(etcd.url + "/elect")
+    second_backend = open_backend(etcd.url + "/elect")
+    assert isinstance(first_backend, etcdbackend.EtcdBackend)
+    assert isinstance(second_backend, etcdbackend.EtcdBackend)
+    first = Leadership(first_backend, Leader("c1", "http://a:1"), ttl_s=2)
+    second = Leadership(second_backend, Leader("c2", "http://b:1"), ttl_s=2)
+    assert first.campaign()
+    tries = iter(range(3))
+    assert not second.campaign(poll_s=0.05, stop=lambda: next(tries, None) is None)  # c1 leads
+    assert second.leader() == Leader("c1", "http://a:1") and first.renew()
+    first_store = Store(first_backend)
+    first_store.add_task("a", "{}", 1.0)
+    # c1 stops renewing (a stall, a partition): its lease runs out and c2 takes the key.
+    assert second.campaign(poll_s=0.1)
+    assert second.leader() == Leader("c2", "http://b:1") and not first.renew()
+    with pytest.raises(Fenced):
+        first_store.add_task("b", "{}", 2.0)
+    assert Store(second_backend).task("b") is None and Store(second_backend).task("a") is not None
+    second.resign()
+    assert second.leader() is None
+    assert not lost(10.0, 11.0, ttl_s=3.0) and lost(10.0, 12.5, ttl_s=3.0)
+
+
+def test_a_client_given_several_coordinators_moves_on_and_backs_off_after_a_round() -> None:
+    from unicron.core.coordinators import Coordinators
+    from unicron.core.errors import UsageError
+
+    many = Coordinators.of("http://a:1, http://b:2/")
+    assert many.current == "http://a:1"
+    assert not many.failed() and many.current == "http://b:2"  # next at once
+    assert many.failed() and many.current == "http://a:1"  # a whole round failed: back off
+    many.failed()
+    many.answered()
+    assert not many.failed()  # counting starts again once one answered
+    with pytest.raises(UsageError, match="http"):
+        Coordinators.of("a:1")

@@ -95,7 +95,7 @@ class Leadership:
                         renewed = clock()
                     else:
                         return on_lost("the lease ran out")
-                except ConnectionError:
+                except Exception:
                     pass
                 if lost(renewed, clock(), self.ttl_s):
                     return on_lost(f"etcd did not renew the lease within {0.8 * self.ttl_s:.1f} s")
