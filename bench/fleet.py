@@ -5,7 +5,8 @@ starts a few such processes.
 
 Each agent keeps one keep-alive connection (``Connection``: fixed request bytes, the answer read
 by its length), starts at a random offset within the interval (as a cluster's agents do), and
-re-registers when the coordinator says it does not know it. The
+re-registers when the coordinator says it does not know it; it also keeps the real agent's long
+poll for orders open on a second connection. The
 agent named ``--silent`` stops beating at ``--silent-at`` seconds: the coordinator must find it
 lost within its deadline while every other node stays healthy. Writes, as JSON: every heartbeat's
 (end time, latency in seconds), failures, and the silent agent's last answered beat (Unix time).
@@ -21,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import uvloop
 
 from unicron.control.tokens import issue, load_or_create_secret
 from unicron.core.access import Role
@@ -42,9 +45,10 @@ class Connection:
         self.writer: asyncio.StreamWriter | None = None
 
     async def post(self, request: bytes) -> tuple[int, bytes]:
-        if self.writer is None or self.reader is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         try:
+            if self.writer is None or self.reader is None:
+                opening = asyncio.open_connection(self.host, self.port)
+                self.reader, self.writer = await asyncio.wait_for(opening, TIMEOUT_S)
             self.writer.write(request)
             head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), TIMEOUT_S)
             status = int(head.split(b" ", 2)[1])
@@ -55,7 +59,8 @@ class Connection:
             )
             return status, await asyncio.wait_for(self.reader.readexactly(length), TIMEOUT_S)
         except (OSError, asyncio.IncompleteReadError, ValueError, StopIteration, TimeoutError):
-            self.writer.close()
+            if self.writer is not None:
+                self.writer.close()
             self.reader = self.writer = None
             raise ConnectionError("the coordinator closed the connection") from None
 
@@ -82,6 +87,7 @@ async def agent(
     )
     connection = Connection(url)
     interval = 0.5
+    poller = asyncio.create_task(poll_orders(url, name, token, until, silent_at))
     await asyncio.sleep(random.uniform(0, interval))
     registered = False
     next_at = time.monotonic()
@@ -107,6 +113,22 @@ async def agent(
             out["failures"] += 1
         next_at += interval
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    poller.cancel()
+
+
+async def poll_orders(url: str, name: str, token: str, until: float, silent_at: float | None) -> None:
+    """The agent's long poll for orders, on a connection of its own, as the real agent keeps it
+    (``control/agent.py``: ``wait`` four heartbeat intervals); no orders come to these nodes."""
+    where = urlsplit(url)
+    head = f"GET /v1/agents/{name}/orders?wait=2.0&acked=0 HTTP/1.1\r\nHost: {where.netloc}\r\n"
+    poll = (head + f"Authorization: Bearer {token}\r\n\r\n").encode()
+    connection = Connection(url)
+    await asyncio.sleep(random.uniform(0, 2.0))  # agents start at different times
+    while time.time() < until and (silent_at is None or time.time() < silent_at):
+        try:
+            await connection.post(poll)
+        except ConnectionError:
+            await asyncio.sleep(0.5)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -140,7 +162,11 @@ def main() -> None:
     parser.add_argument("--silent-at", type=float, default=0.0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    Path(args.out).write_text(json.dumps(asyncio.run(run(args))))
+    # uvloop, as the coordinator runs on: the agents' own CPU is taken from the coordinator's.
+    began_cpu, began = time.process_time(), time.monotonic()
+    out = uvloop.run(run(args))
+    out["cores"] = (time.process_time() - began_cpu) / (time.monotonic() - began)  # its own CPU
+    Path(args.out).write_text(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -115,6 +115,7 @@ def one(root: Path, backend: str, count: int) -> dict[str, Any]:
         "max_s": round(max(latencies), 4) if latencies else None,
         "failures": sum(r["failures"] for r in results),
         "cores": round(cores, 3),
+        "agent_cores": round(sum(r["cores"] for r in results), 3),  # the simulated agents' (whole run)
         "false_losses": None if lost is None else len([e for e in lost if e["node"] != silent]),
         "detection_s": round(found[0] - last_beat, 3) if found and last_beat else None,
     }

@@ -86,3 +86,24 @@ def test_queries_and_agent_messages_out_of_bounds(client: TestClient, tmp_path: 
         assert client.post("/v1/agents/register", json=body, headers=agent).status_code in (403, 422)
     assert client.get("/v1/nodes").json() == []
     assert client.get("/health").json() == {"status": "ok"}
+
+
+def test_heartbeats_and_long_polls_out_of_bounds(client: TestClient, tmp_path: Path) -> None:
+    """The agents' lean channel (control/agentchannel.py) refuses as FastAPI's routes do."""
+    agent = {"authorization": f"Bearer {issue(load_or_create_secret(tmp_path / 'state'), Role.AGENT, 'n')}"}
+    beat = client.post("/v1/agents/heartbeat", json={"node": "n", "acked": 2**70}, headers=agent)
+    assert beat.status_code == 422 and beat.json()["problems"][0]["path"] == "body.acked"
+    assert "fix" in beat.json()["problems"][0]
+    garbage = client.post("/v1/agents/heartbeat", content=b"{not json", headers=agent)
+    assert garbage.status_code == 422 and garbage.json()["error"] == "invalid request"
+    huge = {"node": "n", "reports": [{"type": "exception", "message": "x" * (2 << 20)}]}
+    assert client.post("/v1/agents/heartbeat", json=huge, headers=agent).status_code == 413
+    unknown = client.post("/v1/agents/heartbeat", json={"node": "n"}, headers=agent)
+    assert unknown.status_code == 200 and unknown.json()["registered"] is False  # register first
+    forged = client.post("/v1/agents/heartbeat", json={"node": "n"}, headers={"authorization": "Bearer x"})
+    assert forged.status_code == 401 and forged.headers["www-authenticate"] == "Bearer"
+    admin_beat = client.post("/v1/agents/heartbeat", json={"node": "n"})  # the client's admin token
+    assert admin_beat.status_code == 403 and "needs a agent token" in admin_beat.json()["error"]
+    last = client.get("/v1/agents/n/orders?wait=40&wait=0&acked=0", headers=agent)
+    assert last.status_code == 200 and last.json() == {"orders": [], "numbers": []}  # the last wait counts
+    assert client.get("/v1/agents/n/extra/orders", headers=agent).status_code == 404

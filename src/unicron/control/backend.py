@@ -56,6 +56,7 @@ class Loaded:
     workers: list[WorkerRecord] = field(default_factory=list)
     counted: dict[WorkerKey, int] = field(default_factory=dict)
     kept: dict[str, Any] = field(default_factory=dict)
+    last_event_id: int = 0  # the event log's newest id: the store numbers the next ones itself
 
 
 class Fenced(RuntimeError):
@@ -65,11 +66,10 @@ class Fenced(RuntimeError):
 class Backend(Protocol):
     def load(self) -> Loaded: ...
 
-    def write(self, changes: Sequence[Change]) -> None:
-        """All of ``changes`` or none of them."""
-
-    def append_event(self, time: float, kind: str, task: str | None, node: str | None, detail: str) -> int:
-        """Add an event (``detail`` is JSON); returns its id, larger than every earlier one."""
+    def write(self, changes: Sequence[Change], events: Sequence[EventRecord] = ()) -> None:
+        """All of ``changes`` and ``events`` or none of them. An event's id is never written
+        twice: one that exists raises :class:`FileExistsError` (another writer numbers events
+        in this store), and nothing is written."""
 
     def events(
         self, since_id: int, task: str | None, limit: int, kinds: frozenset[str], newest: bool

@@ -27,6 +27,7 @@ from unicron.control.detection import Detector, stalled_for
 from unicron.control.draining import DRAIN_EVENTS, drainable, resumable, returning_state
 from unicron.control.effects import Applier, Orders
 from unicron.control.generations import Generations
+from unicron.control.journal import Journal
 from unicron.control.metrics import Metrics
 from unicron.control.placing import Placer
 from unicron.control.rates import RateMeter
@@ -75,13 +76,17 @@ class Coordinator:
         clock: Callable[[], float] = time.time,
         loop_clock: Callable[[], float] = time.monotonic,
         backend: Backend | None = None,
+        write_behind: Callable[[Exception], None] | None = None,
     ) -> None:
         # ``loop_clock`` times the loop itself (a stall of this process); tests that step
-        # ``clock`` by hand pass time without stalling.
+        # ``clock`` by hand pass time without stalling. ``write_behind``: the store's writes go
+        # through a journal (the service's way); called if they are fenced.
         self.loop_clock = loop_clock
         self.settings = settings
         self.limits = settings.limits
-        store = Store(backend or open_backend(settings.store_location))
+        backend = backend or open_backend(settings.store_location)
+        store = Store(backend, Journal(backend, write_behind) if write_behind else None)
+        self.journal = store.journal
         self.store: StoreReads = store  # writes go through the applier (self.act)
         self.orders_out = Orders(next_seq=int(clock() * 1e6))
         self.act = Applier(store, Rendezvous.serving(settings), self.orders_out)
@@ -187,13 +192,16 @@ class Coordinator:
     # ------------------------------------------------------------------ agents
     def register(self, reg: Registration) -> RegistrationReply:
         known = self.store.node(reg.node)
-        others = [n for n in self.store.nodes() if n.name != reg.node]
-        if others and any(n.slots != reg.slots for n in others):
+        # Every node registered has the same slots (checked here), so one other tells them all:
+        # a registration storm of thousands of agents must not cost a pass over every node each.
+        other = self.store.another_node(reg.node)
+        if other is not None and other.slots != reg.slots:
             raise Conflict(
                 f"node {reg.node} offers {reg.slots} slots but the cluster's nodes have "
-                f"{others[0].slots}; start every agent with the same --slots"
+                f"{other.slots}; start every agent with the same --slots"
             )
-        drain = self.store.last_node_event(reg.node, DRAIN_EVENTS) if known is not None else None
+        lost = known is not None and known.state is NodeState.LOST  # (only then does a drain outlast it)
+        drain = self.store.last_node_event(reg.node, DRAIN_EVENTS) if lost else None
         state = returning_state(known, drain, self.recovery.isolated_until.get(reg.node, 0.0), self.clock())
         self.act.node_registered(reg.node, reg.slots, reg.gpus, reg.host, state, self.clock(), reg.probe_port)
         if known is None or known.state is NodeState.LOST:
@@ -230,12 +238,14 @@ class Coordinator:
                 self.act.record("report_rejected", node=hb.node, report=report.type, error=repr(exc)[:300])
         self._reconcile_workers(hb.node, hb.workers)
         batch = self.orders(hb.node, hb.acked)
-        return HeartbeatReply(orders=batch.orders, numbers=batch.numbers)
+        return HeartbeatReply.model_construct(orders=batch.orders, numbers=batch.numbers, registered=True)
 
     def orders(self, node: str, acked: int = 0) -> OrderBatch:
-        """Orders for a node not yet acknowledged (the heartbeat's answer, the long poll)."""
+        """Orders for a node not yet acknowledged (the heartbeat's answer, the long poll). Built
+        without validation: the orders are validated messages already, and at thousands of
+        agents a validation per answer is a noticeable part of the coordinator's CPU."""
         pending = self.orders_out.pending(node, acked)
-        return OrderBatch(orders=[o for _, o in pending], numbers=[n for n, _ in pending])
+        return OrderBatch.model_construct(orders=[o for _, o in pending], numbers=[n for n, _ in pending])
 
     def _reconcile_workers(self, node: str, reported: list[WorkerState]) -> None:
         """Track worker processes; stop those that belong to no live generation."""

@@ -60,7 +60,10 @@ class Orders:
 
     def pending(self, node: str, acked: int) -> list[tuple[int, Order]]:
         """The node's orders after ``acked`` (those up to it are dropped: carried out)."""
-        queue = [(seq, o) for seq, o in self.queues.get(node, []) if seq > acked]
+        queue = self.queues.get(node)
+        if not queue:
+            return []
+        queue = [(seq, o) for seq, o in queue if seq > acked]
         self.queues[node] = queue
         return list(queue)
 
@@ -220,6 +223,7 @@ class Applier:
     def generation_current(self, task: str, generation: int) -> None:
         """Tell the task's workers which generation is current: only its members commit
         checkpoints (``train/fencing.py``)."""
+        self._store.sync()  # what the task's members will read is durable first (journal.py)
         self.rendezvous.set(task, current_key(task), str(generation))
 
     def launch(self, launch: Launch, now: float) -> list[WorkerRecord]:
@@ -277,6 +281,7 @@ class Applier:
                     new_rank=rank,
                 ),
             )
+        self._store.sync()  # what the task's members will read is durable first (journal.py)
         self.rendezvous.set(
             switch.task, membership_key(switch.task, switch.old), switch.membership.model_dump_json()
         )
@@ -306,6 +311,7 @@ class Applier:
             ),
         )
         identity = {"generation": generation, "rank": rank, "world_size": world}
+        self._store.sync()  # what the task's members will read is durable first (journal.py)
         self.rendezvous.set(task, spare_key(task, spare_rank), json.dumps(identity))
 
     def forget_task(

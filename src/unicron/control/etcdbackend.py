@@ -92,7 +92,6 @@ class EtcdBackend:
         self.clients = clients
         self.prefix = prefix.rstrip("/")
         self.fence: tuple[str, str] | None = None  # (leader key, this coordinator's id) once it leads
-        self._next_event = 0  # known at load: a standby's backend is made long before it leads
         self._lock = threading.Lock()
 
     @classmethod
@@ -115,7 +114,6 @@ class EtcdBackend:
         return [value for _, value in self._range(prefix, _end_of(prefix))]
 
     def load(self) -> Loaded:
-        self._next_event = self._last_event_id() + 1
         counted = {(r["task"], r["generation"], r["rank"]): r["step"] for r in self._rows(Table.COUNTED)}
         return Loaded(
             tasks=[TaskRecord.of(r) for r in self._rows(Table.TASKS)],
@@ -123,28 +121,29 @@ class EtcdBackend:
             workers=[WorkerRecord.of(r) for r in self._rows(Table.WORKERS)],
             counted=counted,
             kept={r["name"]: r["value"] for r in self._rows(Table.KEPT)},
+            last_event_id=self._last_event_id(),
         )
 
     # ------------------------------------------------------------ writes
-    def _txn(self, operations: list[dict[str, Any]], absent: str | None = None) -> None:
-        """Run ``operations`` if this coordinator still leads, and only where key ``absent`` does
-        not exist yet (else :class:`FileExistsError`)."""
+    def _txn(self, operations: list[dict[str, Any]], absent: Sequence[str] = ()) -> None:
+        """Run ``operations`` if this coordinator still leads, and only where no key of
+        ``absent`` exists yet (else :class:`FileExistsError`)."""
         compare: list[dict[str, Any]] = []
         if self.fence is not None:
             leader_key, me = self.fence
             compare.append(
                 {"key": encode(leader_key), "result": "EQUAL", "target": "VALUE", "value": encode(me)}
             )
-        if absent is not None:
-            compare.append(
-                {"key": encode(absent), "result": "EQUAL", "target": "CREATE", "create_revision": 0}
-            )
+        compare += [
+            {"key": encode(key), "result": "EQUAL", "target": "CREATE", "create_revision": 0}
+            for key in absent
+        ]
         answer = self.clients.post("kv/txn", {"compare": compare, "success": operations})
         if not compare or answer.get("succeeded", False):
             return
         if not self._leads():
             raise Fenced(f"{self.fence[1] if self.fence else ''} no longer leads: the write was refused")
-        raise FileExistsError(absent)
+        raise FileExistsError(", ".join(absent))
 
     def _leads(self) -> bool:
         if self.fence is None:
@@ -153,17 +152,21 @@ class EtcdBackend:
         found = self.clients.post("kv/range", {"key": encode(leader_key)}).get("kvs", [])
         return bool(found) and decode(found[0].get("value", "")) == me
 
-    def write(self, changes: Sequence[Change]) -> None:
-        operations: list[dict[str, Any]] = []
+    def write(self, changes: Sequence[Change], events: Sequence[EventRecord] = ()) -> None:
+        # etcd refuses a transaction naming a key twice; several operations written together
+        # (``journal.py``) may change one row twice: the last change of each key is the one.
+        operations: dict[str, dict[str, Any]] = {}
         for change in changes:
             key = encode(self.key(change.table.value, *change.key))
             if isinstance(change, Delete):
-                operations.append({"request_delete_range": {"key": key}})
+                operations[key] = {"request_delete_range": {"key": key}}
             else:
-                value = encode(json.dumps(change.values))
-                operations.append({"request_put": {"key": key, "value": value}})
+                operations[key] = {"request_put": {"key": key, "value": encode(json.dumps(change.values))}}
+        for e in events:  # an event's key is created once, never overwritten
+            key = encode(self._event_key(e.id))
+            operations[key] = {"request_put": {"key": key, "value": encode(json.dumps(e.as_dict()))}}
         if operations:
-            self._txn(operations)
+            self._txn(list(operations.values()), absent=[self._event_key(e.id) for e in events])
 
     # ------------------------------------------------------------ the event log
     def _event_key(self, event_id: int) -> str:
@@ -173,22 +176,6 @@ class EtcdBackend:
         prefix = self.key("events") + "/"
         newest = self._range(prefix, _end_of(prefix), limit=1, descending=True)
         return int(newest[0][1]["id"]) if newest else 0
-
-    def append_event(self, time: float, kind: str, task: str | None, node: str | None, detail: str) -> int:
-        with self._lock:
-            for _ in range(3):  # an id taken meanwhile is never overwritten: read the last one again
-                event_id = self._next_event
-                values = {"id": event_id, "time": time, "kind": kind, "task": task, "node": node}
-                value = encode(json.dumps(values | {"detail": json.loads(detail)}))
-                key = self._event_key(event_id)
-                try:
-                    self._txn([{"request_put": {"key": encode(key), "value": value}}], absent=key)
-                except FileExistsError:
-                    self._next_event = self._last_event_id() + 1
-                    continue
-                self._next_event += 1
-                return event_id
-            raise RuntimeError("the event log's next id kept being taken: another writer shares this prefix")
 
     def _scan(self, since_id: int, descending: bool) -> Iterator[EventRecord]:
         """Events after ``since_id``, a page at a time, oldest (or newest) first."""

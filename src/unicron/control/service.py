@@ -19,10 +19,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from unicron.control import dashboard
+from unicron.control.agentchannel import AgentChannel
 from unicron.control.backend import Fenced
 from unicron.control.bodylimit import BodyLimit
 from unicron.control.breakdown import KINDS, Breakdown, breakdowns
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
+from unicron.control.gcpolicy import GcPolicy
 from unicron.control.guard import Guard, own_node
 from unicron.control.leadership import abdicate, lead
 from unicron.control.metrics import CONTENT_TYPE
@@ -73,7 +75,7 @@ class Runtime:
     def __init__(self, settings: CoordinatorSettings) -> None:
         self.settings = settings
         self.coordinator: Coordinator | None = None
-        self.wakeups: dict[str, asyncio.Event] = {}
+        self.waiters: dict[str, asyncio.Future[None]] = {}  # each node's open long poll
 
     @property
     def c(self) -> Coordinator:
@@ -82,9 +84,43 @@ class Runtime:
         return self.coordinator
 
     def wake(self, node: str) -> None:
-        event = self.wakeups.get(node)
-        if event is not None:
-            event.set()
+        waiter = self.waiters.pop(node, None)
+        if waiter is not None:
+            _release(waiter)
+
+    async def durable(self) -> None:
+        """Return once every change made so far is durable in the store (``journal.py``): before
+        an answer that tells of them leaves (a task queued, an order), without blocking the loop."""
+        journal = self.c.journal
+        if journal is None or journal.durable >= journal.queued:
+            return
+        loop = asyncio.get_running_loop()
+        written: asyncio.Future[None] = loop.create_future()
+        journal.when_durable(lambda: loop.call_soon_threadsafe(_release, written))
+        await written
+
+    async def poll_orders(self, node: str, acked: int, wait: float) -> OrderBatch:
+        """Long poll: answers once there are orders for the node not acknowledged yet
+        (``acked``: the last one carried out), or after ``wait`` seconds. A future and a timer
+        rather than ``wait_for``: thousands of agents each keep one poll open."""
+        found = self.c.orders(node, acked)
+        if found.orders:
+            await self.durable()
+        if found.orders or wait <= 0:
+            return found
+        loop = asyncio.get_running_loop()
+        waiter = self.waiters[node] = loop.create_future()
+        timer = loop.call_later(wait, _release, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            if self.waiters.get(node) is waiter:
+                del self.waiters[node]
+        found = self.c.orders(node, acked)
+        if found.orders:
+            await self.durable()
+        return found
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -92,12 +128,17 @@ class Runtime:
         # address they were given), until it leads; then it loads the state and serves.
         backend = open_backend(self.settings.store_location)
         leading = await asyncio.to_thread(lead, backend, self.settings.url, self.settings.limits.leader_ttl_s)
-        coordinator = self.coordinator = Coordinator(self.settings, backend=backend)
+        coordinator = self.coordinator = Coordinator(
+            self.settings, backend=backend, write_behind=lambda exc: abdicate(str(exc))
+        )
         coordinator.orders_out.on_add = self.wake
+
+        collector = GcPolicy()
 
         async def loop() -> None:
             while True:
                 try:
+                    collector.step(time.monotonic())
                     coordinator.tick()
                 except Fenced as exc:
                     abdicate(str(exc))
@@ -115,7 +156,12 @@ class Runtime:
                 leading.resign()
 
 
-def create_app(settings: CoordinatorSettings) -> FastAPI:
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def create_app(settings: CoordinatorSettings) -> AgentChannel:
     runtime = Runtime(settings)
     guard = Guard(load_or_create_secret(settings.state_dir), Revocations(settings.state_dir))
     # The schema is served below, behind a token like every other call; no interactive docs.
@@ -140,7 +186,13 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
     async def schema() -> dict[str, Any]:
         return app.openapi()
 
-    return app
+    # Outermost: the agents' heartbeats and long polls are answered there, before FastAPI.
+    return AgentChannel(app, guard, runtime, status_of)
+
+
+def status_of(exc: UnicronError) -> int:
+    """The HTTP status of an error a route raises (the most specific class wins)."""
+    return next(code for kind, code in STATUS.items() if isinstance(exc, kind))
 
 
 class DrainRequest(BaseModel):
@@ -193,7 +245,7 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(UnicronError)
     async def usage_error(_: Request, exc: UnicronError) -> JSONResponse:
-        status = next(code for kind, code in STATUS.items() if isinstance(exc, kind))
+        status = status_of(exc)
         headers = {"www-authenticate": "Bearer"} if status == 401 else None
         return JSONResponse(status_code=status, content={"error": str(exc)}, headers=headers)
 
@@ -231,17 +283,20 @@ def _manage_routes(runtime: Runtime) -> APIRouter:
         body = (await request.body()).decode("utf-8", errors="replace")
         specs = parse_live_tasks(body, "request body")
         runtime.c.submit(*specs)
+        await runtime.durable()
         return [task_summary(runtime.c, runtime.c.store.get_task(s.name)) for s in specs]
 
     @router.delete("/v1/tasks/{name}")
     async def cancel(name: str) -> dict[str, Any]:
         runtime.c.cancel(name)
+        await runtime.durable()
         return task_summary(runtime.c, runtime.c.store.get_task(name))
 
     @router.delete("/v1/nodes/{name}")
     async def remove_node(name: str) -> dict[str, str]:
         """Forget a lost node holding no workers (a retired machine, a stale registration)."""
         runtime.c.remove_node(name)
+        await runtime.durable()
         return {"removed": name}
 
     @router.post("/v1/nodes/{name}/drain")
@@ -249,12 +304,14 @@ def _manage_routes(runtime: Runtime) -> APIRouter:
         """Take a node out of service: its tasks move off without losing a step, nothing new is
         placed there, until it is resumed."""
         runtime.c.drain_node(name, body.reason if body is not None else "")
+        await runtime.durable()
         return {"draining": name}
 
     @router.post("/v1/nodes/{name}/resume")
     async def resume_node(name: str) -> dict[str, str]:
         """Put a drained node back in service."""
         runtime.c.resume_node(name)
+        await runtime.durable()
         return {"resumed": name}
 
     return router
@@ -320,10 +377,10 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
     ) -> dict[str, Any]:
         """Everything the dashboard page shows, in one reading."""
         c = runtime.c
-        plans = c.store.events(kinds=("plan",), limit=20, newest=True)
-        return dashboard.document(
-            c.viewer.view(), c.history.since(since), recent_incidents(c, None, 30), plans
-        )
+        # The event log's reads in a thread (they wait for the journal, and may go to etcd).
+        plans = await asyncio.to_thread(c.store.events, kinds=("plan",), limit=20, newest=True)
+        incidents = await asyncio.to_thread(recent_incidents, c, None, 30)
+        return dashboard.document(c.viewer.view(), c.history.since(since), incidents, plans)
 
     @router.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
@@ -375,11 +432,14 @@ def _agent_routes(runtime: Runtime, guard: Guard) -> APIRouter:
 
     @router.post("/v1/agents/register")
     async def register(reg: Registration, caller: Principal = Agent) -> RegistrationReply:
+        """Answered by ``AgentChannel``, as the heartbeat is."""
         own_node(caller, reg.node)
         return runtime.c.register(reg)
 
     @router.post("/v1/agents/heartbeat")
     async def heartbeat(hb: Heartbeat, caller: Principal = Agent) -> HeartbeatReply:
+        """Answered by ``AgentChannel`` (control/agentchannel.py) before routing reaches here;
+        declared for the schema, and the same answer if the channel is ever not in front."""
         own_node(caller, hb.node)
         return runtime.c.heartbeat(hb)
 
@@ -391,17 +451,9 @@ def _agent_routes(runtime: Runtime, guard: Guard) -> APIRouter:
         caller: Principal = Agent,
     ) -> OrderBatch:
         """Long poll: answers once there are orders for the node not acknowledged yet
-        (``acked``: the last one carried out), or after ``wait`` seconds."""
+        (``acked``: the last one carried out), or after ``wait`` seconds. Answered by
+        ``AgentChannel``, as the heartbeat is."""
         own_node(caller, node)
-        deadline = time.monotonic() + wait
-        event = runtime.wakeups.setdefault(node, asyncio.Event())
-        while True:
-            event.clear()  # before taking, so that an order queued meanwhile wakes us
-            found = runtime.c.orders(node, acked)
-            left = deadline - time.monotonic()
-            if found.orders or left <= 0:
-                return found
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), left)
+        return await runtime.poll_orders(node, acked, wait)
 
     return router

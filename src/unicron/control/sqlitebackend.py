@@ -65,10 +65,19 @@ class SqliteBackend:
                 for r in self._rows("SELECT * FROM counted")
             },
             kept={r["name"]: json.loads(r["value"]) for r in self._rows("SELECT * FROM kept")},
+            last_event_id=int(self._rows("SELECT COALESCE(MAX(id), 0) AS last FROM events")[0]["last"]),
         )
 
-    def write(self, changes: Sequence[Change]) -> None:
+    def write(self, changes: Sequence[Change], events: Sequence[EventRecord] = ()) -> None:
         with self._tx() as db:
+            for e in events:
+                try:
+                    db.execute(
+                        "INSERT INTO events (id, time, kind, task, node, detail) VALUES (?, ?, ?, ?, ?, ?)",
+                        (e.id, e.time, e.kind, e.task, e.node, json.dumps(e.detail)),
+                    )
+                except sqlite3.IntegrityError:
+                    raise FileExistsError(f"event {e.id}") from None
             for change in changes:
                 table, keys = change.table.value, KEY_COLUMNS[change.table]
                 if isinstance(change, Delete):
@@ -83,14 +92,6 @@ class SqliteBackend:
                 )
 
     # ------------------------------------------------------------ the event log
-    def append_event(self, time: float, kind: str, task: str | None, node: str | None, detail: str) -> int:
-        with self._tx() as db:
-            cursor = db.execute(
-                "INSERT INTO events (time, kind, task, node, detail) VALUES (?, ?, ?, ?, ?)",
-                (time, kind, task, node, detail),
-            )
-            return int(cursor.lastrowid or 0)
-
     def events(
         self, since_id: int, task: str | None, limit: int, kinds: frozenset[str], newest: bool
     ) -> list[EventRecord]:

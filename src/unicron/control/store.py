@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from unicron.control.backend import Backend, Change, Delete, Put, Table, WorkerKey
+from unicron.control.journal import Journal
 from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord, row
 from unicron.control.snapshot import Snapshot
 from unicron.core.errors import Conflict, NotFound
@@ -78,10 +79,13 @@ def open_backend(location: str | Path) -> Backend:
 
 
 class Store:
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
+    def __init__(self, backend: Backend, journal: Journal | None = None) -> None:
+        """``journal``: write behind (the service's way, ``journal.py``); without one, each
+        change is written before it is held (tests, tools)."""
+        self.backend, self.journal = backend, journal
         self._lock = threading.RLock()
         loaded = backend.load()
+        self._next_event = loaded.last_event_id + 1
         self._tasks = {t.name: t for t in sorted(loaded.tasks, key=lambda t: t.submitted)}
         self._nodes = {n.name: n for n in sorted(loaded.nodes, key=lambda n: n.id)}
         self._workers: dict[str, dict[tuple[int, int], WorkerRecord]] = {}
@@ -92,8 +96,12 @@ class Store:
         self._next_node_id = max((n.id for n in loaded.nodes), default=0) + 1
 
     def _commit(self, batch: _Batch) -> None:
-        """Write ``batch`` through the backend, then (only if that worked) hold it in memory."""
-        self.backend.write(batch.changes())
+        """Write ``batch`` through the backend, then (only if that worked) hold it in memory;
+        with a journal, hold it and queue its write."""
+        if self.journal is None:
+            self.backend.write(batch.changes())
+        else:
+            self.journal.put(batch.changes())
         for t in batch.tasks:
             self._tasks[t.name] = t
         for n in batch.nodes:
@@ -245,6 +253,11 @@ class Store:
     def nodes(self) -> list[NodeRecord]:
         with self._lock:
             return list(self._nodes.values())
+
+    def another_node(self, name: str) -> NodeRecord | None:
+        """Any node but ``name`` (the first registered), without a pass over them all."""
+        with self._lock:
+            return next((n for n in self._nodes.values() if n.name != name), None)
 
     def node_registered(
         self,
@@ -447,7 +460,20 @@ class Store:
     def event(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
         """Record that ``what`` happened, to ``task`` and/or on ``node``; returns the event's id."""
         with self._lock:
-            return self.backend.append_event(time.time(), what, task, node, json.dumps(detail, default=str))
+            plain = json.loads(json.dumps(detail, default=str))
+            record = EventRecord(self._next_event, time.time(), what, task, node, plain)
+            if self.journal is None:
+                self.backend.write((), [record])
+            else:
+                self.journal.put((), [record])
+            self._next_event += 1
+            return record.id
+
+    def sync(self) -> None:
+        """Return once every change made so far is durable (before anything leaves the
+        coordinator that depends on them: ``journal.py``)."""
+        if self.journal is not None:
+            self.journal.flush()
 
     def events(
         self,
@@ -459,12 +485,16 @@ class Store:
     ) -> list[EventRecord]:
         """Events after ``since_id``, in order: the first ``limit`` (``newest``: the last) of
         ``task``'s, of ``kinds``."""
+        self.sync()  # what this coordinator recorded is read back too
         return self.backend.events(since_id, task, limit, frozenset(kinds), newest)
 
     def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None:
         """The kind of the newest of ``kinds`` recorded on ``node``, or None."""
+        self.sync()
         return self.backend.last_node_event(node, kinds)
 
     def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
         with self._lock:
             self.backend.close()

@@ -16,6 +16,7 @@ import stat
 import time
 import uuid
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 
 import jwt
@@ -76,16 +77,38 @@ def issue(secret: bytes, role: Role, subject: str, ttl_s: float | None = None) -
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
+@dataclass(frozen=True)
+class Verified:
+    """What a token this secret signed says: who, its id (for revocation) and its expiry."""
+
+    principal: Principal
+    jti: str | None
+    expires: float | None  # Unix time; None: until the secret is rotated
+
+
+def verified(secret: bytes, token: str) -> Verified | None:
+    """The claims of a token this secret signed, or None (forged, altered, expired, or of an
+    unknown role). Revocation is the caller's check: it changes while the claims do not."""
+    try:
+        claims = jwt.decode(token, secret, algorithms=[ALGORITHM], options={"require": ["role", "sub"]})
+        expires = claims.get("exp")
+        jti = claims.get("jti")
+        return Verified(
+            Principal(Role(claims["role"]), str(claims["sub"])),
+            str(jti) if jti is not None else None,
+            float(expires) if expires is not None else None,
+        )
+    except (jwt.PyJWTError, ValueError, TypeError):
+        return None
+
+
 def verify(secret: bytes, token: str, revoked: Collection[str] = frozenset()) -> Principal | None:
     """The principal a token names, or None if it is not one this secret signed (forged,
     altered, expired, or of an unknown role) or its id is among the ``revoked``."""
-    try:
-        claims = jwt.decode(token, secret, algorithms=[ALGORITHM], options={"require": ["role", "sub"]})
-        if claims.get("jti") in revoked:
-            return None
-        return Principal(Role(claims["role"]), str(claims["sub"]))
-    except (jwt.PyJWTError, ValueError, TypeError):
+    found = verified(secret, token)
+    if found is None or found.jti in revoked:
         return None
+    return found.principal
 
 
 def token_id(secret: bytes, token: str) -> dict[str, str]:

@@ -1,0 +1,100 @@
+"""The store's write-behind journal (control/journal.py): batching (pure), order, durability
+waits, retries and fencing, against a backend that records what it is given (pure logic; the
+journal over real SQLite and etcd runs in tests/test_store.py's contract suite)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+
+from unicron.control.backend import Change, Fenced, Loaded, Put, Table
+from unicron.control.journal import Entry, Journal, batches
+from unicron.control.records import EventRecord
+
+
+def put(name: str) -> Put:
+    return Put(Table.KEPT, (name,), {"name": name, "value": 1})
+
+
+def event(i: int) -> EventRecord:
+    return EventRecord(i, float(i), "x", None, None, {})
+
+
+class Recording:
+    """A backend whose writes are recorded, and fail while ``failures`` has entries."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[list[str], list[int]]] = []
+        self.failures: list[Exception] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def load(self) -> Loaded:
+        return Loaded()
+
+    def write(self, changes: Sequence[Change], events: Sequence[EventRecord] = ()) -> None:
+        self.gate.wait(10)
+        if self.failures:
+            raise self.failures.pop(0)
+        self.written.append(([str(c.key[0]) for c in changes], [e.id for e in events]))
+
+    def events(
+        self, since_id: int, task: str | None, limit: int, kinds: frozenset[str], newest: bool
+    ) -> list[EventRecord]:
+        return []
+
+    def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_batches_keep_order_and_never_split_an_operation() -> None:
+    entries = [Entry(i, [put(f"k{i}")] * size, []) for i, size in enumerate([3, 3, 5, 2, 9, 1], 1)]
+    packed = batches(entries, max_ops=8)
+    assert [[e.seq for e in b] for b in packed] == [[1, 2], [3, 4], [5], [6]]  # 9 > 8: alone
+    assert [e.seq for b in packed for e in b] == [1, 2, 3, 4, 5, 6]
+
+
+def test_writes_are_in_order_and_a_wait_ends_once_they_are_durable() -> None:
+    backend = Recording()
+    journal = Journal(backend, on_fenced=lambda exc: None)
+    backend.gate.clear()  # the backend is slow: everything queues
+    journal.put([put("a")])
+    journal.put([], [event(1)])
+    called: list[int] = []
+    journal.when_durable(lambda: called.append(journal.durable))
+    journal.put([put("b")], [event(2)])
+    assert not journal.flush(timeout_s=0.05) and called == []
+    backend.gate.set()
+    assert journal.flush(timeout_s=10)
+    assert called and called[0] >= 2  # called once what was queued before it was written
+    keys = [k for ks, _ in backend.written for k in ks]
+    ids = [i for _, es in backend.written for i in es]
+    assert (keys, ids) == (["a", "b"], [1, 2])
+    journal.when_durable(lambda: called.append(-1))  # nothing pending: at once
+    assert called[-1] == -1
+    journal.close()
+
+
+def test_a_failed_write_is_tried_again_and_a_fenced_one_stops_the_writer() -> None:
+    backend = Recording()
+    fenced: list[Exception] = []
+    journal = Journal(backend, on_fenced=fenced.append)
+    backend.failures = [ConnectionError("etcd is electing"), ConnectionError("still")]
+    journal.put([put("a")])
+    assert journal.flush(timeout_s=10) and backend.written == [(["a"], [])] and journal.failing is None
+    backend.failures = [FileExistsError("event 3")]  # first try: another writer took the id
+    journal.put([], [event(3)])
+    assert not journal.flush(timeout_s=0.5)
+    assert len(fenced) == 1 and "another writer" in str(fenced[0])
+    backend2 = Recording()
+    journal2 = Journal(backend2, on_fenced=fenced.append)
+    backend2.failures = [ConnectionError("answer lost"), FileExistsError("event 4")]
+    journal2.put([], [event(4)])  # the first try was written, its answer lost: done
+    assert journal2.flush(timeout_s=10) and len(fenced) == 1
+    backend2.failures = [Fenced("b leads now")]
+    journal2.put([put("c")])
+    assert not journal2.flush(timeout_s=0.5) and isinstance(fenced[-1], Fenced)
+    journal2.close(timeout_s=0.1)
