@@ -129,14 +129,15 @@ def verdict(row: dict[str, Any]) -> str:
 def write_docs(result: dict[str, Any]) -> None:
     lines = [
         "| backend | agents | heartbeats | p50 (ms) | p99 (ms) | max (ms) | failed | coordinator cores "
-        "| false losses | detection (s) | targets |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| agent cores | false losses | detection (s) | targets |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         ms = [f"{r[k] * 1000:.1f}" if r[k] is not None else "-" for k in ("p50_s", "p99_s", "max_s")]
         found = r["detection_s"] is not None and r["detection_s"] >= 0  # (a loss before its silence is none)
         detection = r["detection_s"] if found else "not found"
         cells = [r["backend"], r["agents"], r["beats"], *ms, r["failures"], f"{r['cores']:.2f}"]
+        cells.append(f"{r['agent_cores']:.2f}" if "agent_cores" in r else "-")
         losses = "no answer" if r["false_losses"] is None else r["false_losses"]
         cells += [losses, detection, verdict(r)]
         lines.append("| " + " | ".join(map(str, cells)) + " |")

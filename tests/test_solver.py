@@ -1,4 +1,5 @@
-"""The DP solver against exhaustive search, on random small instances (hypothesis)."""
+"""The DP solver against exhaustive search, on random small instances (hypothesis); also with a
+base's sweeps reused for problems that differ from it in a few tasks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unicron.planning.solver import TaskOptions, solve
+from unicron.planning.solver import Sweeps, TaskOptions, solve, solve_around
 
 
 @st.composite
@@ -52,3 +53,25 @@ def test_dp_equals_exhaustive_search(instance: tuple[list[TaskOptions], int]) ->
 def test_ties_keep_the_first_listed_option() -> None:
     same = TaskOptions(np.array([2, 0, 4]), np.array([5.0, 0.0, 5.0]), np.array([False, True, True]))
     assert solve([same], 10).units == (2,)
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances(), instances(), st.data())
+def test_a_base_with_tasks_replaced_removed_or_appended_equals_exhaustive_search(
+    base: tuple[list[TaskOptions], int], others: tuple[list[TaskOptions], int], data: st.DataObject
+) -> None:
+    """``solve_around`` (the plan table's reuse of one base's sweeps across events) finds the
+    best of the event's own problem, from whichever side the reused sweeps come."""
+    tasks, capacity = base
+    sweeps = Sweeps(tasks, capacity)
+    for _ in range(3):  # one base's sweeps serve several events
+        indices = data.draw(st.sets(st.integers(0, len(tasks) - 1), max_size=len(tasks)))
+        replaced = {i: data.draw(st.sampled_from([None, *others[0]])) for i in indices}
+        appended = data.draw(st.lists(st.sampled_from(others[0]), max_size=2))
+        event = [replaced.get(i, t) for i, t in enumerate(tasks)]
+        event_tasks = [t for t in event if t is not None] + appended
+        solution = solve_around(sweeps, replaced, appended)
+        assert (solution.score, solution.changes) == exhaustive(event_tasks, capacity)
+        assert sum(solution.units) <= capacity
+        picked = zip(event_tasks, solution.picks, strict=True)
+        assert solution.units == tuple(int(t.units[p]) for t, p in picked)

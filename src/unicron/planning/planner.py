@@ -20,7 +20,7 @@ from unicron.core.gpus import GpuType
 from unicron.core.specs import ClusterSpec, PlannerSettings, TaskSpec
 from unicron.planning.costmodel import option_score, run_duration_s, waf
 from unicron.planning.placement import Assignment, pack, place
-from unicron.planning.solver import TaskOptions, solve
+from unicron.planning.solver import Solution, Sweeps, TaskOptions, solve_around
 from unicron.planning.throughput import CurvePoints, FloatArray, ThroughputCurve, curve_for
 from unicron.planning.transition import transition_parts
 
@@ -241,56 +241,108 @@ class _Problem:
     choices: tuple[_TaskChoices, ...]
 
 
-def _problem(state: ClusterState, event: PlanEvent | None) -> _Problem:
+ChoiceKey = tuple[str, int, int, bool, int, float]  # task, current, survivors, failed, capacity, run
+
+
+@dataclass
+class PlanCache:
+    """What plans for one state share (``plantable.build`` keeps one for all its events): each
+    task's options, by what they depend on, and the solver's sweeps over each event class's
+    base problem (``solver.Sweeps``), so an event redoes only the tasks it changes."""
+
+    choices: dict[ChoiceKey, _TaskChoices] = field(default_factory=dict)
+    sweeps: dict[str, tuple[tuple[_TaskChoices, ...], Sweeps]] = field(default_factory=dict)
+
+
+def _task_choices(
+    state: ClusterState, task: TaskSpec, key: ChoiceKey, unit: int, cache: PlanCache
+) -> _TaskChoices:
+    found = cache.choices.get(key)
+    if found is not None:
+        return found
+    _, current, survivors, failed, capacity, run_s = key
+    counts = _candidates(task, unit, capacity)
+    points = state.curves[task.name].evaluate(
+        np.concatenate([np.array([0, current], dtype=np.int64), counts])
+    )
+    before = points.take([1])
+    waf_before = float(waf(task.weight, before.rate)[0]) if current else 0.0
+    usable = np.flatnonzero(points.rate[2:] > 0) + 2
+    # Option order matters for ties: the current count first, then 0, then ascending.
+    order = [i for i in usable if points.gpus[i] == current] + [0]
+    order += [i for i in usable if points.gpus[i] != current]
+    chosen = points.take([int(i) for i in order])
+    trans = transition_parts(
+        state.settings.transition,
+        before=before,
+        after=chosen,
+        survivors=survivors,
+        failed=failed,
+        detection_s=state.settings.transition.node_loss_detection_s,
+    ).total
+    changed = (chosen.gpus != current) | failed
+    score = option_score(waf(task.weight, chosen.rate), waf_before, run_s, trans, changed)
+    made = _TaskChoices(
+        task, current, waf_before, chosen, trans, TaskOptions(chosen.gpus // unit, score, changed)
+    )
+    cache.choices[key] = made
+    return made
+
+
+def _problem(state: ClusterState, event: PlanEvent | None, cache: PlanCache | None = None) -> _Problem:
+    cache = cache if cache is not None else PlanCache()
     sit = _situation(state, event)
     unit = state.unit()
     capacity = len(sit.nodes) * state.gpus_per_node
     run_s = run_duration_s(len(sit.nodes), state.node_mtbf_hours)
-    detection = state.settings.transition.node_loss_detection_s
     choices = []
     for task in sit.tasks:
-        current = sit.current[task.name]
-        counts = _candidates(task, unit, capacity)
-        points = state.curves[task.name].evaluate(
-            np.concatenate([np.array([0, current], dtype=np.int64), counts])
-        )
-        before = points.take([1])
-        waf_before = float(waf(task.weight, before.rate)[0]) if current else 0.0
-        usable = np.flatnonzero(points.rate[2:] > 0) + 2
-        # Option order matters for ties: the current count first, then 0, then ascending.
-        order = [i for i in usable if points.gpus[i] == current] + [0]
-        order += [i for i in usable if points.gpus[i] != current]
-        chosen = points.take([int(i) for i in order])
-        failed = task.name in sit.failed
-        trans = transition_parts(
-            state.settings.transition,
-            before=before,
-            after=chosen,
-            survivors=sit.survivors[task.name],
-            failed=failed,
-            detection_s=detection,
-        ).total
-        changed = (chosen.gpus != current) | failed
-        score = option_score(waf(task.weight, chosen.rate), waf_before, run_s, trans, changed)
-        choices.append(
-            _TaskChoices(
-                task,
-                current,
-                waf_before,
-                chosen,
-                trans,
-                TaskOptions(chosen.gpus // unit, score, changed),
-            )
-        )
+        current, survivors = sit.current[task.name], sit.survivors[task.name]
+        key = (task.name, current, survivors, task.name in sit.failed, capacity, run_s)
+        choices.append(_task_choices(state, task, key, unit, cache))
     return _Problem(sit, unit, capacity, run_s, tuple(choices))
 
 
-def plan(state: ClusterState, event: PlanEvent | None = None) -> Plan:
-    """The best plan for the cluster right after ``event`` (or now, with no event)."""
+def _solve(state: ClusterState, event: PlanEvent | None, problem: _Problem, cache: PlanCache) -> Solution:
+    """The solver's answer, as the event's class's base problem with the tasks the event
+    changes redone: events of one class (every node loss; the present, a task done and an
+    arrival; a node back) share their base's sweeps. A lone plan does the same, so a table's
+    plan and a fresh one are the same plan."""
+    klass = "lost" if isinstance(event, NodeLost) else "back" if isinstance(event, NodeBack) else "now"
+    if klass not in cache.sweeps:
+        if klass == "lost":  # the loss of a node that hits no task: the others' options
+            nodes = len(state.healthy) - 1
+            capacity, run_s = nodes * state.gpus_per_node, run_duration_s(nodes, state.node_mtbf_hours)
+            keys = [
+                (t.name, state.workers(t.name), state.workers(t.name), False, capacity, run_s)
+                for t in state.tasks
+            ]
+            base = tuple(
+                _task_choices(state, t, k, problem.unit, cache)
+                for t, k in zip(state.tasks, keys, strict=True)
+            )
+        else:
+            base = (problem if klass == "back" else _problem(state, None, cache)).choices
+        units = problem.capacity // problem.unit
+        cache.sweeps[klass] = (base, Sweeps([c.options for c in base], units))
+    base, sweeps = cache.sweeps[klass]
+    by_name = {c.task.name: c for c in problem.choices}
+    replaced: dict[int, TaskOptions | None] = {}
+    for i, c in enumerate(base):
+        now = by_name.pop(c.task.name, None)
+        if now is not c:
+            replaced[i] = now.options if now is not None else None
+    return solve_around(sweeps, replaced, [c.options for c in by_name.values()])
+
+
+def plan(state: ClusterState, event: PlanEvent | None = None, cache: PlanCache | None = None) -> Plan:
+    """The best plan for the cluster right after ``event`` (or now, with no event); ``cache``:
+    shared by plans for one state (``PlanCache``)."""
     started = time.perf_counter()
-    problem = _problem(state, event)
+    cache = cache if cache is not None else PlanCache()
+    problem = _problem(state, event, cache)
     sit = problem.situation
-    solution = solve([c.options for c in problem.choices], problem.capacity // problem.unit)
+    solution = _solve(state, event, problem, cache)
     decisions = []
     for c, pick in zip(problem.choices, solution.picks, strict=True):
         after = int(c.points.gpus[pick])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from unicron.core.errors import UsageError
 from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone, TasksArrived
-from unicron.planning.planner import ClusterState, Plan, advance, plan
+from unicron.planning.planner import ClusterState, Plan, PlanCache, advance, plan
 
 
 @dataclass(frozen=True)
@@ -66,20 +66,21 @@ def _loss_signature(state: ClusterState, node: int) -> tuple[tuple[str, int], ..
 
 def build(state: ClusterState) -> PlanTable:
     started = time.perf_counter()
+    cache = PlanCache()  # the events of a class share their base problem's sweeps (planner._solve)
     solves = 0
     by_signature: dict[tuple[tuple[str, int], ...], Plan] = {}
     node_lost: dict[int, Plan] = {}
     for node in state.healthy:
         signature = _loss_signature(state, node)
         if signature not in by_signature:
-            by_signature[signature] = plan(state, NodeLost(node))
+            by_signature[signature] = plan(state, NodeLost(node), cache)
             solves += 1
         node_lost[node] = by_signature[signature]
-    task_done = {t.name: plan(state, TaskDone(t.name)) for t in state.tasks}
+    task_done = {t.name: plan(state, TaskDone(t.name), cache) for t in state.tasks}
     names = [tuple(t.name for t in group) for group in state.arriving]
-    task_arrived = {n: plan(state, TasksArrived(n)) for n in names}
-    now = plan(state)
-    back = plan(state, NodeBack())
+    task_arrived = {n: plan(state, TasksArrived(n), cache) for n in names}
+    now = plan(state, None, cache)
+    back = plan(state, NodeBack(), cache)
     solves += len(task_done) + len(task_arrived) + 2
     seconds = time.perf_counter() - started
     return PlanTable(state, now, node_lost, back, task_done, task_arrived, seconds, solves)
@@ -90,10 +91,12 @@ def build_arrivals(state: ClusterState) -> PlanTable:
     for, two solves instead of a full table's hundreds; the full table is built after the
     arrival's plan is carried out, from the state it leads to."""
     started = time.perf_counter()
+    cache = PlanCache()
     names = [tuple(t.name for t in group) for group in state.arriving]
-    task_arrived = {n: plan(state, TasksArrived(n)) for n in names}
+    task_arrived = {n: plan(state, TasksArrived(n), cache) for n in names}
+    now = plan(state, None, cache)
     seconds = time.perf_counter() - started
-    return PlanTable(state, plan(state), {}, None, {}, task_arrived, seconds, len(task_arrived) + 1)
+    return PlanTable(state, now, {}, None, {}, task_arrived, seconds, len(task_arrived) + 1)
 
 
 def refresh(table: PlanTable, event: PlanEvent | None) -> PlanTable:

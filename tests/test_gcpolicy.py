@@ -1,0 +1,32 @@
+"""When the coordinator's garbage collector runs (control/gcpolicy.py): the decision by hand,
+and one step for real."""
+
+from __future__ import annotations
+
+import gc
+
+from unicron.control.gcpolicy import GcPolicy, GcStep
+
+
+def test_a_full_collection_first_then_freezes_and_a_full_one_each_period() -> None:
+    policy = GcPolicy(freeze_every_s=5.0, full_every_s=3600.0)
+    assert policy.due(100.0) is GcStep.FULL  # start-up: collect what it made, then freeze
+    policy.frozen_at = policy.full_at = 100.0
+    assert policy.due(104.9) is GcStep.NOTHING
+    assert policy.due(105.0) is GcStep.FREEZE
+    policy.frozen_at = 3695.0
+    assert policy.due(3699.9) is GcStep.NOTHING
+    assert policy.due(3700.0) is GcStep.FULL  # an hour since the last full collection
+
+
+def test_a_step_freezes_what_is_alive_and_a_full_one_unfreezes_first() -> None:
+    policy = GcPolicy(freeze_every_s=5.0, full_every_s=3600.0)
+    try:
+        assert policy.step(0.0) is GcStep.FULL and gc.get_freeze_count() > 0
+        kept = [[i] for i in range(1000)]  # made after the freeze
+        frozen = gc.get_freeze_count()
+        assert policy.step(1.0) is GcStep.NOTHING and gc.get_freeze_count() == frozen
+        assert policy.step(5.0) is GcStep.FREEZE and gc.get_freeze_count() >= frozen + len(kept)
+        assert policy.step(3600.0) is GcStep.FULL and (policy.full_at, policy.frozen_at) == (3600.0, 3600.0)
+    finally:
+        gc.unfreeze()
