@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from unicron.control.coordinator import CoordinatorSettings
 from unicron.control.service import create_app
-from unicron.control.tokens import issue, load_or_create_secret, secret_path, verify
+from unicron.control.tokens import issue, load_or_create_secret, secret_path, token_id, verify
 from unicron.core.access import Need, Principal, Role, decide
 from unicron.core.errors import UsageError
 from unicron.core.settings import Settings
@@ -43,6 +43,7 @@ NEEDS = {
     ("delete", "/v1/nodes/{name}"): Need.MANAGE,
     ("post", "/v1/nodes/{name}/drain"): Need.MANAGE,
     ("post", "/v1/nodes/{name}/resume"): Need.MANAGE,
+    ("post", "/v1/tokens/revoked"): Need.MANAGE,
     ("post", "/v1/agents/register"): Need.OWN_NODE,
     ("post", "/v1/agents/heartbeat"): Need.OWN_NODE,
     ("get", "/v1/agents/{node}/orders"): Need.OWN_NODE,
@@ -52,6 +53,7 @@ BODIES = {
     "/v1/tasks": {"content": TASK, "headers": {"content-type": "application/yaml"}},
     "/v1/agents/register": {"json": {"node": NODE, "slots": 2}},
     "/v1/agents/heartbeat": {"json": {"node": NODE}},
+    "/v1/tokens/revoked": {"json": {"jti": "0" * 32}},
 }
 
 
@@ -225,3 +227,25 @@ def test_an_admin_removes_a_lost_stale_registration_that_locked_real_agents_out(
         assert app.delete("/v1/nodes/stale", headers=admin).status_code == 404
         assert app.post("/v1/agents/register", json=real, headers=real_agent).status_code == 200
         assert [n["name"] for n in app.get("/v1/nodes", headers=viewer).json()] == ["real"]
+
+
+def test_a_token_revoked_through_the_api_stays_refused_by_the_next_coordinator(
+    state: Path, tmp_path: Path
+) -> None:
+    """With several coordinators the revocation list cannot be one host's file: the leader
+    keeps the id in the store, and a coordinator that starts on that store refuses it too."""
+    settings = CoordinatorSettings(state_dir=state, checkpoint_root=tmp_path / "ckpt")
+    secret = load_or_create_secret(state)
+    leaked = issue(secret, Role.VIEWER, "leaked")
+    viewer, admin = {"authorization": f"Bearer {leaked}"}, auth(state, Role.ADMIN, "ops")
+    with TestClient(create_app(settings)) as app:
+        assert app.get("/v1/tasks", headers=viewer).status_code == 200
+        jti = token_id(secret, leaked)["jti"]
+        assert app.post("/v1/tokens/revoked", json={"jti": "nope"}, headers=admin).status_code == 422
+        assert app.post("/v1/tokens/revoked", json={"jti": jti}, headers=viewer).status_code == 403
+        assert app.post("/v1/tokens/revoked", json={"jti": jti}, headers=admin).json() == {"revoked": jti}
+        assert app.get("/v1/tasks", headers=viewer).status_code == 401
+        assert app.get("/v1/tasks", headers=auth(state, Role.VIEWER, "other")).status_code == 200
+    assert not (state / "revoked-tokens").exists()  # in the store, not in this host's file
+    with TestClient(create_app(settings)) as successor:
+        assert successor.get("/v1/tasks", headers=viewer).status_code == 401

@@ -559,7 +559,8 @@ def test_a_node_lost_long_enough_is_forgotten_and_one_holding_workers_is_not(mak
 
 def test_a_restarted_coordinator_keeps_the_ladder_the_measured_rates_and_the_spares(make: Any) -> None:
     """What decides behaviour survives a restart: the failures the ladder counted toward the next
-    escalation, the throughput measured at each size (the plan's input), the hot spares waiting."""
+    escalation, the throughput measured at each size (the plan's input), the hot spares waiting,
+    the recent fault signs and the step times."""
     cluster = make(hot_spares=1, run_extra=", flops_per_sample: 1.0e7")
     for step in range(2, 40):  # a full measurement window at 4 workers
         cluster.clock.now += 1.0
@@ -568,13 +569,22 @@ def test_a_restarted_coordinator_keeps_the_ladder_the_measured_rates_and_the_spa
     for _ in range(3):
         cluster.step()
     cluster.c.placer._launch_spare("lm", "n1", cluster.clock.now)  # as keep_spares does on an idle slot
+    cluster.clock.now += 10.0
+    cluster.step()  # the step times are kept every 10 s
     before = cluster.c
     assert before.rates.used["lm"] and before.recovery.ladder.history()["failures"]["lm"]
     assert before.placer.spares
+    assert before.recovery.recent["lm"] and len(before.detector.step_times()["lm"]) >= 10
     cluster.restart()
     assert cluster.c.rates.used == before.rates.used
     assert cluster.c.recovery.ladder.history() == before.recovery.ladder.history()
     assert cluster.c.placer.spares == before.placer.spares
+    # The signs that attribute the next fault to the task or a node, and the step times that
+    # judge hangs (no warm-up after a takeover).
+    assert cluster.c.recovery.recent == before.recovery.recent
+    assert cluster.c.recovery.task_faults == before.recovery.task_faults
+    assert cluster.c.detector.step_times() == before.detector.step_times()
+    assert cluster.c.detector.monitor("lm", cluster.c.store.get_task("lm").generation).mean_interval()
 
 
 def test_a_restored_ladder_escalates_as_the_original_would() -> None:

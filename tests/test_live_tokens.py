@@ -53,9 +53,13 @@ def test_a_revoked_token_is_refused_and_the_others_still_work(tmp_path: Path) ->
         assert status(alice.read_text().strip()) == 401
         assert status(bob) == 200 and cluster.get("/v1/tasks") == []  # others unaffected
 
-        assert cli("revoke", "--state-dir", state, "--id", bob_id).returncode == 0
-        time.sleep(Revocations.LOOK_EVERY_S)
+        # Through the API (the way with several coordinators): kept in the store, at once.
+        admin = ["--coordinator", cluster.url, "--admin-token-file", str(cluster.admin_token)]
+        through_api = cli("revoke", "--id", bob_id, *admin)
+        assert through_api.returncode == 0, through_api.stderr
         assert status(bob) == 401
+        assert bob_id not in Revocations(cluster.root / "coordinator").ids()  # not the file's
+        assert cli("revoke", "--id", "zz", *admin).returncode == 2  # names the fix, no traceback
         assert [n["state"] for n in cluster.get("/v1/nodes")] == ["healthy"]  # the agent's token too
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from unicron.control.rendezvous import Rendezvous
 from unicron.core.protocol import Membership, membership_key, ready_key
 from unicron.core.signing import derive, sign
+from unicron.core.workerenv import WorkerEnv
 from unicron.train.taskstore import TaskStore
 
 TIMEOUT = timedelta(seconds=20)
@@ -127,3 +128,26 @@ def test_a_worker_is_declared_failed_through_the_generations_it_was_carried_into
     store.set(membership_key("lm", 3), lost.model_dump_json())
     assert member.declared_failed(2, 0)
     assert not member.declared_failed(3, 1)  # the newcomer goes on
+
+
+def test_after_a_takeover_a_member_finds_the_store_on_the_new_leaders_host() -> None:
+    """The coordinator that launched the worker dies; another takes over on another host (here
+    another loopback address) and serves the task's store on the same port. The worker was
+    given every coordinator's host (``UNICRON_STORE_HOSTS``) and reads the new membership."""
+    old = Served()
+    contract = WorkerEnv(task="lm", store=f"127.0.0.1:{old.port}", store_hosts="127.0.0.1,127.0.0.2")
+    assert contract.store_addresses() == f"127.0.0.1:{old.port},127.0.0.2:{old.port}"
+    member = TaskStore(contract.store_addresses(), "lm", derive(SECRET, "lm"), TIMEOUT, reconnect_s=0.2)
+    assert not member.membership_changed(3)
+    old.rendezvous.close_all()  # the leader dies with its stores
+    new = Rendezvous("127.0.0.2", SECRET)
+    assert new.host("lm", old.port) == old.port
+    new.set(
+        "lm", membership_key("lm", 3), Membership(generation=4, world_size=1, ranks={0: 0}).model_dump_json()
+    )
+    deadline = time.monotonic() + 20
+    while not member.membership_changed(3):  # "no change" while it reconnects in a thread
+        assert time.monotonic() < deadline, "the member never found the store at its new address"
+        time.sleep(0.1)
+    assert member.address == f"127.0.0.2:{old.port}" and member.posted(3).world_size == 1
+    new.close_all()

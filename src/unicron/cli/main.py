@@ -283,11 +283,23 @@ def token_revoke(
         str | None, typer.Option("--id", help="or the token's id, as `token create` printed it")
     ] = None,
     state_dir: STATE_DIR = Path(".unicron/coordinator"),
+    coordinator: Annotated[
+        str | None,
+        typer.Option(help="revoke through the API (kept in the store: every coordinator refuses it)"),
+    ] = None,
+    admin_token_file: Annotated[
+        Path | None,
+        typer.Option(envvar="UNICRON_TOKEN_FILE", help="with --coordinator: the admin token to call it with"),
+    ] = None,
+    ca: CA = None,
 ) -> None:
-    """Take back one token: the coordinator refuses it from its next call (others stay valid)."""
-    from unicron.cli.live import revoke_token
+    """Take back one token: the coordinator refuses it from its next call (others stay valid).
+    Without --coordinator, on the coordinator's host (its --state-dir); with several
+    coordinators, through the API."""
+    from unicron.cli.live import Api, revoke_token
 
-    revoke_token(state_dir, token_file, ident)
+    api = Api.of(coordinator, admin_token_file, ca) if coordinator else None
+    revoke_token(state_dir, token_file, ident, api)
 
 
 slurm_app = typer.Typer(

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import ValidationError
@@ -184,6 +185,7 @@ class Agent:
                 "node": self.node,
                 "local_rank": order.local_rank,
                 "agent_socket": str(self.socket_path),
+                "store_hosts": ",".join(urlsplit(u).hostname or "" for u in self.coordinators.urls),
                 "stack_file": str(self._log_path(order).with_suffix(".stacks")),
                 "position_file": str(self._log_path(order).with_suffix(".position")),
             }

@@ -35,6 +35,7 @@ from unicron.control.records import TaskRecord
 from unicron.control.recovery import CONSEQUENCES, Recovery, Sign
 from unicron.control.removal import removable
 from unicron.control.rendezvous import Rendezvous
+from unicron.control.revocation import check_token_id
 from unicron.control.snapshot import StoreReads
 from unicron.control.stepping import Steps
 from unicron.control.storagewatch import StorageWatch
@@ -67,6 +68,8 @@ from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind, Scope, error_kind
 
 __all__ = ["Coordinator", "CoordinatorSettings"]
+
+KEEP_STEP_TIMES_S = 10.0
 
 
 class Coordinator:
@@ -111,6 +114,10 @@ class Coordinator:
         # What decides behaviour and is not a row of its own: kept by the parts, restored here.
         self.recovery.ladder.restore(self.store.kept("ladder") or self.recovery.ladder.history())
         self.rates.restore(self.store.kept("rates") or {})
+        self.recovery.restore_signs(self.store.kept("signs") or {})
+        self.revoked = frozenset(r["jti"] for r in self.store.kept("revoked_tokens") or [])
+        self.detector.restored = dict(self.store.kept("step_times") or {})
+        self.step_times_kept: tuple[float, dict[str, list[float]]] = (0.0, self.detector.step_times())
         self.placer.rebuild_spares()
         self.dirty = True
         self.last_tick: float | None = None  # when the loop last ran (a long gap: it stalled)
@@ -188,6 +195,14 @@ class Coordinator:
         self.generations.growing.pop(name, None)
         self.ctx.forget_task(name)
         self.dirty = True
+
+    def revoke_token(self, record: dict[str, str]) -> None:
+        """Refuse a token from now on, here and at every coordinator that leads after this one."""
+        check_token_id(jti := record["jti"])
+        if jti not in self.revoked:
+            self.revoked |= {jti}
+            self.act.keep("revoked_tokens", [*(self.store.kept("revoked_tokens") or []), record])
+            self.act.record("token_revoked", **record)
 
     # ------------------------------------------------------------------ agents
     def register(self, reg: Registration) -> RegistrationReply:
@@ -455,11 +470,20 @@ class Coordinator:
                 self.recovery.check_deadline(task.name, task.generation, now, self.detector.progress)
             elif task.state is TaskState.RUNNING:
                 self.detector.check_hang(task, now)
+        self._keep_step_times(now)
         live = self.store.tasks(live_only=True)
         self.history.sample(now, {t.name: t.flop for t in live})
         if self.dirty and not any(t.state is TaskState.RESTARTING for t in live):
             self.dirty = False
             self.placer.reconcile()
+
+    def _keep_step_times(self, now: float) -> None:
+        """The step times that judge hangs, kept every ``KEEP_STEP_TIMES_S`` when they changed: a
+        successor judges hangs from its first steps (no warm-up), at the cost of one write."""
+        at, last = self.step_times_kept
+        if now - at >= KEEP_STEP_TIMES_S and (times := self.detector.step_times()) != last:
+            self.act.keep("step_times", times)
+            self.step_times_kept = (now, times)
 
     def _finish_stopping(self, task: TaskRecord, now: float) -> None:
         live = self.store.workers(task.name, task.generation, live=True)

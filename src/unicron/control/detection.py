@@ -64,6 +64,7 @@ class Detector:
     graced: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)  # -> (late step, until)
     listening_since: float | None = None
     judging_from: float = 0.0  # after a stall of the coordinator, hangs are judged from then
+    restored: dict[str, list[float]] = field(default_factory=dict)  # step times kept by a predecessor
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
         key = (name, generation)
@@ -76,8 +77,18 @@ class Detector:
                 # so that a hang right after the change is caught too.
                 monitor.intervals = deque(previous.intervals)
                 monitor.last_step, monitor.last_time = previous.last_step, previous.last_time
+            elif name in self.restored:  # the coordinator before this one measured them
+                monitor.intervals = deque(self.restored.pop(name))
             self.monitors[key] = monitor
         return self.monitors[key]
+
+    def step_times(self) -> dict[str, list[float]]:
+        """Each task's recent step intervals (what judges hangs), as plain data to keep."""
+        return {name: list(m.intervals) for (name, _), m in self.monitors.items()} | {
+            name: times
+            for name, times in self.restored.items()
+            if not any(k[0] == name for k in self.monitors)
+        }
 
     def forget(self, name: str) -> None:
         self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
@@ -85,6 +96,7 @@ class Detector:
         self.progress = {k: v for k, v in self.progress.items() if k[0] != name}
         self.checks = {k: v for k, v in self.checks.items() if k[0] != name}
         self.graced = {k: v for k, v in self.graced.items() if k[0] != name}
+        self.restored.pop(name, None)
 
     def check_nodes(self, now: float) -> bool:
         """Declare silent nodes lost and end isolations that ran out; True when nodes changed."""

@@ -39,9 +39,15 @@ class Guard:
     CACHE_SIZE = 16_384
 
     def __init__(
-        self, secret: bytes, revocations: Revocations, clock: Callable[[], float] = time.time
+        self,
+        secret: bytes,
+        revocations: Revocations,
+        clock: Callable[[], float] = time.time,
+        also_revoked: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
+        """``also_revoked``: the ids revoked through the API (kept in the store)."""
         self.secret, self.revocations, self.clock = secret, revocations, clock
+        self.also_revoked = also_revoked
         self._checked: dict[str, Verified] = {}
 
     def token(self, token: str) -> Principal | None:
@@ -56,7 +62,8 @@ class Guard:
             self._checked[token] = found
         if found.expires is not None and self.clock() >= found.expires:
             return None
-        return None if found.jti in self.revocations.ids() else found.principal
+        revoked = found.jti in self.revocations.ids() or found.jti in self.also_revoked()
+        return None if revoked else found.principal
 
     def principal(self, credentials: HTTPAuthorizationCredentials | None) -> Principal | None:
         return None if credentials is None else self.token(credentials.credentials)

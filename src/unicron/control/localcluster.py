@@ -89,8 +89,13 @@ class LocalCluster:
         # Several coordinators (``store`` etcd): one leads, the others stand by on ports of their own.
         self.store = store
         self.ports = [self.port] + [free_port() for _ in range(coordinators - 1)]
+        # Each on a loopback address of its own (as on hosts of their own): after a takeover the
+        # running tasks' stores are served at another address, which their workers must find.
+        self.addresses = [address] + [
+            address if hosts is not None else f"127.0.0.{i + 2}" for i in range(coordinators - 1)
+        ]
         scheme = "https" if tls else "http"
-        self.urls = [f"{scheme}://{address}:{p}" for p in self.ports]
+        self.urls = [f"{scheme}://{a}:{p}" for a, p in zip(self.addresses, self.ports, strict=True)]
         self.url = ",".join(self.urls)  # what agents are given
         self.coordinators: dict[int, subprocess.Popen[bytes]] = {}
         self.leading = 0  # the coordinator this process's calls reached last
@@ -171,8 +176,8 @@ class LocalCluster:
             extra += ["--cluster", str(self.cluster)]
         if self.tls is not None:
             extra += ["--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
-        if self.hosts is not None:
-            extra += ["--host", self.address, "--advertise", self.address]
+        if self.hosts is not None or index > 0:
+            extra += ["--host", self.addresses[index], "--advertise", self.addresses[index]]
         if self.store is not None:
             extra += ["--store", self.store]
         self.coordinators[index] = self._spawn(

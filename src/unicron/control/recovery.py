@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from unicron.control.context import Context
 from unicron.control.effects import Effect, Isolate, StopGeneration, TaskDown
@@ -259,8 +260,27 @@ class Recovery:
             self.ctx.act.keep("ladder", self.ladder.history())
         if scope is Scope.TASK or sticky:
             self.task_faults[(name, kind)] = [*sticky, now]
-            return Scope.TASK
+            scope = Scope.TASK
+        self.ctx.act.keep("signs", self.kept_signs())
         return scope
+
+    def kept_signs(self) -> dict[str, Any]:
+        """The recent signs and the task-attributed faults, as plain data (a successor that
+        takes over attributes the next sign as this coordinator would)."""
+        return {
+            "recent": {
+                n: [[s.time, s.kind.value, s.node, s.generation] for s in signs]
+                for n, signs in self.recent.items()
+            },
+            "task_faults": [[n, k.value, times] for (n, k), times in self.task_faults.items()],
+        }
+
+    def restore_signs(self, kept: dict[str, Any]) -> None:
+        self.recent = {
+            n: [Sign(t, ErrorKind(k), node, g) for t, k, node, g in signs]
+            for n, signs in kept.get("recent", {}).items()
+        }
+        self.task_faults = {(n, ErrorKind(k)): list(times) for n, k, times in kept.get("task_faults", [])}
 
     def recovered(self, name: str, downtime: float, first: IterationReport) -> None:
         """The task completed ``first``, its first step since it stopped: its incidents are

@@ -7,6 +7,10 @@ when known, and when it was revoked). The coordinator looks at the file's size a
 call (at most four times a second) and reads it again when they change, so a revocation takes
 effect within a quarter of a second, without a restart. The list only grows; rotating the secret
 (which revokes every token) is the time to delete it.
+
+With several coordinators (etcd), revoke through the API instead (`unicron token revoke
+--coordinator A,B`): the leader keeps the id in the store, and every coordinator that leads
+after it refuses the token too (``Guard``'s ``also_revoked``).
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ def revoked_path(state_dir: Path) -> Path:
     return state_dir / REVOKED_FILE
 
 
+def check_token_id(jti: str) -> None:
+    if not _TOKEN_ID.match(jti):
+        raise UsageError(f"--id {jti!r} is not a token id (32 hex digits, as `token create` prints)")
+
+
 def revoke(state_dir: Path, record: dict[str, str]) -> None:
     """Add a token (``record["jti"]``, with its role and subject if known) to the revoked ones."""
-    if not _TOKEN_ID.match(record["jti"]):
-        raise UsageError(
-            f"--id {record['jti']!r} is not a token id (32 hex digits, as `token create` prints)"
-        )
+    check_token_id(record["jti"])
     path = revoked_path(state_dir)
     if not state_dir.is_dir():
         raise UsageError(f"no coordinator state directory at {state_dir}: pass the coordinator's --state-dir")

@@ -163,7 +163,11 @@ def _release(waiter: asyncio.Future[None]) -> None:
 
 def create_app(settings: CoordinatorSettings) -> AgentChannel:
     runtime = Runtime(settings)
-    guard = Guard(load_or_create_secret(settings.state_dir), Revocations(settings.state_dir))
+    guard = Guard(
+        load_or_create_secret(settings.state_dir),
+        Revocations(settings.state_dir),
+        also_revoked=lambda: runtime.coordinator.revoked if runtime.coordinator else frozenset(),
+    )
     # The schema is served below, behind a token like every other call; no interactive docs.
     app = FastAPI(
         title="Unicron coordinator",
@@ -193,6 +197,12 @@ def create_app(settings: CoordinatorSettings) -> AgentChannel:
 def status_of(exc: UnicronError) -> int:
     """The HTTP status of an error a route raises (the most specific class wins)."""
     return next(code for kind, code in STATUS.items() if isinstance(exc, kind))
+
+
+class RevokeRequest(BaseModel):
+    jti: str = Field(pattern="^[0-9a-f]{32}$", description="the token's id, as `token create` printed it")
+    role: str | None = Field(None, max_length=20)
+    sub: str | None = Field(None, max_length=63)
 
 
 class DrainRequest(BaseModel):
@@ -298,6 +308,14 @@ def _manage_routes(runtime: Runtime) -> APIRouter:
         runtime.c.remove_node(name)
         await runtime.durable()
         return {"removed": name}
+
+    @router.post("/v1/tokens/revoked")
+    async def revoke_token(body: RevokeRequest) -> dict[str, str]:
+        """Refuse a token from now on, at this coordinator and every one that leads after it
+        (kept in the store)."""
+        runtime.c.revoke_token(body.model_dump(exclude_none=True))
+        await runtime.durable()
+        return {"revoked": body.jti}
 
     @router.post("/v1/nodes/{name}/drain")
     async def drain_node(name: str, body: DrainRequest | None = None) -> dict[str, str]:

@@ -25,6 +25,7 @@ KEYS: dict[str, str] = {
     "replica_size": "UNICRON_REPLICA_SIZE",
     "store": "UNICRON_STORE",
     "store_key": "UNICRON_STORE_KEY",
+    "store_hosts": "UNICRON_STORE_HOSTS",
     "checkpoint_dir": "UNICRON_CHECKPOINT_DIR",
     "iterations": "UNICRON_ITERATIONS",
     "checkpoint_every": "UNICRON_CHECKPOINT_EVERY",
@@ -59,6 +60,9 @@ class WorkerEnv(BaseModel):
     replica_size: int = 1  # ranks per data-parallel replica (run.replica_size): ranks r*K..r*K+K-1
     store: str | None = None  # host:port of the task's rendezvous store
     store_key: str | None = None  # hex key signing the store's values (core.signing)
+    # Every coordinator's host, comma-separated (the agent's --coordinator list): one that takes
+    # over serves the task's store on the same port on its own host.
+    store_hosts: str | None = None
     checkpoint_dir: str | None = None
     iterations: int = 0
     checkpoint_every: int = 0
@@ -77,6 +81,15 @@ class WorkerEnv(BaseModel):
     position_file: str | None = None  # the board its agent reads its position from (core.position)
     host_checkpoints: bool = True  # keep an in-memory (tmpfs) checkpoint copy per node
     host_checkpoint_root: str | None = None
+
+    def store_addresses(self) -> str:
+        """Where the task's store may be, comma-separated: the address it was launched with
+        first, then the same port on each other coordinator's host (``addresses``)."""
+        if not self.store:
+            return ""
+        host, port = self.store.rsplit(":", 1)
+        others = [h for h in (self.store_hosts or "").split(",") if h and h != host]
+        return ",".join([self.store, *(f"{h}:{port}" for h in dict.fromkeys(others))])
 
     def to_env(self) -> dict[str, str]:
         """The environment variables, without those left at None."""
@@ -134,3 +147,8 @@ def unmanaged_identity(env: Mapping[str, str]) -> dict[str, str]:
         # No agent frees a node's in-memory copies when such a run ends: none unless asked for.
         KEYS["host_checkpoints"]: env.get(KEYS["host_checkpoints"], "0"),
     }
+
+
+def addresses(text: str) -> list[str]:
+    """The ``host:port`` addresses in a comma-separated list (``WorkerEnv.store_addresses``)."""
+    return [a.strip() for a in text.split(",") if a.strip()]

@@ -43,6 +43,7 @@ from typing import Any
 
 from unicron.core.protocol import Membership, current_key, membership_key
 from unicron.core.signing import opened
+from unicron.core.workerenv import addresses
 
 MAX_HOPS = 64  # far more changes of membership than can pass between two checkpoints
 
@@ -90,18 +91,27 @@ def standing(
     return Standing.UNKNOWN
 
 
+def _listening(address: str, timeout_s: float) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
 def read_standing(
     address: str, task: str, key: str, generation: int, rank: int, timeout_s: float
 ) -> Standing:
-    """``standing`` as the task's store says it, over a connection of its own that waits at most
-    about ``timeout_s`` for each answer. Values not signed with the task's ``key`` count as absent."""
+    """``standing`` as the task's store says it (at the first of the comma-separated ``address``
+    that is served), over a connection of its own that waits at most about ``timeout_s`` for
+    each answer. Values not signed with the task's ``key`` count as absent."""
     import torch.distributed as dist
 
-    host, port = address.rsplit(":", 1)
-    try:  # a store nobody serves (no coordinator leads now) refuses at once: do not wait for it
-        socket.create_connection((host, int(port)), timeout=min(1.0, timeout_s)).close()
-    except OSError:
+    served = [a for a in addresses(address) if _listening(a, min(1.0, timeout_s))]
+    if not served:  # a store nobody serves (no coordinator leads now): do not wait for it
         return Standing.UNKNOWN
+    host, port = served[0].rsplit(":", 1)  # (a coordinator that does not lead keeps it closed)
     try:
         raw: Any = dist.TCPStore(  # type: ignore[attr-defined]
             host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s)

@@ -68,7 +68,8 @@ class Session:
         self.under_torchrun = KEYS["task"] not in raw and "TORCHELASTIC_RUN_ID" in raw
         contract = WorkerEnv.from_env(raw) or WorkerEnv.from_env({**raw, **unmanaged_identity(raw)})
         assert contract is not None
-        self.contract, self.store_address = contract, contract.store
+        # The store's address, then where another coordinator would serve it (comma-separated).
+        self.contract, self.store_address = contract, contract.store_addresses()
         self.trace = TraceFile(contract.trace_file, lambda: {**self._identity(), "pid": self.progress.pid})
         self.task, self.generation = contract.task, contract.generation
         self.rank, self.world_size, self.local_rank = contract.rank, contract.world_size, contract.local_rank

@@ -26,11 +26,16 @@ import torch.distributed as dist
 from unicron.core.protocol import Membership, fault_claim_key, membership_key, ready_key, spare_key
 from unicron.core.reachability import Reachability
 from unicron.core.signing import opened, sign
+from unicron.core.workerenv import addresses
 
 
 class TaskStore:
     def __init__(self, address: str, task: str, key: str, timeout: timedelta, reconnect_s: float) -> None:
-        self.address, self.task, self.timeout, self.reconnect_s = address, task, timeout, reconnect_s
+        """``address``: comma-separated, the one the worker was launched with first, then where
+        another coordinator would serve the store once it leads (``WorkerEnv.store_addresses``)."""
+        self.addresses = addresses(address)
+        self.address = self.addresses[0]  # the one that served last
+        self.task, self.timeout, self.reconnect_s = task, timeout, reconnect_s
         self.key = key
         self.raw: Any = self._connect(timeout)
         self._reconnect_at = 0.0
@@ -57,8 +62,8 @@ class TaskStore:
         name = ready_key(self.task, generation, rank)
         self.raw.set(name, sign(self.key, name, "1"))
 
-    def _connect(self, timeout: timedelta) -> Any:
-        host, port = self.address.rsplit(":", 1)
+    def _connect(self, timeout: timedelta, address: str | None = None) -> Any:
+        host, port = (address or self.address).rsplit(":", 1)
         return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)  # type: ignore[attr-defined]
 
     def membership_changed(self, generation: int) -> bool:
@@ -83,10 +88,15 @@ class TaskStore:
             return False
 
     def _reconnect(self) -> None:
-        with contextlib.suppress(Exception):
-            raw = self._connect(timedelta(seconds=2))
-            raw.set_timeout(self.timeout)
-            self.raw = raw
+        """The last address that served first, then the others: after a takeover the store is
+        served by the new leader, on its host."""
+        start = self.addresses.index(self.address)
+        for address in self.addresses[start:] + self.addresses[:start]:
+            with contextlib.suppress(Exception):
+                raw = self._connect(timedelta(seconds=2), address)
+                raw.set_timeout(self.timeout)
+                self.raw, self.address = raw, address
+                return
 
     def peers_failed(self, generation: int) -> bool:
         """Whether the posted membership declares ranks failed (a collective waiting for them
