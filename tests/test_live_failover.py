@@ -125,11 +125,11 @@ def test_a_standby_takes_over_from_a_killed_leader_and_training_goes_on(tmp_path
             led_at - killed_at,
         )
         assert not [e for e in after if e.get("task") == name and e["kind"] in ("incident", "task_launch")]
-    # b's survivor went on in place: it read the new membership from the task's store, now
-    # served by the new leader at its own address (the survivor was launched with the old one's).
-    assert not [e for e in after if e.get("task") == "b" and e["kind"] == "task_launch"]
     assert_every_incident_closed([e for e in events if e.get("task") == "b"])
     for name in TASKS:
         frozen = frozenset({1}) if name == "b" else frozenset()
         assert_ledger_exact(latest_generation(traces[name]), ITERATIONS, world=2, frozen=frozen)
+        # The final checkpoint was confirmed by the task's store, which the new leader serves at
+        # its own address: a and c's workers were launched with the old leader's and found it
+        # (UNICRON_STORE_HOSTS); without that every commit after the takeover is refused.
         assert_ends_exact(tmp_path, name, ITERATIONS)

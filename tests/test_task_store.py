@@ -150,4 +150,19 @@ def test_after_a_takeover_a_member_finds_the_store_on_the_new_leaders_host() -> 
         assert time.monotonic() < deadline, "the member never found the store at its new address"
         time.sleep(0.1)
     assert member.address == f"127.0.0.2:{old.port}" and member.posted(3).world_size == 1
-    new.close_all()
+    # A survivor waiting for its next membership when the leader dies waits on, over a new
+    # connection, for the coordinator that takes over (here back at the first address).
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(member.next_membership, 4, TIMEOUT)
+        time.sleep(0.5)
+        new.close_all()
+        time.sleep(1.0)
+        again = Rendezvous("127.0.0.1", SECRET)
+        assert again.host("lm", old.port) == old.port
+        again.set(
+            "lm",
+            membership_key("lm", 4),
+            Membership(generation=5, world_size=2, ranks={0: 0}).model_dump_json(),
+        )
+        assert waiting.result(timeout=30).generation == 5
+    again.close_all()

@@ -28,6 +28,8 @@ from unicron.core.reachability import Reachability
 from unicron.core.signing import opened, sign
 from unicron.core.workerenv import addresses
 
+WAIT_ROUND_S = 5.0  # a wait for a membership re-checks its connection this often
+
 
 class TaskStore:
     def __init__(self, address: str, task: str, key: str, timeout: timedelta, reconnect_s: float) -> None:
@@ -129,15 +131,21 @@ class TaskStore:
         return Membership.model_validate_json(payload)
 
     def next_membership(self, generation: int, timeout: timedelta) -> Membership:
-        """Wait for the (signed) membership that follows ``generation``."""
+        """Wait for the (signed) membership that follows ``generation``. The store may go away
+        meanwhile (its coordinator died): the wait goes on over a new connection, to whichever
+        address serves the store again (the coordinator that takes over), until ``timeout``."""
         name = membership_key(self.task, generation)
         deadline = time.monotonic() + timeout.total_seconds()
-        self.raw.wait([name], timeout)
-        while (payload := self._read(name)) is None:  # a forgery: wait for the coordinator's
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"generation {generation}: no signed membership within {timeout}")
-            time.sleep(0.05)
-        return Membership.model_validate_json(payload)
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self.raw.wait([name], timedelta(seconds=min(left, WAIT_ROUND_S)))
+                if (payload := self._read(name)) is not None:
+                    return Membership.model_validate_json(payload)
+                time.sleep(0.05)  # a forgery: wait for the coordinator's
+            except Exception:  # this round timed out, or the store went away: connect again
+                self._reconnect()
+                time.sleep(0.2)
+        raise TimeoutError(f"generation {generation}: no signed membership within {timeout}")
 
     def arrive(self, generation: int, rank: int, world_size: int, timeout: timedelta) -> bool:
         """Wait until every member of ``generation`` has arrived to form its group (True), or
