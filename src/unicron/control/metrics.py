@@ -18,6 +18,7 @@ Names follow Prometheus' conventions: ``unicron_`` prefix, base units (seconds, 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -66,10 +67,20 @@ class Metrics:
         )
         self.decided_at: dict[int, float] = {}  # open incidents' decision times, for the transition
         self.steps_at: dict[int, tuple[str, int]] = {}  # open incidents' task and step at detection
-        r.register(_State(view))
+        self._state = _State(view)
+        self._scraping = threading.Lock()
+        r.register(self._state)
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, view: ClusterView | None = None) -> bytes:
+        """The metrics in Prometheus' text format. ``view``: the cluster as read on the
+        coordinator's loop, so that the formatting (a hundred milliseconds at 2,048 nodes, eight
+        samples each) can run in a thread, away from the loop that reads heartbeats."""
+        with self._scraping:
+            self._state.given = view
+            try:
+                return generate_latest(self.registry)
+            finally:
+                self._state.given = None
 
     def on_event(self, event_id: int, what: str, task: str | None, detail: dict[str, Any]) -> None:
         """An event was recorded: count and time what it tells (``breakdown.py`` reads the same)."""
@@ -109,12 +120,13 @@ class _State(Collector):
 
     def __init__(self, view: Callable[[], ClusterView]) -> None:
         self.view = view
+        self.given: ClusterView | None = None  # a view read beforehand (Metrics.exposition)
 
     def describe(self) -> list[Metric]:
         return []  # not known before a scrape (labels come from the cluster)
 
     def collect(self) -> Iterator[Metric]:
-        v = self.view()
+        v = self.given or self.view()
         yield from _task_gauges(v)
         yield from _cluster_gauges(v)
         yield from _node_gauges(v)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -389,21 +391,27 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
         found = await asyncio.to_thread(recent_incidents, runtime.c, task, last)
         return [b.as_dict() for b in found]
 
-    @router.get("/v1/dashboard")
+    @router.get("/v1/dashboard", response_model=dict[str, Any])
     async def dashboard_state(
         since: Annotated[float, Query(ge=0, description="WAF points after this time (Unix)")] = 0.0,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Everything the dashboard page shows, in one reading."""
         c = runtime.c
-        # The event log's reads in a thread (they wait for the journal, and may go to etcd).
+        view, history = c.viewer.view(), c.history.since(since)  # read on the loop, consistent
+        # The event log's reads and the document's making in a thread (the log waits for the
+        # journal and may be in etcd; at thousands of nodes the document is large).
         plans = await asyncio.to_thread(c.store.events, kinds=("plan",), limit=20, newest=True)
         incidents = await asyncio.to_thread(recent_incidents, c, None, 30)
-        return dashboard.document(c.viewer.view(), c.history.since(since), incidents, plans)
+        document = partial(dashboard.document, view, history, incidents, plans)
+        body = await asyncio.to_thread(lambda: json.dumps(document(), allow_nan=False).encode())
+        return Response(body, media_type="application/json")
 
     @router.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        """Prometheus metrics (``control/metrics.py``); scrape with a viewer token."""
-        return Response(runtime.c.metrics.exposition(), media_type=CONTENT_TYPE)
+        """Prometheus metrics (``control/metrics.py``); scrape with a viewer token. The cluster is
+        read on the loop (a consistent reading), formatted in a thread."""
+        view = runtime.c.viewer.view()
+        return Response(await asyncio.to_thread(runtime.c.metrics.exposition, view), media_type=CONTENT_TYPE)
 
     @router.get("/v1/events")
     async def events(
