@@ -92,7 +92,6 @@ class EtcdBackend:
         self.clients = clients
         self.prefix = prefix.rstrip("/")
         self.fence: tuple[str, str] | None = None  # (leader key, this coordinator's id) once it leads
-        self._lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str) -> EtcdBackend:

@@ -91,7 +91,8 @@ def standing(
     return Standing.UNKNOWN
 
 
-def _listening(address: str, timeout_s: float) -> bool:
+def served(address: str, timeout_s: float) -> bool:
+    """Whether something listens at ``address`` (a store nobody serves refuses at once)."""
     host, port = address.rsplit(":", 1)
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
@@ -108,10 +109,10 @@ def read_standing(
     each answer. Values not signed with the task's ``key`` count as absent."""
     import torch.distributed as dist
 
-    served = [a for a in addresses(address) if _listening(a, min(1.0, timeout_s))]
-    if not served:  # a store nobody serves (no coordinator leads now): do not wait for it
+    answering = [a for a in addresses(address) if served(a, min(1.0, timeout_s))]
+    if not answering:  # a store nobody serves (no coordinator leads now): do not wait for it
         return Standing.UNKNOWN
-    host, port = served[0].rsplit(":", 1)  # (a coordinator that does not lead keeps it closed)
+    host, port = answering[0].rsplit(":", 1)  # (a coordinator that does not lead keeps it closed)
     try:
         raw: Any = dist.TCPStore(  # type: ignore[attr-defined]
             host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s)

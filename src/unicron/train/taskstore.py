@@ -27,6 +27,7 @@ from unicron.core.protocol import Membership, fault_claim_key, membership_key, r
 from unicron.core.reachability import Reachability
 from unicron.core.signing import opened, sign
 from unicron.core.workerenv import addresses
+from unicron.train.fencing import served
 
 WAIT_ROUND_S = 5.0  # a wait for a membership re-checks its connection this often
 
@@ -94,6 +95,8 @@ class TaskStore:
         served by the new leader, on its host."""
         start = self.addresses.index(self.address)
         for address in self.addresses[start:] + self.addresses[:start]:
+            if not served(address, 1.0):
+                continue  # a coordinator that does not lead keeps the port closed: next
             with contextlib.suppress(Exception):
                 raw = self._connect(timedelta(seconds=2), address)
                 raw.set_timeout(self.timeout)
