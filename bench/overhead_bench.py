@@ -121,9 +121,10 @@ def with_paths(args: tuple[str, ...], path: Path) -> list[str]:
     return [a for arg in args for a in ((arg, str(path)) if arg == "--checkpoint" else (arg,))]
 
 
-def ddp(root: Path, model: str, workers: int) -> float:
-    """The baseline under torchrun (DDP, or FSDP2 HSDP for a sharded model)."""
-    m, out = MODELS[model], root / "times"
+def ddp(root: Path, model: str | Model, workers: int) -> float:
+    """The baseline under torchrun (DDP, or FSDP2 HSDP for a sharded model); on the GPU where
+    the machine has one (the scripts take it)."""
+    m, out = MODELS[model] if isinstance(model, str) else model, root / "times"
     out.mkdir(parents=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers)]
     cmd += [str(TIMER), str(out), str(m.baseline), *m.args, "--iterations", str(m.iterations)]
@@ -135,11 +136,16 @@ def ddp(root: Path, model: str, workers: int) -> float:
 
 
 def unicron(
-    root: Path, model: str, workers: int, scraped: list[Scraper] | None = None, iterations: int = 0
+    root: Path,
+    model: str | Model,
+    workers: int,
+    scraped: list[Scraper] | None = None,
+    iterations: int = 0,
+    gpus: list[str] | None = None,
 ) -> float:
     """The port as a Unicron task (``iterations``: other than the model's); ``scraped``: watched
-    meanwhile by a ``Scraper`` (appended)."""
-    m, out = MODELS[model], root / "times"
+    meanwhile by a ``Scraper`` (appended); ``gpus``: the agent's (``--gpus``), one per worker."""
+    m, out = MODELS[model] if isinstance(model, str) else model, root / "times"
     out.mkdir(parents=True)
     program = [
         "python",
@@ -154,7 +160,7 @@ def unicron(
         f"run:\n  program: {json.dumps(program)}\n  iterations: {iterations or m.iterations}\n"
         f"  checkpoint_every: 100000\n  replica_size: {m.replica_size}\n  env: {{OMP_NUM_THREADS: '1'}}\n"
     )
-    with LocalCluster(root / "cluster", nodes=1, slots=workers) as cluster:
+    with LocalCluster(root / "cluster", nodes=1, slots=workers, gpus=gpus) as cluster:
         watching = Scraper(cluster) if scraped is not None else contextlib.nullcontext()
         with watching:
             cluster.submit(spec)
@@ -168,20 +174,26 @@ def unicron(
     return step_seconds(out)
 
 
-def measure(root: Path, model: str, workers: int) -> dict[str, Any]:
+def measure(
+    root: Path, model: str, workers: int, m: Model | None = None, gpus: list[str] | None = None
+) -> dict[str, Any]:
+    """One cell: ``model``'s (``m``: a model other than ``MODELS``'s, under that name) runs of
+    both sides at ``workers``, alternating; ``gpus``: the Unicron agent's (a GPU machine)."""
+    m = m or MODELS[model]
     runs: dict[str, list[float]] = {"ddp": [], "unicron": []}
-    order = [
-        side for i in range(MODELS[model].runs) for side in (("ddp", "unicron"), ("unicron", "ddp"))[i % 2]
-    ]
+    order = [side for i in range(m.runs) for side in (("ddp", "unicron"), ("unicron", "ddp"))[i % 2]]
     for i, side in enumerate(order):  # DDP, Unicron, Unicron, DDP, ...: drift falls on both
         where = root / f"{model}-{workers}-{i}-{side}"
-        runs[side].append((ddp if side == "ddp" else unicron)(where, model, workers))
+        if side == "ddp":
+            runs[side].append(ddp(where, m, workers))
+        else:
+            runs[side].append(unicron(where, m, workers, gpus=gpus))
     # The median run: one run slowed by the machine (a neighbour's burst) does not move it.
     ours, theirs = statistics.median(runs["unicron"]), statistics.median(runs["ddp"])
     return {
         "workers": workers,
         "model": model,
-        "replica_size": MODELS[model].replica_size,
+        "replica_size": m.replica_size,
         "unicron_step_s": round(ours, 5),
         "ddp_step_s": round(theirs, 5),
         "ratio": round(ours / theirs, 4),

@@ -5,7 +5,9 @@ DDP and under Unicron (the overhead benchmark, ``bench/overhead_bench.py``).
 
 A global optimizer post-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``)
 notes ``time.perf_counter()`` after every ``optimizer.step()``; at exit the process writes the
-list to ``OUT_DIR/steps-<pid>.json``. Nothing in the script changes.
+list to ``OUT_DIR/steps-<pid>.json``. Nothing in the script changes. On a GPU the hook first
+waits for the device (``torch.cuda.synchronize``), on both sides alike, so that a step's end is
+when the GPU finished it rather than when its kernels were queued.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from typing import Any
 
 
 def main() -> None:
+    import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     out, script, *args = sys.argv[1:]
     ends: list[float] = []
 
     def note(optimizer: Any, *_: Any) -> None:
+        if torch.cuda.is_initialized():  # the step ends when the GPU has done it
+            torch.cuda.synchronize()
         ends.append(time.perf_counter())
 
     def write() -> None:

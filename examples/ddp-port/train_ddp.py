@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -44,18 +45,20 @@ def parse() -> argparse.Namespace:
 
 
 def forward(net: torch.nn.Module, batch: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """The micro-batch's mean loss, in mixed precision when asked (bf16 on CPU)."""
-    with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+    """The micro-batch's mean loss, in mixed precision when asked (bf16, on the CPU or a GPU)."""
+    with torch.autocast(batch.device.type, torch.bfloat16, enabled=bf16):
         return lm_loss(net, batch)
 
 
 def main() -> None:
     args = parse()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if gpu else torch.device("cpu")
+    dist.init_process_group("nccl" if gpu else "gloo", device_id=device if gpu else None)
     torch.manual_seed(args.seed)
     config = Config(layers=args.layers, hidden=args.hidden, heads=args.heads)
-    model = TinyGPT(config).to(getattr(torch, args.dtype))
+    model = TinyGPT(config).to(device, getattr(torch, args.dtype))
     net = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup, args.iterations))
@@ -69,7 +72,7 @@ def main() -> None:
             batches = iter(loader)
         for i in range(accumulation):
             with net.no_sync() if i < accumulation - 1 else nullcontext():
-                (forward(net, next(batches), args.bf16) / accumulation).backward()
+                (forward(net, next(batches).to(device), args.bf16) / accumulation).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
         scheduler.step()

@@ -40,8 +40,8 @@ def parse() -> argparse.Namespace:
 
 
 def forward(net: torch.nn.Module, batch: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """The micro-batch's mean loss, in mixed precision when asked (bf16 on CPU)."""
-    with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+    """The micro-batch's mean loss, in mixed precision when asked (bf16, on the CPU or a GPU)."""
+    with torch.autocast(batch.device.type, torch.bfloat16, enabled=bf16):
         return lm_loss(net, batch)
 
 
@@ -49,9 +49,10 @@ def main() -> None:
     args = parse()
     torch.set_num_threads(1)
     session = ut.init(iterations=args.iterations, checkpoint_dir=args.checkpoint, checkpoint_every=10)
+    device = session.device
     torch.manual_seed(args.seed)
     config = Config(layers=args.layers, hidden=args.hidden, heads=args.heads)
-    model = TinyGPT(config).to(getattr(torch, args.dtype))
+    model = TinyGPT(config).to(device, getattr(torch, args.dtype))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup, session.iterations))
     session.register("scheduler", scheduler)
@@ -59,7 +60,7 @@ def main() -> None:
     loader = session.loader(corpus, args.global_batch, batch_size=args.micro_batch, seed=args.seed)
     for _ in session.steps(model, optimizer):
         for batch in loader:
-            forward(model, batch, args.bf16).backward()
+            forward(model, batch.to(device), args.bf16).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
         optimizer.zero_grad()

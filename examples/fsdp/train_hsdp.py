@@ -9,6 +9,7 @@ examples/fsdp/train.py is compared with; nothing here recovers from a failure.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,14 +49,16 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     args = parse()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    gpu = torch.cuda.is_available()  # a GPU per rank (torchrun: the one at its local rank), NCCL
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if gpu else torch.device("cpu")
+    dist.init_process_group("nccl" if gpu else "gloo", device_id=device if gpu else None)
     world = dist.get_world_size()
     mesh = init_device_mesh(
-        "cpu", (world // args.replica_size, args.replica_size), mesh_dim_names=("replicate", "shard")
+        device.type, (world // args.replica_size, args.replica_size), mesh_dim_names=("replicate", "shard")
     )
     torch.manual_seed(args.seed)
     config = Config(args.vocab, args.sequence, args.layers, args.hidden, args.heads)
-    model = TinyGPT(config).to(getattr(torch, args.dtype))
+    model = TinyGPT(config).to(device, getattr(torch, args.dtype))
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -72,7 +75,7 @@ def main() -> None:
             batches = iter(loader)
         for i in range(accumulation):
             model.set_requires_gradient_sync(i == accumulation - 1)  # FSDP2's no_sync
-            (lm_loss(model, next(batches)) / accumulation).backward()
+            (lm_loss(model, next(batches).to(device)) / accumulation).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
         scheduler.step()

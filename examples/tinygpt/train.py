@@ -71,7 +71,7 @@ def train(
         iterations=args.iterations, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every
     ) as session:
         torch.manual_seed(args.seed)  # the same initial parameters on every rank
-        model = TinyGPT(config).to(dtype)
+        model = TinyGPT(config).to(session.device, dtype)  # its GPU, if the worker was given one
         if shard is not None:
             shard(model, session)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -86,7 +86,7 @@ def train(
             # The loader yields this rank's micro-batches and ends once the gradients are reduced;
             # after a peer fails it yields the micro-batches the survivors take over.
             for batch in loader:
-                lm_loss(model, batch).backward()
+                lm_loss(model, batch.to(session.device)).backward()
                 if args.device_seconds_per_sample:
                     time.sleep(args.device_seconds_per_sample * len(batch))
             if args.clip:

@@ -64,8 +64,10 @@ class LocalCluster:
         agent_metrics: bool = False,
         store: str | None = None,
         coordinators: int = 1,
+        gpus: list[str] | None = None,
     ) -> None:
         self.root = root
+        self.gpus = gpus or []  # each agent's --gpus (one id per slot; a GPU machine's)
         self.tls = tls
         self.settings = settings or {}
         self.cluster = cluster  # the planner's hardware inputs (coordinator --cluster)
@@ -223,6 +225,7 @@ class LocalCluster:
                 *(["--ca", str(self.tls.ca)] if self.tls else []),
                 *(["--address", self.host_of[name].address] if self.hosts is not None else []),
                 *(["--metrics-port", str(self.agent_metrics[name])] if name in self.agent_metrics else []),
+                *(["--gpus", ",".join(self.gpus)] if self.gpus else []),
             ],
             self.root / "logs" / f"agent-{name}.log",
             name if self.hosts is not None else None,

@@ -129,8 +129,10 @@ class Restored:
 def read(source: Path | BinaryIO) -> dict[str, Any]:
     """A saved state, unpickled with ``weights_only``: tensors, numbers, strings and containers
     only. A checkpoint or a peer's transfer can run no code in the worker that reads it (anyone
-    who can write the shared directory could otherwise run code in every worker)."""
-    state: dict[str, Any] = torch.load(source, weights_only=True)
+    who can write the shared directory could otherwise run code in every worker). Tensors are
+    read into host memory: the model's ``load_state_dict`` copies them to wherever it lives (a
+    state saved from a GPU loads on a worker without one, and no GPU memory is taken twice)."""
+    state: dict[str, Any] = torch.load(source, weights_only=True, map_location="cpu")
     return state
 
 

@@ -10,6 +10,7 @@ so a collective that fails leaves them as they were for recovery to reduce again
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -20,6 +21,7 @@ from unicron.train.iteration import PeerLostError
 from unicron.train.peers import Peers
 
 POLL = timedelta(milliseconds=100)  # how often a pending collective asks whether a peer failed
+GPU_POLL_S = 0.0002  # between looks at a pending NCCL collective (a CUDA event query each)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -37,7 +39,7 @@ def all_reduce_gradients(
     if peers is None or not peers.usable:
         raise ConnectionResetError("the process group is gone: connection to peers broken")
     grads, flat = flat_gradients(model, scale)
-    wait_or_abandon(peers.all_reduce_async(flat), peers, peers_failed)
+    wait_or_abandon(peers.all_reduce_async(flat), peers, peers_failed, flat.is_cuda)
     write_back(grads, flat)
 
 
@@ -63,7 +65,9 @@ def write_back(grads: list[torch.Tensor], flat: torch.Tensor) -> None:
         offset += g.numel()
 
 
-def wait_or_abandon(work: Any, peers: Peers, peers_failed: Callable[[], bool] | None) -> None:
+def wait_or_abandon(
+    work: Any, peers: Peers, peers_failed: Callable[[], bool] | None, on_gpu: bool = False
+) -> None:
     """Wait for a collective, but abandon it once ``peers_failed`` says so: a peer was declared
     dead or hung. A peer whose node went silent without closing its connections (powered off,
     partitioned) would otherwise keep the collective waiting until the process-group timeout,
@@ -73,9 +77,13 @@ def wait_or_abandon(work: Any, peers: Peers, peers_failed: Callable[[], bool] | 
     most ``POLL`` at a time; a timed-out wait leaves the collective running (torch's
     ``Work.wait(timeout)`` only stops waiting), so between waits the store is asked about peers.
     A sleep-and-poll loop instead costs up to its sleep after every collective, and steals the
-    CPU from peers still computing on the same cores."""
-    if peers_failed is None or peers.backend != "gloo":
+    CPU from peers still computing on the same cores. ``on_gpu``: an NCCL collective on CUDA
+    tensors, whose ``wait`` does not block the host (``_poll_gpu``)."""
+    if peers_failed is None:
         work.wait()
+        return
+    if on_gpu:
+        _poll_gpu(work, peers, peers_failed)
         return
     while True:
         try:
@@ -88,6 +96,22 @@ def wait_or_abandon(work: Any, peers: Peers, peers_failed: Callable[[], bool] | 
             peers.abandon()
             raise PeerLostError("a peer was declared failed: the pending collective is abandoned")
     work.wait()  # raises the collective's own error, if it failed
+
+
+def _poll_gpu(work: Any, peers: Peers, peers_failed: Callable[[], bool]) -> None:
+    """An NCCL collective: ``wait`` only orders the current CUDA stream after it and returns at
+    once, and a kernel whose peer died stays pending on the GPU, so its completion is polled
+    (``is_completed`` reads a CUDA event, no synchronisation) while the store is asked about
+    peers; a failed peer aborts the communicator (``Peers.abandon``), which ends the kernel."""
+    ask_at = time.monotonic() + POLL.total_seconds()  # the store is asked as often as for gloo
+    while not work.is_completed():
+        if time.monotonic() >= ask_at:
+            if peers_failed():
+                peers.abandon()
+                raise PeerLostError("a peer was declared failed: the pending collective is aborted")
+            ask_at = time.monotonic() + POLL.total_seconds()
+        time.sleep(GPU_POLL_S)
+    work.wait()
 
 
 class Buckets:
@@ -176,8 +200,8 @@ class Buckets:
             assert peers is not None  # armed
             while len(self.flights) < len(self.buckets):
                 self._launch(len(self.flights))
-            for work, _ in self.flights:
-                wait_or_abandon(work, peers, peers_failed)
+            for work, buffer in self.flights:
+                wait_or_abandon(work, peers, peers_failed, buffer.is_cuda)
             for bucket, (_, buffer) in zip(self.buckets, self.flights, strict=True):
                 offset = 0
                 for p in bucket:

@@ -11,14 +11,15 @@ from typing import Any
 
 import torch.distributed as dist
 
-from unicron.train import membership, replicas
+from unicron.train import devices, membership, replicas
 from unicron.train.peers import Peers
 from unicron.train.replicas import Layout
 
 
 class Groups:
-    def __init__(self, task: str, replica_size: int, timeout: timedelta) -> None:
+    def __init__(self, task: str, replica_size: int, timeout: timedelta, backend: str = "gloo") -> None:
         self.task, self.size, self.timeout = task, replica_size, timeout
+        self.backend = backend  # the task's and the replica's groups (``devices.backend``)
         self.peers: Peers | None = None  # this generation's data-parallel peers
         self.replica: Peers | None = None  # the replica's own group (replicas of several ranks)
         self.layout: Layout | None = None
@@ -32,12 +33,12 @@ class Groups:
     def join(self, store: Any, generation: int, rank: int, world: int) -> None:
         """Form this generation's groups (the replica's, the first time)."""
         if not self.replicated:
-            membership.join(store, self.task, generation, rank, world, self.timeout)
+            membership.join(store, self.task, generation, rank, world, self.timeout, self.backend)
             self.peers = Peers.world()
             return
         layout = Layout(rank, world, self.size)
         if self.replica is None:
-            replicas.form_replica(store, self.task, generation, layout, membership.backend(), self.timeout)
+            replicas.form_replica(store, self.task, generation, layout, self.backend, self.timeout)
             self.replica = Peers.world()
         elif self.layout is not None and layout.position != self.layout.position:
             raise RuntimeError(
@@ -63,7 +64,7 @@ class Groups:
             return None
         from torch.distributed.device_mesh import DeviceMesh
 
-        device = "cuda" if membership.backend() == "nccl" else "cpu"
+        device = "cuda" if devices.uses_nccl(self.backend) else "cpu"
         replica = dist.group.WORLD
         assert replica is not None
         return DeviceMesh.from_group(replica, device)

@@ -29,15 +29,11 @@ from unicron.train.peers import Peers
 from unicron.train.state import TrainState, digest_parts
 
 
-def backend() -> str:
-    import os
-
-    return "nccl" if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES") else "gloo"
-
-
-def join(base: Any, task: str, generation: int, rank: int, world_size: int, timeout: timedelta) -> None:
+def join(
+    base: Any, task: str, generation: int, rank: int, world_size: int, timeout: timedelta, backend: str
+) -> None:
     store = dist.PrefixStore(f"{task}/g{generation}", base)  # type: ignore[attr-defined]
-    dist.init_process_group(backend(), store=store, rank=rank, world_size=world_size, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def leave() -> None:

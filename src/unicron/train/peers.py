@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from unicron.train import devices
+
 
 @dataclass
 class Peers:
@@ -96,7 +98,7 @@ class Peers:
         transport, so it is kept alive, never destroyed (one leaked group per abandonment). An
         NCCL group is aborted instead, as torch provides for exactly this: a leaked communicator
         would keep its pending kernel on the GPU stream (not run here: no GPU, docs/gpu.md)."""
-        if self.backend == "nccl" and not self.standalone:
+        if devices.uses_nccl(self.backend) and not self.standalone:
             dist.distributed_c10d._abort_process_group(self.group)
             return
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.group))  # never freed, not even at exit

@@ -36,7 +36,7 @@ from unicron.core.protocol import (
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
-from unicron.train import checkpoint, membership, sharded, shardedcheckpoint
+from unicron.train import checkpoint, devices, membership, sharded, shardedcheckpoint
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
 from unicron.train.fencing import CommitRefused, Fence, Standing
@@ -91,7 +91,9 @@ class Session:
         self.persisting = Persisting(self._storage, refused=self._refused)
         self.timeout = timedelta(seconds=contract.pg_timeout_s or timeout_s or limits.process_group_timeout_s)
         self.replica_size = contract.replica_size
-        self.groups = Groups(self.task, self.replica_size, self.timeout)
+        # The model's device, for the user's ``model.to(session.device)`` (``devices.py``).
+        self.device = devices.worker_device(self.local_rank)
+        self.groups = Groups(self.task, self.replica_size, self.timeout, devices.backend(self.device))
         self.fence = Fence(
             self.store_address or "",
             self.task,
@@ -128,10 +130,12 @@ class Session:
             signal.signal(signal.SIGTERM, self._on_stop)
         self.trace("started", node=self.node)
         # Before any group, or destroying it leaves it alive (and aborting at exit): pytorch-notes.md
-        import torch._dynamo  # noqa: F401
+        import torch._dynamo
 
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL's communicators and FSDP use the current one
         if self.world_size > 1 and self.under_torchrun:
-            dist.init_process_group("gloo", timeout=self.timeout)  # env:// from torchrun
+            dist.init_process_group(self.groups.backend, timeout=self.timeout)  # env:// from torchrun
             self.groups.peers = Peers.world()
         elif self.world_size > 1 or self.contract.spare:
             if not self.store_address:

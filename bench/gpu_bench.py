@@ -1,0 +1,184 @@
+"""What one GPU can show (issue 14), run on a machine with a CUDA GPU; and, on that machine's
+CPUs with the GPU hidden, the overhead cells of issues 12 and 14 where workers are fewer than
+cores (the 2-core development machine cannot separate a 2% gap from its noise).
+
+    python -m bench.gpu_bench OUT_DIR gpu     # the GPU checks: OUT_DIR/gpu.json
+    python -m bench.gpu_bench OUT_DIR cpu     # the CPU cells: OUT_DIR/overhead-cpu.json
+    python -m bench.gpu_bench --docs DIR      # DIR's JSON -> docs/bench/, docs/gpu.md
+
+The GPU checks, each recorded with its error if it fails (a failure does not stop the rest):
+the session's group code on NCCL (``bench/nccl_check.py``); a world of one trained on the GPU
+under Unicron, killed mid-run and restarted from the node's in-memory checkpoint copy (written
+from GPU memory), ending with the parameters and optimizer state of the same task run without
+a fault (float64); failure-free step time on the GPU against torchrun (DDP on NCCL, and FSDP2
+for the sharded example's model), same script, same run. Nothing here runs in ``make test``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.overhead_bench import MODELS, PORT, ROOT, Model, measure
+from unicron.control.localcluster import LocalCluster
+from unicron.train.checkpoint import load_latest
+
+GPUS = ["0"]  # the agent's --gpus: its one slot's GPU
+# The GPU cells: the overhead models, more steps (a GPU step takes milliseconds); the sharded
+# example's model at a world of one (FSDP2 over one rank under torchrun; unsharded under Unicron).
+GPU_MODELS = {
+    "tinygpt": replace(MODELS["tinygpt"], runs=2, iterations=300, workers=(1,)),
+    "gpt-10m": replace(MODELS["gpt-10m"], runs=2, iterations=200, workers=(1,)),
+    "gpt-20m-fsdp": replace(
+        MODELS["gpt-20m-hsdp"],
+        baseline_args=("--replica-size", "1"),
+        runs=2,
+        iterations=100,
+        workers=(1,),
+        replica_size=1,
+    ),
+}
+# The CPU cells on the GPU machine's cores: every overhead row, fewer runs where a run is long.
+CPU_MODELS = {
+    "tinygpt": replace(MODELS["tinygpt"], runs=3),
+    "gpt-10m": replace(MODELS["gpt-10m"], runs=2, iterations=30),
+    "gpt-20m-hsdp": replace(MODELS["gpt-20m-hsdp"], runs=2, iterations=16),
+}
+# In this order: the cells that missed the target on 2 cores first (a call can run out of time).
+CPU_CELLS = [
+    ("tinygpt", 4),
+    ("gpt-20m-hsdp", 2),
+    ("tinygpt", 2),
+    ("tinygpt", 1),
+    ("gpt-10m", 4),
+    ("gpt-10m", 2),
+    ("gpt-10m", 1),
+    ("gpt-20m-hsdp", 4),
+]
+RECOVERY_ARGS = ("--dtype", "float64", "--layers", "4", "--hidden", "256", "--heads", "4")
+RECOVERY_STEPS, KILL_AT = 40, 23
+
+
+def machine() -> dict[str, Any]:
+    gpu = torch.cuda.is_available()
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0) if gpu else None,
+        "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if gpu else None,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def section(result: dict[str, Any], name: str, out: Path, run: Callable[[], Any]) -> None:
+    """Run one check into ``result[name]`` (its error instead, if it fails) and save at once:
+    a run cut short by its time limit keeps what it measured."""
+    started = time.monotonic()
+    try:
+        result[name] = {"ok": True, "value": run()}
+    except Exception as exc:
+        result[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        result[name]["where"] = traceback.format_exc().splitlines()[-8:]
+    result[name]["seconds"] = round(time.monotonic() - started, 1)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{name}: {'ok' if result[name]['ok'] else result[name]['error']}", flush=True)
+
+
+def nccl(root: Path) -> Any:
+    report = root / "nccl.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "nccl_check.py"), str(report)]
+    subprocess.run(cmd, check=False, timeout=180, capture_output=True)
+    return json.loads(report.read_text())
+
+
+def recovery_spec(name: str, trace: Path, faults: str) -> str:
+    program = json.dumps(["python", str(PORT / "train_unicron.py"), *RECOVERY_ARGS])
+    return (
+        f"name: {name}\nweight: 1\nthroughput: {{1: 1.0e9}}\nmin_workers: 1\n"
+        f"run:\n  program: {program}\n  iterations: {RECOVERY_STEPS}\n  checkpoint_every: 5\n"
+        f"  env: {{UNICRON_TRACE_FILE: {trace}}}\n{faults}"
+    )
+
+
+def recovery(root: Path) -> dict[str, Any]:
+    """A world of one on the GPU: a failure-free task, then the same task with its worker killed
+    at step ``KILL_AT``; where the restarted worker resumed from, and how far apart the two
+    final states are (0.0: the same bits)."""
+    trace = root / "trace.jsonl"
+    kill = f"  faults:\n    - {{action: kill, rank: 0, step: {KILL_AT}, generation: 1}}\n"
+    ended = ("finished", "failed")
+    with LocalCluster(root / "cluster", nodes=1, slots=1, gpus=GPUS) as cluster:
+        for name, faults in (("reference", ""), ("killed", kill)):
+            cluster.submit(recovery_spec(name, trace, faults))
+            cluster.wait(lambda n=name: cluster.task(n)["state"] in ended, 600, f"task {name} to end")
+        states = {n: cluster.task(n)["state"] for n in ("reference", "killed")}
+        launches = sum(e["kind"] == "task_launch" for e in cluster.get("/v1/events", task="killed"))
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    resumed = [(r["source"], r["step"]) for r in rows if r["what"] == "resumed" and r["task"] == "killed"]
+    finals = {n: load_latest(root / "cluster" / "checkpoints" / n) for n in ("reference", "killed")}
+    ref, got = finals["reference"], finals["killed"]
+    assert ref is not None and got is not None, f"no final checkpoint: {states}"
+    model_diff = max(float((ref["model"][k] - got["model"][k]).abs().max()) for k in ref["model"])
+    moments = [
+        (a[key] - b[key]).abs().max()
+        for a, b in zip(ref["optimizer"]["state"].values(), got["optimizer"]["state"].values(), strict=True)
+        for key in ("exp_avg", "exp_avg_sq")
+    ]
+    return {
+        "states": states,
+        "steps": [ref["step"], got["step"]],
+        "killed_at_step": KILL_AT,
+        "resumed_from": resumed,
+        "task_launches": launches,
+        "max_abs_param_diff": model_diff,
+        "max_abs_optimizer_diff": float(max(moments)),
+        "same_digest": ref["digest"] == got["digest"],
+    }
+
+
+def overhead(root: Path, models: dict[str, Model], gpus: list[str] | None) -> list[dict[str, Any]]:
+    return [measure(root, name, workers, m, gpus) for name, m in models.items() for workers in m.workers]
+
+
+def gpu(out_dir: Path) -> None:
+    out, result = out_dir / "gpu.json", {"machine": machine()}
+    with tempfile.TemporaryDirectory(prefix="unicron-gpu-") as tmp:
+        root = Path(tmp)
+        section(result, "nccl", out, lambda: nccl(root))
+        section(result, "recovery", out, lambda: recovery(root / "recovery"))
+        for name, m in GPU_MODELS.items():
+            section(result, f"overhead-{name}", out, lambda n=name, m=m: overhead(root, {n: m}, GPUS))
+
+
+def cpu(out_dir: Path) -> None:
+    """The overhead cells on the CPUs, the GPU hidden from both sides (``CUDA_VISIBLE_DEVICES``
+    empty: the scripts and the session then take the CPU and gloo)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    out, result = out_dir / "overhead-cpu.json", {"machine": {**machine(), "gpu": None}}
+    with tempfile.TemporaryDirectory(prefix="unicron-cpu-") as tmp:
+        for name, workers in CPU_CELLS:
+            m = CPU_MODELS[name]
+            run = lambda n=name, w=workers, m=m: [measure(Path(tmp), n, w, m)]  # noqa: E731
+            section(result, f"{name}-{workers}", out, run)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--docs":
+        from bench import gpu_docs
+
+        gpu_docs.write(Path(sys.argv[2]) if len(sys.argv) > 2 else None)
+    else:
+        {"gpu": gpu, "cpu": cpu}[sys.argv[2]](Path(sys.argv[1]))
