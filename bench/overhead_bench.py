@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import torchft_side
 from bench.scraper import Scraper
 from unicron.control.localcluster import LocalCluster
 
@@ -56,6 +57,7 @@ class Model:
     runs: int  # per side in each cell
     iterations: int
     replica_size: int = 1
+    torchft: bool = False  # also run examples/torchft/train_torchft.py (same model and data)
 
 
 GPT10M = ("--layers", "6", "--hidden", "384", "--heads", "6")
@@ -76,6 +78,7 @@ MODELS = {
         (1, 2, 4),
         5,
         200,
+        torchft=True,
     ),
     "gpt-10m": Model(
         "6 layers, hidden 384",
@@ -87,6 +90,7 @@ MODELS = {
         (1, 2, 4),
         2,
         40,
+        torchft=True,
     ),
     "gpt-20m-hsdp": Model(
         "8 layers, hidden 448, sequence 64, vocabulary 256; replicas of 2 ranks",
@@ -103,6 +107,7 @@ MODELS = {
 }
 WARMUP = 8  # the first step intervals left out (start-up, first allocations)
 TARGET = 1.02  # issues 12 and 14: Unicron / torchrun step time at most this
+TORCHFT_VERSION = "torchft-nightly 2026.10.26"  # the Makefile's pin
 
 
 def step_seconds(folder: Path) -> float:
@@ -174,22 +179,39 @@ def unicron(
     return step_seconds(out)
 
 
+def torchft(root: Path, model: str | Model, workers: int) -> float:
+    """The peer: the same model and data under torchft, one replica group per worker."""
+    m = MODELS[model] if isinstance(model, str) else model
+    return step_seconds(torchft_side.run_groups(root, workers, [*m.args, "--iterations", str(m.iterations)]))
+
+
 def measure(
     root: Path, model: str, workers: int, m: Model | None = None, gpus: list[str] | None = None
 ) -> dict[str, Any]:
     """One cell: ``model``'s (``m``: a model other than ``MODELS``'s, under that name) runs of
     both sides at ``workers``, alternating; ``gpus``: the Unicron agent's (a GPU machine)."""
     m = m or MODELS[model]
-    runs: dict[str, list[float]] = {"ddp": [], "unicron": []}
-    order = [side for i in range(m.runs) for side in (("ddp", "unicron"), ("unicron", "ddp"))[i % 2]]
-    for i, side in enumerate(order):  # DDP, Unicron, Unicron, DDP, ...: drift falls on both
+    sides = ("ddp", "unicron", "torchft") if m.torchft else ("ddp", "unicron")
+    runs: dict[str, list[float]] = {side: [] for side in sides}
+    order = [side for i in range(m.runs) for side in (sides, sides[::-1])[i % 2]]
+    for i, side in enumerate(order):  # DDP, Unicron, Unicron, DDP, ...: drift falls on all
         where = root / f"{model}-{workers}-{i}-{side}"
         if side == "ddp":
             runs[side].append(ddp(where, m, workers))
+        elif side == "torchft":
+            runs[side].append(torchft(where, m, workers))
         else:
             runs[side].append(unicron(where, m, workers, gpus=gpus))
     # The median run: one run slowed by the machine (a neighbour's burst) does not move it.
     ours, theirs = statistics.median(runs["unicron"]), statistics.median(runs["ddp"])
+    peer = {}
+    if "torchft" in runs:
+        ft = statistics.median(runs["torchft"])
+        peer = {
+            "torchft_step_s": round(ft, 5),
+            "torchft_ratio": round(ft / theirs, 4),  # torchft / torchrun + DDP
+            "torchft_runs_s": [round(x, 5) for x in runs["torchft"]],
+        }
     return {
         "workers": workers,
         "model": model,
@@ -199,6 +221,7 @@ def measure(
         "ratio": round(ours / theirs, 4),
         "unicron_runs_s": [round(x, 5) for x in runs["unicron"]],
         "ddp_runs_s": [round(x, 5) for x in runs["ddp"]],
+        **peer,
     }
 
 
@@ -236,16 +259,41 @@ def main(only: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def spread(row: dict[str, Any]) -> float:
-    """The cell's noise: how far apart the runs of one side are, the larger side's (max/min - 1)."""
-    return max(max(t) / min(t) - 1 for t in (row["unicron_runs_s"], row["ddp_runs_s"]))
+    """The cell's noise: how far apart the runs of one side are, the largest side's (max/min - 1)."""
+    sides = [row[k] for k in ("unicron_runs_s", "ddp_runs_s", "torchft_runs_s") if k in row]
+    return max(max(t) / min(t) - 1 for t in sides)
+
+
+def table_row(x: dict[str, Any]) -> str:
+    ours = f"{x['ddp_step_s'] * 1000:.1f} | {x['unicron_step_s'] * 1000:.1f} | {x['ratio']:.3f}"
+    peer = (
+        f"{x['torchft_step_s'] * 1000:.1f} | {x['torchft_ratio']:.3f}" if "torchft_step_s" in x else "- | -"
+    )
+    return f"| {x['model']} | {x['workers']} | {ours} | {peer} | {spread(x) * 100:.0f}% |"
+
+
+def peer_summary(rows: list[dict[str, Any]]) -> str:
+    """Where torchft's step is faster or slower than Unicron's, cell by cell."""
+    cells = [x for x in rows if "torchft_step_s" in x]
+    if not cells:
+        return "not measured in this run."
+    faster = [f"{x['model']} at {x['workers']}" for x in cells if x["torchft_step_s"] < x["unicron_step_s"]]
+    worst = max(cells, key=lambda x: x["torchft_step_s"] / x["unicron_step_s"])
+    slower = worst["torchft_step_s"] / worst["unicron_step_s"]
+    wins = (
+        f"torchft's step is faster in {', '.join(faster)}"
+        if faster
+        else "torchft's step is faster in no cell"
+    )
+    return (
+        f"{wins}; at most {slower:.2f}x Unicron's ({worst['model']}, {worst['workers']} "
+        f"worker{'s' if worst['workers'] > 1 else ''}). "
+        "Both are compared with the same torchrun + DDP runs of the same cell."
+    )
 
 
 def write_markdown(r: dict[str, Any]) -> None:
-    rows = "\n".join(
-        f"| {x['model']} | {x['workers']} | {x['ddp_step_s'] * 1000:.1f} | {x['unicron_step_s'] * 1000:.1f}"
-        f" | {x['ratio']:.3f} | {spread(x) * 100:.0f}% |"
-        for x in r["rows"]
-    )
+    rows = "\n".join(table_row(x) for x in r["rows"])
     worst = max(r["rows"], key=lambda x: x["ratio"])
     noisiest = max(spread(x) for x in r["rows"])
     noise = (
@@ -274,6 +322,8 @@ def write_markdown(r: dict[str, Any]) -> None:
             sharded=r["models"]["gpt-20m-hsdp"],
             sharded_steps=r["iterations"]["gpt-20m-hsdp"],
             sharded_runs=r["runs_per_side"]["gpt-20m-hsdp"],
+            torchft_version=TORCHFT_VERSION,
+            peer=peer_summary(r["rows"]),
         )
     )
 

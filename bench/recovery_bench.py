@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from bench import cells
+from bench import cells, torchft_recovery
 from bench.network_bench import cut_link_rows
 from bench.torchrun import TRAIN, Torchrun, trace_rows
 from unicron.control.localcluster import LocalCluster
@@ -203,17 +203,36 @@ def main() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="unicron-recovery-") as tmp:
         ours, exact = unicron(Path(tmp) / "unicron")
         theirs = torchrun(Path(tmp) / "torchrun")
-    result: dict[str, Any] = {c: {"unicron": ours[c], "torchrun": theirs.get(c)} for c in ours}
+        peer = torchft_recovery.torchft(Path(tmp) / "torchft")
+    result: dict[str, Any] = {
+        c: {"unicron": ours[c], "torchrun": theirs.get(c), "torchft": peer.get(c)} for c in ours
+    }
     result["exactness_held"] = exact
     crash_u, crash_t = (
         ours["worker_crash"]["downtime_s"],
         (theirs.get("worker_crash") or {}).get("downtime_s"),
     )
     result["worker_crash_ratio"] = round(crash_u / crash_t, 4) if crash_t else None
+    return save(result)
+
+
+def save(result: dict[str, Any]) -> dict[str, Any]:
     (ROOT / "docs" / "bench").mkdir(parents=True, exist_ok=True)
     (ROOT / "docs" / "bench" / "recovery.json").write_text(json.dumps(result, indent=2) + "\n")
     write_markdown(result)
     return result
+
+
+def torchft_only() -> dict[str, Any]:
+    """Measure the torchft entries alone into the last run's JSON (the other sides kept)."""
+    result: dict[str, Any] = json.loads((ROOT / "docs" / "bench" / "recovery.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="unicron-torchft-") as tmp:
+        peer = torchft_recovery.torchft(Path(tmp))
+    for c in result:
+        if isinstance(result[c], dict) and "unicron" in result[c]:
+            result[c]["torchft"] = peer.get(c)
+    result["torchft_measured_apart"] = True  # not in the same run as the other two sides
+    return save(result)
 
 
 def write_markdown(r: dict[str, Any]) -> None:
@@ -231,14 +250,69 @@ def write_markdown(r: dict[str, Any]) -> None:
     (ROOT / "docs" / "recovery.md").write_text(
         template.format(
             rows=rows,
+            torchft_rows=torchft_rows(r, classes),
+            torchft_wins=torchft_wins(r, classes),
+            torchft_late=torchft_late(r, classes),
+            torchft_when=(
+                "measured in a run of its own (`python -m bench.recovery_bench --torchft`), on the same "
+                "machine, after the other two sides' run"
+                if r.get("torchft_measured_apart")
+                else "measured in the same run as the other two sides"
+            ),
             exact="held" if r["exactness_held"] else "FAILED",
             ratio="not measured" if ratio is None else f"{ratio:.3f}",
         )
     )
 
 
+def torchft_rows(r: dict[str, Any], classes: list[str]) -> str:
+    keys = ("skipped_samples", "detection_s", "heal_s", "final_max_abs_diff")
+    return "\n".join(
+        f"| {c.replace('_', ' ')} | "
+        + " | ".join(
+            cells.value(r[c].get(side), key) for key in ("downtime_s", "lost_microbatches") for side in SIDES
+        )
+        + " | "
+        + " | ".join(_peer_value(r[c].get("torchft"), key) for key in keys)
+        + " |"
+        for c in classes
+    )
+
+
+def _peer_value(entry: dict[str, Any] | None, key: str) -> str:
+    if entry and key == "final_max_abs_diff" and entry.get(key) is not None:
+        return f"{entry[key]:.1e}"
+    return cells.value(entry, key)
+
+
+def torchft_wins(r: dict[str, Any], classes: list[str]) -> str:
+    """The classes where torchft's downtime or lost work is below Unicron's, said plainly."""
+    wins = [
+        f"{c.replace('_', ' ')} ({what})"
+        for c in classes
+        if (peer := r[c].get("torchft")) and peer.get("downtime_s") is not None
+        for what, key in (("downtime", "downtime_s"), ("lost micro-batches", "lost_microbatches"))
+        if peer.get(key) is not None and peer[key] < r[c]["unicron"][key]
+    ]
+    return ", ".join(wins) if wins else "none"
+
+
+def torchft_late(r: dict[str, Any], classes: list[str]) -> str:
+    """The cells whose first quorum lacked a group (it started late and healed into step 1)."""
+    late = [
+        f"{c.replace('_', ' ')} ({peer['first_quorum_groups']} of 4)"
+        for c in classes
+        if (peer := r[c].get("torchft")) and (peer.get("first_quorum_groups") or 4) < 4
+    ]
+    return ", ".join(late) if late else "none"
+
+
+SIDES = ("unicron", "torchft")
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--docs"]:  # the page again from the last measured figures (a text change)
+    if sys.argv[1:] == ["--torchft"]:
+        print(json.dumps(torchft_only(), indent=2))
+    elif sys.argv[1:] == ["--docs"]:  # the page again from the last measured figures (a text change)
         write_markdown(json.loads((ROOT / "docs" / "bench" / "recovery.json").read_text()))
     else:
         print(json.dumps(main(), indent=2))

@@ -20,12 +20,31 @@ PAPER = {  # Unicron over each baseline, as reported (secondary accounts; see sy
 }
 
 
+def torchft_measured() -> dict[str, float]:
+    """torchft's detection, heal and per-step cost as this repository's benchmarks measured them
+    (issue 18): detection of a crash and of a hang and the crashed group's heal from
+    docs/bench/recovery.json (``bench/torchft_recovery.py``), the failure-free efficiency from
+    docs/bench/overhead.json (torchrun + DDP step over torchft's, gpt-10m at its most workers,
+    at most 1). The simulator's torchft policy runs on these, not on guesses."""
+    bench = ROOT / "docs" / "bench"
+    recovery, overhead = (json.loads((bench / f).read_text()) for f in ("recovery.json", "overhead.json"))
+    crash, hang = recovery["worker_crash"]["torchft"], recovery["hang"]["torchft"]
+    cells = [r for r in overhead["rows"] if r["model"] == "gpt-10m" and "torchft_step_s" in r]
+    cell = max(cells, key=lambda r: r["workers"])
+    return {
+        "crash_detection_s": crash["detection_s"],
+        "hang_detection_s": hang["detection_s"],
+        "heal_s": crash["heal_s"],
+        "efficiency": round(min(1.0, cell["ddp_step_s"] / cell["torchft_step_s"]), 4),
+    }
+
+
 def run(name: str, overrides: dict[str, dict[str, object]] | None = None) -> SimulationReport:
     path = ROOT / "examples" / "scenarios" / f"{name}.yaml"
     scenario = parse_scenario(read_text(path), str(path))
-    if overrides:
-        scenario = scenario.model_copy(update={"policy_settings": overrides})
-    return simulate(scenario)
+    torchft = {**torchft_measured(), **scenario.policy_settings.get("torchft", {})}
+    settings = {**scenario.policy_settings, "torchft": torchft, **(overrides or {})}
+    return simulate(scenario.model_copy(update={"policy_settings": settings}))
 
 
 def table(report: SimulationReport, paper: dict[str, str] | None = None) -> str:
@@ -104,8 +123,14 @@ def main() -> dict[str, object]:
     }
     varied, found = sensitivity()
     bench["sensitivity"] = {"efficiency": list(SENSITIVITY), "unicron_over": found}
+    torchft = torchft_measured()
+    bench["torchft_settings"] = torchft
     (docs / "bench" / "simulator.json").write_text(json.dumps(bench, indent=2) + "\n")
     text = TEMPLATE.format(
+        ft_crash=torchft["crash_detection_s"],
+        ft_hang=torchft["hang_detection_s"],
+        ft_heal=torchft["heal_s"],
+        ft_efficiency=torchft["efficiency"],
         sensitivity=varied,
         megatron_llama_loss=1 - reports["llama3"].result("megatron").ratio_to_oracle,
         ours_megatron=ours(reports, "megatron"),

@@ -161,7 +161,10 @@ ELASTIC_DEFAULTS: dict[str, dict[str, Any]] = {
         "rejoin_pause_s": 60.0,
     },
     # torchft: per-step quorum; survivors go on after the lighthouse notices, the failed step is
-    # dropped, the failed replica group restarts and heals from a peer.
+    # dropped, the failed replica group restarts and heals from a peer. These defaults are round
+    # figures for a scenario that gives none; docs/simulation.md's runs replace the detection,
+    # heal and efficiency with what bench/torchft_recovery.py and bench/overhead_bench.py measured
+    # with torchft itself (bench/simulation_docs.py:torchft_measured).
     "torchft": {
         "tensor_parallel": True,
         "crash_detection_s": 2.0,

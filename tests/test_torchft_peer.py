@@ -1,0 +1,61 @@
+"""torchft, the peer the benchmarks measure (issue 18), runs for real here: its lighthouse and
+one torchrun job per replica group, examples/torchft/train_torchft.py written the way torchft's
+own examples are. Without failures it must train exactly what the DDP original trains, or the
+benchmarks would compare different work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import torchft_side
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--iterations", "12", "--dtype", "float64"]
+
+
+@pytest.mark.timeout(300)
+def test_torchft_without_failures_trains_what_ddp_trains(tmp_path: Path) -> None:
+    times = torchft_side.run_groups(tmp_path / "torchft", 2, ARGS)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += [
+        str(ROOT / "examples" / "ddp-port" / "train_ddp.py"),
+        *ARGS,
+        "--checkpoint",
+        str(tmp_path / "ddp.pt"),
+    ]
+    subprocess.run(
+        cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=240
+    )
+    ddp, peer = torch.load(tmp_path / "ddp.pt"), torch.load(tmp_path / "torchft" / "final-0.pt")
+    # Every one of the 12 steps was committed by both groups (the step-time hook saw each).
+    assert [len(p.read_text().split(",")) for p in sorted(times.glob("steps-*.json"))] == [12, 12]
+    assert peer["step"] == ddp["step"] == 12
+    # Same samples, same averaged gradients, same updates: the same bits (float64).
+    for name, tensor in ddp["model"].items():
+        assert torch.equal(peer["model"][name], tensor), name
+    assert peer["scheduler"]["last_epoch"] == ddp["scheduler"]["last_epoch"]
+
+
+def test_the_managers_log_gives_quorums_and_commit_votes_in_wall_clock_time(tmp_path: Path) -> None:
+    """What bench/torchft_recovery.py reads: torchft's manager log lines (a real line's shape)."""
+    groups = torchft_side.Groups.__new__(torchft_side.Groups)
+    groups.root = tmp_path
+    member = 'QuorumMember { replica_id: "g:1", step: 3, world_size: 1 }'
+    prefix = "[INFO] -"
+    (tmp_path / "group-0.log").write_text(
+        f"2026-11-26T00:40:29.884 {prefix} got lighthouse quorum Quorum {{ quorum_id: 4, "
+        f"[{member}, {member}] }}\n"
+        f"2026-11-26T00:40:29.899 {prefix} should_commit completed should_commit=true\n"
+        "a line of the script's own\n"
+        f"2026-11-26T00:40:31.500 {prefix} got lighthouse quorum Quorum {{ quorum_id: 5, [{member}] }}\n"
+        f"2026-11-26T00:40:31.512 {prefix} should_commit completed should_commit=false\n"
+    )
+    base = 1795653629.884  # 2026-11-26T00:40:29.884 UTC
+    assert [(round(t - base, 3), i, n) for t, i, n in groups.quorums(0)] == [(0.0, 4, 2), (1.616, 5, 1)]
+    assert [(round(t - base, 3), ok) for t, ok in groups.commits(0)] == [(0.015, True), (1.628, False)]
