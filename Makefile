@@ -8,12 +8,12 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
+# torchft, the peer the benchmarks measure (examples/torchft/): its wheel names torch as a
+# dependency, which pip would fetch as a CUDA build, so it goes in without its dependencies
+# (torch is here; its OpenTelemetry packages are pinned in the dev extra).
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
-	# torchft, the peer the benchmarks measure (examples/torchft/): its wheel names torch as a
-	# dependency, which pip would fetch as a CUDA build, so it goes in without its dependencies
-	# (torch is here; its OpenTelemetry packages are pinned in the dev extra).
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps torchft-nightly==2026.10.26
 	touch $(STAMP)
 

@@ -78,13 +78,7 @@ class Session:
         self.checkpoint_every = contract.checkpoint_every or checkpoint_every or 0
         directory = contract.checkpoint_dir or (str(checkpoint_dir) if checkpoint_dir else "")
         self.checkpoint_dir = Path(directory) if directory else None
-        # The in-memory tier: a copy in the node's RAM (tmpfs), read back far faster than the
-        # persistent checkpoint when a process restarts on the same node.
-        self.host_dir = (
-            checkpoint.host_dir(self.checkpoint_dir, self.node, contract.host_checkpoint_root)
-            if self.checkpoint_dir is not None and contract.host_checkpoints
-            else None
-        )
+        self.host_dir = in_memory_tier(contract, self.checkpoint_dir, self.node)
         self.limits = limits = Settings()
         wait = contract.storage_wait_s
         self.storage_wait_s = limits.storage_wait_s if wait is None else wait
@@ -484,6 +478,14 @@ class Session:
         if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             self.forward_exception(exc)
         self.close()
+
+
+def in_memory_tier(contract: WorkerEnv, persistent: Path | None, node: str) -> Path | None:
+    """The in-memory tier: a copy in the node's RAM (tmpfs), read back far faster than the
+    persistent checkpoint when a process restarts on the same node; None where there is none."""
+    if persistent is None or not contract.host_checkpoints:
+        return None
+    return checkpoint.host_dir(persistent, node, contract.host_checkpoint_root)
 
 
 def init(**kwargs: Any) -> Session:
