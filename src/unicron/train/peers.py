@@ -97,7 +97,9 @@ class Peers:
         blocked: pytorch-notes.md) and destroying it can block on the pending collective's
         transport, so it is kept alive, never destroyed (one leaked group per abandonment). An
         NCCL group is aborted instead, as torch provides for exactly this: a leaked communicator
-        would keep its pending kernel on the GPU stream (not run here: no GPU, docs/gpu.md)."""
+        would keep its pending kernel on the GPU stream (the abort and a group formed after it
+        ran on a GPU at a world of one, ``bench/nccl_check.py``; with a peer dead under a pending
+        kernel it has not: docs/gpu.md)."""
         if devices.uses_nccl(self.backend) and not self.standalone:
             dist.distributed_c10d._abort_process_group(self.group)
             return
