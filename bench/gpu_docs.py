@@ -36,7 +36,7 @@ def render() -> str:
 
 def fields(r: dict[str, Any]) -> dict[str, Any]:
     m = r["machine"]
-    nccl = r["nccl"]["value"] if r.get("nccl", {}).get("ok") else {"checks": {}, "nccl": "?"}
+    nccl: dict[str, Any] = r["nccl"]["value"] if r.get("nccl", {}).get("ok") else {"checks": {}, "nccl": "?"}
     rec = r["recovery"]["value"] if r.get("recovery", {}).get("ok") else None
     rows = [
         row
@@ -112,7 +112,7 @@ def overhead_row(x: dict[str, Any]) -> str:
 
 
 def spread(row: dict[str, Any]) -> float:
-    return max(max(t) / min(t) - 1 for t in (row["unicron_runs_s"], row["ddp_runs_s"]))
+    return float(max(max(t) / min(t) - 1 for t in (row["unicron_runs_s"], row["ddp_runs_s"])))
 
 
 def overhead_note(rows: list[dict[str, Any]]) -> str:

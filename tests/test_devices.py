@@ -53,7 +53,7 @@ class Work:
 
 
 class Peers:
-    backend = "cpu:gloo,cuda:nccl"
+    nccl = True  # the task's group on a GPU (a sharded replica's standalone peers are gloo)
 
     def __init__(self) -> None:
         self.abandoned = False
@@ -67,7 +67,7 @@ def test_a_completed_gpu_collective_is_waited_on_without_asking_about_peers(
 ) -> None:
     monkeypatch.setattr(gradsync, "GPU_POLL_S", 0.0)
     work, peers, asked = Work(polls=3), Peers(), []
-    gradsync.wait_or_abandon(work, peers, lambda: asked.append(1) or False, on_gpu=True)  # type: ignore[arg-type, func-returns-value]
+    gradsync.wait_or_abandon(work, peers, lambda: asked.append(1) or False)  # type: ignore[arg-type, func-returns-value]
     assert work.waited and not peers.abandoned and asked == []
 
 
@@ -82,7 +82,7 @@ def test_a_gpu_collective_whose_peer_failed_is_aborted(monkeypatch: pytest.Monke
         return len(asked) >= 2  # the second look at the store finds a failed peer
 
     with pytest.raises(PeerLostError):
-        gradsync.wait_or_abandon(work, peers, failed, on_gpu=True)  # type: ignore[arg-type]
+        gradsync.wait_or_abandon(work, peers, failed)  # type: ignore[arg-type]
     assert peers.abandoned and not work.waited
     assert len(asked) == 2 and asked[1] - asked[0] >= 0.015  # the store is asked every POLL, not every look
 
@@ -113,3 +113,14 @@ def test_the_committed_gpu_page_is_what_its_measurements_say() -> None:
     assert gpu_docs.OUT.read_text() == gpu_docs.render(), (
         "docs/gpu.md is stale: python -m bench.gpu_bench --docs"
     )
+
+
+def test_only_the_registered_group_on_a_gpu_is_polled_and_aborted_as_nccl() -> None:
+    """A sharded replica's peers (a standalone gloo group) block in ``wait`` and are leaked on
+    abandonment even when their tensors are on a GPU; the task's group on a GPU is NCCL."""
+    from unicron.train.peers import Peers as RealPeers
+
+    on_gpu = "cpu:gloo,cuda:nccl"
+    assert RealPeers(None, 0, 2, on_gpu, standalone=False).nccl
+    assert not RealPeers(None, 0, 2, "gloo", standalone=True).nccl
+    assert not RealPeers(None, 0, 2, "gloo", standalone=False).nccl

@@ -39,7 +39,7 @@ def all_reduce_gradients(
     if peers is None or not peers.usable:
         raise ConnectionResetError("the process group is gone: connection to peers broken")
     grads, flat = flat_gradients(model, scale)
-    wait_or_abandon(peers.all_reduce_async(flat), peers, peers_failed, flat.is_cuda)
+    wait_or_abandon(peers.all_reduce_async(flat), peers, peers_failed)
     write_back(grads, flat)
 
 
@@ -65,9 +65,7 @@ def write_back(grads: list[torch.Tensor], flat: torch.Tensor) -> None:
         offset += g.numel()
 
 
-def wait_or_abandon(
-    work: Any, peers: Peers, peers_failed: Callable[[], bool] | None, on_gpu: bool = False
-) -> None:
+def wait_or_abandon(work: Any, peers: Peers, peers_failed: Callable[[], bool] | None) -> None:
     """Wait for a collective, but abandon it once ``peers_failed`` says so: a peer was declared
     dead or hung. A peer whose node went silent without closing its connections (powered off,
     partitioned) would otherwise keep the collective waiting until the process-group timeout,
@@ -77,12 +75,13 @@ def wait_or_abandon(
     most ``POLL`` at a time; a timed-out wait leaves the collective running (torch's
     ``Work.wait(timeout)`` only stops waiting), so between waits the store is asked about peers.
     A sleep-and-poll loop instead costs up to its sleep after every collective, and steals the
-    CPU from peers still computing on the same cores. ``on_gpu``: an NCCL collective on CUDA
-    tensors, whose ``wait`` does not block the host (``_poll_gpu``)."""
+    CPU from peers still computing on the same cores. On an NCCL group (``peers.nccl``: CUDA
+    tensors), ``wait`` does not block the host (``_poll_gpu``); a standalone gloo group blocks
+    as above, whatever device its tensors are on."""
     if peers_failed is None:
         work.wait()
         return
-    if on_gpu:
+    if peers.nccl:
         _poll_gpu(work, peers, peers_failed)
         return
     while True:
@@ -200,8 +199,8 @@ class Buckets:
             assert peers is not None  # armed
             while len(self.flights) < len(self.buckets):
                 self._launch(len(self.flights))
-            for work, buffer in self.flights:
-                wait_or_abandon(work, peers, peers_failed, buffer.is_cuda)
+            for work, _ in self.flights:
+                wait_or_abandon(work, peers, peers_failed)
             for bucket, (_, buffer) in zip(self.buckets, self.flights, strict=True):
                 offset = 0
                 for p in bucket:

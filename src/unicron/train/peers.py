@@ -51,6 +51,12 @@ class Peers:
         """False once the default group was destroyed under this object (a ``break`` fault)."""
         return self.standalone or (dist.is_initialized() and dist.group.WORLD is self.group)
 
+    @property
+    def nccl(self) -> bool:
+        """Its collectives run on NCCL: ``wait`` does not block the host, and ``abandon``
+        aborts the communicator (a standalone group is gloo, even on GPUs)."""
+        return devices.uses_nccl(self.backend) and not self.standalone
+
     # ------------------------------------------------------------------ collectives
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         out = [torch.empty_like(tensor) for _ in range(self.size)]
@@ -100,7 +106,7 @@ class Peers:
         would keep its pending kernel on the GPU stream (the abort and a group formed after it
         ran on a GPU at a world of one, ``bench/nccl_check.py``; with a peer dead under a pending
         kernel it has not: docs/gpu.md)."""
-        if devices.uses_nccl(self.backend) and not self.standalone:
+        if self.nccl:
             dist.distributed_c10d._abort_process_group(self.group)
             return
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.group))  # never freed, not even at exit
