@@ -292,6 +292,25 @@ def peer_summary(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def more_cores() -> str:
+    """What the same cells gave with fewer workers than cores (``bench.gpu_bench``'s CPU cells
+    on a lent machine, docs/bench/overhead-cpu.json), if they were run."""
+    path = ROOT / "docs" / "bench" / "overhead-cpu.json"
+    if not path.is_file():
+        return ""
+    measured = json.loads(path.read_text())
+    rows = [row for entry in measured.values() if entry.get("ok") for row in entry["value"]]
+    if not rows:
+        return ""
+    ratios = sorted(x["ratio"] for x in rows)
+    return (
+        f" Fewer workers than cores alone did not settle it: on a lent machine's "
+        f"{measured['machine']['cpus']} cores (docs/gpu.md, {len(rows)} of these cells, unpinned) "
+        f"the same side's runs differed by up to {max(spread(x) for x in rows) * 100:.0f}% and the "
+        f"ratios ranged from {ratios[0]:.3f} to {ratios[-1]:.3f}."
+    )
+
+
 def write_markdown(r: dict[str, Any]) -> None:
     rows = "\n".join(table_row(x) for x in r["rows"])
     worst = max(r["rows"], key=lambda x: x["ratio"])
@@ -302,7 +321,7 @@ def write_markdown(r: dict[str, Any]) -> None:
         "what a verdict needs."
         if noisiest > TARGET - 1
         else "within the 2% the target asks to resolve."
-    )
+    ) + more_cores()
     template = (Path(__file__).parent / "templates" / "performance.md").read_text()
     (ROOT / "docs" / "performance.md").write_text(
         template.format(

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The device call for bench/gpu_bench.py, on a lent GPU machine (no network there): the
+# project's wheels (carried in .whl/, for the image's Python; its own torch and numpy are used)
+# go into /tmp/site. Issue 12's CPU cells first, then the GPU cells not yet run, then issue 14's
+# sharded CPU cells; each step starts nothing after its time mark (seconds since this script began).
+# Made here with: pip download --only-binary :all: --no-deps --python-version 3.12 -d .whl PKG==V
+# for every package of pyproject.toml's dependencies and theirs, less torch and numpy (and carry
+# [".whl"] in the device call). Afterwards: python -m bench.gpu_bench FETCHED_DIR --docs
+set -u
+OUT=${OUT:?the folder the JSON goes to}
+pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD
+python3 -c "import torch, numpy, fastapi, uvicorn, unicron.control.coordinator as c; \
+print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'numpy', numpy.__version__)" || exit 3
+echo "cpus $(nproc)"
+left() { echo $(( $1 - SECONDS )); }
+python3 -m bench.gpu_bench "$OUT" cpu --budget "$(left "${CPU_MARK:-300}")" \
+    --only tinygpt-4,tinygpt-2,gpt-10m-4,gpt-10m-2,tinygpt-1,gpt-10m-1
+python3 -m bench.gpu_bench "$OUT" gpu --budget "$(left "${GPU_MARK:-430}")" \
+    --only overhead-gpt-10m,overhead-gpt-20m-fsdp
+python3 -m bench.gpu_bench "$OUT" cpu --budget "$(left "${HSDP_MARK:-440}")" --only gpt-20m-hsdp-2,gpt-20m-hsdp-4
+python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    for name, entry in json.loads(f.read_text()).items():
+        rows = entry.get("value") if isinstance(entry, dict) and entry.get("ok") else None
+        if isinstance(rows, list):
+            print(f.name, name, [(r["ratio"], r["unicron_runs_s"], r["ddp_runs_s"]) for r in rows])
+        elif name != "machine":
+            print(f.name, name, entry.get("error"))
+PY
