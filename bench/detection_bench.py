@@ -23,14 +23,16 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import cells
+from bench import cells, torchft_recovery, torchft_side
 from bench.network_bench import cut_link_rows
+from bench.overhead_bench import TORCHFT_VERSION
 from bench.torchrun import TRAIN, Torchrun
 from unicron.control.localcluster import LocalCluster
 from unicron.core.settings import ORDERING, Settings
@@ -49,6 +51,16 @@ HEARTBEAT_S = Settings().heartbeat_interval_s
 DEFAULT_GLOO_TIMEOUT_S = 1800.0  # torch.distributed's default for gloo (its docs: 30 minutes)
 # Detection settings for the benchmark's short runs: a shorter warm-up and floor, and no
 # isolation or escalation, so that every injection is measured the same way.
+# torchft (issue 18): its cells of bench/torchft_recovery.py (4 replica groups of one rank, that
+# benchmark's workload), the class each detection class is; detection: from the injection to
+# the survivors' next quorum.
+TORCHFT_CLASSES = {
+    "exception": "exception",
+    "process_exit": "worker_crash",
+    "hang": "hang",
+    "node_loss": "node_loss",
+}
+TORCHFT_REPEATS = 2
 BENCH_SETTINGS = {"hang_warmup_steps": 3, "hang_floor_s": 1.0, "isolate_after": 100, "max_restarts": 100}
 
 
@@ -198,10 +210,46 @@ def torchrun(root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def torchft(root: Path) -> dict[str, dict[str, Any]]:
+    """torchft's detection per class: seconds from the injection to its survivors' next quorum
+    (without the failed group, or with its restarted worker)."""
+    out: dict[str, dict[str, Any]] = {}
+    for cls, name in TORCHFT_CLASSES.items():
+        values, notes = [], []
+        for i in range(TORCHFT_REPEATS):
+            try:
+                found = torchft_recovery.cell(root / f"{cls}-{i}", name, None)["detection_s"]
+            except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
+                notes.append(f"torchft run failed: {exc}")
+                continue
+            if found is None:
+                notes.append("the survivors formed no new quorum")
+            else:
+                values.append(found)
+        entry = summary(values) if values else {"median_s": None}
+        out[cls] = {**entry, "heartbeat_timeout_s": torchft_side.HEARTBEAT_TIMEOUT_S, "notes": notes}
+    return out
+
+
+def torchft_only() -> dict[str, Any]:
+    """Measure the torchft entries alone into the last run's JSON (the other sides kept)."""
+    path = ROOT / "docs" / "bench" / "detection.json"
+    result: dict[str, Any] = json.loads(path.read_text())
+    with tempfile.TemporaryDirectory(prefix="unicron-torchft-") as tmp:
+        peer = torchft(Path(tmp))
+    for cls in (*CLASSES, "node_loss", LONG):
+        result[cls]["torchft"] = peer.get(cls)
+    result["torchft_measured_apart"] = True  # not in the same run as the other two sides
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    write_markdown(result)
+    return result
+
+
 def main() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="unicron-detection-") as tmp:
         ours, mean, long_target = unicron(Path(tmp))
         theirs = torchrun(Path(tmp) / "torchrun")
+        peer = torchft(Path(tmp) / "torchft")
     result: dict[str, Any] = {}
     for cls in (*CLASSES, "node_loss", LONG):
         entry: dict[str, Any] = {"unicron": ours.get(cls)}
@@ -211,6 +259,7 @@ def main() -> dict[str, Any]:
         entry["torchrun_tuned"] = (
             {**theirs[cls], "process_group_timeout_s": TUNED_PG_TIMEOUT_S} if cls in theirs else None
         )
+        entry["torchft"] = peer.get(cls)
         result[cls] = entry
     result["targets"] = {
         "exception_s": 1.0,
@@ -231,10 +280,11 @@ def write_markdown(r: dict[str, Any]) -> None:
     t = r["targets"]
     rows = "\n".join(
         f"| {LABELS.get(cls, cls.replace('_', ' '))} | {cells.timing(r[cls]['unicron'])} | "
-        f"{cells.timing(r[cls].get('torchrun_tuned'))} |"
+        f"{cells.timing(r[cls].get('torchrun_tuned'))} | {peer_cell(r[cls].get('torchft'))} |"
         for cls in (*CLASSES, "node_loss", LONG)
     )
-    rows = "\n".join([rows, *[row for kind, row in cut_link_rows().items() if kind == "detection"]])
+    cut = [f"{row} {cells.NOT_MEASURED} |" for kind, row in cut_link_rows().items() if kind == "detection"]
+    rows = "\n".join([rows, *cut])
     template = (Path(__file__).parent / "templates" / "detection.md").read_text()
     (ROOT / "docs" / "detection.md").write_text(
         template.format(
@@ -248,8 +298,26 @@ def write_markdown(r: dict[str, Any]) -> None:
             mean=t["mean_iteration_s"],
             ordering=ordering_markdown(),
             settings=settings_markdown(),
+            torchft_heartbeat=torchft_side.HEARTBEAT_TIMEOUT_S,
+            torchft_repeats=TORCHFT_REPEATS,
+            torchft_version=TORCHFT_VERSION,
+            torchft_when=(
+                "measured in a run of its own (`python -m bench.detection_bench --torchft`), on the same "
+                "machine, after the other two columns"
+                if r.get("torchft_measured_apart")
+                else "measured in the same run as the other two columns"
+            ),
         )
     )
+
+
+def peer_cell(entry: dict[str, Any] | None) -> str:
+    """A torchft latency: median / max, or why there is none."""
+    if entry is None:
+        return cells.NOT_MEASURED
+    if entry.get("median_s") is None:
+        return "; ".join(entry.get("notes") or ["no sample"])
+    return cells.timing(entry)
 
 
 def ordering_markdown() -> str:
@@ -271,5 +339,7 @@ def settings_markdown() -> str:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--docs"]:  # the page again from the last measured figures (a text change)
         write_markdown(json.loads((ROOT / "docs" / "bench" / "detection.json").read_text()))
+    elif sys.argv[1:] == ["--torchft"]:  # the torchft column alone, into the last run's figures
+        print(json.dumps(torchft_only(), indent=2))
     else:
         print(json.dumps(main(), indent=2))

@@ -10,6 +10,7 @@ on these machines.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,9 +28,11 @@ from unicron.control.localcluster import free_port
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "torchft" / "train_torchft.py"
 TIMER = ROOT / "bench" / "steptimes.py"
+FAULTS = ROOT / "bench" / "torchft_faults.py"
 # The managers' log lines (torchft's Rust manager, at INFO): a quorum and a commit vote.
 QUORUM = re.compile(r"^(\S+) .*got lighthouse quorum")
 QUORUM_ID = re.compile(r"quorum_id: (\d+)")
+HEARTBEAT_TIMEOUT_S = 5.0  # the lighthouse's --heartbeat_timeout_ms default (torchft's own), as run here
 COMMIT = re.compile(r"^(\S+) .*should_commit completed should_commit=(true|false)")
 
 
@@ -43,9 +46,10 @@ def lighthouse_binary() -> str:
 
 class Groups:
     """A lighthouse and ``groups`` replica groups training with ``args``; ``restarts``: how often
-    each group's torchrun restarts its worker (torchft relies on its launcher for that). Each
-    group writes its step times to ``root/times`` and its final state to ``root/final-<g>.pt``.
-    Stopped on exit."""
+    each group's torchrun restarts its worker (torchft relies on its launcher for that);
+    ``faults``: a group's fault inside its worker (``ACTION@STEP``, ``bench/torchft_faults.py``),
+    its injection time then in ``root/fault-<g>.json``. Each group writes its step times to
+    ``root/times`` and its final state to ``root/final-<g>.pt``. Stopped on exit."""
 
     def __init__(
         self,
@@ -54,9 +58,11 @@ class Groups:
         args: Sequence[str],
         restarts: int = 0,
         min_replicas: int | None = None,
-        heartbeat_timeout_ms: int = 5000,
+        heartbeat_timeout_ms: int = int(HEARTBEAT_TIMEOUT_S * 1000),
+        faults: dict[int, str] | None = None,
     ) -> None:
         self.root, self.groups, self.args, self.restarts = root, groups, list(args), restarts
+        self.faults = faults or {}
         self.times = root / "times"
         self.times.mkdir(parents=True)
         self.port = free_port()
@@ -80,6 +86,9 @@ class Groups:
         }
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
         cmd += ["--max-restarts", str(self.restarts), "--monitor-interval", "0.1"]
+        if group in self.faults:
+            env |= {"BENCH_FAULT": self.faults[group], "BENCH_FAULT_LOG": str(self.fault_log(group))}
+            cmd += [str(FAULTS)]
         cmd += [str(TIMER), str(self.times), str(SCRIPT), *self.args]
         cmd += ["--checkpoint", str(self.root / f"final-{group}.pt")]
         with self.log(group).open("wb") as log:
@@ -89,6 +98,20 @@ class Groups:
 
     def log(self, group: int) -> Path:
         return self.root / f"group-{group}.log"
+
+    def fault_log(self, group: int) -> Path:
+        return self.root / f"fault-{group}.json"
+
+    def injected(self, group: int, wait_s: float = 300) -> dict[str, float]:
+        """The group's fault as its worker logged it (``time``: wall clock, ``perf``: the
+        step-time hook's clock), once it was injected."""
+        deadline = time.monotonic() + wait_s
+        while not (path := self.fault_log(group)).exists():
+            if time.monotonic() > deadline or self.jobs[group].poll() is not None:
+                raise RuntimeError(f"group {group}'s fault was never injected: see {self.log(group)}")
+            time.sleep(0.02)
+        logged: dict[str, float] = json.loads(path.read_text())
+        return logged
 
     def commits(self, group: int) -> list[tuple[float, bool]]:
         """(wall-clock time, committed) of each commit vote the group's manager logged."""

@@ -59,3 +59,33 @@ def test_the_managers_log_gives_quorums_and_commit_votes_in_wall_clock_time(tmp_
     base = 1795653629.884  # 2026-11-26T00:40:29.884 UTC
     assert [(round(t - base, 3), i, n) for t, i, n in groups.quorums(0)] == [(0.0, 4, 2), (1.616, 5, 1)]
     assert [(round(t - base, 3), ok) for t, ok in groups.commits(0)] == [(0.015, True), (1.628, False)]
+
+
+@pytest.mark.timeout(300)
+def test_a_fault_inside_a_torchft_worker_strikes_its_step_and_torchrun_restarts_it(tmp_path: Path) -> None:
+    """bench/torchft_faults.py, which the torchft entries of the recovery and detection benchmarks
+    rest on: group 1's worker kills itself after step 4's all-reduce and commit vote, before its
+    update; the other group commits that step (the sum was complete), the restarted worker heals
+    from it, and both groups end at the last step."""
+    args = ["--iterations", "10", "--dtype", "float64", "--step-delay", "0.05"]
+    with torchft_side.Groups(
+        tmp_path, 2, args, restarts=1, min_replicas=1, faults={1: "kill_after_reduce@4"}
+    ) as g:
+        stamp = g.injected(1)
+        g.wait(timeout_s=240)
+        survivor = [ok for t, ok in g.commits(0)]
+        healed = [t for t, ok in g.commits(1) if ok and t > stamp["time"]]
+    assert stamp["action"] == "kill_after_reduce" and stamp["step"] == 4
+    assert survivor[4], "the survivor committed the step whose sum the failed worker had joined"
+    assert healed, "the restarted worker committed steps after the fault"
+    assert torch.load(tmp_path / "final-0.pt")["step"] == 10
+    # Only the first incarnation injects: the restarted worker logged no second fault.
+    assert g.fault_log(1).read_text().count("kill_after_reduce") == 1
+
+
+def test_a_fault_spec_the_injector_cannot_read_names_the_fix() -> None:
+    from bench import torchft_faults
+
+    with pytest.raises(SystemExit, match="ACTION@STEP"):
+        torchft_faults.parse("explode@3")
+    assert torchft_faults.parse("raise@20") == ("raise", 20)
