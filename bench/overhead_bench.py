@@ -180,9 +180,11 @@ def unicron(
 
 
 def torchft(root: Path, model: str | Model, workers: int) -> float:
-    """The peer: the same model and data under torchft, one replica group per worker."""
+    """The peer: the same model and data under torchft, a replica group per replica (of one
+    worker, or of ``replica_size`` ranks sharding the model: its HSDP form)."""
     m = MODELS[model] if isinstance(model, str) else model
-    return step_seconds(torchft_side.run_groups(root, workers, [*m.args, "--iterations", str(m.iterations)]))
+    args = [*m.args, "--iterations", str(m.iterations)]
+    return step_seconds(torchft_side.run_groups(root, workers // m.replica_size, args, ranks=m.replica_size))
 
 
 def measure(

@@ -52,6 +52,8 @@ UNICRON_FAULTS = [  # (class, fault); steps chosen mid-way between checkpoints
     ("worker_crash", {"action": "kill", "rank": 1, "step": 25, "generation": 0}),
     ("crash_after_allreduce", {"action": "kill_after_reduce", "rank": 2, "step": 65, "generation": 0}),
     ("hang", {"action": "hang", "rank": 1, "step": 105, "generation": 0}),
+    # Mid-step: dead inside its last backward pass, its peers' gradient buckets in flight.
+    ("crash_in_backward", {"action": "kill_in_backward", "rank": 2, "step": 125, "generation": 0}),
 ]
 ITERATIONS = 170
 
@@ -102,7 +104,7 @@ def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], bool]:
                 and cluster.task("lm")["state"] == "running"
             ),
             400,
-            "three recoveries",
+            "four recoveries",
         )
         killed = time.time()
         cluster.freeze_node("node-1")  # silent, connections open: as a machine losing power
@@ -173,6 +175,7 @@ def torchrun(root: Path) -> dict[str, dict[str, Any]]:
         "worker_crash": ({"action": "kill", "rank": 1, "step": 25}, 1800.0),
         "crash_after_allreduce": ({"action": "kill_after_reduce", "rank": 2, "step": 25}, 1800.0),
         "hang": ({"action": "hang", "rank": 3, "step": 25}, 20.0),
+        "crash_in_backward": ({"action": "kill_in_backward", "rank": 2, "step": 25}, 1800.0),
     }
     for name, (fault, timeout) in cases.items():
         for attempt in range(2):
@@ -253,6 +256,7 @@ def write_markdown(r: dict[str, Any]) -> None:
             torchft_rows=torchft_rows(r, classes),
             torchft_wins=torchft_wins(r, classes),
             torchft_late=torchft_late(r, classes),
+            torchft_midstep=torchft_midstep(r),
             torchft_when=(
                 "measured in a run of its own (`python -m bench.recovery_bench --torchft`), on the same "
                 "machine, after the other two sides' run"
@@ -295,6 +299,20 @@ def torchft_wins(r: dict[str, Any], classes: list[str]) -> str:
         if peer.get(key) is not None and peer[key] < r[c]["unicron"][key]
     ]
     return ", ".join(wins) if wins else "none"
+
+
+def torchft_midstep(r: dict[str, Any]) -> str:
+    """What a rank lost mid-step (its peers in the all-reduce) cost each side."""
+    cell = r.get("crash_in_backward") or {}
+    peer, ours = cell.get("torchft"), cell.get("unicron")
+    if not peer or peer.get("lost_steps") is None or not ours:
+        return "not measured"
+    return (
+        f"torchft's survivors voted {peer['lost_steps']} step(s) down, throwing away the "
+        f"{peer['lost_microbatches']} micro-batches they had computed for it, and that step's "
+        f"samples are not trained on; Unicron's survivors recomputed {ours['lost_microbatches']} "
+        "(the failed rank's share) and completed the step"
+    )
 
 
 def torchft_late(r: dict[str, Any], classes: list[str]) -> str:

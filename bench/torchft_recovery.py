@@ -11,6 +11,8 @@ launcher: a restarted worker heals from a live group). Group 1 gets the fault at
   torchrun restarts the worker and it heals from a live group.
 - crash_after_allreduce (``kill_after_reduce``): SIGKILL after the step's all-reduce and
   commit vote, before the update; restarted and healed the same way.
+- crash_in_backward (``kill_in_backward``): SIGKILL as the step's last micro-batch starts,
+  after the step's quorum: the survivors' all-reduce fails, and the step is not committed.
 - exception (``raise``): a RuntimeError out of the training loop as the step starts; the worker
   exits with it, torchrun restarts it.
 - hang (``hang``): the worker SIGSTOPs itself as the step starts: its manager's heartbeats stop
@@ -56,12 +58,18 @@ ARGS += ["--dataset-size", "512", "--step-delay", "0.15", "--iterations", str(IT
 FAULTS = {
     "worker_crash": "kill",
     "crash_after_allreduce": "kill_after_reduce",
+    "crash_in_backward": "kill_in_backward",
     "exception": "raise",
     "hang": "hang",
     "node_loss": None,
 }
-RESTARTED = ("kill", "kill_after_reduce", "raise")  # actions after which torchrun restarts the worker
-RECOVERY_CLASSES = ("worker_crash", "crash_after_allreduce", "hang", "node_loss")
+RESTARTED = (
+    "kill",
+    "kill_after_reduce",
+    "kill_in_backward",
+    "raise",
+)  # actions after which torchrun restarts the worker
+RECOVERY_CLASSES = ("worker_crash", "crash_after_allreduce", "crash_in_backward", "hang", "node_loss")
 
 
 def reference(root: Path) -> dict[str, Any]:

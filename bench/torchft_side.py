@@ -23,10 +23,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 
+from bench.torchrun import launcher
 from unicron.control.localcluster import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "torchft" / "train_torchft.py"
+HSDP_SCRIPT = ROOT / "examples" / "torchft" / "train_torchft_hsdp.py"  # groups of several ranks
 TIMER = ROOT / "bench" / "steptimes.py"
 FAULTS = ROOT / "bench" / "torchft_faults.py"
 # The managers' log lines (torchft's Rust manager, at INFO): a quorum and a commit vote.
@@ -45,7 +47,8 @@ def lighthouse_binary() -> str:
 
 
 class Groups:
-    """A lighthouse and ``groups`` replica groups training with ``args``; ``restarts``: how often
+    """A lighthouse and ``groups`` replica groups of ``ranks`` ranks (one: examples/torchft/
+    train_torchft.py; more: its HSDP form) training with ``args``; ``restarts``: how often
     each group's torchrun restarts its worker (torchft relies on its launcher for that);
     ``faults``: a group's fault inside its worker (``ACTION@STEP``, ``bench/torchft_faults.py``),
     its injection time then in ``root/fault-<g>.json``. Each group writes its step times to
@@ -60,9 +63,11 @@ class Groups:
         min_replicas: int | None = None,
         heartbeat_timeout_ms: int = int(HEARTBEAT_TIMEOUT_S * 1000),
         faults: dict[int, str] | None = None,
+        ranks: int = 1,
     ) -> None:
         self.root, self.groups, self.args, self.restarts = root, groups, list(args), restarts
-        self.faults = faults or {}
+        self.faults, self.ranks = faults or {}, ranks
+        self.script = SCRIPT if ranks == 1 else HSDP_SCRIPT
         self.times = root / "times"
         self.times.mkdir(parents=True)
         self.port = free_port()
@@ -84,12 +89,11 @@ class Groups:
             "NUM_REPLICA_GROUPS": str(self.groups),
             "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{self.port}",
         }
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
-        cmd += ["--max-restarts", str(self.restarts), "--monitor-interval", "0.1"]
+        cmd = [*launcher(self.ranks), "--max-restarts", str(self.restarts), "--monitor-interval", "0.1"]
         if group in self.faults:
             env |= {"BENCH_FAULT": self.faults[group], "BENCH_FAULT_LOG": str(self.fault_log(group))}
             cmd += [str(FAULTS)]
-        cmd += [str(TIMER), str(self.times), str(SCRIPT), *self.args]
+        cmd += [str(TIMER), str(self.times), str(self.script), *self.args]
         cmd += ["--checkpoint", str(self.root / f"final-{group}.pt")]
         with self.log(group).open("wb") as log:
             return subprocess.Popen(
@@ -168,10 +172,11 @@ class Groups:
         self.close()
 
 
-def run_groups(root: Path, groups: int, args: Sequence[str], timeout_s: float = 900) -> Path:
-    """Train with ``groups`` replica groups, without failures, until each has done its steps;
-    returns the folder of their optimizer-step times (``bench/steptimes.py``)."""
-    with Groups(root, groups, args) as running:
+def run_groups(root: Path, groups: int, args: Sequence[str], timeout_s: float = 900, ranks: int = 1) -> Path:
+    """Train with ``groups`` replica groups of ``ranks`` ranks (several: the HSDP script), without
+    failures, until each has done its steps; returns the folder of their optimizer-step times
+    (``bench/steptimes.py``)."""
+    with Groups(root, groups, args, ranks=ranks) as running:
         running.wait(timeout_s)
         return running.times
 

@@ -21,6 +21,11 @@ from typing import Any
 TRAIN = Path(__file__).resolve().parents[1] / "examples" / "tinygpt" / "train.py"
 
 
+def launcher(workers: int) -> list[str]:
+    """torchrun on this host alone (its own rendezvous store) with ``workers`` workers."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers)]
+
+
 def trace_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -49,12 +54,7 @@ class Torchrun:
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         }
         cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "4",
+            *launcher(4),
             "--max-restarts",
             str(max_restarts),
             "--monitor-interval",

@@ -89,3 +89,25 @@ def test_a_fault_spec_the_injector_cannot_read_names_the_fix() -> None:
     with pytest.raises(SystemExit, match="ACTION@STEP"):
         torchft_faults.parse("explode@3")
     assert torchft_faults.parse("raise@20") == ("raise", 20)
+
+
+HSDP_ARGS = ["--iterations", "6", "--dtype", "float64", "--layers", "2", "--hidden", "64", "--heads", "4"]
+HSDP_ARGS += ["--sequence", "32", "--vocab", "64"]
+
+
+@pytest.mark.timeout(400)
+def test_torchft_replica_groups_of_two_ranks_train_what_fsdp2_hsdp_trains(tmp_path: Path) -> None:
+    """The sharded rows' peer: 2 torchft replica groups of 2 ranks (FSDP2 inside each group, the
+    cross-group sum through torchft's manager) against torchrun + FSDP2 HSDP at the same shape
+    (2 replicas x 2 shards), same samples in the same order: the same parameters (float64; the
+    sums are grouped differently, so equal to rounding, not bit for bit)."""
+    torchft_side.run_groups(tmp_path / "torchft", 2, HSDP_ARGS, timeout_s=300, ranks=2)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+    cmd += [str(ROOT / "examples" / "fsdp" / "train_hsdp.py"), *HSDP_ARGS, "--replica-size", "2"]
+    cmd += ["--checkpoint", str(tmp_path / "hsdp.pt")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=300)
+    hsdp, peer = torch.load(tmp_path / "hsdp.pt"), torch.load(tmp_path / "torchft" / "final-0.pt")
+    assert peer["step"] == hsdp["step"] == 6
+    for name, tensor in hsdp["model"].items():
+        torch.testing.assert_close(peer["model"][name], tensor, rtol=1e-12, atol=1e-14, msg=name)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, DistributedSampler
@@ -43,6 +44,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--sequence", type=int, default=64)
     p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--checkpoint", default=None, help="save the final parameters (whole) here")
     return p.parse_args()
 
 
@@ -82,6 +84,10 @@ def main() -> None:
         optimizer.zero_grad()
     if dist.get_rank() == 0:
         print(f"{args.iterations} steps in {time.perf_counter() - started:.2f} s")
+    if args.checkpoint:
+        whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.get_rank() == 0:
+            torch.save({"model": whole, "step": args.iterations}, args.checkpoint)
     dist.destroy_process_group()
 
 

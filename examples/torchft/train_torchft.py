@@ -76,7 +76,7 @@ def main() -> None:
         scheduler.load_state_dict(state["scheduler"])
 
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),  # as torchft's train_ddp.py on CPU
         min_replica_size=1,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
