@@ -57,6 +57,21 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+def micro_batches(args: argparse.Namespace, group: int, groups: int) -> Any:
+    """The group's micro-batches, epoch after epoch (reshuffled each). As in torchft's own
+    example, the data position is the group's own and is not restored when a group heals (a
+    healed group starts its stream again); a step that is not committed has consumed its
+    micro-batches all the same."""
+    corpus = make_corpus(args.dataset_size, 32, 64, args.seed)
+    sampler = DistributedSampler(
+        corpus, replica_rank=group, num_replica_groups=groups, group_rank=0, num_replicas=1, seed=args.seed
+    )
+    loader = DataLoader(corpus, batch_size=args.micro_batch, sampler=sampler, drop_last=True)
+    for epoch in range(sys.maxsize):
+        sampler.set_epoch(epoch)
+        yield from loader
+
+
 def main() -> None:
     args = parse()
     torch.set_num_threads(1)
@@ -88,22 +103,8 @@ def main() -> None:
     )
     net = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner)
-    corpus = make_corpus(args.dataset_size, 32, 64, args.seed)
-    sampler = DistributedSampler(
-        corpus, replica_rank=group, num_replica_groups=groups, group_rank=0, num_replicas=1, seed=args.seed
-    )
-    loader = DataLoader(corpus, batch_size=args.micro_batch, sampler=sampler, drop_last=True)
+    batches = micro_batches(args, group, groups)
     accumulation = args.global_batch // (groups * args.micro_batch)
-
-    def epochs() -> Any:  # the group's micro-batches, epoch after epoch (reshuffled each)
-        for epoch in range(sys.maxsize):
-            sampler.set_epoch(epoch)
-            yield from loader
-
-    # As in torchft's own example, the data position is the group's own and is not restored when
-    # a group heals (a healed group starts its stream again); a step that is not committed has
-    # consumed its micro-batches all the same.
-    batches = epochs()
     while manager.current_step() < args.iterations:
         step = manager.current_step()
         optimizer.zero_grad()  # starts the step's quorum

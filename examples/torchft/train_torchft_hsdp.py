@@ -66,13 +66,43 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+def average_across_groups(model: torch.nn.Module, manager: Manager) -> None:
+    """After FSDP's reduce-scatter inside the group, each rank's gradient shard is averaged over
+    the quorum's groups through torchft's manager (torchtitan's torchft integration does this)."""
+    across_groups = ManagedProcessGroup(manager).register("dp_replicate")
+
+    def all_reduce_hook(shard: torch.Tensor) -> None:
+        dist.all_reduce(shard, group=across_groups, op=dist.ReduceOp.AVG)
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_all_reduce_hook(all_reduce_hook)
+
+
+def micro_batches(args: argparse.Namespace, group: int, groups: int) -> Any:
+    """This rank's micro-batches, epoch after epoch (reshuffled each). Its global rank, rank +
+    size * group, is the HSDP script's rank on its (replicate, shard) mesh."""
+    corpus = make_corpus(args.dataset_size, args.sequence, args.vocab, args.seed)
+    sampler = DistributedSampler(
+        corpus,
+        replica_rank=group,
+        num_replica_groups=groups,
+        group_rank=dist.get_rank(),
+        num_replicas=dist.get_world_size(),
+        seed=args.seed,
+    )
+    loader = DataLoader(corpus, batch_size=args.micro_batch, sampler=sampler, drop_last=True)
+    for epoch in range(sys.maxsize):
+        sampler.set_epoch(epoch)
+        yield from loader
+
+
 def main() -> None:
     args = parse()
     torch.set_num_threads(1)
     group, groups = int(os.environ.get("REPLICA_GROUP_ID", 0)), int(os.environ.get("NUM_REPLICA_GROUPS", 1))
     dist.init_process_group("gloo")  # the replica group's own ranks (its torchrun job)
-    rank, size = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (size,), mesh_dim_names=("shard",))
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("shard",))
     torch.manual_seed(args.seed)
     model = TinyGPT(Config(args.vocab, args.sequence, args.layers, args.hidden, args.heads))
     model = model.to(getattr(torch, args.dtype))
@@ -99,35 +129,10 @@ def main() -> None:
         timeout=timedelta(seconds=30),
         init_sync=False,  # every group seeds the same parameters (see train_torchft.py)
     )
-    across = ManagedProcessGroup(manager)
-    across_groups = across.register("dp_replicate")
-
-    def all_reduce_hook(shard: torch.Tensor) -> None:  # after FSDP's reduce-scatter in the group
-        dist.all_reduce(shard, group=across_groups, op=dist.ReduceOp.AVG)
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_all_reduce_hook(all_reduce_hook)
+    average_across_groups(model, manager)
     optimizer = Optimizer(manager, inner)
-    corpus = make_corpus(args.dataset_size, args.sequence, args.vocab, args.seed)
-    # Global rank rank + size * group: the HSDP script's rank on its (replicate, shard) mesh.
-    sampler = DistributedSampler(
-        corpus,
-        replica_rank=group,
-        num_replica_groups=groups,
-        group_rank=rank,
-        num_replicas=size,
-        seed=args.seed,
-    )
-    loader = DataLoader(corpus, batch_size=args.micro_batch, sampler=sampler, drop_last=True)
-    accumulation = args.global_batch // (groups * size * args.micro_batch)
-
-    def epochs() -> Any:  # the rank's micro-batches, epoch after epoch (reshuffled each)
-        for epoch in range(sys.maxsize):
-            sampler.set_epoch(epoch)
-            yield from loader
-
-    batches = epochs()
+    batches = micro_batches(args, group, groups)
+    accumulation = args.global_batch // (groups * dist.get_world_size() * args.micro_batch)
     while manager.current_step() < args.iterations:
         step = manager.current_step()
         optimizer.zero_grad()  # starts the step's quorum
@@ -140,7 +145,7 @@ def main() -> None:
             scheduler.step()
         time.sleep(args.step_delay)
     whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if group == 0 and rank == 0:
+    if group == 0 and dist.get_rank() == 0:
         torch.save({"model": whole, "step": manager.current_step()}, args.checkpoint)
     manager.shutdown()
     dist.destroy_process_group()
