@@ -182,6 +182,23 @@ def test_a_failure_is_counted_broken_down_and_shown_live(tmp_path: Path) -> None
     assert (tmp_path / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+# The recovered incident's entry as the page shows it (``innerText``: the rendered text, as
+# Selenium's ``text``), or null while there is none.
+INCIDENT_SNAPSHOT = """
+const item = document.querySelector('[data-incident][data-outcome="recovered"]');
+if (!item) return null;
+const texts = (attr) => Object.fromEntries(
+  [...item.querySelectorAll(`[${attr}]`)].map((e) => [e.getAttribute(attr), e.innerText.trim()]));
+return {
+  id: item.getAttribute('data-incident'),
+  phases: texts('data-phase'),
+  lost: texts('data-lost'),
+  actions: item.querySelector('[data-actions]').innerText.trim(),
+  not_reloaded: window.notReloaded,
+};
+"""
+
+
 class Page:
     """The dashboard in headless Chromium, opened before the task is submitted: it asks for a
     token, refuses one that may not read, and shows the cluster with a viewer's."""
@@ -214,22 +231,14 @@ class Page:
         assert len(slots) == workers  # where its workers run
 
     def incident(self, picture: Path) -> dict[str, Any]:
-        """The incident's entry once the page shows it recovered; then the screenshot."""
+        """The incident's entry once the page shows it recovered; then the screenshot. Read in
+        one script, a snapshot: the page re-renders as it polls, and elements found before a
+        re-render are stale after it (a CI run failed on that)."""
         try:
-            item = self.wait('[data-incident][data-outcome="recovered"]', 30, "the incident, recovered")
-            shown = {
-                "id": item.get_attribute("data-incident"),
-                "phases": {
-                    e.get_attribute("data-phase"): e.text.strip()
-                    for e in item.find_elements(By.CSS_SELECTOR, "[data-phase]")
-                },
-                "lost": {
-                    e.get_attribute("data-lost"): e.text.strip()
-                    for e in item.find_elements(By.CSS_SELECTOR, "[data-lost]")
-                },
-                "actions": item.find_element(By.CSS_SELECTOR, "[data-actions]").text.strip(),
-                "not_reloaded": self.driver.execute_script("return window.notReloaded"),
-            }
+            shown: dict[str, Any] = WebDriverWait(self.driver, 30, poll_frequency=0.2).until(
+                lambda d: d.execute_script(INCIDENT_SNAPSHOT),
+                message="the page never showed the incident, recovered",
+            )
             screenshot(self.driver, picture)
             return shown
         finally:
