@@ -51,6 +51,7 @@ HEARTBEAT_S = Settings().heartbeat_interval_s
 DEFAULT_GLOO_TIMEOUT_S = 1800.0  # torch.distributed's default for gloo (its docs: 30 minutes)
 # Detection settings for the benchmark's short runs: a shorter warm-up and floor, and no
 # isolation or escalation, so that every injection is measured the same way.
+BENCH_SETTINGS = {"hang_warmup_steps": 3, "hang_floor_s": 1.0, "isolate_after": 100, "max_restarts": 100}
 # torchft (issue 18): its cells of bench/torchft_recovery.py (4 replica groups of one rank, that
 # benchmark's workload), the class each detection class is; detection: from the injection to
 # the survivors' next quorum.
@@ -61,7 +62,6 @@ TORCHFT_CLASSES = {
     "node_loss": "node_loss",
 }
 TORCHFT_REPEATS = 2
-BENCH_SETTINGS = {"hang_warmup_steps": 3, "hang_floor_s": 1.0, "isolate_after": 100, "max_restarts": 100}
 
 
 def summary(values: list[float]) -> dict[str, Any]:

@@ -63,12 +63,8 @@ FAULTS = {
     "hang": "hang",
     "node_loss": None,
 }
-RESTARTED = (
-    "kill",
-    "kill_after_reduce",
-    "kill_in_backward",
-    "raise",
-)  # actions after which torchrun restarts the worker
+# The actions after which torchrun restarts the worker (and it heals from a live group).
+RESTARTED = ("kill", "kill_after_reduce", "kill_in_backward", "raise")
 RECOVERY_CLASSES = ("worker_crash", "crash_after_allreduce", "crash_in_backward", "hang", "node_loss")
 
 

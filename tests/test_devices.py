@@ -124,3 +124,32 @@ def test_only_the_registered_group_on_a_gpu_is_polled_and_aborted_as_nccl() -> N
     assert RealPeers(None, 0, 2, on_gpu, standalone=False).nccl
     assert not RealPeers(None, 0, 2, "gloo", standalone=True).nccl
     assert not RealPeers(None, 0, 2, "gloo", standalone=False).nccl
+
+
+def test_device_calls_run_the_named_checks_within_their_budget_and_merge_across_calls(tmp_path: Path) -> None:
+    """A device call runs only the checks it names and starts none past its budget; a later
+    call's results join the earlier ones' (a rerun check replaced), and the docs take them in
+    unless the machine or torch build differs (then the old results go whole)."""
+    from bench.gpu_bench import Sections
+
+    machine = {"gpu": "G", "torch": "t", "cpus": 16}
+    out, ran = tmp_path / "gpu.json", []
+    first = Sections(out, machine, only={"a", "b"}, deadline=time.monotonic() + 60)
+    for name in ("a", "b", "c"):
+        first.run(name, lambda n=name: ran.append(n) or n)  # type: ignore[func-returns-value]
+    late = Sections(out, machine, only=set(), deadline=time.monotonic() - 1)
+    late.run("d", lambda: ran.append("d"))  # type: ignore[func-returns-value]
+    again = Sections(out, machine, only={"b"}, deadline=time.monotonic() + 60)
+    again.run("b", lambda: "b2")
+    assert ran == ["a", "b"]  # c not named, d past the budget
+    saved = json.loads(out.read_text())
+    assert (saved["a"]["value"], saved["b"]["value"]) == ("a", "b2") and "c" not in saved and "d" not in saved
+
+    target = tmp_path / "docs.json"
+    target.write_text(json.dumps({"machine": machine, "old": {"ok": True}, "b": {"ok": False}}))
+    gpu_docs.merge(out, target)
+    merged = json.loads(target.read_text())
+    assert merged["old"] == {"ok": True} and merged["b"]["value"] == "b2"
+    target.write_text(json.dumps({"machine": {**machine, "torch": "other"}, "old": {"ok": True}}))
+    gpu_docs.merge(out, target)
+    assert "old" not in json.loads(target.read_text())
