@@ -111,15 +111,20 @@ TARGET = 1.02  # issues 12 and 14: Unicron / torchrun step time at most this
 TORCHFT_VERSION = "torchft-nightly 2026.10.26"  # the Makefile's pin
 
 
-def step_seconds(folder: Path) -> float:
-    """The median interval between optimizer steps, pooled over every worker's record."""
-    intervals: list[float] = []
+def intervals(folder: Path) -> list[float]:
+    """The intervals between optimizer steps after the warm-up, pooled over every worker's record."""
+    pooled: list[float] = []
     for path in folder.glob("steps-*.json"):
         ends = json.loads(path.read_text())[WARMUP:]
-        intervals += [b - a for a, b in itertools.pairwise(ends)]
-    if not intervals:
+        pooled += [b - a for a, b in itertools.pairwise(ends)]
+    if not pooled:
         raise RuntimeError(f"no step times were recorded in {folder}")
-    return statistics.median(intervals)
+    return pooled
+
+
+def step_seconds(folder: Path) -> float:
+    """The median interval between optimizer steps, pooled over every worker's record."""
+    return statistics.median(intervals(folder))
 
 
 def with_paths(args: tuple[str, ...], path: Path) -> list[str]:
@@ -148,9 +153,11 @@ def unicron(
     scraped: list[Scraper] | None = None,
     iterations: int = 0,
     gpus: list[str] | None = None,
+    checkpoints: str = "checkpoint_every: 100000",
 ) -> float:
     """The port as a Unicron task (``iterations``: other than the model's); ``scraped``: watched
-    meanwhile by a ``Scraper`` (appended); ``gpus``: the agent's (``--gpus``), one per worker."""
+    meanwhile by a ``Scraper`` (appended); ``gpus``: the agent's (``--gpus``), one per worker;
+    ``checkpoints``: the task's checkpoint lines (by default only the final one is written)."""
     m, out = MODELS[model] if isinstance(model, str) else model, root / "times"
     out.mkdir(parents=True)
     program = [
@@ -164,7 +171,7 @@ def unicron(
     spec = (
         f"name: overhead\nweight: 1\nthroughput: {{{workers}: 1.0e9}}\nmin_workers: {workers}\n"
         f"run:\n  program: {json.dumps(program)}\n  iterations: {iterations or m.iterations}\n"
-        f"  checkpoint_every: 100000\n  replica_size: {m.replica_size}\n  env: {{OMP_NUM_THREADS: '1'}}\n"
+        f"  {checkpoints}\n  replica_size: {m.replica_size}\n  env: {{OMP_NUM_THREADS: '1'}}\n"
     )
     with LocalCluster(root / "cluster", nodes=1, slots=workers, gpus=gpus) as cluster:
         watching = Scraper(cluster) if scraped is not None else contextlib.nullcontext()

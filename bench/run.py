@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from bench import (
+    checkpoint_bench,
     detection_bench,
     network_bench,
     observe_bench,
@@ -51,6 +52,9 @@ def main() -> None:
     )
     overhead = overhead_bench.main()
     print(json.dumps({f"{r['model']}@{r['workers']}": r["ratio"] for r in overhead["rows"]}, indent=2))
+    # What periodic checkpoints cost a sharded task, written before going on or in the background.
+    saved = checkpoint_bench.main()
+    print(json.dumps({k: saved[k] for k in ("mean_step_s", "cost_per_checkpoint_s")}, indent=2))
     # After the recovery and overhead benchmarks: the simulator's torchft policy takes its
     # detection, heal and per-step cost from what they measured with torchft.
     sim = simulation_docs.main()

@@ -73,13 +73,16 @@ def test_a_sharded_replica_fails_whole_and_a_replacement_takes_shards_from_a_liv
 @pytest.mark.timeout(600)
 def test_a_checkpoint_saved_by_three_sharded_replicas_resumes_at_two(tmp_path: Path) -> None:
     """The checkpoint is written shard by shard (torch.distributed.checkpoint) and reshards as it
-    loads: a cluster of three replicas stops once a checkpoint is saved; one of two replicas
-    resumes from it and ends as if never interrupted."""
+    loads: a cluster of three replicas, writing its periodic checkpoints in the background, stops
+    once one is committed; one of two replicas resumes from the newest and ends as if never
+    interrupted."""
     first, second, iterations = tmp_path / "first.jsonl", tmp_path / "second.jsonl", 32
     program = ["python", str(FSDP), *ARGS, *SMALL, "--step-delay", "0.05"]
     table = "{2: 1.9e9, 4: 3.5e9, 6: 5.0e9}"
     with LocalCluster(tmp_path / "first", nodes=3, slots=2) as cluster:
-        cluster.submit(traced_task(first, table, iterations, 0.05, "  replica_size: 2\n", program=program))
+        # Its periodic checkpoints written in the background (on CPUs they are not by default).
+        lines = "  replica_size: 2\n  checkpoint_async: true\n"
+        cluster.submit(traced_task(first, table, iterations, 0.05, lines, program=program))
         cluster.wait(lambda: cluster.task("lm")["checkpoint_step"] >= 10, 300, "a checkpoint")
     # The newest checkpoint the three replicas saved (as the cluster shut down, the replicas that
     # stopped last may have gone on alone for a step and saved one at world 2).

@@ -79,6 +79,7 @@ class Context:
             checkpoint_dir=str(self.settings.checkpoint_root / name),
             iterations=spec.run.iterations,
             checkpoint_every=spec.run.checkpoint_every,
+            checkpoint_async=spec.run.checkpoint_async,
             pg_timeout_s=self.limits.process_group_timeout_s,
             membership_timeout_s=self.limits.membership_timeout_s,
             storage_wait_s=self.limits.storage_wait_s,

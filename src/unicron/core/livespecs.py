@@ -69,6 +69,13 @@ class RunSpec(SpecBase):
     )
     iterations: int = Field(gt=0, description="optimizer steps to train")
     checkpoint_every: int = Field(default=20, gt=0, description="steps between checkpoints")
+    checkpoint_async: bool | None = Field(
+        default=None,
+        description="with replica_size > 1: write periodic checkpoints to the checkpoint folder in "
+        "the background (DCP async_save; the step waits only for a copy to host memory); unset: "
+        "where the workers train on GPUs (on CPUs the writer takes the training's own cores: "
+        "docs/checkpointing.md). The final one, and the node-memory copy, are written before going on",
+    )
     flops_per_sample: float | None = Field(
         default=None, gt=0, description="for measured WAF; a task with `model:` takes it from the model"
     )

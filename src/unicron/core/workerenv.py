@@ -29,6 +29,7 @@ KEYS: dict[str, str] = {
     "checkpoint_dir": "UNICRON_CHECKPOINT_DIR",
     "iterations": "UNICRON_ITERATIONS",
     "checkpoint_every": "UNICRON_CHECKPOINT_EVERY",
+    "checkpoint_async": "UNICRON_CHECKPOINT_ASYNC",
     "pg_timeout_s": "UNICRON_PG_TIMEOUT",
     "membership_timeout_s": "UNICRON_MEMBERSHIP_TIMEOUT",
     "storage_wait_s": "UNICRON_STORAGE_WAIT",
@@ -66,6 +67,8 @@ class WorkerEnv(BaseModel):
     checkpoint_dir: str | None = None
     iterations: int = 0
     checkpoint_every: int = 0
+    # A sharded replica's periodic checkpoints in the background (None: where it trains on a GPU).
+    checkpoint_async: bool | None = None
     pg_timeout_s: float | None = None  # None: the library's default (Settings)
     membership_timeout_s: float | None = None
     storage_wait_s: float | None = None  # the final state's wait for failing storage (Settings)

@@ -24,6 +24,7 @@ class Groups:
         self.replica: Peers | None = None  # the replica's own group (replicas of several ranks)
         self.layout: Layout | None = None
         self._places: list[tuple[str, int]] | None = None  # (node, local rank) of each replica rank
+        self._saver: Any = None  # the replica's group for checkpoints written in the background
 
     @property
     def replicated(self) -> bool:
@@ -98,6 +99,14 @@ class Groups:
             dist.all_gather_object(places, (node, local_rank))
             self._places = [(str(n), int(r)) for n, r in places]
         return len({n for n, _ in self._places}) == 1 and self._places[0][1] == 0
+
+    def saver(self) -> Any:
+        """A gloo group of its own over the replica's ranks, for the thread that writes a
+        checkpoint in the background (``backgroundsave.py``): formed by the replica's ranks
+        together at their first such checkpoint, kept for the replica's life."""
+        if self._saver is None:
+            self._saver = dist.new_group(backend="gloo", timeout=self.timeout)
+        return self._saver
 
     def close(self) -> None:
         """Shut every group down while the interpreter still runs: a gloo group destroyed during

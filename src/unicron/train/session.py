@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -26,26 +25,23 @@ import torch.distributed as dist
 
 from unicron.core.livespecs import FaultSpec
 from unicron.core.protocol import (
-    CheckpointReport,
     DoneReport,
     FaultReport,
     Membership,
     Phase,
-    StorageReport,
-    StorageTier,
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
 from unicron.train import checkpoint, devices, membership, sharded, shardedcheckpoint
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
-from unicron.train.fencing import CommitRefused, Fence, Standing
+from unicron.train.fencing import Fence
 from unicron.train.groups import Groups
 from unicron.train.loader import MapDataset, StepData, step_data
 from unicron.train.peers import Peers
-from unicron.train.persisting import Persisting
 from unicron.train.progress import ProgressReporter
 from unicron.train.rowdigest import layout_digest
+from unicron.train.saving import Saving
 from unicron.train.state import Stateful, TrainState, check_registrable
 from unicron.train.steploop import Loader, StepLoop
 from unicron.train.taskstore import TaskStore
@@ -70,7 +66,7 @@ class Session:
         assert contract is not None
         # The store's address, then where another coordinator would serve it (comma-separated).
         self.contract, self.store_address = contract, contract.store_addresses()
-        self.trace = TraceFile(contract.trace_file, lambda: {**self._identity(), "pid": self.progress.pid})
+        self.trace = TraceFile(contract.trace_file, lambda: {**self.identity(), "pid": self.progress.pid})
         self.task, self.generation = contract.task, contract.generation
         self.rank, self.world_size, self.local_rank = contract.rank, contract.world_size, contract.local_rank
         self.node = contract.node or socket.gethostname()
@@ -82,12 +78,14 @@ class Session:
         self.limits = limits = Settings()
         wait = contract.storage_wait_s
         self.storage_wait_s = limits.storage_wait_s if wait is None else wait
-        self.persisting = Persisting(self._storage, refused=self._refused)
         self.timeout = timedelta(seconds=contract.pg_timeout_s or timeout_s or limits.process_group_timeout_s)
         self.replica_size = contract.replica_size
         # The model's device, for the user's ``model.to(session.device)`` (``devices.py``).
         self.device = devices.worker_device(self.local_rank)
         self.groups = Groups(self.task, self.replica_size, self.timeout, devices.backend(self.device))
+        # Checkpoints in the background pay where training leaves the host's cores idle (a GPU).
+        wanted = contract.checkpoint_async
+        self.saving = Saving(self, background=self.device.type == "cuda" if wanted is None else wanted)
         self.fence = Fence(
             self.store_address or "",
             self.task,
@@ -325,7 +323,10 @@ class Session:
         is unreachable), and whether this worker is asked to stop; the ranks of a replica take
         both together (``Groups.replica_agrees``)."""
         posted = self.in_process and self.store is not None and self.store.membership_changed(self.generation)
-        changed, stop = self.groups.replica_agrees(posted, self.stop_requested)
+        writing = self.saving.writing
+        changed, stop, still_writing = self.groups.replica_agrees(posted, self.stop_requested, writing)
+        if self.saving.background is not None and not still_writing:
+            self.saving.commit_background()  # every rank's write is done: commit it together
         return changed, stop
 
     def declared_failed(self) -> bool:
@@ -357,88 +358,11 @@ class Session:
     def maybe_checkpoint(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, final: bool = False
     ) -> None:
-        """Save every ``checkpoint_every`` steps (rank 0 writes; every rank holds the same state).
-        Storage that refuses a checkpoint stops nothing (``persisting.py``), except that the
-        ``final`` state waits for it (up to ``storage_wait_s``) at the task's last step."""
-        if self.checkpoint_dir is None:
-            return
-        due = final or (self.checkpoint_every and self.step % self.checkpoint_every == 0)
-        if not due:
-            return
-        train = TrainState(model, optimizer, self.extras)
-        try:
-            if train.sharded:
-                self._checkpoint_replica(train, final)
-            else:
-                self._checkpoint_whole(train, final)
-        except CommitRefused as refused:
-            if refused.standing is not Standing.SUPERSEDED:
-                raise  # the final state could not be committed: the task fails, saying why
-            raise SystemExit(0) from None  # the task went on without this worker (fencing.py)
-
-    def _checkpoint_whole(self, train: TrainState, final: bool) -> None:
-        """Rank 0 writes the persistent checkpoint, each node's first rank its in-memory copy."""
-        host = self.host_dir if self.local_rank == 0 else None  # one in-memory copy per node
-        if self.rank != 0 and host is None:
-            return
-        self.progress.at(self.step, Phase.CHECKPOINT)
-        state = checkpoint.state_of(train, self.step, **self._where())
-        confirm = self.fence.confirm
-        if host is not None:
-            self.persisting.attempt(
-                "host_memory", lambda: checkpoint.save(host, self.step, state, keep=2, confirm=confirm)
-            )
-        if self.rank == 0:
-            directory = self.checkpoint_dir
-            assert directory is not None
-            self._persist(lambda: checkpoint.save(directory, self.step, state, confirm=confirm), final)
-
-    def _checkpoint_replica(self, train: TrainState, final: bool) -> None:
-        """A sharded replica's checkpoint (``shardedcheckpoint.py``): every rank of the replica
-        writes its shard together, the replica of rank 0 to the persistent tier, and on each
-        node the replica that lies wholly on it (the node's first) to the in-memory tier."""
-        layout, directory = self.groups.layout, self.checkpoint_dir
-        if layout is None or directory is None:
-            return
-        persistent = layout.replica == 0
-        host = self.host_dir if self.groups.replica_on_one_node(self.node, self.local_rank) else None
-        if not persistent and host is None:
-            return
-        self.progress.at(self.step, Phase.CHECKPOINT)
-        state = shardedcheckpoint.state_of(train, self.step, self.replica_size, **self._where())
-        commit = layout.position == 0
-        confirm = lambda: self.fence.confirm_in_replica(commit)  # noqa: E731
-        if host is not None:
-            self.persisting.attempt(
-                "host_memory",
-                lambda: shardedcheckpoint.save(host, self.step, state, commit, keep=2, confirm=confirm),
-            )
-        if persistent:
-            self._persist(
-                lambda: shardedcheckpoint.save(directory, self.step, state, commit, confirm=confirm), final
-            )
-
-    def _where(self) -> dict[str, Any]:
-        return {"task": self.task, "generation": self.generation, "world_size": self.world_size}
-
-    def _persist(self, write: Callable[[], Path], final: bool) -> None:
-        """Write a checkpoint to the persistent tier; the task's result waits for the storage."""
-        if final and self.step >= self.iterations:  # the result: it must reach the storage
-            path: Path | None = self.persisting.final(write, self.storage_wait_s)
-        else:
-            path = self.persisting.attempt("persistent", write)
-        if path is not None and self.rank == 0:
-            self.channel.send(CheckpointReport(**self._identity(), step=self.step, path=str(path)))
-
-    def _refused(self, tier: StorageTier, refused: CommitRefused) -> None:
-        self.trace("commit_refused", tier=tier, standing=refused.standing.value, step=self.step)
-        print(f"{self.task}: {refused}", file=sys.stderr, flush=True)
-
-    def _storage(self, tier: StorageTier, ok: bool, error: str, when: float) -> None:
-        self.trace("storage", tier=tier, ok=ok, step=self.step)
-        self.channel.send(
-            StorageReport(**self._identity(), step=self.step, tier=tier, ok=ok, error=error[:2000], time=when)
-        )
+        """Save if a checkpoint is due (``saving.py``): every ``checkpoint_every`` steps, and the
+        ``final`` state at the task's end (which waits, up to ``storage_wait_s``, for storage
+        that refuses it)."""
+        if self.saving.due(final):
+            self.saving.save(TrainState(model, optimizer, self.extras), final)
 
     def _finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
         """Save the final state and report the parameters' digest; returns it. The digest does not
@@ -447,7 +371,7 @@ class Session:
         self.maybe_checkpoint(model, optimizer, final=True)
         gather = shardedcheckpoint.gather_over_replica if sharded.is_sharded(model) else None
         value = layout_digest(model.state_dict(), gather)
-        self.channel.send(DoneReport(**self._identity(), step=self.step, digest=value))
+        self.channel.send(DoneReport(**self.identity(), step=self.step, digest=value))
         return value
 
     # ------------------------------------------------------------------ failures
@@ -456,7 +380,7 @@ class Session:
         self.trace("exception", error=type(exc).__name__)
         self.channel.send(exception_report(exc, self.task, self.generation, self.rank, self.step))
 
-    def _identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         return {"task": self.task, "generation": self.generation, "rank": self.rank}
 
     def _fault_report(self, report: FaultReport) -> None:
@@ -465,6 +389,7 @@ class Session:
 
     def close(self) -> None:
         """Leave the process group and close the reports (``with init() as session`` does it)."""
+        self.saving.abandon(self.timeout.total_seconds())
         self.groups.close()
         self.progress.close()
         self.channel.close()

@@ -74,30 +74,63 @@ def save(
     to the newest ``keep``. Storage that refuses any part raises ``CheckpointWriteError`` on
     every rank (DCP gathers each rank's failure), leaving the previous checkpoint as it was.
     Every rank calls ``confirm`` before the commit (the replica agrees on its answer:
-    ``fencing.Fence.confirm_in_replica``); what it raises leaves no folder."""
-    target = path_for(directory, step)
-    tmp, pointer = target.with_name(target.name + ".tmp"), directory / (checkpoint.LATEST + ".tmp")
+    ``fencing.Fence.confirm_in_replica``); what it raises leaves no folder. The same write in
+    the background: ``backgroundsave.py``."""
     try:
-        if commit:
-            directory.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)  # a torn attempt at the same step
-        dist.barrier()  # the folder is ready before any rank writes into it
+        tmp = ready(directory, step, commit)
         dcp_save(state, storage_writer=FileSystemWriter(tmp))
-        _confirmed(confirm, tmp if commit else None)
-        if commit:
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(tmp, target)
-            checkpoint.point_latest(directory, target)
-    except (OSError, RuntimeError, CheckpointException) as exc:
-        if commit:
-            shutil.rmtree(tmp, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                pointer.unlink(missing_ok=True)
-        raise CheckpointWriteError(f"checkpoint storage failed writing {target}: {exc}") from exc
+        return committed(directory, step, commit, keep, confirm)
+    except WRITE_ERRORS as exc:
+        raise discarded(directory, step, commit, exc) from exc
+
+
+WRITE_ERRORS = (OSError, RuntimeError, CheckpointException)  # what storage that refuses raises
+
+
+def ready(directory: Path, step: int, commit: bool) -> Path:
+    """The folder the replica writes ``step`` into (under a ``.tmp`` name), empty before any
+    rank writes into it (a collective over the replica)."""
+    tmp = _tmp(path_for(directory, step))
     if commit:
-        for old in sorted(p for p in directory.glob(f"step-*{SUFFIX}") if p.is_dir())[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)  # best effort: the new one is in place
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a torn attempt at the same step
+    dist.barrier()
+    return tmp
+
+
+def committed(
+    directory: Path, step: int, commit: bool, keep: int, confirm: Callable[[], None] | None
+) -> Path:
+    """Once every rank's files and DCP's metadata are in: ``confirm`` (every rank), then the
+    committing rank renames the folder into place, points ``latest`` at it and prunes to the
+    newest ``keep`` (and any older torn attempt)."""
+    target = path_for(directory, step)
+    _confirmed(confirm, _tmp(target) if commit else None)
+    if not commit:
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(_tmp(target), target)
+    checkpoint.point_latest(directory, target)
+    for old in sorted(p for p in directory.glob(f"step-*{SUFFIX}") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)  # best effort: the new one is in place
+    for torn in directory.glob(f"step-*{SUFFIX}.tmp"):
+        if torn.name < target.name:  # an attempt abandoned (its writer failed or left)
+            shutil.rmtree(torn, ignore_errors=True)
     return target
+
+
+def discarded(directory: Path, step: int, commit: bool, exc: BaseException) -> CheckpointWriteError:
+    """The error for a write that failed, its partial folder removed (by the committing rank)."""
+    target = path_for(directory, step)
+    if commit:
+        shutil.rmtree(_tmp(target), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (directory / (checkpoint.LATEST + ".tmp")).unlink(missing_ok=True)
+    return CheckpointWriteError(f"checkpoint storage failed writing {target}: {exc}")
+
+
+def _tmp(target: Path) -> Path:
+    return target.with_name(target.name + ".tmp")
 
 
 def _confirmed(confirm: Callable[[], None] | None, tmp: Path | None) -> None:
