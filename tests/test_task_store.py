@@ -90,6 +90,21 @@ def test_forged_replayed_and_unsigned_values_are_ignored() -> None:
     assert served.rendezvous.ready("lm", [ready_key("lm", 4, 1)])
 
 
+def test_a_step_boundary_reuses_only_a_recent_no_for_the_same_generation() -> None:
+    """The boundary's check takes the answer the reduce's check just got (a round trip a step
+    saved); a yes, another generation, or a question asked without reuse always go to the store."""
+    served = master()
+    member = served.member()
+    assert not member.membership_changed(3)  # asked: nothing posted yet
+    successor = Membership(generation=4, world_size=1, ranks={0: 0})
+    served.set(membership_key("lm", 3), successor.model_dump_json())
+    assert not member.membership_changed(3, reuse_s=60.0)  # the recent no, given again
+    assert member.membership_changed(3)  # without reuse: asked, and it is posted now
+    assert member.membership_changed(3, reuse_s=60.0)  # a yes is never taken back
+    assert not member.membership_changed(5)  # another generation's no...
+    assert member.membership_changed(3, reuse_s=60.0)  # ...is not this one's: asked
+
+
 def test_a_forged_membership_does_not_end_a_wait_for_the_real_one() -> None:
     served = master()
     name = membership_key("lm", 7)

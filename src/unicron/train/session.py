@@ -47,6 +47,10 @@ from unicron.train.steploop import Loader, StepLoop
 from unicron.train.taskstore import TaskStore
 from unicron.train.tracefile import TraceFile
 
+# A step boundary takes the answer of the check that ended the step's reduce (``declared_failed``)
+# if that question was sent this recently, instead of asking the store again (``TaskStore``).
+BOUNDARY_REUSE_S = 0.05
+
 
 class Session:
     def __init__(
@@ -322,7 +326,8 @@ class Session:
         """At a step boundary: whether the coordinator posted a new membership (never while it
         is unreachable), and whether this worker is asked to stop; the ranks of a replica take
         both together (``Groups.replica_agrees``)."""
-        posted = self.in_process and self.store is not None and self.store.membership_changed(self.generation)
+        store = self.store if self.in_process else None
+        posted = store is not None and store.membership_changed(self.generation, BOUNDARY_REUSE_S)
         writing = self.saving.writing
         changed, stop, still_writing = self.groups.replica_agrees(posted, self.stop_requested, writing)
         if self.saving.background is not None and not still_writing:

@@ -44,6 +44,7 @@ class TaskStore:
         self._reconnect_at = 0.0
         self._reconnecting: threading.Thread | None = None
         self._refused: set[str] = set()
+        self._unchanged: tuple[int, float] | None = None  # (generation, when asked): nothing posted
         # Reconnections back off from half a second to ``reconnect_s``, jittered (a cluster's
         # workers do not all return at once to a restarted coordinator's stores).
         self.link = Reachability(f"the rendezvous store at {address}", min(0.5, reconnect_s), reconnect_s)
@@ -69,11 +70,21 @@ class TaskStore:
         host, port = (address or self.address).rsplit(":", 1)
         return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)  # type: ignore[attr-defined]
 
-    def membership_changed(self, generation: int) -> bool:
-        """Whether the coordinator posted the membership that follows ``generation``."""
+    def membership_changed(self, generation: int, reuse_s: float = 0.0) -> bool:
+        """Whether the coordinator posted the membership that follows ``generation``.
+        ``reuse_s``: an answer of no for the same generation that the store gave to a question
+        sent less than ``reuse_s`` seconds ago is given again without asking (a step boundary
+        right after the check that ends a step's reduce: a store round trip per step saved; a
+        planned change can wait milliseconds). A question sent before a freeze is never that
+        recent afterwards (the clock runs on while the process is stopped)."""
+        asked = time.monotonic()
+        last = self._unchanged
+        if reuse_s and last is not None and last[0] == generation and asked - last[1] < reuse_s:
+            return False
         try:
             name = membership_key(self.task, generation)
             posted = bool(self.raw.check([name])) and self._read(name) is not None
+            self._unchanged = None if posted else (generation, asked)
             if self.link.away:
                 self._say(self.link.reached(time.monotonic()))
             return posted
