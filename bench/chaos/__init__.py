@@ -2,5 +2,5 @@
 
 ``schedule.py`` plans it from a seed, ``inject.py`` strikes the cluster, ``soak.py`` runs it,
 ``check.py`` checks exactness, the ledger and leaks, ``report.py`` writes docs/bench/chaos.json
-and docs/reliability.md. A 2-minute version runs in ``make test`` (tests/test_chaos.py).
+and docs/reliability.md. A 90-second version runs in ``make test`` (tests/test_chaos.py).
 """
