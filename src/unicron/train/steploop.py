@@ -153,7 +153,7 @@ class StepLoop:
         session.step = step
         if self.phase is StepPhase.REDUCED:
             step_schedulers(session.extras, step - 1)
-        session.channel.send(self.it.report(session.task, session.generation, session.rank))
+        session.channel.send_soon(self.it.report(session.task, session.generation, session.rank))
         session.maybe_checkpoint(self.model, self.optimizer)
 
     def _settle(self, step: int) -> list[list[int]] | None:
