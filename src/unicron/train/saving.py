@@ -34,10 +34,13 @@ if TYPE_CHECKING:
 
 
 class Saving:
-    def __init__(self, session: Session, background: bool) -> None:
+    def __init__(self, session: Session, background: bool | None) -> None:
+        """``background``: ``run.checkpoint_async``; None: where the session trains on a GPU, whose
+        steps leave the host's cores idle for the writer (on CPUs it competes with training:
+        docs/checkpointing.md)."""
         self.session = session
         self.persisting = Persisting(self._storage, refused=self._refused)
-        self.background_allowed = background  # run.checkpoint_async
+        self.background_allowed = session.device.type == "cuda" if background is None else background
         self.background: BackgroundSave | None = None  # a sharded replica's write in flight
 
     @property

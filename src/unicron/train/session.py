@@ -87,9 +87,7 @@ class Session:
         # The model's device, for the user's ``model.to(session.device)`` (``devices.py``).
         self.device = devices.worker_device(self.local_rank)
         self.groups = Groups(self.task, self.replica_size, self.timeout, devices.backend(self.device))
-        # Checkpoints in the background pay where training leaves the host's cores idle (a GPU).
-        wanted = contract.checkpoint_async
-        self.saving = Saving(self, background=self.device.type == "cuda" if wanted is None else wanted)
+        self.saving = Saving(self, contract.checkpoint_async)  # after the device: see Saving
         self.fence = Fence(
             self.store_address or "",
             self.task,
