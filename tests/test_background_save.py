@@ -43,6 +43,8 @@ def _rank(rank: int, port: int, out: mp.Queue, folder: str, full: str) -> None: 
         train_step(train)
     state = shardedcheckpoint.state_of(train, 2, 2, task="t", generation=0, world_size=2)
     at_two = plain(whole_state(train))
+    if commit:  # a write of step 1 that its writer abandoned (it failed, or left the task)
+        (Path(folder) / "step-00000001.dcp.tmp").mkdir(parents=True)
     written = BackgroundSave.start(Path(folder), 2, state, commit, saver)
     train_step(train)  # training goes on (in place) while the copy is written
     at_three = plain(whole_state(train))
@@ -76,6 +78,7 @@ def test_training_goes_on_while_the_checkpoint_is_written_and_it_holds_its_own_s
     read = checkpoint.load_latest(folder)
     assert read is not None and read["step"] == 2
     assert plain({k: read[k] for k in ("model", "optimizer", "extras")}) == at_two
-    # Each rank raised, and neither the refused storage nor the refused commit left a checkpoint.
+    # Each rank raised, and neither the refused storage nor the refused commit left a checkpoint;
+    # the commit of step 2 removed the abandoned attempt at step 1.
     assert outcomes == ["storage", "refused"]
     assert sorted(p.name for p in folder.iterdir()) == ["latest", "step-00000002.dcp"]
