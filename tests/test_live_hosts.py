@@ -315,3 +315,38 @@ def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path
     assert not [e for e in events if e["kind"] == "incident"], story
     assert_ledger_exact(rows, iterations, world=3)
     assert_ends_exact(tmp_path, "lm", iterations)
+
+
+@NEEDS_NFT
+@pytest.mark.timeout(300)
+def test_a_collective_stalled_past_its_grace_by_retransmissions_is_no_hang(tmp_path: Path) -> None:
+    """For 4 s every data packet to and from one host is dropped, while connections still open
+    (the peer probe reaches every node) and the coordinator hears every agent. The all-reduce
+    waits on TCP's retransmissions, backing off (0.2, 0.4, ..., 3.2 s), well past the hang
+    deadline and the 2 s grace it was given: without more, a hang. The agents see the
+    connections retransmitting, so the grace is renewed; the collective ends by itself once a
+    retransmission gets through. No incident, no restart, and the task ends exact."""
+    trace, iterations = tmp_path / "trace.jsonl", 90
+    spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
+    settings = {"network_grace_s": 2.0}
+    with (
+        TestHosts(4) as hosts,
+        LocalCluster(tmp_path / "cluster", nodes=3, slots=1, hosts=hosts, settings=settings) as cluster,
+    ):
+        train_on_three(cluster, spec)
+        began = cluster.task("lm")["step"]
+        hosts.stall(cluster.host_of["node-1"], sparing=cluster.coordinator_host)
+        time.sleep(4.0)
+        hosts.stall(cluster.host_of["node-1"], sparing=None)
+        cluster.wait(lambda: cluster.task("lm")["step"] >= began + 10, 120, "10 steps after the stall")
+        assert cluster.task("lm")["step"] < iterations, "the task ended before the stall was shown"
+        events, rows = finish_and_settle(cluster, trace)
+    story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
+    assert not [e for e in events if e["kind"] == "incident"], story
+    checks = [e["detail"] for e in events if e["kind"] == "peer_check"]
+    renewed = [c for c in checks if sum(c["retransmitting"].values()) > 0]
+    assert renewed, story  # the stall was seen as retransmissions...
+    # ...and the step was checked, and graced, again.
+    assert any(sum(1 for c in checks if c["step"] == r["step"]) > 1 for r in renewed), story
+    assert_ledger_exact(rows, iterations, world=3)
+    assert_ends_exact(tmp_path, "lm", iterations)

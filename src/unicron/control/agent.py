@@ -32,6 +32,7 @@ from unicron.control.agentmetrics import AgentMetrics
 from unicron.control.credentials import Credentials
 from unicron.control.hostaddress import NodeAddress
 from unicron.control.processes import Worker, dies_with_parent, is_stopped, read_stack
+from unicron.control.tcpretrans import retransmitting
 from unicron.core.coordinators import Coordinators
 from unicron.core.protocol import (
     AGENT_DATAGRAM,
@@ -274,6 +275,7 @@ class Agent:
                     stacks=stacks,
                     time=time.time(),
                     unreachable=None if probing is None else await probing,
+                    retransmitting=None if probing is None else retransmitting(w.process.pid for w in live),
                 )
             )
 

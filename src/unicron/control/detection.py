@@ -52,6 +52,21 @@ def stalled_for(last_tick: float | None, now: float, limits: Settings) -> float 
     return gap if gap > 2 * limits.heartbeat_interval_s else None
 
 
+@dataclass(frozen=True)
+class Grace:
+    """A slow network's grace for a late step: no incident until ``until``."""
+
+    step: int
+    until: float
+    renewable: bool  # TCP was seen retransmitting: the peers are checked again when it runs out
+
+    def again(self, late_step: int, waited_s: float, cap_s: float) -> bool:
+        """Whether a late step is to be checked (and graced) again: a step not graced yet, or
+        one whose stall was a lossy link's backoff while it has waited less than the hang cap.
+        Otherwise the hang is handled."""
+        return late_step != self.step or (self.renewable and waited_s < cap_s)
+
+
 @dataclass
 class Detector:
     ctx: Context
@@ -61,7 +76,7 @@ class Detector:
     progress: dict[WorkerKey, Progress | None] = field(default_factory=dict)  # last reported position
     hang_incidents: dict[tuple[str, int], int] = field(default_factory=dict)  # (task, gen) -> incident
     checks: dict[tuple[str, int], PeerCheck] = field(default_factory=dict)  # hangs awaiting a peer probe
-    graced: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)  # -> (late step, until)
+    graced: dict[tuple[str, int], Grace] = field(default_factory=dict)
     listening_since: float | None = None
     judging_from: float = 0.0  # after a stall of the coordinator, hangs are judged from then
     restored: dict[str, list[float]] = field(default_factory=dict)  # step times kept by a predecessor
@@ -159,8 +174,8 @@ class Detector:
         if task.step >= self.ctx.spec(task.name).run.iterations:
             return  # training is over; the workers are saving and exiting
         monitor = self.monitor(task.name, task.generation)
-        step, until = self.graced.get(key, (0, 0.0))
-        if step == monitor.last_step + 1 and now < until:
+        grace = self.graced.get(key)
+        if grace is not None and grace.step == monitor.last_step + 1 and now < grace.until:
             return  # a slow network's grace
         # One heartbeat more: the report of a step that did end may still be on its way.
         if not monitor.late(now - self.ctx.limits.heartbeat_interval_s):
@@ -177,10 +192,9 @@ class Detector:
         if verdict is None:
             return
         culprits = verdict.culprits
-        # The peers are probed once per late step: after a slow network's grace, the hang is handled.
-        graced_already = self.graced.get((task.name, task.generation), (0, 0.0))[0] == step
+        grace = self.graced.get((task.name, task.generation))
         endpoints = None
-        if not culprits and not graced_already:
+        if not culprits and (grace is None or grace.again(step, now - since, self.ctx.limits.hang_cap_s)):
             endpoints = probe_endpoints(self.ctx.store.nodes(), {w.node for w in workers})
         # Every rank's stack first (the agents carry this out before the stop that follows).
         self.ctx.act.dump_stacks(task.name, task.generation, endpoints)
@@ -240,14 +254,16 @@ class Detector:
             "peer_check",
             task=check.task,
             generation=check.generation,
+            step=check.step,
             culprits=list(decided.verdict.culprits),
             why=decided.verdict.why,
             unreachable=check.unreachable,
             grace_s=decided.grace_s,
+            retransmitting=check.retransmitting,
         )
         task = self.ctx.store.task(check.task)
         if decided.grace_s > 0:
-            self.graced[key] = (check.step, now + decided.grace_s)
+            self.graced[key] = Grace(check.step, now + decided.grace_s, decided.renewable)
         elif task is not None and task.generation == check.generation and key not in self.recovery.incidents:
             failed = None if decided.failed is None else set(decided.failed)
             self.recovery.incident(check.task, decided.kind, decided.node, decided.why, failed, check.since)

@@ -8,6 +8,11 @@ a node its peers cannot reach becomes a ``node_partitioned`` incident for that n
 are the failed ones, so the others recover in place and the node is isolated; otherwise the hang
 is opened as before. The check adds the probe's time (at most ``PROBE_TIMEOUT_S``) to the hang's
 detection, and nothing when the network is whole but the probe's connects (milliseconds).
+
+When every node reaches every other the network is slow rather than broken, and the step gets a
+grace. If some worker connection was then waiting on a TCP retransmission (``tcpretrans``), the
+stall is a lossy link's backoff, which ends by itself: the grace is renewable, and the detector
+checks again when it runs out. Without that evidence the grace is given once per step.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class PeerCheck:
     deadline: float
     ranks: dict[str, set[int]]  # node -> the ranks of the generation that run there
     unreachable: dict[str, list[str]] = field(default_factory=dict)  # node -> peers it cannot reach
+    retransmitting: dict[str, int] = field(default_factory=dict)  # node -> worker connections retransmitting
     stacks: list[StacksReport] = field(default_factory=list)
 
     @classmethod
@@ -55,6 +61,8 @@ class PeerCheck:
         self.stacks.append(report)
         if report.unreachable is not None:
             self.unreachable[report.node] = list(report.unreachable)
+        if report.retransmitting is not None:
+            self.retransmitting[report.node] = report.retransmitting
 
     def complete(self, now: float) -> bool:
         return now >= self.deadline or set(self.unreachable) >= set(self.ranks)
@@ -68,8 +76,9 @@ class PeerCheck:
 
 @dataclass(frozen=True)
 class CheckOutcome:
-    """What a complete peer check decides: more time (``grace_s`` > 0, no incident), or the
-    incident to open: its kind, node, failed ranks (None: no rank can be blamed) and why."""
+    """What a complete peer check decides: more time (``grace_s`` > 0, no incident; ``renewable``
+    when TCP was seen retransmitting), or the incident to open: its kind, node, failed ranks
+    (None: no rank can be blamed) and why."""
 
     verdict: PartitionVerdict
     grace_s: float = 0.0
@@ -77,12 +86,14 @@ class CheckOutcome:
     node: str | None = None
     failed: frozenset[int] | None = None
     why: str = ""
+    renewable: bool = False
 
 
 def outcome(check: PeerCheck, grace_s: float) -> CheckOutcome:
     """A node its peers cannot reach fails (its ranks) and is taken out. If every node answered
     and reaches every other, the network is slow rather than broken (a lossy link's
-    retransmissions): the step gets ``grace_s`` more. Otherwise the hang is what it was."""
+    retransmissions): the step gets ``grace_s`` more, renewable when a worker connection was
+    seen retransmitting. Otherwise the hang is what it was."""
     verdict = check.verdict()
     late = f"step {check.step} late"
     if verdict.culprits:
@@ -92,4 +103,6 @@ def outcome(check: PeerCheck, grace_s: float) -> CheckOutcome:
         )
     whole = set(check.unreachable) >= set(check.ranks) and not any(check.unreachable.values())
     why = f"{late}; hung rank(s) unknown: {check.why}; {verdict.why}"
-    return CheckOutcome(verdict, grace_s if whole else 0.0, why=why)
+    if not whole or grace_s <= 0:
+        return CheckOutcome(verdict, why=why)
+    return CheckOutcome(verdict, grace_s, renewable=sum(check.retransmitting.values()) > 0, why=why)

@@ -51,6 +51,7 @@ PREFIX = "unicron-"
 NETNS_DIR = Path("/var/run/netns")
 CLONE_NEWNET = 0x40000000
 INTERFACE = "eth0"  # each host's one interface (a name of its own namespace)
+STALL_BYTES = 120  # larger than any packet without data (IP 20 + TCP 20 + options 40 bytes)
 NOWHERE = "02:00:00:00:00:01"  # a hardware address no host has: frames sent to it are lost
 DELAY_QUEUE = 7  # the netfilter queue a delayed host's packets wait in (numbered per namespace)
 T = TypeVar("T")
@@ -264,6 +265,25 @@ class TestHosts:
         done = subprocess.run([*inside, "-f", "-"], input=script, capture_output=True, text=True, timeout=30)
         if done.returncode != 0:
             raise HostsUnavailable(f"nft refused the loss rules: {done.stderr.strip()}")
+
+    def stall(self, host: Host, sparing: Host | None) -> None:
+        """Drop every packet of over ``STALL_BYTES`` that ``host`` exchanges with any host but
+        ``sparing`` (its coordinator's); ``sparing=None`` ends it. Bulk data (a collective's
+        segments) stops and TCP retransmits it, backing off, while connections still open (a
+        handshake's packets are small) and ``sparing`` is heard: a link that is slow, not cut."""
+        inside = ["ip", "netns", "exec", host.namespace, "nft"]
+        subprocess.run([*inside, "delete", "table", "inet", "unicron_stall"], capture_output=True, timeout=30)
+        if sparing is None:
+            return
+        rules = "\n".join(
+            f"chain {hook} {{ type filter hook {hook} priority 0; {way} {INTERFACE}"
+            f" ip {peer} != {sparing.address} ip length > {STALL_BYTES} drop; }}"
+            for hook, way, peer in (("input", "iifname", "saddr"), ("output", "oifname", "daddr"))
+        )
+        script = f"table inet unicron_stall {{\n{rules}\n}}\n"
+        done = subprocess.run([*inside, "-f", "-"], input=script, capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise HostsUnavailable(f"nft refused the stall rules: {done.stderr.strip()}")
 
     def tcp_retries(self, host: Host, retries: int) -> None:
         """How often ``host``'s TCP sends unanswered data again before the connection fails

@@ -169,6 +169,9 @@ class StacksReport(_Message):
     stacks: dict[int, str] = Field(json_schema_extra={"propertyNames": {"pattern": INT_KEY}})  # pid -> stack
     time: float = 0.0
     unreachable: list[str] | None = None  # with ``peers`` ordered: the peers this node cannot connect to
+    # with ``peers`` ordered: how many of the task's worker connections here wait on a TCP
+    # retransmission (``control/tcpretrans``): a stall on a lossy link, not a hang
+    retransmitting: Int | None = None
 
 
 class LaunchFailedReport(_Message):

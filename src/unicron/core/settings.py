@@ -105,8 +105,9 @@ class Settings(BaseModel):
         10.0,
         ge=0,
         description="a hang where every rank waits in a collective while every node reaches every"
-        " other waits this much longer, once per step: a lossy network (TCP retransmissions) is slow,"
-        " not broken, and a restart would not mend it",
+        " other waits this much longer, once per step, or again while a worker's TCP connection waits"
+        " on a retransmission (up to hang_cap_s): a lossy network is slow, not broken, and a restart"
+        " would not mend it",
     )
     straggler_ratio: float = Field(1.5, gt=1, description="slower than this x its peers' median")
     straggler_window: int = Field(10, ge=2, description="for this many consecutive steps")

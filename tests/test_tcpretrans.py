@@ -1,0 +1,114 @@
+"""A stall on a lossy link told from a hang: the retransmission count read from /proc (a
+hand-built table, then a real connection between two test hosts whose packets are dropped), and
+the grace it earns (pure)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+
+from unicron.control.detection import Grace
+from unicron.control.peercheck import PeerCheck, outcome
+from unicron.control.tcpretrans import retransmitting, stalled
+from unicron.control.testhosts import TestHosts, unavailable
+from unicron.core.protocol import StacksReport
+
+HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+ROW = (
+    "   {sl}: 0100007F:1F40 0100007F:D2F0 01 00000400:00000000 01:00000010 {retries:08X}  0  0 {inode}"
+    " 1 0 20 4 30 10 -1\n"
+)
+
+
+def table(*rows: tuple[int, int]) -> str:
+    """A /proc/net/tcp text with a row per (inode, retransmission timeouts fired)."""
+    return HEADER + "".join(ROW.format(sl=i, retries=r, inode=n) for i, (n, r) in enumerate(rows))
+
+
+def test_only_the_processes_own_sockets_waiting_on_a_timeout_count() -> None:
+    text = table((101, 0), (102, 3), (103, 17), (104, 1))
+    assert stalled(text, {101, 102, 103}) == 2  # 103's count is hex (0x17), 101 is not waiting
+    assert stalled(text, {101}) == 0
+    assert stalled(text, {104, 999}) == 1  # 104 belongs to someone else in the real table below
+    assert stalled(HEADER + "   0: garbled\n", {101}) == 0
+
+
+def test_a_grace_is_renewed_only_for_a_stall_seen_retransmitting_and_under_the_cap() -> None:
+    once, renewable = Grace(12, 130.0, False), Grace(12, 130.0, True)
+    assert once.again(13, 2.0, 300.0) and renewable.again(13, 2.0, 300.0)  # a later step: checked anew
+    assert not once.again(12, 15.0, 300.0)  # graced once: now the hang is handled
+    assert renewable.again(12, 15.0, 300.0)
+    assert not renewable.again(12, 300.0, 300.0)  # a stall as long as the cap is a hang all the same
+
+
+def check(retransmitting: dict[str, int]) -> PeerCheck:
+    ranks = {"a": {0, 1}, "b": {2, 3}}
+    found = PeerCheck("lm", 3, 12, 100.0, "every rank waits", 105.0, ranks)
+    for node in ranks:
+        found.add(StacksReport(task="lm", generation=3, node=node, stacks={}, unreachable=[],
+                               retransmitting=retransmitting.get(node)))  # fmt: skip
+    return found
+
+
+def test_the_check_makes_the_grace_renewable_when_some_node_saw_retransmissions() -> None:
+    assert outcome(check({"a": 0, "b": 2}), 10.0).renewable
+    quiet = outcome(check({"a": 0, "b": 0}), 10.0)
+    assert quiet.grace_s == 10.0 and not quiet.renewable
+    assert not outcome(check({}), 10.0).renewable  # agents from before the count: once, as before
+    assert outcome(check({"a": 1}), 0.0).grace_s == 0.0  # the grace turned off stays off
+
+
+SINK = (
+    "import socket,sys\ns=socket.create_server((sys.argv[1],7001))\nc,_=s.accept()\n"
+    "while c.recv(65536): pass\n"
+)
+SOURCE = (
+    "import socket,sys,time\nc=socket.create_connection((sys.argv[1],7001),timeout=60)\n"
+    "print('up',flush=True)\nwhile True:\n    c.sendall(b'x'*4096); time.sleep(0.05)\n"
+)
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"no test hosts here: {unavailable()}")
+@pytest.mark.skipif(shutil.which("nft") is None, reason="nftables missing (make test installs it)")
+@pytest.mark.timeout(120)
+def test_a_connection_whose_packets_are_lost_is_seen_retransmitting_and_then_not() -> None:
+    with TestHosts(2) as hosts:
+        sink_host, source_host = hosts["h1"], hosts["h0"]
+        sink = subprocess.Popen(hosts.command(sink_host, [sys.executable, "-c", SINK, sink_host.address]))
+        time.sleep(0.5)
+        source = subprocess.Popen(
+            hosts.command(source_host, [sys.executable, "-c", SOURCE, sink_host.address]),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert source.stdout is not None and source.stdout.readline() == "up\n"
+            time.sleep(0.5)
+            assert retransmitting([source.pid]) == 0  # data flows and is acknowledged
+            hosts.lose(sink_host, 100)
+            assert wait_for(lambda: retransmitting([source.pid]) == 1, 10), "no retransmission seen"
+            assert retransmitting([sink.pid]) == 0  # the receiver has nothing in flight
+            hosts.lose(sink_host, 0)
+            # The next retransmission gets through: acknowledged, the count is back to 0.
+            recovered = wait_for(lambda: retransmitting([source.pid]) == 0, 20)
+            assert recovered, "the retransmission never got through"
+        finally:
+            source.kill()
+            sink.kill()
+            source.wait(10)
+            sink.wait(10)
+    assert retransmitting([source.pid]) == 0  # a process that is gone counts nothing
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
