@@ -60,11 +60,12 @@ class Grace:
     until: float
     renewable: bool  # TCP was seen retransmitting: the peers are checked again when it runs out
 
-    def again(self, late_step: int, waited_s: float, cap_s: float) -> bool:
+    def again(self, late_step: int, waited_by_then_s: float, cap_s: float) -> bool:
         """Whether a late step is to be checked (and graced) again: a step not graced yet, or
-        one whose stall was a lossy link's backoff while it has waited less than the hang cap.
-        Otherwise the hang is handled."""
-        return late_step != self.step or (self.renewable and waited_s < cap_s)
+        one whose stall was a lossy link's backoff, while the step would have waited less than
+        the hang cap by the end of another grace (so a renewed grace ends before the collective
+        times out: hang_cap_s < process_group_timeout_s). Otherwise the hang is handled."""
+        return late_step != self.step or (self.renewable and waited_by_then_s < cap_s)
 
 
 @dataclass
@@ -186,15 +187,15 @@ class Detector:
         """``step`` is late (nothing since ``since``): name the hung ranks, record every rank's
         stack, kill the culprits and open the incident. With no culprit and several nodes, the
         agents probe each other first (``peercheck``): the incident waits for their answer."""
-        workers = self.ctx.store.workers(task.name, task.generation, live=True)
+        workers, limits = self.ctx.store.workers(task.name, task.generation, live=True), self.ctx.limits
         seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
-        verdict = hang_verdict(workers, seen, self.stopped, self.progress, now, self.ctx.limits)
+        verdict = hang_verdict(workers, seen, self.stopped, self.progress, now, limits)
         if verdict is None:
             return
-        culprits = verdict.culprits
-        grace = self.graced.get((task.name, task.generation))
+        culprits, grace = verdict.culprits, self.graced.get((task.name, task.generation))
         endpoints = None
-        if not culprits and (grace is None or grace.again(step, now - since, self.ctx.limits.hang_cap_s)):
+        by_then_s = now - since + limits.network_grace_s
+        if not culprits and (grace is None or grace.again(step, by_then_s, limits.hang_cap_s)):
             endpoints = probe_endpoints(self.ctx.store.nodes(), {w.node for w in workers})
         # Every rank's stack first (the agents carry this out before the stop that follows).
         self.ctx.act.dump_stacks(task.name, task.generation, endpoints)
