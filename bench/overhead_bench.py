@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,6 +160,15 @@ def step_seconds(folder: Path) -> float:
     return statistics.median(intervals(folder))
 
 
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """The CPU time (user + system) the processes ``pids`` have used so far."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime: the stat file's 14th and 15th
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def with_paths(args: tuple[str, ...], path: Path) -> list[str]:
     """``args`` with a path after a flag that takes one (``--checkpoint``)."""
     return [a for arg in args for a in ((arg, str(path)) if arg == "--checkpoint" else (arg,))]
@@ -186,10 +196,13 @@ def unicron(
     iterations: int = 0,
     gpus: list[str] | None = None,
     checkpoints: str = "checkpoint_every: 100000",
+    control: list[float] | None = None,
 ) -> float:
     """The port as a Unicron task (``iterations``: other than the model's); ``scraped``: watched
     meanwhile by a ``Scraper`` (appended); ``gpus``: the agent's (``--gpus``), one per worker;
-    ``checkpoints``: the task's checkpoint lines (by default only the final one is written)."""
+    ``checkpoints``: the task's checkpoint lines (by default only the final one is written);
+    ``control``: the cores the control plane (coordinator and agent) used from the end of the
+    warm-up to the task's end are appended to it."""
     m, out = MODELS[model] if isinstance(model, str) else model, root / "times"
     out.mkdir(parents=True)
     program = [
@@ -209,14 +222,32 @@ def unicron(
         watching = Scraper(cluster) if scraped is not None else contextlib.nullcontext()
         with watching:
             cluster.submit(spec)
-            ended = ("finished", "failed")
-            cluster.wait(lambda: cluster.task("overhead")["state"] in ended, 900, "the task to finish")
-            task = cluster.task("overhead")
+            task = run_to_end(cluster, control)
         if isinstance(watching, Scraper) and scraped is not None:
             scraped.append(watching)
     if task["state"] != "finished":
         raise RuntimeError(f"the Unicron run of {model} at {workers} workers failed: {task['reason']}")
     return step_seconds(out)
+
+
+def run_to_end(cluster: LocalCluster, control: list[float] | None) -> dict[str, Any]:
+    """The submitted task once it ended; with ``control``, the cores the control plane
+    (coordinator and agents) used from the end of the warm-up to the task's end are appended."""
+
+    def ended() -> bool:
+        return str(cluster.task("overhead")["state"]) in ("finished", "failed")
+
+    def warm() -> bool:
+        return int(cluster.task("overhead")["step"]) >= WARMUP or ended()
+
+    plane = [p.pid for p in (cluster.coordinator, *cluster.agents.values()) if p is not None]
+    if control is not None:
+        cluster.wait(warm, 900, "the warm-up")
+        used, since = cpu_seconds(plane), time.monotonic()
+    cluster.wait(ended, 900, "the task to finish")
+    if control is not None:
+        control.append((cpu_seconds(plane) - used) / (time.monotonic() - since))
+    return cluster.task("overhead")
 
 
 def torchft(root: Path, model: str | Model, workers: int) -> float:
@@ -235,6 +266,7 @@ def measure(
     m = m or MODELS[model]
     sides = ("ddp", "unicron", "torchft") if m.torchft else ("ddp", "unicron")
     runs: dict[str, list[float]] = {side: [] for side in sides}
+    control: list[float] = []  # the control plane's cores in each Unicron run
     order = [side for i in range(m.runs) for side in (sides, sides[::-1])[i % 2]]
     for i, side in enumerate(order):  # DDP, Unicron, Unicron, DDP, ...: drift falls on all
         where = root / f"{model}-{workers}-{i}-{side}"
@@ -243,7 +275,7 @@ def measure(
         elif side == "torchft":
             runs[side].append(torchft(where, m, workers))
         else:
-            runs[side].append(unicron(where, m, workers, gpus=gpus))
+            runs[side].append(unicron(where, m, workers, gpus=gpus, control=control))
     # The median run: one run slowed by the machine (a neighbour's burst) does not move it.
     ours, theirs = statistics.median(runs["unicron"]), statistics.median(runs["ddp"])
     peer = {}
@@ -263,6 +295,7 @@ def measure(
         "ratio": round(ours / theirs, 4),
         "unicron_runs_s": [round(x, 5) for x in runs["unicron"]],
         "ddp_runs_s": [round(x, 5) for x in runs["ddp"]],
+        "control_plane_cores": round(statistics.median(control), 4),
         **peer,
     }
 
@@ -381,6 +414,23 @@ def more_cores() -> str:
     )
 
 
+def control_text(rows: list[dict[str, Any]]) -> str:
+    """What the control plane's CPU costs the workers, from the cells where it was measured."""
+    cells = [x for x in rows if "control_plane_cores" in x]
+    if not cells:
+        return "not measured in this run."
+    cores = [x["control_plane_cores"] for x in cells]
+    share = max(cores) / (os.cpu_count() or 1)
+    return (
+        f"the coordinator and the agent together used {min(cores):.3f} to {max(cores):.3f} cores from the "
+        f"end of the warm-up to the task's end ({', '.join(sorted({x['model'] for x in cells}))} cells, the "
+        f"median of each cell's runs), up to {share * 100:.1f}% of this machine's {os.cpu_count()} cores. "
+        "Where the workers fill every core (2 and 4 workers here) that CPU comes out of theirs. "
+        "torchrun's own agent (it polls its workers every 0.1 s by default) is not measured. On a GPU "
+        "host, whose cores the workers leave mostly idle, it would not be taken from training."
+    )
+
+
 def verdict_text(r: dict[str, Any]) -> str:
     """The verdict over every cell, in words."""
     if r["met"]:
@@ -429,6 +479,7 @@ def write_markdown(r: dict[str, Any]) -> None:
             sharded_runs=r["runs_per_side"]["gpt-20m-hsdp"],
             torchft_version=TORCHFT_VERSION,
             peer=peer_summary(r["rows"]),
+            control=control_text(r["rows"]),
         )
     )
 
