@@ -4,7 +4,10 @@ the grace it earns (pure)."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -81,11 +84,11 @@ def test_a_connection_whose_packets_are_lost_is_seen_retransmitting_and_then_not
         sink_host, source_host = hosts["h1"], hosts["h0"]
         sink = subprocess.Popen(hosts.command(sink_host, [sys.executable, "-c", SINK, sink_host.address]))
         time.sleep(0.5)
-        source = subprocess.Popen(
-            hosts.command(source_host, [sys.executable, "-c", SOURCE, sink_host.address]),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        # The sender runs under a shell that waits for it (as a worker started by a wrapper
+        # script): its connection is counted from the shell's pid.
+        wrapped = f"{sys.executable} -c {shlex.quote(SOURCE)} {sink_host.address}; exit $?"
+        argv = hosts.command(source_host, ["sh", "-c", wrapped])
+        source = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
         try:
             assert source.stdout is not None and source.stdout.readline() == "up\n"
             time.sleep(0.5)
@@ -98,7 +101,7 @@ def test_a_connection_whose_packets_are_lost_is_seen_retransmitting_and_then_not
             recovered = wait_for(lambda: retransmitting([source.pid]) == 0, 20)
             assert recovered, "the retransmission never got through"
         finally:
-            source.kill()
+            os.killpg(source.pid, signal.SIGKILL)  # the shell and the sender under it
             sink.kill()
             source.wait(10)
             sink.wait(10)

@@ -52,11 +52,26 @@ def socket_inodes(pid: int) -> set[int]:
     return inodes
 
 
+def with_descendants(pids: Iterable[int]) -> list[int]:
+    """``pids`` and every process below them (a worker started through a wrapper, such as a
+    shell script, holds its connections in a child), from ``/proc/<pid>/task/<tid>/children``."""
+    found, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
+                    todo += [int(child) for child in f.read().split()]
+    return found
+
+
 def retransmitting(pids: Iterable[int]) -> int:
-    """How many TCP connections of the processes ``pids`` wait on a retransmission (read from
-    each one's own network namespace; a process that is gone counts nothing)."""
+    """How many TCP connections of the processes ``pids`` and their descendants wait on a
+    retransmission (read from each one's own network namespace; a process that is gone counts
+    nothing)."""
     count = 0
-    for pid in pids:
+    for pid in with_descendants(pids):
         inodes = socket_inodes(pid)
         if not inodes:
             continue
