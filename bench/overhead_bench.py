@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from bench import torchft_side
+from bench.scale_bench import cpu_seconds
 from bench.scraper import Scraper
 from unicron.control.localcluster import LocalCluster
 
@@ -160,15 +161,6 @@ def step_seconds(folder: Path) -> float:
     return statistics.median(intervals(folder))
 
 
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """The CPU time (user + system) the processes ``pids`` have used so far."""
-    ticks = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime: the stat file's 14th and 15th
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def with_paths(args: tuple[str, ...], path: Path) -> list[str]:
     """``args`` with a path after a flag that takes one (``--checkpoint``)."""
     return [a for arg in args for a in ((arg, str(path)) if arg == "--checkpoint" else (arg,))]
@@ -243,10 +235,10 @@ def run_to_end(cluster: LocalCluster, control: list[float] | None) -> dict[str, 
     plane = [p.pid for p in (cluster.coordinator, *cluster.agents.values()) if p is not None]
     if control is not None:
         cluster.wait(warm, 900, "the warm-up")
-        used, since = cpu_seconds(plane), time.monotonic()
+        used, since = sum(map(cpu_seconds, plane)), time.monotonic()
     cluster.wait(ended, 900, "the task to finish")
     if control is not None:
-        control.append((cpu_seconds(plane) - used) / (time.monotonic() - since))
+        control.append((sum(map(cpu_seconds, plane)) - used) / (time.monotonic() - since))
     return cluster.task("overhead")
 
 

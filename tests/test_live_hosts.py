@@ -6,6 +6,7 @@ process. Skipped, with the reason, where network namespaces cannot be made.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,19 @@ def peer_addresses(hosts: TestHosts, cluster: LocalCluster, node: str, pid: int)
     }
 
 
+@contextlib.contextmanager
+def on_three_hosts(
+    tmp_path: Path, settings: dict[str, Any] | None = None
+) -> Iterator[tuple[TestHosts, LocalCluster]]:
+    """A cluster of three nodes of one slot, each on a test host of its own (the coordinator on
+    a fourth), with ``settings``."""
+    with (
+        TestHosts(4) as hosts,
+        LocalCluster(tmp_path / "cluster", 3, 1, settings=settings, hosts=hosts) as cluster,
+    ):
+        yield hosts, cluster
+
+
 def train_on_three(cluster: LocalCluster, spec: str) -> None:
     """Submit ``spec`` and wait until it trains on three workers, 15 steps in."""
     cluster.submit(spec)
@@ -143,7 +158,7 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
     task ends exact, with an exact ledger."""
     trace, iterations = tmp_path / "trace.jsonl", 200
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
-    with TestHosts(4) as hosts, LocalCluster(tmp_path / "cluster", nodes=3, slots=1, hosts=hosts) as cluster:
+    with on_three_hosts(tmp_path) as (hosts, cluster):
         train_on_three(cluster, spec)
         workers = {w["node"]: w for w in cluster.get("/v1/workers") if w["state"] == "running"}
         addresses = {n: h.address for n, h in cluster.host_of.items()}
@@ -225,10 +240,7 @@ def test_a_host_that_reaches_the_coordinator_but_not_its_peers_is_found_and_take
     trace, iterations = tmp_path / "trace.jsonl", 260
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
     settings = {"isolation_s": 12}
-    with (
-        TestHosts(4) as hosts,
-        LocalCluster(tmp_path / "cluster", nodes=3, slots=1, hosts=hosts, settings=settings) as cluster,
-    ):
+    with on_three_hosts(tmp_path, settings) as (hosts, cluster):
         train_on_three(cluster, spec)
         cut = "node-2"
         stale = next(w for w in cluster.get("/v1/workers") if w["node"] == cut and w["state"] == "running")
@@ -298,7 +310,7 @@ def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path
     broken. The task ends exact, with an exact ledger, and no incident."""
     trace, iterations = tmp_path / "trace.jsonl", 160
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
-    with TestHosts(4) as hosts, LocalCluster(tmp_path / "cluster", nodes=3, slots=1, hosts=hosts) as cluster:
+    with on_three_hosts(tmp_path) as (hosts, cluster):
         train_on_three(cluster, spec)
         lossy, slow = cluster.host_of["node-1"], cluster.host_of["node-2"]
         hosts.lose(lossy, 10)
@@ -329,10 +341,7 @@ def test_a_collective_stalled_past_its_grace_by_retransmissions_is_no_hang(tmp_p
     trace, iterations = tmp_path / "trace.jsonl", 90
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
     settings = {"network_grace_s": 2.0}
-    with (
-        TestHosts(4) as hosts,
-        LocalCluster(tmp_path / "cluster", nodes=3, slots=1, hosts=hosts, settings=settings) as cluster,
-    ):
+    with on_three_hosts(tmp_path, settings) as (hosts, cluster):
         train_on_three(cluster, spec)
         began = cluster.task("lm")["step"]
         hosts.stall(cluster.host_of["node-1"], sparing=cluster.coordinator_host)
