@@ -32,8 +32,10 @@ run (torchft drops a failed step's samples and a healed group starts its data st
 it does not end where that run ends);
 ``skipped_samples``, the failed group's share of every step committed without it (torchft's
 global batch shrinks instead: those samples are never trained on);
-``first_quorum_groups``, how many groups the first quorum had (a quorum needs only 3 here, so a
-group that starts late misses step 0 and heals into step 1).
+``first_quorum_groups``, how many groups the first quorum had: all 4, since every group waits
+for the others' managers before its first quorum (``bench/torchft_start.py``; before that gate a
+group that came up late on this machine missed step 0 and healed into step 1, as a quorum needs
+only 3 here).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ SCRIPT = ROOT / "examples" / "torchft" / "train_torchft.py"
 HSDP_SCRIPT = ROOT / "examples" / "torchft" / "train_torchft_hsdp.py"  # groups of several ranks
 TIMER = ROOT / "bench" / "steptimes.py"
 FAULTS = ROOT / "bench" / "torchft_faults.py"
+START = ROOT / "bench" / "torchft_start.py"  # every group in the first quorum
 # The managers' log lines (torchft's Rust manager, at INFO): a quorum and a commit vote.
 QUORUM = re.compile(r"^(\S+) .*got lighthouse quorum")
 QUORUM_ID = re.compile(r"quorum_id: (\d+)")
@@ -71,9 +72,9 @@ class Groups:
         self.times = root / "times"
         self.times.mkdir(parents=True)
         self.port = free_port()
-        # min_replicas: how many groups a quorum needs (all of them by default, so that every
-        # group is in the first one, as torchrun starts every rank together; one fewer lets the
-        # survivors of one lost group go on without it).
+        # min_replicas: how many groups a quorum needs (all of them by default; one fewer lets
+        # the survivors of one lost group go on without it). Every group is in the first quorum
+        # either way, as torchrun starts every rank together: bench/torchft_start.py.
         needed = str(min_replicas or groups)
         beacon = [lighthouse_binary(), "--min_replicas", needed, "--bind", f"127.0.0.1:{self.port}"]
         beacon += ["--join_timeout_ms", "10000", "--heartbeat_timeout_ms", str(heartbeat_timeout_ms)]
@@ -88,8 +89,10 @@ class Groups:
             "REPLICA_GROUP_ID": str(group),
             "NUM_REPLICA_GROUPS": str(self.groups),
             "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{self.port}",
+            "BENCH_START_DIR": str(self.root / "start"),
         }
         cmd = [*launcher(self.ranks), "--max-restarts", str(self.restarts), "--monitor-interval", "0.1"]
+        cmd += [str(START)]
         if group in self.faults:
             env |= {"BENCH_FAULT": self.faults[group], "BENCH_FAULT_LOG": str(self.fault_log(group))}
             cmd += [str(FAULTS)]

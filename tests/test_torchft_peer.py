@@ -75,7 +75,11 @@ def test_a_fault_inside_a_torchft_worker_strikes_its_step_and_torchrun_restarts_
         g.wait(timeout_s=240)
         survivor = [ok for t, ok in g.commits(0)]
         healed = [t for t, ok in g.commits(1) if ok and t > stamp["time"]]
+        # Group 0's quorums up to the fault: the failed worker was in every one (both groups
+        # start in the first quorum, however late one of them comes up: bench/torchft_start.py).
+        sizes = [n for t, _, n in g.quorums(0) if t <= stamp["time"]]
     assert stamp["action"] == "kill_after_reduce" and stamp["step"] == 4
+    assert sizes == [2] * 5, "both groups in the quorum of steps 0-4"
     assert survivor[4], "the survivor committed the step whose sum the failed worker had joined"
     assert healed, "the restarted worker committed steps after the fault"
     assert torch.load(tmp_path / "final-0.pt")["step"] == 10
