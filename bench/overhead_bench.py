@@ -70,8 +70,8 @@ SAME_BATCH = ("--global-batch", "16", "--micro-batch", "2", "--dataset-size", "5
 MODELS = {
     # tinygpt's steps are short (tens of ms), where this shared machine's run-to-run noise weighs
     # most, and its runs are cheap: 9 runs a side, 200 steps (40 gave under a second of steady
-    # state); gpt-10m's runs take ~1 min a pair: 5 a side, the fewest a verdict is drawn from
-    # (MIN_PAIRS); the sharded GPT's steps take seconds, with runs spread by ~6% (2 a side left
+    # state); gpt-10m's runs take ~1 min a triple (with torchft's): 9 a side, as 5 left its
+    # 4-worker interval at 0.978-1.021, on the target's edge; the sharded GPT's steps take seconds, with runs spread by ~6% (2 a side left
     # its 2-worker cell at 1.058 within that spread): 4 a side, too few for a verdict.
     "tinygpt": Model(
         "tinygpt default (2 layers, hidden 64)",
@@ -93,7 +93,7 @@ MODELS = {
         PORT / "train_unicron.py",
         ("--checkpoint",),
         (1, 2, 4),
-        5,
+        9,
         40,
         torchft=True,
     ),
