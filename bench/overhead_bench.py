@@ -71,8 +71,9 @@ MODELS = {
     # tinygpt's steps are short (tens of ms), where this shared machine's run-to-run noise weighs
     # most, and its runs are cheap: 9 runs a side, 200 steps (40 gave under a second of steady
     # state); gpt-10m's runs take ~1 min a triple (with torchft's): 9 a side, as 5 left its
-    # 4-worker interval at 0.978-1.021, on the target's edge; the sharded GPT's steps take seconds, with runs spread by ~6% (2 a side left
-    # its 2-worker cell at 1.058 within that spread): 4 a side, too few for a verdict.
+    # 4-worker interval at 0.978-1.021, on the target's edge; the sharded GPT's steps take
+    # seconds, with runs spread by ~6% (2 a side left its 2-worker cell at 1.058 within that
+    # spread): 4 a side, too few for a verdict.
     "tinygpt": Model(
         "tinygpt default (2 layers, hidden 64)",
         (),
