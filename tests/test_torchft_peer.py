@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,22 +62,32 @@ def test_the_managers_log_gives_quorums_and_commit_votes_in_wall_clock_time(tmp_
     assert [(round(t - base, 3), ok) for t, ok in groups.commits(0)] == [(0.015, True), (1.628, False)]
 
 
+LATE_S = 6.0  # how much later than group 0 the test starts group 1 (a worker slow to come up)
+
+
+class LateGroups(torchft_side.Groups):
+    """Groups whose group 1 is started ``LATE_S`` after the others."""
+
+    def _start(self, group: int) -> subprocess.Popen[bytes]:
+        if group == 1:
+            time.sleep(LATE_S)
+        return super()._start(group)
+
+
 @pytest.mark.timeout(300)
 def test_a_fault_inside_a_torchft_worker_strikes_its_step_and_torchrun_restarts_it(tmp_path: Path) -> None:
     """bench/torchft_faults.py, which the torchft entries of the recovery and detection benchmarks
     rest on: group 1's worker kills itself after step 4's all-reduce and commit vote, before its
     update; the other group commits that step (the sum was complete), the restarted worker heals
-    from it, and both groups end at the last step."""
+    from it, and both groups end at the last step. Group 1 comes up seconds late: group 0 waits
+    for it before its first quorum (bench/torchft_start.py), or it would train alone."""
     args = ["--iterations", "10", "--dtype", "float64", "--step-delay", "0.05"]
-    with torchft_side.Groups(
-        tmp_path, 2, args, restarts=1, min_replicas=1, faults={1: "kill_after_reduce@4"}
-    ) as g:
+    with LateGroups(tmp_path, 2, args, restarts=1, min_replicas=1, faults={1: "kill_after_reduce@4"}) as g:
         stamp = g.injected(1)
         g.wait(timeout_s=240)
         survivor = [ok for t, ok in g.commits(0)]
         healed = [t for t, ok in g.commits(1) if ok and t > stamp["time"]]
-        # Group 0's quorums up to the fault: the failed worker was in every one (both groups
-        # start in the first quorum, however late one of them comes up: bench/torchft_start.py).
+        # Group 0's quorums up to the fault: the failed worker was in every one, late as it came.
         sizes = [n for t, _, n in g.quorums(0) if t <= stamp["time"]]
     assert stamp["action"] == "kill_after_reduce" and stamp["step"] == 4
     assert sizes == [2] * 5, "both groups in the quorum of steps 0-4"
