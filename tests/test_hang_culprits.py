@@ -83,6 +83,42 @@ def test_no_rank_is_blamed_when_all_wait_or_none_reports() -> None:
     waiting = at(Phase.COLLECTIVE, "all_reduce")
     assert verdict({r: waiting for r in range(4)}).culprits == []
     assert verdict({}).culprits == []
+    assert verdict({r: at(Phase.COMPUTE) for r in range(4)}).culprits == []
+
+
+def test_a_rank_past_the_step_a_peer_waits_in_is_not_blamed() -> None:
+    """Under packet loss a ring all-reduce ends sooner on some ranks than on others: a rank
+    still in step 37's collective waits on the network, not on the ranks already in step 38,
+    whether they compute or wait there. A rank behind the waiters, or at their step but outside
+    the collective, is still the culprit."""
+    found = verdict(
+        {
+            0: at(Phase.COMPUTE, step=38),
+            1: at(Phase.COLLECTIVE, "all_reduce", step=37),
+            2: at(Phase.COLLECTIVE, "all_reduce", step=38),
+            3: at(Phase.COMPUTE, step=38),
+        }
+    )
+    assert found.culprits == [] and "past it" in found.why
+    found = verdict(
+        {
+            0: at(Phase.COMPUTE, step=38),
+            1: at(Phase.COLLECTIVE, "all_reduce", step=37),
+            2: at(Phase.COMPUTE, step=36),
+            3: at(Phase.COMPUTE, step=37),
+        }
+    )
+    assert [w.rank for w in found.culprits] == [2, 3]
+    # A newcomer waiting to join has not been told the task's step: it bounds nothing.
+    found = verdict(
+        {
+            0: at(Phase.COLLECTIVE, "all_reduce", step=35),
+            1: at(Phase.COLLECTIVE, "all_reduce", step=35),
+            2: at(Phase.COMPUTE, step=35),
+            3: at(Phase.REJOIN, "join", step=1),
+        }
+    )
+    assert [w.rank for w in found.culprits] == [2]
 
 
 def test_a_silent_node_is_decided_first() -> None:

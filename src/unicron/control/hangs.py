@@ -46,7 +46,8 @@ def hang_verdict(
 ) -> HangVerdict | None:
     """For a task whose step is late: the hung ranks, or None when a node of the task is silent
     (its loss is decided first: lost, or heard again). A stopped process is a culprit; else the
-    ranks that are not waiting (in a collective, or for a membership) while others are."""
+    ranks that are not waiting (in a collective, or for a membership) while others are, and have not
+    gone past the oldest step a rank waits in a collective for."""
     hosts = {w.node for w in workers}
     if any(now - last_seen[h] > 2 * limits.heartbeat_interval_s for h in hosts if h in last_seen):
         return None
@@ -55,13 +56,20 @@ def hang_verdict(
     if halted:
         return HangVerdict(halted, "its process is stopped (SIGSTOP or traced)", where)
     reported = [(w, p) for w in workers if (p := progress.get(w.key)) is not None]
-    waiting = [w for w, p in reported if p.phase in WAITING_PHASES]
-    elsewhere = [w for w, p in reported if p.phase not in WAITING_PHASES]
-    if waiting and elsewhere:
-        return HangVerdict(elsewhere, "not in the collective its peers wait in", where)
-    if reported and not elsewhere:
-        return HangVerdict([], "every rank waits in a collective: no rank can be blamed", where)
-    return HangVerdict([], "no rank reports its position: no rank can be blamed", where)
+    if not reported:
+        return HangVerdict([], "no rank reports its position: no rank can be blamed", where)
+    if not any(p.phase in WAITING_PHASES for _, p in reported):
+        return HangVerdict([], "no rank waits in a collective: no rank can be blamed", where)
+    # A rank past the oldest step a peer waits in a collective for has left that collective: the
+    # peer still in it waits on the network (a slow ring's last hops), not on that rank. (A
+    # newcomer waiting for a membership has no step of the task's yet: it bounds nothing.)
+    oldest = min((p.step for _, p in reported if p.phase is Phase.COLLECTIVE), default=None)
+    behind = [
+        w for w, p in reported if p.phase not in WAITING_PHASES and (oldest is None or p.step <= oldest)
+    ]
+    if behind:
+        return HangVerdict(behind, "not in the collective its peers wait in", where)
+    return HangVerdict([], "every rank waits in a collective or is past it: none to blame", where)
 
 
 def not_arrived(
