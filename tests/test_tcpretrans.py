@@ -17,28 +17,43 @@ import pytest
 
 from unicron.control.detection import Grace
 from unicron.control.peercheck import PeerCheck, outcome
-from unicron.control.tcpretrans import retransmitting, stalled
+from unicron.control.tcpretrans import Waiting, retransmitting, stalled
 from unicron.control.testhosts import TestHosts, unavailable
 from unicron.core.protocol import StacksReport
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
 ROW = (
-    "   {sl}: 0100007F:1F40 0100007F:D2F0 01 00000400:00000000 01:00000010 {retries:08X}  0  0 {inode}"
-    " 1 0 20 4 30 10 -1\n"
+    "   {sl}: 0100007F:1F40 0100007F:D2F0 01 {tx:08X}:00000000 {timer:02X}:00000010 {retries:08X}  0  0"
+    " {inode} 1 0 20 4 30 10 -1\n"
 )
 
 
-def table(*rows: tuple[int, int]) -> str:
-    """A /proc/net/tcp text with a row per (inode, retransmission timeouts fired)."""
-    return HEADER + "".join(ROW.format(sl=i, retries=r, inode=n) for i, (n, r) in enumerate(rows))
+def table(*rows: tuple[int, int, int, int]) -> str:
+    """A /proc/net/tcp text with a row per (inode, bytes unacknowledged, timer, timeouts fired)."""
+    return HEADER + "".join(
+        ROW.format(sl=i, inode=n, tx=tx, timer=timer, retries=r) for i, (n, tx, timer, r) in enumerate(rows)
+    )
 
 
-def test_only_the_processes_own_sockets_waiting_on_a_timeout_count() -> None:
-    text = table((101, 0), (102, 3), (103, 17), (104, 1))
-    assert stalled(text, {101, 102, 103}) == 2  # 103's count is hex (0x17), 101 is not waiting
-    assert stalled(text, {101}) == 0
-    assert stalled(text, {104, 999}) == 1  # 104 belongs to someone else in the real table below
-    assert stalled(HEADER + "   0: garbled\n", {101}) == 0
+def test_a_socket_waits_on_the_network_with_data_unacknowledged_at_both_reads_or_a_timeout() -> None:
+    before = Waiting.parse(
+        table(
+            (101, 0, 0, 0),  # idle
+            (102, 4096, 1, 0),  # data in flight under the retransmission timer
+            (103, 4096, 1, 0),  # in flight at the first read only: acknowledged since
+            (104, 4096, 4, 0),  # a zero window: the receiver reads nothing, no loss
+            (105, 0, 1, 0x17),  # a timeout fired (the count is hex)
+            (106, 4096, 1, 0),  # someone else's socket
+        ),
+        {101, 102, 103, 104, 105},
+    )
+    assert before == Waiting(frozenset({102, 103}), frozenset({105}))
+    after = Waiting.parse(
+        table((102, 512, 1, 0), (103, 0, 0, 0), (104, 4096, 4, 0), (105, 0, 0, 0)), {102, 103}
+    )
+    assert stalled(before, after) == 1  # 102: unacknowledged at both reads, although retrnsmt is 0
+    assert stalled(after, before) == 2  # 102 at both, and 105's timeout in the later read
+    assert stalled(before, Waiting.parse(HEADER + "   0: garbled\n", {101})) == 0
 
 
 def test_a_grace_is_renewed_only_for_a_stall_seen_retransmitting_and_under_the_cap() -> None:

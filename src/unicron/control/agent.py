@@ -27,12 +27,11 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import ValidationError
 
-from unicron.control import peerprobe
+from unicron.control import peerprobe, tcpretrans
 from unicron.control.agentmetrics import AgentMetrics
 from unicron.control.credentials import Credentials
 from unicron.control.hostaddress import NodeAddress
 from unicron.control.processes import Worker, dies_with_parent, is_stopped, read_stack
-from unicron.control.tcpretrans import retransmitting
 from unicron.core.coordinators import Coordinators
 from unicron.core.protocol import (
     AGENT_DATAGRAM,
@@ -262,6 +261,8 @@ class Agent:
             stacks = {w.order.rank: await read_stack(w.process.pid) for w in stopped}
             # The peers are probed meanwhile: a hang no rank is to blame for may be the network.
             probing = asyncio.ensure_future(peerprobe.unreachable(order.peers)) if order.peers else None
+            # Read before and after the wait: data still unacknowledged after it waits on TCP.
+            sockets = None if probing is None else tcpretrans.read(w.process.pid for w in live)
             await asyncio.sleep(order.wait_s)
             for w in signalled:
                 with contextlib.suppress(OSError), w.stack_file.open("rb") as f:
@@ -275,7 +276,9 @@ class Agent:
                     stacks=stacks,
                     time=time.time(),
                     unreachable=None if probing is None else await probing,
-                    retransmitting=None if probing is None else retransmitting(w.process.pid for w in live),
+                    retransmitting=None
+                    if sockets is None
+                    else tcpretrans.stalled(sockets, tcpretrans.read(w.process.pid for w in live)),
                 )
             )
 
