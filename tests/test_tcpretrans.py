@@ -17,7 +17,7 @@ import pytest
 
 from unicron.control.detection import Grace
 from unicron.control.peercheck import PeerCheck, outcome
-from unicron.control.tcpretrans import Waiting, retransmitting, stalled
+from unicron.control.tcpretrans import Waiting, read, stalled
 from unicron.control.testhosts import TestHosts, unavailable
 from unicron.core.protocol import StacksReport
 
@@ -91,6 +91,14 @@ SOURCE = (
 )
 
 
+def retransmitting(pids: list[int], gap_s: float = 0.25) -> int:
+    """The agent's count: two reads of the processes' sockets ``gap_s`` apart (it reads before
+    and after its stack dump)."""
+    before = read(pids)
+    time.sleep(gap_s)
+    return stalled(before, read(pids))
+
+
 @pytest.mark.skipif(unavailable() is not None, reason=f"no test hosts here: {unavailable()}")
 @pytest.mark.skipif(shutil.which("nft") is None, reason="nftables missing (make test installs it)")
 @pytest.mark.timeout(120)
@@ -110,6 +118,9 @@ def test_a_connection_whose_packets_are_lost_is_seen_retransmitting_and_then_not
             assert retransmitting([source.pid]) == 0  # data flows and is acknowledged
             hosts.lose(sink_host, 100)
             assert wait_for(lambda: retransmitting([source.pid]) == 1, 10), "no retransmission seen"
+            # Its data is seen unacknowledged in the kernel's own table (the count that does not
+            # drop to 0 at a partial acknowledgement), not only the timeouts fired.
+            assert read([source.pid]).unacked, "unacknowledged data not seen"
             assert retransmitting([sink.pid]) == 0  # the receiver has nothing in flight
             hosts.lose(sink_host, 0)
             # The next retransmission gets through: acknowledged, the count is back to 0.

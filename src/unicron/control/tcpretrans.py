@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
@@ -115,11 +114,3 @@ def read(pids: Iterable[int]) -> Waiting:
             with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as f:
                 found |= Waiting.parse(f.read(), inodes)
     return found
-
-
-def retransmitting(pids: Collection[int], gap_s: float = 0.25) -> int:
-    """How many TCP connections of the processes ``pids`` wait on the network, from two reads
-    ``gap_s`` apart (blocking; the agent reads before and after its stack dump instead)."""
-    before = read(pids)
-    time.sleep(gap_s)
-    return stalled(before, read(pids))
