@@ -5,19 +5,15 @@ ordered (launches, stops, renames), the generations and the incident it recorded
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from unicron.control.recovery import Sign, attribute
-from unicron.core.ladder import Ladder
 from unicron.core.protocol import (
     DoneReport,
     ExceptionReport,
     ExitReport,
-    FaultReport,
     ForgetTask,
     Heartbeat,
     IterationReport,
@@ -28,11 +24,9 @@ from unicron.core.protocol import (
     RenameWorker,
     StopWorkers,
     WorkerState,
-    fault_claim_key,
 )
-from unicron.core.settings import Settings
 from unicron.core.states import IllegalTransition, NodeState, TaskState
-from unicron.core.taxonomy import Action, ErrorKind, Scope
+from unicron.core.taxonomy import ErrorKind, Scope
 
 
 def test_a_dead_worker_is_measured_from_its_exit_and_survivors_go_on_in_place(make: Any) -> None:
@@ -277,32 +271,6 @@ def test_scope_attribution() -> None:
     assert attribute(Sign(1.0, ErrorKind.STORAGE_ERROR, "b"), [], 10.0) is Scope.STORAGE
 
 
-def test_a_store_written_before_new_columns_opens(tmp_path: Path) -> None:
-    import sqlite3
-
-    from unicron.control.sqlitebackend import SqliteBackend
-    from unicron.control.store import Store
-
-    path = tmp_path / "old.sqlite"
-    old = sqlite3.connect(path)
-    old.execute(
-        "CREATE TABLE tasks (name TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL, "
-        "generation INTEGER NOT NULL DEFAULT 0, workers INTEGER NOT NULL DEFAULT 0, "
-        "step INTEGER NOT NULL DEFAULT 0, checkpoint_step INTEGER NOT NULL DEFAULT 0, "
-        "store_port INTEGER NOT NULL DEFAULT 0, failures INTEGER NOT NULL DEFAULT 0, "
-        "restarts INTEGER NOT NULL DEFAULT 0, down_since REAL, downtime_s REAL NOT NULL DEFAULT 0, "
-        "samples INTEGER NOT NULL DEFAULT 0, flop REAL NOT NULL DEFAULT 0, digest TEXT, "
-        "submitted REAL NOT NULL, started REAL, finished REAL)"
-    )
-    old.execute("INSERT INTO tasks (name, spec, state, submitted) VALUES ('t', '{}', 'running', 0)")
-    old.commit()
-    old.close()
-    store = Store(SqliteBackend(path))
-    task = store.get_task("t")
-    assert task.state is TaskState.RUNNING and task.reason is None and task.launched_generation == 0
-    store.close()
-
-
 def test_a_task_whose_final_state_is_saved_ends_without_waiting_for_a_latecomer(make: Any) -> None:
     """Rank 0 saved the final state and the members exit; a worker that never got to train (a
     newcomer of a grow committed as training ended, waiting for members that are gone) must not
@@ -391,31 +359,6 @@ def test_steps_trained_again_after_a_restart_are_not_progress(make: Any) -> None
     assert after.samples == 5 * 16  # steps 1-4 again added nothing; step 5 did
 
 
-def test_an_incident_open_across_a_coordinator_restart_is_recovered_or_escalated(make: Any) -> None:
-    """The coordinator is killed while survivors recover in place. Started again, it knows the
-    incident from its log: a step regained closes it (once); a recovery that regains none by
-    the deadline escalates as it would have without the restart."""
-    cluster = make(recovery_deadline_s=10.0)
-    cluster.exit(1)
-    cluster.restart()
-    cluster.step(0.5)
-    cluster.train(2)
-    (outcome,) = cluster.events("outcome")
-    assert outcome["outcome"] == "recovered" and outcome["actions"] == ["in-process recovery"]
-
-    stuck = make(recovery_deadline_s=10.0)
-    stuck.exit(1)
-    stuck.clock.now += 8.0  # most of the deadline passed before the restart
-    stuck.restart()
-    for _ in range(19):
-        stuck.step(0.5)  # the deadline starts afresh: members may have been stuck meanwhile
-    assert stuck.events("escalation") == []
-    stuck.step(1.0)
-    (escalation,) = stuck.events("escalation")
-    assert escalation["to_action"] == "restart from checkpoint"
-    assert stuck.c.store.get_task("lm").state is TaskState.RESTARTING
-
-
 def test_an_incident_open_when_its_task_ends_ends_with_it(make: Any) -> None:
     """A task cancelled (or finishing) while a failure is being recovered: the incident is closed
     with the task's end, not left open; so is one whose task ended while no coordinator ran."""
@@ -434,27 +377,6 @@ def test_an_incident_open_when_its_task_ends_ends_with_it(make: Any) -> None:
     assert outcome["outcome"] == "task ended" and outcome["task_state"] == "cancelled"
     other.restart()  # closed once
     assert len(other.events("outcome")) == 1
-
-
-def test_faults_injected_before_a_restart_stay_claimed_in_the_re_created_store(make: Any) -> None:
-    """A generation-0 fault strikes once: its claim lives in the task's store, which a restarted
-    coordinator re-creates; the faults already injected are claimed there again."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    cluster = make()
-    node, _ = cluster.running[("lm", 1, 0)]
-    now = cluster.clock.now
-    injected = FaultReport(task="lm", generation=1, rank=0, step=2, action="raise", time=now, index=1)
-    cluster.beat(node, injected)
-    cluster.restart()
-    port = cluster.c.store.get_task("lm").store_port
-    client = dist.TCPStore(  # type: ignore[attr-defined]
-        cluster.c.act.rendezvous.host_address, port, is_master=False, timeout=timedelta(seconds=10)
-    )
-    assert client.add(fault_claim_key("lm", 1), 1) == 2  # claimed before: this is no first claim
-    assert client.add(fault_claim_key("lm", 0), 1) == 1  # never injected: still free
 
 
 def test_a_launch_whose_first_step_never_ends_is_a_hang(make: Any) -> None:
@@ -497,33 +419,6 @@ def test_a_peer_error_of_a_generation_left_behind_starts_no_recovery(make: Any) 
     assert cluster.c.recovery.awaiting == {}
 
 
-def test_a_stalled_coordinator_loses_no_node_and_finds_no_hang(make: Any) -> None:
-    """Its process did not run for 20 s (a SIGSTOP, a long pause): at its next tick every node
-    looks silent and the task's last step long past, although the agents and workers went on,
-    only unheard. It gives every node a full deadline to be heard from again, judges no step late
-    until then, and records the stall; the same silence while it ran loses the nodes."""
-    cluster = make(heartbeat_deadline_s=2.0)
-    cluster.c.loop_clock, cluster.c.last_tick = cluster.clock, None  # the fake clock times the loop too
-    for step in range(2, 12):  # steps every 0.5 s: the hang deadline is its floor
-        cluster.train(step)
-        cluster.step(0.5)
-    cluster.clock.now += 20.0  # nothing ran: no tick, no heartbeat read
-    cluster.c.tick()
-    for step in range(12, 16):  # the agents are heard again (with what the workers did meanwhile)
-        cluster.train(step)
-        cluster.step(0.5)
-    nodes = {n.name: n.state for n in cluster.c.store.nodes()}
-    assert nodes == {"n0": NodeState.HEALTHY, "n1": NodeState.HEALTHY}
-    assert cluster.events("incident") == [] and cluster.events("hang_detected") == []
-    (stall,) = cluster.events("coordinator_stalled")
-    assert stall["seconds"] == 20.0
-    for _ in range(5):  # now silence while it runs: n1 is lost after the deadline
-        cluster.clock.now += 0.5
-        cluster.beat("n0")
-        cluster.c.tick()
-    assert cluster.c.store.node("n1").state is NodeState.LOST  # type: ignore[union-attr]
-
-
 def test_a_node_lost_long_enough_is_forgotten_and_one_holding_workers_is_not(make: Any) -> None:
     from unicron.control.records import NodeRecord
     from unicron.control.removal import forgettable
@@ -555,46 +450,3 @@ def test_a_node_lost_long_enough_is_forgotten_and_one_holding_workers_is_not(mak
 
     assert forgettable([lost, holding, recent], held, now=100.0, after_s=30.0) == ["gone"]
     assert forgettable([recent], held, now=100.0, after_s=30.0) == [] and len(asked) == 1
-
-
-def test_a_restarted_coordinator_keeps_the_ladder_the_measured_rates_and_the_spares(make: Any) -> None:
-    """What decides behaviour survives a restart: the failures the ladder counted toward the next
-    escalation, the throughput measured at each size (the plan's input), the hot spares waiting,
-    the recent fault signs and the step times."""
-    cluster = make(hot_spares=1, run_extra=", flops_per_sample: 1.0e7")
-    for step in range(2, 40):  # a full measurement window at 4 workers
-        cluster.clock.now += 1.0
-        cluster.train(step)
-    cluster.exit(3)  # counted by the ladder
-    for _ in range(3):
-        cluster.step()
-    cluster.c.placer._launch_spare("lm", "n1", cluster.clock.now)  # as keep_spares does on an idle slot
-    cluster.clock.now += 10.0
-    cluster.step()  # the step times are kept every 10 s
-    before = cluster.c
-    assert before.rates.used["lm"] and before.recovery.ladder.history()["failures"]["lm"]
-    assert before.placer.spares
-    assert before.recovery.recent["lm"] and len(before.detector.step_times()["lm"]) >= 10
-    cluster.restart()
-    assert cluster.c.rates.used == before.rates.used
-    assert cluster.c.recovery.ladder.history() == before.recovery.ladder.history()
-    assert cluster.c.placer.spares == before.placer.spares
-    # The signs that attribute the next fault to the task or a node, and the step times that
-    # judge hangs (no warm-up after a takeover).
-    assert cluster.c.recovery.recent == before.recovery.recent
-    assert cluster.c.recovery.task_faults == before.recovery.task_faults
-    assert cluster.c.detector.step_times() == before.detector.step_times()
-    assert cluster.c.detector.monitor("lm", cluster.c.store.get_task("lm").generation).mean_interval()
-
-
-def test_a_restored_ladder_escalates_as_the_original_would() -> None:
-    settings = Settings(max_reattempts=2)
-    original = Ladder(settings)
-    for at in (1.0, 2.0):
-        assert original.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", at).action is Action.REATTEMPT
-    copy = Ladder(settings)
-    copy.restore(json.loads(json.dumps(original.history())))  # as the store keeps it
-    assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0) == original.decide(
-        "t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0
-    )
-    assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 4.0).action is Action.RESTART_PROCESS

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -246,25 +246,7 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
         since = max(e["id"] for e in cluster.get("/v1/events") if e["kind"] == "coordinator_started")
         after = [e["kind"] for e in cluster.get("/v1/events", since=since, task="lm")]
         assert "incident" not in after and "task_launch" not in after, after
-        # The coordinator stops running for three heartbeat deadlines (SIGSTOP; in the field a
-        # long pause of its process or an overloaded host). Its own silence is not the nodes':
-        # no node is lost, nothing is relaunched, it records the stall (detection.stalled_for).
-        # Before that rule, such a pause lost every node and relaunched every healthy worker.
-        assert cluster.coordinator is not None
-        paused = max(e["id"] for e in cluster.get("/v1/events"))
-        os.kill(cluster.coordinator.pid, signal.SIGSTOP)
-        time.sleep(STALL_S)
-        os.kill(cluster.coordinator.pid, signal.SIGCONT)
-        before = cluster.task("lm")
-        cluster.wait(lambda: at(before["step"] + 5), 120, "training to go on after the pause")
-        since = [e for e in cluster.get("/v1/events", since=paused)]
-        story = [(e["kind"], e["node"], e["detail"]) for e in since]
-        assert not {"node_lost", "incident", "task_launch", "in_process_recovery"} & {
-            k for k, _, _ in story
-        }, story
-        stalls = [d["seconds"] for k, _, d in story if k == "coordinator_stalled"]
-        assert stalls and max(stalls) >= STALL_S - 1, story
-        assert cluster.task("lm")["generation"] == before["generation"]
+        assert_a_pause_loses_nothing(cluster, at)
         cluster.start_agent("node-1")
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
 
@@ -281,6 +263,26 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
     final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
     assert final is not None and final["step"] == ITERATIONS
     assert_same_state(final, reference(tmp_path, ITERATIONS))
+
+
+def assert_a_pause_loses_nothing(cluster: LocalCluster, reached: Callable[[int], bool]) -> None:
+    """The coordinator stops running for three heartbeat deadlines (SIGSTOP; in the field a
+    long pause of its process or an overloaded host). Its own silence is not the nodes': no
+    node is lost, nothing is relaunched, it records the stall (detection.stalled_for). Before
+    that rule, such a pause lost every node and relaunched every healthy worker."""
+    assert cluster.coordinator is not None
+    paused = max(e["id"] for e in cluster.get("/v1/events"))
+    os.kill(cluster.coordinator.pid, signal.SIGSTOP)
+    time.sleep(STALL_S)
+    os.kill(cluster.coordinator.pid, signal.SIGCONT)
+    before = cluster.task("lm")
+    cluster.wait(lambda: reached(before["step"] + 5), 120, "training to go on after the pause")
+    story = [(e["kind"], e["node"], e["detail"]) for e in cluster.get("/v1/events", since=paused)]
+    unwanted = {"node_lost", "incident", "task_launch", "in_process_recovery"}
+    assert not unwanted & {k for k, _, _ in story}, story
+    stalls = [d["seconds"] for k, _, d in story if k == "coordinator_stalled"]
+    assert stalls and max(stalls) >= STALL_S - 1, story
+    assert cluster.task("lm")["generation"] == before["generation"]
 
 
 @pytest.mark.timeout(600)

@@ -15,7 +15,9 @@ import os
 import signal
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,80 +43,106 @@ def tasks_spec(tmp: Path) -> str:
     return "tasks:\n" + "".join("  - " + s.replace("\n", "\n    ").rstrip() + "\n" for s in specs)
 
 
-@pytest.mark.timeout(600)
-def test_a_standby_takes_over_from_a_killed_leader_and_training_goes_on(tmp_path: Path) -> None:
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """Three etcd members on loopback, for the coordinators' store and their leader election."""
     if etcd_binary() is None:
         pytest.skip("etcd is not installed (make test installs etcd-server)")
-    etcd = EtcdCluster(tmp_path / "etcd", size=3).start()
-    settings = {"leader_ttl_s": 3}
+    members = EtcdCluster(tmp_path / "etcd", size=3).start()
     try:
-        with LocalCluster(
-            tmp_path / "cluster", nodes=3, slots=2, store=etcd.url, coordinators=2, settings=settings
-        ) as cluster:
-            leader = cluster.leading
-            cluster.submit(tasks_spec(tmp_path))
-            cluster.wait(
-                lambda: all(
-                    cluster.task(t)["state"] == "running" and cluster.task(t)["step"] >= 10 for t in TASKS
-                ),
-                180,
-                "three tasks training",
-            )
-            before_tasks = {t: cluster.task(t) for t in TASKS}
-            before_nodes = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
-            before_events = cluster.get("/v1/events", limit=1000)
-            last_event = max(e["id"] for e in before_events)
-
-            victim = next(
-                w["pid"]
-                for w in cluster.get("/v1/workers")
-                if (w["task"], w["rank"], w["state"]) == ("b", 1, "running")
-            )
-            killed_at = time.time()
-            cluster.kill_coordinator(leader)
-            os.kill(victim, signal.SIGKILL)  # a failure while nobody leads
-            cluster.wait(cluster.healthy, 60, "the standby to lead")
-            led_at = time.time()
-            assert cluster.leading != leader
-
-            # Nothing the old leader knew is lost.
-            assert {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}.keys() == before_nodes.keys()
-            for name, was in before_tasks.items():
-                now = cluster.task(name)
-                assert now["step"] >= was["step"] and now["samples"] >= was["samples"], name
-            kept = {e["id"]: e["kind"] for e in cluster.get("/v1/events", limit=1000)}
-            lost = [
-                (e["id"], e["kind"], kept.get(e["id"]))
-                for e in before_events
-                if kept.get(e["id"]) != e["kind"]
-            ]
-            assert not lost, (lost, len(before_events), len(kept))
-
-            # The worker that died during the takeover is handled by the new leader.
-            cluster.wait(
-                lambda: (
-                    cluster.task("b")["failures"] > before_tasks["b"]["failures"]
-                    and cluster.task("b")["state"] == "running"
-                ),
-                120,
-                "the new leader to handle b's failure",
-            )
-            events: list[dict[str, object]] = []
-            traces: dict[str, list[dict[str, object]]] = {}
-            for name in TASKS:
-                events_of, traces[name] = finish_and_settle(cluster, tmp_path / f"trace-{name}.jsonl", name)
-                events += events_of
-            after = cluster.get("/v1/events", since=last_event, limit=100_000)
+        yield members
     finally:
-        etcd.close()
+        members.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_standby_takes_over_from_a_killed_leader_and_training_goes_on(
+    tmp_path: Path, etcd: EtcdCluster
+) -> None:
+    cluster = LocalCluster(
+        tmp_path / "cluster", 3, 2, store=etcd.url, coordinators=2, settings={"leader_ttl_s": 3}
+    )
+    with cluster:
+        leader = cluster.leading
+        cluster.submit(tasks_spec(tmp_path))
+
+        def training(task: str) -> bool:
+            return cluster.task(task)["state"] == "running" and cluster.task(task)["step"] >= 10
+
+        cluster.wait(lambda: all(map(training, TASKS)), 180, "three tasks training")
+        before_tasks = {t: cluster.task(t) for t in TASKS}
+        before_nodes = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
+        before_events = cluster.get("/v1/events", limit=1000)
+        last_event = max(e["id"] for e in before_events)
+
+        workers = cluster.get("/v1/workers")
+        (victim,) = [w["pid"] for w in workers if (w["task"], w["rank"], w["state"]) == ("b", 1, "running")]
+        killed_at = time.time()
+        cluster.kill_coordinator(leader)
+        os.kill(victim, signal.SIGKILL)  # a failure while nobody leads
+        cluster.wait(cluster.healthy, 60, "the standby to lead")
+        led_at = time.time()
+        assert cluster.leading != leader
+
+        assert_nothing_lost(cluster, before_tasks, before_nodes, before_events)
+
+        # The worker that died during the takeover is handled by the new leader.
+        cluster.wait(
+            lambda: (
+                cluster.task("b")["failures"] > before_tasks["b"]["failures"]
+                and cluster.task("b")["state"] == "running"
+            ),
+            120,
+            "the new leader to handle b's failure",
+        )
+        events: list[dict[str, object]] = []
+        traces: dict[str, list[dict[str, object]]] = {}
+        for name in TASKS:
+            events_of, traces[name] = finish_and_settle(cluster, tmp_path / f"trace-{name}.jsonl", name)
+            events += events_of
+        after = cluster.get("/v1/events", since=last_event, limit=100_000)
 
     # No node was taken for lost: the new leader gave every agent time to find it.
     assert not [e for e in after if e["kind"] == "node_lost"], after
     assert any(e["kind"] == "coordinator_started" for e in after), [(e["id"], e["kind"]) for e in after][:40]
-    # The other tasks' workers never stopped stepping: rank 0 ended steps while nobody led at
-    # no less than half its pace before (a worker that waited for the store it reconnects to,
-    # two seconds a try, would not).
-    for name in ("a", "c"):
+    assert_stepped_on(traces, after, killed_at, led_at, ("a", "c"))
+    assert_every_incident_closed([e for e in events if e.get("task") == "b"])
+    for name in TASKS:
+        frozen = frozenset({1}) if name == "b" else frozenset()
+        assert_ledger_exact(latest_generation(traces[name]), ITERATIONS, world=2, frozen=frozen)
+        # The final checkpoint was confirmed by the task's store, which the new leader serves at
+        # its own address: a and c's workers were launched with the old leader's and found it
+        # (UNICRON_STORE_HOSTS); without that every commit after the takeover is refused.
+        assert_ends_exact(tmp_path, name, ITERATIONS)
+
+
+def assert_nothing_lost(
+    cluster: LocalCluster,
+    before_tasks: dict[str, dict[str, Any]],
+    before_nodes: dict[str, str],
+    before_events: list[dict[str, Any]],
+) -> None:
+    """Nothing the old leader knew is lost: its nodes, its tasks' progress, its event log."""
+    assert {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}.keys() == before_nodes.keys()
+    for name, was in before_tasks.items():
+        now = cluster.task(name)
+        assert now["step"] >= was["step"] and now["samples"] >= was["samples"], name
+    kept = {e["id"]: e["kind"] for e in cluster.get("/v1/events", limit=1000)}
+    lost = [(e["id"], e["kind"], kept.get(e["id"])) for e in before_events if kept.get(e["id"]) != e["kind"]]
+    assert not lost, (lost, len(before_events), len(kept))
+
+
+def assert_stepped_on(
+    traces: dict[str, list[dict[str, Any]]],
+    after: list[dict[str, Any]],
+    killed_at: float,
+    led_at: float,
+    untouched: tuple[str, ...],
+) -> None:
+    """The other tasks' workers never stopped stepping: rank 0 ended steps while nobody led at
+    no less than half its pace before (a worker that waited for the store it reconnects to,
+    two seconds a try, would not), and none of them had an incident or a relaunch."""
+    for name in untouched:
         ends = [r["time"] for r in traces[name] if r["what"] == "samples" and r["rank"] == 0]
         pace = statistics.median(b - a for a, b in itertools.pairwise(ends) if b < killed_at)
         meanwhile = [t for t in ends if killed_at < t < led_at]
@@ -125,11 +153,3 @@ def test_a_standby_takes_over_from_a_killed_leader_and_training_goes_on(tmp_path
             led_at - killed_at,
         )
         assert not [e for e in after if e.get("task") == name and e["kind"] in ("incident", "task_launch")]
-    assert_every_incident_closed([e for e in events if e.get("task") == "b"])
-    for name in TASKS:
-        frozen = frozenset({1}) if name == "b" else frozenset()
-        assert_ledger_exact(latest_generation(traces[name]), ITERATIONS, world=2, frozen=frozen)
-        # The final checkpoint was confirmed by the task's store, which the new leader serves at
-        # its own address: a and c's workers were launched with the old leader's and found it
-        # (UNICRON_STORE_HOSTS); without that every commit after the takeover is refused.
-        assert_ends_exact(tmp_path, name, ITERATIONS)

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,17 +161,9 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
     with on_three_hosts(tmp_path) as (hosts, cluster):
         train_on_three(cluster, spec)
         workers = {w["node"]: w for w in cluster.get("/v1/workers") if w["state"] == "running"}
-        addresses = {n: h.address for n, h in cluster.host_of.items()}
-        # No loopback shortcut: each worker's collectives run to the other hosts' addresses.
-        for node, w in workers.items():
-            others = {a for n, a in addresses.items() if n != node}
-            assert peer_addresses(hosts, cluster, node, w["pid"]) & others, node
-        if fault == "cut_link":
-            lost = "node-2"
-            cluster.cut_link(lost)
-        else:
-            lost = next(n for n, w in workers.items() if w["rank"] == 0)
-            hosts.partition([cluster.host_of[lost]], [cluster.coordinator_host])
+        assert_across_hosts(hosts, cluster, workers)
+        lost = "node-2" if fault == "cut_link" else next(n for n, w in workers.items() if w["rank"] == 0)
+        heal = cut_off(hosts, cluster, lost, fault)
         stale = workers[lost]
 
         def state(node: str) -> str:
@@ -184,10 +176,7 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
         assert re.search(rf"{lost}\s.*lost.*unreachable", shown), shown
         at_heal = cluster.task("lm")["step"]
         time.sleep(3)
-        if fault == "cut_link":
-            cluster.heal_link(lost)
-        else:
-            hosts.mend()
+        heal()
         cluster.wait(lambda: state(lost) == "healthy", 60, f"{lost} to register again")
         cluster.wait(lambda: cluster.task("lm")["workers"] == 3, 120, "the task to grow back onto it")
         back = [w["pid"] for w in cluster.get("/v1/workers") if w["node"] == lost and w["state"] == "running"]
@@ -204,12 +193,8 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
     assert survivors <= finishers  # the survivors kept their processes to the end
     # The cut-off worker never joined a later generation: it trained, and counted, nothing more
     # (reading, once back, the membership that left it out, it leaves: "left").
-    later = [
-        r
-        for r in rows
-        if r["pid"] == stale["pid"] and r["generation"] != stale["generation"] and r["what"] != "left"
-    ]
-    assert not later, later
+    later = [r for r in rows if r["pid"] == stale["pid"] and r["generation"] != stale["generation"]]
+    assert not [r for r in later if r["what"] != "left"], later
     # The host came back as a newcomer with the group's state: a live replica's, or a checkpoint
     # of the very step the group was at when it joined (the group can let it in right after
     # saving one; the digests agree, so nothing is copied), never an older one.
@@ -217,6 +202,24 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
     assert any(joined_with_the_groups_state(rows, pid) for pid in back), story
     assert_ledger_exact(rows, iterations, frozen=frozenset({stale["rank"]}), world=3)
     assert_ends_exact(tmp_path, "lm", iterations)
+
+
+def cut_off(hosts: TestHosts, cluster: LocalCluster, node: str, fault: str) -> Callable[[], None]:
+    """Cut ``node``'s host off: its link (``cut_link``), or only its path to the coordinator's
+    host. Returns what heals it."""
+    if fault == "cut_link":
+        cluster.cut_link(node)
+        return lambda: cluster.heal_link(node)
+    hosts.partition([cluster.host_of[node]], [cluster.coordinator_host])
+    return hosts.mend
+
+
+def assert_across_hosts(hosts: TestHosts, cluster: LocalCluster, workers: dict[str, dict[str, Any]]) -> None:
+    """No loopback shortcut: each worker's collectives run to the other hosts' addresses."""
+    addresses = {n: h.address for n, h in cluster.host_of.items()}
+    for node, w in workers.items():
+        others = {a for n, a in addresses.items() if n != node}
+        assert peer_addresses(hosts, cluster, node, w["pid"]) & others, node
 
 
 def joined_with_the_groups_state(rows: list[dict[str, Any]], pid: int) -> bool:

@@ -38,7 +38,10 @@ FAULT = "  faults: [{action: kill_in_backward, rank: 1, step: 40}]\n  flops_per_
 GRAFANA = ROOT / "deploy" / "grafana" / "unicron.json"
 
 
-def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]  # (family, labels) -> value
+
+
+def samples(text: str) -> Samples:
     """A Prometheus exposition as (sample name, labels) -> value."""
     return {
         (s.name, frozenset(s.labels.items())): s.value
@@ -47,11 +50,11 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     }
 
 
-def value(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+def value(found: Samples, name: str, **labels: str) -> float:
     return found.get((name, frozenset(labels.items())), 0.0)
 
 
-def scrape(cluster: LocalCluster) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def scrape(cluster: LocalCluster) -> Samples:
     response = cluster.request("GET", "/metrics")
     assert response.status_code == 200, response.text
     return samples(response.text)
@@ -119,6 +122,21 @@ def test_a_failure_is_counted_broken_down_and_shown_live(tmp_path: Path) -> None
     assert incident["actions"] == ["in-process recovery"] and incident["lost_micro_batches"] > 0, incident
     assert all(v is not None and v >= 0 for v in incident["seconds"].values()), incident
 
+    assert_metrics(running, after, agent, incident)
+    served = set(re.findall(r"unicron_[a-z_]+", "\n".join([text, *pages.values()])))  # families too
+    used = set(re.findall(r"unicron_[a-z_]+", GRAFANA.read_text()))
+    assert used and used <= served, used - served  # every metric the Grafana dashboard plots
+    assert_printed(followed, watched, incident)
+    assert_ledger_exact(rows, iterations, frozen=frozenset({1}), world=4)
+    assert_ends_exact(tmp_path, "lm", iterations)
+    if shown is None:
+        pytest.skip(f"the page was not checked: no headless browser here ({NO_BROWSER})")
+    assert_shown(shown, incident, tmp_path / "dashboard.png")
+
+
+def assert_metrics(
+    running: Samples, after: Samples, agent: dict[str, Samples], incident: dict[str, Any]
+) -> None:
     # The coordinator's metrics: the task as it ran, the cluster, the nodes...
     assert value(running, "unicron_task_state", task="lm", state="running") == 1
     assert value(running, "unicron_task_workers", task="lm") == 4
@@ -147,11 +165,8 @@ def test_a_failure_is_counted_broken_down_and_shown_live(tmp_path: Path) -> None
     )
     assert all(value(a, "unicron_agent_report_latency_seconds_count") > 0 for a in agent.values())
 
-    # Every metric the Grafana dashboard plots is served (by the coordinator or an agent).
-    served = set(re.findall(r"unicron_[a-z_]+", "\n".join([text, *pages.values()])))  # families too
-    used = set(re.findall(r"unicron_[a-z_]+", GRAFANA.read_text()))
-    assert used and used <= served, used - served
 
+def assert_printed(followed: tuple[int, str], watched: tuple[int, str], incident: dict[str, Any]) -> None:
     # The CLI: --follow printed the incident's outcome with its breakdown as it came; --watch
     # refreshed the status with the incident table; both end on Ctrl-C without a traceback.
     assert followed[0] in (0, 1, 130) and "Traceback" not in followed[1], followed
@@ -169,17 +184,15 @@ def test_a_failure_is_counted_broken_down_and_shown_live(tmp_path: Path) -> None
     assert watched[0] in (0, 1, 130) and "Traceback" not in watched[1], watched
     assert re.search(rf"│ {incident['incident']} +│ lm .* recovered", watched[1]), watched[1][-3000:]
 
-    assert_ledger_exact(rows, iterations, frozen=frozenset({1}), world=4)
-    assert_ends_exact(tmp_path, "lm", iterations)
-    if shown is None:
-        pytest.skip(f"the page was not checked: no headless browser here ({NO_BROWSER})")
+
+def assert_shown(shown: dict[str, Any], incident: dict[str, Any], screenshot: Path) -> None:
     # The page showed the API's breakdown: every phase, the lost work and the ladder's actions.
     assert shown["id"] == str(incident["incident"]) and shown["not_reloaded"] is True
     for phase, seconds in incident["seconds"].items():
         assert shown["phases"][phase].endswith(f"{seconds:.{3 if seconds < 1 else 2}f} s"), (phase, shown)
     lost = {"steps": str(incident["lost_steps"]), "micro_batches": str(incident["lost_micro_batches"])}
     assert shown["lost"] == lost and shown["actions"] == "in-process recovery", shown
-    assert (tmp_path / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # The recovered incident's entry as the page shows it (``innerText``: the rendered text, as

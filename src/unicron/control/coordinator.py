@@ -111,23 +111,11 @@ class Coordinator:
         self.storage = StorageWatch(self.ctx)
         self.storage.rebuild()
         self.recovery.rebuild()
-        # What decides behaviour and is not a row of its own: kept by the parts, restored here.
-        self.recovery.ladder.restore(self.store.kept("ladder") or self.recovery.ladder.history())
-        self.rates.restore(self.store.kept("rates") or {})
-        self.recovery.restore_signs(self.store.kept("signs") or {})
-        self.revoked = frozenset(r["jti"] for r in self.store.kept("revoked_tokens") or [])
-        self.detector.restored = dict(self.store.kept("step_times") or {})
-        self.step_times_kept: tuple[float, dict[str, list[float]]] = (0.0, self.detector.step_times())
+        self._restore_kept()
         self.placer.rebuild_spares()
         self.dirty = True
         self.last_tick: float | None = None  # when the loop last ran (a long gap: it stalled)
-        for task in self.store.tasks(live_only=True):
-            if task.store_port:
-                port = self.ctx.act.rendezvous.host(task.name, task.store_port)
-                if port != task.store_port:
-                    self.act.task_store_port(task.name, port)
-                self.act.generation_current(task.name, task.generation)  # the store is new
-                self._claim_injected(task.name)
+        self.act.host_task_stores()
         self.generations.orphaned_newcomers()
         gpu = settings.cluster.gpu_type()
         live, mtbf = len(self.store.tasks(live_only=True)), settings.cluster.node_mtbf_hours
@@ -135,12 +123,15 @@ class Coordinator:
             "coordinator_started", tasks=live, gpu=gpu.name, peak_flops=gpu.peak_flops, node_mtbf_hours=mtbf
         )
 
-    def _claim_injected(self, name: str) -> None:
-        """A store re-created after a restart forgot which generation-0 faults were claimed: the
-        ones already injected (the event log) are claimed again, so that none strikes twice."""
-        for e in self.store.events(task=name, limit=1_000_000):
-            if e.kind == "fault_injected" and e.detail.get("index") is not None:
-                self.act.rendezvous.claim(name, int(e.detail["index"]))
+    def _restore_kept(self) -> None:
+        """What decides behaviour and is not a row of its own: kept by the parts, restored here
+        (from the previous coordinator's store, or empty on a first start)."""
+        self.recovery.ladder.restore(self.store.kept("ladder") or self.recovery.ladder.history())
+        self.rates.restore(self.store.kept("rates") or {})
+        self.recovery.restore_signs(self.store.kept("signs") or {})
+        self.revoked = frozenset(r["jti"] for r in self.store.kept("revoked_tokens") or [])
+        self.detector.restored = dict(self.store.kept("step_times") or {})
+        self.step_times_kept: tuple[float, dict[str, list[float]]] = (0.0, self.detector.step_times())
 
     def spec(self, name: str) -> LiveTaskSpec:
         return self.ctx.spec(name)

@@ -226,6 +226,22 @@ class Applier:
         self._store.sync()  # what the task's members will read is durable first (journal.py)
         self.rendezvous.set(task, current_key(task), str(generation))
 
+    def host_task_stores(self) -> None:
+        """A coordinator starting over a kept store hosts each live task's rendezvous store again
+        (its port kept where it can be) and tells its workers the store is new. The new store
+        forgot which generation-0 faults were claimed: those the event log shows injected are
+        claimed again, so that none strikes twice."""
+        for task in self._store.tasks(live_only=True):
+            if not task.store_port:
+                continue
+            port = self.rendezvous.host(task.name, task.store_port)
+            if port != task.store_port:
+                self.task_store_port(task.name, port)
+            self.generation_current(task.name, task.generation)
+            for e in self._store.events(task=task.name, kinds=("fault_injected",), limit=1_000_000):
+                if e.detail.get("index") is not None:
+                    self.rendezvous.claim(task.name, int(e.detail["index"]))
+
     def launch(self, launch: Launch, now: float) -> list[WorkerRecord]:
         added = self._store.add_workers(
             launch.task, launch.generation, launch.placement, launch.first_rank, launch.phase, now

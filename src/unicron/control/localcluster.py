@@ -76,29 +76,8 @@ class LocalCluster:
         self.agent_metrics = {n: free_port() for n in self.node_names} if agent_metrics else {}
         self.slots = slots
         self.hosts = hosts
-        self.host_of: dict[str, Host] = {}  # node -> its test host (with ``hosts``)
-        self.net: InNamespace | None = None  # where this process's calls are made from
-        address = "127.0.0.1"
-        if hosts is not None:
-            if len(hosts.hosts) < nodes + 1:
-                raise ValueError(f"{nodes} nodes and the coordinator need {nodes + 1} test hosts")
-            self.coordinator_host = hosts.hosts[0]
-            self.host_of = dict(zip(self.node_names, hosts.hosts[1:], strict=False))
-            self.net = hosts.client(self.coordinator_host)
-            address = self.coordinator_host.address
-        self.address = address
-        self.port = port or (8470 if hosts is not None else free_port())  # a host's ports are all free
-        # Several coordinators (``store`` etcd): one leads, the others stand by on ports of their own.
         self.store = store
-        self.ports = [self.port] + [free_port() for _ in range(coordinators - 1)]
-        # Each on a loopback address of its own (as on hosts of their own): after a takeover the
-        # running tasks' stores are served at another address, which their workers must find.
-        self.addresses = [address] + [
-            address if hosts is not None else f"127.0.0.{i + 2}" for i in range(coordinators - 1)
-        ]
-        scheme = "https" if tls else "http"
-        self.urls = [f"{scheme}://{a}:{p}" for a, p in zip(self.addresses, self.ports, strict=True)]
-        self.url = ",".join(self.urls)  # what agents are given
+        self._address(port, coordinators)
         self.coordinators: dict[int, subprocess.Popen[bytes]] = {}
         self.leading = 0  # the coordinator this process's calls reached last
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
@@ -115,6 +94,31 @@ class LocalCluster:
             verify=self.credentials.verify,
         )
         atexit.register(self.close)
+
+    def _address(self, port: int | None, coordinators: int) -> None:
+        """Where the coordinators listen: on the first test host (``hosts``), else on loopback."""
+        hosts = self.hosts
+        self.host_of: dict[str, Host] = {}  # node -> its test host (with ``hosts``)
+        self.net: InNamespace | None = None  # where this process's calls are made from
+        self.address = "127.0.0.1"
+        if hosts is not None:
+            if len(hosts.hosts) < (nodes := len(self.node_names)) + 1:
+                raise ValueError(f"{nodes} nodes and the coordinator need {nodes + 1} test hosts")
+            self.coordinator_host = hosts.hosts[0]
+            self.host_of = dict(zip(self.node_names, hosts.hosts[1:], strict=False))
+            self.net = hosts.client(self.coordinator_host)
+            self.address = self.coordinator_host.address
+        self.port = port or (8470 if hosts is not None else free_port())  # a host's ports are all free
+        # Several coordinators (``store`` etcd): one leads, the others stand by on ports of their own.
+        self.ports = [self.port] + [free_port() for _ in range(coordinators - 1)]
+        # Each on a loopback address of its own (as on hosts of their own): after a takeover the
+        # running tasks' stores are served at another address, which their workers must find.
+        self.addresses = [self.address] + [
+            self.address if hosts is not None else f"127.0.0.{i + 2}" for i in range(coordinators - 1)
+        ]
+        scheme = "https" if self.tls else "http"
+        self.urls = [f"{scheme}://{a}:{p}" for a, p in zip(self.addresses, self.ports, strict=True)]
+        self.url = ",".join(self.urls)  # what agents are given
 
     def _here(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` where this process's connections to the cluster are made: on the

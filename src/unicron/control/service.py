@@ -185,6 +185,7 @@ def create_app(settings: CoordinatorSettings) -> AgentChannel:
     app.include_router(_task_routes(runtime), dependencies=[read], responses=ERRORS)
     app.include_router(_manage_routes(runtime), dependencies=[manage], responses=ERRORS)
     app.include_router(_cluster_routes(runtime), dependencies=[read], responses=ERRORS)
+    app.include_router(_watch_routes(runtime), dependencies=[read], responses=ERRORS)
     app.include_router(_agent_routes(runtime, guard), responses=ERRORS)
     app.include_router(_page_routes())
 
@@ -380,6 +381,24 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
         store = runtime.c.store
         return [w.as_dict() for t in store.tasks(live_only=True) for w in store.workers(t.name, t.generation)]
 
+    @router.get("/v1/events")
+    async def events(
+        since: Annotated[int, Query(ge=0, le=MAX_INT, description="events after this id")] = 0,
+        task: Annotated[str | None, Query(max_length=63)] = None,
+        limit: Annotated[int, Query(ge=1, le=1_000_000)] = 1000,
+    ) -> list[dict[str, Any]]:
+        # Read in a thread (the store's reads are locked): a reader of a long log, or of etcd, must
+        # not hold up the loop that reads heartbeats and judges liveness.
+        found = await asyncio.to_thread(runtime.c.store.events, since, task, limit)
+        return [e.as_dict() for e in found]
+
+    return router
+
+
+def _watch_routes(runtime: Runtime) -> APIRouter:
+    """What watching the cluster reads: incidents' breakdowns, the dashboard's state, metrics."""
+    router = APIRouter()
+
     @router.get("/v1/incidents")
     async def incidents(
         task: Annotated[str | None, Query(max_length=63)] = None,
@@ -412,17 +431,6 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
         read on the loop (a consistent reading), formatted in a thread."""
         view = runtime.c.viewer.view()
         return Response(await asyncio.to_thread(runtime.c.metrics.exposition, view), media_type=CONTENT_TYPE)
-
-    @router.get("/v1/events")
-    async def events(
-        since: Annotated[int, Query(ge=0, le=MAX_INT, description="events after this id")] = 0,
-        task: Annotated[str | None, Query(max_length=63)] = None,
-        limit: Annotated[int, Query(ge=1, le=1_000_000)] = 1000,
-    ) -> list[dict[str, Any]]:
-        # Read in a thread (the store's reads are locked): a reader of a long log, or of etcd, must
-        # not hold up the loop that reads heartbeats and judges liveness.
-        found = await asyncio.to_thread(runtime.c.store.events, since, task, limit)
-        return [e.as_dict() for e in found]
 
     return router
 
