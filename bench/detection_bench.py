@@ -79,6 +79,18 @@ def task_spec(
 
 
 def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float, float]:
+    results: dict[str, list[float]] = {c: [] for c in (*CLASSES, "node_loss")}
+    with LocalCluster(root / "unicron", nodes=2, slots=2, settings=BENCH_SETTINGS) as cluster:
+        mean = _injected_faults(cluster, results)
+        _node_losses(cluster, results["node_loss"])
+        long_target = _long_hangs(cluster, results)
+    ours = {c: summary(v) for c, v in results.items() if v}
+    return ours, mean, long_target
+
+
+def _injected_faults(cluster: LocalCluster, results: dict[str, list[float]]) -> float:
+    """Every class of fault, REPEATS times, in one task: each one's detection time, by class.
+    Returns the median mean iteration time the hang detector judged against."""
     faults, step = [], 10
     for repeat in range(REPEATS):
         for index, cls in enumerate(CLASSES):
@@ -87,69 +99,63 @@ def unicron(root: Path) -> tuple[dict[str, dict[str, Any]], float, float]:
                 {"action": ACTIONS[cls], "rank": 1 + (generation % 3), "step": step, "generation": generation}
             )
             step += 10
-    spec = task_spec("bench", step + 5, faults)
-    results: dict[str, list[float]] = {c: [] for c in (*CLASSES, "node_loss")}
+    cluster.submit(task_spec("bench", step + 5, faults))
+    cluster.wait(lambda: cluster.task("bench")["state"] in ("finished", "failed"), 900, "the bench task")
     means: list[float] = []
-    with LocalCluster(root / "unicron", nodes=2, slots=2, settings=BENCH_SETTINGS) as cluster:
-        cluster.submit(spec)
-        cluster.wait(lambda: cluster.task("bench")["state"] in ("finished", "failed"), 900, "the bench task")
-        for e in cluster.get("/v1/events", task="bench"):
-            d = e["detail"]
-            if e["kind"] == "incident" and d.get("detection_s") is not None:
-                cls = {"task_hang": "hang", "exited_abnormally": "process_exit"}.get(d["kind"], "exception")
-                results[cls].append(d["detection_s"])
-            if e["kind"] == "hang_detected" and d.get("mean_s"):
-                means.append(d["mean_s"])
-        mean = statistics.median(means) if means else 0.0
-        # Node loss: freeze an agent and its workers while a task trains on it, twice.
-        for repeat in range(2):
-            name = f"node{repeat}"
-            cluster.submit(task_spec(name, 400, []))
-            cluster.wait(
-                lambda n=name: cluster.task(n)["state"] == "running" and cluster.task(n)["step"] > 5,
-                300,
-                "training before the node loss",
-            )
-            killed = time.time()
-            cluster.freeze_node("node-1")
-            cluster.wait(
-                lambda t=killed: any(
-                    e["kind"] == "node_lost" and e["time"] > t for e in cluster.get("/v1/events")
-                ),
-                60,
-                "the node loss",
-            )
-            lost = next(
-                e for e in cluster.get("/v1/events") if e["kind"] == "node_lost" and e["time"] > killed
-            )
-            results["node_loss"].append(round(lost["time"] - killed, 4))
-            cluster.start_agent("node-1")
-            cluster.client.delete(f"/v1/tasks/{name}")
-            cluster.wait(
-                lambda: any(
-                    n["name"] == "node-1" and n["state"] == "healthy" for n in cluster.get("/v1/nodes")
-                ),
-                60,
-                "the node back",
-            )
-        # Hangs on longer iterations: one more task, one hang per generation.
-        faults = [
-            {"action": "hang", "rank": 1 + g % 3, "step": 8 * g, "generation": g}
-            for g in range(1, REPEATS + 1)
-        ]
-        # No checkpoint right before a hang: the step after one is allowed checkpoint_allowance_s.
-        cluster.submit(task_spec("long", 8 * REPEATS + 6, faults, LONG_ARGS, every=100))
-        cluster.wait(lambda: cluster.task("long")["state"] in ("finished", "failed"), 600, "the long task")
-        long_means = []
-        for e in cluster.get("/v1/events", task="long"):
-            d = e["detail"]
-            if e["kind"] == "incident" and d.get("detection_s") is not None:
-                results.setdefault(LONG, []).append(d["detection_s"])
-            if e["kind"] == "hang_detected" and d.get("mean_s"):
-                long_means.append(d["mean_s"])
-    long_target = 3 * statistics.median(long_means) + HEARTBEAT_S if long_means else 0.0
-    ours = {c: summary(v) for c, v in results.items() if v}
-    return ours, mean, long_target
+    for e in cluster.get("/v1/events", task="bench"):
+        d = e["detail"]
+        if e["kind"] == "incident" and d.get("detection_s") is not None:
+            cls = {"task_hang": "hang", "exited_abnormally": "process_exit"}.get(d["kind"], "exception")
+            results[cls].append(d["detection_s"])
+        if e["kind"] == "hang_detected" and d.get("mean_s"):
+            means.append(d["mean_s"])
+    return statistics.median(means) if means else 0.0
+
+
+def _node_losses(cluster: LocalCluster, seconds: list[float]) -> None:
+    """Freeze an agent and its workers while a task trains on it, twice: seconds to the loss."""
+    for repeat in range(2):
+        name = f"node{repeat}"
+        cluster.submit(task_spec(name, 400, []))
+        cluster.wait(
+            lambda n=name: cluster.task(n)["state"] == "running" and cluster.task(n)["step"] > 5,
+            300,
+            "training before the node loss",
+        )
+        killed = time.time()
+        cluster.freeze_node("node-1")
+        cluster.wait(lambda t=killed: bool(_losses_after(cluster, t)), 60, "the node loss")
+        seconds.append(round(_losses_after(cluster, killed)[0]["time"] - killed, 4))
+        cluster.start_agent("node-1")
+        cluster.request("DELETE", f"/v1/tasks/{name}").raise_for_status()
+        cluster.wait(
+            lambda: any(n["name"] == "node-1" and n["state"] == "healthy" for n in cluster.get("/v1/nodes")),
+            60,
+            "the node back",
+        )
+
+
+def _losses_after(cluster: LocalCluster, t: float) -> list[dict[str, Any]]:
+    return [e for e in cluster.get("/v1/events") if e["kind"] == "node_lost" and e["time"] > t]
+
+
+def _long_hangs(cluster: LocalCluster, results: dict[str, list[float]]) -> float:
+    """Hangs on longer iterations: one more task, one hang per generation. Returns the target
+    (three mean iterations and a heartbeat) the detections are judged against."""
+    faults = [
+        {"action": "hang", "rank": 1 + g % 3, "step": 8 * g, "generation": g} for g in range(1, REPEATS + 1)
+    ]
+    # No checkpoint right before a hang: the step after one is allowed checkpoint_allowance_s.
+    cluster.submit(task_spec("long", 8 * REPEATS + 6, faults, LONG_ARGS, every=100))
+    cluster.wait(lambda: cluster.task("long")["state"] in ("finished", "failed"), 600, "the long task")
+    long_means = []
+    for e in cluster.get("/v1/events", task="long"):
+        d = e["detail"]
+        if e["kind"] == "incident" and d.get("detection_s") is not None:
+            results.setdefault(LONG, []).append(d["detection_s"])
+        if e["kind"] == "hang_detected" and d.get("mean_s"):
+            long_means.append(d["mean_s"])
+    return 3 * statistics.median(long_means) + HEARTBEAT_S if long_means else 0.0
 
 
 def torchrun_once(root: Path, action: str, pg_timeout: float, args: list[str] = ARGS) -> float:
