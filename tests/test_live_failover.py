@@ -21,9 +21,10 @@ from typing import Any
 
 import pytest
 
-from unicron.control.etcdlocal import EtcdCluster, etcd_binary
+from unicron.control.etcdlocal import EtcdCluster
 from unicron.control.localcluster import LocalCluster
 
+from .etcdrun import running_etcd
 from .test_live_cluster import (
     assert_ends_exact,
     assert_every_incident_closed,
@@ -46,13 +47,7 @@ def tasks_spec(tmp: Path) -> str:
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
     """Three etcd members on loopback, for the coordinators' store and their leader election."""
-    if etcd_binary() is None:
-        pytest.skip("etcd is not installed (make test installs etcd-server)")
-    members = EtcdCluster(tmp_path / "etcd", size=3).start()
-    try:
-        yield members
-    finally:
-        members.close()
+    yield from running_etcd(tmp_path / "etcd", size=3)
 
 
 @pytest.mark.timeout(600)

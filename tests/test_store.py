@@ -12,22 +12,20 @@ import pytest
 
 from unicron.control import etcdbackend
 from unicron.control.backend import Fenced
-from unicron.control.etcdlocal import EtcdCluster, etcd_binary
+from unicron.control.etcdlocal import EtcdCluster
 from unicron.control.journal import Journal
 from unicron.control.store import Store, open_backend
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.states import IllegalTransition, NodeState, TaskState, WorkerPhase
+
+from .etcdrun import running_etcd
 
 Opener = Callable[[], Store]  # opens the store again at the same place
 
 
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    if etcd_binary() is None:
-        pytest.skip("etcd is not installed (make test installs etcd-server)")
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd")).start()
-    yield cluster
-    cluster.close()
+    yield from running_etcd(tmp_path_factory.mktemp("etcd"))
 
 
 _prefixes = itertools.count()

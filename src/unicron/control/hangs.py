@@ -59,7 +59,7 @@ def hang_verdict(
     if not reported:
         return HangVerdict([], "no rank reports its position: no rank can be blamed", where)
     if not any(p.phase in WAITING_PHASES for _, p in reported):
-        return HangVerdict([], "no rank waits in a collective: no rank can be blamed", where)
+        return HangVerdict([], "no rank waits, in a collective or to join: none to blame", where)
     # A rank past the oldest step a peer waits in a collective for has left that collective: the
     # peer still in it waits on the network (a slow ring's last hops), not on that rank. (A
     # newcomer waiting for a membership has no step of the task's yet: it bounds nothing.)
