@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from bench import torchft_side
+from bench.pinning import pinned
 from bench.scale_bench import cpu_seconds
 from bench.scraper import Scraper
 from unicron.control.localcluster import LocalCluster
@@ -252,23 +253,31 @@ def torchft(root: Path, model: str | Model, workers: int) -> float:
 
 
 def measure(
-    root: Path, model: str, workers: int, m: Model | None = None, gpus: list[str] | None = None
+    root: Path,
+    model: str,
+    workers: int,
+    m: Model | None = None,
+    gpus: list[str] | None = None,
+    pin: bool = False,
 ) -> dict[str, Any]:
     """One cell: ``model``'s (``m``: a model other than ``MODELS``'s, under that name) runs of
-    both sides at ``workers``, alternating; ``gpus``: the Unicron agent's (a GPU machine)."""
+    both sides at ``workers``, alternating; ``gpus``: the Unicron agent's (a GPU machine);
+    ``pin``: each worker on a core of its own and everything else on the other cores
+    (``bench/pinning.py``), where the machine has cores enough (the row says)."""
     m = m or MODELS[model]
     sides = ("ddp", "unicron", "torchft") if m.torchft else ("ddp", "unicron")
     runs: dict[str, list[float]] = {side: [] for side in sides}
     control: list[float] = []  # the control plane's cores in each Unicron run
     order = [side for i in range(m.runs) for side in (sides, sides[::-1])[i % 2]]
-    for i, side in enumerate(order):  # DDP, Unicron, Unicron, DDP, ...: drift falls on all
-        where = root / f"{model}-{workers}-{i}-{side}"
-        if side == "ddp":
-            runs[side].append(ddp(where, m, workers))
-        elif side == "torchft":
-            runs[side].append(torchft(where, m, workers))
-        else:
-            runs[side].append(unicron(where, m, workers, gpus=gpus, control=control))
+    with pinned(workers) if pin else contextlib.nullcontext() as pinning:
+        for i, side in enumerate(order):  # DDP, Unicron, Unicron, DDP, ...: drift falls on all
+            where = root / f"{model}-{workers}-{i}-{side}"
+            if side == "ddp":
+                runs[side].append(ddp(where, m, workers))
+            elif side == "torchft":
+                runs[side].append(torchft(where, m, workers))
+            else:
+                runs[side].append(unicron(where, m, workers, gpus=gpus, control=control))
     # The median run: one run slowed by the machine (a neighbour's burst) does not move it.
     ours, theirs = statistics.median(runs["unicron"]), statistics.median(runs["ddp"])
     peer = {}
@@ -289,13 +298,15 @@ def measure(
         "unicron_runs_s": [round(x, 5) for x in runs["unicron"]],
         "ddp_runs_s": [round(x, 5) for x in runs["ddp"]],
         "control_plane_cores": round(statistics.median(control), 4),
+        "pinned": pinning.as_json() if pinning is not None else None,
         **peer,
     }
 
 
-def main(only: Sequence[str] = ()) -> dict[str, Any]:
+def main(only: Sequence[str] = (), pin: bool = False) -> dict[str, Any]:
     """Measure every cell, or (``only``) those models' cells, keeping the other rows of the last
-    run's JSON (each row's two sides are always measured in the same run)."""
+    run's JSON (each row's two sides are always measured in the same run); ``pin``: pinned
+    cells where the cores suffice (``measure``)."""
     unknown = set(only) - set(MODELS)
     if unknown:
         raise SystemExit(f"unknown model(s) {sorted(unknown)}: choose among {sorted(MODELS)}")
@@ -303,7 +314,7 @@ def main(only: Sequence[str] = ()) -> dict[str, Any]:
     kept = [r for r in json.loads(out.read_text())["rows"] if r["model"] not in only] if only else []
     with tempfile.TemporaryDirectory(prefix="unicron-overhead-") as tmp:
         fresh = [
-            measure(Path(tmp), model, workers)
+            measure(Path(tmp), model, workers, pin=pin)
             for model, m in MODELS.items()
             if not only or model in only
             for workers in m.workers
@@ -407,6 +418,22 @@ def more_cores() -> str:
     )
 
 
+def pinned_text(rows: list[dict[str, Any]]) -> str:
+    """Which cells ran pinned (``bench/pinning.py``: ``--pin``), and which can be here."""
+    pinned = [f"{x['model']} at {x['workers']}" for x in rows if x.get("pinned")]
+    fits = sorted({x["workers"] for x in rows if x["workers"] + 1 <= (os.cpu_count() or 1)})
+    sizes = " or ".join(map(str, fits))
+    where = f"cells of {sizes} worker{'s' if fits and fits[-1] > 1 else ''}" if fits else "no cell"
+    how = (
+        "each worker on a core of its own, the launchers, coordinator, agent and lighthouse on the "
+        f"other cores; it needs a core more than the cell has workers: here, {where}"
+    )
+    if not pinned:
+        return f"No cell was pinned (`--pin`: {how})."
+    others = "The others' processes were free to move between cores."
+    return f"Pinned cells (`--pin`: {how}): {', '.join(pinned)}. {others}"
+
+
 def control_text(rows: list[dict[str, Any]]) -> str:
     """What the control plane's CPU costs the workers, from the cells where it was measured."""
     cells = [x for x in rows if "control_plane_cores" in x]
@@ -444,12 +471,17 @@ def write_markdown(r: dict[str, Any]) -> None:
     worst = max(r["rows"], key=lambda x: x["ratio"])
     noisiest = max(spread(x) for x in r["rows"])
     noise = (
-        "more than the 2% the target asks to resolve: this shared 2-core machine cannot show whether "
-        "the target is met in the noisier cells. Fewer workers than cores, pinned, and more runs are "
-        "what a verdict needs."
-        if noisiest > TARGET - 1
-        else "within the 2% the target asks to resolve."
-    ) + more_cores()
+        (
+            "more than the 2% the target asks to resolve: this shared 2-core machine cannot show whether "
+            "the target is met in the noisier cells. Fewer workers than cores, pinned, and more runs are "
+            "what a verdict needs."
+            if noisiest > TARGET - 1
+            else "within the 2% the target asks to resolve."
+        )
+        + more_cores()
+        + " "
+        + pinned_text(r["rows"])
+    )
     template = (Path(__file__).parent / "templates" / "performance.md").read_text()
     (ROOT / "docs" / "performance.md").write_text(
         template.format(
@@ -478,12 +510,14 @@ def write_markdown(r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    # python -m bench.overhead_bench [MODEL ...]: every model, or only those; --docs: the page
-    # again from the last measured figures (a text change)
+    # python -m bench.overhead_bench [--pin] [MODEL ...]: every model, or only those (--pin: each
+    # worker on a core of its own where the cores suffice); --docs: the page again from the last
+    # measured figures (a text change)
     if sys.argv[1:] == ["--docs"]:  # the verdicts are a function of the runs: judged again
         path = ROOT / "docs" / "bench" / "overhead.json"
         judged_again = summary(json.loads(path.read_text()))
         path.write_text(json.dumps(judged_again, indent=2) + "\n")
         write_markdown(judged_again)
     else:
-        print(json.dumps(main(sys.argv[1:]), indent=2))
+        named = [a for a in sys.argv[1:] if a != "--pin"]
+        print(json.dumps(main(named, pin="--pin" in sys.argv[1:]), indent=2))

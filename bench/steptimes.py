@@ -7,7 +7,8 @@ A global optimizer post-step hook (``torch.optim.optimizer.register_optimizer_st
 notes ``time.perf_counter()`` after every ``optimizer.step()``; at exit the process writes the
 list to ``OUT_DIR/steps-<pid>.json``. Nothing in the script changes. On a GPU the hook first
 waits for the device (``torch.cuda.synchronize``), on both sides alike, so that a step's end is
-when the GPU finished it rather than when its kernels were queued.
+when the GPU finished it rather than when its kernels were queued. In a pinned cell
+(``bench/pinning.py``) the process first moves to its own core.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pinning import pin_worker  # run as a script: its folder (bench/) is first on sys.path
+
 
 def main() -> None:
+    pin_worker()  # first: the threads started later (torch's, gloo's, the script's) inherit its core
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 

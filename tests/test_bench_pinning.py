@@ -1,0 +1,80 @@
+"""The overhead benchmark's pinning (bench/pinning.py): which core each worker and the control
+processes get, and a real worker process started through ``bench/steptimes.py`` moved to its
+core, alike whichever side numbers it (a launcher's local rank, or torchft's replica group)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.pinning import WORKER_CPUS, Pinning, pinned, plan, worker_index
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_workers_get_cores_of_their_own_and_the_rest_go_to_the_control_processes() -> None:
+    assert plan(set(range(16)), 4) == Pinning(tuple(range(12)), (12, 13, 14, 15))
+    assert plan({0, 1}, 1) == Pinning((0,), (1,))
+    assert plan({3, 5, 9}, 2) == Pinning((3,), (5, 9))
+
+
+def test_too_few_cores_pin_nothing() -> None:
+    assert plan({0, 1}, 2) is None  # the control processes would share a worker's core
+    assert plan({0, 1}, 4) is None
+    assert plan({0}, 1) is None
+
+
+def test_a_worker_is_numbered_among_the_whole_cell() -> None:
+    assert worker_index({"LOCAL_RANK": "3"}) == 3  # one launcher (DDP) or one agent (Unicron)
+    # torchft: replica group 2 of 2 ranks each, its second rank: the cell's fifth worker
+    assert worker_index({"LOCAL_RANK": "1", "REPLICA_GROUP_ID": "2", "LOCAL_WORLD_SIZE": "2"}) == 5
+
+
+def steps_under_timer(tmp_path: Path, env: dict[str, str]) -> dict[str, object]:
+    """One optimizer step of a script run through bench/steptimes.py; what the script saw."""
+    script = tmp_path / "one_step.py"
+    script.write_text(
+        "import json, os, sys, torch\n"
+        "p = torch.nn.Parameter(torch.ones(2))\n"
+        "opt = torch.optim.SGD([p], lr=0.1)\n"
+        "p.sum().backward(); opt.step()\n"
+        "print(json.dumps({'cores': sorted(os.sched_getaffinity(0))}))\n"
+    )
+    cmd = [sys.executable, str(ROOT / "bench" / "steptimes.py"), str(tmp_path), str(script)]
+    done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+    seen["steps"] = [json.loads(p.read_text()) for p in tmp_path.glob("steps-*.json")]
+    return seen
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two cores")
+def test_a_worker_started_through_the_timer_runs_on_its_core_alone(tmp_path: Path) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    env = {WORKER_CPUS: f"{cores[0]},{cores[1]}", "LOCAL_RANK": "1"}
+    seen = steps_under_timer(tmp_path, env)
+    assert seen["cores"] == [cores[1]]
+    assert [len(s) for s in seen["steps"]] == [1]  # and its step was timed
+
+
+def test_an_unpinned_worker_keeps_every_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(WORKER_CPUS, raising=False)
+    assert steps_under_timer(tmp_path, {})["cores"] == sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two cores")
+def test_a_pinned_cell_moves_this_process_and_puts_everything_back() -> None:
+    before = os.sched_getaffinity(0)
+    with pinned(1) as pinning:
+        assert pinning is not None
+        assert os.sched_getaffinity(0) == set(pinning.control)
+        assert os.environ[WORKER_CPUS] == str(pinning.workers[0])
+        assert pinning.workers[0] not in pinning.control
+    assert os.sched_getaffinity(0) == before and WORKER_CPUS not in os.environ
+    with pinned(len(before)) as none:  # as many workers as cores: nothing pinned
+        assert none is None and os.sched_getaffinity(0) == before
