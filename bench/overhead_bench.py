@@ -303,7 +303,7 @@ def measure(
     }
 
 
-def main(only: Sequence[str] = (), pin: bool = False) -> dict[str, Any]:
+def main(only: Sequence[str] = (), pin: bool = True) -> dict[str, Any]:
     """Measure every cell, or (``only``) those models' cells, keeping the other rows of the last
     run's JSON (each row's two sides are always measured in the same run); ``pin``: pinned
     cells where the cores suffice (``measure``)."""
@@ -409,17 +409,27 @@ def more_cores() -> str:
     rows = [row for entry in measured.values() if entry.get("ok") for row in entry["value"]]
     if not rows:
         return ""
+    cores = measured["machine"]["cpus"]
+    if any(x.get("pinned") for x in rows):  # bench.gpu_bench's cells are pinned since 4eeffb1
+        verdicts = ", ".join(
+            f"{x['model']} at {x['workers']}: {judged(x['unicron_runs_s'], x['ddp_runs_s'])['verdict']}"
+            for x in rows
+        )
+        return (
+            f" On a lent machine's {cores} cores, pinned (docs/gpu.md, {len(rows)} of these cells, "
+            f"judged the same way): {verdicts}."
+        )
     ratios = sorted(x["ratio"] for x in rows)
     return (
         f" Fewer workers than cores alone did not settle it: on a lent machine's "
-        f"{measured['machine']['cpus']} cores (docs/gpu.md, {len(rows)} of these cells, unpinned) "
+        f"{cores} cores (docs/gpu.md, {len(rows)} of these cells, unpinned) "
         f"the same side's runs differed by up to {max(spread(x) for x in rows) * 100:.0f}% and the "
         f"ratios ranged from {ratios[0]:.3f} to {ratios[-1]:.3f}."
     )
 
 
 def pinned_text(rows: list[dict[str, Any]]) -> str:
-    """Which cells ran pinned (``bench/pinning.py``: ``--pin``), and which can be here."""
+    """Which cells ran pinned (``bench/pinning.py``), and which can be here."""
     pinned = [f"{x['model']} at {x['workers']}" for x in rows if x.get("pinned")]
     fits = sorted({x["workers"] for x in rows if x["workers"] + 1 <= (os.cpu_count() or 1)})
     sizes = " or ".join(map(str, fits))
@@ -429,9 +439,9 @@ def pinned_text(rows: list[dict[str, Any]]) -> str:
         f"other cores; it needs a core more than the cell has workers: here, {where}"
     )
     if not pinned:
-        return f"No cell was pinned (`--pin`: {how})."
+        return f"No cell was pinned (`bench/pinning.py`: {how})."
     others = "The others' processes were free to move between cores."
-    return f"Pinned cells (`--pin`: {how}): {', '.join(pinned)}. {others}"
+    return f"Pinned cells (`bench/pinning.py`: {how}): {', '.join(pinned)}. {others}"
 
 
 def control_text(rows: list[dict[str, Any]]) -> str:
@@ -510,14 +520,14 @@ def write_markdown(r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    # python -m bench.overhead_bench [--pin] [MODEL ...]: every model, or only those (--pin: each
-    # worker on a core of its own where the cores suffice); --docs: the page again from the last
-    # measured figures (a text change)
+    # python -m bench.overhead_bench [--unpinned] [MODEL ...]: every model, or only those, each
+    # worker on a core of its own where the cores suffice (--unpinned: free to move); --docs: the
+    # page again from the last measured figures (a text change)
     if sys.argv[1:] == ["--docs"]:  # the verdicts are a function of the runs: judged again
         path = ROOT / "docs" / "bench" / "overhead.json"
         judged_again = summary(json.loads(path.read_text()))
         path.write_text(json.dumps(judged_again, indent=2) + "\n")
         write_markdown(judged_again)
     else:
-        named = [a for a in sys.argv[1:] if a != "--pin"]
-        print(json.dumps(main(named, pin="--pin" in sys.argv[1:]), indent=2))
+        named = [a for a in sys.argv[1:] if a != "--unpinned"]
+        print(json.dumps(main(named, pin="--unpinned" not in sys.argv[1:]), indent=2))
