@@ -32,7 +32,7 @@ from typing import Any
 
 from bench import cells, torchft_recovery, torchft_side
 from bench.network_bench import cut_link_rows
-from bench.overhead_bench import TORCHFT_VERSION
+from bench.overhead_docs import TORCHFT_VERSION
 from bench.torchrun import TRAIN, Torchrun
 from unicron.control.localcluster import LocalCluster
 from unicron.control.service import TICK_S

@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from bench.overhead_bench import MIN_PAIRS, MODELS, PORT, ROOT, Model, measure
+from bench.overhead_bench import MODELS, PORT, ROOT, Model, measure
+from bench.overhead_verdict import MIN_PAIRS
 from unicron.control.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.overhead_bench import MIN_PAIRS, TARGET, judged
+from bench.overhead_verdict import MIN_PAIRS, TARGET, judged, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 JSON, OUT = ROOT / "docs" / "bench" / "gpu.json", ROOT / "docs" / "gpu.md"
@@ -133,10 +133,6 @@ def overhead_row(x: dict[str, Any]) -> str:
     times = f"{x['ddp_step_s'] * 1000:.1f} | {x['unicron_step_s'] * 1000:.1f} | {x['ratio']:.3f}"
     runs = f"{len(x['unicron_runs_s'])} a side, spread {spread(x) * 100:.0f}%"
     return f"| {x['model']} | {x['workers']} | {times} | {runs} |"
-
-
-def spread(row: dict[str, Any]) -> float:
-    return float(max(max(t) / min(t) - 1 for t in (row["unicron_runs_s"], row["ddp_runs_s"])))
 
 
 def overhead_note(rows: list[dict[str, Any]]) -> str:

@@ -3,7 +3,7 @@ bootstrap interval of its ratio of medians, and whether it lies under, over or a
 
 from __future__ import annotations
 
-from bench.overhead_bench import TARGET, judged, ratio_interval
+from bench.overhead_verdict import TARGET, judged, ratio_interval
 
 DDP = [0.100, 0.104, 0.098, 0.101, 0.103, 0.099, 0.102]
 
