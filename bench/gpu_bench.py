@@ -100,6 +100,7 @@ class Sections:
 
     def __init__(self, out: Path, machine_info: dict[str, Any], only: set[str], deadline: float) -> None:
         self.out, self.only, self.deadline = out, only, deadline
+        out.parent.mkdir(parents=True, exist_ok=True)  # before any check: none is run for nothing
         self.result: dict[str, Any] = {"machine": machine_info}
         if out.is_file():  # an earlier call's checks on this machine stay (this call's replace theirs)
             self.result = json.loads(out.read_text()) | self.result
