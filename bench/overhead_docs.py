@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.overhead_verdict import MIN_PAIRS, TARGET, judged, spread
+from bench.pinning import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHFT_VERSION = "torchft-nightly 2026.10.26"  # the Makefile's pin
@@ -85,7 +86,8 @@ def more_cores() -> str:
 def pinned_text(rows: list[dict[str, Any]]) -> str:
     """Which cells ran pinned (``bench/pinning.py``), and which can be here."""
     pinned = [f"{x['model']} at {x['workers']}" for x in rows if x.get("pinned")]
-    fits = sorted({x["workers"] for x in rows if x["workers"] + 1 <= (os.cpu_count() or 1)})
+    cores = os.sched_getaffinity(0)
+    fits = sorted({x["workers"] for x in rows if plan(cores, x["workers"]) is not None})
     sizes = " or ".join(map(str, fits))
     where = f"cells of {sizes} worker{'s' if fits and fits[-1] > 1 else ''}" if fits else "no cell"
     how = (

@@ -78,3 +78,38 @@ def test_a_pinned_cell_moves_this_process_and_puts_everything_back() -> None:
     assert os.sched_getaffinity(0) == before and WORKER_CPUS not in os.environ
     with pinned(len(before)) as none:  # as many workers as cores: nothing pinned
         assert none is None and os.sched_getaffinity(0) == before
+
+
+def cell(model: str, workers: int, pinned: bool) -> dict[str, object]:
+    """A measured row as the overhead benchmark writes it: 5 pairs, Unicron clearly faster."""
+    return {
+        "model": model,
+        "workers": workers,
+        "ratio": 0.9,
+        "ddp_step_s": 0.02,
+        "unicron_step_s": 0.018,
+        "unicron_runs_s": [0.018, 0.0181, 0.0179, 0.018, 0.0182],
+        "ddp_runs_s": [0.02, 0.0201, 0.0199, 0.02, 0.0202],
+        "pinned": {"control": [0], "workers": [1]} if pinned else None,
+    }
+
+
+def test_the_pages_say_which_cells_were_pinned_and_judge_them() -> None:
+    from bench import gpu_docs
+    from bench.overhead_docs import pinned_text
+
+    rows = [cell("tinygpt", 1, True), cell("gpt-10m", 2, False)]
+    assert "Pinned cells" in pinned_text(rows) and ": tinygpt at 1." in pinned_text(rows)
+    assert pinned_text([cell("tinygpt", 1, False)]).startswith("No cell was pinned")
+    assert gpu_docs.cpu_row(rows[0]).endswith("met | 5 a side, spread 2%, pinned |")
+    assert gpu_docs.cpu_row(rows[1]).endswith("unpinned |")
+    assert "tinygpt at 1 (met), gpt-10m at 2 (met)" in gpu_docs.cpu_note(rows)
+    assert "1 of 2 cells were pinned" in gpu_docs.cpu_note(rows)
+
+
+def test_a_device_call_saves_its_checks_where_no_folder_was_made(tmp_path: Path) -> None:
+    from bench.gpu_bench import Sections
+
+    out = tmp_path / "not-made-yet" / "overhead-cpu.json"
+    Sections(out, {"cpus": 2}, set(), deadline=float("inf")).run("cell", lambda: [1])
+    assert json.loads(out.read_text())["cell"]["value"] == [1]
