@@ -3,11 +3,13 @@
 # project's wheels (carried in .whl/, for the image's Python; its own torch and numpy are used)
 # go into /tmp/site. Issue 12's CPU cells, pinned (a verdict on the target needs them), then issue
 # 14's sharded CPU cells; each step starts nothing after its time mark (seconds since this script
-# began; a gpt-10m cell of 5 runs a side: an estimated 2.5 min there). The GPU cells are in
+# began). Measured there pinned, 5 runs a side: gpt-10m at 2 workers 306 s, tinygpt at 2 188 s, so
+# one session's 15 device minutes hold about two cells: CPU_CELLS picks them (they run in
+# gpu_bench's CPU_CELLS order; the default: the cells docs/bench/overhead-cpu.json has no pinned
+# runs of yet). The GPU cells are in
 # docs/bench/gpu.json already: GPU_CELLS=1 runs them again at the end.
-# Made here with: pip download --only-binary :all: --no-deps --python-version 3.12 -d .whl PKG==V
-# for every package of pyproject.toml's dependencies and theirs, less torch and numpy (and carry
-# [".whl"] in the device call). Afterwards: python -m bench.gpu_bench FETCHED_DIR --docs
+# Wheels: bash bench/device_wheels.sh here first, and carry [".whl"] in the device call.
+# Afterwards: python -m bench.gpu_bench FETCHED_DIR --docs
 set -u
 OUT=${OUT:?the folder the JSON goes to}
 pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
@@ -17,7 +19,7 @@ print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'numpy', nu
 echo "cpus $(nproc)"
 left() { echo $(( $1 - SECONDS )); }
 python3 -m bench.gpu_bench "$OUT" cpu --budget "$(left "${CPU_MARK:-400}")" \
-    --only gpt-10m-2,gpt-10m-4,tinygpt-2,tinygpt-4,tinygpt-1,gpt-10m-1
+    --only "${CPU_CELLS:-gpt-10m-4,tinygpt-4}"
 python3 -m bench.gpu_bench "$OUT" cpu --budget "$(left "${HSDP_MARK:-440}")" --only gpt-20m-hsdp-2,gpt-20m-hsdp-4
 if [ "${GPU_CELLS:-0}" = 1 ]; then
     python3 -m bench.gpu_bench "$OUT" gpu --budget "$(left "${GPU_MARK:-480}")" \

@@ -54,10 +54,9 @@ def peer_summary(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def more_cores() -> str:
+def more_cores(path: Path = ROOT / "docs" / "bench" / "overhead-cpu.json") -> str:
     """What the same cells gave with fewer workers than cores (``bench.gpu_bench``'s CPU cells
     on a lent machine, docs/bench/overhead-cpu.json), if they were run."""
-    path = ROOT / "docs" / "bench" / "overhead-cpu.json"
     if not path.is_file():
         return ""
     measured = json.loads(path.read_text())
@@ -65,22 +64,26 @@ def more_cores() -> str:
     if not rows:
         return ""
     cores = measured["machine"]["cpus"]
-    if any(x.get("pinned") for x in rows):  # bench.gpu_bench's cells are pinned since 4eeffb1
+    pinned = [x for x in rows if x.get("pinned")]  # bench.gpu_bench's cells are pinned since 4eeffb1
+    unpinned = [x for x in rows if not x.get("pinned")]
+    parts = []
+    if pinned:
         verdicts = ", ".join(
             f"{x['model']} at {x['workers']}: {judged(x['unicron_runs_s'], x['ddp_runs_s'])['verdict']}"
-            for x in rows
+            for x in pinned
         )
-        return (
-            f" On a lent machine's {cores} cores, pinned (docs/gpu.md, {len(rows)} of these cells, "
-            f"judged the same way): {verdicts}."
+        parts.append(
+            f"pinned, {len(pinned)} of these cells (judged the same way): {verdicts}; the same side's "
+            f"runs differed by up to {max(spread(x) for x in pinned) * 100:.0f}%"
         )
-    ratios = sorted(x["ratio"] for x in rows)
-    return (
-        f" Fewer workers than cores alone did not settle it: on a lent machine's "
-        f"{cores} cores (docs/gpu.md, {len(rows)} of these cells, unpinned) "
-        f"the same side's runs differed by up to {max(spread(x) for x in rows) * 100:.0f}% and the "
-        f"ratios ranged from {ratios[0]:.3f} to {ratios[-1]:.3f}."
-    )
+    if unpinned:
+        ratios = sorted(x["ratio"] for x in unpinned)
+        parts.append(
+            f"unpinned, {len(unpinned)} cell{'s' if len(unpinned) > 1 else ''}: runs differed by up to "
+            f"{max(spread(x) for x in unpinned) * 100:.0f}% and the ratios ranged from "
+            f"{ratios[0]:.3f} to {ratios[-1]:.3f}"
+        )
+    return f" On a lent machine's {cores} cores (docs/gpu.md): {'; '.join(parts)}."
 
 
 def pinned_text(rows: list[dict[str, Any]]) -> str:
@@ -139,8 +142,7 @@ def write_markdown(r: dict[str, Any]) -> None:
     noise = (
         (
             "more than the 2% the target asks to resolve: this shared 2-core machine cannot show whether "
-            "the target is met in the noisier cells. Fewer workers than cores, pinned, and more runs are "
-            "what a verdict needs."
+            "the target is met in the noisier cells."
             if noisiest > TARGET - 1
             else "within the 2% the target asks to resolve."
         )

@@ -107,6 +107,19 @@ def test_the_pages_say_which_cells_were_pinned_and_judge_them() -> None:
     assert "1 of 2 cells were pinned" in gpu_docs.cpu_note(rows)
 
 
+def test_the_performance_page_tells_a_lent_machines_pinned_cells_from_its_unpinned(tmp_path: Path) -> None:
+    from bench.overhead_docs import more_cores
+
+    path = tmp_path / "overhead-cpu.json"
+    rows = {"tinygpt-2": cell("tinygpt", 2, True), "gpt-10m-4": cell("gpt-10m", 4, False)}
+    cells = {name: {"ok": True, "value": [row]} for name, row in rows.items()}
+    path.write_text(json.dumps({"machine": {"cpus": 16}} | cells))
+    text = more_cores(path)
+    assert "pinned, 1 of these cells (judged the same way): tinygpt at 2: met" in text
+    assert "unpinned, 1 cell:" in text and "gpt-10m at 4" not in text
+    assert more_cores(tmp_path / "never-run.json") == ""
+
+
 def test_a_device_call_saves_its_checks_where_no_folder_was_made(tmp_path: Path) -> None:
     from bench.gpu_bench import Sections
 
