@@ -145,6 +145,29 @@ def test_a_restarted_coordinator_keeps_the_ladder_the_measured_rates_and_the_spa
     assert cluster.c.detector.monitor("lm", cluster.c.store.get_task("lm").generation).mean_interval()
 
 
+def test_a_restarted_coordinator_times_the_next_step_from_its_own_start(make: Any) -> None:
+    """A new leader has its predecessor's step times (no warm-up) but has seen no step itself:
+    it counts the next step's lateness from when it began to judge, not from time zero (which
+    made every restart a hang: every rank restarted from the checkpoint). Training that has
+    truly stopped is still found, one deadline after the start."""
+    cluster = make()
+    for step in range(2, 40):  # 19 s: the step times are kept every 10 s
+        cluster.train(step)
+        cluster.step(0.5)
+    cluster.restart()
+    cluster.step()  # the agents are heard; the workers' next step is not reported yet
+    cluster.step()
+    assert cluster.events("hang_detected") == [] and cluster.events("incident") == []
+    for step in range(40, 46):  # training goes on under the new leader
+        cluster.train(step)
+        cluster.step(0.5)
+    assert cluster.events("hang_detected") == []
+    for _ in range(10):  # then it stops, every node still heard: a hang, timed from step 45
+        cluster.step(0.5)
+    (hang,) = cluster.events("hang_detected")
+    assert hang["step"] == 46 and hang["waited_s"] < 10.0, hang
+
+
 def test_a_restored_ladder_escalates_as_the_original_would() -> None:
     settings = Settings(max_reattempts=2)
     original = Ladder(settings)

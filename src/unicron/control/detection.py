@@ -175,13 +175,14 @@ class Detector:
         if task.step >= self.ctx.spec(task.name).run.iterations:
             return  # training is over; the workers are saving and exiting
         monitor = self.monitor(task.name, task.generation)
+        monitor.watch_from(now, task.step)
         grace = self.graced.get(key)
         if grace is not None and grace.step == monitor.last_step + 1 and now < grace.until:
             return  # a slow network's grace
         # One heartbeat more: the report of a step that did end may still be on its way.
         if not monitor.late(now - self.ctx.limits.heartbeat_interval_s):
             return
-        self._hung(task, now, monitor.last_step + 1, monitor.last_time, monitor.deadline() or 0.0)
+        self._hung(task, now, monitor.last_step + 1, monitor.since, monitor.deadline() or 0.0)
 
     def _hung(self, task: TaskRecord, now: float, step: int, since: float, deadline_s: float) -> None:
         """``step`` is late (nothing since ``since``): name the hung ranks, record every rank's

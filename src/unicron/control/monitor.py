@@ -23,6 +23,9 @@ class TaskMonitor:
     checkpoint_every: int = 0
     last_step: int = 0
     last_time: float = 0.0
+    # When this monitor began to judge, for one with no step of its own yet (a restarted or new
+    # leader's, warm with its predecessor's step times): the next step is late counted from then.
+    watching_since: float = 0.0
     intervals: deque[float] = field(default_factory=deque)
     compute: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> compute_s
     slow_streak: dict[int, int] = field(default_factory=dict)
@@ -55,9 +58,21 @@ class TaskMonitor:
             allowance = self.settings.checkpoint_allowance_s
         return self.settings.hang_deadline(mean) + allowance
 
+    def watch_from(self, now: float, step: int) -> None:
+        """Begin to judge at ``now``, the task at ``step``: a monitor that saw no step yet counts
+        the next one's lateness from here (not from time zero: the predecessor's last step is
+        not known), and names the step after ``step`` as the one that is late."""
+        if not self.last_time and not self.watching_since:
+            self.watching_since, self.last_step = now, step
+
+    @property
+    def since(self) -> float:
+        """What the next step's lateness counts from: the last step's end, else the watch's start."""
+        return max(self.last_time, self.watching_since)
+
     def late(self, now: float) -> bool:
         deadline = self.deadline()
-        return deadline is not None and now - self.last_time > deadline
+        return deadline is not None and now - self.since > deadline
 
     def rank_compute(self, step: int, rank: int, compute_s: float, world: int) -> list[tuple[int, bool]]:
         """Record a rank's compute time; returns (rank, is_straggler) for ranks whose status changed."""
