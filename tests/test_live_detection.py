@@ -86,7 +86,7 @@ def test_injected_faults_are_detected_classified_and_handled(tmp_path: Path) -> 
     assert task["state"] == "finished" and task["step"] == ITERATIONS
     final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
     assert final is not None
-    assert_same_state(final, reference(tmp_path, ITERATIONS))
+    assert_same_state(final, reference(ITERATIONS))
     # Restarted workers took their state from their node's in-memory copy, not from storage.
     rows = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     sources = {r["source"] for r in rows if r["what"] == "resumed"}

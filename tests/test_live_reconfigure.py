@@ -21,7 +21,14 @@ from unicron.control.localcluster import LocalCluster
 from unicron.core.specs import ClusterSpec, TaskSpec
 from unicron.planning.planner import ClusterState, plan
 
-from .test_live_cluster import ARGS, TRAIN, assert_ends_exact, assert_ledger_exact, read_trace
+from .test_live_cluster import (
+    ARGS,
+    TRAIN,
+    assert_ends_exact,
+    assert_ledger_exact,
+    prefetch_reference,
+    read_trace,
+)
 
 ITERATIONS = 160
 TASKS = {  # name -> (weight, throughput table, seed)
@@ -56,6 +63,8 @@ def allocation(cluster: LocalCluster) -> dict[str, int]:
 @pytest.mark.timeout(900)
 def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) -> None:
     traces = {name: tmp_path / f"{name}.jsonl" for name in TASKS}
+    for name in ("alpha", "gamma"):  # the tasks compared with a failure-free run at the end
+        prefetch_reference(ITERATIONS, ["--seed", str(TASKS[name][2])])
     with LocalCluster(tmp_path / "cluster", nodes=4, slots=2) as cluster:
         # The agents' registrations ask for a plan at the coordinator's next tick (every 0.1 s);
         # a submission that came before it would be planned then, solved while its table is

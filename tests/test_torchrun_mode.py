@@ -39,7 +39,7 @@ def test_torchrun_run_matches_a_single_process(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     state = load_latest(out)
     assert state is not None and state["step"] == 12 and state["world_size"] == 4
-    assert_same_state(state, reference(tmp_path, 12))
+    assert_same_state(state, reference(12))
 
 
 CLOSE_PROBE = """

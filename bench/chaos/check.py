@@ -25,11 +25,13 @@ ARGS = ["--dtype", "float64", "--global-batch", str(GLOBAL_BATCH), "--micro-batc
 ARGS += ["--dataset-size", str(DATASET)]
 
 
-def reference(out: Path, iterations: int, extra: Sequence[str] = ()) -> dict[str, Any]:
+def reference(out: Path, iterations: int, extra: Sequence[str] = (), niced: bool = False) -> dict[str, Any]:
     """The final checkpoint of the same training without failures, in one process (``extra``:
-    more arguments of the example trainer)."""
+    more arguments of the example trainer; ``niced``: at the lowest CPU priority, to train beside
+    a live cluster on the cycles it leaves)."""
     argv = [*ARGS, *extra, "--iterations", str(iterations), "--checkpoint-dir", str(out)]
-    subprocess.run([sys.executable, str(TRAIN), *argv], check=True, capture_output=True, timeout=900)
+    command = ["nice", "-n", "19"] * niced + [sys.executable, str(TRAIN), *argv]
+    subprocess.run(command, check=True, capture_output=True, timeout=900)
     state = load_latest(out)
     assert state is not None and state["step"] == iterations
     return state
