@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The device call for bench/gpu_bench.py, on a lent GPU machine (no network there): the
 # project's wheels (carried in .whl/, for the image's Python; its own torch and numpy are used)
-# go into /tmp/site. Issue 12's CPU cells, pinned (a verdict on the target needs them), then issue
-# 14's sharded CPU cells; each step starts nothing after its time mark (seconds since this script
-# began). Measured there pinned, 5 runs a side: gpt-10m at 2 workers 306 s, tinygpt at 2 188 s, so
-# one session's 15 device minutes hold about two cells: CPU_CELLS picks them (they run in
-# gpu_bench's CPU_CELLS order; the default: the cells docs/bench/overhead-cpu.json has no pinned
-# runs of yet). The GPU cells are in
+# go into /tmp/site. Issue 12's CPU cells, pinned (on 2026-11-27 pinned runs there still differed
+# by up to 41%), then issue 14's sharded CPU cells; each step starts nothing after its time mark
+# (seconds since this script began). Measured there pinned, 5 runs a side: gpt-10m at 2 workers
+# 306 s, tinygpt at 2 188 s, so one session's 15 device minutes hold about two cells: CPU_CELLS
+# picks them (they run in gpu_bench's CPU_CELLS order; the default: the cells
+# docs/bench/overhead-cpu.json has no pinned runs of yet). The GPU cells are in
 # docs/bench/gpu.json already: GPU_CELLS=1 runs them again at the end.
 # Wheels: bash bench/device_wheels.sh here first, and carry [".whl"] in the device call.
 # Afterwards: python -m bench.gpu_bench FETCHED_DIR --docs

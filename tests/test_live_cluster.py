@@ -50,7 +50,6 @@ def task_yaml(
     """A task running the example trainer: with a throughput ``table`` and 1e7 FLOPs per sample,
     or (``model``: ``extra`` holds its ``model:``) with both derived from the model."""
     program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", str(delay)])
-    prefetch_reference(iterations)
     planner = extra if model else f"throughput: {table}\n{extra}"
     flops = "" if model else ", flops_per_sample: 1e7"
     return (
@@ -100,7 +99,8 @@ def without_tokens() -> dict[str, str]:
 
 
 # Failure-free runs, by (iterations, trainer arguments): each trained once per test session, in
-# the background and niced from the moment a test builds its task's spec, so that it trains
+# the background and niced from the moment a test builds its task's spec (``traced_task``, the
+# spec most tests compare with one) or asks for it (``prefetch_reference``), so that it trains
 # beside the live cluster on the CPU it leaves (a third of this 2-core machine; 7-10 s each).
 REFERENCES: dict[tuple[int, tuple[str, ...]], Future[dict[str, Any]]] = {}
 TRAINER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference")
@@ -240,6 +240,7 @@ def assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(600)
 def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> None:
+    prefetch_reference(ITERATIONS)  # compared with at the end
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
         cluster.submit(task_yaml("lm", 1, "{2: 2.0e9, 4: 3.6e9}", ITERATIONS, 0.15))
 
