@@ -56,6 +56,7 @@ class Cluster:
     acked: dict[str, int] = field(default_factory=dict)
     pids: int = 100
     positions: dict[tuple[str, int, int], Progress] = field(default_factory=dict)  # what workers sent
+    late_renames: set[str] = field(default_factory=set)  # nodes whose agents have not renamed yet
 
     def beat(self, node: str, *reports: WorkerReport) -> None:
         workers = [
@@ -79,7 +80,7 @@ class Cluster:
             if isinstance(order, LaunchWorker):
                 self.pids += 1
                 self.running[(order.task, order.generation, order.rank)] = (node, self.pids)
-            elif isinstance(order, RenameWorker):
+            elif isinstance(order, RenameWorker) and node not in self.late_renames:
                 entry = self.running.pop((order.task, order.generation, order.rank), None)
                 if entry is not None:
                     self.running[(order.task, order.new_generation, order.new_rank)] = entry

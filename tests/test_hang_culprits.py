@@ -8,14 +8,17 @@ import asyncio
 import subprocess
 import sys
 import time
+from asyncio.subprocess import PIPE
+from pathlib import Path
 from typing import Any
 
+from unicron.control import stackdump
 from unicron.control.hangs import hang_verdict, innermost_frame
-from unicron.control.processes import is_stopped, read_stack
+from unicron.control.processes import Worker, is_stopped, read_stack
 from unicron.control.records import WorkerRecord
-from unicron.core.protocol import DumpStacks, Phase, Progress, StacksReport, StopWorkers
+from unicron.core.protocol import DumpStacks, LaunchWorker, Phase, Progress, StacksReport, StopWorkers
 from unicron.core.settings import Settings
-from unicron.core.states import WorkerPhase
+from unicron.core.states import TaskState, WorkerPhase
 
 NOW = 1000.0
 STACK = """Thread 0x00007f0000000001 (most recent call first):
@@ -159,6 +162,66 @@ def test_a_running_culprit_is_found_from_positions_and_stopped_after_the_stacks(
     cluster.beat(culprit_node, report)
     (stacks,) = cluster.events("stacks")
     assert stacks["incident"] == incident["id"] and stacks["where"] == {"2": "_spin (faults.py:171)"}
+
+
+def test_a_survivor_its_agent_has_not_renamed_yet_is_judged_where_its_process_is(make: Any) -> None:
+    """After an in-place change of membership, an agent reports its survivors under their old
+    identity until it has carried the rename out (the CI run that failed so: a rank stalled as
+    a grow let a newcomer in). A hang judged meanwhile still finds where each process is, and
+    blames the stalled one under its new rank, not nobody (nor, after a grace, too late)."""
+    cluster = make(hang_warmup_steps=2, hang_floor_s=1.0, heartbeat_interval_s=0.5)
+    for step in range(2, 6):
+        cluster.clock.now += 0.5
+        cluster.train(step)
+    cluster.late_renames.add("n1")
+    cluster.exit(1)  # on n0: ranks 2 and 3 on n1 become ranks 1 and 2
+    cluster.clock.now += 0.5
+    cluster.train(6)
+    task = cluster.c.store.get_task("lm")
+    assert task.generation == 2 and task.state is TaskState.RUNNING
+    assert sorted(k for k in cluster.running if cluster.running[k][0] == "n1") == [("lm", 1, 2), ("lm", 1, 3)]
+    cluster.positions[("lm", 2, 0)] = at(Phase.COLLECTIVE, "all_reduce", step=7)
+    cluster.positions[("lm", 1, 2)] = at(Phase.COLLECTIVE, "all_reduce", step=7)
+    cluster.positions[("lm", 1, 3)] = at(Phase.COMPUTE, step=7)  # the stalled one: now rank 2
+    for _ in range(6):  # 3 s: past 3 x 0.5 s plus one heartbeat
+        cluster.step(0.5)
+    (hang,) = cluster.events("hang_detected")
+    assert hang["culprits"] == [2] and not hang["peer_check"], hang
+    assert hang["where"] == {"0": "step 7: collective all_reduce", "1": "step 7: collective all_reduce",
+                             "2": "step 7: compute (micro-batch 3)"}  # fmt: skip
+
+
+def test_a_dump_files_each_stack_under_the_rank_its_worker_had_when_ordered(tmp_path: Path) -> None:
+    """The agent begins a dump as the order comes and finishes it beside the orders that follow
+    (control/stackdump.py); a rename among them (an in-place recovery) must not move the stack
+    to another rank, nor lose it."""
+    log = tmp_path / "worker.log"
+    program = (
+        "import faulthandler, signal, sys, time\n"
+        f"faulthandler.register(signal.SIGUSR1, file=open({str(log.with_suffix('.stacks'))!r}, 'w'))\n"
+        "print('ready', flush=True)\n"
+        "def waiting():\n"
+        "    time.sleep(60)\n"
+        "waiting()\n"
+    )
+
+    async def dumped() -> StacksReport:
+        process = await asyncio.create_subprocess_exec(sys.executable, "-c", program, stdout=PIPE)
+        try:
+            assert process.stdout is not None and await process.stdout.readline() == b"ready\n"
+            order = LaunchWorker(task="lm", generation=1, rank=3, world_size=4, local_rank=1, argv=[])
+            position = Progress(pid=process.pid, step=7, phase=Phase.COMPUTE, time=NOW)
+            worker = Worker(order, process, log, last_position=position)
+            dump = stackdump.begin(DumpStacks(task="lm", generation=1), "n1", [worker])
+            worker.order = order.model_copy(update={"generation": 2, "rank": 2})  # the rename
+            return await stackdump.finish(dump)
+        finally:
+            process.kill()
+            await process.wait()
+
+    report = asyncio.run(dumped())
+    assert list(report.stacks) == [3] and report.generation == 1
+    assert innermost_frame(report.stacks[3]) == "waiting (<string>:5)", report.stacks
 
 
 def test_a_stopped_process_stack_is_read_without_resuming_it() -> None:

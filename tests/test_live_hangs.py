@@ -40,7 +40,7 @@ def test_a_running_hung_rank_is_found_by_its_position_and_only_it_is_killed(tmp_
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
         events, rows = finish_and_settle(cluster, trace)
-    story = [(e["kind"], e["detail"]) for e in events]
+    story = "\n".join(f"{e['time']:.2f} {e['kind']} {e['detail']}" for e in events)
     kinds = [e["kind"] for e in events]
     faults = [r for r in rows if r["what"] == "fault"]
     assert [f["action"] for f in faults] == ["spin", "stall_before_reduce"], faults
@@ -52,14 +52,16 @@ def test_a_running_hung_rank_is_found_by_its_position_and_only_it_is_killed(tmp_
     assert [i["detail"]["kind"] for i in incidents] == ["task_hang", "task_hang"], story
     assert kinds.count("task_launch") == 1 and kinds.count("in_process_recovery") == 2, story
     assert_every_incident_closed(events)
-    # Every rank's stack is recorded with its incident; the culprit's says where it hung.
-    for incident, fault in zip(incidents, faults, strict=True):
+    # Every rank's stack is recorded with its incident; the culprit's says where it hung. (The
+    # ranks judged are the generation's: 3 or 4, as the grow that follows the first recovery
+    # has let its newcomer in or not.)
+    for incident, hang, fault in zip(incidents, hangs, faults, strict=True):
         dumps = [
             e["detail"] for e in events if e["kind"] == "stacks" and e["detail"]["incident"] == incident["id"]
         ]
         stacks = {int(rank): text for d in dumps for rank, text in d["stacks"].items()}
         where = {int(rank): frame for d in dumps for rank, frame in d["where"].items()}
-        assert sorted(stacks) == [0, 1, 2, 3], dumps
+        assert {int(rank) for rank in hang["where"]} <= set(stacks), dumps
         assert all("most recent call first" in text for text in stacks.values()), stacks
         assert where[fault["rank"]].startswith(CULPRIT_FRAMES[fault["action"]]), where
     # Only the culprits were killed: every other process that trained trained the last step (a

@@ -27,11 +27,11 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import ValidationError
 
-from unicron.control import peerprobe, tcpretrans
+from unicron.control import peerprobe, stackdump
 from unicron.control.agentmetrics import AgentMetrics
 from unicron.control.credentials import Credentials
 from unicron.control.hostaddress import NodeAddress
-from unicron.control.processes import Worker, dies_with_parent, is_stopped, read_stack
+from unicron.control.processes import Worker, dies_with_parent
 from unicron.core.coordinators import Coordinators
 from unicron.core.protocol import (
     AGENT_DATAGRAM,
@@ -93,7 +93,7 @@ class Agent:
             f"the coordinator at {self.coordinators}", base_s=0.5, cap_s=AGENT_RETRY_CAP_S
         )
         self.probe_port = 0  # the peer-probe listener's, once it listens (run)
-        self.dumping = asyncio.Lock()  # held while stacks are dumped: a stop waits for it
+        self.dumps: set[asyncio.Task[None]] = set()  # stacks being read: a stop waits for them
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -242,50 +242,24 @@ class Agent:
         ]
         await asyncio.gather(*(self._terminate(w, order.grace_s) for w in chosen))
 
-    async def dump_stacks(self, order: DumpStacks) -> None:
-        """Have every live worker of the task write its Python stack (faulthandler on SIGUSR1)
-        and report them; a stopped process cannot write one, so its stack is read from outside
-        (py-spy, without resuming it)."""
-        async with self.dumping:
-            live = [w for (task, _, _), w in self.workers.items() if task == order.task and not w.exited]
-            halted = {w.process.pid for w in live if is_stopped(w.process.pid)}
-            stopped = [w for w in live if w.process.pid in halted]
-            # Only workers that wrote a position run the library, which handles the signal
-            # (SIGUSR1's default action would end any other program).
-            signalled = [w for w in live if w.progress is not None and w.process.pid not in halted]
-            offsets = {}
-            for w in signalled:
-                offsets[w.order.rank] = w.stack_file.stat().st_size if w.stack_file.exists() else 0
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(w.process.pid, signal.SIGUSR1)
-            stacks = {w.order.rank: await read_stack(w.process.pid) for w in stopped}
-            # The peers are probed meanwhile: a hang no rank is to blame for may be the network.
-            probing = asyncio.ensure_future(peerprobe.unreachable(order.peers)) if order.peers else None
-            # Read before and after the wait: data still unacknowledged after it waits on TCP.
-            sockets = None if probing is None else tcpretrans.read(w.process.pid for w in live)
-            await asyncio.sleep(order.wait_s)
-            for w in signalled:
-                with contextlib.suppress(OSError), w.stack_file.open("rb") as f:
-                    f.seek(offsets[w.order.rank])
-                    stacks[w.order.rank] = f.read(64_000).decode(errors="replace")
-            self.queue(
-                StacksReport(
-                    task=order.task,
-                    generation=order.generation,
-                    node=self.node,
-                    stacks=stacks,
-                    time=time.time(),
-                    unreachable=None if probing is None else await probing,
-                    retransmitting=None
-                    if sockets is None
-                    else tcpretrans.stalled(sockets, tcpretrans.read(w.process.pid for w in live)),
-                )
-            )
+    def dump_stacks(self, order: DumpStacks) -> None:
+        """Have every live worker of the task write its Python stack and report them
+        (``stackdump``): begun now, in turn with the other orders, and finished beside them."""
+        dump = stackdump.begin(order, self.node, self.workers.values())
+        task = asyncio.create_task(self._report_stacks(dump))
+        self.dumps.add(task)
+        task.add_done_callback(self.dumps.discard)
+
+    async def _report_stacks(self, dump: stackdump.StackDump) -> None:
+        try:
+            self.queue(await stackdump.finish(dump))
+        except Exception as exc:  # the orders' loops go on: say it, as they do
+            print(f"agent {self.node}: stack dump failed: {exc!r}", file=sys.stderr)
 
     async def _terminate(self, worker: Worker, grace_s: float) -> None:
         worker.stop_ordered = True
-        async with self.dumping:
-            pass  # a dump under way first: the hung worker's stack is the one that matters
+        # The dumps under way first: the hung worker's stack is the one that matters.
+        await asyncio.gather(*self.dumps, return_exceptions=True)
         if grace_s > 0:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker.process.pid, signal.SIGTERM)
@@ -349,7 +323,7 @@ class Agent:
             elif isinstance(order, ForgetTask):
                 self.forget_task(order)
             elif isinstance(order, DumpStacks):
-                await self.dump_stacks(order)
+                self.dump_stacks(order)
             else:
                 self._spawn(self.stop(order))
 

@@ -17,10 +17,10 @@ from unicron.control.context import Context
 from unicron.control.hangs import WorkerKey, hang_verdict
 from unicron.control.monitor import TaskMonitor
 from unicron.control.peercheck import PeerCheck, outcome, probe_endpoints
-from unicron.control.records import NodeRecord, TaskRecord
+from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.recovery import Recovery
 from unicron.control.removal import forgettable
-from unicron.core.protocol import AGENT_RETRY_CAP_S, Progress, StacksReport
+from unicron.core.protocol import AGENT_RETRY_CAP_S, Progress, StacksReport, WorkerState
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind
@@ -75,6 +75,9 @@ class Detector:
     monitors: dict[tuple[str, int], TaskMonitor] = field(default_factory=dict)
     stopped: dict[WorkerKey, bool] = field(default_factory=dict)  # process is SIGSTOPped
     progress: dict[WorkerKey, Progress | None] = field(default_factory=dict)  # last reported position
+    # The same, by process (task, pid): a survivor renamed into a new generation is reported
+    # under its old identity until its agent has carried the rename out.
+    by_process: dict[tuple[str, int], tuple[bool, Progress | None]] = field(default_factory=dict)
     hang_incidents: dict[tuple[str, int], int] = field(default_factory=dict)  # (task, gen) -> incident
     checks: dict[tuple[str, int], PeerCheck] = field(default_factory=dict)  # hangs awaiting a peer probe
     graced: dict[tuple[str, int], Grace] = field(default_factory=dict)
@@ -106,10 +109,32 @@ class Detector:
             if not any(k[0] == name for k in self.monitors)
         }
 
+    def worker_seen(self, state: WorkerState) -> None:
+        """What a heartbeat says of a worker process: whether it is stopped, and where it is."""
+        halted = state.stopped and state.running
+        self.stopped[(state.task, state.generation, state.rank)] = halted
+        self.progress[(state.task, state.generation, state.rank)] = state.progress
+        self.by_process[(state.task, state.pid)] = (halted, state.progress)
+
+    def observed(
+        self, workers: Sequence[WorkerRecord]
+    ) -> tuple[dict[WorkerKey, bool], dict[WorkerKey, Progress | None]]:
+        """Whether each worker is stopped and where it is: as reported under its identity, else
+        (renamed, its agent not told yet) as its process last reported under its old one."""
+        stopped, progress = {}, {}
+        for w in workers:
+            old = self.by_process.get((w.task, w.pid)) if w.pid is not None else None
+            if w.key in self.progress or old is None:
+                stopped[w.key], progress[w.key] = self.stopped.get(w.key, False), self.progress.get(w.key)
+            else:
+                stopped[w.key], progress[w.key] = old
+        return stopped, progress
+
     def forget(self, name: str) -> None:
         self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
         self.stopped = {k: v for k, v in self.stopped.items() if k[0] != name}
         self.progress = {k: v for k, v in self.progress.items() if k[0] != name}
+        self.by_process = {k: v for k, v in self.by_process.items() if k[0] != name}
         self.checks = {k: v for k, v in self.checks.items() if k[0] != name}
         self.graced = {k: v for k, v in self.graced.items() if k[0] != name}
         self.restored.pop(name, None)
@@ -190,7 +215,8 @@ class Detector:
         agents probe each other first (``peercheck``): the incident waits for their answer."""
         workers, limits = self.ctx.store.workers(task.name, task.generation, live=True), self.ctx.limits
         seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
-        verdict = hang_verdict(workers, seen, self.stopped, self.progress, now, limits)
+        stopped, progress = self.observed(workers)
+        verdict = hang_verdict(workers, seen, stopped, progress, now, limits)
         if verdict is None:
             return
         culprits, grace = verdict.culprits, self.graced.get((task.name, task.generation))
