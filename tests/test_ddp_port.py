@@ -23,6 +23,7 @@ from .test_live_cluster import (
     assert_ledger_exact,
     assert_same_parameters,
     finish_and_settle,
+    story_of,
     traced_task,
 )
 
@@ -108,9 +109,7 @@ def test_the_port_recovers_in_place_and_ends_as_the_failure_free_original(tmp_pa
         cluster.kill_node("node-1")
         events, rows = finish_and_settle(cluster, trace, "port")
     kinds = [e["kind"] for e in events]
-    story = [
-        (e["kind"], e["detail"]) for e in events if e["kind"] not in ("throughput_measured", "straggler")
-    ]
+    story = story_of([e for e in events if e["kind"] not in ("throughput_measured", "straggler")])
     assert kinds.count("task_launch") == 1, story  # nothing restarted from a checkpoint
     assert kinds.count("in_process_recovery") >= 3, story
     assert [e["detail"]["action"] for e in events if e["kind"] == "fault_injected"] == [

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -144,6 +144,14 @@ def finish_and_settle(
     pids = {r["pid"] for r in rows if r["what"] == "started"}
     cluster.wait(lambda: not any(alive(p, trace) for p in pids), 30, "every process of the task to exit")
     return events, rows
+
+
+def story_of(events: Sequence[Mapping[str, Any]]) -> str:
+    """A task's events as a failed assertion shows them: one per line, with its time, whole (a
+    list would be cut short in the CI log, and the event that explains a failure with it)."""
+    return "\n".join(
+        f"{e['time']:.2f} {e['kind']} {e.get('node') or ''} {json.dumps(e['detail'])}" for e in events
+    )
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:

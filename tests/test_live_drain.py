@@ -15,7 +15,7 @@ import pytest
 
 from unicron.control.localcluster import LocalCluster
 
-from .test_live_cluster import assert_ends_exact, assert_ledger_exact, read_trace, traced_task
+from .test_live_cluster import assert_ends_exact, assert_ledger_exact, read_trace, story_of, traced_task
 
 
 def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -62,7 +62,7 @@ def test_a_drained_node_is_emptied_without_losing_a_step(tmp_path: Path) -> None
         assert resumed.returncode == 0 and "healthy" in resumed.stdout, resumed.stderr
         events = cluster.get("/v1/events", limit=100_000)
     kinds = [e["kind"] for e in events]
-    story = [(e["kind"], e["detail"]) for e in events]
+    story = story_of(events)
     assert kinds.count("task_launch") == 1 and "incident" not in kinds, "\n".join(map(str, story))  # moved
     assert [e["detail"]["reason"] for e in events if e["kind"] == "node_draining"] == ["maintenance"]
     assert "node_resumed" in kinds

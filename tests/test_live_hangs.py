@@ -20,6 +20,7 @@ from .test_live_cluster import (
     assert_every_incident_closed,
     assert_ledger_exact,
     finish_and_settle,
+    story_of,
     traced_task,
 )
 
@@ -40,7 +41,7 @@ def test_a_running_hung_rank_is_found_by_its_position_and_only_it_is_killed(tmp_
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
         events, rows = finish_and_settle(cluster, trace)
-    story = "\n".join(f"{e['time']:.2f} {e['kind']} {e['detail']}" for e in events)
+    story = story_of(events)
     kinds = [e["kind"] for e in events]
     faults = [r for r in rows if r["what"] == "fault"]
     assert [f["action"] for f in faults] == ["spin", "stall_before_reduce"], faults
@@ -86,7 +87,7 @@ def test_a_rank_hung_in_the_first_step_is_found_without_step_times(tmp_path: Pat
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
         events, rows = finish_and_settle(cluster, trace)
-    story = [(e["kind"], e["detail"]) for e in events]
+    story = story_of(events)
     (hang,) = [e["detail"] for e in events if e["kind"] == "hang_detected"]
     assert hang["culprits"] == [1] and hang["step"] == 1 and hang["generation"] == 1, story
     assert [e["detail"]["kind"] for e in events if e["kind"] == "incident"] == ["task_hang"], story

@@ -7,7 +7,6 @@ process. Skipped, with the reason, where network namespaces cannot be made.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -31,7 +30,13 @@ from unicron.control.testhosts import (
     unavailable,
 )
 
-from .test_live_cluster import assert_ends_exact, assert_ledger_exact, finish_and_settle, traced_task
+from .test_live_cluster import (
+    assert_ends_exact,
+    assert_ledger_exact,
+    finish_and_settle,
+    story_of,
+    traced_task,
+)
 
 REASON = unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no test hosts here: {REASON}")
@@ -185,7 +190,7 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
     said = (tmp_path / "cluster" / "logs" / f"agent-{lost}.log").read_text()
     assert said.count("cannot reach the coordinator") == 1 and "reached the coordinator" in said, said
     kinds = [e["kind"] for e in events]
-    story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
+    story = story_of(events)
     assert kinds.count("task_launch") == 1, story  # recovered in place: never relaunched
     assert at_heal < iterations, "the heal came after the task ended: nothing was shown"
     survivors = {w["pid"] for n, w in workers.items() if n != lost}
@@ -259,7 +264,7 @@ def test_a_host_that_reaches_the_coordinator_but_not_its_peers_is_found_and_take
         hosts.mend()
         cluster.wait(lambda: cluster.task("lm")["workers"] == 3, 120, "the task to grow back onto it")
         events, rows = finish_and_settle(cluster, trace)
-    story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
+    story = story_of(events)
     checks = [e["detail"] for e in events if e["kind"] == "peer_check"]
     assert checks and checks[0]["culprits"] == [cut], story
     assert set(checks[0]["unreachable"][cut]) == {"node-0", "node-1"}, story
@@ -326,7 +331,7 @@ def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path
         assert cluster.task("lm")["step"] < iterations, "the task ended before the delay was shown"
         hosts.delay(slow, 0)
         events, rows = finish_and_settle(cluster, trace)
-    story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
+    story = story_of(events)
     assert not [e for e in events if e["kind"] == "incident"], story
     assert_ledger_exact(rows, iterations, world=3)
     assert_ends_exact(tmp_path, "lm", iterations)
@@ -353,7 +358,7 @@ def test_a_collective_stalled_past_its_grace_by_retransmissions_is_no_hang(tmp_p
         cluster.wait(lambda: cluster.task("lm")["step"] >= began + 10, 120, "10 steps after the stall")
         assert cluster.task("lm")["step"] < iterations, "the task ended before the stall was shown"
         events, rows = finish_and_settle(cluster, trace)
-    story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
+    story = story_of(events)
     assert not [e for e in events if e["kind"] == "incident"], story
     checks = [e["detail"] for e in events if e["kind"] == "peer_check"]
     renewed = [c for c in checks if sum(c["retransmitting"].values()) > 0]

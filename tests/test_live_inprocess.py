@@ -23,6 +23,7 @@ from .test_live_cluster import (
     assert_every_incident_closed,
     assert_ledger_exact,
     read_trace,
+    story_of,
     traced_task,
 )
 
@@ -63,7 +64,7 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
         events = cluster.get("/v1/events", task="lm")
     kinds = [e["kind"] for e in events]
     # Nothing was relaunched from a checkpoint: one launch, four recoveries in place.
-    story = [(e["kind"], e["detail"]) for e in events]
+    story = story_of(events)
     assert kinds.count("task_launch") == 1, story
     incidents = [e["detail"]["kind"] for e in events if e["kind"] == "incident"]
     # Each fault was handled in place (timing may add an incident for a fault's aftermath, and
@@ -174,7 +175,7 @@ def test_members_lost_while_the_group_reforms_are_recovered_in_place(tmp_path: P
         cluster.submit(spec)
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 420, "the task to finish")
         events = cluster.get("/v1/events", task="lm")
-    story = [(e["kind"], e["detail"]) for e in events]
+    story = story_of(events)
     kinds = [e["kind"] for e in events]
     assert kinds.count("task_launch") == 1, story
     assert "checkpoint_restored" not in kinds, story

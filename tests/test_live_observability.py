@@ -8,7 +8,6 @@ browser part is skipped, with the reason, where no browser can be started."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -28,7 +27,13 @@ from unicron.control.tokens import issue
 from unicron.core.access import Role
 
 from .conftest import ROOT
-from .test_live_cluster import assert_ends_exact, assert_ledger_exact, finish_and_settle, traced_task
+from .test_live_cluster import (
+    assert_ends_exact,
+    assert_ledger_exact,
+    finish_and_settle,
+    story_of,
+    traced_task,
+)
 
 NO_BROWSER = unavailable()
 if NO_BROWSER is None:
@@ -117,7 +122,7 @@ def test_a_failure_is_counted_broken_down_and_shown_live(tmp_path: Path) -> None
         agent = {n: samples(page) for n, page in pages.items()}
         watched, followed = interrupted(watch), interrupted(follow)
         events, rows = finish_and_settle(cluster, trace)
-    story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
+    story = story_of(events)
     assert incident["outcome"] == "recovered" and incident["fault_source"] == "injected", story
     assert incident["actions"] == ["in-process recovery"] and incident["lost_micro_batches"] > 0, incident
     assert all(v is not None and v >= 0 for v in incident["seconds"].values()), incident

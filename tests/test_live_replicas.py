@@ -13,7 +13,7 @@ import pytest
 
 from unicron.control.localcluster import LocalCluster
 
-from .test_live_cluster import assert_ends_exact, assert_ledger_exact, read_trace, traced_task
+from .test_live_cluster import assert_ends_exact, assert_ledger_exact, read_trace, story_of, traced_task
 
 
 def replicas_per_node(workers: list[dict[str, object]]) -> dict[str, list[int]]:
@@ -52,7 +52,7 @@ def test_a_dead_rank_takes_its_replica_out_and_a_whole_one_comes_back(tmp_path: 
         again = cluster.get("/v1/workers")
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
         events = cluster.get("/v1/events", task="lm", limit=100_000)
-    story = [(e["kind"], e["detail"]) for e in events]
+    story = story_of(events)
     assert whole(replicas_per_node([w for w in again if w["state"] == "running"])), again
     kinds = [e["kind"] for e in events]
     assert kinds.count("task_launch") == 1, story  # recovered in place, never relaunched

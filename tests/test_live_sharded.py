@@ -18,7 +18,15 @@ from unicron.control.localcluster import LocalCluster
 from unicron.train import dcpfiles
 from unicron.train.dcpfiles import path_for
 
-from .test_live_cluster import ARGS, ROOT, assert_ends_exact, assert_ledger_exact, read_trace, traced_task
+from .test_live_cluster import (
+    ARGS,
+    ROOT,
+    assert_ends_exact,
+    assert_ledger_exact,
+    read_trace,
+    story_of,
+    traced_task,
+)
 from .test_live_replicas import replicas_per_node, whole
 
 FSDP = ROOT / "examples" / "fsdp" / "train.py"
@@ -55,7 +63,7 @@ def test_a_sharded_replica_fails_whole_and_a_replacement_takes_shards_from_a_liv
         cluster.kill_node(lost)
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
         events = cluster.get("/v1/events", task="lm", limit=100_000)
-    story = [(e["kind"], e["detail"]) for e in events]
+    story = story_of(events)
     assert [e["kind"] for e in events].count("task_launch") == 1, story  # never relaunched
     recovered = [e["detail"] for e in events if e["kind"] == "in_process_recovery"]
     assert recovered[0]["failed"] == [1] and recovered[0]["survivors"] == [2, 3, 4, 5], story
@@ -125,7 +133,7 @@ def test_a_sharded_task_trains_in_float32(tmp_path: Path) -> None:
         )
         cluster.wait(lambda: cluster.task("lm")["state"] in ("finished", "failed"), 240, "the task to end")
         task = cluster.task("lm")
-        story = [(e["kind"], e["detail"]) for e in cluster.get("/v1/events", task="lm")]
+        story = story_of(cluster.get("/v1/events", task="lm"))
     assert task["state"] == "finished" and task["failures"] == 0, "\n".join(map(str, story))
     assert len([r for r in read_trace(trace) if r["what"] == "sharded"]) == 4
 

@@ -26,6 +26,7 @@ from .test_live_cluster import (
     assert_ledger_exact,
     finish_and_settle,
     latest_generation,
+    story_of,
     traced_task,
 )
 
@@ -98,7 +99,7 @@ def test_a_task_cut_off_whole_trains_on_there_but_commits_nothing(tmp_path: Path
         cluster.wait(lambda: node_state(cluster, node) == "healthy", 60, f"{node} to register again")
         events, rows = finish_and_settle(cluster, trace)
         watcher.halt.set()
-    story = "\n".join(json.dumps([e["kind"], e["detail"]]) for e in events)
+    story = story_of(events)
     # They did train on, cut off, past checkpoints they would have committed...
     assert trained_cut_off >= at_cut + 10, story
     # ...and none landed: every commit of theirs predates the cut.
