@@ -120,6 +120,23 @@ def test_an_in_process_recovery_past_its_deadline_escalates_to_a_restart(make: A
     assert outcome["actions"] == ["in-process recovery", "restart from checkpoint"]
 
 
+def test_a_recovery_past_its_deadline_restarts_only_members_stuck_on_the_way(make: Any) -> None:
+    """Whether a member reached the re-formed generation is told by where its process is, also
+    while its agent still reports it under its old identity (the rename not carried out yet):
+    only the one still in the old generation is named stuck and restarted."""
+    cluster = make(recovery_deadline_s=10.0)
+    cluster.late_renames.add("n1")
+    cluster.exit(1)  # on n0: ranks 2 and 3 on n1 become ranks 1 and 2
+    assert cluster.c.store.get_task("lm").generation == 2
+    arrived = Progress(pid=1, generation=2, step=2, phase=Phase.REJOIN)
+    cluster.positions |= {("lm", 2, 0): arrived, ("lm", 1, 2): arrived}
+    cluster.positions[("lm", 1, 3)] = Progress(pid=1, generation=1, step=2, phase=Phase.COLLECTIVE)
+    for _ in range(21):
+        cluster.step(0.5)
+    (escalation,) = cluster.events("escalation")
+    assert "rank(s) [2] never reached generation 2" in escalation["why"], escalation
+
+
 def test_a_member_the_agent_lists_as_exited_is_not_waited_for(make: Any) -> None:
     """The exit report went under an identity the worker has left; the agent's list of its
     workers (renamed, not running, killed by signal 9) is enough to open the incident."""

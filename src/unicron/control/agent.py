@@ -105,10 +105,11 @@ class Agent:
         if line is not None:
             print(f"agent {self.node}: {line}", file=sys.stderr, flush=True)
 
-    def _spawn(self, coroutine: Any) -> None:
+    def _spawn(self, coroutine: Any) -> asyncio.Task[None]:
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     # ------------------------------------------------------------------ reports from workers
     class _Datagrams(asyncio.DatagramProtocol):
@@ -245,10 +246,9 @@ class Agent:
     def dump_stacks(self, order: DumpStacks) -> None:
         """Have every live worker of the task write its Python stack and report them
         (``stackdump``): begun now, in turn with the other orders, and finished beside them."""
-        dump = stackdump.begin(order, self.node, self.workers.values())
-        task = asyncio.create_task(self._report_stacks(dump))
-        self.dumps.add(task)
-        task.add_done_callback(self.dumps.discard)
+        dump = self._spawn(self._report_stacks(stackdump.begin(order, self.node, self.workers.values())))
+        self.dumps.add(dump)
+        dump.add_done_callback(self.dumps.discard)
 
     async def _report_stacks(self, dump: stackdump.StackDump) -> None:
         try:

@@ -457,7 +457,7 @@ class Coordinator:
                 self._finish_stopping(task, now)
             elif task.state is TaskState.STARTING:
                 self.detector.check_start(task, now)
-                self.recovery.check_deadline(task.name, task.generation, now, self.detector.progress)
+                self.recovery.check_deadline(task.name, task.generation, now, self.detector.positions)
             elif task.state is TaskState.RUNNING:
                 self.detector.check_hang(task, now)
         self._keep_step_times(now)

@@ -73,11 +73,10 @@ class Detector:
     ctx: Context
     recovery: Recovery
     monitors: dict[tuple[str, int], TaskMonitor] = field(default_factory=dict)
-    stopped: dict[WorkerKey, bool] = field(default_factory=dict)  # process is SIGSTOPped
-    progress: dict[WorkerKey, Progress | None] = field(default_factory=dict)  # last reported position
-    # The same, by process (task, pid): a survivor renamed into a new generation is reported
+    # What each worker process last reported, by (task, pid): whether it is stopped (SIGSTOP), and
+    # where it is. By process, not by rank: a survivor renamed into a new generation is reported
     # under its old identity until its agent has carried the rename out.
-    by_process: dict[tuple[str, int], tuple[bool, Progress | None]] = field(default_factory=dict)
+    processes: dict[tuple[str, int], tuple[bool, Progress | None]] = field(default_factory=dict)
     hang_incidents: dict[tuple[str, int], int] = field(default_factory=dict)  # (task, gen) -> incident
     checks: dict[tuple[str, int], PeerCheck] = field(default_factory=dict)  # hangs awaiting a peer probe
     graced: dict[tuple[str, int], Grace] = field(default_factory=dict)
@@ -111,30 +110,21 @@ class Detector:
 
     def worker_seen(self, state: WorkerState) -> None:
         """What a heartbeat says of a worker process: whether it is stopped, and where it is."""
-        halted = state.stopped and state.running
-        self.stopped[(state.task, state.generation, state.rank)] = halted
-        self.progress[(state.task, state.generation, state.rank)] = state.progress
-        self.by_process[(state.task, state.pid)] = (halted, state.progress)
+        self.processes[(state.task, state.pid)] = (state.stopped and state.running, state.progress)
 
-    def observed(
-        self, workers: Sequence[WorkerRecord]
-    ) -> tuple[dict[WorkerKey, bool], dict[WorkerKey, Progress | None]]:
-        """Whether each worker is stopped and where it is: as reported under its identity, else
-        (renamed, its agent not told yet) as its process last reported under its old one."""
-        stopped, progress = {}, {}
-        for w in workers:
-            old = self.by_process.get((w.task, w.pid)) if w.pid is not None else None
-            if w.key in self.progress or old is None:
-                stopped[w.key], progress[w.key] = self.stopped.get(w.key, False), self.progress.get(w.key)
-            else:
-                stopped[w.key], progress[w.key] = old
-        return stopped, progress
+    def observed(self, workers: Sequence[WorkerRecord]) -> dict[WorkerKey, tuple[bool, Progress | None]]:
+        """Whether each worker is stopped, and where it is, as its process last reported (under
+        whichever identity its agent knew it by)."""
+        return {
+            w.key: self.processes.get((w.task, w.pid), (False, None)) for w in workers if w.pid is not None
+        }
+
+    def positions(self, workers: Sequence[WorkerRecord]) -> dict[WorkerKey, Progress | None]:
+        return {key: where for key, (_, where) in self.observed(workers).items()}
 
     def forget(self, name: str) -> None:
         self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
-        self.stopped = {k: v for k, v in self.stopped.items() if k[0] != name}
-        self.progress = {k: v for k, v in self.progress.items() if k[0] != name}
-        self.by_process = {k: v for k, v in self.by_process.items() if k[0] != name}
+        self.processes = {k: v for k, v in self.processes.items() if k[0] != name}
         self.checks = {k: v for k, v in self.checks.items() if k[0] != name}
         self.graced = {k: v for k, v in self.graced.items() if k[0] != name}
         self.restored.pop(name, None)
@@ -215,8 +205,8 @@ class Detector:
         agents probe each other first (``peercheck``): the incident waits for their answer."""
         workers, limits = self.ctx.store.workers(task.name, task.generation, live=True), self.ctx.limits
         seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
-        stopped, progress = self.observed(workers)
-        verdict = hang_verdict(workers, seen, stopped, progress, now, limits)
+        stopped = {key: halted for key, (halted, _) in self.observed(workers).items()}
+        verdict = hang_verdict(workers, seen, stopped, self.positions(workers), now, limits)
         if verdict is None:
             return
         culprits, grace = verdict.culprits, self.graced.get((task.name, task.generation))

@@ -18,7 +18,7 @@ from unicron.control.context import Context
 from unicron.control.effects import Effect, Isolate, StopGeneration, TaskDown
 from unicron.control.generations import Generations
 from unicron.control.hangs import WorkerKey, not_arrived
-from unicron.control.records import EventRecord, TaskRecord
+from unicron.control.records import EventRecord, TaskRecord, WorkerRecord
 from unicron.control.response import (
     IN_PROCESS,
     RESTART_FAILED,
@@ -315,14 +315,19 @@ class Recovery:
         )
 
     def check_deadline(
-        self, name: str, generation: int, now: float, progress: Mapping[WorkerKey, Progress | None]
+        self,
+        name: str,
+        generation: int,
+        now: float,
+        positions: Callable[[Sequence[WorkerRecord]], Mapping[WorkerKey, Progress | None]],
     ) -> None:
         """A recovery that has not regained a step by its deadline has failed: escalate one tier.
         After an in-process recovery, the members that never reached the re-formed generation
         (stuck on the way) are restarted: stopped, the others re-form without them, and the
         plan grows the task back with new workers that take their state from the live ones.
         When that fails too, or nobody arrived, the task restarts from its newest intact
-        checkpoint, and the nodes of the members that were stuck are isolated (SEV1)."""
+        checkpoint, and the nodes of the members that were stuck are isolated (SEV1). ``positions``:
+        where each member's process last reported it was."""
         due = [i for (t, _), i in self.incidents.items() if t == name and i.deadline and now > i.deadline]
         if not due:
             return
@@ -331,7 +336,7 @@ class Recovery:
         waited = self.ctx.limits.recovery_deadline_s
         snapshot = self.ctx.store.snapshot()
         members = snapshot.live(name)
-        stuck = not_arrived(members, progress, generation)
+        stuck = not_arrived(members, positions(members), generation)
         if incident.actions[-1] == IN_PROCESS and 0 < len(stuck) < len(members):
             ranks = sorted(w.rank for w in stuck)
             self._escalate(
