@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from torch._C._nn import flatten_dense_tensors, unflatten_dense_tensors  # as torch._utils uses them
 
 from unicron.train.iteration import PeerLostError
 from unicron.train.peers import Peers
@@ -51,18 +52,16 @@ def flat_gradients(model: torch.nn.Module, scale: float) -> tuple[list[torch.Ten
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     grads = [local(p.grad) for p in params if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    flat = flatten_dense_tensors(grads)
     if scale != 1.0:
         flat.mul_(scale)
     return grads, flat
 
 
 def write_back(grads: list[torch.Tensor], flat: torch.Tensor) -> None:
-    """Copy the reduced ``flat`` buffer into ``grads`` (as ``flat_gradients`` laid it out)."""
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    """Copy the reduced ``flat`` buffer into ``grads`` (as ``flat_gradients`` laid it out), in
+    two calls into torch: a Python loop over the parameters cost a tinygpt step ~1% (py-spy)."""
+    torch._foreach_copy_(grads, unflatten_dense_tensors(flat, grads))
 
 
 def wait_or_abandon(work: Any, peers: Peers, peers_failed: Callable[[], bool] | None) -> None:
@@ -183,7 +182,7 @@ class Buckets:
         if index == 0 and self.before_first is not None:
             self.before_first()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[index]]
-        buffer = torch.cat([g.reshape(-1) for g in grads])
+        buffer = flatten_dense_tensors(grads)
         if self.scale != 1.0:
             buffer.mul_(self.scale)
         assert self.peers is not None  # armed
@@ -202,13 +201,9 @@ class Buckets:
             for work, _ in self.flights:
                 wait_or_abandon(work, peers, peers_failed)
             for bucket, (_, buffer) in zip(self.buckets, self.flights, strict=True):
-                offset = 0
                 for p in bucket:
-                    summed = buffer[offset : offset + p.numel()].view_as(p)
-                    if p.grad is None:
-                        p.grad = summed.clone()
-                    else:
-                        p.grad.copy_(summed)
-                    offset += p.numel()
+                    if p.grad is None:  # backward never reached it: its gradient is the sum alone
+                        p.grad = torch.zeros_like(p)
+                write_back([p.grad for p in bucket if p.grad is not None], buffer)
         finally:
             self.disarm()
