@@ -37,6 +37,7 @@ import torch
 
 from bench.overhead_bench import MODELS, PORT, ROOT, Model, measure
 from bench.overhead_verdict import MIN_PAIRS
+from bench.pinning import threads
 from unicron.control.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 
@@ -88,6 +89,8 @@ def machine() -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(0) if gpu else None,
         "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if gpu else None,
         "cpus": os.cpu_count(),
+        # Hardware threads grouped by physical core: pinned cells leave a worker's siblings idle.
+        "physical_cores": [sorted(group) for group in threads(os.sched_getaffinity(0))],
         "python": platform.python_version(),
     }
 

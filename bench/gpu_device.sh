@@ -5,8 +5,10 @@
 # by up to 41%), then issue 14's sharded CPU cells; each step starts nothing after its time mark
 # (seconds since this script began). Measured there pinned, 5 runs a side: gpt-10m at 2 workers
 # 306 s, tinygpt at 2 188 s, so one session's 15 device minutes hold about two cells: CPU_CELLS
-# picks them (they run in gpu_bench's CPU_CELLS order; the default: the cells
-# docs/bench/overhead-cpu.json has no pinned runs of yet). The GPU cells are in
+# picks them (they run in gpu_bench's CPU_CELLS order). Pinning leaves a worker's hardware
+# siblings idle since 2026-11-27 (the pinned runs before it may have put both workers on one
+# physical core): the default reruns the tinygpt cells at 2 and 4 workers, the cheapest that the
+# 2-core machine leaves unresolved. The GPU cells are in
 # docs/bench/gpu.json already: GPU_CELLS=1 runs them again at the end.
 # Wheels: bash bench/device_wheels.sh here first, and carry [".whl"] in the device call.
 # Afterwards: python -m bench.gpu_bench FETCHED_DIR --docs
@@ -16,10 +18,10 @@ pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD
 python3 -c "import torch, numpy, fastapi, uvicorn, unicron.control.coordinator as c; \
 print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'numpy', numpy.__version__)" || exit 3
-echo "cpus $(nproc)"
+echo "cpus $(nproc); threads by core: $(sort -u /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | tr '\n' ' ')"
 left() { echo $(( $1 - SECONDS )); }
 python3 -m bench.gpu_bench "$OUT" cpu --budget "$(left "${CPU_MARK:-400}")" \
-    --only "${CPU_CELLS:-gpt-10m-4,tinygpt-4}"
+    --only "${CPU_CELLS:-tinygpt-2,tinygpt-4}"
 python3 -m bench.gpu_bench "$OUT" cpu --budget "$(left "${HSDP_MARK:-440}")" --only gpt-20m-hsdp-2,gpt-20m-hsdp-4
 if [ "${GPU_CELLS:-0}" = 1 ]; then
     python3 -m bench.gpu_bench "$OUT" gpu --budget "$(left "${GPU_MARK:-480}")" \

@@ -156,7 +156,9 @@ def cpu_row(x: dict[str, Any]) -> str:
     times = f"{x['ddp_step_s'] * 1000:.1f} | {x['unicron_step_s'] * 1000:.1f} | {x['ratio']:.3f}"
     j = judged(x["unicron_runs_s"], x["ddp_runs_s"])
     low, high = j["ratio_interval"]
-    pinned = "pinned" if x.get("pinned") else "unpinned"
+    pinning = x.get("pinned")
+    # Before a worker's hardware siblings were left idle, rows carried no "idle" list.
+    pinned = "unpinned" if not pinning else "pinned" if "idle" in pinning else "pinned by core number"
     runs = f"{len(x['unicron_runs_s'])} a side, spread {spread(x) * 100:.0f}%, {pinned}"
     return f"| {x['model']} | {x['workers']} | {times} | {low:.3f} to {high:.3f}: {j['verdict']} | {runs} |"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.overhead_verdict import MIN_PAIRS, TARGET, judged, spread
-from bench.pinning import plan
+from bench.pinning import plan, threads
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHFT_VERSION = "torchft-nightly 2026.10.26"  # the Makefile's pin
@@ -72,9 +72,12 @@ def more_cores(path: Path = ROOT / "docs" / "bench" / "overhead-cpu.json") -> st
             f"{x['model']} at {x['workers']}: {judged(x['unicron_runs_s'], x['ddp_runs_s'])['verdict']}"
             for x in pinned
         )
+        # Rows pinned before a worker's hardware siblings were left idle carry no "idle" list.
+        by_number = sum(1 for x in pinned if "idle" not in x["pinned"])
+        how = f" ({by_number} by core number only: a worker's hardware siblings may have been busy)"
         parts.append(
             f"pinned, {len(pinned)} of these cells (judged the same way): {verdicts}; the same side's "
-            f"runs differed by up to {max(spread(x) for x in pinned) * 100:.0f}%"
+            f"runs differed by up to {max(spread(x) for x in pinned) * 100:.0f}%{how if by_number else ''}"
         )
     if unpinned:
         ratios = sorted(x["ratio"] for x in unpinned)
@@ -90,12 +93,13 @@ def pinned_text(rows: list[dict[str, Any]]) -> str:
     """Which cells ran pinned (``bench/pinning.py``), and which can be here."""
     pinned = [f"{x['model']} at {x['workers']}" for x in rows if x.get("pinned")]
     cores = os.sched_getaffinity(0)
-    fits = sorted({x["workers"] for x in rows if plan(cores, x["workers"]) is not None})
+    fits = sorted({x["workers"] for x in rows if plan(threads(cores), x["workers"]) is not None})
     sizes = " or ".join(map(str, fits))
     where = f"cells of {sizes} worker{'s' if fits and fits[-1] > 1 else ''}" if fits else "no cell"
     how = (
-        "each worker on a core of its own, the launchers, coordinator, agent and lighthouse on the "
-        f"other cores; it needs a core more than the cell has workers: here, {where}"
+        "each worker on a physical core of its own, its other hardware threads idle, the "
+        "launchers, coordinator, agent and lighthouse on the other cores; it needs a physical "
+        f"core more than the cell has workers: here, {where}"
     )
     if not pinned:
         return f"No cell was pinned (`bench/pinning.py`: {how})."

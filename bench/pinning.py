@@ -7,7 +7,12 @@ workers moved between cores, and the launchers, coordinator, agent or lighthouse
 worker's core.
 
 - ``plan``: which cores the control processes get and which core each worker gets; none where
-  the machine has fewer cores than workers + 1 (the control processes would share a worker's).
+  the machine has fewer physical cores than workers + 1 (the control processes would share a
+  worker's). A core's other hardware threads (SMT siblings, ``threads``) are left idle: a
+  sibling shares the worker's execution units and caches, so a worker beside a busy sibling
+  (another worker, or the control processes) runs slower by however busy it is. The lent
+  machine's 16 cores are hardware threads of fewer physical cores; its pinned cells of
+  2026-11-27 put both workers on the two highest-numbered threads, whatever they shared.
 - ``pinned``: for one cell, this process and every process it starts (launchers, coordinator,
   agents, lighthouse) on the control cores, and the workers' cores in ``WORKER_CPUS``.
 - ``pin_worker``: inside a worker (``bench/steptimes.py``, on every side alike), move this
@@ -20,28 +25,62 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 WORKER_CPUS = "UNICRON_BENCH_WORKER_CPUS"  # the workers' cores, by worker index, comma-separated
 
 
 @dataclass(frozen=True)
 class Pinning:
-    """``control``: the cores of every process but the workers; ``workers``: worker i's core."""
+    """``control``: the cores of every process but the workers; ``workers``: worker i's core;
+    ``idle``: the workers' cores' siblings, on which nothing runs."""
 
     control: tuple[int, ...]
     workers: tuple[int, ...]
+    idle: tuple[int, ...] = ()
 
     def as_json(self) -> dict[str, list[int]]:
-        return {"control": list(self.control), "workers": list(self.workers)}
+        return {"control": list(self.control), "workers": list(self.workers), "idle": list(self.idle)}
 
 
-def plan(cores: set[int] | frozenset[int], workers: int) -> Pinning | None:
-    """The workers on the highest-numbered cores, one each, the control processes on the rest;
-    None with fewer than ``workers + 1`` cores (a worker's core would not be its own)."""
-    ordered = sorted(cores)
-    if workers < 1 or len(ordered) < workers + 1:
+def threads(
+    cores: set[int] | frozenset[int], topology: Path = Path("/sys/devices/system/cpu")
+) -> list[frozenset[int]]:
+    """``cores`` grouped by physical core (the kernel's ``thread_siblings_list``), each group the
+    threads of one core that are in ``cores``; a core whose siblings cannot be read is a group of
+    its own."""
+    groups: set[frozenset[int]] = set()
+    for core in cores:
+        try:
+            listed = (topology / f"cpu{core}" / "topology" / "thread_siblings_list").read_text()
+        except OSError:
+            groups.add(frozenset({core}))
+            continue
+        groups.add(frozenset(_cpu_list(listed)) & frozenset(cores) | {core})
+    return sorted(groups, key=min)
+
+
+def _cpu_list(text: str) -> set[int]:
+    """A kernel CPU list ("0,8" or "0-1,4") as a set."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
+def plan(physical: list[frozenset[int]], workers: int) -> Pinning | None:
+    """The workers on the highest-numbered physical cores (``threads``), one each, on its lowest
+    thread, its other threads idle; the control processes on the other physical cores. None with
+    fewer than ``workers + 1`` physical cores (a worker's core would not be its own)."""
+    if workers < 1 or len(physical) < workers + 1:
         return None
-    return Pinning(tuple(ordered[:-workers]), tuple(ordered[-workers:]))
+    theirs, control = physical[-workers:], physical[:-workers]
+    return Pinning(
+        tuple(sorted(c for group in control for c in group)),
+        tuple(min(group) for group in theirs),
+        tuple(sorted(c for group in theirs for c in group if c != min(group))),
+    )
 
 
 def worker_index(env: Mapping[str, str]) -> int:
@@ -73,7 +112,7 @@ def pinned(workers: int) -> Iterator[Pinning | None]:
     cores, the workers' cores in the environment; as before afterwards. Yields the pinning, or
     None (nothing changed) where the cores are too few."""
     before = os.sched_getaffinity(0)
-    pinning = plan(before, workers)
+    pinning = plan(threads(before), workers)
     if pinning is None:
         yield None
         return

@@ -12,21 +12,45 @@ from pathlib import Path
 
 import pytest
 
-from bench.pinning import WORKER_CPUS, Pinning, pinned, plan, worker_index
+from bench.pinning import WORKER_CPUS, Pinning, pinned, plan, threads, worker_index
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def alone(*cores: int) -> list[frozenset[int]]:
+    """Cores without hardware siblings, as ``threads`` groups them."""
+    return [frozenset({c}) for c in sorted(cores)]
+
+
 def test_workers_get_cores_of_their_own_and_the_rest_go_to_the_control_processes() -> None:
-    assert plan(set(range(16)), 4) == Pinning(tuple(range(12)), (12, 13, 14, 15))
-    assert plan({0, 1}, 1) == Pinning((0,), (1,))
-    assert plan({3, 5, 9}, 2) == Pinning((3,), (5, 9))
+    assert plan(alone(*range(16)), 4) == Pinning(tuple(range(12)), (12, 13, 14, 15))
+    assert plan(alone(0, 1), 1) == Pinning((0,), (1,))
+    assert plan(alone(3, 5, 9), 2) == Pinning((3,), (5, 9))
+
+
+def test_a_workers_hardware_siblings_stay_idle() -> None:
+    # 8 physical cores of 2 threads numbered i and i + 8 (as Intel machines list them)...
+    split = [frozenset({i, i + 8}) for i in range(8)]
+    assert plan(split, 4) == Pinning((0, 1, 2, 3, 8, 9, 10, 11), (4, 5, 6, 7), (12, 13, 14, 15))
+    # ... or 2i and 2i + 1 (as many VMs do): two workers never share one core's two threads
+    paired = [frozenset({2 * i, 2 * i + 1}) for i in range(8)]
+    assert plan(paired, 2) == Pinning(tuple(range(12)), (12, 14), (13, 15))
+    assert plan(paired[:2], 2) is None  # 4 threads, but 2 cores: none left for the control
 
 
 def test_too_few_cores_pin_nothing() -> None:
-    assert plan({0, 1}, 2) is None  # the control processes would share a worker's core
-    assert plan({0, 1}, 4) is None
-    assert plan({0}, 1) is None
+    assert plan(alone(0, 1), 2) is None  # the control processes would share a worker's core
+    assert plan(alone(0, 1), 4) is None
+    assert plan(alone(0), 1) is None
+
+
+def test_the_kernels_topology_groups_the_allowed_threads_by_core(tmp_path: Path) -> None:
+    for cpu, siblings in {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3", 4: "4-5", 5: "4-5"}.items():
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(siblings + "\n")
+    assert threads({0, 1, 2, 3, 4, 5}, tmp_path) == [frozenset({0, 2}), frozenset({1, 3}), frozenset({4, 5})]
+    # Only the threads this process may use; an unreadable one is a core of its own.
+    assert threads({0, 1, 4, 7}, tmp_path) == [frozenset({0}), frozenset({1}), frozenset({4}), frozenset({7})]
 
 
 def test_a_worker_is_numbered_among_the_whole_cell() -> None:
@@ -90,7 +114,7 @@ def cell(model: str, workers: int, pinned: bool) -> dict[str, object]:
         "unicron_step_s": 0.018,
         "unicron_runs_s": [0.018, 0.0181, 0.0179, 0.018, 0.0182],
         "ddp_runs_s": [0.02, 0.0201, 0.0199, 0.02, 0.0202],
-        "pinned": {"control": [0], "workers": [1]} if pinned else None,
+        "pinned": {"control": [0], "workers": [1], "idle": []} if pinned else None,
     }
 
 
@@ -103,6 +127,8 @@ def test_the_pages_say_which_cells_were_pinned_and_judge_them() -> None:
     assert pinned_text([cell("tinygpt", 1, False)]).startswith("No cell was pinned")
     assert gpu_docs.cpu_row(rows[0]).endswith("met | 5 a side, spread 2%, pinned |")
     assert gpu_docs.cpu_row(rows[1]).endswith("unpinned |")
+    by_number = cell("tinygpt", 2, False) | {"pinned": {"control": [0], "workers": [1]}}  # before "idle"
+    assert gpu_docs.cpu_row(by_number).endswith("pinned by core number |")
     assert "tinygpt at 1 (met), gpt-10m at 2 (met)" in gpu_docs.cpu_note(rows)
     assert "1 of 2 cells were pinned" in gpu_docs.cpu_note(rows)
 
@@ -117,6 +143,7 @@ def test_the_performance_page_tells_a_lent_machines_pinned_cells_from_its_unpinn
     text = more_cores(path)
     assert "pinned, 1 of these cells (judged the same way): tinygpt at 2: met" in text
     assert "unpinned, 1 cell:" in text and "gpt-10m at 4" not in text
+    assert "by core number" not in text  # its pinned cell left the worker's siblings idle
     assert more_cores(tmp_path / "never-run.json") == ""
 
 
