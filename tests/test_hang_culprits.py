@@ -239,3 +239,25 @@ def test_a_stopped_process_stack_is_read_without_resuming_it() -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_late_step_is_said_deferred_once_while_a_node_is_silent(make: Any) -> None:
+    """A step late while a node of the task is silent is not judged (the node's loss is decided
+    first), but it is said, once, with the silence; heard again, the node's ranks are judged."""
+    cluster = make(hang_warmup_steps=2, hang_floor_s=1.0, heartbeat_interval_s=0.5, heartbeat_deadline_s=5.0)
+    for step in range(2, 6):
+        cluster.clock.now += 0.5
+        cluster.train(step)
+    for rank in range(4):
+        cluster.positions[("lm", 1, rank)] = at(Phase.COLLECTIVE, "all_reduce", step=6)
+    for _ in range(8):  # 4 s: n1 silent past twice its heartbeat interval, not past its deadline
+        cluster.clock.now += 0.5
+        cluster.beat("n0")
+        cluster.c.tick()
+    assert cluster.events("hang_detected") == []
+    (deferred,) = cluster.events("hang_deferred")
+    assert deferred["step"] == 6 and list(deferred["silent_s"]) == ["n1"], deferred
+    assert deferred["silent_s"]["n1"] > 1.0 and deferred["waited_s"] > 1.0, deferred
+    cluster.step(0.5)  # n1 heard again: the late step is judged now
+    (hang,) = cluster.events("hang_detected")
+    assert hang["step"] == 6 and hang["culprits"] == [], hang

@@ -82,6 +82,7 @@ class Detector:
     graced: dict[tuple[str, int], Grace] = field(default_factory=dict)
     listening_since: float | None = None
     judging_from: float = 0.0  # after a stall of the coordinator, hangs are judged from then
+    deferred: set[tuple[str, int, int]] = field(default_factory=set)  # (task, gen, step) said deferred
     restored: dict[str, list[float]] = field(default_factory=dict)  # step times kept by a predecessor
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
@@ -199,6 +200,32 @@ class Detector:
             return
         self._hung(task, now, monitor.last_step + 1, monitor.since, monitor.deadline() or 0.0)
 
+    def _deferred(
+        self,
+        task: TaskRecord,
+        step: int,
+        waited_s: float,
+        seen: dict[str, float],
+        hosts: set[str],
+        now: float,
+    ) -> None:
+        """Say once per late step that it is not judged yet: a node of the task is silent, and
+        whether it is lost is decided first (``hang_verdict``)."""
+        key = (task.name, task.generation, step)
+        if key in self.deferred:
+            return
+        self.deferred = {k for k in self.deferred if k[:2] == key[:2]} | {key}
+        silent = {h: round(now - seen[h], 3) for h in sorted(hosts) if h in seen}
+        silent = {h: s for h, s in silent.items() if s > 2 * self.ctx.limits.heartbeat_interval_s}
+        self.ctx.act.record(
+            "hang_deferred",
+            task=task.name,
+            step=step,
+            waited_s=round(waited_s, 3),
+            silent_s=silent,
+            generation=task.generation,
+        )
+
     def _hung(self, task: TaskRecord, now: float, step: int, since: float, deadline_s: float) -> None:
         """``step`` is late (nothing since ``since``): name the hung ranks, record every rank's
         stack, kill the culprits and open the incident. With no culprit and several nodes, the
@@ -208,6 +235,7 @@ class Detector:
         stopped = {key: halted for key, (halted, _) in self.observed(workers).items()}
         verdict = hang_verdict(workers, seen, stopped, self.positions(workers), now, limits)
         if verdict is None:
+            self._deferred(task, step, now - since, seen, {w.node for w in workers}, now)
             return
         culprits, grace = verdict.culprits, self.graced.get((task.name, task.generation))
         endpoints = None
