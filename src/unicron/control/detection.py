@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from unicron.control import reported
 from unicron.control.context import Context
-from unicron.control.hangs import WorkerKey, hang_verdict
+from unicron.control.hangs import WorkerKey, hang_verdict, unheard
 from unicron.control.monitor import TaskMonitor
 from unicron.control.peercheck import PeerCheck, outcome, probe_endpoints
 from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
@@ -82,7 +82,7 @@ class Detector:
     graced: dict[tuple[str, int], Grace] = field(default_factory=dict)
     listening_since: float | None = None
     judging_from: float = 0.0  # after a stall of the coordinator, hangs are judged from then
-    deferred: set[tuple[str, int, int]] = field(default_factory=set)  # (task, gen, step) said deferred
+    deferred: dict[str, tuple[int, int]] = field(default_factory=dict)  # task -> (gen, step) said deferred
     restored: dict[str, list[float]] = field(default_factory=dict)  # step times kept by a predecessor
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
@@ -128,6 +128,7 @@ class Detector:
         self.processes = {k: v for k, v in self.processes.items() if k[0] != name}
         self.checks = {k: v for k, v in self.checks.items() if k[0] != name}
         self.graced = {k: v for k, v in self.graced.items() if k[0] != name}
+        self.deferred.pop(name, None)
         self.restored.pop(name, None)
 
     def check_nodes(self, now: float) -> bool:
@@ -200,29 +201,18 @@ class Detector:
             return
         self._hung(task, now, monitor.last_step + 1, monitor.since, monitor.deadline() or 0.0)
 
-    def _deferred(
-        self,
-        task: TaskRecord,
-        step: int,
-        waited_s: float,
-        seen: dict[str, float],
-        hosts: set[str],
-        now: float,
-    ) -> None:
+    def _deferred(self, task: TaskRecord, step: int, waited_s: float, silent: dict[str, float]) -> None:
         """Say once per late step that it is not judged yet: a node of the task is silent, and
         whether it is lost is decided first (``hang_verdict``)."""
-        key = (task.name, task.generation, step)
-        if key in self.deferred:
+        if self.deferred.get(task.name) == (task.generation, step):
             return
-        self.deferred = {k for k in self.deferred if k[:2] == key[:2]} | {key}
-        silent = {h: round(now - seen[h], 3) for h in sorted(hosts) if h in seen}
-        silent = {h: s for h, s in silent.items() if s > 2 * self.ctx.limits.heartbeat_interval_s}
+        self.deferred[task.name] = (task.generation, step)
         self.ctx.act.record(
             "hang_deferred",
             task=task.name,
             step=step,
             waited_s=round(waited_s, 3),
-            silent_s=silent,
+            silent_s={h: round(s, 3) for h, s in silent.items()},
             generation=task.generation,
         )
 
@@ -232,10 +222,13 @@ class Detector:
         agents probe each other first (``peercheck``): the incident waits for their answer."""
         workers, limits = self.ctx.store.workers(task.name, task.generation, live=True), self.ctx.limits
         seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
-        stopped = {key: halted for key, (halted, _) in self.observed(workers).items()}
-        verdict = hang_verdict(workers, seen, stopped, self.positions(workers), now, limits)
+        observed = self.observed(workers)
+        stopped = {key: halted for key, (halted, _) in observed.items()}
+        verdict = hang_verdict(
+            workers, seen, stopped, {k: at for k, (_, at) in observed.items()}, now, limits
+        )
         if verdict is None:
-            self._deferred(task, step, now - since, seen, {w.node for w in workers}, now)
+            self._deferred(task, step, now - since, unheard(workers, seen, now, limits))
             return
         culprits, grace = verdict.culprits, self.graced.get((task.name, task.generation))
         endpoints = None

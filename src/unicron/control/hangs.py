@@ -36,6 +36,15 @@ def position(progress: Progress | None) -> str:
     return f"step {progress.step}: {progress.phase.value}{what}{batch}"
 
 
+def unheard(
+    workers: Sequence[WorkerRecord], last_seen: Mapping[str, float], now: float, limits: Settings
+) -> dict[str, float]:
+    """The task's nodes not heard for two heartbeat intervals, with how long: while any is, a late
+    step is not judged (``hang_verdict``)."""
+    silence = {h: now - last_seen[h] for h in sorted({w.node for w in workers}) if h in last_seen}
+    return {h: s for h, s in silence.items() if s > 2 * limits.heartbeat_interval_s}
+
+
 def hang_verdict(
     workers: Sequence[WorkerRecord],
     last_seen: Mapping[str, float],
@@ -48,8 +57,7 @@ def hang_verdict(
     (its loss is decided first: lost, or heard again). A stopped process is a culprit; else the
     ranks that are not waiting (in a collective, or for a membership) while others are, and have not
     gone past the oldest step a rank waits in a collective for."""
-    hosts = {w.node for w in workers}
-    if any(now - last_seen[h] > 2 * limits.heartbeat_interval_s for h in hosts if h in last_seen):
+    if unheard(workers, last_seen, now, limits):
         return None
     where = {w.rank: position(progress.get(w.key)) for w in workers}
     halted = [w for w in workers if stopped.get(w.key)]
