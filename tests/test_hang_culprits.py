@@ -49,8 +49,8 @@ def worker(rank: int, node: str = "n0") -> WorkerRecord:
     )
 
 
-def at(phase: Phase, what: str = "", step: int = 7) -> Progress:
-    return Progress(pid=1, step=step, phase=phase, what=what, micro_batch=3, time=NOW)
+def at(phase: Phase, what: str = "", step: int = 7, generation: int = 0) -> Progress:
+    return Progress(pid=1, generation=generation, step=step, phase=phase, what=what, micro_batch=3, time=NOW)
 
 
 def verdict(positions: dict[int, Progress | None], stopped: tuple[int, ...] = ()) -> Any:
@@ -199,9 +199,8 @@ def test_a_dump_files_each_stack_under_the_rank_its_worker_had_when_ordered(tmp_
     program = (
         "import faulthandler, signal, sys, time\n"
         f"faulthandler.register(signal.SIGUSR1, file=open({str(log.with_suffix('.stacks'))!r}, 'w'))\n"
-        "print('ready', flush=True)\n"
-        "def waiting():\n"
-        "    time.sleep(60)\n"
+        "def waiting():\n"  # ready said from the frame the stack must show (not before it)
+        "    print('ready', flush=True); time.sleep(60)\n"
         "waiting()\n"
     )
 
@@ -221,7 +220,7 @@ def test_a_dump_files_each_stack_under_the_rank_its_worker_had_when_ordered(tmp_
 
     report = asyncio.run(dumped())
     assert list(report.stacks) == [3] and report.generation == 1
-    assert innermost_frame(report.stacks[3]) == "waiting (<string>:5)", report.stacks
+    assert innermost_frame(report.stacks[3]) == "waiting (<string>:4)", report.stacks
 
 
 def test_a_stopped_process_stack_is_read_without_resuming_it() -> None:
@@ -261,3 +260,57 @@ def test_a_late_step_is_said_deferred_once_while_a_node_is_silent(make: Any) -> 
     cluster.step(0.5)  # n1 heard again: the late step is judged now
     (hang,) = cluster.events("hang_detected")
     assert hang["step"] == 6 and hang["culprits"] == [], hang
+
+
+def _after_a_checkpoint(make: Any, **limits: Any) -> Any:
+    """Four ranks trained steps 1-5 (0.5 s each) of a task that saves every 5 steps: the hang
+    deadline is 1 s (its floor), and step 5 saved a checkpoint."""
+    cluster = make(run_extra=", checkpoint_every: 5", hang_warmup_steps=2, hang_floor_s=1.0, **limits)
+    for step in range(2, 6):
+        cluster.clock.now += 0.5
+        cluster.train(step)
+    return cluster
+
+
+def test_a_hang_in_the_step_after_a_checkpoint_is_found_at_the_usual_deadline(make: Any) -> None:
+    """No rank is seen saving: the step after a checkpoint is judged as any other (every such step
+    was given checkpoint_allowance_s, 30 s, before: a hang in it went unseen that long)."""
+    cluster = _after_a_checkpoint(make)
+    for rank in range(4):
+        cluster.positions[("lm", 1, rank)] = at(Phase.COMPUTE if rank == 2 else Phase.COLLECTIVE, step=6)
+    for _ in range(6):  # 3 s: past the 1 s deadline plus one heartbeat
+        cluster.step(0.5)
+    (hang,) = cluster.events("hang_detected")
+    assert hang["step"] == 6 and hang["culprits"] == [2], hang
+
+
+def test_a_save_seen_holds_the_next_step_off_while_it_lasts_and_no_longer(make: Any) -> None:
+    """Rank 0 is seen saving step 5's checkpoint for 10 s, ten times the deadline: no hang. Once
+    it is seen computing step 6, the deadline counts from the last heartbeat that saw it save. A
+    save seen for longer than checkpoint_allowance_s is a hang, its saver the culprit."""
+    cluster = _after_a_checkpoint(make)
+    for rank in range(1, 4):
+        cluster.positions[("lm", 1, rank)] = at(Phase.COLLECTIVE, "all_reduce", step=6)
+    cluster.positions[("lm", 1, 0)] = at(Phase.CHECKPOINT, step=5, generation=1)
+    for _ in range(20):
+        cluster.step(0.5)
+    assert cluster.events("hang_detected") == []
+    cluster.positions[("lm", 1, 0)] = at(Phase.COMPUTE, step=6)  # saved: computing, and stuck
+    cluster.step(0.5)
+    assert cluster.events("hang_detected") == []  # 0.5 s after the save was last seen
+    for _ in range(5):
+        cluster.step(0.5)
+    (hang,) = cluster.events("hang_detected")
+    assert hang["step"] == 6 and hang["culprits"] == [0] and hang["waited_s"] <= 3.0, hang
+
+    stuck = _after_a_checkpoint(make, checkpoint_allowance_s=4.0)
+    for rank in range(1, 4):
+        stuck.positions[("lm", 1, rank)] = at(Phase.COLLECTIVE, "all_reduce", step=6)
+    stuck.positions[("lm", 1, 0)] = at(Phase.CHECKPOINT, step=5, generation=1)
+    for _ in range(8):  # 4 s of the save: within its allowance
+        stuck.step(0.5)
+    assert stuck.events("hang_detected") == []
+    for _ in range(6):
+        stuck.step(0.5)
+    (hang,) = stuck.events("hang_detected")
+    assert hang["culprits"] == [0] and "step 5: checkpoint" in hang["where"]["0"], hang

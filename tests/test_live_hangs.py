@@ -4,12 +4,14 @@ the culprit is killed.
 
 One task of 4 gloo workers meets a rank looping in Python in its forward pass, then a rank that
 stops before entering the gradient all-reduce. Neither process is stopped (SIGSTOP), so only
-where each rank is tells the culprit from the peers that wait for it.
+where each rank is tells the culprit from the peers that wait for it. Another saves a checkpoint
+slowly, which is no hang, and then hangs in the step right after a checkpoint.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,9 +92,45 @@ def test_a_rank_hung_in_the_first_step_is_found_without_step_times(tmp_path: Pat
     story = story_of(events)
     (hang,) = [e["detail"] for e in events if e["kind"] == "hang_detected"]
     assert hang["culprits"] == [1] and hang["step"] == 1 and hang["generation"] == 1, story
+    assert_one_hang_recovered_in_place(tmp_path, events, rows, 30)
+
+
+@pytest.mark.timeout(420)
+def test_a_slow_save_is_no_hang_and_a_hang_right_after_a_checkpoint_is_found_at_once(tmp_path: Path) -> None:
+    """Rank 0 takes 6 s to save step 10's checkpoint (four times the hang deadline) while its
+    peers wait for it in step 11's all-reduce: its position says it saves, so no hang. Rank 1
+    then stops at the start of step 21, right after step 20's checkpoint, with the checkpoint
+    allowance at 200 s: the hang is found at the usual deadline (the allowance is given only to
+    a save that is seen), rank 1 killed, the others recover in place, and the task ends exact."""
+    trace = tmp_path / "trace.jsonl"
+    faults = (
+        "  faults:\n"
+        "    - {action: slow_save, rank: 0, step: 10, generation: 1, seconds: 6}\n"
+        "    - {action: hang, rank: 1, step: 21, generation: 1}\n"
+    )
+    spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}", 40, 0.05, faults)
+    settings = {"hang_warmup_steps": 3, "checkpoint_allowance_s": 200.0}
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
+        cluster.submit(spec)
+        found = lambda: any(e["kind"] == "hang_detected" for e in cluster.get("/v1/events", task="lm"))  # noqa: E731
+        cluster.wait(found, 90, "the hang after step 20's checkpoint found (not after the 200 s allowance)")
+        events, rows = finish_and_settle(cluster, trace)
+    story = story_of(events)
+    faults_done = [(r["action"], r["step"]) for r in rows if r["what"] == "fault"]
+    assert faults_done == [("slow_save", 10), ("hang", 21)], faults_done
+    hangs = [e["detail"] for e in events if e["kind"] == "hang_detected"]
+    assert [(h["step"], h["culprits"]) for h in hangs] == [(21, [1])], story
+    assert_one_hang_recovered_in_place(tmp_path, events, rows, 40)
+
+
+def assert_one_hang_recovered_in_place(
+    tmp_path: Path, events: list[dict[str, Any]], rows: list[dict[str, Any]], iterations: int
+) -> None:
+    """One hang incident, of rank 1, recovered in place (no relaunch); the task ends exact."""
+    story = story_of(events)
     assert [e["detail"]["kind"] for e in events if e["kind"] == "incident"] == ["task_hang"], story
     kinds = [e["kind"] for e in events]
     assert kinds.count("task_launch") == 1 and "in_process_recovery" in kinds, story
     assert_every_incident_closed(events)
-    assert_ledger_exact(rows, 30, frozen=frozenset({1}))
-    assert_ends_exact(tmp_path, "lm", 30)
+    assert_ledger_exact(rows, iterations, frozen=frozenset({1}))
+    assert_ends_exact(tmp_path, "lm", iterations)

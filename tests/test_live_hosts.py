@@ -7,6 +7,7 @@ process. Skipped, with the reason, where network namespaces cannot be made.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -137,6 +138,21 @@ def train_on_three(cluster: LocalCluster, spec: str) -> None:
     cluster.submit(spec)
     task = lambda: cluster.task("lm")  # noqa: E731
     cluster.wait(lambda: task()["step"] >= 15 and task()["workers"] == 3, 240, "3 workers")
+
+
+def reduced_step(trace: Path, wanted: Callable[[int], bool], timeout: float) -> int:
+    """Wait (polling the trace as the workers write it) for a step that ``wanted`` accepts to be
+    reduced (its ledger line written, before its update and its checkpoint); that step."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        lines = trace.read_text().splitlines() if trace.exists() else []
+        for line in lines:
+            with contextlib.suppress(ValueError):  # a line still being written
+                row = json.loads(line)
+                if row.get("what") == "samples" and wanted(row["step"]):
+                    return int(row["step"])
+        time.sleep(0.005)
+    raise TimeoutError(f"no wanted step reduced within {timeout:.0f} s")
 
 
 def status_of(cluster: LocalCluster) -> str:
@@ -345,13 +361,17 @@ def test_a_collective_stalled_past_its_grace_by_retransmissions_is_no_hang(tmp_p
     waits on TCP's retransmissions, backing off (0.2, 0.4, ..., 3.2 s), well past the hang
     deadline and the 2 s grace it was given: without more, a hang. The agents see the
     connections retransmitting, so the grace is renewed; the collective ends by itself once a
-    retransmission gets through. No incident, no restart, and the task ends exact."""
+    retransmission gets through. No incident, no restart, and the task ends exact. The stall
+    holds the step right after a checkpoint, which was once given 30 s more: the
+    stall went unjudged (no hang, no check) in about one run in ten (the one it fell in)."""
     trace, iterations = tmp_path / "trace.jsonl", 90
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
     settings = {"network_grace_s": 2.0}
     with on_three_hosts(tmp_path, settings) as (hosts, cluster):
         train_on_three(cluster, spec)
-        began = cluster.task("lm")["step"]
+        # A step checkpointed at its end (every 10), a few steps ahead of the one reported.
+        aim = ((cluster.task("lm")["step"] + 3) // 10 + 1) * 10
+        began = reduced_step(trace, lambda step: step == aim, 60)
         hosts.stall(cluster.host_of["node-1"], sparing=cluster.coordinator_host)
         time.sleep(4.0)
         hosts.stall(cluster.host_of["node-1"], sparing=None)
@@ -363,6 +383,7 @@ def test_a_collective_stalled_past_its_grace_by_retransmissions_is_no_hang(tmp_p
     checks = [e["detail"] for e in events if e["kind"] == "peer_check"]
     renewed = [c for c in checks if sum(c["retransmitting"].values()) > 0]
     assert renewed, story  # the stall was seen as retransmissions...
+    assert renewed[0]["step"] == began + 1, story  # ...in the step after the checkpoint...
     # ...and the step was checked, and graced, again.
     assert any(sum(1 for c in checks if c["step"] == r["step"]) > 1 for r in renewed), story
     assert_ledger_exact(rows, iterations, world=3)

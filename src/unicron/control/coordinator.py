@@ -259,7 +259,7 @@ class Coordinator:
         tasks = {name: self.store.task(name) for name in {w.task for w in reported}}  # once per beat
         for w in reported:
             key = (w.task, w.generation, w.rank)
-            self.detector.worker_seen(w)
+            self.detector.worker_seen(w, now)
             if w.generation == SPARE_GENERATION and (w.task, w.rank) in self.placer.spares:
                 continue  # a hot spare waiting to be used (or being renamed into its new identity)
             task = tasks[w.task]

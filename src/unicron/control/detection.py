@@ -20,7 +20,7 @@ from unicron.control.peercheck import PeerCheck, outcome, probe_endpoints
 from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.recovery import Recovery
 from unicron.control.removal import forgettable
-from unicron.core.protocol import AGENT_RETRY_CAP_S, Progress, StacksReport, WorkerState
+from unicron.core.protocol import AGENT_RETRY_CAP_S, Phase, Progress, StacksReport, WorkerState
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind
@@ -90,7 +90,7 @@ class Detector:
         if key not in self.monitors:
             previous = next((m for (t, _), m in self.monitors.items() if t == name), None)
             self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
-            monitor = TaskMonitor(self.ctx.limits, self.ctx.spec(name).run.checkpoint_every)
+            monitor = TaskMonitor(self.ctx.limits)
             if previous is not None:
                 # A membership change does not change how long a step takes: keep the history,
                 # so that a hang right after the change is caught too.
@@ -109,9 +109,15 @@ class Detector:
             if not any(k[0] == name for k in self.monitors)
         }
 
-    def worker_seen(self, state: WorkerState) -> None:
-        """What a heartbeat says of a worker process: whether it is stopped, and where it is."""
-        self.processes[(state.task, state.pid)] = (state.stopped and state.running, state.progress)
+    def worker_seen(self, state: WorkerState, now: float) -> None:
+        """What a heartbeat says of a worker process: whether it is stopped, and where it is
+        (saving a checkpoint: the step after it is late counted from now, ``TaskMonitor.since``)."""
+        where = state.progress
+        self.processes[(state.task, state.pid)] = (state.stopped and state.running, where)
+        if where is not None and where.phase is Phase.CHECKPOINT:
+            monitor = self.monitors.get((state.task, where.generation))
+            if monitor is not None:
+                monitor.saving(where.step, now)
 
     def observed(self, workers: Sequence[WorkerRecord]) -> dict[WorkerKey, tuple[bool, Progress | None]]:
         """Whether each worker is stopped, and where it is, as its process last reported (under

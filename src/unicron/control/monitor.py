@@ -2,10 +2,13 @@
 
 A task's step times come from rank 0's reports (the step's end on the worker's clock). After a
 warm-up, a step is late once clamp(k x mean of the recent intervals, floor, cap) has passed since
-the previous step ended (plus an allowance when that step saves a checkpoint); the caller adds
-one heartbeat for the report's way to the coordinator. A rank whose own compute time stays
-above ``straggler_ratio`` x its peers' median for ``straggler_window`` consecutive steps is a
-straggler: the task runs sub-healthy.
+the previous step ended, or since a rank was last seen saving that step's checkpoint (for at most
+``checkpoint_allowance_s``); the caller adds one heartbeat for the report's way to the
+coordinator. A save is waited for only while it is seen: a fixed allowance for every step after
+a checkpoint step would let a hang in that step go unseen for the whole allowance.
+
+A rank whose own compute time stays above ``straggler_ratio`` x its peers' median for
+``straggler_window`` consecutive steps is a straggler: the task runs sub-healthy.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from unicron.core.settings import Settings
 @dataclass
 class TaskMonitor:
     settings: Settings
-    checkpoint_every: int = 0
     last_step: int = 0
     last_time: float = 0.0
     # When this monitor began to judge, for one with no step of its own yet (a restarted or new
     # leader's, warm with its predecessor's step times): the next step is late counted from then.
     watching_since: float = 0.0
+    # The last time (coordinator's clock) a rank was seen saving the checkpoint of a step, and
+    # which step: the step after it is late counted from then (``since``).
+    saving_seen: tuple[int, float] = (0, 0.0)
     intervals: deque[float] = field(default_factory=deque)
     compute: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> compute_s
     slow_streak: dict[int, int] = field(default_factory=dict)
@@ -49,14 +54,13 @@ class TaskMonitor:
         return statistics.fmean(self.intervals)
 
     def deadline(self) -> float | None:
-        """Seconds after the last step's end by which the next must end, once warmed up."""
+        """Seconds after ``since`` by which the next step must end, once warmed up."""
         mean = self.mean_interval()
-        if mean is None:
-            return None
-        allowance = 0.0
-        if self.checkpoint_every and self.last_step % self.checkpoint_every == 0:
-            allowance = self.settings.checkpoint_allowance_s
-        return self.settings.hang_deadline(mean) + allowance
+        return None if mean is None else self.settings.hang_deadline(mean)
+
+    def saving(self, step: int, seen: float) -> None:
+        """A rank was seen at ``seen`` saving the checkpoint of ``step`` (its reported position)."""
+        self.saving_seen = (step, seen)
 
     def watch_from(self, now: float, step: int) -> None:
         """Begin to judge at ``now``, the task at ``step``: a monitor that saw no step yet counts
@@ -67,8 +71,15 @@ class TaskMonitor:
 
     @property
     def since(self) -> float:
-        """What the next step's lateness counts from: the last step's end, else the watch's start."""
-        return max(self.last_time, self.watching_since)
+        """What the next step's lateness counts from: the last step's end, else the watch's
+        start; or, while the last step's checkpoint was seen being saved after that, the last
+        time it was seen (up to ``checkpoint_allowance_s`` after the step's end: a save that
+        takes longer is judged as a hang)."""
+        ended = max(self.last_time, self.watching_since)
+        step, seen = self.saving_seen
+        if step < self.last_step:
+            return ended  # a save of an earlier step (or none)
+        return max(ended, min(seen, ended + self.settings.checkpoint_allowance_s))
 
     def late(self, now: float) -> bool:
         deadline = self.deadline()

@@ -40,6 +40,7 @@ class FaultSpec(SpecBase):
         "lose_node",
         "corrupt_transfer",
         "corrupt_checkpoint",
+        "slow_save",
         "stall_rejoin",
         "kill_in_agree",
         "kill_in_transfer",
@@ -57,7 +58,10 @@ class FaultSpec(SpecBase):
     seconds: float = Field(
         default=5.0,
         ge=0,
-        description="for stall, spin, stall_before_reduce, stall_rejoin: how long; for slow: extra per step",
+        description=(
+            "for stall, spin, stall_before_reduce, stall_rejoin, slow_save: how long;"
+            " for slow: extra per step"
+        ),
     )
 
 

@@ -19,9 +19,10 @@ The ordering, checked whenever settings are built (so at start-up), and why it m
     process_group_timeout_s < launch_timeout_s ... is not required: they measure different things.
 
 The hang deadline of a task is clamp(hang_multiple x mean recent iteration, floor, cap), active
-after hang_warmup_steps steps, plus checkpoint_allowance_s for a step that saves a checkpoint; a
-step is late once that much time has passed since the previous step ended (worker clocks) and
-one heartbeat more has passed for its report to arrive; a straggler is a rank whose compute time stays above
+after hang_warmup_steps steps; a step is late once that much time has passed since the previous
+step ended (worker clocks), or since a rank was last seen saving that step's checkpoint (up to
+checkpoint_allowance_s after the step's end), and one heartbeat more has passed for its report to
+arrive; a straggler is a rank whose compute time stays above
 straggler_ratio x the median of its peers for straggler_window steps.
 """
 
@@ -98,7 +99,12 @@ class Settings(BaseModel):
         1.5, gt=0, description="the hang deadline is never shorter (3 x a 0.5 s step: see docs/detection.md)"
     )
     checkpoint_allowance_s: float = Field(
-        30.0, ge=0, description="added to the deadline of a step that saves"
+        30.0,
+        ge=0,
+        description=(
+            "how long a checkpoint save seen in progress (a rank's position) holds off"
+            " the next step's hang deadline"
+        ),
     )
     hang_cap_s: float = Field(300.0, gt=0, description="the hang deadline is never longer")
     network_grace_s: float = Field(

@@ -30,6 +30,8 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
   members behind (newcomers): a member lost while state is in flight;
 - ``corrupt_checkpoint``: overwrite the newest checkpoint, in the persistent folder and in this
   node's in-memory folder, with garbage (a torn or damaged file); the worker goes on.
+- ``slow_save``: sleep ``seconds`` inside the checkpoint save at the end of ``step`` (on a rank
+  that saves), its position saying it saves: slow storage, which is not a hang.
 
 A fault names a rank, a step and a generation; generation 0 means whichever worker of that rank
 first reaches the step, or a later one, in any generation (the rank may not exist at that step
@@ -53,6 +55,8 @@ from unicron.core.protocol import FaultReport
 # Injected at an event, not a step:
 AT_EVENTS = frozenset({"corrupt_transfer", "stall_rejoin", "kill_in_agree", "kill_in_transfer"})
 AT_REDUCE = frozenset({"stall_before_reduce", "kill_in_backward"})  # on the way into the all-reduce
+# Injected further into the step they are due at than its start:
+LATER_IN_STEP = frozenset({"stall", "spin", "kill_after_reduce", "slow_save"})
 
 
 class FaultInjector:
@@ -101,7 +105,7 @@ class FaultInjector:
     def step_started(self, step: int) -> None:
         self._pending = self._due(step)
         for fault in self._pending:
-            if fault.action in AT_REDUCE or fault.action in ("stall", "spin", "kill_after_reduce"):
+            if fault.action in AT_REDUCE or fault.action in LATER_IN_STEP:
                 continue
             self._announce(fault, step)
             if fault.action == "kill":
@@ -188,6 +192,13 @@ class FaultInjector:
             elif fault.action == "spin":
                 self._announce(fault, step)
                 _spin(fault.seconds)
+
+    def saving(self, step: int) -> None:
+        """Inside the checkpoint save at the end of ``step``, its position already saying so."""
+        for fault in [f for f in self._pending if f.action == "slow_save"]:
+            self._pending.remove(fault)
+            self._announce(fault, step)
+            time.sleep(fault.seconds)
 
     def before_reduce(self, step: int) -> None:
         """On the way into the gradient all-reduce, once per step: in the last backward before

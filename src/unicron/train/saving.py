@@ -59,7 +59,9 @@ class Saving:
         self.fenced(lambda: self._write(train, final))
 
     def _write(self, train: TrainState, final: bool) -> None:
-        self.commit_background()  # before the next one: one write in flight at most
+        if self.background is not None:  # one write in flight at most: wait for it, saying so
+            self.session.progress.at(self.session.step, Phase.CHECKPOINT)
+        self.commit_background()
         if train.sharded:
             self._replica(train, final)
         else:
@@ -96,6 +98,7 @@ class Saving:
             return
         step = session.step
         session.progress.at(step, Phase.CHECKPOINT)
+        session.faults.saving(step)
         state = checkpoint.state_of(train, step, **self._where())
         confirm = session.fence.confirm
         if host is not None:
@@ -119,6 +122,7 @@ class Saving:
             return
         step = session.step
         session.progress.at(step, Phase.CHECKPOINT)
+        session.faults.saving(step)
         state = shardedcheckpoint.state_of(train, step, session.replica_size, **self._where())
         commit = layout.position == 0
         confirm = lambda: session.fence.confirm_in_replica(commit)  # noqa: E731
