@@ -7,7 +7,6 @@ process. Skipped, with the reason, where network namespaces cannot be made.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -35,6 +34,7 @@ from .test_live_cluster import (
     assert_ends_exact,
     assert_ledger_exact,
     finish_and_settle,
+    read_rows,
     story_of,
     traced_task,
 )
@@ -138,21 +138,6 @@ def train_on_three(cluster: LocalCluster, spec: str) -> None:
     cluster.submit(spec)
     task = lambda: cluster.task("lm")  # noqa: E731
     cluster.wait(lambda: task()["step"] >= 15 and task()["workers"] == 3, 240, "3 workers")
-
-
-def reduced_step(trace: Path, wanted: Callable[[int], bool], timeout: float) -> int:
-    """Wait (polling the trace as the workers write it) for a step that ``wanted`` accepts to be
-    reduced (its ledger line written, before its update and its checkpoint); that step."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        lines = trace.read_text().splitlines() if trace.exists() else []
-        for line in lines:
-            with contextlib.suppress(ValueError):  # a line still being written
-                row = json.loads(line)
-                if row.get("what") == "samples" and wanted(row["step"]):
-                    return int(row["step"])
-        time.sleep(0.005)
-    raise TimeoutError(f"no wanted step reduced within {timeout:.0f} s")
 
 
 def status_of(cluster: LocalCluster) -> str:
@@ -371,7 +356,9 @@ def test_a_collective_stalled_past_its_grace_by_retransmissions_is_no_hang(tmp_p
         train_on_three(cluster, spec)
         # A step checkpointed at its end (every 10), a few steps ahead of the one reported.
         aim = ((cluster.task("lm")["step"] + 3) // 10 + 1) * 10
-        began = reduced_step(trace, lambda step: step == aim, 60)
+        reduced = lambda: any(r["what"] == "samples" and r["step"] == aim for r in read_rows(trace))  # noqa: E731
+        cluster.wait(reduced, 60, f"step {aim} reduced (its checkpoint follows)", poll=0.005)
+        began = aim
         hosts.stall(cluster.host_of["node-1"], sparing=cluster.coordinator_host)
         time.sleep(4.0)
         hosts.stall(cluster.host_of["node-1"], sparing=None)

@@ -8,11 +8,9 @@ shared folder or their node's in-memory tier after the cut. When the partition h
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,6 +24,7 @@ from .test_live_cluster import (
     assert_ledger_exact,
     finish_and_settle,
     latest_generation,
+    read_rows,
     story_of,
     traced_task,
 )
@@ -122,16 +121,6 @@ def stale_steps(trace: Path, generation: int, after: float) -> list[int]:
         for r in read_rows(trace)
         if r["what"] == "samples" and r["generation"] == generation and r["time"] > after
     ]
-
-
-def read_rows(trace: Path) -> list[dict[str, Any]]:
-    rows = []
-    for line in trace.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written
-            continue
-    return rows
 
 
 def node_state(cluster: LocalCluster, node: str) -> str:
