@@ -8,7 +8,9 @@ coordinator. A save is waited for only while it is seen: a fixed allowance for e
 a checkpoint step would let a hang in that step go unseen for the whole allowance.
 
 A rank whose own compute time stays above ``straggler_ratio`` x its peers' median for
-``straggler_window`` consecutive steps is a straggler: the task runs sub-healthy.
+``straggler_window`` consecutive steps is a straggler: the task runs sub-healthy. It stays one
+until it has kept within that bound for as many consecutive steps: one step that a loaded host
+slows its peers in, or that it happens to be quick in, does not make a straggler flap.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ class TaskMonitor:
     saving_seen: tuple[int, float] = (0, 0.0)
     intervals: deque[float] = field(default_factory=deque)
     compute: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> compute_s
-    slow_streak: dict[int, int] = field(default_factory=dict)
+    # rank -> consecutive judged steps whose slowness disagrees with the rank's status
+    streak: dict[int, int] = field(default_factory=dict)
     stragglers: set[int] = field(default_factory=set)
+    judged: set[int] = field(default_factory=set)  # steps with every rank's time in (judged once)
 
     def step_done(self, step: int, ended: float) -> None:
         """Rank 0 finished ``step`` at worker time ``ended``."""
@@ -86,20 +90,25 @@ class TaskMonitor:
         return deadline is not None and now - self.since > deadline
 
     def rank_compute(self, step: int, rank: int, compute_s: float, world: int) -> list[tuple[int, bool]]:
-        """Record a rank's compute time; returns (rank, is_straggler) for ranks whose status changed."""
+        """Record a rank's compute time; returns (rank, is_straggler) for ranks whose status changed.
+        A step is judged once, when the last of its ranks reports (a report sent again does not
+        count twice)."""
         per = self.compute.setdefault(step, {})
         per[rank] = compute_s
         for old in [s for s in self.compute if s < step - 2]:
             del self.compute[old]
-        if len(per) < world or world < 2:
+        self.judged = {s for s in self.judged if s >= step - 2}
+        if len(per) < world or world < 2 or step in self.judged:
             return []
+        self.judged.add(step)
         changes = []
         for r, value in per.items():
             peers = statistics.median(v for k, v in per.items() if k != r)
             slow = peers > 0 and value > self.settings.straggler_ratio * peers
-            self.slow_streak[r] = self.slow_streak.get(r, 0) + 1 if slow else 0
-            now_straggling = self.slow_streak[r] >= self.settings.straggler_window
-            if now_straggling != (r in self.stragglers):
-                (self.stragglers.add if now_straggling else self.stragglers.discard)(r)
-                changes.append((r, now_straggling))
+            straggling = r in self.stragglers
+            self.streak[r] = self.streak.get(r, 0) + 1 if slow != straggling else 0
+            if self.streak[r] >= self.settings.straggler_window:
+                (self.stragglers.add if slow else self.stragglers.discard)(r)
+                self.streak[r] = 0
+                changes.append((r, slow))
         return changes

@@ -23,7 +23,8 @@ after hang_warmup_steps steps; a step is late once that much time has passed sin
 step ended (worker clocks), or since a rank was last seen saving that step's checkpoint (up to
 checkpoint_allowance_s after the step's end), and one heartbeat more has passed for its report to
 arrive; a straggler is a rank whose compute time stays above
-straggler_ratio x the median of its peers for straggler_window steps.
+straggler_ratio x the median of its peers for straggler_window steps (and
+stays one until it has kept within that for as many steps).
 """
 
 from __future__ import annotations
