@@ -192,6 +192,8 @@ class Placer:
         self.last_decided = best
         for decision in best.decisions:
             name = decision.task
+            if name not in snapshot.tasks:
+                continue  # a table's answer to a task's end still names it (with no workers)
             wanted = {names[n]: per[name] for n, per in sorted(layout.items()) if per.get(name)}
             self._carry_out(snapshot, decision, wanted)
         self.keep_spares(self.ctx.store.snapshot(), state, names, layout)
