@@ -43,7 +43,7 @@ from unicron.control.store import Store, open_backend
 from unicron.control.wafhistory import WafHistory
 from unicron.core.errors import Conflict
 from unicron.core.ladder import Ladder
-from unicron.core.livespecs import CORRUPTIONS, LiveTaskSpec, replica_misfit
+from unicron.core.livespecs import NOT_FAILURES, LiveTaskSpec, replica_misfit
 from unicron.core.protocol import (
     SPARE_GENERATION,
     CheckpointReport,
@@ -333,7 +333,7 @@ class Coordinator:
             if self.steps.completed(task, report):
                 self.dirty = True  # the plan may want the task larger or smaller now
         elif isinstance(report, FaultReport):
-            if report.action not in CORRUPTIONS:
+            if report.action not in NOT_FAILURES:
                 self.recovery.faults[(report.task, report.generation)] = report.time
             reported.injected(self.act, report, node)
         elif isinstance(report, ExceptionReport):

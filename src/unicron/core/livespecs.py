@@ -21,6 +21,8 @@ from unicron.core.specs import (
 
 # Faults that damage state without failing a process: their time is not a failure's start.
 CORRUPTIONS = frozenset({"corrupt_transfer", "corrupt_checkpoint"})
+# ... nor is the time of any of these, which fail nothing (a stop taken late is still a stop).
+NOT_FAILURES = CORRUPTIONS | {"late_stop"}
 
 
 class FaultSpec(SpecBase):
@@ -44,6 +46,7 @@ class FaultSpec(SpecBase):
         "stall_rejoin",
         "kill_in_agree",
         "kill_in_transfer",
+        "late_stop",
     ] = Field(description="what happens; unicron/train/faults.py describes each")
     rank: int = Field(ge=0, description="the rank it strikes (in the generation it strikes)")
     step: int = Field(ge=1, description="injected when this step starts")
@@ -60,7 +63,7 @@ class FaultSpec(SpecBase):
         ge=0,
         description=(
             "for stall, spin, stall_before_reduce, stall_rejoin, slow_save: how long;"
-            " for slow: extra per step"
+            " for slow: extra per step; for late_stop: how late"
         ),
     )
 

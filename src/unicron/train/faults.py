@@ -32,6 +32,9 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
   node's in-memory folder, with garbage (a torn or damaged file); the worker goes on.
 - ``slow_save``: sleep ``seconds`` inside the checkpoint save at the end of ``step`` (on a rank
   that saves), its position saying it saves: slow storage, which is not a hang.
+- ``late_stop``: take a request to stop (SIGTERM) ``seconds`` late, whatever the step: its peers
+  stop at a step boundary this rank has already passed (a signal delivered late, an agent slow
+  to pass the order on).
 
 A fault names a rank, a step and a generation; generation 0 means whichever worker of that rank
 first reaches the step, or a later one, in any generation (the rank may not exist at that step
@@ -53,7 +56,7 @@ from unicron.core.livespecs import FaultSpec
 from unicron.core.protocol import FaultReport
 
 # Injected at an event, not a step:
-AT_EVENTS = frozenset({"corrupt_transfer", "stall_rejoin", "kill_in_agree", "kill_in_transfer"})
+AT_EVENTS = frozenset({"corrupt_transfer", "stall_rejoin", "kill_in_agree", "kill_in_transfer", "late_stop"})
 AT_REDUCE = frozenset({"stall_before_reduce", "kill_in_backward"})  # on the way into the all-reduce
 # Injected further into the step they are due at than its start:
 LATER_IN_STEP = frozenset({"stall", "spin", "kill_after_reduce", "slow_save"})
@@ -76,7 +79,8 @@ class FaultInjector:
         self._pending: list[FaultSpec] = []
         self._settled: set[int] = set()  # generation-0 faults already claimed (by anyone)
 
-    def _announce(self, fault: FaultSpec, step: int) -> None:
+    def announce(self, fault: FaultSpec, step: int) -> None:
+        """Report ``fault`` as it strikes, at ``step`` (0: at an event)."""
         self.report(
             FaultReport(
                 task=self.task,
@@ -107,7 +111,7 @@ class FaultInjector:
         for fault in self._pending:
             if fault.action in AT_REDUCE or fault.action in LATER_IN_STEP:
                 continue
-            self._announce(fault, step)
+            self.announce(fault, step)
             if fault.action == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             elif fault.action == "hang":
@@ -172,7 +176,17 @@ class FaultInjector:
                 continue
             self._settled.add(index)
             if fault.generation == self.generation or (self.claim is not None and self.claim(index)):
-                self._announce(fault, 0)
+                self.announce(fault, 0)
+                return fault
+        return None
+
+    def late_stop(self) -> FaultSpec | None:
+        """``late_stop`` for this rank and generation (0: any), once; a look-up only, safe in a
+        signal handler: the caller reports it (``announce``) when it takes the stop."""
+        for index, fault in enumerate(self.all_faults):
+            mine = fault.action == "late_stop" and fault.rank == self.rank
+            if mine and index not in self._settled and fault.generation in (0, self.generation):
+                self._settled.add(index)
                 return fault
         return None
 
@@ -181,23 +195,23 @@ class FaultInjector:
         the next step's all-reduce."""
         for fault in self._pending:
             if fault.action == "kill_after_reduce":
-                self._announce(fault, step)
+                self.announce(fault, step)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     def before_last_micro_batch(self, step: int) -> None:
         for fault in self._pending:
             if fault.action == "stall":
-                self._announce(fault, step)
+                self.announce(fault, step)
                 time.sleep(fault.seconds)
             elif fault.action == "spin":
-                self._announce(fault, step)
+                self.announce(fault, step)
                 _spin(fault.seconds)
 
     def saving(self, step: int) -> None:
         """Inside the checkpoint save at the end of ``step``, its position already saying so."""
         for fault in [f for f in self._pending if f.action == "slow_save"]:
             self._pending.remove(fault)
-            self._announce(fault, step)
+            self.announce(fault, step)
             time.sleep(fault.seconds)
 
     def before_reduce(self, step: int) -> None:
@@ -205,7 +219,7 @@ class FaultInjector:
         the first bucket is launched (overlapped), or after the micro-batches."""
         for fault in [f for f in self._pending if f.action in AT_REDUCE]:
             self._pending.remove(fault)
-            self._announce(fault, step)
+            self.announce(fault, step)
             if fault.action == "kill_in_backward":
                 os.kill(os.getpid(), signal.SIGKILL)
             else:

@@ -58,3 +58,11 @@ class Iteration:
 
 class PeerLostError(ConnectionError):
     """The coordinator declared a peer failed while this rank waited for it in a collective."""
+
+
+class StopRequested(Exception):
+    """This worker was asked to stop (SIGTERM) where it could not stop at a step boundary: while
+    it waited for a membership, or with its step's collective broken under it by peers that took
+    the same request a step boundary earlier. The step in progress is abandoned (nothing of it
+    applied or recorded) and the worker stops at the last step it completed
+    (``StepLoop.micro_batches``)."""

@@ -37,6 +37,7 @@ from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
 from unicron.train.fencing import Fence
 from unicron.train.groups import Groups
+from unicron.train.iteration import StopRequested
 from unicron.train.loader import MapDataset, StepData, step_data
 from unicron.train.peers import Peers
 from unicron.train.progress import ProgressReporter
@@ -233,7 +234,10 @@ class Session:
         if self.data is None:
             raise RuntimeError("create the loader (session.loader(...)) before session.steps(...)")
         self.start()
-        self._resume(model, optimizer)
+        try:
+            self._resume(model, optimizer)
+        except StopRequested:
+            return  # asked to stop before this process trained a step: nothing of its own to save
         self.running = loop = StepLoop(self, model, optimizer, self.data)
         try:
             while self.step < self.iterations:
@@ -312,10 +316,25 @@ class Session:
 
     def _on_stop(self, signum: int, frame: Any) -> None:
         self.trace("sigterm")
+        late = self.faults.late_stop()  # fault injection: the request taken ``seconds`` late
+        if late is None:
+            self.stop_requested = True
+            return
+        timer = threading.Timer(late.seconds, self._take_stop_late, (late,))
+        timer.daemon = True
+        timer.start()
+
+    def _take_stop_late(self, fault: FaultSpec) -> None:
+        self.faults.announce(fault, self.step)
         self.stop_requested = True
 
     def recoverable(self, exc: Exception, last: bool) -> None:
-        """Forward a failed collective; re-raise it on the ``last`` attempt or without in-process recovery."""
+        """Forward a failed collective; re-raise it on the ``last`` attempt or without in-process
+        recovery. A worker asked to stop does neither: its peers most likely stopped a step
+        boundary earlier (each takes the request at its own boundary), and ``rejoin`` then ends
+        the step in progress (``StopRequested``)."""
+        if self.stop_requested:
+            return
         if not self.in_process or last or self.store is None:
             raise exc
         self.forward_exception(exc)
@@ -341,20 +360,26 @@ class Session:
         """Leave the current group, wait for the coordinator's next membership, join it, agree.
         A member lost meanwhile (its group fails to form or to agree) is a failure during the
         recovery: the coordinator re-forms the group again, and this member follows. Returns
-        whether state had to be copied from a replica."""
-        assert self.store is not None
+        whether state had to be copied from a replica; a worker asked to stop meanwhile (or
+        before) rejoins nothing (``StopRequested``)."""
         started = time.time()
         for attempt in range(4):
+            if self.stop_requested:
+                raise StopRequested("asked to stop: no group to rejoin is awaited")
+            assert self.store is not None
             self.groups.leave()  # outside the except block: see StepLoop.micro_batches
             self.progress.at(self.step + 1, Phase.REJOIN)
             self.faults.rejoining()
-            self._adopt(self.store.next_membership(self.generation, self.membership_timeout))
+            wait = self.membership_timeout
+            self._adopt(self.store.next_membership(self.generation, wait, lambda: self.stop_requested))
             try:
                 self._join()
                 copied = self._agree(model, optimizer, reformed=True)
                 break
             except Exception as exc:
                 self.recoverable(exc, last=attempt == 3)
+        else:  # the last attempt failed, and recoverable did not raise: the worker is stopping
+            raise StopRequested("asked to stop while the group re-formed")
         self.trace("rejoined", seconds=time.time() - started, world=self.world_size, copied=copied)
         return copied
 

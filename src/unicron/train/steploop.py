@@ -35,7 +35,7 @@ import torch
 from unicron.core.protocol import Phase
 from unicron.train import gradsync, replicas, sharded, shardsync
 from unicron.train.data import shard, unclaimed_share
-from unicron.train.iteration import Iteration, PeerLostError
+from unicron.train.iteration import Iteration, PeerLostError, StopRequested
 from unicron.train.loader import StepData
 from unicron.train.membership import settle
 from unicron.train.peers import Peers
@@ -51,6 +51,7 @@ class StepPhase(enum.Enum):
     COMPUTING = "computing"  # micro-batches being yielded; the gradients are this rank's own
     REDUCED = "reduced"  # the loader ran out: the gradients hold the step's global batch
     COPIED = "copied"  # recovery took state that already holds this step: nothing to apply
+    ABANDONED = "abandoned"  # asked to stop with the step's reduction broken: nothing to apply
 
 
 class Loader:
@@ -129,10 +130,13 @@ class StepLoop:
         posted one), then this rank's share. False: the state (taken from a replica) already
         holds it."""
         session = self.session
-        if changed:
-            # A planned change (a newcomer, a resize) takes effect at a step boundary: no work lost.
-            session.rejoin(self.model, self.optimizer)
-        chunks = self._settle(step)
+        try:
+            if changed:
+                # A planned change (a newcomer, a resize) takes effect at a step boundary: no work lost.
+                session.rejoin(self.model, self.optimizer)
+            chunks = self._settle(step)
+        except StopRequested:
+            return False  # the worker stops at this boundary (``Session.steps``)
         if chunks is None:
             return False
         self.chunks, self.phase = chunks, StepPhase.COMPUTING
@@ -150,6 +154,8 @@ class StepLoop:
                 f"step {step} ended before its micro-batches did: iterate `for batch in loader:` "
                 "to the end in every step (the loader reduces the gradients as it ends)"
             )
+        if self.phase is StepPhase.ABANDONED:
+            return  # not done: the worker stops at the boundary before it (``Session.steps``)
         session.step = step
         if self.phase is StepPhase.REDUCED:
             step_schedulers(session.extras, step - 1)
@@ -231,7 +237,11 @@ class StepLoop:
                 session.recoverable(exc, last=attempt == 3)
             # Outside the except block: the exception's frames (inside torch.distributed) would
             # keep the failed group alive, and its sockets open, so peers would never notice.
-            copied = session.rejoin(self.model, self.optimizer)
+            try:
+                copied = session.rejoin(self.model, self.optimizer)
+            except StopRequested:
+                self._abandon(step)
+                return
             self.it.resumed_at = time.time()  # the transition is over: the re-formed group computes
             if copied:
                 # Members disagreed: state came from a replica; what was accumulated is void.
@@ -257,6 +267,17 @@ class StepLoop:
         session.trace("samples", step=step, ids=contributed)  # the ledger: reduced, so in the step
         self.phase = StepPhase.REDUCED
         session.faults.after_reduce(step)
+
+    def _abandon(self, step: int) -> None:
+        """Asked to stop with this step's reduction broken: peers that took the request at the
+        boundary before it left the group, so no rank completes the step. Nothing of it is
+        applied (``optimizer.step()`` finds no gradient) or recorded, and the worker stops at
+        the last step it completed, saving it as its peers did; were it to wait for a group
+        instead, the stop's SIGKILL would find it there and its checkpoint unwritten."""
+        for p in self.model.parameters():
+            p.grad = None
+        self.session.trace("abandoned", step=step)
+        self.phase = StepPhase.ABANDONED
 
     def _chunks(self, chunks: list[list[int]], arm: Callable[[], None] | None) -> Iterator[Any]:
         # Each sample's gradient counts 1/B (B: the step's samples, fewer in an epoch's last step

@@ -28,8 +28,10 @@ from unicron.core.reachability import Reachability
 from unicron.core.signing import opened, sign
 from unicron.core.workerenv import addresses
 from unicron.train.fencing import served
+from unicron.train.iteration import StopRequested
 
 WAIT_ROUND_S = 5.0  # a wait for a membership re-checks its connection this often
+STOP_LOOK_S = 0.25  # ... and whether its worker was asked to stop this often
 
 
 class TaskStore:
@@ -144,21 +146,32 @@ class TaskStore:
             raise RuntimeError(f"generation {generation}: no signed membership follows it")
         return Membership.model_validate_json(payload)
 
-    def next_membership(self, generation: int, timeout: timedelta) -> Membership:
+    def next_membership(
+        self, generation: int, timeout: timedelta, stop: Callable[[], bool] = lambda: False
+    ) -> Membership:
         """Wait for the (signed) membership that follows ``generation``. The store may go away
         meanwhile (its coordinator died): the wait goes on over a new connection, to whichever
-        address serves the store again (the coordinator that takes over), until ``timeout``."""
+        address serves the store again (the coordinator that takes over), until ``timeout``.
+        ``stop()`` is looked at every ``STOP_LOOK_S``: a worker asked to stop while it waits
+        stops waiting (``StopRequested``) well within its grace period."""
         name = membership_key(self.task, generation)
         deadline = time.monotonic() + timeout.total_seconds()
+        connected = time.monotonic()  # the last (re)connection: one that only times out is renewed
         while (left := deadline - time.monotonic()) > 0:
+            if stop():
+                raise StopRequested(f"generation {generation}: asked to stop while waiting to rejoin")
+            began, wait_s = time.monotonic(), min(left, STOP_LOOK_S)
             try:
-                self.raw.wait([name], timedelta(seconds=min(left, WAIT_ROUND_S)))
+                self.raw.wait([name], timedelta(seconds=wait_s))
                 if (payload := self._read(name)) is not None:
                     return Membership.model_validate_json(payload)
                 time.sleep(0.05)  # a forgery: wait for the coordinator's
-            except Exception:  # this round timed out, or the store went away: connect again
-                self._reconnect()
-                time.sleep(0.2)
+            except Exception:  # this round timed out, or the store went away
+                now = time.monotonic()
+                if now - began < 0.9 * wait_s or now - connected >= WAIT_ROUND_S:
+                    self._reconnect()  # it failed at once, or has only timed out for a while
+                    connected = now
+                    time.sleep(0.2)
         raise TimeoutError(f"generation {generation}: no signed membership within {timeout}")
 
     def arrive(self, generation: int, rank: int, world_size: int, timeout: timedelta) -> bool:
