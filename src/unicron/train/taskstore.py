@@ -30,8 +30,9 @@ from unicron.core.workerenv import addresses
 from unicron.train.fencing import served
 from unicron.train.iteration import StopRequested
 
-WAIT_ROUND_S = 5.0  # a wait for a membership re-checks its connection this often
-STOP_LOOK_S = 0.25  # ... and whether its worker was asked to stop this often
+MEMBERSHIP_POLL_S = 0.02  # a wait for a membership asks the store this often at first
+QUIET_STORE_S = 5.0  # ... and connects again when the store has not answered for this long
+STOP_LOOK_S = 0.25  # ... then this often (and so sees a stop request within this)
 
 
 class TaskStore:
@@ -152,26 +153,30 @@ class TaskStore:
         """Wait for the (signed) membership that follows ``generation``. The store may go away
         meanwhile (its coordinator died): the wait goes on over a new connection, to whichever
         address serves the store again (the coordinator that takes over), until ``timeout``.
-        ``stop()`` is looked at every ``STOP_LOOK_S``: a worker asked to stop while it waits
-        stops waiting (``StopRequested``) well within its grace period."""
+        A worker asked to stop meanwhile (``stop()``) stops waiting (``StopRequested``).
+
+        The store is asked (``check``) rather than waited on: a blocking wait cannot be cut short
+        by the stop's signal, and one in rounds short enough to see it within the stop's grace
+        period makes torch log a warning for every round that times out. The first second,
+        when a recovery's membership usually comes, is asked about often (as ``arrive`` does)."""
         name = membership_key(self.task, generation)
-        deadline = time.monotonic() + timeout.total_seconds()
-        connected = time.monotonic()  # the last (re)connection: one that only times out is renewed
-        while (left := deadline - time.monotonic()) > 0:
-            if stop():
-                raise StopRequested(f"generation {generation}: asked to stop while waiting to rejoin")
-            began, wait_s = time.monotonic(), min(left, STOP_LOOK_S)
-            try:
-                self.raw.wait([name], timedelta(seconds=wait_s))
-                if (payload := self._read(name)) is not None:
-                    return Membership.model_validate_json(payload)
-                time.sleep(0.05)  # a forgery: wait for the coordinator's
-            except Exception:  # this round timed out, or the store went away
-                now = time.monotonic()
-                if now - began < 0.9 * wait_s or now - connected >= WAIT_ROUND_S:
-                    self._reconnect()  # it failed at once, or has only timed out for a while
-                    connected = now
-                    time.sleep(0.2)
+        began = time.monotonic()
+        deadline = began + timeout.total_seconds()
+        try:
+            while (now := time.monotonic()) < deadline:
+                if stop():
+                    raise StopRequested(f"generation {generation}: asked to stop while waiting to rejoin")
+                try:
+                    # A store that does not answer (its host cut off) is given up on this soon.
+                    self.raw.set_timeout(timedelta(seconds=QUIET_STORE_S))
+                    if self.raw.check([name]) and (payload := self._read(name)) is not None:
+                        return Membership.model_validate_json(payload)
+                except Exception:  # the store went away, or is silent: connect again
+                    self._reconnect()
+                time.sleep(MEMBERSHIP_POLL_S if now - began < 1.0 else STOP_LOOK_S)
+        finally:
+            with contextlib.suppress(Exception):
+                self.raw.set_timeout(self.timeout)
         raise TimeoutError(f"generation {generation}: no signed membership within {timeout}")
 
     def arrive(self, generation: int, rank: int, world_size: int, timeout: timedelta) -> bool:
