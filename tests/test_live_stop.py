@@ -4,11 +4,13 @@ The plan stops a task by SIGTERM to each rank, and each rank stops at the first 
 after its own signal: one that took it a boundary later than its peer is inside the next step,
 in a reduction its stopped peer will never join. It must abandon that step, not wait to rejoin a
 group (it would be killed there, and the task's stop checkpoint, which rank 0 writes, would be
-lost with the steps since the last periodic one), and stop at the last step it completed.
+lost with the steps since the last periodic one), and stop at the last step it completed. The
+task that takes the slots starts there only once the stopped task's processes have exited.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -56,5 +58,11 @@ def test_a_rank_that_takes_a_planned_stop_a_step_late_abandons_that_step_and_sav
     # Rank 0 was inside the step after it, and abandoned it rather than wait to be killed.
     abandoned = [(r["rank"], r["step"]) for r in rows if r["what"] == "abandoned"]
     assert abandoned == [(0, done_before_stop + 1)], abandoned
+    # high started on the node's two devices only once low's processes had left them (beside
+    # them it would have been given devices 2 and 3, that is GPUs 0 and 1 again).
+    with sqlite3.connect(tmp_path / "cluster" / "coordinator" / "unicron.sqlite") as db:
+        rows_of_workers = db.execute("SELECT task, generation, rank, local_rank FROM workers")
+        devices = {(t, g, r): d for t, g, r, d in rows_of_workers}
+    assert set(devices.values()) == {0, 1}, devices
     assert_ledger_exact(rows, ITERATIONS, world=2)  # every step once: none lost, none trained twice
     assert_ends_exact(tmp_path, "low", ITERATIONS)

@@ -464,8 +464,8 @@ class Coordinator:
         live = self.store.tasks(live_only=True)
         self.history.sample(now, {t.name: t.flop for t in live})
         if self.dirty and not any(t.state is TaskState.RESTARTING for t in live):
-            self.dirty = False
             self.placer.reconcile()
+            self.dirty = self.placer.held  # a launch waits for slots still held: again next tick
 
     def _keep_step_times(self, now: float) -> None:
         """The step times that judge hangs, kept every ``KEEP_STEP_TIMES_S`` when they changed: a

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from unicron.control.context import Context
 from unicron.control.effects import Launch, Switch
 from unicron.control.records import WorkerRecord
+from unicron.control.slots import new_processes
 from unicron.control.snapshot import Snapshot
 from unicron.core.protocol import Membership, ready_key
 from unicron.core.states import WorkerPhase
@@ -153,15 +154,12 @@ class Generations:
         membership, newcomers = grown(live, sum(placement.values()), generation)
         world = membership.world_size
         now = ctx.clock()
-        placement = dict(placement)
         used = []
         for (spare_rank, node, local), rank in zip(spares, newcomers, strict=False):
-            target = node if placement.get(node) else max(placement, key=lambda n: placement[n])
-            placement[target] -= 1
             ctx.act.use_spare(name, spare_rank, node, local, generation, rank, world, now)
             used.append(spare_rank)
         env = ctx.worker_env(name, generation, world, task.store_port, joining=True)
-        placement = {n: c for n, c in placement.items() if c > 0}
+        placement = new_processes(placement, [node for _, node, _ in spares])
         argv = list(ctx.spec(name).run.program)
         ctx.act.launch(Launch(name, generation, world, placement, len(live) + len(used), argv, env), now)
         self.growing[name] = Growth(generation, membership, newcomers, now)

@@ -20,6 +20,7 @@ from unicron.control.effects import Launch
 from unicron.control.generations import Generations, Shrink, planned_shrink
 from unicron.control.rates import RateMeter
 from unicron.control.records import TaskRecord, WorkerRecord
+from unicron.control.slots import fits, new_processes
 from unicron.control.snapshot import Snapshot
 from unicron.control.spares import choose, spare_gains
 from unicron.core.protocol import SPARE_GENERATION
@@ -120,6 +121,9 @@ class Placer:
     last_decided: Plan | None = None  # the plan carried out last (its expected WAF, per task too)
     pending: list[tuple[str, ...]] = field(default_factory=list)  # submissions not yet planned
     regrow: set[str] = field(default_factory=set)  # shrunk off a drained node: plan again after
+    # The last reconcile held a launch or grow back for slots that processes still hold
+    # (``slots.py``): the coordinator carries the plan out again until they are gone.
+    held: bool = False
 
     def cluster_state(self, snapshot: Snapshot) -> tuple[ClusterState, dict[int, str]]:
         """The planner's view of the snapshot: healthy nodes (by id) and where the active tasks'
@@ -190,17 +194,23 @@ class Placer:
                 return
         self._record_plan(decided, snapshot.tasks)
         self.last_decided = best
+        self.held = False
+        in_use = self.ctx.store.slots_in_use()
         for decision in best.decisions:
             name = decision.task
             if name not in snapshot.tasks:
                 continue  # a table's answer to a task's end still names it (with no workers)
             wanted = {names[n]: per[name] for n, per in sorted(layout.items()) if per.get(name)}
-            self._carry_out(snapshot, decision, wanted)
+            self._carry_out(snapshot, decision, wanted, in_use)
         self.keep_spares(self.ctx.store.snapshot(), state, names, layout)
         self.allocator.refresh(state, decided, self.rates.version)
 
-    def _carry_out(self, snapshot: Snapshot, decision: PlanDecision, wanted: dict[str, int]) -> None:
-        """One task's part of the plan: in place where it can, else stop and relaunch."""
+    def _carry_out(
+        self, snapshot: Snapshot, decision: PlanDecision, wanted: dict[str, int], in_use: dict[str, int]
+    ) -> None:
+        """One task's part of the plan: in place where it can, else stop and relaunch. New
+        processes start only where they fit beside those still holding slots (``in_use``,
+        node -> processes: counted up as they are started), else they wait (``held``)."""
         task, name = snapshot.task(decision.task), decision.task
         spec = self.ctx.spec(name)
         move = move_for(
@@ -215,6 +225,15 @@ class Placer:
             in_service=snapshot.healthy(),
             replica_size=spec.replica_size,
         )
+        if move.kind in (MoveKind.GROW, MoveKind.LAUNCH):
+            spares = [s.node for s in self._waiting_spares(name)] if move.kind is MoveKind.GROW else []
+            new = new_processes(move.extra or wanted, spares)
+            slots = {n.name: n.slots for n in snapshot.nodes.values()}
+            if not fits(new, in_use, slots):
+                self.held = True  # the slots are still held: carried out again once they are free
+                return
+            for node, count in new.items():
+                in_use[node] = in_use.get(node, 0) + count
         if move.kind is MoveKind.GROW:
             self._grow(snapshot, name, move.extra, decision.reason)
         elif move.kind is MoveKind.SHRINK and move.shrink is not None:
@@ -230,8 +249,11 @@ class Placer:
         elif move.kind is MoveKind.LAUNCH:
             self.launch(task, snapshot.next_generation[name], wanted, decision.reason)
 
+    def _waiting_spares(self, name: str) -> list[Spare]:
+        return [s for s in self.spares.values() if s.task == name and s.used is None]
+
     def _grow(self, snapshot: Snapshot, name: str, extra: dict[str, int], reason: str) -> None:
-        waiting = [s for s in self.spares.values() if s.task == name and s.used is None]
+        waiting = self._waiting_spares(name)
         offered = [(s.rank, s.node, s.local_rank) for s in waiting]
         used = self.generations.grow(snapshot, name, extra, reason, offered)
         now = self.ctx.clock()

@@ -328,6 +328,13 @@ class Store:
             (w for w in self._all_workers(LIVE_WORKER_PHASES) if w.node == node), key=lambda w: w.key
         )
 
+    def slots_in_use(self) -> dict[str, int]:
+        """node -> processes holding a local slot there (workers of any task, hot spares)."""
+        in_use: dict[str, int] = {}
+        for w in self._all_workers(SLOT_HOLDING_PHASES):
+            in_use[w.node] = in_use.get(w.node, 0) + 1
+        return in_use
+
     def held_slots(self) -> dict[str, dict[str, int]]:
         """node -> task -> live workers there."""
         held: dict[str, dict[str, int]] = {}

@@ -1,0 +1,32 @@
+"""Whether new processes fit on their nodes now.
+
+A slot (a device) is free only once the process that held it has exited: a worker of a
+generation being stopped, a member leaving in a shrink, a spare being stopped all keep their
+GPU memory until then. The plan may give their slots to another task at once, but that task's
+processes start only when they fit beside the ones still there; until then the launch waits and
+the plan is carried out again (``Placer.reconcile``). Started beside them, a newcomer would be
+handed a device index past the node's slots, that is (modulo the node's devices) a GPU another
+process still uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+def new_processes(placement: Mapping[str, int], spare_nodes: Sequence[str]) -> dict[str, int]:
+    """Where a grow starts new processes: ``placement`` (node -> newcomers) less the places that
+    hot spares take (spares on ``spare_nodes``, in order, as many as there are newcomers): a
+    spare stands in for a newcomer on its own node if the placement has one there, else for one
+    on the node with the most (``Generations.grow`` does the same)."""
+    left = dict(placement)
+    for node in spare_nodes[: sum(placement.values())]:
+        target = node if left.get(node) else max(left, key=lambda n: left[n])
+        left[target] -= 1
+    return {n: c for n, c in left.items() if c > 0}
+
+
+def fits(new: Mapping[str, int], in_use: Mapping[str, int], slots: Mapping[str, int]) -> bool:
+    """Whether ``new`` (node -> processes) fits beside the processes holding a slot on each node
+    now (``in_use``), within the node's ``slots``."""
+    return all(in_use.get(n, 0) + c <= slots.get(n, 0) for n, c in new.items() if c > 0)
