@@ -8,7 +8,7 @@ from typing import Any
 from unicron.control.slots import fits, new_processes
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import ExitReport, LaunchWorker
-from unicron.core.states import TaskState
+from unicron.core.states import TaskState, WorkerPhase
 
 BIG = """
 name: big
@@ -49,6 +49,7 @@ def test_a_task_that_takes_a_stopping_tasks_slots_starts_once_its_workers_have_e
     for (task, gen, rank), (node, _) in sorted(cluster.running.items()):
         if task == "lm" and gen == generation:
             del cluster.running[(task, gen, rank)]
+            killed = rank == 3  # one was still saving when the stop's SIGKILL came
             cluster.beat(
                 node,
                 ExitReport(
@@ -56,8 +57,8 @@ def test_a_task_that_takes_a_stopping_tasks_slots_starts_once_its_workers_have_e
                     generation=gen,
                     rank=rank,
                     node=node,
-                    code=0,
-                    signal=None,
+                    code=None if killed else 0,
+                    signal=9 if killed else None,
                     time=cluster.clock.now,
                     stop_ordered=True,
                 ),
@@ -68,3 +69,7 @@ def test_a_task_that_takes_a_stopping_tasks_slots_starts_once_its_workers_have_e
     assert sorted(o.rank for o in launched) == [0, 1, 2, 3]
     assert {o.local_rank for o in launched} == {0, 1}  # the nodes' own devices, no other
     assert not cluster.c.placer.held
+    # The one our stop order killed is recorded as stopped, not as failed.
+    phases = {w.rank: w.state for w in cluster.c.store.workers("lm", generation)}
+    exited, stopped = WorkerPhase.EXITED, WorkerPhase.STOPPED
+    assert phases == {0: exited, 1: exited, 2: exited, 3: stopped}

@@ -391,7 +391,10 @@ class Coordinator:
     def _exit(self, task: TaskRecord, report: ExitReport) -> None:
         key = (report.task, report.generation, report.rank)
         ok = report.code == 0
-        phase = WorkerPhase.EXITED if ok else WorkerPhase.FAILED
+        # Ended by a signal our own stop order sent (a worker of a finished task still exiting,
+        # a generation stopped by the plan): stopped, not failed, as the agent counts it.
+        stopped = report.stop_ordered and report.signal is not None
+        phase = WorkerPhase.EXITED if ok else WorkerPhase.STOPPED if stopped else WorkerPhase.FAILED
         self.act.worker_phase(key, phase, code=report.code, signal=report.signal)
         iterations = self.spec(task.name).run.iterations
         where = f"rank {report.rank} on {report.node}"
