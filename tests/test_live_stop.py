@@ -16,30 +16,52 @@ from pathlib import Path
 import pytest
 
 from unicron.control.localcluster import LocalCluster
+from unicron.core.workerenv import host_checkpoint_dir
+from unicron.train.checkpoint import load_latest
 
-from .test_live_cluster import ARGS, TRAIN, assert_ends_exact, assert_ledger_exact, read_trace, traced_task
+from .test_live_cluster import (
+    ARGS,
+    TRAIN,
+    assert_ends_exact,
+    assert_ledger_exact,
+    prefetch_reference,
+    read_trace,
+    traced_task,
+)
 
 ITERATIONS = 40
 
 
+# fp16: the loop scales its loss with a registered GradScaler, whose step() asserts that it saw
+# gradients; in the abandoned step it must see some, change nothing and keep its scale.
 @pytest.mark.timeout(420)
+@pytest.mark.parametrize("precision", [[], ["--fp16"]], ids=["fp32", "fp16-scaler"])
 def test_a_rank_that_takes_a_planned_stop_a_step_late_abandons_that_step_and_saves_the_last(
-    tmp_path: Path,
+    tmp_path: Path, precision: list[str]
 ) -> None:
     trace = tmp_path / "trace.jsonl"
     # Rank 0 (the one that writes the persistent checkpoint) takes its stop 2 s late: rank 1 has
     # stopped by then, and rank 0 is in the next step's all-reduce or waiting to rejoin.
     late = "  faults: [{action: late_stop, rank: 0, step: 1, generation: 1, seconds: 2}]\n"
-    low = traced_task(trace, "{2: 2.0e9}", ITERATIONS, 0.1, late, name="low")
+    argv = ["python", str(TRAIN), *ARGS, "--step-delay", "0.1", *precision]
+    low = traced_task(trace, "{2: 2.0e9}", ITERATIONS, 0.1, late, name="low", program=argv)
     program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", "0.05"])
     high = f"name: high\nweight: 5\nthroughput: {{2: 6.0e9}}\nrun:\n  program: [{program}]\n"
     high += "  iterations: 10\n"
     # Stops get 10 s before SIGKILL: the late rank must stop on its own, not be killed.
     settings = {"stop_grace_s": 10.0, "restart_stop_wait_s": 12.0}
-    with LocalCluster(tmp_path / "cluster", nodes=1, slots=2, settings=settings) as cluster:
+    if not precision:
+        prefetch_reference(ITERATIONS)  # compared with at the end
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=1, settings=settings) as cluster:
         cluster.submit(low)
         cluster.wait(lambda: cluster.task("low")["step"] >= 13, 300, "low to train past a checkpoint")
         cluster.submit(high)  # it takes both slots: low is stopped, and relaunched when high ends
+        cluster.wait(lambda: cluster.task("low")["state"] == "waiting", 60, "low to be stopped")
+        # Each rank saved the stop checkpoint in its node's memory: rank 1 at the boundary where it
+        # stopped, rank 0 after abandoning the step after it. The same step, the same state (the
+        # model, the optimizer, the scheduler, and with fp16 the scaler's scale and count).
+        persistent = tmp_path / "cluster" / "checkpoints" / "low"
+        saved = [load_latest(host_checkpoint_dir(persistent, node)) for node in ("node-0", "node-1")]
 
         def finished() -> bool:
             return all(cluster.task(n)["state"] == "finished" for n in ("low", "high"))
@@ -58,11 +80,17 @@ def test_a_rank_that_takes_a_planned_stop_a_step_late_abandons_that_step_and_sav
     # Rank 0 was inside the step after it, and abandoned it rather than wait to be killed.
     abandoned = [(r["rank"], r["step"]) for r in rows if r["what"] == "abandoned"]
     assert abandoned == [(0, done_before_stop + 1)], abandoned
-    # high started on the node's two devices only once low's processes had left them (beside
-    # them it would have been given devices 2 and 3, that is GPUs 0 and 1 again).
+    at_zero, at_one = saved
+    assert at_zero is not None and at_one is not None
+    assert at_zero["step"] == at_one["step"] == done_before_stop
+    assert at_zero["state_digest"] == at_one["state_digest"]
+    # high started on the nodes' devices only once low's processes had left them (beside them
+    # it would have been given device 1 on each node, that is GPU 0 again).
     with sqlite3.connect(tmp_path / "cluster" / "coordinator" / "unicron.sqlite") as db:
         rows_of_workers = db.execute("SELECT task, generation, rank, local_rank FROM workers")
         devices = {(t, g, r): d for t, g, r, d in rows_of_workers}
-    assert set(devices.values()) == {0, 1}, devices
+    assert set(devices.values()) == {0}, devices
     assert_ledger_exact(rows, ITERATIONS, world=2)  # every step once: none lost, none trained twice
-    assert_ends_exact(tmp_path, "low", ITERATIONS)
+    if not precision:  # (in fp16 a sample's result depends on its micro-batch's other samples,
+        # and the one-process reference groups them otherwise than two ranks do)
+        assert_ends_exact(tmp_path, "low", ITERATIONS)

@@ -40,6 +40,9 @@ def parse(doc: str | None = __doc__, **defaults: object) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument(
+        "--fp16", action="store_true", help="forward under float16 autocast, the loss scaled by a GradScaler"
+    )
     p.add_argument("--iterations", type=int, default=100, help="steps, when not run by an agent")
     p.add_argument("--checkpoint-dir", default=None, help="when not run by an agent")
     p.add_argument("--checkpoint-every", type=int, default=20)
@@ -79,6 +82,9 @@ def train(
             optimizer, warmup_cosine(args.warmup, session.iterations)
         )
         session.register("scheduler", scheduler)  # checkpointed, transferred and stepped with the model
+        scaler = torch.amp.GradScaler(session.device.type, enabled=args.fp16)
+        if args.fp16:
+            session.register("scaler", scaler)  # its scale, kept and transferred with the rest
         # The corpus (a tensor of sequences) is the dataset; the session deals its samples to the
         # ranks as DistributedSampler would, seeded per epoch, in micro-batches of micro_batch.
         loader = session.loader(corpus, args.global_batch, batch_size=args.micro_batch, seed=args.seed)
@@ -86,12 +92,16 @@ def train(
             # The loader yields this rank's micro-batches and ends once the gradients are reduced;
             # after a peer fails it yields the micro-batches the survivors take over.
             for batch in loader:
-                lm_loss(model, batch.to(session.device)).backward()
+                with torch.autocast(session.device.type, torch.float16, enabled=args.fp16):
+                    loss = lm_loss(model, batch.to(session.device))
+                scaler.scale(loss).backward()
                 if args.device_seconds_per_sample:
                     time.sleep(args.device_seconds_per_sample * len(batch))
             if args.clip:
+                scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            optimizer.step()
+            scaler.step(optimizer)  # optimizer.step(), unless the gradients overflowed
+            scaler.update()
             optimizer.zero_grad()
             if args.step_delay:
                 time.sleep(args.step_delay)

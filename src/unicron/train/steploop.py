@@ -38,6 +38,7 @@ from unicron.train.data import shard, unclaimed_share
 from unicron.train.iteration import Iteration, PeerLostError, StopRequested
 from unicron.train.loader import StepData
 from unicron.train.membership import settle
+from unicron.train.noupdate import NoUpdate
 from unicron.train.peers import Peers
 from unicron.train.state import step_schedulers
 
@@ -50,8 +51,9 @@ class StepPhase(enum.Enum):
 
     COMPUTING = "computing"  # micro-batches being yielded; the gradients are this rank's own
     REDUCED = "reduced"  # the loader ran out: the gradients hold the step's global batch
-    COPIED = "copied"  # recovery took state that already holds this step: nothing to apply
-    ABANDONED = "abandoned"  # asked to stop with the step's reduction broken: nothing to apply
+    # With nothing to apply (``noupdate.py``):
+    COPIED = "copied"  # recovery took state that already holds this step
+    ABANDONED = "abandoned"  # asked to stop with the step's reduction broken
 
 
 class Loader:
@@ -87,6 +89,7 @@ class StepLoop:
         # get once, in the reduction (a shorter micro-batch's gradients are pre-weighted).
         self.scale = 1.0
         self.buckets: gradsync.Buckets | None = None
+        self.no_update: NoUpdate | None = None  # a COPIED or ABANDONED step's, until it ends
         self.settled_step = 0  # the last step in which a re-formed group settled its samples
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.handles = [optimizer.register_step_pre_hook(self._check_reduced)]
@@ -119,6 +122,7 @@ class StepLoop:
             )
 
     def close(self) -> None:
+        self._release()
         for handle in self.handles:
             handle.remove()
         if self.outputs is not None:
@@ -154,6 +158,7 @@ class StepLoop:
                 f"step {step} ended before its micro-batches did: iterate `for batch in loader:` "
                 "to the end in every step (the loader reduces the gradients as it ends)"
             )
+        self._release()
         if self.phase is StepPhase.ABANDONED:
             return  # not done: the worker stops at the boundary before it (``Session.steps``)
         session.step = step
@@ -253,7 +258,7 @@ class StepLoop:
                     # in it), and a reduction finished anywhere holds every member's gradients.
                     if contributed:
                         session.trace("samples", step=step, ids=contributed)
-                    self.phase = StepPhase.COPIED
+                    self.phase, self.no_update = StepPhase.COPIED, self._no_update()
                     return
                 contributed = []
             # Survivors keep what they computed; the samples nobody holds are shared out.
@@ -271,13 +276,20 @@ class StepLoop:
     def _abandon(self, step: int) -> None:
         """Asked to stop with this step's reduction broken: peers that took the request at the
         boundary before it left the group, so no rank completes the step. Nothing of it is
-        applied (``optimizer.step()`` finds no gradient) or recorded, and the worker stops at
+        applied (``noupdate.py``) or recorded, and the worker stops at
         the last step it completed, saving it as its peers did; were it to wait for a group
         instead, the stop's SIGKILL would find it there and its checkpoint unwritten."""
-        for p in self.model.parameters():
-            p.grad = None
         self.session.trace("abandoned", step=step)
-        self.phase = StepPhase.ABANDONED
+        self.phase, self.no_update = StepPhase.ABANDONED, self._no_update()
+
+    def _no_update(self) -> NoUpdate:
+        return NoUpdate(self.model, self.optimizer, self.session.extras)
+
+    def _release(self) -> None:
+        """The user's code after a step with no update has run: the optimizer steps again."""
+        held, self.no_update = self.no_update, None
+        if held is not None:
+            held.release()
 
     def _chunks(self, chunks: list[list[int]], arm: Callable[[], None] | None) -> Iterator[Any]:
         # Each sample's gradient counts 1/B (B: the step's samples, fewer in an epoch's last step
