@@ -7,7 +7,7 @@ from typing import Any
 
 from unicron.control.slots import fits, new_processes
 from unicron.core.livespecs import parse_live_tasks
-from unicron.core.protocol import ExitReport, LaunchWorker
+from unicron.core.protocol import DoneReport, ExitReport, LaunchWorker
 from unicron.core.states import TaskState, WorkerPhase
 
 BIG = """
@@ -73,3 +73,43 @@ def test_a_task_that_takes_a_stopping_tasks_slots_starts_once_its_workers_have_e
     phases = {w.rank: w.state for w in cluster.c.store.workers("lm", generation)}
     exited, stopped = WorkerPhase.EXITED, WorkerPhase.STOPPED
     assert phases == {0: exited, 1: exited, 2: exited, 3: stopped}
+
+
+NEXT = """
+name: next
+weight: 0.1
+throughput: {4: 1.0e9}
+run: {program: [python, train.py], iterations: 100}
+"""
+
+
+def test_a_plan_waiting_for_slots_is_carried_out_again_not_decided_again(make: Any) -> None:
+    cluster = make()
+    cluster.c.submit(*parse_live_tasks(NEXT, "test"))  # no slot is free: it waits for lm
+    cluster.c.placer.allocator.wait()
+    cluster.step()
+    assert cluster.c.store.get_task("next").state is TaskState.WAITING
+    # lm ends: rank 0 saved the final state, rank 1 exited, the others are still on their way out.
+    cluster.train(100)
+    generation = cluster.c.store.get_task("lm").generation
+    node, _ = cluster.running[("lm", generation, 0)]
+    cluster.beat(node, DoneReport(task="lm", generation=generation, rank=0, step=100, digest="d"))
+    cluster.exit(1, code=0)
+    cluster.step(0.1)
+    assert cluster.c.store.get_task("lm").state is TaskState.FINISHED
+    decided = dict(cluster.c.placer.allocator.counts)
+    for _ in range(5):
+        cluster.step(0.1)
+    assert not [o for _, o in cluster.orders if isinstance(o, LaunchWorker) and o.task == "next"]
+    assert cluster.c.placer.held is not None
+    assert cluster.c.placer.allocator.counts == decided  # carried out again, not decided again
+    leaving = cluster.c.store.workers("lm", generation, live=True)
+    assert sorted(w.rank for w in leaving) == [0, 2, 3]
+    for w in leaving:
+        cluster.running.pop(w.key, None)
+        report = ExitReport(task="lm", generation=generation, rank=w.rank, node=w.node, code=0, signal=None)
+        cluster.beat(w.node, report)
+    cluster.step(0.1)
+    launched = [o for _, o in cluster.orders if isinstance(o, LaunchWorker) and o.task == "next"]
+    assert sorted(o.rank for o in launched) == [0, 1, 2, 3] and {o.local_rank for o in launched} == {0, 1}
+    assert cluster.c.placer.held is None and cluster.c.placer.allocator.counts == decided

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from unicron.control import etcdbackend
-from unicron.control.backend import Fenced
+from unicron.control.backend import Fenced, open_backend
 from unicron.control.etcdlocal import EtcdCluster
 from unicron.control.journal import Journal
-from unicron.control.store import Store, open_backend
+from unicron.control.store import Store
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.states import IllegalTransition, NodeState, TaskState, WorkerPhase
 

@@ -6,7 +6,8 @@ only loads the rows once and writes each change's rows atomically. So both backe
 same decisions, and the contract suite (``tests/test_store.py``) runs against both.
 
 A write that a backend refuses because this coordinator no longer leads raises
-:class:`Fenced`: nothing was written, and the caller must step down.
+:class:`Fenced`: nothing was written, and the caller must step down. ``open_backend`` picks the
+backend a store location names.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Protocol
 
 from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
@@ -78,3 +80,15 @@ class Backend(Protocol):
     def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None: ...
 
     def close(self) -> None: ...
+
+
+def open_backend(location: str | Path) -> Backend:
+    """``etcd://host:port,host:port[/prefix]``, or a SQLite file's path."""
+    text = str(location)
+    if text.startswith("etcd://"):
+        from unicron.control.etcdbackend import EtcdBackend
+
+        return EtcdBackend.from_url(text)
+    from unicron.control.sqlitebackend import SqliteBackend
+
+    return SqliteBackend(Path(text))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from unicron.control import reported
-from unicron.control.backend import Backend
+from unicron.control.backend import Backend, open_backend
 from unicron.control.clusterview import Viewer
 from unicron.control.context import Context, CoordinatorSettings
 from unicron.control.detection import Detector, stalled_for
@@ -39,7 +39,7 @@ from unicron.control.revocation import check_token_id
 from unicron.control.snapshot import StoreReads
 from unicron.control.stepping import Steps
 from unicron.control.storagewatch import StorageWatch
-from unicron.control.store import Store, open_backend
+from unicron.control.store import Store
 from unicron.control.wafhistory import WafHistory
 from unicron.core.errors import Conflict
 from unicron.core.ladder import Ladder
@@ -466,9 +466,12 @@ class Coordinator:
         self._keep_step_times(now)
         live = self.store.tasks(live_only=True)
         self.history.sample(now, {t.name: t.flop for t in live})
-        if self.dirty and not any(t.state is TaskState.RESTARTING for t in live):
-            self.placer.reconcile()
-            self.dirty = self.placer.held  # a launch waits for slots still held: again next tick
+        if not any(t.state is TaskState.RESTARTING for t in live):
+            if self.dirty:
+                self.dirty = False
+                self.placer.reconcile()
+            elif self.placer.held is not None:
+                self.placer.carry_out_held()  # launches wait for slots still held: again
 
     def _keep_step_times(self, now: float) -> None:
         """The step times that judge hangs, kept every ``KEEP_STEP_TIMES_S`` when they changed: a

@@ -38,7 +38,6 @@ class TaskMonitor:
     # rank -> consecutive judged steps whose slowness disagrees with the rank's status
     streak: dict[int, int] = field(default_factory=dict)
     stragglers: set[int] = field(default_factory=set)
-    judged: set[int] = field(default_factory=set)  # steps with every rank's time in (judged once)
 
     def step_done(self, step: int, ended: float) -> None:
         """Rank 0 finished ``step`` at worker time ``ended``."""
@@ -91,16 +90,15 @@ class TaskMonitor:
 
     def rank_compute(self, step: int, rank: int, compute_s: float, world: int) -> list[tuple[int, bool]]:
         """Record a rank's compute time; returns (rank, is_straggler) for ranks whose status changed.
-        A step is judged once, when the last of its ranks reports (a report sent again does not
-        count twice)."""
+        A step is judged once, when the last of its ranks reports, and then forgotten (a report
+        sent again does not count twice)."""
         per = self.compute.setdefault(step, {})
         per[rank] = compute_s
         for old in [s for s in self.compute if s < step - 2]:
             del self.compute[old]
-        self.judged = {s for s in self.judged if s >= step - 2}
-        if len(per) < world or world < 2 or step in self.judged:
+        if len(per) < world or world < 2:
             return []
-        self.judged.add(step)
+        del self.compute[step]
         changes = []
         for r, value in per.items():
             peers = statistics.median(v for k, v in per.items() if k != r)

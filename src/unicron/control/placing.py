@@ -100,6 +100,16 @@ def stranded(snapshot: Snapshot) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class HeldPlan:
+    """A plan being carried out, with what it was decided from."""
+
+    plan: Plan
+    layout: Assignment
+    names: dict[int, str]  # node id -> name
+    state: ClusterState
+
+
 @dataclass
 class Spare:
     task: str
@@ -121,9 +131,9 @@ class Placer:
     last_decided: Plan | None = None  # the plan carried out last (its expected WAF, per task too)
     pending: list[tuple[str, ...]] = field(default_factory=list)  # submissions not yet planned
     regrow: set[str] = field(default_factory=set)  # shrunk off a drained node: plan again after
-    # The last reconcile held a launch or grow back for slots that processes still hold
-    # (``slots.py``): the coordinator carries the plan out again until they are gone.
-    held: bool = False
+    # A plan whose launches or grows wait for slots that processes still hold (``slots.py``):
+    # the coordinator carries it out again until they are gone (``carry_out_held``).
+    held: HeldPlan | None = None
 
     def cluster_state(self, snapshot: Snapshot) -> tuple[ClusterState, dict[int, str]]:
         """The planner's view of the snapshot: healthy nodes (by id) and where the active tasks'
@@ -194,23 +204,37 @@ class Placer:
                 return
         self._record_plan(decided, snapshot.tasks)
         self.last_decided = best
-        self.held = False
+        self._carry_out_plan(HeldPlan(best, layout, names, state))
+        self.allocator.refresh(state, decided, self.rates.version)
+
+    def carry_out_held(self) -> None:
+        """Carry the held plan out again. Only processes leaving their slots changed since it
+        was decided, so it is not decided anew (the table does not hold the in-between state:
+        each tick of a stop's grace period would solve the plan)."""
+        if self.held is not None:
+            self._carry_out_plan(self.held)
+
+    def _carry_out_plan(self, carried: HeldPlan) -> None:
+        """Each task's part of the plan; the plan is held while any of it waits for slots."""
+        snapshot = self.ctx.store.snapshot()
         in_use = self.ctx.store.slots_in_use()
-        for decision in best.decisions:
+        waiting = False
+        for decision in carried.plan.decisions:
             name = decision.task
             if name not in snapshot.tasks:
                 continue  # a table's answer to a task's end still names it (with no workers)
-            wanted = {names[n]: per[name] for n, per in sorted(layout.items()) if per.get(name)}
-            self._carry_out(snapshot, decision, wanted, in_use)
-        self.keep_spares(self.ctx.store.snapshot(), state, names, layout)
-        self.allocator.refresh(state, decided, self.rates.version)
+            layout = sorted(carried.layout.items())
+            wanted = {carried.names[n]: per[name] for n, per in layout if per.get(name)}
+            waiting |= not self._carry_out(snapshot, decision, wanted, in_use)
+        self.held = carried if waiting else None
+        self.keep_spares(self.ctx.store.snapshot(), carried.state, carried.names, carried.layout)
 
     def _carry_out(
         self, snapshot: Snapshot, decision: PlanDecision, wanted: dict[str, int], in_use: dict[str, int]
-    ) -> None:
+    ) -> bool:
         """One task's part of the plan: in place where it can, else stop and relaunch. New
         processes start only where they fit beside those still holding slots (``in_use``,
-        node -> processes: counted up as they are started), else they wait (``held``)."""
+        node -> processes: counted up as they are started); False: they must wait."""
         task, name = snapshot.task(decision.task), decision.task
         spec = self.ctx.spec(name)
         move = move_for(
@@ -230,8 +254,7 @@ class Placer:
             new = new_processes(move.extra or wanted, spares)
             slots = {n.name: n.slots for n in snapshot.nodes.values()}
             if not fits(new, in_use, slots):
-                self.held = True  # the slots are still held: carried out again once they are free
-                return
+                return False  # the slots are still held: carried out again once they are free
             for node, count in new.items():
                 in_use[node] = in_use.get(node, 0) + count
         if move.kind is MoveKind.GROW:
@@ -248,6 +271,7 @@ class Placer:
             self.ctx.act.task_stopping(name, self.ctx.clock())
         elif move.kind is MoveKind.LAUNCH:
             self.launch(task, snapshot.next_generation[name], wanted, decision.reason)
+        return True
 
     def _waiting_spares(self, name: str) -> list[Spare]:
         return [s for s in self.spares.values() if s.task == name and s.used is None]

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from unicron.control import dashboard
 from unicron.control.agentchannel import AgentChannel
-from unicron.control.backend import Fenced
+from unicron.control.backend import Fenced, open_backend
 from unicron.control.bodylimit import BodyLimit
 from unicron.control.breakdown import KINDS, Breakdown, breakdowns
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
@@ -32,7 +32,6 @@ from unicron.control.leadership import abdicate, lead
 from unicron.control.metrics import CONTENT_TYPE
 from unicron.control.records import TaskRecord
 from unicron.control.revocation import Revocations
-from unicron.control.store import open_backend
 from unicron.control.tokens import load_or_create_secret
 from unicron.core.access import Need, Principal
 from unicron.core.errors import Conflict, Forbidden, NotFound, SpecError, Unauthenticated, UnicronError

@@ -4,9 +4,9 @@ A slot (a device) is free only once the process that held it has exited: a worke
 generation being stopped, a member leaving in a shrink, a spare being stopped all keep their
 GPU memory until then. The plan may give their slots to another task at once, but that task's
 processes start only when they fit beside the ones still there; until then the launch waits and
-the plan is carried out again (``Placer.reconcile``). Started beside them, a newcomer would be
-handed a device index past the node's slots, that is (modulo the node's devices) a GPU another
-process still uses.
+the same plan is carried out again, not decided anew (``Placer.carry_out_held``). Started beside
+them, a newcomer would be handed a device index past the node's slots, that is (modulo the
+node's devices) a GPU another process still uses.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from unicron.control.backend import Backend, Change, Delete, Put, Table, WorkerKey
@@ -64,18 +63,6 @@ class _Batch:
         ]
         out += [Put(Table.KEPT, (name,), {"name": name, "value": value}) for name, value in self.kept.items()]
         return out + [Delete(Table.NODES, (name,)) for name in self.removed_nodes]
-
-
-def open_backend(location: str | Path) -> Backend:
-    """``etcd://host:port,host:port[/prefix]``, or a SQLite file's path."""
-    text = str(location)
-    if text.startswith("etcd://"):
-        from unicron.control.etcdbackend import EtcdBackend
-
-        return EtcdBackend.from_url(text)
-    from unicron.control.sqlitebackend import SqliteBackend
-
-    return SqliteBackend(Path(text))
 
 
 class Store:
