@@ -180,14 +180,16 @@ def assert_ledger_exact(
 ) -> None:
     """The sample ledger: every step trained on exactly its global batch, once (no step lost or
     repeated, no sample skipped or seen twice). ``frozen``: the ranks (in a world of ``world``) of
-    a node or worker that was killed or frozen: one stopped between a completed all-reduce and
-    writing its ledger line leaves that line unwritten although its samples are in the step; only
-    such ranks' own share, of the one step in flight, may be missing from the record."""
+    a node or worker that was killed or frozen. The one step in flight when it stopped may be
+    recorded wrongly for those ranks' own share only, in one of two ways: one stopped between a
+    completed all-reduce and writing its ledger line leaves that line unwritten although its
+    samples are in the step; one that finished its all-reduce and wrote its line while the
+    survivors' failed has a line for a step they then redid whole (``superseded``)."""
+    kept, redone = superseded(rows, frozen)
     steps: dict[int, list[int]] = {}
-    for r in rows:
-        if r["what"] == "samples":
-            steps.setdefault(r["step"], []).extend(r["ids"])
-    unrecorded = 0
+    for r in kept:
+        steps.setdefault(r["step"], []).extend(r["ids"])
+    unrecorded = redone
     for step in range(1, iterations + 1):
         want = DataStream(16, 2, 512, seed).batch(step)  # the example's ARGS
         got = Counter(steps.get(step, []))
@@ -199,6 +201,22 @@ def assert_ledger_exact(
             assert set(missing) <= shares, step
             continue
         assert got == Counter(want), step
+
+
+def superseded(rows: list[dict[str, Any]], frozen: frozenset[int]) -> tuple[list[dict[str, Any]], int]:
+    """The ledger lines that stand, and the step (0: none) whose lines from an earlier generation
+    a later one superseded. In place, a step is recorded by two generations only when a frozen
+    rank's all-reduce ended before the survivors' broke: its line stays although the survivors
+    redid the step whole. Only frozen ranks' lines of one step may be superseded so."""
+    samples = [r for r in rows if r["what"] == "samples"]
+    newest: dict[int, int] = {}
+    for r in samples:
+        newest[r["step"]] = max(newest.get(r["step"], 0), r["generation"])
+    old = [r for r in samples if r["generation"] < newest[r["step"]]]
+    assert {r["rank"] for r in old} <= frozen, old
+    assert len({r["step"] for r in old}) <= 1, old
+    kept = [r for r in samples if r["generation"] == newest[r["step"]]]
+    return kept, old[0]["step"] if old else 0
 
 
 def share_of(ids: list[int], rank: int, world: int, replica_size: int) -> list[int]:
