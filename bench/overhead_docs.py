@@ -81,10 +81,14 @@ def more_cores(path: Path = ROOT / "docs" / "bench" / "overhead-cpu.json") -> st
         )
     if unpinned:
         ratios = sorted(x["ratio"] for x in unpinned)
+        ratio = (
+            f"the ratios ranged from {ratios[0]:.3f} to {ratios[-1]:.3f}"
+            if len(ratios) > 1
+            else f"the ratio was {ratios[0]:.3f}"
+        )
         parts.append(
             f"unpinned, {len(unpinned)} cell{'s' if len(unpinned) > 1 else ''}: runs differed by up to "
-            f"{max(spread(x) for x in unpinned) * 100:.0f}% and the ratios ranged from "
-            f"{ratios[0]:.3f} to {ratios[-1]:.3f}"
+            f"{max(spread(x) for x in unpinned) * 100:.0f}% and {ratio}"
         )
     return f" On a lent machine's {cores} cores (docs/gpu.md): {'; '.join(parts)}."
 
