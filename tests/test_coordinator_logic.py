@@ -467,3 +467,24 @@ def test_a_node_lost_long_enough_is_forgotten_and_one_holding_workers_is_not(mak
 
     assert forgettable([lost, holding, recent], held, now=100.0, after_s=30.0) == ["gone"]
     assert forgettable([recent], held, now=100.0, after_s=30.0) == [] and len(asked) == 1
+
+
+def test_a_plan_decided_while_a_grow_is_under_way_counts_its_newcomers(make: Any) -> None:
+    """Newcomers hold the slots the plan gave them before they join: a plan decided meanwhile
+    (another task's grow ended, say) sees the task at the size it is growing to, answers from
+    the table and gives their slots to nobody else."""
+    cluster = make()
+    cluster.exit(3)
+    cluster.train(2)
+    for _ in range(3):
+        cluster.step()
+    (growth,) = cluster.c.generations.growing.values()
+    cluster.c.placer.allocator.wait()  # the table for the state the grow leads to
+    state, _ = cluster.c.placer.cluster_state(cluster.c.store.snapshot())
+    assert sum(per.get("lm", 0) for per in state.assignment.values()) == 4
+    decided = dict(cluster.c.placer.allocator.counts)
+    cluster.c.dirty = True  # something else asks for a plan before the newcomers join
+    cluster.step()
+    assert cluster.c.generations.growing == {"lm": growth}
+    assert cluster.c.placer.allocator.counts["solved"] == decided["solved"]
+    assert cluster.events("task_resize") == [] and len(cluster.events("task_grow")) == 1

@@ -137,7 +137,9 @@ class Placer:
 
     def cluster_state(self, snapshot: Snapshot) -> tuple[ClusterState, dict[int, str]]:
         """The planner's view of the snapshot: healthy nodes (by id) and where the active tasks'
-        members are."""
+        workers are: their members, and the newcomers of a grow under way (the plan that grew
+        the task gave them their slots: without them, a plan decided before they join sees the
+        task short by them, solves the table's state again, and may give their slots away)."""
         nodes = [n for n in snapshot.nodes.values() if n.state is NodeState.HEALTHY]
         names = {n.id: n.name for n in nodes}
         ids = {n.name: n.id for n in nodes}
@@ -146,7 +148,7 @@ class Placer:
         live = list(snapshot.tasks.values())
         for task in live:
             if task.state.active:
-                for w in snapshot.live(task.name):
+                for w in [*snapshot.live(task.name), *self._newcomers(task.name)]:
                     if w.node in ids:
                         per = assignment.setdefault(ids[w.node], {})
                         per[task.name] = per.get(task.name, 0) + 1
@@ -168,6 +170,11 @@ class Placer:
             next_node=max(names, default=0) + 1,
         )
         return state, names
+
+    def _newcomers(self, name: str) -> list[WorkerRecord]:
+        """The live newcomers of the task's grow under way, if it has one."""
+        growth = self.generations.growing.get(name)
+        return [] if growth is None else self.ctx.store.workers(name, growth.generation, live=True)
 
     def submitted(self, names: tuple[str, ...]) -> None:
         """A submission is queued until the plan table that holds its arrival is built (in the
