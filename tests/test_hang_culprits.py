@@ -16,7 +16,15 @@ from unicron.control import stackdump
 from unicron.control.hangs import hang_verdict, innermost_frame
 from unicron.control.processes import Worker, is_stopped, read_stack
 from unicron.control.records import WorkerRecord
-from unicron.core.protocol import DumpStacks, LaunchWorker, Phase, Progress, StacksReport, StopWorkers
+from unicron.core.protocol import (
+    DumpStacks,
+    LaunchWorker,
+    Phase,
+    Progress,
+    StacksReport,
+    StopWorkers,
+    ready_key,
+)
 from unicron.core.settings import Settings
 from unicron.core.states import TaskState, WorkerPhase
 
@@ -314,3 +322,31 @@ def test_a_save_seen_holds_the_next_step_off_while_it_lasts_and_no_longer(make: 
         stuck.step(0.5)
     (hang,) = stuck.events("hang_detected")
     assert hang["culprits"] == [0] and "step 5: checkpoint" in hang["where"]["0"], hang
+
+
+def test_the_first_step_of_a_grown_group_may_take_a_re_forming_and_the_next_one_a_step(make: Any) -> None:
+    """Newcomers join at a step boundary: the members re-form the group and send them their
+    state before the first step of the grown generation ends. That step is given as long as an
+    in-process recovery (it was judged as a plain step: a hang, stacks dumped, peers probed,
+    after the 1 s floor); the step after it is judged as usual."""
+    cluster = make(hang_warmup_steps=2, hang_floor_s=1.0, recovery_deadline_s=8.0)
+    for step in range(2, 6):
+        cluster.clock.now += 0.5
+        cluster.train(step)
+    cluster.exit(3)  # recovered in place on three; the plan grows the task back to four
+    cluster.train(6)
+    for _ in range(3):
+        cluster.step()
+    (growth,) = cluster.c.generations.growing.values()
+    for rank in growth.newcomers:
+        cluster.c.act.rendezvous.set("lm", ready_key("lm", growth.generation, rank), "ready")
+    cluster.step()
+    assert cluster.c.store.get_task("lm").generation == growth.generation  # grown
+    for _ in range(12):  # 6 s of re-forming: within the recovery deadline
+        cluster.step(0.5)
+    assert cluster.events("hang_detected") == []
+    cluster.train(7)
+    for _ in range(6):  # 3 s: past the 1 s deadline plus one heartbeat
+        cluster.step(0.5)
+    (hang,) = cluster.events("hang_detected")
+    assert hang["step"] == 8 and hang["generation"] == growth.generation, hang

@@ -93,9 +93,11 @@ class Detector:
             monitor = TaskMonitor(self.ctx.limits)
             if previous is not None:
                 # A membership change does not change how long a step takes: keep the history,
-                # so that a hang right after the change is caught too.
+                # so that a hang right after the change is caught too (the change's own first
+                # step is given as long as a re-forming: ``TaskMonitor.reforming``).
                 monitor.intervals = deque(previous.intervals)
                 monitor.last_step, monitor.last_time = previous.last_step, previous.last_time
+                monitor.reforming = True
             elif name in self.restored:  # the coordinator before this one measured them
                 monitor.intervals = deque(self.restored.pop(name))
             self.monitors[key] = monitor

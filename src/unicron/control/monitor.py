@@ -33,6 +33,11 @@ class TaskMonitor:
     # The last time (coordinator's clock) a rank was seen saving the checkpoint of a step, and
     # which step: the step after it is late counted from then (``since``).
     saving_seen: tuple[int, float] = (0, 0.0)
+    # Formed in place from its predecessor's members (a grow, a planned shrink, an in-process
+    # recovery), with no step of its own ended yet: that step holds the members' step boundary,
+    # the group's re-forming and newcomers receiving their state, so it may take as long as an
+    # in-process recovery may (``recovery_deadline_s``), not k x a step.
+    reforming: bool = False
     intervals: deque[float] = field(default_factory=deque)
     compute: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> rank -> compute_s
     # rank -> consecutive judged steps whose slowness disagrees with the rank's status
@@ -41,8 +46,10 @@ class TaskMonitor:
 
     def step_done(self, step: int, ended: float) -> None:
         """Rank 0 finished ``step`` at worker time ``ended``."""
-        if step <= self.last_step:
-            # Training went back (a restart from an earlier checkpoint): re-anchor on it.
+        reformed, self.reforming = self.reforming, False
+        if step <= self.last_step or reformed:
+            # Training went back (a restart from an earlier checkpoint), or this step held a
+            # re-forming and is no step time: re-anchor on it.
             self.last_step, self.last_time = step, ended
             return
         if self.last_time and step == self.last_step + 1:
@@ -59,7 +66,10 @@ class TaskMonitor:
     def deadline(self) -> float | None:
         """Seconds after ``since`` by which the next step must end, once warmed up."""
         mean = self.mean_interval()
-        return None if mean is None else self.settings.hang_deadline(mean)
+        if mean is None:
+            return None
+        deadline = self.settings.hang_deadline(mean)
+        return max(deadline, self.settings.recovery_deadline_s) if self.reforming else deadline
 
     def saving(self, step: int, seen: float) -> None:
         """A rank was seen at ``seen`` saving the checkpoint of ``step`` (its reported position)."""
