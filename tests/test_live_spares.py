@@ -10,6 +10,7 @@ with every step's global batch exact and the parameters of a failure-free run.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,18 +66,7 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
             "the spare to be loaded and waiting",
         )
         cluster.kill_worker("lm", 1)
-        cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
-        # Nothing of the task stays on the nodes: its spare is stopped, its in-memory
-        # checkpoints are freed.
-        pids = {r["pid"] for r in read_trace(trace) if r["what"] == "started"}
-        cluster.wait(lambda: not any(alive(p, trace) for p in pids), 30, "every process of the task to exit")
-        persistent = tmp_path / "cluster" / "checkpoints" / "lm"
-        cluster.wait(
-            lambda: not any(host_checkpoint_dir(persistent, n).exists() for n in ("node-0", "node-1")),
-            30,
-            "the in-memory checkpoints to be freed",
-        )
-        events = cluster.get("/v1/events", task="lm")
+        events = finish_leaving_nothing(cluster, trace, tmp_path / "cluster" / "checkpoints" / "lm")
     names = [e["kind"] for e in events]
     assert names.count("task_launch") == 1, names
     assert "in_process_recovery" in names
@@ -87,7 +77,29 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
     assert names.count("spare_stopped") == names.count("spare_launched") - 1  # one was used
     rows = read_trace(trace)
     assert any(r["what"] == "spare_used" for r in rows)
-    # The damaged transfer was refused by its digest and the state taken from the other replica.
+    assert_damaged_transfer_refused(rows)
+    # The killed rank may have died between a completed all-reduce and its ledger line.
+    assert_ledger_exact(rows, ITERATIONS, frozen=frozenset({1}), world=3)
+    assert_ends_exact(tmp_path, "lm", ITERATIONS)
+
+
+def finish_leaving_nothing(cluster: LocalCluster, trace: Path, persistent: Path) -> list[dict[str, Any]]:
+    """Wait for the task to finish and for nothing of it to stay on the nodes (its spare is
+    stopped, its in-memory checkpoints are freed); its events."""
+    cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
+    pids = {r["pid"] for r in read_trace(trace) if r["what"] == "started"}
+    cluster.wait(lambda: not any(alive(p, trace) for p in pids), 30, "every process of the task to exit")
+    cluster.wait(
+        lambda: not any(host_checkpoint_dir(persistent, n).exists() for n in ("node-0", "node-1")),
+        30,
+        "the in-memory checkpoints to be freed",
+    )
+    events: list[dict[str, Any]] = cluster.get("/v1/events", task="lm")
+    return events
+
+
+def assert_damaged_transfer_refused(rows: list[dict[str, Any]]) -> None:
+    """The damaged transfer was refused by its digest and the state taken from the other replica."""
     rejected = [r for r in rows if r["what"] == "state_rejected" and r["rank"] == 2]
     taken = [r for r in rows if r["what"] == "state_from_replica" and r["rank"] == 2]
     # (On failure: the rows that tell who received what, as text, which pytest does not cut short.)
@@ -98,6 +110,3 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
     )
     assert taken[0]["generation"] == rejected[0]["generation"]
     assert taken[0]["source"] != rejected[0]["source"]
-    # The killed rank may have died between a completed all-reduce and its ledger line.
-    assert_ledger_exact(rows, ITERATIONS, frozen=frozenset({1}), world=3)
-    assert_ends_exact(tmp_path, "lm", ITERATIONS)
