@@ -24,6 +24,7 @@ from unicron.core.protocol import (
     StopWorkers,
     WorkerReport,
     WorkerState,
+    ready_key,
 )
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, TaskState
@@ -128,6 +129,20 @@ class Cluster:
             time=at if at is not None else self.clock.now,
         )
         self.beat(node, report)
+
+    def regrow(self, step: int) -> Any:
+        """Rank 3 dies; the task recovers in place on three, trains ``step``, and the plan grows
+        it back to four: the newcomers say they are ready and join. Returns the growth."""
+        self.exit(3)
+        self.train(step)
+        for _ in range(3):
+            self.step()
+        (growth,) = self.c.generations.growing.values()
+        for rank in growth.newcomers:
+            self.c.act.rendezvous.set("lm", ready_key("lm", growth.generation, rank), "ready")
+        self.step()
+        assert self.c.store.get_task("lm").generation == growth.generation  # grown
+        return growth
 
     def restart(self) -> None:
         """The coordinator is killed and started again on the same state (agents and workers

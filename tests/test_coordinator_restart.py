@@ -179,3 +179,23 @@ def test_a_restored_ladder_escalates_as_the_original_would() -> None:
         "t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0
     )
     assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 4.0).action is Action.RESTART_PROCESS
+
+
+def test_a_member_that_missed_a_grow_before_a_restart_follows_it_and_may_commit(make: Any) -> None:
+    """The coordinator grows a task and is killed before its members read the new membership at
+    their step boundary. Started over, it posts that membership in the re-created store again:
+    a member of the old generation still finds its way to the current one, and its checkpoints
+    still commit (the soak once saw it refused as superseded: the final state was never saved)."""
+    from unicron.control.effects import POSTED
+    from unicron.train.fencing import Standing, read_standing
+
+    cluster = make()
+    cluster.regrow(2)  # recovered in place on three (generation 2), grown back to four (3)
+    cluster.restart()
+    rendezvous = cluster.c.act.rendezvous
+    address = f"{rendezvous.host_address}:{cluster.c.store.get_task('lm').store_port}"
+    # Rank 0 of the launch, carried by both changes; rank 3 failed in the first.
+    assert read_standing(address, "lm", rendezvous.key("lm"), 1, 0, 5.0) is Standing.CURRENT
+    assert read_standing(address, "lm", rendezvous.key("lm"), 1, 3, 5.0) is Standing.SUPERSEDED
+    cluster.c.cancel("lm")
+    assert "lm" not in (cluster.c.store.kept(POSTED) or {})  # nothing of it stays

@@ -23,7 +23,6 @@ from unicron.core.protocol import (
     Progress,
     StacksReport,
     StopWorkers,
-    ready_key,
 )
 from unicron.core.settings import Settings
 from unicron.core.states import TaskState, WorkerPhase
@@ -333,15 +332,7 @@ def test_the_first_step_of_a_grown_group_may_take_a_re_forming_and_the_next_one_
     for step in range(2, 6):
         cluster.clock.now += 0.5
         cluster.train(step)
-    cluster.exit(3)  # recovered in place on three; the plan grows the task back to four
-    cluster.train(6)
-    for _ in range(3):
-        cluster.step()
-    (growth,) = cluster.c.generations.growing.values()
-    for rank in growth.newcomers:
-        cluster.c.act.rendezvous.set("lm", ready_key("lm", growth.generation, rank), "ready")
-    cluster.step()
-    assert cluster.c.store.get_task("lm").generation == growth.generation  # grown
+    growth = cluster.regrow(6)
     for _ in range(12):  # 6 s of re-forming: within the recovery deadline
         cluster.step(0.5)
     assert cluster.events("hang_detected") == []

@@ -37,6 +37,13 @@ from unicron.core.protocol import (
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.core.workerenv import KEYS
 
+# The memberships posted in each live task's store (old generation -> the membership that
+# followed it), kept so that a coordinator starting over posts them again: its new store would
+# lack them, and a member that had not yet read its way to the current generation would neither
+# follow it nor be let commit (``train/fencing.py``: SUPERSEDED, though the task went on with it).
+POSTED = "memberships"
+POSTED_PER_TASK = 64  # as many as a worker follows (``fencing.MAX_HOPS``)
+
 
 @dataclass
 class Orders:
@@ -152,7 +159,6 @@ class Applier:
         # Facts reported from outside, recorded as they come (the store's own operations).
         self.add_task = store.add_task
         self.task_stopping = store.task_stopping
-        self.task_ended = store.task_ended
         self.task_waiting = store.task_waiting
         self.task_running = store.task_running
         self.task_membership = store.task_membership
@@ -215,6 +221,12 @@ class Applier:
         self.orders.take(node)
         return self._store.lose_node_workers(node)
 
+    def task_ended(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
+        self._store.task_ended(name, to, now, reason)
+        posted = dict(self._store.kept(POSTED) or {})
+        if posted.pop(name, None) is not None:
+            self._store.keep(POSTED, posted)
+
     def task_launched(self, task: str, generation: int, workers: int, port: int, now: float) -> None:
         """A generation was launched from a checkpoint: it is the task's current one."""
         self._store.task_launched(task, generation, workers, port, now)
@@ -228,15 +240,19 @@ class Applier:
 
     def host_task_stores(self) -> None:
         """A coordinator starting over a kept store hosts each live task's rendezvous store again
-        (its port kept where it can be) and tells its workers the store is new. The new store
+        (its port kept where it can be), posts the memberships it had posted there again, and
+        tells its workers the store is new. The new store
         forgot which generation-0 faults were claimed: those the event log shows injected are
         claimed again, so that none strikes twice."""
+        posted: dict[str, dict[str, str]] = self._store.kept(POSTED) or {}
         for task in self._store.tasks(live_only=True):
             if not task.store_port:
                 continue
             port = self.rendezvous.host(task.name, task.store_port)
             if port != task.store_port:
                 self.task_store_port(task.name, port)
+            for old, membership in sorted(posted.get(task.name, {}).items(), key=lambda kv: int(kv[0])):
+                self.rendezvous.set(task.name, membership_key(task.name, int(old)), membership)
             self.generation_current(task.name, task.generation)
             for e in self._store.events(task=task.name, kinds=("fault_injected",), limit=1_000_000):
                 if e.detail.get("index") is not None:
@@ -297,10 +313,13 @@ class Applier:
                     new_rank=rank,
                 ),
             )
+        payload = switch.membership.model_dump_json()
+        posted = dict(self._store.kept(POSTED) or {})
+        mine = {**posted.get(switch.task, {}), str(switch.old): payload}
+        posted[switch.task] = dict(sorted(mine.items(), key=lambda kv: int(kv[0]))[-POSTED_PER_TASK:])
+        self._store.keep(POSTED, posted)
         self._store.sync()  # what the task's members will read is durable first (journal.py)
-        self.rendezvous.set(
-            switch.task, membership_key(switch.task, switch.old), switch.membership.model_dump_json()
-        )
+        self.rendezvous.set(switch.task, membership_key(switch.task, switch.old), payload)
         self.generation_current(switch.task, switch.membership.generation)  # after the path to it
 
     def use_spare(
