@@ -26,6 +26,7 @@ from unicron.control.context import Context, CoordinatorSettings
 from unicron.control.detection import Detector, stalled_for
 from unicron.control.draining import DRAIN_EVENTS, drainable, resumable, returning_state
 from unicron.control.effects import Applier, Orders
+from unicron.control.exits import ExitMeans, exit_means
 from unicron.control.generations import Generations
 from unicron.control.journal import Journal
 from unicron.control.metrics import Metrics
@@ -69,6 +70,7 @@ from unicron.core.taxonomy import ErrorKind, Scope, error_kind
 
 __all__ = ["Coordinator", "CoordinatorSettings"]
 
+EXITED = ErrorKind.EXITED_ABNORMALLY
 KEEP_STEP_TIMES_S = 10.0
 
 
@@ -396,45 +398,22 @@ class Coordinator:
         stopped = report.stop_ordered and report.signal is not None
         phase = WorkerPhase.EXITED if ok else WorkerPhase.STOPPED if stopped else WorkerPhase.FAILED
         self.act.worker_phase(key, phase, code=report.code, signal=report.signal)
-        iterations = self.spec(task.name).run.iterations
-        where = f"rank {report.rank} on {report.node}"
-        if not task.state.active:
-            # An exit our own stop caused (killed, or ended cleanly on SIGTERM) tells nothing;
-            # a failure of the program's own, also after a stop order came, does.
-            caused = report.stop_ordered and (report.signal is not None or ok)
-            if not ok and not caused and (task.name, task.generation) in self.recovery.incidents:
-                # The same failure striking more ranks: it tells the failure's scope.
-                sign = Sign(self.clock(), ErrorKind.EXITED_ABNORMALLY, report.node, report.reached or None)
-                self.recovery.note(task.name, sign)
-            return
-        if not ok:
-            how = f"signal {report.signal}" if report.signal else f"code {report.code}"
+        running = bool(self.store.workers(report.task, report.generation, live=True))
+        open_ = (task.name, task.generation) in self.recovery.incidents
+        decision = exit_means(task, report, self.spec(task.name).run.iterations, running, open_)
+        means, seen = decision.means, report.time or None
+        if means is ExitMeans.SCOPE:  # the same failure striking more ranks
+            self.recovery.note(task.name, Sign(self.clock(), EXITED, report.node, report.reached or None))
+        elif means is ExitMeans.FAILED:
+            gone = report.reached or None
             self.recovery.incident(
-                task.name,
-                ErrorKind.EXITED_ABNORMALLY,
-                report.node,
-                f"{where} exited with {how}",
-                failed={report.rank},
-                seen_at=report.time or None,
-                generation=report.reached or None,
+                task.name, EXITED, report.node, decision.why, {report.rank}, seen, generation=gone
             )
-        elif task.step < iterations:
-            # A clean exit before the end (stopped from outside, or a program that returns
-            # early, also before its first step): its peers cannot go on without it.
-            self.recovery.incident(
-                task.name,
-                ErrorKind.EXITED_ABNORMALLY,
-                report.node,
-                f"{where} exited before the last step",
-                failed={report.rank},
-                seen_at=report.time or None,
-                scope=Scope.TASK,  # the program chose to end (or was ended from outside): no node's fault
-            )
-        elif task.digest is not None or not self.store.workers(report.task, report.generation, live=True):
-            # Finished: every worker of the generation exited cleanly after the last step (a
-            # generation that resumed from the final checkpoint finishes without iterating), or
-            # one did after rank 0 saved the final state: what still runs (a newcomer of a grow
-            # committed as training ended, waiting for members that are gone) is stopped.
+        elif means in (ExitMeans.LEFT_EARLY, ExitMeans.STATE_LOST):
+            # The program chose to end (or was ended from outside): no node's fault.
+            ranks = {report.rank} if means is ExitMeans.LEFT_EARLY else None
+            self.recovery.incident(task.name, EXITED, report.node, decision.why, ranks, seen, Scope.TASK)
+        elif means is ExitMeans.FINISHED:
             self.ctx.act.stop_generation(task.name, task.generation, self.limits.stop_grace_s)
             self._ended(task.name, TaskState.FINISHED, "task_finished", step=task.step, digest=task.digest)
 
