@@ -225,12 +225,11 @@ class Placer:
         """Each task's part of the plan; the plan is held while any of it waits for slots."""
         snapshot = self.ctx.store.snapshot()
         in_use = self.ctx.store.slots_in_use()
-        waiting = False
+        waiting, layout = False, sorted(carried.layout.items())
         for decision in carried.plan.decisions:
             name = decision.task
             if name not in snapshot.tasks:
                 continue  # a table's answer to a task's end still names it (with no workers)
-            layout = sorted(carried.layout.items())
             wanted = {carried.names[n]: per[name] for n, per in layout if per.get(name)}
             waiting |= not self._carry_out(snapshot, decision, wanted, in_use)
         self.held = carried if waiting else None
