@@ -204,6 +204,18 @@ def cpu(sections: Sections) -> None:
         for name, workers in CPU_CELLS:
             cell = functools.partial(measure, Path(tmp), name, workers, CPU_MODELS[name], pin=True)
             sections.run(f"{name}-{workers}", functools.partial(as_rows, cell))
+            keep_step_times(Path(tmp), sections.out.parent / "step-times.json")
+
+
+def keep_step_times(runs: Path, kept: Path) -> None:
+    """Every run's raw step-end times (``bench/steptimes.py``'s records) kept in one JSON beside
+    the cells' (a device call brings back only a few files), so that why one side's runs differ
+    (start-up, a slow stretch, a slower level throughout) can be read afterwards: the cells'
+    JSON keeps only each run's median. ``kept``: {run folder: {record name: step ends}}."""
+    times = json.loads(kept.read_text()) if kept.is_file() else {}
+    for record in runs.glob("*/times/steps-*.json"):
+        times.setdefault(record.parent.parent.name, {})[record.name] = json.loads(record.read_text())
+    kept.write_text(json.dumps(times))
 
 
 def as_rows(cell: Callable[[], dict[str, Any]]) -> list[dict[str, Any]]:
