@@ -1,8 +1,11 @@
-"""Which task a hot spare is for, and where it goes (pure logic; the live test is test_live_spares)."""
+"""Which task a hot spare is for, where it goes, and which spares make room for the plan (pure
+logic, and the coordinator stepped by hand; the live test is test_live_spares)."""
 
 from __future__ import annotations
 
-from unicron.control.spares import choose, spare_gains
+from typing import Any
+
+from unicron.control.spares import choose, in_the_way, seated, spare_gains
 from unicron.core.gpus import custom_gpu
 from unicron.core.livespecs import LiveTaskSpec
 from unicron.planning.throughput import curve_for
@@ -35,3 +38,35 @@ def test_the_task_that_loses_most_while_shrunk_gets_the_spare() -> None:
     assert choose({"a": 1, "b": 1}, gains, {}, {"heavy": {"b"}}, per_task=1)[0] == ("heavy", "b")
     assert choose({"a": 1}, gains, {"heavy": 1}, {}, per_task=1) == [("light", "a")]
     assert choose({"a": 0}, gains, {}, {}, per_task=1) == []
+
+
+def test_a_spare_in_a_seat_its_own_task_grows_into_stays_and_others_make_room() -> None:
+    # Node a: 2 slots, the plan puts 2 workers there, one of them a newcomer of "lm".
+    waiting = [("other", "a"), ("lm", "a"), ("lm", "a"), ("lm", "b")]
+    sits = seated(waiting, {("lm", "a"): 1})
+    assert sits == [False, True, False, False]  # one seat: the first spare of lm there fills it
+    # On a the plan's 2 workers (the seated spare among them) leave no room for the other two;
+    # on b the plan leaves one slot idle: its spare stays.
+    assert in_the_way(waiting, sits, {"a": 2, "b": 1}, slots=2) == [0, 2]
+    assert in_the_way(waiting, [False] * 4, {"a": 2, "b": 1}, slots=2) == [0, 1, 2]  # without seats
+
+
+def test_the_grow_back_takes_the_spare_in_the_slot_it_grows_into(make: Any) -> None:
+    """Rank 3 fails; a spare of the task is started in its freed slot (where the plan will grow
+    the task back) while the survivors recover in place. The grow takes the spare, renamed to
+    the newcomer's identity, instead of stopping it to start a new process in its slot."""
+    from unicron.core.protocol import LaunchWorker, RenameWorker
+
+    cluster = make(hot_spares=1)
+    cluster.exit(3)
+    cluster.c.placer._launch_spare("lm", "n1", cluster.clock.now)  # as keep_spares may
+    cluster.step()  # the survivors re-form; the plan wants the slot for lm's grow
+    cluster.train(2)
+    for _ in range(3):
+        cluster.step()
+    (growth,) = cluster.events("task_grow")
+    assert growth["spares_used"] == [1000] and growth["placement"] == {}
+    renamed = [o for _, o in cluster.orders if isinstance(o, RenameWorker) and o.rank == 1000]
+    assert [(o.new_generation, o.new_rank) for o in renamed] == [(growth["generation"], 3)]
+    launched = [o for _, o in cluster.orders if isinstance(o, LaunchWorker)]
+    assert len(launched) == 5  # the first generation's four and the spare: no new process

@@ -22,7 +22,7 @@ from unicron.control.rates import RateMeter
 from unicron.control.records import TaskRecord, WorkerRecord
 from unicron.control.slots import fits, new_processes
 from unicron.control.snapshot import Snapshot
-from unicron.control.spares import choose, spare_gains
+from unicron.control.spares import choose, in_the_way, seated, spare_gains
 from unicron.core.protocol import SPARE_GENERATION
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.planning.placement import Assignment
@@ -347,43 +347,63 @@ class Placer:
         """Stop spares whose slot the plan uses or whose task no longer runs; start spares on
         the slots the plan leaves idle, for the tasks that gain most from them."""
         now = self.ctx.clock()
-        tasks = snapshot.tasks
         planned = {names[n]: sum(per.values()) for n, per in layout.items()}
         healthy = set(names.values())
-        for key, spare in list(self.spares.items()):
-            task = tasks.get(spare.task)
-            if spare.used is not None:
-                if now - spare.used > self.ctx.limits.launch_timeout_s:
-                    del self.spares[key]  # renamed long ago: it is an ordinary worker now
-            elif spare.node not in healthy:
-                self.drop_spare(key, stop=False)
-            elif task is None or not task.state.active:
-                self.drop_spare(key, stop=True)
+        self._drop_stale_spares(snapshot, healthy, now)
         waiting = [s for s in self.spares.values() if s.used is None]
-        for node in sorted(healthy):
-            here = [s for s in waiting if s.node == node]
-            excess = planned.get(node, 0) + len(here) - state.gpus_per_node
-            for spare in here[: max(0, excess)]:
-                self.drop_spare((spare.task, spare.rank), stop=True)  # the plan needs its slot
+        places = [(s.task, s.node) for s in waiting]
+        sits = seated(places, self._growth_seats(snapshot, names, layout))
+        for i in in_the_way(places, sits, planned, state.gpus_per_node):
+            self.drop_spare((waiting[i].task, waiting[i].rank), stop=True)  # the plan needs its slot
         if self.ctx.limits.hot_spares == 0 or not state.tasks:
             return
-        waiting = [s for s in self.spares.values() if s.used is None]
-        free = {
-            n: state.gpus_per_node - planned.get(n, 0) - sum(1 for s in waiting if s.node == n)
+        kept = [(s, sat) for s, sat in zip(waiting, sits, strict=True) if (s.task, s.rank) in self.spares]
+        free = {  # a spare in one of the plan's seats is counted in ``planned`` already
+            n: state.gpus_per_node - planned.get(n, 0) - sum(1 for s, sat in kept if s.node == n and not sat)
             for n in healthy
         }
         running = {
             n: t.workers
-            for n, t in tasks.items()
+            for n, t in snapshot.tasks.items()
             if t.state is TaskState.RUNNING and n not in self.generations.growing
         }
         gains = spare_gains([self.ctx.spec(n) for n in running], running, state.curves)
         have: dict[str, int] = {}
-        for s in waiting:
+        for s, _ in kept:
             have[s.task] = have.get(s.task, 0) + 1
         homes = {name: {w.node for w in snapshot.live(name)} for name in running}
         for name, node in choose(free, gains, have, homes, self.ctx.limits.hot_spares):
             self._launch_spare(name, node, now)
+
+    def _drop_stale_spares(self, snapshot: Snapshot, healthy: set[str], now: float) -> None:
+        """Forget spares renamed long ago (ordinary workers now); drop those on a node out of
+        service, and stop those whose task no longer runs."""
+        for key, spare in list(self.spares.items()):
+            task = snapshot.tasks.get(spare.task)
+            if spare.used is not None:
+                if now - spare.used > self.ctx.limits.launch_timeout_s:
+                    del self.spares[key]
+            elif spare.node not in healthy:
+                self.drop_spare(key, stop=False)
+            elif task is None or not task.state.active:
+                self.drop_spare(key, stop=True)
+
+    def _growth_seats(
+        self, snapshot: Snapshot, names: dict[int, str], layout: Assignment
+    ) -> dict[tuple[str, str], int]:
+        """(task, node) -> the newcomers the plan will grow a running task by on that node in
+        place (more workers there than it has live): seats its own spares may fill."""
+        seats: dict[tuple[str, str], int] = {}
+        for n, per in layout.items():
+            for name, count in per.items():
+                task, spec = snapshot.tasks.get(name), self.ctx.spec(name)
+                if task is None or not task.state.active or spec.run.recovery != "in_process":
+                    continue
+                live = snapshot.live(name)
+                here = sum(1 for w in live if w.node == names[n])
+                if live and count > here:
+                    seats[(name, names[n])] = count - here
+        return seats
 
     def _launch_spare(self, name: str, node: str, now: float) -> None:
         task = self.ctx.store.get_task(name)

@@ -65,3 +65,31 @@ def choose(
             left[node] -= 1
             out.append((task, node))
     return out
+
+
+def seated(waiting: Sequence[tuple[str, str]], seats: Mapping[tuple[str, str], int]) -> list[bool]:
+    """For each waiting spare ((task, node), in order): whether it fills one of the seats the
+    plan grows its own task by on its own node (``seats``: (task, node) -> newcomers). Such a
+    spare is one of the plan's workers there: the grow takes spares first
+    (``slots.new_processes``), so it is kept for the grow, not stopped for a new process to
+    start in its slot."""
+    left = dict(seats)
+    out = []
+    for key in waiting:
+        out.append(left.get(key, 0) > 0)
+        if out[-1]:
+            left[key] -= 1
+    return out
+
+
+def in_the_way(
+    waiting: Sequence[tuple[str, str]], sits: Sequence[bool], planned: Mapping[str, int], slots: int
+) -> list[int]:
+    """The waiting spares (indexes into ``waiting``: (task, node)) to stop so that the plan's
+    workers (``planned``: node -> workers) fit in each node's ``slots``: on each node, as many
+    as it is over, of those that fill no seat of the plan (``seated``)."""
+    out: list[int] = []
+    for node in sorted({n for _, n in waiting}):
+        others = [i for i, (_, n) in enumerate(waiting) if n == node and not sits[i]]
+        out += others[: max(0, planned.get(node, 0) + len(others) - slots)]
+    return out
