@@ -6,6 +6,7 @@ fault claims, the ladder, measured rates, spares), an old store's schema, and a 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,29 @@ def test_a_member_that_missed_a_grow_before_a_restart_follows_it_and_may_commit(
     assert read_standing(address, "lm", rendezvous.key("lm"), 1, 3, 5.0) is Standing.SUPERSEDED
     cluster.c.cancel("lm")
     assert "lm" not in (cluster.c.store.kept(POSTED) or {})  # nothing of it stays
+
+
+def test_a_spare_told_to_join_before_a_restart_finds_its_identity_in_the_re_created_store(make: Any) -> None:
+    """A grow takes a hot spare and the coordinator is killed before the spare read the identity
+    posted for it. Started over, the coordinator posts it again in the re-created store: the
+    spare, waiting there as it does (``TaskStore.wait_to_be_used``), becomes the newcomer."""
+    from datetime import timedelta
+
+    from unicron.train.taskstore import TaskStore
+
+    cluster = make(hot_spares=1)
+    cluster.exit(3)
+    cluster.c.placer._launch_spare("lm", "n1", cluster.clock.now)  # in the slot lm grows into
+    cluster.step()
+    cluster.train(2)
+    for _ in range(3):
+        cluster.step()
+    (growth,) = cluster.events("task_grow")
+    assert growth["spares_used"] == [1000]
+    cluster.restart()
+    rendezvous = cluster.c.act.rendezvous
+    address = f"{rendezvous.host_address}:{cluster.c.store.get_task('lm').store_port}"
+    spare = TaskStore(address, "lm", rendezvous.key("lm"), timedelta(seconds=5), reconnect_s=1.0)
+    waited_until = time.monotonic() + 10.0
+    identity = spare.wait_to_be_used(1000, stop=lambda: time.monotonic() > waited_until, gone_for_s=5.0)
+    assert identity == {"generation": growth["generation"], "rank": 3, "world_size": 4}

@@ -37,12 +37,15 @@ from unicron.core.protocol import (
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.core.workerenv import KEYS
 
-# The memberships posted in each live task's store (old generation -> the membership that
-# followed it), kept so that a coordinator starting over posts them again: its new store would
-# lack them, and a member that had not yet read its way to the current generation would neither
-# follow it nor be let commit (``train/fencing.py``: SUPERSEDED, though the task went on with it).
-POSTED = "memberships"
-POSTED_PER_TASK = 64  # as many as a worker follows (``fencing.MAX_HOPS``)
+# What the coordinator posted in each live task's store for its workers to read (store key ->
+# value, oldest first): the memberships that followed each old generation and the identities
+# given to hot spares. Kept so that a coordinator starting over posts them again: its new store
+# would lack them, and a member that had not yet read its way to the current generation would
+# neither follow it nor be let commit (``train/fencing.py``: SUPERSEDED, though the task went on
+# with it), and a spare told to join would wait for its identity until the group gave it up.
+POSTED = "posted"
+# Room for as many memberships as a worker follows (``fencing.MAX_HOPS``, 64) and as many spares.
+POSTED_PER_TASK = 128
 
 
 @dataclass
@@ -240,7 +243,7 @@ class Applier:
 
     def host_task_stores(self) -> None:
         """A coordinator starting over a kept store hosts each live task's rendezvous store again
-        (its port kept where it can be), posts the memberships it had posted there again, and
+        (its port kept where it can be), posts what it had posted there again (``POSTED``), and
         tells its workers the store is new. The new store
         forgot which generation-0 faults were claimed: those the event log shows injected are
         claimed again, so that none strikes twice."""
@@ -251,8 +254,8 @@ class Applier:
             port = self.rendezvous.host(task.name, task.store_port)
             if port != task.store_port:
                 self.task_store_port(task.name, port)
-            for old, membership in sorted(posted.get(task.name, {}).items(), key=lambda kv: int(kv[0])):
-                self.rendezvous.set(task.name, membership_key(task.name, int(old)), membership)
+            for key, value in posted.get(task.name, {}).items():
+                self.rendezvous.set(task.name, key, value)
             self.generation_current(task.name, task.generation)
             for e in self._store.events(task=task.name, kinds=("fault_injected",), limit=1_000_000):
                 if e.detail.get("index") is not None:
@@ -314,12 +317,7 @@ class Applier:
                 ),
             )
         payload = switch.membership.model_dump_json()
-        posted = dict(self._store.kept(POSTED) or {})
-        mine = {**posted.get(switch.task, {}), str(switch.old): payload}
-        posted[switch.task] = dict(sorted(mine.items(), key=lambda kv: int(kv[0]))[-POSTED_PER_TASK:])
-        self._store.keep(POSTED, posted)
-        self._store.sync()  # what the task's members will read is durable first (journal.py)
-        self.rendezvous.set(switch.task, membership_key(switch.task, switch.old), payload)
+        self._post(switch.task, membership_key(switch.task, switch.old), payload)
         self.generation_current(switch.task, switch.membership.generation)  # after the path to it
 
     def use_spare(
@@ -346,8 +344,17 @@ class Applier:
             ),
         )
         identity = {"generation": generation, "rank": rank, "world_size": world}
-        self._store.sync()  # what the task's members will read is durable first (journal.py)
-        self.rendezvous.set(task, spare_key(task, spare_rank), json.dumps(identity))
+        self._post(task, spare_key(task, spare_rank), json.dumps(identity))
+
+    def _post(self, task: str, key: str, value: str) -> None:
+        """Post ``key`` in the task's store for its workers, kept (``POSTED``) so that a
+        coordinator starting over posts it again; durable before any worker can read it."""
+        posted = dict(self._store.kept(POSTED) or {})
+        mine = {**posted.get(task, {}), key: value}  # JSON keeps the order: oldest first
+        posted[task] = dict(list(mine.items())[-POSTED_PER_TASK:])
+        self._store.keep(POSTED, posted)
+        self._store.sync()  # journal.py
+        self.rendezvous.set(task, key, value)
 
     def forget_task(
         self, task: str, checkpoint_dir: Path, env: dict[str, str], only: str | None = None
