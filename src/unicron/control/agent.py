@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,21 @@ from unicron.core.workerenv import WorkerEnv, host_checkpoint_dir
 MAX_BUFFERED_REPORTS = 10_000
 
 
+# A Unix socket's path is at most 107 bytes (Linux's sun_path, less its NUL).
+MAX_SOCKET_PATH = 107
+
+
+def socket_path(run_dir: Path) -> Path:
+    """Where the agent takes its workers' reports: in its run folder, or, where that path would
+    be too long for a Unix socket (a deep ``--run-dir``), in the temporary folder under a name
+    made from the run folder's (the same one for an agent started again there)."""
+    inside = run_dir / "agent.sock"
+    if len(os.fsencode(inside)) <= MAX_SOCKET_PATH:
+        return inside
+    digest = hashlib.sha256(os.fsencode(run_dir.resolve())).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"unicron-agent-{digest}.sock"
+
+
 class Agent:
     def __init__(
         self,
@@ -78,7 +95,7 @@ class Agent:
         self.gpus = gpus or []
         self.where = where or NodeAddress()
         self.run_dir = run_dir
-        self.socket_path = run_dir / "agent.sock"
+        self.socket_path = socket_path(run_dir)
         self.workers: dict[tuple[str, int, int], Worker] = {}
         self.forgotten: dict[str, ForgetTask] = {}  # ended tasks whose workers here still run
         self.reports: list[WorkerReport] = []
@@ -415,6 +432,8 @@ class Agent:
         finally:
             transport.close()
             probe.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()  # (in the temporary folder, nothing else would)
 
     async def shutdown(self, grace_s: float = 5.0) -> None:
         self.stopping = True
