@@ -6,7 +6,8 @@ cores (the 2-core development machine cannot separate a 2% gap from its noise).
     python -m bench.gpu_bench OUT_DIR cpu     # the CPU cells: OUT_DIR/overhead-cpu.json
     python -m bench.gpu_bench DIR --docs      # DIR's JSON merged into docs/bench/; docs/gpu.md
 
-``--only a,b`` runs the named checks alone; ``--budget S`` starts none after S seconds.
+``--only a,b`` runs the named checks alone; ``--budget S`` starts none after S seconds;
+``--side-by-side`` (cpu) runs issue 12's cells with both sides at once (``bench/side_by_side.py``).
 
 The GPU checks, each recorded with its error if it fails (a failure does not stop the rest):
 the session's group code on NCCL (``bench/nccl_check.py``); a world of one trained on the GPU
@@ -38,6 +39,7 @@ import torch
 from bench.overhead_bench import MODELS, PORT, ROOT, Model, measure
 from bench.overhead_verdict import MIN_PAIRS
 from bench.pinning import threads
+from bench.side_by_side import measure as side_by_side_cell
 from unicron.control.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 
@@ -63,6 +65,14 @@ CPU_MODELS = {
     "tinygpt": replace(MODELS["tinygpt"], runs=MIN_PAIRS, torchft=False),
     "gpt-10m": replace(MODELS["gpt-10m"], runs=MIN_PAIRS, iterations=30, torchft=False),
     "gpt-20m-hsdp": replace(MODELS["gpt-20m-hsdp"], runs=2, iterations=16),
+}
+# The same cells with both sides at the same time (``bench/side_by_side.py``, ``--side-by-side``),
+# named with SIDE after the cell's name; more steps, as only those both sides ran at once count
+# (torchrun's side starts ~2 s sooner).
+SIDE = "-side"
+SIDE_MODELS = {
+    "tinygpt": replace(CPU_MODELS["tinygpt"], iterations=400),
+    "gpt-10m": replace(CPU_MODELS["gpt-10m"], iterations=60),
 }
 # In this order: issue 12's cells (the ddp-port models; gpt-10m first, the model where
 # communication matters, and the cells the 2-core machine leaves unresolved before the 1-worker
@@ -195,15 +205,22 @@ def gpu(sections: Sections) -> None:
             sections.run(f"overhead-{name}", functools.partial(overhead, root, {name: m}, GPUS))
 
 
-def cpu(sections: Sections) -> None:
+def cpu(sections: Sections, side_by_side: bool = False) -> None:
     """The overhead cells on the CPUs, the GPU hidden from both sides (``CUDA_VISIBLE_DEVICES``
     empty: the scripts and the session then take the CPU and gloo), each worker pinned to a core
-    of its own (16 cores leave the launchers, coordinator and agent cores of their own)."""
+    of its own (16 cores leave the launchers, coordinator and agent cores of their own);
+    ``side_by_side``: issue 12's cells with both sides at once (``SIDE_MODELS``)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     with tempfile.TemporaryDirectory(prefix="unicron-cpu-") as tmp:
         for name, workers in CPU_CELLS:
-            cell = functools.partial(measure, Path(tmp), name, workers, CPU_MODELS[name], pin=True)
-            sections.run(f"{name}-{workers}", functools.partial(as_rows, cell))
+            if side_by_side and name not in SIDE_MODELS:
+                continue
+            if side_by_side:
+                m, how, called = SIDE_MODELS[name], side_by_side_cell, f"{name}-{workers}{SIDE}"
+            else:
+                m, how, called = CPU_MODELS[name], measure, f"{name}-{workers}"
+            cell = functools.partial(how, Path(tmp), name, workers, m, pin=True)
+            sections.run(called, functools.partial(as_rows, cell))
             keep_step_times(Path(tmp), sections.out.parent / "step-times.json")
 
 
@@ -213,8 +230,9 @@ def keep_step_times(runs: Path, kept: Path) -> None:
     (start-up, a slow stretch, a slower level throughout) can be read afterwards: the cells'
     JSON keeps only each run's median. ``kept``: {run folder: {record name: step ends}}."""
     times = json.loads(kept.read_text()) if kept.is_file() else {}
-    for record in runs.glob("*/times/steps-*.json"):
-        times.setdefault(record.parent.parent.name, {})[record.name] = json.loads(record.read_text())
+    for record in runs.rglob("times/steps-*.json"):  # a run's folder, or a side's in a pair's
+        run = str(record.parent.parent.relative_to(runs))
+        times.setdefault(run, {})[record.name] = json.loads(record.read_text())
     kept.write_text(json.dumps(times))
 
 
@@ -232,6 +250,7 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("mode", nargs="?", choices=sorted(MODES), help="which checks (omit with --docs)")
     parser.add_argument("--only", default="", help="comma-separated check names to run (default: all)")
+    parser.add_argument("--side-by-side", action="store_true", help="cpu: both sides of each cell at once")
     parser.add_argument("--budget", type=float, default=1e9, help="seconds after which no check starts")
     parser.add_argument(
         "--docs", action="store_true", help="merge OUT's JSON into docs/bench/, write docs/gpu.md"
@@ -247,7 +266,11 @@ def main(argv: list[str]) -> None:
     run, filename = MODES[args.mode]
     info = machine() | ({"gpu": None} if args.mode == "cpu" else {})
     deadline = time.monotonic() + args.budget
-    run(Sections(args.out / filename, info, set(filter(None, args.only.split(","))), deadline))
+    sections = Sections(args.out / filename, info, set(filter(None, args.only.split(","))), deadline)
+    if args.mode == "cpu":
+        cpu(sections, args.side_by_side)
+    else:
+        run(sections)
 
 
 if __name__ == "__main__":

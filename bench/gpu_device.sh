@@ -21,6 +21,13 @@ python3 -c "import torch, numpy, fastapi, uvicorn, unicron.control.coordinator a
 print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'numpy', numpy.__version__)" || exit 3
 echo "cpus $(nproc); threads by core: $(sort -u /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | tr '\n' ' ')"
 left() { echo $(( $1 - SECONDS )); }
+# SIDE_CELLS: issue 12's cells with both sides at once (bench/side_by_side.py; names end in
+# -side, e.g. gpt-10m-2-side), run first, none started after SIDE_MARK. The alternating cells
+# after them are skipped with CPU_MARK=0 (an empty CPU_CELLS would run them all).
+if [ -n "${SIDE_CELLS:-}" ]; then
+    python3 -m bench.gpu_bench "$OUT" cpu --side-by-side --budget "$(left "${SIDE_MARK:-400}")" \
+        --only "$SIDE_CELLS"
+fi
 python3 -m bench.gpu_bench "$OUT" cpu --budget "$(left "${CPU_MARK:-400}")" \
     --only "${CPU_CELLS:-tinygpt-2,tinygpt-4}"
 python3 -m bench.gpu_bench "$OUT" cpu --budget "$(left "${HSDP_MARK:-440}")" --only gpt-20m-hsdp-2,gpt-20m-hsdp-4

@@ -60,7 +60,8 @@ def fields(r: dict[str, Any]) -> dict[str, Any]:
         for row in r[name]["value"]
     ]
     cpu = json.loads(CPU_JSON.read_text()) if CPU_JSON.is_file() else {"machine": {}}
-    cpu_rows = [row for name in cpu_cells() if cpu.get(name, {}).get("ok") for row in cpu[name]["value"]]
+    cells = cpu_cells() + side_cells()  # the side-by-side ones are run only when asked: no "not run" line
+    cpu_rows = [row for name in cells if cpu.get(name, {}).get("ok") for row in cpu[name]["value"]]
     cpu_missing = [
         f"- Not run: the `{name}` overhead cell on the GPU machine's CPUs (`python -m bench.gpu_bench "
         f"DIR cpu --only {name}`): {why(cpu, name)}."
@@ -100,6 +101,12 @@ def cpu_cells() -> list[str]:
     from bench.gpu_bench import CPU_CELLS  # imports torch: only where docs are written
 
     return [f"{model}-{workers}" for model, workers in CPU_CELLS]
+
+
+def side_cells() -> list[str]:
+    from bench.gpu_bench import CPU_CELLS, SIDE, SIDE_MODELS
+
+    return [f"{model}-{workers}{SIDE}" for model, workers in CPU_CELLS if model in SIDE_MODELS]
 
 
 def recovery_fields(rec: dict[str, Any] | None, seconds: Any) -> dict[str, Any]:
@@ -159,6 +166,8 @@ def cpu_row(x: dict[str, Any]) -> str:
     pinning = x.get("pinned")
     # Before a worker's hardware siblings were left idle, rows carried no "idle" list.
     pinned = "unpinned" if not pinning else "pinned" if "idle" in pinning else "pinned by core number"
+    if x.get("side_by_side"):
+        pinned = f"both sides at once, {'pinned' if pinning else 'unpinned'}"
     runs = f"{len(x['unicron_runs_s'])} a side, spread {spread(x) * 100:.0f}%, {pinned}"
     return f"| {x['model']} | {x['workers']} | {times} | {low:.3f} to {high:.3f}: {j['verdict']} | {runs} |"
 
@@ -168,7 +177,12 @@ def cpu_note(rows: list[dict[str, Any]]) -> str:
     others give none (noise, too few runs, processes not pinned)."""
     if not rows:
         return "No cell ran."
-    verdicts = {f"{x['model']} at {x['workers']}": judged(x["unicron_runs_s"], x["ddp_runs_s"]) for x in rows}
+    verdicts = {
+        f"{x['model']} at {x['workers']}{' (both sides at once)' if x.get('side_by_side') else ''}": judged(
+            x["unicron_runs_s"], x["ddp_runs_s"]
+        )
+        for x in rows
+    }
     decided = [f"{cell} ({j['verdict']})" for cell, j in verdicts.items() if j["verdict"] != "unresolved"]
     pinned = sum(1 for x in rows if x.get("pinned"))
     how = (
@@ -185,8 +199,15 @@ def cpu_note(rows: list[dict[str, Any]]) -> str:
         else f"No cell's 95% interval decides the {TARGET} target (each straddles it, or the cell has "
         f"fewer than {MIN_PAIRS} runs a side)."
     )
+    at_once = (
+        ' Cells marked "both sides at once" ran each pair\'s two runs at the same time on disjoint '
+        "cores, counting only the steps both ran meanwhile (`bench/side_by_side.py`): a drift of the "
+        "machine's speed falls on both sides of a pair."
+        if any(x.get("side_by_side") for x in rows)
+        else ""
+    )
     return (
         f"{verdict} Each cell is judged as docs/performance.md judges the 2-core machine's (its runs "
-        f"resampled in their alternating pairs). {how} The runs of one side differ by up to "
+        f"resampled in their pairs).{at_once} {how} The runs of one side differ by up to "
         f"{max(spread(x) for x in rows) * 100:.0f}% (largest cell)."
     )

@@ -37,7 +37,7 @@ from typing import Any
 from bench import torchft_side
 from bench.overhead_docs import write_markdown
 from bench.overhead_verdict import TARGET, summary
-from bench.pinning import pinned
+from bench.pinning import WORKER_CPUS, pinned
 from bench.scale_bench import cpu_seconds
 from bench.scraper import Scraper
 from unicron.control.localcluster import LocalCluster
@@ -132,20 +132,25 @@ def step_seconds(folder: Path) -> float:
     return statistics.median(intervals(folder))
 
 
+def worker_cores(cores: Sequence[int]) -> dict[str, str]:
+    """The environment that puts worker i on ``cores[i]`` (``bench/pinning.py``), if any."""
+    return {WORKER_CPUS: ",".join(map(str, cores))} if cores else {}
+
+
 def with_paths(args: tuple[str, ...], path: Path) -> list[str]:
     """``args`` with a path after a flag that takes one (``--checkpoint``)."""
     return [a for arg in args for a in ((arg, str(path)) if arg == "--checkpoint" else (arg,))]
 
 
-def ddp(root: Path, model: str | Model, workers: int) -> float:
+def ddp(root: Path, model: str | Model, workers: int, cores: Sequence[int] = ()) -> float:
     """The baseline under torchrun (DDP, or FSDP2 HSDP for a sharded model); on the GPU where
-    the machine has one (the scripts take it)."""
+    the machine has one (the scripts take it); ``cores``: worker i's core (else as pinned)."""
     m, out = MODELS[model] if isinstance(model, str) else model, root / "times"
     out.mkdir(parents=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers)]
     cmd += [str(TIMER), str(out), str(m.baseline), *m.args, "--iterations", str(m.iterations)]
     cmd += with_paths(m.baseline_args, root / "ddp.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **worker_cores(cores)}
     with (root / "torchrun.log").open("wb") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=True, timeout=900)
     return step_seconds(out)
@@ -160,12 +165,13 @@ def unicron(
     gpus: list[str] | None = None,
     checkpoints: str = "checkpoint_every: 100000",
     control: list[float] | None = None,
+    cores: Sequence[int] = (),
 ) -> float:
     """The port as a Unicron task (``iterations``: other than the model's); ``scraped``: watched
     meanwhile by a ``Scraper`` (appended); ``gpus``: the agent's (``--gpus``), one per worker;
     ``checkpoints``: the task's checkpoint lines (by default only the final one is written);
     ``control``: the cores the control plane (coordinator and agent) used from the end of the
-    warm-up to the task's end are appended to it."""
+    warm-up to the task's end are appended to it; ``cores``: worker i's core (else as pinned)."""
     m, out = MODELS[model] if isinstance(model, str) else model, root / "times"
     out.mkdir(parents=True)
     program = [
@@ -179,7 +185,8 @@ def unicron(
     spec = (
         f"name: overhead\nweight: 1\nthroughput: {{{workers}: 1.0e9}}\nmin_workers: {workers}\n"
         f"run:\n  program: {json.dumps(program)}\n  iterations: {iterations or m.iterations}\n"
-        f"  {checkpoints}\n  replica_size: {m.replica_size}\n  env: {{OMP_NUM_THREADS: '1'}}\n"
+        f"  {checkpoints}\n  replica_size: {m.replica_size}\n"
+        f"  env: {json.dumps({'OMP_NUM_THREADS': '1', **worker_cores(cores)})}\n"
     )
     with LocalCluster(root / "cluster", nodes=1, slots=workers, gpus=gpus) as cluster:
         watching = Scraper(cluster) if scraped is not None else contextlib.nullcontext()
@@ -247,16 +254,26 @@ def measure(
                 runs[side].append(torchft(where, m, workers))
             else:
                 runs[side].append(unicron(where, m, workers, gpus=gpus, control=control))
-    # The median run: one run slowed by the machine (a neighbour's burst) does not move it.
-    ours, theirs = statistics.median(runs["unicron"]), statistics.median(runs["ddp"])
     peer = {}
     if "torchft" in runs:
-        ft = statistics.median(runs["torchft"])
+        ft, theirs = statistics.median(runs["torchft"]), statistics.median(runs["ddp"])
         peer = {
             "torchft_step_s": round(ft, 5),
             "torchft_ratio": round(ft / theirs, 4),  # torchft / torchrun + DDP
             "torchft_runs_s": [round(x, 5) for x in runs["torchft"]],
         }
+    return {
+        **timed_row(model, workers, m, runs),
+        "control_plane_cores": round(statistics.median(control), 4),
+        "pinned": pinning.as_json() if pinning is not None else None,
+        **peer,
+    }
+
+
+def timed_row(model: str, workers: int, m: Model, runs: dict[str, list[float]]) -> dict[str, Any]:
+    """A cell's row from its runs (step seconds a side): each side's median run, and their ratio.
+    The median run: one run slowed by the machine (a neighbour's burst) does not move it."""
+    ours, theirs = statistics.median(runs["unicron"]), statistics.median(runs["ddp"])
     return {
         "workers": workers,
         "model": model,
@@ -266,9 +283,6 @@ def measure(
         "ratio": round(ours / theirs, 4),
         "unicron_runs_s": [round(x, 5) for x in runs["unicron"]],
         "ddp_runs_s": [round(x, 5) for x in runs["ddp"]],
-        "control_plane_cores": round(statistics.median(control), 4),
-        "pinned": pinning.as_json() if pinning is not None else None,
-        **peer,
     }
 
 

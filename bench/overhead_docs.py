@@ -69,11 +69,12 @@ def more_cores(path: Path = ROOT / "docs" / "bench" / "overhead-cpu.json") -> st
     parts = []
     if pinned:
         verdicts = ", ".join(
-            f"{x['model']} at {x['workers']}: {judged(x['unicron_runs_s'], x['ddp_runs_s'])['verdict']}"
+            f"{x['model']} at {x['workers']}{' (both sides at once)' if x.get('side_by_side') else ''}: "
+            f"{judged(x['unicron_runs_s'], x['ddp_runs_s'])['verdict']}"
             for x in pinned
         )
         # Rows pinned before a worker's hardware siblings were left idle carry no "idle" list.
-        by_number = sum(1 for x in pinned if "idle" not in x["pinned"])
+        by_number = sum(1 for x in pinned if not x.get("side_by_side") and "idle" not in x["pinned"])
         how = f" ({by_number} by core number only: a worker's hardware siblings may have been busy)"
         parts.append(
             f"pinned, {len(pinned)} of these cells (judged the same way): {verdicts}; the same side's "

@@ -13,6 +13,7 @@ worker's core.
   (another worker, or the control processes) runs slower by however busy it is. The lent
   machine's 16 cores are hardware threads of fewer physical cores; its pinned cells of
   2026-11-27 put both workers on the two highest-numbered threads, whatever they shared.
+- ``plan_pair``: the same for two cells run at the same time on disjoint cores.
 - ``pinned``: for one cell, this process and every process it starts (launchers, coordinator,
   agents, lighthouse) on the control cores, and the workers' cores in ``WORKER_CPUS``.
 - ``pin_worker``: inside a worker (``bench/steptimes.py``, on every side alike), move this
@@ -24,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 WORKER_CPUS = "UNICRON_BENCH_WORKER_CPUS"  # the workers' cores, by worker index, comma-separated
@@ -81,6 +82,19 @@ def plan(physical: list[frozenset[int]], workers: int) -> Pinning | None:
         tuple(min(group) for group in theirs),
         tuple(sorted(c for group in theirs for c in group if c != min(group))),
     )
+
+
+def plan_pair(physical: list[frozenset[int]], workers: int) -> tuple[Pinning, Pinning] | None:
+    """For two cells run at the same time (``bench/side_by_side.py``): each cell's workers on
+    physical cores of their own, the first cell's on the highest-numbered, the second's on the
+    next; the control processes of both on the rest. None with fewer than ``2 * workers + 1``
+    physical cores."""
+    if workers < 1 or len(physical) < 2 * workers + 1:
+        return None
+    first = plan(physical, workers)
+    second = plan(physical[:-workers], workers)
+    assert first is not None and second is not None  # the cores suffice for both
+    return replace(first, control=second.control), second
 
 
 def worker_index(env: Mapping[str, str]) -> int:
