@@ -125,15 +125,26 @@ def pinned(workers: int) -> Iterator[Pinning | None]:
     """For one cell of ``workers`` workers: this process (and so what it starts) on the control
     cores, the workers' cores in the environment; as before afterwards. Yields the pinning, or
     None (nothing changed) where the cores are too few."""
-    before = os.sched_getaffinity(0)
-    pinning = plan(threads(before), workers)
+    pinning = plan(threads(os.sched_getaffinity(0)), workers)
     if pinning is None:
         yield None
         return
-    os.sched_setaffinity(0, set(pinning.control))
-    os.environ[WORKER_CPUS] = ",".join(map(str, pinning.workers))
+    with on_cores(pinning.control):
+        os.environ[WORKER_CPUS] = ",".join(map(str, pinning.workers))
+        try:
+            yield pinning
+        finally:
+            os.environ.pop(WORKER_CPUS, None)
+
+
+@contextlib.contextmanager
+def on_cores(cores: tuple[int, ...] | None) -> Iterator[None]:
+    """This process (and so every process it starts) on ``cores``, as before afterwards;
+    nothing changed with None."""
+    before = os.sched_getaffinity(0)
+    if cores is not None:
+        os.sched_setaffinity(0, set(cores))
     try:
-        yield pinning
+        yield
     finally:
-        os.environ.pop(WORKER_CPUS, None)
         os.sched_setaffinity(0, before)

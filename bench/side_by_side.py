@@ -17,18 +17,16 @@ alternating ones are (``overhead_verdict``).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
 import statistics
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from bench.overhead_bench import MODELS, WARMUP, Model, ddp, timed_row, unicron
-from bench.pinning import Pinning, plan_pair, threads
+from bench.pinning import on_cores, plan_pair, threads
 
 MIN_OVERLAP = 10  # steps of each side in the shared window, fewer: the cell needs more iterations
 
@@ -61,19 +59,6 @@ def overlapping(ours: list[list[float]], theirs: list[list[float]]) -> tuple[lis
     return both
 
 
-@contextlib.contextmanager
-def control_cores(pair: tuple[Pinning, Pinning] | None) -> Iterator[None]:
-    """This process (and so the launchers, coordinators and agents it starts) on the control
-    cores, as before afterwards; nothing changed without a pair."""
-    before = os.sched_getaffinity(0)
-    if pair is not None:
-        os.sched_setaffinity(0, set(pair[0].control))
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
 def measure(root: Path, model: str, workers: int, m: Model | None = None, pin: bool = True) -> dict[str, Any]:
     """One cell, its pairs run side by side (``m``: a model other than ``MODELS``'s, under that
     name); ``pin``: on disjoint physical cores where the machine has ``2 * workers + 1``, else
@@ -81,7 +66,7 @@ def measure(root: Path, model: str, workers: int, m: Model | None = None, pin: b
     m = m or MODELS[model]
     pair = plan_pair(threads(os.sched_getaffinity(0)), workers) if pin else None
     runs: dict[str, list[float]] = {"unicron": [], "ddp": []}
-    with control_cores(pair), ThreadPoolExecutor(2) as pool:
+    with on_cores(pair[0].control if pair else None), ThreadPoolExecutor(2) as pool:
         for i in range(m.runs):
             ours, theirs = (pair if i % 2 == 0 else pair[::-1]) if pair else (None, None)
             where = root / f"{model}-{workers}-{i}-side"
