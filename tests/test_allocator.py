@@ -12,7 +12,7 @@ import pytest
 from unicron.control.allocator import Allocator, event_between
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.rates import RateMeter
-from unicron.core.events import NodeBack, NodeLost, TaskDone, TasksArrived
+from unicron.core.events import NodeBack, NodeLost, TaskDone, TasksArrived, named
 from unicron.core.gpus import lookup_gpu
 from unicron.core.livespecs import LiveClusterSpec, parse_live_tasks
 from unicron.core.protocol import Heartbeat, IterationReport, Registration
@@ -75,6 +75,16 @@ def test_node_loss_is_answered_from_the_table(allocator: Allocator) -> None:
     # Three nodes: gamma (the lowest weight per slot) gives way.
     assert decided.plan.allocation() == {"alpha": 4, "beta": 2, "gamma": 0}
     assert sum(decided.layout[n].get("alpha", 0) for n in decided.layout) == 4
+
+
+def test_a_live_event_names_the_node_not_the_planners_id() -> None:
+    # The planner numbers nodes by registration order: node 3 may be any host.
+    names = {0: "gpu-b", 3: "gpu-a"}
+    assert named(NodeLost(3), names) == "node-lost:gpu-a"
+    assert named(NodeBack(0), names) == "node-back:gpu-b"
+    assert named(NodeBack(), names) == "node-back"
+    assert named(NodeLost(7), names) == "node-lost:7"  # no such node: the id, not a guess
+    assert named(TaskDone("beta"), names) == "task-done:beta"
 
 
 def test_node_back_and_task_done_are_answered_from_the_table(allocator: Allocator) -> None:

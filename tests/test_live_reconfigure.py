@@ -101,6 +101,7 @@ def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) 
     # The first submission, the loss and the return were answered from the precomputed table.
     answered = {p["answers"].split(":")[0] for p in plans if p["source"] == "table" and p["answers"]}
     assert {"task-arrived", "node-lost", "node-back"} <= answered, plans
+    assert f"node-lost:{lost}" in {p["answers"] for p in plans}, plans  # the node, by its name
     kinds = [(e["kind"], e["task"]) for e in events]
     # alpha recovered in place and grew back in place: it was launched once.
     assert kinds.count(("task_launch", "alpha")) == 1, kinds

@@ -10,7 +10,7 @@ live replicas), else by a restart from the checkpoint. Idle slots hold hot spare
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -23,6 +23,7 @@ from unicron.control.records import TaskRecord, WorkerRecord
 from unicron.control.slots import fits, new_processes
 from unicron.control.snapshot import Snapshot
 from unicron.control.spares import choose, in_the_way, seated, spare_gains
+from unicron.core.events import named
 from unicron.core.protocol import SPARE_GENERATION
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.planning.placement import Assignment
@@ -209,7 +210,7 @@ class Placer:
                 assignment = {n: dict(a) for n, a in state.assignment.items()}
                 self.keep_spares(snapshot, state, names, assignment)
                 return
-        self._record_plan(decided, snapshot.tasks)
+        self._record_plan(decided, snapshot)
         self.last_decided = best
         self._carry_out_plan(HeldPlan(best, layout, names, state))
         self.allocator.refresh(state, decided, self.rates.version)
@@ -291,8 +292,11 @@ class Placer:
             if s.rank in used:
                 s.used = now
 
-    def _record_plan(self, decided: Decided, tasks: Mapping[str, TaskRecord]) -> None:
-        """A plan event whenever the plan changes a task: where it came from and what it does."""
+    def _record_plan(self, decided: Decided, snapshot: Snapshot) -> None:
+        """A plan event whenever the plan changes a task: where it came from, the event it
+        answers (a node by its name, any state: a lost node is no longer among the healthy),
+        and what it does."""
+        tasks = snapshot.tasks
         changes = {
             d.task: [tasks[d.task].workers, d.after]
             for d in decided.plan.decisions
@@ -304,7 +308,7 @@ class Placer:
         self.ctx.act.record(
             "plan",
             source=decided.source,
-            answers=str(decided.event) if decided.event is not None else None,
+            answers=None if decided.event is None else named(decided.event, _node_names(snapshot)),
             why=decided.why or None,
             seconds=round(decided.seconds, 6),
             allocation=decided.plan.allocation(),
@@ -422,3 +426,7 @@ class Placer:
             return
         self.ctx.act.drop_spare(spare.task, spare.rank, spare.node, stop)
         self.ctx.act.record("spare_stopped", task=spare.task, node=spare.node, rank=spare.rank)
+
+
+def _node_names(snapshot: Snapshot) -> dict[int, str]:
+    return {n.id: n.name for n in snapshot.nodes.values()}

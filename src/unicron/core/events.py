@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from unicron.core.errors import UsageError
@@ -48,6 +49,15 @@ class TasksArrived:
 
 
 PlanEvent = NodeLost | NodeBack | TaskDone | TasksArrived
+
+def named(event: PlanEvent, names: Mapping[int, str]) -> str:
+    """The event as a live cluster's events and pages show it: a node by its name. The planner
+    numbers nodes in the order their agents registered, so its id (``node-lost:3``) says
+    nothing about which node it was; an id with no name stays as it is."""
+    if isinstance(event, NodeLost | NodeBack) and event.node is not None and event.node in names:
+        return f"{str(event).split(':')[0]}:{names[event.node]}"
+    return str(event)
+
 
 EVENT_FORMS = "node-lost:N, node-back[:N], task-done:NAME"
 
