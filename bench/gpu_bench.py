@@ -228,11 +228,14 @@ def keep_step_times(runs: Path, kept: Path) -> None:
     """Every run's raw step-end times (``bench/steptimes.py``'s records) kept in one JSON beside
     the cells' (a device call brings back only a few files), so that why one side's runs differ
     (start-up, a slow stretch, a slower level throughout) can be read afterwards: the cells'
-    JSON keeps only each run's median. ``kept``: {run folder: {record name: step ends}}."""
+    JSON keeps only each run's median. ``kept``: {run folder: {record name: step ends}}, and
+    {pair's folder: {"census": ...}} for the pairs run side by side (``bench/census.py``)."""
     times = json.loads(kept.read_text()) if kept.is_file() else {}
     for record in runs.rglob("times/steps-*.json"):  # a run's folder, or a side's in a pair's
         run = str(record.parent.parent.relative_to(runs))
         times.setdefault(run, {})[record.name] = json.loads(record.read_text())
+    for census in runs.rglob("census.json"):
+        times.setdefault(str(census.parent.relative_to(runs)), {})["census"] = json.loads(census.read_text())
     kept.write_text(json.dumps(times))
 
 

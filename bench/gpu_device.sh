@@ -11,8 +11,10 @@
 # 2-core machine leaves unresolved. The GPU cells are in
 # docs/bench/gpu.json already: GPU_CELLS=1 runs them again at the end.
 # Wheels: bash bench/device_wheels.sh here first, and carry [".whl"] in the device call.
-# Afterwards: python -m bench.gpu_bench FETCHED_DIR --docs. Each run's raw step times come back in
-# OUT/step-times.json (one file: a device call brings back at most 8).
+# Afterwards: python -m bench.gpu_bench FETCHED_DIR --docs. Each run's raw step times, and each
+# side-by-side pair's census of the workers' cores (bench/census.py: whether a slow run's threads
+# waited for their core, and what else ran there), come back in OUT/step-times.json (one file: a
+# device call brings back at most 8); the log prints each pair's census in short.
 set -u
 OUT=${OUT:?the folder the JSON goes to}
 pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1

@@ -12,7 +12,9 @@ cores, Unicron's on another, the launchers, coordinators and agents of both on t
 falls on both sides. Each side's step time counts only the steps that ended while both sides
 were past their warm-up (``overlapping``): a drift meanwhile falls on both. What the two share
 (memory bandwidth, caches, the control cores) they share alike. The pairs are judged as the
-alternating ones are (``overhead_verdict``).
+alternating ones are (``overhead_verdict``). A ``census`` of the workers' cores meanwhile
+(``bench/census.py``) is kept beside each pair's runs: whether a slow run's threads waited for
+their core, and what else ran there.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.census import Census, summary, workers_under
 from bench.overhead_bench import MODELS, WARMUP, Model, ddp, timed_row, unicron
 from bench.pinning import on_cores, plan_pair, threads
 
@@ -39,13 +42,17 @@ def worker_ends(folder: Path) -> list[list[float]]:
     return ends
 
 
-def overlapping(ours: list[list[float]], theirs: list[list[float]]) -> tuple[list[float], list[float]]:
-    """Each side's step intervals (pooled over its workers) that lie within the window when both
-    sides were past their warm-up: from the later side's start (its last worker's first counted
-    step) to the earlier side's end (its first worker's last step). The clocks are one: the step
-    ends are ``time.perf_counter``, the machine's monotonic clock, in every process."""
+def window(ours: list[list[float]], theirs: list[list[float]]) -> tuple[float, float]:
+    """When both sides were past their warm-up: from the later side's start (its last worker's
+    first counted step) to the earlier side's end (its first worker's last step). The clocks are
+    one: the step ends are ``time.perf_counter``, the machine's monotonic clock, in every process."""
     start = max(max(e[0] for e in side) for side in (ours, theirs))
-    end = min(min(e[-1] for e in side) for side in (ours, theirs))
+    return start, min(min(e[-1] for e in side) for side in (ours, theirs))
+
+
+def overlapping(ours: list[list[float]], theirs: list[list[float]]) -> tuple[list[float], list[float]]:
+    """Each side's step intervals (pooled over its workers) that lie within the ``window``."""
+    start, end = window(ours, theirs)
 
     def within(side: list[list[float]]) -> list[float]:
         return [b - a for e in side for a, b in itertools.pairwise(e) if start <= a and b <= end]
@@ -70,17 +77,35 @@ def measure(root: Path, model: str, workers: int, m: Model | None = None, pin: b
         for i in range(m.runs):
             ours, theirs = (pair if i % 2 == 0 else pair[::-1]) if pair else (None, None)
             where = root / f"{model}-{workers}-{i}-side"
-            started = [
-                pool.submit(unicron, where / "unicron", m, workers, cores=ours.workers if ours else ()),
-                pool.submit(ddp, where / "ddp", m, workers, cores=theirs.workers if theirs else ()),
-            ]
-            for run in started:
-                run.result()
-            ends = [worker_ends(where / side / "times") for side in runs]
-            for side, intervals in zip(runs, overlapping(*ends), strict=True):
-                runs[side].append(statistics.median(intervals))
+            mine, other = run_pair(
+                pool, where, m, workers, (ours.workers, theirs.workers) if ours and theirs else None
+            )
+            runs["unicron"].append(mine)
+            runs["ddp"].append(other)
     return {
         **timed_row(model, workers, m, runs),
         "side_by_side": True,
         "pinned": {"first": pair[0].as_json(), "second": pair[1].as_json()} if pair else None,
     }
+
+
+def run_pair(
+    pool: ThreadPoolExecutor, where: Path, m: Model, workers: int, cores: tuple[tuple[int, ...], ...] | None
+) -> tuple[float, float]:
+    """One pair at once, in ``where``: Unicron's and torchrun's median step within the window
+    both ran (``cores``: each side's workers' cores, else unpinned); the census of the workers'
+    cores meanwhile is written beside them (``census.json``) and printed in short."""
+    ours, theirs = cores or ((), ())
+    with Census(workers_under(where), (*ours, *theirs)) as census:
+        started = [
+            pool.submit(unicron, where / "unicron", m, workers, cores=ours),
+            pool.submit(ddp, where / "ddp", m, workers, cores=theirs),
+        ]
+        for run in started:
+            run.result()
+    ends = [worker_ends(where / side / "times") for side in ("unicron", "ddp")]
+    seen = census.result(window(*ends))
+    (where / "census.json").write_text(json.dumps(seen))
+    mine, other = (statistics.median(intervals) for intervals in overlapping(*ends))
+    print(f"{where.name}: unicron {mine:.5f} s, ddp {other:.5f} s a step\n{summary(seen)}", flush=True)
+    return mine, other

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.pinning import Pinning, plan_pair
-from bench.side_by_side import overlapping, worker_ends
+from bench.side_by_side import overlapping, window, worker_ends
 
 from .test_bench_pinning import cell
 
@@ -81,11 +81,18 @@ def test_a_pair_runs_both_sides_at_once_through_the_real_stack(tmp_path: Path) -
     # Each side's step time is the median of its steps within the shared window only.
     assert row["unicron_runs_s"] == [round(statistics.median(mine), 5)]
     assert row["ddp_runs_s"] == [round(statistics.median(other), 5)]
+    # The census of the pair: each side's worker, its threads' time within the shared window.
+    census = json.loads((tmp_path / "tinygpt-1-0-side" / "census.json").read_text())
+    assert census["window"] == list(window(ours, theirs))
+    sides = {name.split("/")[0]: seen for name, seen in census["workers"].items()}
+    assert set(sides) == {"unicron", "ddp"}, census["workers"].keys()
+    for seen in sides.values():  # training ran in the window: its busiest thread used a CPU
+        assert seen["busiest"][-1][1] > seen["busiest"][0][1], seen
 
 
 def test_every_runs_step_times_come_back_in_one_file(tmp_path: Path) -> None:
     """A device call brings back at most 8 files: the raw step times of every run, a pair's
-    sides included, go into one JSON, added to by each cell."""
+    sides included, and each pair's census go into one JSON, added to by each cell."""
     from bench.gpu_bench import keep_step_times
 
     runs, kept = tmp_path / "runs", tmp_path / "step-times.json"
@@ -95,9 +102,11 @@ def test_every_runs_step_times_come_back_in_one_file(tmp_path: Path) -> None:
     keep_step_times(runs, kept)
     (runs / "gpt-10m-2-1-side" / "ddp" / "times").mkdir(parents=True)
     (runs / "gpt-10m-2-1-side" / "ddp" / "times" / "steps-8.json").write_text("[4.0]")
+    (runs / "gpt-10m-2-1-side" / "census.json").write_text('{"cores": [12]}')
     keep_step_times(runs, kept)
     assert json.loads(kept.read_text()) == {
         "tinygpt-2-0-ddp": {"steps-7.json": [1.0, 2.0]},
         "gpt-10m-2-0-side/unicron": {"steps-7.json": [3.0]},
         "gpt-10m-2-1-side/ddp": {"steps-8.json": [4.0]},
+        "gpt-10m-2-1-side": {"census": {"cores": [12]}},
     }
