@@ -50,6 +50,7 @@ class TasksArrived:
 
 PlanEvent = NodeLost | NodeBack | TaskDone | TasksArrived
 
+
 def named(event: PlanEvent, names: Mapping[int, str]) -> str:
     """The event as a live cluster's events and pages show it: a node by its name. The planner
     numbers nodes in the order their agents registered, so its id (``node-lost:3``) says
