@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
@@ -111,3 +113,28 @@ def test_a_node_not_heard_since_the_coordinator_started_gets_the_agents_retry_pa
     assert silent_nodes([away, heard], edge - 0.1, 100.0, limits) == [("heard", pytest.approx(edge - 101.1))]
     assert [n for n, _ in silent_nodes([away, heard], edge + 0.1, 100.0, limits)] == ["away", "heard"]
     assert silent_nodes([heard], 101.0 + limits.heartbeat_deadline_s - 0.1, 100.0, limits) == []
+
+
+@pytest.mark.parametrize(
+    ("action", "from_injection"), [("kill", True), ("late_stop", False), ("corrupt_transfer", False)]
+)
+def test_only_a_fault_that_fails_a_process_is_taken_as_the_start_of_the_failure_after_it(
+    make: Any, action: str, from_injection: bool
+) -> None:
+    """An injected kill is when the failure began: detection is timed from it. A stop taken late
+    or a corrupted transfer fails nothing: a real failure after it is timed from its own report."""
+    from unicron.core.protocol import FaultReport
+
+    cluster = make()
+    node, _ = cluster.running[("lm", 1, 0)]
+    injected = cluster.clock.now
+    cluster.beat(
+        node, FaultReport(task="lm", generation=1, rank=0, step=2, action=action, time=injected, index=0)
+    )
+    cluster.clock.now += 3.0
+    died = cluster.clock.now
+    cluster.clock.now += 0.05
+    cluster.exit(0, code=None, signal=9, at=died)
+    (incident,) = cluster.events("incident")
+    assert incident["fault_at"] == (injected if from_injection else died)
+    assert incident["detection_s"] == pytest.approx(3.05 if from_injection else 0.05)
