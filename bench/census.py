@@ -44,6 +44,41 @@ class ThreadTimes:
     cpu: int
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One look: when (perf_counter), the workers found (pid -> run), the threads read ((pid,
+    tid) -> times), and each worker's memory (pid -> kB by ``smaps_rollup`` field)."""
+
+    time: float
+    found: dict[int, str]
+    threads: dict[tuple[int, int], ThreadTimes]
+    memory: dict[int, dict[str, int]]
+
+
+MEMORY_FIELDS = ("Rss", "AnonHugePages")  # huge pages: a run whose memory has none may be slower
+
+
+def memory_of(pid: int) -> dict[str, int]:
+    """The process's resident memory and how much of it is in transparent huge pages (kB)."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return {}
+    fields = (line.split() for line in rollup.splitlines())
+    return {f[0].rstrip(":"): int(f[1]) for f in fields if len(f) >= 2 and f[0].rstrip(":") in MEMORY_FIELDS}
+
+
+def machine() -> dict[str, Any]:
+    """What may make one run slower than another on the same cores: the transparent huge page
+    policy, and which CPUs each NUMA node holds."""
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    nodes = sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    return {
+        "thp": thp.read_text().strip() if thp.is_file() else None,
+        "numa": {n.name: (n / "cpulist").read_text().strip() for n in nodes if (n / "cpulist").is_file()},
+    }
+
+
 def thread_times(pid: int, tid: int) -> ThreadTimes | None:
     """The thread's times, or None where it has gone (or cannot be read)."""
     where = Path(f"/proc/{pid}/task/{tid}")
@@ -121,7 +156,7 @@ class Census:
 
     def __init__(self, find: Callable[[], dict[int, str]], cores: Collection[int], period: float = PERIOD_S):
         self.find, self.cores, self.period = find, frozenset(cores), period
-        self.samples: list[tuple[float, dict[int, str], dict[tuple[int, int], ThreadTimes]]] = []
+        self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="census", daemon=True)
 
@@ -137,22 +172,25 @@ class Census:
         while not self._stop.is_set() and len(self.samples) < MAX_SAMPLES:
             found = self.find()
             threads = every_thread() if self.cores else {k: x for p in found for k, x in _keyed(p).items()}
-            self.samples.append((time.perf_counter(), found, threads))
+            memory = {pid: memory_of(pid) for pid in found}
+            self.samples.append(Sample(time.perf_counter(), found, threads, memory))
             self._stop.wait(self.period)
 
     def result(self, window: tuple[float, float] | None = None) -> dict[str, Any]:
         """What the samples within ``window`` (perf_counter times: the step ends in
         ``bench/steptimes.py``'s records are on the same clock; None: all) saw. Per worker
         process: each thread's CPU and run-queue seconds between its first and last sighting,
-        the CPUs its threads ran on, its involuntary context switches, and a timeline of its
-        busiest thread (time, cumulative seconds on a CPU and waiting). ``others``: the other
-        threads seen on the workers' cores, by process and thread name, with the CPU seconds
-        they used there."""
-        samples = [s for s in self.samples if window is None or window[0] <= s[0] <= window[1]]
+        the CPUs its threads ran on, its involuntary context switches, its memory at the last
+        sample (``MEMORY_FIELDS``), and a timeline of its busiest thread (time, cumulative
+        seconds on a CPU and waiting). ``others``: the other threads seen on the workers' cores,
+        by process and thread name, with the CPU seconds they used there. ``machine``: the huge
+        page policy and the NUMA nodes' CPUs."""
+        samples = [s for s in self.samples if window is None or window[0] <= s.time <= window[1]]
         workers: dict[int, str] = {}
-        for _, found, _ in samples:
-            workers.update(found)
+        for sample in samples:
+            workers.update(sample.found)
         return {
+            "machine": machine(),
             "period_s": self.period,
             "window": list(window) if window else None,
             "cores": sorted(self.cores),
@@ -173,15 +211,12 @@ def summary(result: dict[str, Any]) -> str:
     return "\n".join([*lines, f"  others on the workers' cores: {others or 'none'}"])
 
 
-Sample = tuple[float, dict[int, str], dict[tuple[int, int], ThreadTimes]]
-
-
 def _keyed(pid: int) -> dict[tuple[int, int], ThreadTimes]:
     return {(pid, tid): x for tid, x in threads_of(pid).items()}
 
 
 def _worker(samples: list[Sample], pid: int) -> dict[str, Any]:
-    seen = [(t, {tid: x for (p, tid), x in threads.items() if p == pid}) for t, _, threads in samples]
+    seen = [(s.time, {tid: x for (p, tid), x in s.threads.items() if p == pid}) for s in samples]
     seen = [(t, threads) for t, threads in seen if threads]
     if not seen:
         return {}
@@ -196,7 +231,9 @@ def _worker(samples: list[Sample], pid: int) -> dict[str, Any]:
         for tid, x in last.items()
     }
     busiest = max(used, key=lambda tid: used[tid][1])
+    memory = [s.memory[pid] for s in samples if s.memory.get(pid)]
     return {
+        "memory_kb": memory[-1] if memory else {},
         "seconds": round(seen[-1][0] - seen[0][0], 3),
         "threads": {str(tid): [n, round(r, 4), round(w, 4)] for tid, (n, r, w) in used.items()},
         "cpus": sorted({x.cpu for _, threads in seen for x in threads.values()}),
@@ -213,7 +250,8 @@ def _others(samples: list[Sample], workers: set[int], cores: frozenset[int]) -> 
     """CPU seconds of other threads between two samples where both saw them and the later one
     last ran on a worker's core."""
     used: dict[str, float] = {}
-    for (_, _, before), (_, _, after) in itertools.pairwise(samples):
+    for before_sample, after_sample in itertools.pairwise(samples):
+        before, after = before_sample.threads, after_sample.threads
         for key, x in after.items():
             if key[0] in workers or x.cpu not in cores or key not in before:
                 continue
