@@ -107,3 +107,20 @@ def test_buckets_sum_exactly_what_one_flat_all_reduce_sums() -> None:
             assert [v / 4 for v in flat[name]] == bucketed[name], name  # float64 values, bit for bit
         assert kept
     assert results[0][1] == results[1][1]  # every rank holds the same sums
+
+
+def test_a_short_step_in_an_unchanged_group_need_not_ask_whether_it_was_declared_failed() -> None:
+    """A peer abandons a collective only after one wait of ``POLL`` in it, begun after this rank
+    began the step before: a rank whose step before began less than half of ``POLL`` ago was
+    counted by every peer, and skips the store round trip; any other case asks."""
+    from unicron.train.steploop import maybe_abandoned
+
+    half = gradsync.POLL.total_seconds() / 2
+    began = [(5, 100.0), (5, 100.012)]  # the step before and this one, in generation 5
+    assert not maybe_abandoned(2, False, began, 5, 100.0 + half - 0.001)
+    assert maybe_abandoned(2, False, began, 5, 100.0 + half + 0.001)  # long enough for a peer to give up
+    assert maybe_abandoned(1, False, began, 5, 100.02)  # alone: newcomers go on without asking it
+    assert maybe_abandoned(4, True, began, 5, 100.02)  # replicas of several ranks: always asks
+    assert maybe_abandoned(2, False, began[1:], 5, 100.02)  # the first step of this loop
+    assert maybe_abandoned(2, False, began, 6, 100.02)  # re-formed (generation 6) in this step
+    assert maybe_abandoned(2, False, [(4, 100.0), (5, 100.012)], 5, 100.02)  # ... since the step before

@@ -25,6 +25,20 @@ POLL = timedelta(milliseconds=100)  # how often a pending collective asks whethe
 GPU_POLL_S = 0.0002  # between looks at a pending NCCL collective (a CUDA event query each)
 
 
+def none_abandoned(since_previous_step_began_s: float) -> bool:
+    """Whether no peer can have abandoned the step's collectives that this rank just completed,
+    given how long ago this rank began the step before (in the same group). A peer abandons a
+    collective only after one wait of ``POLL`` in it without completion (``wait_or_abandon``,
+    ``_poll_gpu``). Its waits in this step began after it left the previous step's collectives,
+    which completed only once every rank had entered them: after this rank began that step. So
+    a peer that abandoned waited ``POLL`` after that; and this rank's collectives completed
+    within a few milliseconds of the peer's (the same messages end both). Half of ``POLL`` leaves
+    that margin. A rank whose steps are this short need not ask the store, after each step,
+    whether it was declared failed meanwhile (a round trip per step: ~1% of a tinygpt step): its
+    peers counted the step as it did, and it notices the new membership at the boundary."""
+    return since_previous_step_began_s < POLL.total_seconds() / 2
+
+
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``tensor``: its shard of a sharded (DTensor) one, sharing its storage."""
     to_local = getattr(tensor, "to_local", None)

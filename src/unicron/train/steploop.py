@@ -91,6 +91,8 @@ class StepLoop:
         self.buckets: gradsync.Buckets | None = None
         self.no_update: NoUpdate | None = None  # a COPIED or ABANDONED step's, until it ends
         self.settled_step = 0  # the last step in which a re-formed group settled its samples
+        # When this step and the one before began (monotonic), with the generation each began in.
+        self.began: list[tuple[int, float]] = []
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.handles = [optimizer.register_step_pre_hook(self._check_reduced)]
         self.sharded = sharded.is_sharded(model)
@@ -147,6 +149,7 @@ class StepLoop:
         stream = self.data.stream
         self.scale = stream.micro_batch / len(stream.batch(step))
         self.it = Iteration(step, len(chunks), lambda: session.faults.before_last_micro_batch(step))
+        self.began = [*self.began[-1:], (session.generation, time.monotonic())]
         session.faults.step_started(step)  # inside the step's time: a slowed rank computes slowly
         return True
 
@@ -372,13 +375,35 @@ class StepLoop:
             self.buckets.finish(watch)  # launched during the last backward
         else:
             gradsync.all_reduce_gradients(self.model, groups.peers, watch, self.scale)
-        if session.declared_failed():
+        if self._maybe_abandoned() and session.declared_failed():
             # Declared failed (hung, or its node lost) during the step: its peers abandoned the
             # collective and re-formed without it (what completed here, if anything, is their
             # abandoned buffers), or a lone worker's newcomers went on without it. The step is
             # not this worker's: it leaves (rejoin: it is in no later membership) and neither
             # records the step nor checkpoints it.
             raise PeerLostError("this worker was declared failed during the step")
+
+    def _maybe_abandoned(self) -> bool:
+        session = self.session
+        return maybe_abandoned(
+            session.world_size, session.groups.replicated, self.began, session.generation, time.monotonic()
+        )
+
+
+def maybe_abandoned(
+    world_size: int, replicated: bool, began: list[tuple[int, float]], generation: int, now: float
+) -> bool:
+    """Whether peers may have abandoned the step's reduction that completed here, so that this
+    rank must ask the store whether it was declared failed meanwhile (``began``: the generation
+    and monotonic start of the step before and of this one). Always alone (a lone worker's
+    newcomers go on without it, with no collective to abandon), in replicas of several ranks,
+    and where the group re-formed since the step before began; else only where that step began
+    long enough ago (``gradsync.none_abandoned``)."""
+    if world_size == 1 or replicated or len(began) < 2:
+        return True
+    if any(g != generation for g, _ in began):
+        return True  # re-formed since the step before began
+    return not gradsync.none_abandoned(now - began[0][1])
 
 
 def _split(ids: list[int], micro: int) -> list[list[int]]:
