@@ -71,9 +71,10 @@ SAME_BATCH = ("--global-batch", "16", "--micro-batch", "2", "--dataset-size", "5
 MODELS = {
     # tinygpt's steps are short (tens of ms), where this shared machine's run-to-run noise weighs
     # most, and its runs are cheap: 9 runs a side, 200 steps (40 gave under a second of steady
-    # state); gpt-10m's runs take ~1 min a triple (with torchft's): 9 a side, as 5 left its
-    # 4-worker interval at 0.978-1.021, on the target's edge; the sharded GPT's steps take
-    # seconds, with runs spread by ~6% (2 a side left its 2-worker cell at 1.058 within that
+    # state); gpt-10m's runs take ~1 min a triple (with torchft's): 15 a side, as 5 left its
+    # 4-worker interval at 0.978-1.021, on the target's edge, and 9 its 2- and 4-worker ones at
+    # 0.973-1.022 and 0.980-1.022 (2026-11-28; a row's own runs are its lists); the sharded
+    # GPT's steps take seconds, with runs spread by ~6% (2 a side left its 2-worker cell at 1.058 within that
     # spread): 4 a side, too few for a verdict.
     "tinygpt": Model(
         "tinygpt default (2 layers, hidden 64)",
@@ -95,7 +96,7 @@ MODELS = {
         PORT / "train_unicron.py",
         ("--checkpoint",),
         (1, 2, 4),
-        9,
+        15,
         40,
         torchft=True,
     ),
@@ -286,22 +287,31 @@ def timed_row(model: str, workers: int, m: Model, runs: dict[str, list[float]]) 
     }
 
 
-def main(only: Sequence[str] = (), pin: bool = True) -> dict[str, Any]:
-    """Measure every cell, or (``only``) those models' cells, keeping the other rows of the last
-    run's JSON (each row's two sides are always measured in the same run); ``pin``: pinned
-    cells where the cores suffice (``measure``)."""
-    unknown = set(only) - set(MODELS)
+def cells(only: Sequence[str]) -> list[tuple[str, int]]:
+    """The cells ``only`` names (``MODEL``: each of its worker counts; ``MODEL:WORKERS``: one),
+    or every cell; an unknown one is a SystemExit naming the choices."""
+    every = [(model, workers) for model, m in MODELS.items() for workers in m.workers]
+    if not only:
+        return every
+    chosen = [c for c in every if c[0] in only or f"{c[0]}:{c[1]}" in only]
+    named = {c[0] for c in chosen} | {f"{c[0]}:{c[1]}" for c in chosen}
+    unknown = sorted(set(only) - named)
     if unknown:
-        raise SystemExit(f"unknown model(s) {sorted(unknown)}: choose among {sorted(MODELS)}")
+        choices = ", ".join(f"{m} or {m}:{'|'.join(map(str, MODELS[m].workers))}" for m in MODELS)
+        raise SystemExit(f"unknown cell(s) {unknown}: choose among {choices}")
+    return chosen
+
+
+def main(only: Sequence[str] = (), pin: bool = True) -> dict[str, Any]:
+    """Measure every cell, or (``only``) those cells (``cells``), keeping the other rows of the
+    last run's JSON (each row's two sides are always measured in the same run); ``pin``: pinned
+    cells where the cores suffice (``measure``)."""
+    chosen = cells(only)
     out = ROOT / "docs" / "bench" / "overhead.json"
-    kept = [r for r in json.loads(out.read_text())["rows"] if r["model"] not in only] if only else []
+    last = json.loads(out.read_text())["rows"] if out.is_file() else []
+    kept = [r for r in last if (r["model"], r["workers"]) not in chosen]
     with tempfile.TemporaryDirectory(prefix="unicron-overhead-") as tmp:
-        fresh = [
-            measure(Path(tmp), model, workers, pin=pin)
-            for model, m in MODELS.items()
-            if not only or model in only
-            for workers in m.workers
-        ]
+        fresh = [measure(Path(tmp), model, workers, pin=pin) for model, workers in chosen]
     order = list(MODELS)
     rows = sorted(kept + fresh, key=lambda r: (order.index(r["model"]), r["workers"]))
     result = summary(
@@ -311,7 +321,7 @@ def main(only: Sequence[str] = (), pin: bool = True) -> dict[str, Any]:
             "warmup_steps": WARMUP,
             "models": {name: m.described for name, m in MODELS.items()},
             "baselines": {name: f"torchrun + {m.baseline.relative_to(ROOT)}" for name, m in MODELS.items()},
-            "runs_per_side": {name: m.runs for name, m in MODELS.items()},
+            "runs_per_side": {name: m.runs for name, m in MODELS.items()},  # a row's own: its lists
             "rows": rows,
         }
     )
@@ -322,7 +332,7 @@ def main(only: Sequence[str] = (), pin: bool = True) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    # python -m bench.overhead_bench [--unpinned] [MODEL ...]: every model, or only those, each
+    # python -m bench.overhead_bench [--unpinned] [MODEL[:WORKERS] ...]: every cell, or those, each
     # worker on a core of its own where the cores suffice (--unpinned: free to move); --docs: the
     # page again from the last measured figures (a text change)
     if sys.argv[1:] == ["--docs"]:  # the verdicts are a function of the runs: judged again

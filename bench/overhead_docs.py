@@ -129,6 +129,17 @@ def control_text(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def runs_text(rows: list[dict[str, Any]], model: str) -> str:
+    """How many runs a side the model's rows hold: one number where they agree, else the most
+    common with the others by worker count (a cell measured again with more runs)."""
+    counts = {r["workers"]: len(r["unicron_runs_s"]) for r in rows if r["model"] == model}
+    if not counts:
+        return "no"
+    most = max(set(counts.values()), key=lambda n: (list(counts.values()).count(n), n))
+    others = [f"{n} at {w} worker{'s' if w > 1 else ''}" for w, n in sorted(counts.items()) if n != most]
+    return f"{most} ({', '.join(others)})" if others else str(most)
+
+
 def verdict_text(r: dict[str, Any]) -> str:
     """The verdict over every cell, in words."""
     if r["met"]:
@@ -174,11 +185,11 @@ def write_markdown(r: dict[str, Any]) -> None:
             warmup=r["warmup_steps"],
             tiny=r["models"]["tinygpt"],
             big=r["models"]["gpt-10m"],
-            tiny_runs=r["runs_per_side"]["tinygpt"],
-            big_runs=r["runs_per_side"]["gpt-10m"],
+            tiny_runs=runs_text(r["rows"], "tinygpt"),
+            big_runs=runs_text(r["rows"], "gpt-10m"),
             sharded=r["models"]["gpt-20m-hsdp"],
             sharded_steps=r["iterations"]["gpt-20m-hsdp"],
-            sharded_runs=r["runs_per_side"]["gpt-20m-hsdp"],
+            sharded_runs=runs_text(r["rows"], "gpt-20m-hsdp"),
             torchft_version=TORCHFT_VERSION,
             peer=peer_summary(r["rows"]),
             control=control_text(r["rows"]),
