@@ -26,3 +26,25 @@ def test_the_runs_are_drawn_in_their_pairs() -> None:
     drifting = [0.1, 0.1, 0.1, 0.2, 0.2, 0.2]
     low, high = ratio_interval([x * 1.01 for x in drifting], drifting)
     assert abs(low - 1.01) < 1e-9 and abs(high - 1.01) < 1e-9
+
+
+def test_cells_are_chosen_by_model_or_by_model_and_workers() -> None:
+    import pytest
+
+    from bench.overhead_bench import MODELS, cells
+
+    assert cells(["gpt-10m:2", "tinygpt"]) == [("tinygpt", 1), ("tinygpt", 2), ("tinygpt", 4), ("gpt-10m", 2)]
+    assert len(cells([])) == sum(len(m.workers) for m in MODELS.values())
+    with pytest.raises(SystemExit, match=r"gpt-10m:3.*gpt-10m:1\|2\|4"):
+        cells(["gpt-10m:3"])
+
+
+def test_the_page_says_each_rows_own_run_count_where_they_differ() -> None:
+    from bench.overhead_docs import runs_text
+
+    def row(workers: int, runs: int) -> dict[str, object]:
+        return {"model": "gpt-10m", "workers": workers, "unicron_runs_s": [0.3] * runs}
+
+    assert runs_text([row(1, 9), row(2, 9), row(4, 9)], "gpt-10m") == "9"
+    assert runs_text([row(1, 9), row(2, 15), row(4, 15)], "gpt-10m") == "15 (9 at 1 worker)"
+    assert runs_text([row(2, 4)], "tinygpt") == "no"
