@@ -198,7 +198,7 @@ def plan_row(plan: dict[str, Any], at_s: float) -> list[str]:
     (the demo's report and docs/live-cluster.md)."""
     changes = ", ".join(f"{t} {a}->{b}" for t, (a, b) in sorted(plan["changes"].items()))
     where = plan["source"] if plan["source"] == "table" else f"solved ({plan['why']})"
-    return [f"{at_s:.0f} s", where, plan["answers"] or "-", changes]
+    return [f"{round(at_s)} s", where, plan["answers"] or "-", changes]
 
 
 def waf_report(
