@@ -91,9 +91,13 @@ class Soak:
 
 
 def stuck(cluster: LocalCluster) -> str:
-    """What a soak that never ends shows: each unfinished task, the nodes, and the task's last
-    events (for the failure's message)."""
-    lines = [f"nodes: {[(n['name'], n['state']) for n in cluster.get('/v1/nodes')]}"]
+    """What a soak that never ends shows: the nodes (with the live workers on each, by task),
+    the cluster's last events, and each unfinished task with its own last events (for the
+    failure's message)."""
+    nodes = [(n["name"], n["state"], n["used"]) for n in cluster.get("/v1/nodes")]
+    lines = [f"nodes: {nodes}", "last events:"]
+    recent = cluster.get("/v1/events", limit=1_000_000)[-40:]
+    lines += [f"  {e['id']} {e['kind']} {e['task']} {json.dumps(e['detail'])[:300]}" for e in recent]
     for task in cluster.get("/v1/tasks"):
         if task["state"] != "finished":
             lines.append(f"task {task}")
