@@ -58,6 +58,9 @@ class Cluster:
     pids: int = 100
     positions: dict[tuple[str, int, int], Progress] = field(default_factory=dict)  # what workers sent
     late_renames: set[str] = field(default_factory=set)  # nodes whose agents have not renamed yet
+    # Nodes whose stopped workers are still exiting (listed by their agents until the test
+    # reports their exits); elsewhere a stopped worker is gone at once.
+    slow_stops: set[str] = field(default_factory=set)
 
     def beat(self, node: str, *reports: WorkerReport) -> None:
         workers = [
@@ -85,7 +88,7 @@ class Cluster:
                 entry = self.running.pop((order.task, order.generation, order.rank), None)
                 if entry is not None:
                     self.running[(order.task, order.new_generation, order.new_rank)] = entry
-            elif isinstance(order, StopWorkers) and order.rank is not None:
+            elif isinstance(order, StopWorkers) and order.rank is not None and node not in self.slow_stops:
                 self.running.pop((order.task, order.generation or 0, order.rank), None)
 
     def step(self, seconds: float = 0.5) -> None:

@@ -94,6 +94,7 @@ def test_a_plan_waiting_for_slots_is_carried_out_again_not_decided_again(make: A
     generation = cluster.c.store.get_task("lm").generation
     node, _ = cluster.running[("lm", generation, 0)]
     cluster.beat(node, DoneReport(task="lm", generation=generation, rank=0, step=100, digest="d"))
+    cluster.slow_stops |= {"n0", "n1"}  # the workers stopped are listed until they have exited
     cluster.exit(1, code=0)
     cluster.step(0.1)
     assert cluster.c.store.get_task("lm").state is TaskState.FINISHED

@@ -41,6 +41,7 @@ from unicron.control.snapshot import StoreReads
 from unicron.control.stepping import Steps
 from unicron.control.storagewatch import StorageWatch
 from unicron.control.store import Store
+from unicron.control.vanished import Vanished
 from unicron.control.wafhistory import WafHistory
 from unicron.core.errors import Conflict
 from unicron.core.ladder import Ladder
@@ -111,6 +112,7 @@ class Coordinator:
         self.metrics = Metrics(self.viewer.view)
         self.act.listeners.append(self.metrics.on_event)
         self.storage = StorageWatch(self.ctx)
+        self.vanished = Vanished(self.ctx)  # rows of ended tasks whose processes are gone
         self.storage.rebuild()
         self.recovery.rebuild()
         self._restore_kept()
@@ -258,6 +260,7 @@ class Coordinator:
     def _reconcile_workers(self, node: str, reported: list[WorkerState]) -> None:
         """Track worker processes; stop those that belong to no live generation."""
         now = self.clock()
+        self.vanished.listed(node, reported, now)
         tasks = {name: self.store.task(name) for name in {w.task for w in reported}}  # once per beat
         for w in reported:
             key = (w.task, w.generation, w.rank)
@@ -432,6 +435,8 @@ class Coordinator:
             if self.generations.check_growth(name, now):
                 self.dirty = True  # idle slots may want a new spare
         self.generations.forget_left(now)
+        if self.vanished.sweep(now):
+            self.dirty = True  # a held plan's launches may fit now
         if self.placer.allocator.poll():
             self.dirty = True  # a table for new inputs (a submission, measurements) is ready
         for task in self.store.tasks(live_only=True):

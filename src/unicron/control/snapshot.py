@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
 from unicron.core.errors import NotFound
-from unicron.core.states import NodeState
+from unicron.core.states import NodeState, WorkerPhase
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,8 @@ class StoreReads(Protocol):
     def worker(self, task: str, generation: int, rank: int) -> WorkerRecord | None: ...
 
     def live_workers_on(self, node: str) -> list[WorkerRecord]: ...
+
+    def workers_in(self, phases: Iterable[WorkerPhase]) -> list[WorkerRecord]: ...
 
     def held_slots(self) -> dict[str, dict[str, int]]: ...
 

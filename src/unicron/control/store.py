@@ -305,27 +305,25 @@ class Store:
     def worker(self, task: str, generation: int, rank: int) -> WorkerRecord | None:
         return self._workers.get(task, {}).get((generation, rank))
 
-    def _all_workers(self, phases: Iterable[WorkerPhase]) -> list[WorkerRecord]:
+    def workers_in(self, phases: Iterable[WorkerPhase]) -> list[WorkerRecord]:
         wanted = set(phases)
         with self._lock:
             return [w for ws in self._workers.values() for w in ws.values() if w.state in wanted]
 
     def live_workers_on(self, node: str) -> list[WorkerRecord]:
-        return sorted(
-            (w for w in self._all_workers(LIVE_WORKER_PHASES) if w.node == node), key=lambda w: w.key
-        )
+        return sorted((w for w in self.workers_in(LIVE_WORKER_PHASES) if w.node == node), key=lambda w: w.key)
 
     def slots_in_use(self) -> dict[str, int]:
         """node -> processes holding a local slot there (workers of any task, hot spares)."""
         in_use: dict[str, int] = {}
-        for w in self._all_workers(SLOT_HOLDING_PHASES):
+        for w in self.workers_in(SLOT_HOLDING_PHASES):
             in_use[w.node] = in_use.get(w.node, 0) + 1
         return in_use
 
     def held_slots(self) -> dict[str, dict[str, int]]:
         """node -> task -> live workers there."""
         held: dict[str, dict[str, int]] = {}
-        for w in self._all_workers(LIVE_WORKER_PHASES):
+        for w in self.workers_in(LIVE_WORKER_PHASES):
             held.setdefault(w.node, {}).setdefault(w.task, 0)
             held[w.node][w.task] += 1
         return held
@@ -350,7 +348,7 @@ class Store:
         """Record workers for ``placement`` (node -> count), ranks from ``first_rank`` on, each on
         a local slot (device) that no worker or spare of any task holds on its node."""
         with self._lock:
-            holding = self._all_workers(SLOT_HOLDING_PHASES)
+            holding = self.workers_in(SLOT_HOLDING_PHASES)
             added: list[WorkerRecord] = []
             rank = first_rank
             for node, count in placement.items():

@@ -1,0 +1,96 @@
+"""Slots held by processes that are gone: the rows of an ended task whose exits went unrecorded
+(``control/vanished.py``). The rule, on hand-built rows; then the coordinator stepped by hand
+(tests/fakecluster.py), where such a row kept the next task from ever starting."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from unicron.control.records import TaskRecord, WorkerRecord
+from unicron.control.vanished import Listing, gone
+from unicron.core.livespecs import parse_live_tasks
+from unicron.core.protocol import DoneReport, ExitReport, LaunchWorker, WorkerState
+from unicron.core.states import TaskState, WorkerPhase
+
+NEXT = """
+name: next
+weight: 1
+throughput: {1: 1.0e9, 2: 2.0e9, 3: 2.7e9, 4: 3.6e9}
+run: {program: [python, train.py], iterations: 100}
+"""
+
+
+def _listed(at: float, *workers: tuple[str, int, int, int, bool]) -> Listing:
+    return Listing.of(
+        [WorkerState(task=t, generation=g, rank=r, pid=pid, running=up) for t, g, r, pid, up in workers], at
+    )
+
+
+def test_a_row_of_an_ended_task_is_gone_only_when_its_node_listed_it_not_running_after_the_end(
+    make: Any,
+) -> None:
+    cluster = make()
+    task: TaskRecord = cluster.c.store.get_task("lm")
+    row: WorkerRecord = cluster.c.store.worker("lm", task.generation, 0)
+    pid, node, now = row.pid, row.node, cluster.clock.now
+    assert pid is not None
+    ended = replace(task, state=TaskState.FINISHED, finished=now)
+    key = ("lm", task.generation, 0)
+
+    def found(r: WorkerRecord, t: TaskRecord, listing: Listing | None) -> bool:
+        listings = {} if listing is None else {node: listing}
+        return gone([r], {"lm": t}, listings, now + 10, launch_timeout_s=120.0) == [r]
+
+    nothing = _listed(now + 5)
+    assert found(row, ended, nothing)
+    assert not found(row, task, nothing)  # a running task's workers are judged by its own guards
+    assert not found(row, ended, None)  # nothing heard from the node
+    assert not found(row, ended, _listed(now - 1))  # a list from before the end
+    assert not found(row, ended, _listed(now + 5, (*key, pid, True)))
+    assert found(row, ended, _listed(now + 5, (*key, pid, False)))  # listed, but exited
+    # Renamed in place: listed under its former identity until its agent catches up.
+    assert not found(row, ended, _listed(now + 5, ("lm", task.generation - 1, 3, pid, True)))
+    # Never seen running (a spare, or a launch): its order may not have been carried out yet.
+    unseen = replace(row, pid=None, state=WorkerPhase.SPARE, launched=now)
+    assert not found(unseen, ended, nothing)
+    assert found(replace(unseen, launched=now - 200), ended, nothing)
+
+
+def test_a_finished_tasks_worker_whose_exit_went_unrecorded_frees_its_slot_for_the_next_task(
+    make: Any,
+) -> None:
+    """``lm`` finishes; rank 3's exit is never recorded (lost with a coordinator killed before it
+    was durable, and its agent has forgotten the process). Its row held its slot, so ``next``,
+    planned onto all four slots, waited for it for ever; now its node's list ends it."""
+    cluster = make()
+    generation = cluster.c.store.get_task("lm").generation
+    cluster.train(100)
+    node0, _ = cluster.running[("lm", generation, 0)]
+    cluster.beat(node0, DoneReport(task="lm", generation=generation, rank=0, step=100, digest="d"))
+    nodes = {r: cluster.running[("lm", generation, r)][0] for r in range(4)}
+    cluster.exit(0, code=0)  # the final state is saved: the others are stopped
+    assert cluster.c.store.get_task("lm").state is TaskState.FINISHED
+    for rank in (1, 2, 3):
+        cluster.running.pop(("lm", generation, rank), None)  # the agents stopped them
+    for rank in (1, 2):  # their exits are recorded; rank 3's never is
+        stopped = ExitReport(
+            task="lm",
+            generation=generation,
+            rank=rank,
+            node=nodes[rank],
+            code=None,
+            signal=15,
+            stop_ordered=True,
+        )
+        cluster.beat(nodes[rank], stopped)
+    assert cluster.c.store.worker("lm", generation, 3).state is WorkerPhase.RUNNING
+    cluster.c.submit(*parse_live_tasks(NEXT, "test"))
+    cluster.c.placer.allocator.wait()
+    for _ in range(6):
+        cluster.step()
+    launched = [o for _, o in cluster.orders if isinstance(o, LaunchWorker) and o.task == "next"]
+    assert len(launched) == 4
+    assert cluster.c.store.worker("lm", generation, 3).state is WorkerPhase.STOPPED
+    (gone_event,) = cluster.events("worker_gone")
+    assert (gone_event["generation"], gone_event["rank"]) == (generation, 3)
