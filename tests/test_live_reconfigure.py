@@ -31,6 +31,11 @@ from .test_live_cluster import (
 )
 
 ITERATIONS = 160
+# beta must still run when the returned node's plan is carried out: gamma's relaunch there took
+# 10-12 s from launch to its first step on a slow day here, in which beta, at 160 steps, ended
+# first and the 4-node optimum was never seen. beta is compared with no failure-free run, so
+# its length is free.
+ITERATIONS_OF = {"alpha": ITERATIONS, "beta": 3 * ITERATIONS, "gamma": ITERATIONS}
 TASKS = {  # name -> (weight, throughput table, seed)
     "alpha": (3, {2: 2.0e9, 4: 3.8e9}, 0),
     "beta": (2, {2: 2.0e9, 4: 2.6e9}, 1),
@@ -43,7 +48,7 @@ def spec_yaml(name: str, trace: Path) -> str:
     program = ", ".join(["python", str(TRAIN), *ARGS, "--seed", str(seed), "--step-delay", "0.05"])
     return (
         f"name: {name}\nweight: {weight}\nthroughput: {json.dumps(table)}\nrun:\n"
-        f"  program: [{program}]\n  iterations: {ITERATIONS}\n  checkpoint_every: 10\n"
+        f"  program: [{program}]\n  iterations: {ITERATIONS_OF[name]}\n  checkpoint_every: 10\n"
         f"  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
     )
 
@@ -111,7 +116,7 @@ def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) 
         # alpha's ranks on the lost node may have died between a completed all-reduce and
         # their ledger lines.
         frozen = killed if name == "alpha" else frozenset()
-        assert_ledger_exact(read_trace(traces[name]), ITERATIONS, seed, frozen=frozen)
+        assert_ledger_exact(read_trace(traces[name]), ITERATIONS_OF[name], seed, frozen=frozen)
         if name != "beta":  # beta never changed; alpha and gamma must equal a failure-free run
             assert_ends_exact(tmp_path, name, ITERATIONS, ["--seed", str(seed)])
 
