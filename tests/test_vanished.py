@@ -94,3 +94,48 @@ def test_a_finished_tasks_worker_whose_exit_went_unrecorded_frees_its_slot_for_t
     assert cluster.c.store.worker("lm", generation, 3).state is WorkerPhase.STOPPED
     (gone_event,) = cluster.events("worker_gone")
     assert (gone_event["generation"], gone_event["rank"]) == (generation, 3)
+
+
+def test_a_running_task_past_its_last_step_whose_workers_vanished_with_the_final_state_is_relaunched(
+    make: Any,
+) -> None:
+    """Past the last step hang detection stands aside. The agent of rank 0's node is restarted
+    there: ranks 0 and 1 are gone, their reports with them (rank 0's of the final state too).
+    Ranks 2 and 3 leave cleanly, and the task waited for the two gone for ever; now their node's
+    list tells, and with no final state known saved the task is relaunched from its checkpoint."""
+    cluster = make()
+    generation = cluster.c.store.get_task("lm").generation
+    cluster.train(100)
+    n0 = cluster.running[("lm", generation, 0)][0]
+    gone_ranks = sorted(r for (t, g, r), (n, _) in cluster.running.items() if n == n0)
+    assert 0 in gone_ranks
+    for rank in gone_ranks:
+        cluster.running.pop(("lm", generation, rank))  # restarted agent: it knows nothing of them
+    for rank in sorted({0, 1, 2, 3} - set(gone_ranks)):
+        cluster.exit(rank, code=0)
+    for _ in range(4):
+        cluster.step()
+    task = cluster.c.store.get_task("lm")
+    assert task.generation > generation and task.state is not TaskState.RUNNING  # relaunched
+    assert sorted(e["rank"] for e in cluster.events("worker_gone")) == gone_ranks
+    for rank in gone_ranks:
+        assert cluster.c.store.worker("lm", generation, rank).state is WorkerPhase.LOST
+
+
+def test_a_running_task_past_its_last_step_finishes_when_the_final_state_was_reported(make: Any) -> None:
+    """The same, but rank 0 reported the final state before its agent was restarted: the task
+    finishes (rank 0's DoneReport already ends it once rank 0 exits; here rank 0 is the one gone,
+    so only its vanishing tells)."""
+    cluster = make()
+    generation = cluster.c.store.get_task("lm").generation
+    cluster.train(100)
+    n0 = cluster.running[("lm", generation, 0)][0]
+    cluster.beat(n0, DoneReport(task="lm", generation=generation, rank=0, step=100, digest="d"))
+    cluster.slow_stops |= {"n0", "n1"}
+    gone_ranks = sorted(r for (t, g, r), (n, _) in cluster.running.items() if n == n0)
+    for rank in gone_ranks:
+        cluster.running.pop(("lm", generation, rank))
+    for _ in range(4):
+        cluster.step()
+    assert cluster.c.store.get_task("lm").state is TaskState.FINISHED
+    assert cluster.c.store.get_task("lm").generation == generation  # nothing relaunched

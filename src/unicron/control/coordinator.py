@@ -112,7 +112,7 @@ class Coordinator:
         self.metrics = Metrics(self.viewer.view)
         self.act.listeners.append(self.metrics.on_event)
         self.storage = StorageWatch(self.ctx)
-        self.vanished = Vanished(self.ctx)  # rows of ended tasks whose processes are gone
+        self.vanished = Vanished(self.ctx, self._exit)  # rows whose processes are gone unreported
         self.storage.rebuild()
         self.recovery.rebuild()
         self._restore_kept()
@@ -247,6 +247,9 @@ class Coordinator:
             except Exception as exc:  # one bad report must not silence the node's heartbeats
                 self.act.record("report_rejected", node=hb.node, report=report.type, error=repr(exc)[:300])
         self._reconcile_workers(hb.node, hb.workers)
+        # A heartbeat's list, not a registration's: it comes with the reports of the exits it
+        # no longer lists (the agent may forget an exited worker before it has re-registered).
+        self.vanished.listed(hb.node, hb.workers, self.clock())
         batch = self.orders(hb.node, hb.acked)
         return HeartbeatReply.model_construct(orders=batch.orders, numbers=batch.numbers, registered=True)
 
@@ -260,7 +263,6 @@ class Coordinator:
     def _reconcile_workers(self, node: str, reported: list[WorkerState]) -> None:
         """Track worker processes; stop those that belong to no live generation."""
         now = self.clock()
-        self.vanished.listed(node, reported, now)
         tasks = {name: self.store.task(name) for name in {w.task for w in reported}}  # once per beat
         for w in reported:
             key = (w.task, w.generation, w.rank)

@@ -1,31 +1,42 @@
-"""Slots held in the store by processes that no longer run: the rows of ended tasks.
+"""Rows of processes that no longer run, their exits unrecorded: ended tasks' rows holding slots,
+and running tasks' workers gone past their last step.
 
-A row in a slot-holding phase (launching, running, spare) keeps its slot until the process's exit
-is recorded (``slots.py``). An exit can go unrecorded: a heartbeat's answer does not wait for its
-reports to be durable (``journal.py``), so a coordinator killed just after answering loses them,
-and the agent, having delivered them, does not send them again; a spare of a task that ended just
-before a restart is not among the spares a successor restores (``Placer.rebuild_spares``), so its
-exit is not matched to it. A task that runs has its own guards (launch timeouts, hang detection);
-an ended task has none, and its rows would hold their slots for good: a plan that gives them to
-another task waits for them for ever.
+A row in a slot-holding phase (launching, running, spare) keeps its slot until the process's
+exit is recorded (``slots.py``). An exit can go unrecorded: a heartbeat's answer does not wait
+for its reports to be durable (``journal.py``), so a coordinator killed just after answering
+loses them, and the agent, having delivered them, does not send them again; an agent that dies
+with its workers and is back before its node is declared lost reports no exits at all; a spare
+of a task that ended just before a restart is not among the spares a successor restores
+(``Placer.rebuild_spares``), so its exit is not matched to it. A task that runs has its own
+guards (launch timeouts, hang detection); an ended task has none, and its rows would hold their
+slots for good: a plan that gives them to another task waits for them for ever.
 
-Each agent lists every process it has on each heartbeat (running or exited). A row of an ended
-task whose node's latest list, received after the task ended, does not show its process running
-has lost its process: the row is ended. A process is matched by its identity or by its pid (a
-survivor renamed in place is listed under its former identity until its agent catches up). A
-row whose process was never seen (no pid) is given ``launch_timeout_s`` to start first: the
-agent may not have carried its launch order out yet.
+Each agent lists every process it has on each heartbeat (running or exited), with the reports
+of the exits it no longer lists (a registration's list is not used: the reports follow it). A
+row of an ended task whose node's latest list, received after the task ended, does not show its
+process running has lost its process: the row is ended. A process is matched by its identity or
+by its pid (a survivor renamed in place is listed under its former identity until its agent
+catches up). A row whose process was never seen (no pid) is given ``launch_timeout_s`` to start
+first: the agent may not have carried its launch order out yet.
+
+A running task has one blind spot of the same kind: past its last step, hang detection stands
+aside (the workers are saving and leaving), so a worker gone unreported there is waited for by
+its task for ever (rank 0's report of the final state may be the one lost). A running row of
+such a task whose pid its node's latest list, received after the row's launch, no longer holds
+at all (its agent forgot it, or was restarted) is taken as ended after the last step: the task
+finishes if its final state is known saved, else it is relaunched from its checkpoint
+(``exits.py``), as when every worker has left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from unicron.control.context import Context
 from unicron.control.records import TaskRecord, WorkerRecord
-from unicron.core.protocol import WorkerState
-from unicron.core.states import SLOT_HOLDING_PHASES, WorkerPhase
+from unicron.core.protocol import ExitReport, WorkerState
+from unicron.core.states import SLOT_HOLDING_PHASES, TaskState, WorkerPhase
 
 WorkerKey = tuple[str, int, int]
 
@@ -37,13 +48,14 @@ class Listing:
     at: float
     running: frozenset[WorkerKey]
     pids: frozenset[int]
+    any_pids: frozenset[int] = frozenset()  # every process listed, exited ones too
 
     @staticmethod
     def of(reported: Iterable[WorkerState], at: float) -> Listing:
-        alive = [w for w in reported if w.running]
-        return Listing(
-            at, frozenset((w.task, w.generation, w.rank) for w in alive), frozenset(w.pid for w in alive)
-        )
+        listed = list(reported)
+        alive = [w for w in listed if w.running]
+        keys = frozenset((w.task, w.generation, w.rank) for w in alive)
+        return Listing(at, keys, frozenset(w.pid for w in alive), frozenset(w.pid for w in listed))
 
     def shows(self, row: WorkerRecord) -> bool:
         return row.key in self.running or (row.pid is not None and row.pid in self.pids)
@@ -73,12 +85,34 @@ def gone(
     return found
 
 
+def gone_after_last_step(
+    rows: Sequence[WorkerRecord],
+    tasks: Mapping[str, TaskRecord | None],
+    listings: Mapping[str, Listing],
+    iterations: Callable[[str], int],
+) -> list[WorkerRecord]:
+    """The running ``rows`` of running tasks past their last step whose processes their node's
+    agent no longer has (listed neither running nor exited); pure."""
+    found: list[WorkerRecord] = []
+    for row in rows:
+        task, listing = tasks.get(row.task), listings.get(row.node)
+        if task is None or task.state is not TaskState.RUNNING or task.generation != row.generation:
+            continue
+        if row.state is not WorkerPhase.RUNNING or row.pid is None or listing is None:
+            continue
+        unlisted = row.pid not in listing.any_pids and row.key not in listing.running
+        if unlisted and listing.at > row.launched and task.step >= iterations(task.name):
+            found.append(row)
+    return found
+
+
 @dataclass
 class Vanished:
     """The agents' latest lists, and the rows of ended tasks ended by them (once a heartbeat
     interval: a list comes no more often, and the pass reads every slot-holding row)."""
 
     ctx: Context
+    exited: Callable[[TaskRecord, ExitReport], None]  # the coordinator's handling of an exit
     listings: dict[str, Listing] = field(default_factory=dict)
     swept: float = 0.0
 
@@ -95,14 +129,26 @@ class Vanished:
         tasks = {name: self.ctx.store.task(name) for name in {w.task for w in rows}}
         found = gone(rows, tasks, self.listings, now, limits.launch_timeout_s)
         for row in found:
-            self.ctx.act.worker_phase(row.key, WorkerPhase.STOPPED)
-            self.ctx.act.record(
-                "worker_gone",
-                task=row.task,
-                node=row.node,
-                generation=row.generation,
-                rank=row.rank,
-                was=row.state.value,
-                why="its task has ended and its node's agent no longer runs it",
-            )
-        return bool(found)
+            self._ended(row, WorkerPhase.STOPPED, "its task has ended and its node's agent no longer runs it")
+        iterations = lambda name: self.ctx.spec(name).run.iterations  # noqa: E731
+        finishing = gone_after_last_step(rows, tasks, self.listings, iterations)
+        for row in finishing:
+            self._ended(row, WorkerPhase.LOST, "past the last step, its node's agent no longer has it")
+            # Taken as a clean exit after the last step: what decides is whether the final state
+            # is known saved, whatever its status was (the row keeps LOST: no status is made up).
+            key = {"task": row.task, "generation": row.generation, "rank": row.rank, "node": row.node}
+            if (task := self.ctx.store.task(row.task)) is not None:
+                self.exited(task, ExitReport(**key, code=0, signal=None, time=now))
+        return bool(found or finishing)
+
+    def _ended(self, row: WorkerRecord, to: WorkerPhase, why: str) -> None:
+        self.ctx.act.worker_phase(row.key, to)
+        self.ctx.act.record(
+            "worker_gone",
+            task=row.task,
+            node=row.node,
+            generation=row.generation,
+            rank=row.rank,
+            was=row.state.value,
+            why=why,
+        )
