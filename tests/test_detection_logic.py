@@ -55,10 +55,12 @@ def test_ladder_escalates_isolates_and_gives_up() -> None:
 
 
 def test_monitor_finds_late_steps_after_warm_up() -> None:
-    monitor = TaskMonitor(Settings(hang_warmup_steps=3, hang_floor_s=0.5, hang_multiple=3.0))
+    monitor = TaskMonitor(Settings(hang_warmup_steps=3, hang_floor_s=0.5, hang_multiple=3.0, hang_cap_s=60.0))
     for step in range(1, 4):
         monitor.step_done(step, ended=step * 1.0)
-    assert monitor.deadline() is None  # two intervals seen, three needed
+    # Two intervals seen, three needed: no step time to go by yet, so the cap.
+    assert monitor.deadline() == pytest.approx(60.0)
+    assert not monitor.late(now=62.9) and monitor.late(now=63.1)
     monitor.step_done(4, ended=4.0)
     assert monitor.deadline() == pytest.approx(3.0)
     assert not monitor.late(now=6.9) and monitor.late(now=7.1)

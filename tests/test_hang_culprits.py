@@ -341,3 +341,16 @@ def test_the_first_step_of_a_grown_group_may_take_a_re_forming_and_the_next_one_
         cluster.step(0.5)
     (hang,) = cluster.events("hang_detected")
     assert hang["step"] == 8 and hang["generation"] == growth.generation, hang
+
+
+def test_a_rank_hung_before_the_warm_up_ends_is_found_at_the_cap(make: Any) -> None:
+    """The task has ended one step; the warm-up wants five step times. No step time to go by,
+    so the cap: the step is hung once ``hang_cap_s`` (and a heartbeat) has passed, not never."""
+    cluster = make(hang_warmup_steps=5, hang_cap_s=10.0)
+    for _ in range(18):  # 9 s: within the cap
+        cluster.step(0.5)
+    assert cluster.events("hang_detected") == []
+    for _ in range(6):  # past 10 s and one heartbeat
+        cluster.step(0.5)
+    assert len(cluster.events("hang_detected")) == 1
+    assert [i["kind"] for i in cluster.events("incident")] == ["task_hang"]

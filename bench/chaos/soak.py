@@ -28,6 +28,7 @@ SETTINGS = {
     "hang_warmup_steps": 3,
     "hang_floor_s": 2.0,
     "first_step_timeout_s": 30.0,  # a rank hung in a launch's first step is found within this
+    "hang_cap_s": 30.0,  # and one hung before the warm-up's step times are known
 }
 CHECKPOINT_EVERY, STEP_DELAY = 10, 0.05
 THROUGHPUT = "{1: 1.0e9, 2: 1.9e9, 4: 3.6e9}"

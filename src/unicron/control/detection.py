@@ -207,7 +207,7 @@ class Detector:
         # One heartbeat more: the report of a step that did end may still be on its way.
         if not monitor.late(now - self.ctx.limits.heartbeat_interval_s):
             return
-        self._hung(task, now, monitor.last_step + 1, monitor.since, monitor.deadline() or 0.0)
+        self._hung(task, now, monitor.last_step + 1, monitor.since, monitor.deadline())
 
     def _deferred(self, task: TaskRecord, step: int, waited_s: float, silent: dict[str, float]) -> None:
         """Say once per late step that it is not judged yet: a node of the task is silent, and

@@ -63,12 +63,13 @@ class TaskMonitor:
             return None
         return statistics.fmean(self.intervals)
 
-    def deadline(self) -> float | None:
-        """Seconds after ``since`` by which the next step must end, once warmed up."""
+    def deadline(self) -> float:
+        """Seconds after ``since`` by which the next step must end. Before the warm-up ends there
+        is no step time to go by, so the cap, which bounds every step anyway: without it a rank
+        hung in a task's first steps (after the first, which the launch's own timeout covers) was
+        never found (a soak's struck worker stalled its task for 590 s)."""
         mean = self.mean_interval()
-        if mean is None:
-            return None
-        deadline = self.settings.hang_deadline(mean)
+        deadline = self.settings.hang_cap_s if mean is None else self.settings.hang_deadline(mean)
         return max(deadline, self.settings.recovery_deadline_s) if self.reforming else deadline
 
     def saving(self, step: int, seen: float) -> None:
@@ -95,8 +96,7 @@ class TaskMonitor:
         return max(ended, min(seen, ended + self.settings.checkpoint_allowance_s))
 
     def late(self, now: float) -> bool:
-        deadline = self.deadline()
-        return deadline is not None and now - self.since > deadline
+        return now - self.since > self.deadline()
 
     def rank_compute(self, step: int, rank: int, compute_s: float, world: int) -> list[tuple[int, bool]]:
         """Record a rank's compute time; returns (rank, is_straggler) for ranks whose status changed.

@@ -18,8 +18,9 @@ The ordering, checked whenever settings are built (so at start-up), and why it m
     heartbeat_deadline_s  <  forget_lost_node_s        a node is forgotten only after it is lost
     process_group_timeout_s < launch_timeout_s ... is not required: they measure different things.
 
-The hang deadline of a task is clamp(hang_multiple x mean recent iteration, floor, cap), active
-after hang_warmup_steps steps; a step is late once that much time has passed since the previous
+The hang deadline of a task is clamp(hang_multiple x mean recent iteration, floor, cap) once
+hang_warmup_steps step times are known, and the cap before (a rank hung in a task's first steps
+is found too, later); a step is late once that much time has passed since the previous
 step ended (worker clocks), or since a rank was last seen saving that step's checkpoint (up to
 checkpoint_allowance_s after the step's end), and one heartbeat more has passed for its report to
 arrive; a straggler is a rank whose compute time stays above
@@ -94,7 +95,9 @@ class Settings(BaseModel):
     heartbeat_deadline_s: float = Field(2.5, gt=0, description="silence after which a node is lost")
     # statistical monitoring
     hang_multiple: float = Field(3.0, gt=1, description="k: a step running past k x the recent mean hangs")
-    hang_warmup_steps: int = Field(5, ge=1, description="steps before the hang deadline applies")
+    hang_warmup_steps: int = Field(
+        5, ge=1, description="step times before the hang deadline follows them (until then: hang_cap_s)"
+    )
     hang_window: int = Field(20, ge=1, description="recent steps the mean is taken over")
     hang_floor_s: float = Field(
         1.5, gt=0, description="the hang deadline is never shorter (3 x a 0.5 s step: see docs/detection.md)"
