@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -76,8 +77,10 @@ class Store:
         self._tasks = {t.name: t for t in sorted(loaded.tasks, key=lambda t: t.submitted)}
         self._nodes = {n.name: n for n in sorted(loaded.nodes, key=lambda n: n.id)}
         self._workers: dict[str, dict[tuple[int, int], WorkerRecord]] = {}
+        # The rows holding a slot, by key (slot checks read them; ``_workers`` keeps every row).
+        self._holding: dict[WorkerKey, WorkerRecord] = {}
         for w in loaded.workers:
-            self._workers.setdefault(w.task, {})[(w.generation, w.rank)] = w
+            self._hold(w)
         self._counted = dict(loaded.counted)
         self._kept = dict(loaded.kept)
         self._next_node_id = max((n.id for n in loaded.nodes), default=0) + 1
@@ -94,7 +97,7 @@ class Store:
         for n in batch.nodes:
             self._nodes[n.name] = n
         for w in batch.workers:
-            self._workers.setdefault(w.task, {})[(w.generation, w.rank)] = w
+            self._hold(w)
         self._counted.update(batch.counted)
         self._kept.update(batch.kept)
         for name in batch.removed_nodes:
@@ -305,27 +308,32 @@ class Store:
     def worker(self, task: str, generation: int, rank: int) -> WorkerRecord | None:
         return self._workers.get(task, {}).get((generation, rank))
 
+    def _hold(self, w: WorkerRecord) -> None:
+        self._workers.setdefault(w.task, {})[(w.generation, w.rank)] = w
+        if w.state in SLOT_HOLDING_PHASES:
+            self._holding[w.key] = w
+        else:
+            self._holding.pop(w.key, None)
+
     def workers_in(self, phases: Iterable[WorkerPhase]) -> list[WorkerRecord]:
+        """Rows in ``phases``, slot-holding ones only: read from their index, not every row."""
         wanted = set(phases)
+        assert wanted <= set(SLOT_HOLDING_PHASES), f"{wanted} hold no slot: read the task's rows"
         with self._lock:
-            return [w for ws in self._workers.values() for w in ws.values() if w.state in wanted]
+            return [w for w in self._holding.values() if w.state in wanted]
 
     def live_workers_on(self, node: str) -> list[WorkerRecord]:
         return sorted((w for w in self.workers_in(LIVE_WORKER_PHASES) if w.node == node), key=lambda w: w.key)
 
     def slots_in_use(self) -> dict[str, int]:
         """node -> processes holding a local slot there (workers of any task, hot spares)."""
-        in_use: dict[str, int] = {}
-        for w in self.workers_in(SLOT_HOLDING_PHASES):
-            in_use[w.node] = in_use.get(w.node, 0) + 1
-        return in_use
+        return dict(Counter(w.node for w in self.workers_in(SLOT_HOLDING_PHASES)))
 
     def held_slots(self) -> dict[str, dict[str, int]]:
         """node -> task -> live workers there."""
         held: dict[str, dict[str, int]] = {}
         for w in self.workers_in(LIVE_WORKER_PHASES):
-            held.setdefault(w.node, {}).setdefault(w.task, 0)
-            held[w.node][w.task] += 1
+            held.setdefault(w.node, Counter())[w.task] += 1
         return held
 
     def max_generation(self, task: str) -> int:

@@ -47,8 +47,8 @@ class Listing:
 
     at: float
     running: frozenset[WorkerKey]
-    pids: frozenset[int]
-    any_pids: frozenset[int] = frozenset()  # every process listed, exited ones too
+    pids: frozenset[int]  # of the running ones
+    any_pids: frozenset[int]  # of every process listed, exited ones too
 
     @staticmethod
     def of(reported: Iterable[WorkerState], at: float) -> Listing:
