@@ -104,10 +104,14 @@ def without_tokens() -> dict[str, str]:
 # beside the live cluster on the CPU it leaves (a third of this 2-core machine; 7-10 s each).
 REFERENCES: dict[tuple[int, tuple[str, ...]], Future[dict[str, Any]]] = {}
 TRAINER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference")
+MAX_REFERENCE_ITERATIONS = 1000
 
 
 def prefetch_reference(iterations: int, extra: Sequence[str] = ()) -> None:
     """Start training the failure-free run ``reference`` will be asked for, if not yet started."""
+    # One trainer serves every test in turn: a long run would hold back the later tests' runs
+    # (a 10,000-step one made a test time out on CI waiting for its own 20-step run).
+    assert iterations <= MAX_REFERENCE_ITERATIONS, "compare a shorter task, or build its spec with task_yaml"
     key = (iterations, tuple(extra))
     if key not in REFERENCES:
         out = Path(tempfile.mkdtemp(prefix=f"unicron-reference-{iterations}-"))

@@ -15,7 +15,7 @@ import pytest
 
 from unicron.control.localcluster import LocalCluster
 
-from .test_live_cluster import assert_ends_exact, traced_task
+from .test_live_cluster import assert_ends_exact, task_yaml, traced_task
 
 # Long enough that the restarted agent is back before its node is declared lost (the rows are
 # then not ended as lost with it, which is another path).
@@ -25,13 +25,13 @@ SETTINGS = {"heartbeat_deadline_s": 15.0, "hot_spares": 0}
 @pytest.mark.timeout(300)
 def test_a_cancelled_tasks_workers_that_died_unreported_free_their_slots(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "cluster", nodes=1, slots=2, settings=SETTINGS) as cluster:
-        cluster.submit(traced_task(tmp_path / "a.jsonl", "{2: 1.9e9}", 10_000, 0.1, name="a"))
+        cluster.submit(task_yaml("a", 1, "{2: 1.9e9}", 10_000, 0.1))
         cluster.wait(lambda: cluster.task("a")["step"] >= 3, 120, "a to train")
         (node,) = cluster.node_names
         cluster.kill_node(node)  # the agent and its workers, at once: no exit is reported
         cluster.start_agent(node)
         cluster.request("DELETE", "/v1/tasks/a").raise_for_status()
-        cluster.submit(traced_task(tmp_path / "b.jsonl", "{2: 1.9e9}", 10_000, 0.1, name="b"))
+        cluster.submit(task_yaml("b", 1, "{2: 1.9e9}", 10_000, 0.1))
         cluster.wait(lambda: cluster.task("b")["step"] >= 2, 120, "b to take the slots a's workers held")
         events = cluster.get("/v1/events", limit=100_000)
     kinds = [e["kind"] for e in events]
