@@ -41,6 +41,7 @@ from unicron.control.snapshot import StoreReads
 from unicron.control.stepping import Steps
 from unicron.control.storagewatch import StorageWatch
 from unicron.control.store import Store
+from unicron.control.tail import Tail
 from unicron.control.vanished import Vanished
 from unicron.control.wafhistory import WafHistory
 from unicron.core.errors import Conflict
@@ -113,6 +114,8 @@ class Coordinator:
         self.act.listeners.append(self.metrics.on_event)
         self.storage = StorageWatch(self.ctx)
         self.vanished = Vanished(self.ctx, self._exit)  # rows whose processes are gone unreported
+        failing = lambda name: any(task == name for task, _ in self.storage.open)  # noqa: E731
+        self.tail = Tail(self.ctx, self.detector, self.recovery, failing, self._finished)
         self.storage.rebuild()
         self.recovery.rebuild()
         self._restore_kept()
@@ -419,8 +422,12 @@ class Coordinator:
             ranks = {report.rank} if means is ExitMeans.LEFT_EARLY else None
             self.recovery.incident(task.name, EXITED, report.node, decision.why, ranks, seen, Scope.TASK)
         elif means is ExitMeans.FINISHED:
-            self.ctx.act.stop_generation(task.name, task.generation, self.limits.stop_grace_s)
-            self._ended(task.name, TaskState.FINISHED, "task_finished", step=task.step, digest=task.digest)
+            self._finished(task)
+
+    def _finished(self, task: TaskRecord) -> None:
+        """The final state is saved: what still runs of the task is stopped, and it ends."""
+        self.ctx.act.stop_generation(task.name, task.generation, self.limits.stop_grace_s)
+        self._ended(task.name, TaskState.FINISHED, "task_finished", step=task.step, digest=task.digest)
 
     # ------------------------------------------------------------------ the control loop
     def tick(self) -> None:
@@ -448,7 +455,8 @@ class Coordinator:
                 self.detector.check_start(task, now)
                 self.recovery.check_deadline(task.name, task.generation, now, self.detector.positions)
             elif task.state is TaskState.RUNNING:
-                self.detector.check_hang(task, now)
+                self.detector.check_hang(task, now)  # a step that is late
+                self.tail.check(task, now)  # past the last step: exits that are late
         self._keep_step_times(now)
         live = self.store.tasks(live_only=True)
         self.history.sample(now, {t.name: t.flop for t in live})

@@ -47,6 +47,7 @@ class FaultSpec(SpecBase):
         "kill_in_agree",
         "kill_in_transfer",
         "late_stop",
+        "hang_at_exit",
     ] = Field(description="what happens; unicron/train/faults.py describes each")
     rank: int = Field(ge=0, description="the rank it strikes (in the generation it strikes)")
     step: int = Field(ge=1, description="injected when this step starts")
@@ -62,7 +63,7 @@ class FaultSpec(SpecBase):
         default=5.0,
         ge=0,
         description=(
-            "for stall, spin, stall_before_reduce, stall_rejoin, slow_save: how long;"
+            "for stall, spin, stall_before_reduce, stall_rejoin, slow_save, hang_at_exit: how long;"
             " for slow: extra per step; for late_stop: how late"
         ),
     )

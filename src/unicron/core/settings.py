@@ -110,7 +110,11 @@ class Settings(BaseModel):
             " the next step's hang deadline"
         ),
     )
-    hang_cap_s: float = Field(300.0, gt=0, description="the hang deadline is never longer")
+    hang_cap_s: float = Field(
+        300.0,
+        gt=0,
+        description="the hang deadline is never longer; past its last step, a task's workers exit within it",
+    )
     network_grace_s: float = Field(
         10.0,
         ge=0,

@@ -35,6 +35,9 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
 - ``late_stop``: take a request to stop (SIGTERM) ``seconds`` late, whatever the step: its peers
   stop at a step boundary this rank has already passed (a signal delivered late, an agent slow
   to pass the order on).
+- ``hang_at_exit``: once the final state is saved and reported, sleep ``seconds`` on the way
+  out, whatever the step (a teardown that does not return: a process group destroyed under a
+  dead peer, an exit hook that blocks).
 
 A fault names a rank, a step and a generation; generation 0 means whichever worker of that rank
 first reaches the step, or a later one, in any generation (the rank may not exist at that step
@@ -56,7 +59,9 @@ from unicron.core.livespecs import FaultSpec
 from unicron.core.protocol import FaultReport
 
 # Injected at an event, not a step:
-AT_EVENTS = frozenset({"corrupt_transfer", "stall_rejoin", "kill_in_agree", "kill_in_transfer", "late_stop"})
+AT_EVENTS = frozenset(
+    {"corrupt_transfer", "stall_rejoin", "kill_in_agree", "kill_in_transfer", "late_stop", "hang_at_exit"}
+)
 AT_REDUCE = frozenset({"stall_before_reduce", "kill_in_backward"})  # on the way into the all-reduce
 # Injected further into the step they are due at than its start:
 LATER_IN_STEP = frozenset({"stall", "spin", "kill_after_reduce", "slow_save"})
@@ -161,6 +166,12 @@ class FaultInjector:
         """A re-formed group's members start agreeing on their state: ``kill_in_agree``."""
         if self._at_event("kill_in_agree") is not None:
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def exiting(self) -> None:
+        """The final state is saved and reported: ``hang_at_exit`` sleeps here."""
+        fault = self._at_event("hang_at_exit")
+        if fault is not None:
+            time.sleep(fault.seconds)
 
     def transferring(self) -> None:
         """State is about to be sent to the members behind: ``kill_in_transfer``."""

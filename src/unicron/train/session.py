@@ -400,6 +400,7 @@ class Session:
         gather = shardedcheckpoint.gather_over_replica if sharded.is_sharded(model) else None
         value = layout_digest(model.state_dict(), gather)
         self.channel.send(DoneReport(**self.identity(), step=self.step, digest=value))
+        self.faults.exiting()
         return value
 
     # ------------------------------------------------------------------ failures
