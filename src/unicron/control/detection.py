@@ -191,12 +191,16 @@ class Detector:
         if all(w.state is WorkerPhase.RUNNING for w in workers) and now - since > limits.first_step_timeout_s:
             self._hung(task, now, task.step + 1, since, limits.first_step_timeout_s)
 
+    def standing_aside(self, key: tuple[str, int], now: float) -> bool:
+        """Whether a generation's lateness is not to be judged now: the coordinator just stalled
+        (what was done meanwhile is still on its way), a failure of it is being handled, or its
+        peers are being probed."""
+        return now < self.judging_from or key in self.recovery.awaiting or key in self.checks
+
     def check_hang(self, task: TaskRecord, now: float) -> None:
-        if now < self.judging_from:
-            return  # the coordinator just stalled: the steps done meanwhile are still on their way
         key = (task.name, task.generation)
-        if key in self.recovery.awaiting or key in self.checks:
-            return  # a failure is being handled, or the peers are being probed
+        if self.standing_aside(key, now):
+            return
         if task.step >= self.ctx.spec(task.name).run.iterations:
             return  # training is over; the workers are saving and exiting
         monitor = self.monitor(task.name, task.generation)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from unicron.control.context import Context
 from unicron.control.detection import Detector
+from unicron.control.exits import final_state_saved
 from unicron.control.records import TaskRecord, WorkerRecord
 from unicron.control.recovery import Recovery
 from unicron.core.settings import Settings
@@ -53,7 +54,7 @@ def overdue(
     have passed ``since`` its last step ended; None before (or with none left); pure."""
     if task.state is not TaskState.RUNNING or task.step < iterations or not live or now - since <= allowed:
         return None
-    saved = task.digest is not None or task.checkpoint_step >= iterations
+    saved = final_state_saved(task, iterations)
     return Overdue(tuple(sorted(w.rank for w in live)), round(now - since, 3), allowed, saved)
 
 
@@ -70,10 +71,8 @@ class Tail:
     def check(self, task: TaskRecord, now: float) -> None:
         iterations = self.ctx.spec(task.name).run.iterations
         key = (task.name, task.generation)
-        if task.step < iterations or now < self.detector.judging_from:
-            return  # still training, or the agents' reports since a stall are on their way
-        if key in self.recovery.incidents or key in self.recovery.awaiting or key in self.detector.checks:
-            return  # a failure is being handled: its own deadlines cover it
+        if task.step < iterations or self.detector.standing_aside(key, now) or key in self.recovery.incidents:
+            return  # still training; or not to be judged now (as a late step); or being handled
         monitor = self.detector.monitor(task.name, task.generation)
         monitor.watch_from(now, task.step)  # a successor counts from its start
         live = self.ctx.store.workers(task.name, task.generation, live=True)
