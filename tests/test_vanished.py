@@ -139,3 +139,33 @@ def test_a_running_task_past_its_last_step_finishes_when_the_final_state_was_rep
         cluster.step()
     assert cluster.c.store.get_task("lm").state is TaskState.FINISHED
     assert cluster.c.store.get_task("lm").generation == generation  # nothing relaunched
+
+
+def test_a_running_tasks_workers_gone_with_their_agent_before_the_last_step_are_left_behind_in_place(
+    make: Any,
+) -> None:
+    """The agent of one node is restarted mid-training, its workers dying with it: nothing reports
+    their exits. The survivors' errors name no dead rank, so the task waited
+    ``heartbeat_deadline_s`` + ``cause_grace_s`` for a death never reported, then re-formed with
+    the dead ranks and waited for them again. Now the node's next list tells: the gone ranks are
+    taken as failed and the survivors go on in place without them (nothing relaunched)."""
+    cluster = make()
+    generation = cluster.c.store.get_task("lm").generation
+    cluster.train(50)
+    node = cluster.running[("lm", generation, 3)][0]
+    gone_ranks = sorted(r for (t, g, r), (n, _) in cluster.running.items() if n == node)
+    kept_pids = sorted(pid for (t, g, r), (n, pid) in cluster.running.items() if n != node)
+    for rank in gone_ranks:
+        cluster.running.pop(("lm", generation, rank))  # restarted agent: it knows nothing of them
+    cluster.step()  # one heartbeat interval
+    task = cluster.c.store.get_task("lm")
+    (incident,) = cluster.events("incident")
+    assert incident["kind"] == "exited_abnormally" and incident["generation"] == generation
+    assert sorted(e["rank"] for e in cluster.events("worker_gone")) == gone_ranks
+    for rank in gone_ranks:
+        assert cluster.c.store.worker("lm", generation, rank).state is WorkerPhase.LOST
+    # In place: the survivors form the next generation; nothing new was launched.
+    assert task.generation == generation + 1
+    survivors = cluster.c.store.workers("lm", task.generation, live=True)
+    assert sorted(w.pid for w in survivors) == kept_pids
+    assert len([o for _, o in cluster.orders if isinstance(o, LaunchWorker)]) == 4

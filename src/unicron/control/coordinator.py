@@ -113,7 +113,7 @@ class Coordinator:
         self.metrics = Metrics(self.viewer.view)
         self.act.listeners.append(self.metrics.on_event)
         self.storage = StorageWatch(self.ctx)
-        self.vanished = Vanished(self.ctx, self._exit)  # rows whose processes are gone unreported
+        self.vanished = Vanished(self.ctx, self.handle_report)  # rows whose processes are gone unreported
         failing = lambda name: any(task == name for task, _ in self.storage.open)  # noqa: E731
         self.tail = Tail(self.ctx, self.detector, self.recovery, failing, self._finished)
         self.storage.rebuild()

@@ -50,8 +50,7 @@ def exit_means(
         scope = not ok and not caused and incident_open
         return ExitDecision(ExitMeans.SCOPE if scope else ExitMeans.NOTHING, "")
     if not ok:
-        how = f"signal {report.signal}" if report.signal else f"code {report.code}"
-        return ExitDecision(ExitMeans.FAILED, f"{where} exited with {how}")
+        return ExitDecision(ExitMeans.FAILED, f"{where} {_how_it_ended(report)}")
     if task.step < iterations:
         return ExitDecision(ExitMeans.LEFT_EARLY, f"{where} exited before the last step")
     if task.digest is None and others_running:
@@ -60,3 +59,11 @@ def exit_means(
         why = f"every worker exited after step {task.step}, none saving the final state"
         return ExitDecision(ExitMeans.STATE_LOST, why)
     return ExitDecision(ExitMeans.FINISHED, "")
+
+
+def _how_it_ended(report: ExitReport) -> str:
+    if report.signal:
+        return f"exited with signal {report.signal}"
+    if report.code is not None:
+        return f"exited with code {report.code}"
+    return "is gone, its status unknown (its node's agent no longer had it)"

@@ -1,5 +1,5 @@
 """Rows of processes that no longer run, their exits unrecorded: ended tasks' rows holding slots,
-and running tasks' workers gone past their last step.
+and running tasks' workers.
 
 A row in a slot-holding phase (launching, running, spare) keeps its slot until the process's
 exit is recorded (``slots.py``). An exit can go unrecorded: a heartbeat's answer does not wait
@@ -19,13 +19,18 @@ by its pid (a survivor renamed in place is listed under its former identity unti
 catches up). A row whose process was never seen (no pid) is given ``launch_timeout_s`` to start
 first: the agent may not have carried its launch order out yet.
 
-A running task has one blind spot of the same kind: past its last step, hang detection stands
-aside (the workers are saving and leaving), so a worker gone unreported there is waited for by
-its task for ever (rank 0's report of the final state may be the one lost). A running row of
-such a task whose pid its node's latest list, received after the row's launch, no longer holds
-at all (its agent forgot it, or was restarted) is taken as ended after the last step: the task
+A running task's guards find such a worker late, or never. Past its last step hang detection
+stands aside (the workers are saving and leaving), so a worker gone unreported there was waited
+for for ever (rank 0's report of the final state may be the one lost). Before it, hang detection
+takes ``hang_cap_s``, and the survivors' errors name no dead rank: they wait
+``heartbeat_deadline_s`` + ``cause_grace_s`` for a death that is never reported, then re-form
+with every member, the dead ones included, and wait for them again. A running row of a running
+task whose pid its node's latest list, received after the row's launch, no longer holds at all
+(its agent forgot it, or was restarted: a worker dies with its agent, ``processes.py``) is
+taken as an exit within a heartbeat interval. Past the last step as a clean one: the task
 finishes if its final state is known saved, else it is relaunched from its checkpoint
-(``exits.py``), as when every worker has left.
+(``exits.py``), as when every worker has left. Before it as a failure whose status nobody knows:
+the survivors go on without the rank, as for any worker's death.
 """
 
 from __future__ import annotations
@@ -85,15 +90,14 @@ def gone(
     return found
 
 
-def gone_after_last_step(
+def gone_while_running(
     rows: Sequence[WorkerRecord],
     tasks: Mapping[str, TaskRecord | None],
     listings: Mapping[str, Listing],
-    iterations: Callable[[str], int],
-) -> list[WorkerRecord]:
-    """The running ``rows`` of running tasks past their last step whose processes their node's
-    agent no longer has (listed neither running nor exited); pure."""
-    found: list[WorkerRecord] = []
+) -> list[tuple[WorkerRecord, TaskRecord]]:
+    """The running ``rows`` of running tasks whose processes their node's agent no longer has
+    (listed neither running nor exited), with their tasks; pure."""
+    found: list[tuple[WorkerRecord, TaskRecord]] = []
     for row in rows:
         task, listing = tasks.get(row.task), listings.get(row.node)
         if task is None or task.state is not TaskState.RUNNING or task.generation != row.generation:
@@ -101,8 +105,8 @@ def gone_after_last_step(
         if row.state is not WorkerPhase.RUNNING or row.pid is None or listing is None:
             continue
         unlisted = row.pid not in listing.any_pids and row.key not in listing.running
-        if unlisted and listing.at > row.launched and task.step >= iterations(task.name):
-            found.append(row)
+        if unlisted and listing.at > row.launched:
+            found.append((row, task))
     return found
 
 
@@ -112,7 +116,7 @@ class Vanished:
     interval: a list comes no more often, and the pass reads every slot-holding row)."""
 
     ctx: Context
-    exited: Callable[[TaskRecord, ExitReport], None]  # the coordinator's handling of an exit
+    reported: Callable[[ExitReport, str], None]  # the coordinator's handling of a node's report
     listings: dict[str, Listing] = field(default_factory=dict)
     swept: float = 0.0
 
@@ -130,16 +134,19 @@ class Vanished:
         found = gone(rows, tasks, self.listings, now, limits.launch_timeout_s)
         for row in found:
             self._ended(row, WorkerPhase.STOPPED, "its task has ended and its node's agent no longer runs it")
-        iterations = lambda name: self.ctx.spec(name).run.iterations  # noqa: E731
-        finishing = gone_after_last_step(rows, tasks, self.listings, iterations)
-        for row in finishing:
-            self._ended(row, WorkerPhase.LOST, "past the last step, its node's agent no longer has it")
-            # Taken as a clean exit after the last step: what decides is whether the final state
-            # is known saved, whatever its status was (the row keeps LOST: no status is made up).
+        running = gone_while_running(rows, tasks, self.listings)
+        # Every gone row is ended before any exit is handled: a recovery that the first starts
+        # must not take the others for survivors (their exits then belong to a generation left).
+        for row, _ in running:
+            self._ended(row, WorkerPhase.LOST, "its task runs and its node's agent no longer has it")
+        for row, task in running:
             key = {"task": row.task, "generation": row.generation, "rank": row.rank, "node": row.node}
-            if (task := self.ctx.store.task(row.task)) is not None:
-                self.exited(task, ExitReport(**key, code=0, signal=None, time=now))
-        return bool(found or finishing)
+            # Past the last step taken as a clean exit: what decides is whether the final state is
+            # known saved, whatever its status was. Before it, a failure of unknown status (none
+            # is made up).
+            last = task.step >= self.ctx.spec(row.task).run.iterations
+            self.reported(ExitReport(**key, code=0 if last else None, signal=None, time=now), row.node)
+        return bool(found or running)
 
     def _ended(self, row: WorkerRecord, to: WorkerPhase, why: str) -> None:
         self.ctx.act.worker_phase(row.key, to)
