@@ -25,6 +25,7 @@ from unicron.core.protocol import (
     StopWorkers,
     WorkerState,
 )
+from unicron.core.settings import Settings
 from unicron.core.states import IllegalTransition, NodeState, TaskState
 from unicron.core.taxonomy import ErrorKind, Scope
 
@@ -396,19 +397,25 @@ def test_an_incident_open_when_its_task_ends_ends_with_it(make: Any) -> None:
     assert len(other.events("outcome")) == 1
 
 
+def relaunch(cluster: Any) -> tuple[float, Any]:
+    """Rank 1 of a task with ``recovery: restart`` dies: step until the task is relaunched from its
+    checkpoint; when that was, and the task then."""
+    cluster.exit(1)
+    for _ in range(100):
+        if cluster.c.store.get_task("lm").launched_generation > 1:
+            break
+        cluster.step(0.5)
+    task = cluster.c.store.get_task("lm")
+    assert task.state is TaskState.STARTING and task.launched_generation == task.generation > 1
+    return cluster.clock.now, task
+
+
 def test_a_launch_whose_first_step_never_ends_is_a_hang(make: Any) -> None:
     """Relaunched from its checkpoint, the task's workers all run but the first step never ends
     (a rank hung in it): there are no step times of the generation to judge it by, so the
     first step's own deadline finds it, and the stalled launch is handled like any hang."""
     cluster = make(recovery="restart", first_step_timeout_s=30.0)
-    cluster.exit(1)
-    for _ in range(100):  # until the relaunch
-        if cluster.c.store.get_task("lm").launched_generation > 1:
-            break
-        cluster.step(0.5)
-    relaunched = cluster.clock.now
-    task = cluster.c.store.get_task("lm")
-    assert task.state is TaskState.STARTING and task.launched_generation == task.generation > 1
+    relaunched, task = relaunch(cluster)
     while cluster.clock.now - relaunched < 25.0:
         cluster.step(1.0)
     assert cluster.events("hang_detected") == []  # not yet
@@ -488,3 +495,33 @@ def test_a_plan_decided_while_a_grow_is_under_way_counts_its_newcomers(make: Any
     assert cluster.c.generations.growing == {"lm": growth}
     assert cluster.c.placer.allocator.counts["solved"] == decided["solved"]
     assert cluster.events("task_resize") == [] and len(cluster.events("task_grow")) == 1
+
+
+def test_a_relaunchs_first_step_is_judged_by_the_first_launchs_not_by_the_ten_minute_timeout() -> None:
+    """The first step's allowance: the full timeout without a measured launch; for a relaunch, k x
+    the longest measured first step + the checkpoint allowance, within the timeout and never under
+    the heartbeat deadline."""
+    from unicron.control.detection import first_step_allowance
+
+    limits = Settings(hang_multiple=3.0, checkpoint_allowance_s=5.0)  # first_step_timeout_s: 600
+    assert first_step_allowance(limits, None) == 600.0
+    assert first_step_allowance(limits, 4.0) == 3.0 * 4.0 + 5.0
+    assert first_step_allowance(limits, 1000.0) == 600.0
+    assert first_step_allowance(Settings(checkpoint_allowance_s=0.0), 0.1) == Settings().heartbeat_deadline_s
+
+
+def test_a_relaunch_whose_first_step_never_ends_is_found_by_the_measured_first_step(make: Any) -> None:
+    """The task's first launch took 0.5 s from its last worker's launch to its first step. Relaunched
+    from its checkpoint, its workers all run but the first step never ends: it is a hang once
+    3 x 0.5 s + the 5 s checkpoint allowance have passed, not after the ten-minute timeout of a
+    task's first launch (the stalled relaunch is handled like any hang)."""
+    cluster = make(recovery="restart", checkpoint_allowance_s=5.0)
+    assert cluster.c.detector.first_steps == {"lm": 0.5}
+    relaunched, task = relaunch(cluster)
+    while cluster.clock.now - relaunched < 6.0:
+        cluster.step(0.5)
+    assert cluster.events("hang_detected") == []  # not yet: 6.5 s are allowed
+    for _ in range(4):
+        cluster.step(0.5)
+    (hang,) = cluster.events("hang_detected")
+    assert hang["generation"] == task.generation and hang["deadline_s"] == 6.5

@@ -68,6 +68,20 @@ class Grace:
         return late_step != self.step or (self.renewable and waited_by_then_s < cap_s)
 
 
+def first_step_allowance(limits: Settings, measured_s: float | None) -> float:
+    """How long a launch's first step may take once its workers all run (there are no step times
+    of it yet). A task's first launch: ``first_step_timeout_s``, long, as loading and compiling
+    may take minutes. A relaunch is the same program on the same data, now also loading a
+    checkpoint: ``hang_multiple`` times the longest first step of its earlier launches
+    (``measured_s``) plus ``checkpoint_allowance_s``, if shorter (before: ten minutes by default
+    to find a rank hung in the first step after every relaunch). Never under
+    ``heartbeat_deadline_s``: a node's loss is decided before a hang."""
+    if measured_s is None:
+        return limits.first_step_timeout_s
+    derived = limits.hang_multiple * measured_s + limits.checkpoint_allowance_s
+    return min(limits.first_step_timeout_s, max(derived, limits.heartbeat_deadline_s))
+
+
 @dataclass
 class Detector:
     ctx: Context
@@ -84,6 +98,9 @@ class Detector:
     judging_from: float = 0.0  # after a stall of the coordinator, hangs are judged from then
     deferred: dict[str, tuple[int, int]] = field(default_factory=dict)  # task -> (gen, step) said deferred
     restored: dict[str, list[float]] = field(default_factory=dict)  # step times kept by a predecessor
+    # task -> the longest a launch of it took from its last worker's launch to its first step
+    # (this coordinator's own measurements: after a restart, relaunches get the full timeout)
+    first_steps: dict[str, float] = field(default_factory=dict)
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
         key = (name, generation)
@@ -188,8 +205,18 @@ class Detector:
         if task.launched_generation != task.generation or handled or not workers:
             return  # an in-place generation: its incident's deadline covers it
         since = max(w.launched for w in workers)
-        if all(w.state is WorkerPhase.RUNNING for w in workers) and now - since > limits.first_step_timeout_s:
-            self._hung(task, now, task.step + 1, since, limits.first_step_timeout_s)
+        allowed_s = first_step_allowance(limits, self.first_steps.get(task.name))
+        if all(w.state is WorkerPhase.RUNNING for w in workers) and now - since > allowed_s:
+            self._hung(task, now, task.step + 1, since, allowed_s)
+
+    def first_step_done(self, task: TaskRecord, ended: float) -> None:
+        """The first step of the task's current generation ended at ``ended``: a launch's is
+        measured (``first_step_allowance``); a generation re-formed in place is no launch."""
+        workers = self.ctx.store.workers(task.name, task.generation)
+        if task.launched_generation != task.generation or not workers:
+            return
+        took = max(0.0, ended - max(w.launched for w in workers))
+        self.first_steps[task.name] = max(took, self.first_steps.get(task.name, 0.0))
 
     def standing_aside(self, key: tuple[str, int], now: float) -> bool:
         """Whether a generation's lateness is not to be judged now: the coordinator just stalled

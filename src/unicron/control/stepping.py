@@ -67,6 +67,7 @@ class Steps:
         self.placer.regrow.discard(task.name)
         if task.state is TaskState.STARTING:
             replan = True
+            self.detector.first_step_done(task, ended)
             downtime = self.ctx.act.task_running(task.name, self.ctx.clock())
             if downtime is not None:
                 self.recovery.recovered(task.name, downtime, report)

@@ -134,7 +134,9 @@ class Settings(BaseModel):
         600.0,
         gt=0,
         description="once a launch's workers all run, its first step (loading the checkpoint, forming"
-        " the group) must end within this, else the step hangs (the hang deadline needs step times)",
+        " the group) must end within this, else the step hangs (the hang deadline needs step times);"
+        " a relaunch's within hang_multiple x the longest first step of the task's earlier launches"
+        " + checkpoint_allowance_s, if shorter",
     )
     membership_timeout_s: float = Field(
         60.0, gt=0, description="a survivor waits this long for the coordinator's next membership"
