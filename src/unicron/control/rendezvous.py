@@ -10,7 +10,9 @@ steer workers is signed with the task's key (``core.signing``).
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 from typing import TYPE_CHECKING, Any
 
 from unicron.control.tokens import load_or_create_secret
@@ -34,12 +36,20 @@ def listening(host: str, port: int) -> socket.socket:
     return sock
 
 
-class Rendezvous:
-    def __init__(self, host: str, secret: bytes) -> None:
-        # Imported now, at start-up: importing torch takes seconds, and done at the first launch
-        # it would block the service's loop, so that heartbeats and long polls time out.
+def _import_torch() -> None:
+    with contextlib.suppress(ImportError):  # said where it is needed (``host``)
         import torch.distributed  # noqa: F401
 
+
+class Rendezvous:
+    def __init__(self, host: str, secret: bytes) -> None:
+        # torch takes over a second to import. Imported at the first launch, on the service's
+        # loop, it stopped heartbeats and long polls for all that time; imported before the
+        # service listens, it held up every coordinator's start (and a standby's readiness) as
+        # long. So it is imported beside the start-up, in a thread: the loop loses the lock only
+        # in slices meanwhile, and a launch waits for what is left of it (``host``).
+        self._torch = threading.Thread(target=_import_torch, name="import-torch", daemon=True)
+        self._torch.start()
         self.host_address = host
         self.secret = secret
         self._stores: dict[str, Any] = {}
@@ -57,6 +67,7 @@ class Rendezvous:
         """Serve the task's store (on ``port`` if free, else on any port); return the port."""
         if task in self._stores:
             return int(self._stores[task].port)
+        self._torch.join()
         import torch.distributed as dist  # the service needs torch; the planner does not
 
         sock = listening(self.host_address, port)
