@@ -422,7 +422,7 @@ def test_a_launch_whose_first_step_never_ends_is_a_hang(make: Any) -> None:
     for _ in range(10):
         cluster.step(1.0)
     (hang,) = cluster.events("hang_detected")
-    assert hang["generation"] == task.generation and hang["step"] == task.step + 1
+    assert hang["generation"] == task.generation and hang["step"] == task.checkpoint_step + 1
     incidents = [i for i in cluster.events("incident") if i["kind"] == "task_hang"]
     assert [i["generation"] for i in incidents] == [task.generation]
 

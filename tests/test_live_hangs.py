@@ -107,7 +107,7 @@ def test_a_rank_hung_in_a_relaunchs_first_step_is_found_by_the_first_launchs_tim
     spec = traced_task(trace, "{2: 1.9e9}", iterations, 0.05, lines)
     events, rows, hang = the_one_hang(tmp_path, spec, {"checkpoint_allowance_s": 2.0}, nodes=1)
     story = story_of(events)
-    assert hang["culprits"] == [1] and hang["generation"] == 2, story
+    assert hang["culprits"] == [1] and hang["step"] == 11 and hang["generation"] == 2, story
     launches = [e["detail"] for e in events if e["kind"] == "task_launch"]
     assert [launch["resume_from"] for launch in launches] == [0, 10, 10], story
     assert_ledger_exact(rows, iterations, frozen=frozenset({0, 1}), world=2)

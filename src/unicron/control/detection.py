@@ -207,7 +207,9 @@ class Detector:
         since = max(w.launched for w in workers)
         allowed_s = first_step_allowance(limits, self.first_steps.get(task.name))
         if all(w.state is WorkerPhase.RUNNING for w in workers) and now - since > allowed_s:
-            self._hung(task, now, task.step + 1, since, allowed_s)
+            # The late step is the one after the checkpoint the launch resumed from (the task's own
+            # step is the furthest any generation reached: a relaunch trains some steps again).
+            self._hung(task, now, task.checkpoint_step + 1, since, allowed_s)
 
     def first_step_done(self, task: TaskRecord, ended: float) -> None:
         """The first step of the task's current generation ended at ``ended``: a launch's is
