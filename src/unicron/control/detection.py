@@ -68,6 +68,11 @@ class Grace:
         return late_step != self.step or (self.renewable and waited_by_then_s < cap_s)
 
 
+def launch_began(workers: Sequence[WorkerRecord]) -> float:
+    """When a launch's last worker was ordered: a first step is timed from then."""
+    return max(w.launched for w in workers)
+
+
 def first_step_allowance(limits: Settings, measured_s: float | None) -> float:
     """How long a launch's first step may take once its workers all run (there are no step times
     of it yet). A task's first launch: ``first_step_timeout_s``, long, as loading and compiling
@@ -204,7 +209,7 @@ class Detector:
         handled = key in self.recovery.incidents or key in self.recovery.awaiting or key in self.checks
         if task.launched_generation != task.generation or handled or not workers:
             return  # an in-place generation: its incident's deadline covers it
-        since = max(w.launched for w in workers)
+        since = launch_began(workers)
         allowed_s = first_step_allowance(limits, self.first_steps.get(task.name))
         if all(w.state is WorkerPhase.RUNNING for w in workers) and now - since > allowed_s:
             # The late step is the one after the checkpoint the launch resumed from (the task's own
@@ -217,7 +222,7 @@ class Detector:
         workers = self.ctx.store.workers(task.name, task.generation)
         if task.launched_generation != task.generation or not workers:
             return
-        took = max(0.0, ended - max(w.launched for w in workers))
+        took = max(0.0, ended - launch_began(workers))
         self.first_steps[task.name] = max(took, self.first_steps.get(task.name, 0.0))
 
     def standing_aside(self, key: tuple[str, int], now: float) -> bool:
