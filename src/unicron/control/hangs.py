@@ -97,13 +97,13 @@ _SPY_FRAME = re.compile(r"^\s+(?P<func>\S+) \((?P<file>[^)]+):(?P<line>\d+)\)$",
 
 def innermost_frame(stack: str) -> str | None:
     """Where the main thread is, from a faulthandler dump or a py-spy dump (both most recent call
-    first): the innermost frame of the thread whose outermost frame is a module (the script's
-    main thread)."""
+    first): the innermost frame of the thread that runs a module's code (the script's main
+    thread; under ``python -m`` or a fork server, runpy's frames lie below the module's)."""
     for thread, frame in ((_THREAD, _FRAME), (_SPY_THREAD, _SPY_FRAME)):
         starts = [m.start() for m in thread.finditer(stack)] + [len(stack)]
         for begin, end in itertools.pairwise(starts):
             frames = list(frame.finditer(stack, begin, end))
-            if frames and frames[-1]["func"] == "<module>":
+            if any(f["func"] == "<module>" for f in frames):
                 top = frames[0]
                 return f"{top['func']} ({top['file'].rsplit('/', 1)[-1]}:{top['line']})"
     return None
