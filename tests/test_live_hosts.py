@@ -185,7 +185,14 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
         heal()
         cluster.wait(lambda: state(lost) == "healthy", 60, f"{lost} to register again")
         cluster.wait(lambda: cluster.task("lm")["workers"] == 3, 120, "the task to grow back onto it")
-        back = [w["pid"] for w in cluster.get("/v1/workers") if w["node"] == lost and w["state"] == "running"]
+
+        def back_on_host() -> list[int]:
+            rows = cluster.get("/v1/workers")
+            return [w["pid"] for w in rows if w["node"] == lost and w["state"] == "running"]
+
+        # A newcomer may join before its agent's next heartbeat says it runs (one forked warm does).
+        cluster.wait(lambda: bool(back_on_host()), 30, "the newcomer to be seen running")
+        back = back_on_host()
         events, rows = finish_and_settle(cluster, trace)
     # The cut-off agent said once that it could not reach the coordinator, and when it could.
     said = (tmp_path / "cluster" / "logs" / f"agent-{lost}.log").read_text()
