@@ -45,11 +45,15 @@ def warm_argv(argv: list[str], executable: str = sys.executable) -> bool:
     return not argv[1].startswith("-")
 
 
+def server_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment a worker's server is started with: the worker's, less what each launch
+    sets."""
+    return {k: v for k, v in env.items() if k not in PER_LAUNCH and not k.startswith("UNICRON_")}
+
+
 def environment_key(env: dict[str, str]) -> str:
-    """The environment a server is started with, as a digest: the worker's, less what each
-    launch sets."""
-    kept = sorted((k, v) for k, v in env.items() if k not in PER_LAUNCH and not k.startswith("UNICRON_"))
-    return hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:16]
+    """Which server a worker is forked from: its ``server_env``, as a digest."""
+    return hashlib.sha256(json.dumps(sorted(server_env(env).items())).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -77,9 +81,8 @@ class ForkServer:
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
         self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.answers: dict[int, asyncio.Future[int]] = {}
-        self.children: dict[int, Forked] = {}
-        self.early: dict[int, int] = {}  # exits read before the pid's answer was taken
+        self.answers: dict[int, asyncio.Future[Forked]] = {}
+        self.children: dict[int, Forked] = {}  # by pid, until its exit is read
         self.orders = 0
         self.reader = asyncio.ensure_future(self._read())
 
@@ -113,7 +116,7 @@ class ForkServer:
         """Fork a worker; OSError if the server cannot."""
         assert self.process.stdin is not None
         self.orders += 1
-        answer = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[Forked] = asyncio.get_running_loop().create_future()
         self.answers[self.orders] = answer
         order = {"id": self.orders, "argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log)}
         try:
@@ -121,11 +124,7 @@ class ForkServer:
             await self.process.stdin.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise OSError(f"the fork server is gone: {exc}") from exc
-        pid = await answer
-        child = self.children[pid] = Forked(pid)
-        if pid in self.early:
-            child.end(self.early.pop(pid))
-        return child
+        return await answer
 
     async def _read(self) -> None:
         assert self.process.stdout is not None
@@ -140,15 +139,14 @@ class ForkServer:
             if not self.ready.done():
                 self.ready.set_result(bool(message["ready"]))
         elif "exit" in message:
-            pid, code = int(str(message["exit"])), int(str(message["code"]))
-            if pid in self.children:
-                self.children.pop(pid).end(code)
-            else:
-                self.early[pid] = code
+            # (always after its pid's answer: the server reports an exit only once it reaped it)
+            self.children.pop(int(str(message["exit"]))).end(int(str(message["code"])))
         else:
             answer = self.answers.pop(int(str(message["id"])))
             if "pid" in message:
-                answer.set_result(int(str(message["pid"])))
+                child = Forked(int(str(message["pid"])))
+                self.children[child.pid] = child
+                answer.set_result(child)
             else:
                 answer.set_exception(OSError(str(message.get("error"))))
 
@@ -201,8 +199,7 @@ class WarmStarts:
         if task is None:
             if len(self.servers) >= MAX_SERVERS and not self._retire_one():
                 return None
-            base = {k: v for k, v in env.items() if k not in PER_LAUNCH and not k.startswith("UNICRON_")}
-            task = self.servers[key] = asyncio.ensure_future(self._start(base, key))
+            task = self.servers[key] = asyncio.ensure_future(self._start(server_env(env), key))
         return task
 
     async def launch(self, argv: list[str], env: dict[str, str], log: Path) -> Forked | None:
