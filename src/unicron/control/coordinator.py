@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from unicron.control import reported
+from unicron.control.admission import refusal
 from unicron.control.backend import Backend, open_backend
 from unicron.control.clusterview import Viewer
 from unicron.control.context import Context, CoordinatorSettings
@@ -308,6 +309,11 @@ class Coordinator:
 
     # ------------------------------------------------------------------ reports
     def handle_report(self, report: WorkerReport, node: str) -> None:
+        if (why := refusal(report, node, self.store)) is not None:  # only its worker's node speaks
+            rank = None if isinstance(report, StacksReport) else report.rank
+            kind = report.type
+            self.act.record("report_rejected", task=report.task, node=node, report=kind, rank=rank, why=why)
+            return
         if isinstance(report, ExitReport) and report.generation == SPARE_GENERATION:
             self.placer.drop_spare((report.task, report.rank), stop=False)
             return
