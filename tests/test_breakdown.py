@@ -16,7 +16,7 @@ def event(id: int, what: str, time: float, **d: Any) -> EventRecord:
 
 
 def incident(id: int, time: float, **d: Any) -> EventRecord:
-    base = {"kind": "worker_killed", "severity": "SEV2", "action": "restart process", "step": 41}
+    base = {"kind": "worker_killed", "severity": "SEV2", "action": "restart failed processes", "step": 41}
     return event(id, "incident", time, node="node-1", **{**base, "detected_at": time, **d})
 
 
@@ -24,7 +24,7 @@ def test_an_in_place_recovery_is_timed_phase_by_phase_with_its_recomputed_work()
     log = [
         event(1, "fault_injected", 99.0),
         incident(2, 100.0, fault_at=99.2, fault_source="injected"),
-        event(3, "response", 100.01, incident=2, decided_at=100.004, action="in-process recovery"),
+        event(3, "response", 100.01, incident=2, decided_at=100.004, action="restart failed processes"),
         event(4, "in_process_recovery", 100.01, incident=2),
         event(5, "recomputed", 100.9, incident=2, rank=0, step=42, micro_batches=2),
         event(6, "recomputed", 100.95, incident=2, rank=1, step=42, micro_batches=2),
@@ -38,20 +38,22 @@ def test_an_in_place_recovery_is_timed_phase_by_phase_with_its_recomputed_work()
             first_step_ended_at=100.9,
             resumed_at=100.5,
             downtime_s=0.9,
-            actions=["in-process recovery"],
+            actions=["restart failed processes"],
         ),
     ]
     (b,) = breakdowns(log)
     assert (b.incident, b.node, b.fault_source, b.outcome) == (2, "node-1", "injected", "recovered")
     assert b.seconds() == {"detection": 0.8, "decision": 0.004, "transition": 0.496, "first_step": 0.4}
     assert (b.lost_steps, b.lost_micro_batches) == (0, 4)  # resumed at the next step: nothing redone
-    assert b.actions == ("in-process recovery",)
+    assert b.actions == ("restart failed processes",)
     assert "lost 0 step(s), 4 micro-batch(es)" in line(b) and "(fault injected)" in line(b)
 
 
 def test_a_restart_from_a_checkpoint_loses_the_steps_since_it_and_keeps_its_escalations() -> None:
     log = [
-        incident(10, 200.0, detection_s=2.5, action="in-process recovery", kind="node_lost", severity="SEV1"),
+        incident(
+            10, 200.0, detection_s=2.5, action="restart failed processes", kind="node_lost", severity="SEV1"
+        ),
         event(11, "response", 200.01, incident=10, decided_at=200.002),
         event(12, "escalation", 220.0, incident=10, to_action="restart from checkpoint"),
         event(13, "recomputed", 221.0, incident=99, micro_batches=7),  # another incident's work
@@ -69,7 +71,7 @@ def test_a_restart_from_a_checkpoint_loses_the_steps_since_it_and_keeps_its_esca
     (b,) = breakdowns(log)
     assert b.fault_at == 197.5  # an incident recorded with only its detection time
     assert b.fault_source is None
-    assert b.actions == ("in-process recovery", "restart from checkpoint")
+    assert b.actions == ("restart failed processes", "restart from checkpoint")
     assert (b.lost_steps, b.lost_micro_batches) == (11, 0)  # steps 31..41 trained again
     assert b.seconds()["transition"] == pytest.approx(228.0 - 200.002)
 

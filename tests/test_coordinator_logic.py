@@ -101,9 +101,19 @@ def test_an_in_process_recovery_past_its_deadline_escalates_to_a_restart(make: A
     assert cluster.events("escalation") == []
     assert not [o for _, o in cluster.orders if isinstance(o, StopWorkers) and o.rank is None]
     cluster.step(1.0)
-    (escalation,) = cluster.events("escalation")
+    failed, passed = cluster.events("escalation")
     (incident,) = cluster.events("incident")
-    assert escalation["incident"] == incident["id"] and escalation["to_action"] == "restart from checkpoint"
+    assert incident["action"] == "restart failed processes"  # rank 1 stopped, the others went on
+    # The tier failed (no step by the deadline); reconfiguring cannot leave out members stuck
+    # on the way, as none arrived: the task restarts from its checkpoint, and the log says so.
+    assert (failed["from_action"], failed["to_action"], failed["carried"]) == (
+        "restart failed processes",
+        "reconfigure",
+        False,
+    )
+    assert failed["why"] == "no step within 10 s" and failed["incident"] == incident["id"]
+    assert (passed["to_action"], passed["carried"]) == ("restart from checkpoint", True)
+    assert passed["why"] == "no member reached generation 2: none to leave out"
     stops = [o for _, o in cluster.orders if isinstance(o, StopWorkers) and o.rank is None]
     assert {o.generation for o in stops} == {2}  # the stuck generation, on every node
     assert cluster.c.store.get_task("lm").state is TaskState.RESTARTING
@@ -118,7 +128,7 @@ def test_an_in_process_recovery_past_its_deadline_escalates_to_a_restart(make: A
     cluster.train(task.step + 1)
     (outcome,) = cluster.events("outcome")
     assert outcome["outcome"] == "recovered"
-    assert outcome["actions"] == ["in-process recovery", "restart from checkpoint"]
+    assert outcome["actions"] == ["restart failed processes", "restart from checkpoint"]
 
 
 def test_a_recovery_past_its_deadline_restarts_only_members_stuck_on_the_way(make: Any) -> None:
@@ -146,8 +156,12 @@ def test_a_member_the_agent_lists_as_exited_is_not_waited_for(make: Any) -> None
     node, pid = cluster.running.pop(("lm", 2, 1))
     dead = WorkerState(task="lm", generation=2, rank=1, pid=pid, running=False, returncode=-9)
     cluster.c.heartbeat(Heartbeat(node=node, workers=[dead]))
-    incidents = cluster.events("incident")
-    assert [i["generation"] for i in incidents] == [1, 2] and "signal 9" in incidents[1]["why"]
+    # It died before the re-formed generation trained (the same event as the first death):
+    # the incident widens to it, and the survivors re-form without it.
+    (incident,) = cluster.events("incident")
+    (widened,) = cluster.events("incident_widened")
+    assert widened["incident"] == incident["id"] and "signal 9" in widened["why"]
+    assert cluster.c.store.get_task("lm").workers == 2
     assert cluster.c.store.get_task("lm").generation == 3
 
 
@@ -328,32 +342,33 @@ def test_a_failure_during_a_grow_stops_only_the_newcomers(make: Any) -> None:
 
 
 def test_recovery_tiers_escalate_in_turn(make: Any) -> None:
-    """Tier one (in process) stalls with one survivor stuck on its way into the re-formed group:
-    tier two restarts only that worker (stopped; the others re-form without it). When that
-    stalls too, tier three restarts the task from its checkpoint and isolates the node where the
-    stuck worker ran (SEV1)."""
+    """Restart failed (rank 1 stopped, the others re-form in place) stalls with one survivor
+    stuck on its way into the re-formed group: the next tier, reconfigure, takes the stuck
+    member's node out (its members leave with it) and the rest go on in place. When that stalls
+    too, the task restarts from its checkpoint. Each step is recorded as carried out."""
     cluster = make(recovery_deadline_s=5.0, isolation_s=1000.0)
     cluster.exit(1)  # generation 2: old ranks 0, 2, 3 as 0, 1, 2
     for rank, at in ((0, 2), (1, 2), (2, 1)):  # new rank 2 is still in generation 1
         cluster.positions[("lm", 2, rank)] = Progress(pid=1, generation=at, step=2, phase=Phase.REJOIN)
     stuck_node = cluster.running[("lm", 2, 2)][0]
-    before = len(cluster.orders)
     for _ in range(11):
         cluster.step(0.5)
     (first,) = cluster.events("escalation")
-    assert (first["from_action"], first["to_action"]) == (
-        "in-process recovery",
-        "restart of the stuck workers",
+    assert (first["from_action"], first["to_action"], first["carried"]) == (
+        "restart failed processes",
+        "reconfigure",
+        True,
     )
-    stops = [o for _, o in cluster.orders[before:] if isinstance(o, StopWorkers)]
-    assert [(o.generation, o.rank) for o in stops] == [(2, 2)]  # only the stuck worker
+    assert "rank(s) [2] never reached generation 2" in first["why"]
+    assert cluster.c.store.node(stuck_node).state is NodeState.ISOLATED  # type: ignore[union-attr]
     task = cluster.c.store.get_task("lm")
-    assert task.generation == 3 and task.workers == 2 and task.state is TaskState.STARTING
+    assert task.generation == 3 and task.workers == 1 and task.state is TaskState.STARTING
+    (kept,) = cluster.c.store.workers("lm", 3, live=True)
+    assert kept.node != stuck_node
     for _ in range(11):
         cluster.step(0.5)
     second = cluster.events("escalation")[1]
-    assert second["to_action"] == "restart from checkpoint"
-    assert cluster.c.store.node(stuck_node).state is NodeState.ISOLATED  # type: ignore[union-attr]
+    assert (second["from_action"], second["to_action"]) == ("reconfigure", "restart from checkpoint")
     assert cluster.c.store.get_task("lm").state is TaskState.RESTARTING
 
 
@@ -385,7 +400,7 @@ def test_an_incident_open_when_its_task_ends_ends_with_it(make: Any) -> None:
     cluster.c.cancel("lm")
     (outcome,) = cluster.events("outcome")
     assert outcome["outcome"] == "task ended" and outcome["task_state"] == "cancelled"
-    assert outcome["actions"] == ["in-process recovery"]
+    assert outcome["actions"] == ["restart failed processes"]
 
     other = make()
     other.exit(1)
@@ -525,3 +540,35 @@ def test_a_relaunch_whose_first_step_never_ends_is_found_by_the_measured_first_s
         cluster.step(0.5)
     (hang,) = cluster.events("hang_detected")
     assert hang["generation"] == task.generation and hang["deadline_s"] == 6.5
+
+
+def test_every_worker_killed_at_once_is_one_incident_and_blames_no_node(make: Any) -> None:
+    """``kill -9`` of every worker: each exit is reported on its own and lands in the generation
+    the previous exit's recovery re-formed in place. It is one event: one incident, widened with
+    each exit (no new incident, nothing more counted by the ladder), which ends as a restart from
+    the checkpoint when nobody is left; the fault struck both nodes alike, so it is the task's
+    and no healthy node is isolated (before: three superseded incidents, the task failed as the
+    same fault repeated, and a node isolated for its "two errors")."""
+    cluster = make(isolation_s=1000.0)
+    exits: dict[str, list[ExitReport]] = {}
+    for (t, g, r), (node, _) in sorted(cluster.running.items()):
+        gone = ExitReport(
+            task=t, generation=g, rank=r, node=node, code=None, signal=9, time=cluster.clock.now
+        )
+        exits.setdefault(node, []).append(gone)
+    cluster.running.clear()
+    for node, reports in exits.items():
+        cluster.beat(node, *reports)
+        cluster.clock.now += 0.05
+    assert len(cluster.events("incident")) == 1 and len(cluster.events("incident_widened")) == 3
+    assert cluster.events("outcome") == []  # nothing superseded, nothing failed
+    steps = [(e["from_action"], e["to_action"], e["carried"]) for e in cluster.events("escalation")]
+    assert steps == [
+        ("restart failed processes", "reconfigure", False),
+        ("reconfigure", "restart from checkpoint", True),
+    ]
+    assert cluster.c.store.get_task("lm").state is TaskState.RESTARTING
+    assert [cluster.c.store.node(n).state for n in ("n0", "n1")] == [NodeState.HEALTHY] * 2  # type: ignore[union-attr]
+    assert not any(cluster.c.recovery.ladder.node_errors.values())  # the task's fault: taken back
+    (opened,) = cluster.c.recovery.incidents.values()
+    assert opened.labels() == ["restart failed processes", "restart from checkpoint"]

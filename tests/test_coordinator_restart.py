@@ -14,7 +14,8 @@ from unicron.core.ladder import Ladder
 from unicron.core.protocol import FaultReport, fault_claim_key
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, TaskState
-from unicron.core.taxonomy import Action, ErrorKind
+from unicron.core.taxonomy import ErrorKind
+from unicron.core.tiers import Tier
 
 
 def test_a_store_written_before_new_columns_opens(tmp_path: Path) -> None:
@@ -53,7 +54,7 @@ def test_an_incident_open_across_a_coordinator_restart_is_recovered_or_escalated
     cluster.step(0.5)
     cluster.train(2)
     (outcome,) = cluster.events("outcome")
-    assert outcome["outcome"] == "recovered" and outcome["actions"] == ["in-process recovery"]
+    assert outcome["outcome"] == "recovered" and outcome["actions"] == ["restart failed processes"]
 
     stuck = make(recovery_deadline_s=10.0)
     stuck.exit(1)
@@ -63,9 +64,15 @@ def test_an_incident_open_across_a_coordinator_restart_is_recovered_or_escalated
         stuck.step(0.5)  # the deadline starts afresh: members may have been stuck meanwhile
     assert stuck.events("escalation") == []
     stuck.step(1.0)
-    (escalation,) = stuck.events("escalation")
-    assert escalation["to_action"] == "restart from checkpoint"
+    escalations = stuck.events("escalation")
+    assert escalations[-1]["to_action"] == "restart from checkpoint" and escalations[-1]["carried"]
     assert stuck.c.store.get_task("lm").state is TaskState.RESTARTING
+    # The restored incident knew the tier it was under (restart failed processes), so it
+    # escalated from there, as it would have without the restart.
+    assert escalations[0]["from_action"] == "restart failed processes"
+    stuck.restart()
+    (reopened,) = stuck.c.recovery.incidents.values()
+    assert reopened.labels() == ["restart failed processes", "restart from checkpoint"]
 
 
 def test_faults_injected_before_a_restart_stay_claimed_in_the_re_created_store(make: Any) -> None:
@@ -173,13 +180,14 @@ def test_a_restored_ladder_escalates_as_the_original_would() -> None:
     settings = Settings(max_reattempts=2)
     original = Ladder(settings)
     for at in (1.0, 2.0):
-        assert original.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", at).action is Action.REATTEMPT
+        assert original.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", at).tier is Tier.REATTEMPT
+        original.carried("t", Tier.REATTEMPT, at)
     copy = Ladder(settings)
     copy.restore(json.loads(json.dumps(original.history())))  # as the store keeps it
     assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0) == original.decide(
         "t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0
     )
-    assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 4.0).action is Action.RESTART_PROCESS
+    assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 4.0).tier is Tier.RESTART_FAILED
 
 
 def test_a_member_that_missed_a_grow_before_a_restart_follows_it_and_may_commit(make: Any) -> None:

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from unicron.control.monitor import TaskMonitor
 from unicron.core.ladder import Ladder
 from unicron.core.settings import Settings
-from unicron.core.taxonomy import Action, ErrorKind
+from unicron.core.taxonomy import ErrorKind
+from unicron.core.tiers import Tier
 
 
 @pytest.mark.parametrize(
@@ -40,18 +41,32 @@ def test_hang_deadline_is_clamped() -> None:
 
 def test_ladder_escalates_isolates_and_gives_up() -> None:
     ladder = Ladder(Settings(max_reattempts=2, max_restarts=1, isolate_after=2, task_failure_limit=5))
-    first = [ladder.decide("t", ErrorKind.NCCL_TIMEOUT, None, now=float(i)).action for i in range(4)]
-    assert first == [Action.REATTEMPT, Action.REATTEMPT, Action.RESTART_PROCESS, Action.RECONFIGURE]
+    first = []
+    for i in range(4):  # each tier asked for is carried out: the ladder counts what was done
+        first.append(ladder.decide("t", ErrorKind.NCCL_TIMEOUT, None, now=float(i)).tier)
+        ladder.carried("t", first[-1], float(i))
+    assert first == [Tier.REATTEMPT, Tier.REATTEMPT, Tier.RESTART_FAILED, Tier.RECONFIGURE]
     # SEV1 hardware errors isolate their node at once; SEV2 ones after repeats on the same node.
     ecc = ladder.decide("u", ErrorKind.ECC_ERROR, "n1", now=10.0)
-    assert ecc.action is Action.RECONFIGURE and ecc.isolate_node
+    assert ecc.tier is Tier.RECONFIGURE and ecc.isolate_node
     crash = Ladder(Settings(isolate_after=2)).decide
     assert not crash("v", ErrorKind.CUDA_ERROR, "n2", 0.0).isolate_node
     assert crash("w", ErrorKind.CUDA_ERROR, "n2", 1.0).isolate_node
     assert not ladder.decide("t", ErrorKind.NODE_LOST, "n3", now=11.0).isolate_node  # already out
     assert ladder.decide("t", ErrorKind.CUDA_ERROR, None, now=12.0).fail_task  # 6th failure of t
     # Outside the window, history no longer counts.
-    assert ladder.decide("t", ErrorKind.NCCL_TIMEOUT, None, now=10_000.0).action is Action.REATTEMPT
+    assert ladder.decide("t", ErrorKind.NCCL_TIMEOUT, None, now=10_000.0).tier is Tier.REATTEMPT
+
+
+def test_the_ladder_counts_only_tiers_carried_out() -> None:
+    """A reattempt asked for but not carried out (the task relaunches instead) is not counted
+    as one: the next failure asks for a reattempt again."""
+    ladder = Ladder(Settings(max_reattempts=1))
+    for at in (1.0, 2.0, 3.0):
+        assert ladder.decide("t", ErrorKind.CONNECTION_RESET, None, at).tier is Tier.REATTEMPT
+        ladder.carried("t", Tier.FROM_CHECKPOINT, at)
+    ladder.carried("t", Tier.REATTEMPT, 4.0)
+    assert ladder.decide("t", ErrorKind.CONNECTION_RESET, None, 5.0).tier is Tier.RESTART_FAILED
 
 
 def test_monitor_finds_late_steps_after_warm_up() -> None:

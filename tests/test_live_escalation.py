@@ -1,13 +1,14 @@
 """The ladder's tiers through real processes: when a tier fails, the next one runs.
 
-A worker dies; the survivors start to rebuild their group in place (tier one), but one of them
-stalls on its way into the new group, so the group never forms and no step is trained. When the
-in-process recovery has not regained a step by its deadline, the coordinator escalates to tier
-two: only the stuck worker is restarted (stopped; the others re-form without it, and the task
-grows back with new workers that take their state from the live ones). In the second test that
-re-formation stalls too, and tier three restarts the task from its newest intact checkpoint and
-isolates the node of the worker that was stuck. Each incident records every action and each
-escalation; the runs end with the parameters of a failure-free run.
+A worker dies: its process is gone, and the survivors rebuild their group in place without it
+(restart failed processes). One of them stalls on its way into the new group, so the group
+never forms and no step is trained. When that has not regained a step by its deadline, the
+coordinator escalates one tier, to reconfigure: the stuck worker's node leaves the cluster
+(isolated; its processes end) and the others re-form without it; the task grows back on the
+slots left, with new workers that take their state from the live ones. In the second test that
+re-formation stalls too, and the task restarts from its newest intact checkpoint. Each incident
+records every tier carried out and each escalation; the runs end with the parameters of a
+failure-free run.
 """
 
 from __future__ import annotations
@@ -62,20 +63,27 @@ def story(events: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any], list
 
 
 @pytest.mark.timeout(420)
-def test_a_worker_stuck_in_the_in_process_recovery_is_restarted_alone(tmp_path: Path) -> None:
+def test_a_worker_stuck_in_a_recovery_in_place_takes_its_node_out(tmp_path: Path) -> None:
     events, rows, isolated = run(tmp_path, KILL_AND_STALL, LONGER)
     kinds, incident, escalations = story(events)
-    assert escalations == [("in-process recovery", "restart of the stuck workers")]
-    assert kinds.count("task_launch") == 1 and isolated == [], kinds  # no restart, no isolation
+    assert incident["detail"]["action"] == "restart failed processes"
+    assert escalations == [("restart failed processes", "reconfigure")]
+    stuck = next(r for r in rows if r["what"] == "fault" and r["action"] == "stall_rejoin")
+    node = next(r["node"] for r in rows if r["what"] == "started" and r["pid"] == stuck["pid"])
+    assert kinds.count("task_launch") == 1 and isolated == [node], kinds  # never relaunched
     outcomes = [e["detail"] for e in events if e["kind"] == "outcome"]
     assert [(o["incident"], o["outcome"]) for o in outcomes] == [(incident["id"], "recovered")]
-    assert outcomes[0]["actions"] == ["in-process recovery", "restart of the stuck workers"]
-    # Which processes ran: the killed and the stuck one ended there; every other process that
-    # trained (the two that re-formed, the newcomers that took their state) trained to the end.
+    assert outcomes[0]["actions"] == ["restart failed processes", "reconfigure"]
+    # Which processes ran: the killed one, the stuck one and its node's other worker ended
+    # there; every other process that trained (the one that re-formed, the newcomers that took
+    # their state) trained to the end.
     faulted = {r["pid"] for r in rows if r["what"] == "fault"}
+    on_node = {
+        r["pid"] for r in rows if r["what"] == "started" and r["node"] == node and r["generation"] == 1
+    }
     trainers = {r["pid"] for r in rows if r["what"] == "samples"}
     finishers = {r["pid"] for r in rows if r["what"] == "samples" and r["step"] == LONGER}
-    assert len(faulted) == 2 and finishers == trainers - faulted, (faulted, trainers, finishers)
+    assert len(faulted) == 2 and finishers == trainers - faulted - on_node, (faulted, trainers, finishers)
     # The task grew back: newcomers joined the live members (taking their state, or finding
     # their checkpoint already equal to it: the members agree on step and digest) and finished.
     newcomers = {r["pid"] for r in rows if r["what"] == "started" and r["generation"] > 1}
@@ -85,17 +93,17 @@ def test_a_worker_stuck_in_the_in_process_recovery_is_restarted_alone(tmp_path: 
 
 
 @pytest.mark.timeout(420)
-def test_a_failed_restart_of_the_stuck_workers_escalates_to_the_checkpoint(tmp_path: Path) -> None:
-    # The survivor that re-forms the group in tier two stalls on its way too.
+def test_a_failed_reconfiguration_escalates_to_the_checkpoint(tmp_path: Path) -> None:
+    # The survivor that re-forms the group after the reconfiguration stalls on its way too.
     faults = KILL_AND_STALL + "    - {action: stall_rejoin, rank: 0, step: 1, generation: 2, seconds: 600}\n"
     events, rows, isolated = run(tmp_path, faults, ITERATIONS)
     kinds, incident, escalations = story(events)
     assert escalations == [
-        ("in-process recovery", "restart of the stuck workers"),
-        ("restart of the stuck workers", "restart from checkpoint"),
+        ("restart failed processes", "reconfigure"),
+        ("reconfigure", "restart from checkpoint"),
     ]
     assert kinds.count("task_launch") == 2, kinds
-    # SEV1: the node where the first stuck worker ran leaves the plan.
+    # The node where the first stuck worker ran left the cluster (reconfigure).
     stuck = next(r for r in rows if r["what"] == "fault" and r["action"] == "stall_rejoin")
     node = next(r["node"] for r in rows if r["what"] == "started" and r["pid"] == stuck["pid"])
     assert isolated == [node], isolated

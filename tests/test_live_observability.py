@@ -124,7 +124,9 @@ def test_a_failure_is_counted_broken_down_and_shown_live(tmp_path: Path) -> None
         events, rows = finish_and_settle(cluster, trace)
     story = story_of(events)
     assert incident["outcome"] == "recovered" and incident["fault_source"] == "injected", story
-    assert incident["actions"] == ["in-process recovery"] and incident["lost_micro_batches"] > 0, incident
+    assert incident["actions"] == ["restart failed processes"] and incident["lost_micro_batches"] > 0, (
+        incident
+    )
     assert all(v is not None and v >= 0 for v in incident["seconds"].values()), incident
 
     assert_metrics(running, after, agent, incident)
@@ -196,7 +198,7 @@ def assert_shown(shown: dict[str, Any], incident: dict[str, Any], screenshot: Pa
     for phase, seconds in incident["seconds"].items():
         assert shown["phases"][phase].endswith(f"{seconds:.{3 if seconds < 1 else 2}f} s"), (phase, shown)
     lost = {"steps": str(incident["lost_steps"]), "micro_batches": str(incident["lost_micro_batches"])}
-    assert shown["lost"] == lost and shown["actions"] == "in-process recovery", shown
+    assert shown["lost"] == lost and shown["actions"] == "restart failed processes", shown
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

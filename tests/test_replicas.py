@@ -10,9 +10,10 @@ import pytest
 
 from unicron.control.effects import StopWorker, Switch
 from unicron.control.generations import planned_shrink, survivors
-from unicron.control.response import IN_PROCESS, Failure, respond
+from unicron.control.response import Failure, respond
 from unicron.core.errors import Conflict, SpecError
 from unicron.core.livespecs import parse_live_tasks, replica_misfit
+from unicron.core.tiers import Tier
 from unicron.planning.placement import place
 
 from .test_response import LIMITS, NOW, decision, snapshot, worker
@@ -72,9 +73,9 @@ def test_whole_replicas_go_to_a_node_and_scattered_slots_are_packed_afresh() -> 
 def test_a_failed_rank_takes_its_whole_replica_out_and_the_others_go_on() -> None:
     """Ranks 0-1 (node a) and 2-3 (node b) are two replicas of 2: rank 1 dies, rank 0 leaves
     with it (not stopped: it exits when it finds itself in no membership), 2-3 go on."""
-    failure = Failure("lm", "a", "rank 1 died", frozenset({1}), incident=7)
+    failure = Failure("lm", "a", "rank 1 died", frozenset({1}))
     response = respond(snapshot(), failure, decision(), True, even, LIMITS, NOW, replica_size=2)
-    assert response.action == IN_PROCESS
+    assert response.tier is Tier.RESTART_FAILED
     (switch,) = [e for e in response.effects if isinstance(e, Switch)]
     assert switch.membership.ranks == {2: 0, 3: 1} and switch.membership.failed == [1]
     assert [e.worker.rank for e in response.effects if isinstance(e, StopWorker)] == [1]

@@ -8,22 +8,16 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from unicron.control.draining import returning_state
-from unicron.control.effects import Isolate, Record, StopGeneration, StopWorker, Switch, TaskDown
+from unicron.control.effects import Isolate, StopGeneration, StopWorker, Switch, TaskDown
 from unicron.control.placing import Move, MoveKind, move_for
 from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
-from unicron.control.response import (
-    IN_PROCESS,
-    RESTART_FROM_CHECKPOINT,
-    TASK_FAILED,
-    Failure,
-    in_place,
-    respond,
-)
+from unicron.control.response import Failure, in_place, respond
 from unicron.control.snapshot import Snapshot
 from unicron.core.ladder import Decision
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, TaskState, WorkerPhase
-from unicron.core.taxonomy import Action, ErrorKind, Scope, Severity
+from unicron.core.taxonomy import ErrorKind, Scope, Severity
+from unicron.core.tiers import Escalation, Tier
 
 NOW = 5_000.0
 LIMITS = Settings()
@@ -61,9 +55,9 @@ def snapshot(a_state: NodeState = NodeState.HEALTHY) -> Snapshot:
 
 
 def decision(
-    isolate: bool = False, fail: bool = False, kind: ErrorKind = ErrorKind.EXITED_ABNORMALLY
+    tier: Tier = Tier.RESTART_FAILED, isolate: bool = False, kind: ErrorKind = ErrorKind.EXITED_ABNORMALLY
 ) -> Decision:
-    return Decision(kind, Severity.SEV2, Action.RESTART_PROCESS, isolate, fail, "test", Scope.WORKER)
+    return Decision(kind, Severity.SEV2, tier, isolate, "test", Scope.WORKER)
 
 
 def even(size: int) -> bool:
@@ -74,10 +68,33 @@ def anything(size: int) -> bool:
     return size > 0
 
 
-def test_survivors_go_on_in_place_and_only_the_failed_rank_is_stopped() -> None:
-    failure = Failure("lm", "a", "rank 1 died", frozenset({1}), incident=7)
-    response = respond(snapshot(), failure, decision(), True, anything, LIMITS, NOW)
-    assert response.action == IN_PROCESS
+def failure(failed: set[int] | None, node: str | None = "a") -> Failure:
+    return Failure("lm", node, "rank 1 died", None if failed is None else frozenset(failed))
+
+
+RESTART = (StopGeneration("lm", 3, LIMITS.failure_stop_grace_s), TaskDown("lm", TaskState.RESTARTING))
+
+
+def test_a_reattempt_re_forms_every_member_and_stops_nobody() -> None:
+    response = respond(snapshot(), failure(set()), decision(Tier.REATTEMPT), True, anything, LIMITS, NOW)
+    assert (response.tier, response.escalations) == (Tier.REATTEMPT, ())
+    (switch,) = [e for e in response.effects if isinstance(e, Switch)]
+    assert switch.membership.ranks == {0: 0, 1: 1, 2: 2, 3: 3} and switch.membership.generation == 6
+    assert not any(isinstance(e, (StopWorker, StopGeneration, Isolate)) for e in response.effects)
+
+
+def test_a_reattempt_asked_for_with_a_rank_gone_restarts_the_failed_one_and_says_why() -> None:
+    response = respond(snapshot(), failure({1}), decision(Tier.REATTEMPT), True, anything, LIMITS, NOW)
+    assert response.tier is Tier.RESTART_FAILED
+    (passed,) = response.escalations
+    assert (passed.from_tier, passed.to_tier) == (Tier.REATTEMPT, Tier.RESTART_FAILED)
+    assert "rank(s) [1] are gone" in passed.why
+    assert [e.worker.rank for e in response.effects if isinstance(e, StopWorker)] == [1]
+
+
+def test_restart_failed_stops_only_the_failed_rank_and_the_survivors_go_on() -> None:
+    response = respond(snapshot(), failure({1}), decision(), True, anything, LIMITS, NOW)
+    assert (response.tier, response.escalations) == (Tier.RESTART_FAILED, ())
     stops = [e for e in response.effects if isinstance(e, StopWorker)]
     assert [s.worker.rank for s in stops] == [1]
     (switch,) = [e for e in response.effects if isinstance(e, Switch)]
@@ -86,66 +103,87 @@ def test_survivors_go_on_in_place_and_only_the_failed_rank_is_stopped() -> None:
     assert switch.membership.failed == [1]
     assert TaskDown("lm", TaskState.STARTING) in response.effects
     assert not any(isinstance(e, (StopGeneration, Isolate)) for e in response.effects)
-    (record,) = [e for e in response.effects if isinstance(e, Record)]
-    assert record.detail["incident"] == 7 and record.detail["survivors"] == [0, 2, 3]
 
 
-def test_an_isolated_node_takes_its_survivors_out_of_the_next_generation() -> None:
-    failure = Failure("lm", "a", "rank 1 died", frozenset({1}), incident=7)
-    response = respond(snapshot(), failure, decision(isolate=True), True, anything, LIMITS, NOW)
-    assert response.action == IN_PROCESS
+def test_restart_failed_with_every_rank_alive_is_not_a_restart() -> None:
+    """Nothing failed to restart (a connection broke): the node where it was seen leaves."""
+    response = respond(snapshot(), failure(set()), decision(), True, anything, LIMITS, NOW)
+    assert response.tier is Tier.RECONFIGURE
+    assert "every process is alive" in response.escalations[0].why
+
+
+def test_reconfigure_takes_the_node_out_and_its_ranks_leave_with_it() -> None:
+    response = respond(snapshot(), failure({1}), decision(Tier.RECONFIGURE), True, anything, LIMITS, NOW)
+    assert (response.tier, response.escalations) == (Tier.RECONFIGURE, ())
     isolate = response.effects[0]
     assert isinstance(isolate, Isolate) and isolate.node == "a"
     assert isolate.until == NOW + LIMITS.isolation_s
     (switch,) = [e for e in response.effects if isinstance(e, Switch)]
-    assert sorted(switch.membership.ranks) == [2, 3]  # rank 0 was on the isolated node
+    assert sorted(switch.membership.ranks) == [2, 3]  # rank 0 was on the node that left
     assert switch.membership.failed == [0, 1]
     # The node's processes are stopped by the isolation, not one by one.
     assert not any(isinstance(e, StopWorker) for e in response.effects)
 
 
+def test_reconfigure_with_no_node_to_blame_restarts_from_the_checkpoint() -> None:
+    response = respond(
+        snapshot(), failure({1}, node=None), decision(Tier.RECONFIGURE), True, anything, LIMITS, NOW
+    )
+    assert response.tier is Tier.FROM_CHECKPOINT and response.effects == RESTART
+    assert response.escalations == (
+        Escalation(
+            Tier.RECONFIGURE, Tier.FROM_CHECKPOINT, "no node is to blame, so none can leave the cluster"
+        ),
+    )
+
+
+def test_a_node_the_ladder_isolates_is_isolated_whatever_tier_is_carried_out() -> None:
+    response = respond(
+        snapshot(), failure(None), decision(Tier.RECONFIGURE, isolate=True), True, anything, LIMITS, NOW
+    )
+    assert response.tier is Tier.FROM_CHECKPOINT
+    assert isinstance(response.effects[0], Isolate) and response.effects[1:] == RESTART
+
+
 def test_no_usable_size_of_survivors_restarts_from_the_checkpoint_and_says_why() -> None:
-    failure = Failure("lm", "b", "rank 3 died", frozenset({3}), incident=7)
-    response = respond(snapshot(), failure, decision(), True, even, LIMITS, NOW)  # 3 survivors: 2 kept
-    assert response.action == IN_PROCESS
-    response = respond(snapshot(NodeState.LOST), failure, decision(), True, even, LIMITS, NOW)  # 1 left
-    assert response.action == RESTART_FROM_CHECKPOINT
-    kinds = [e.kind for e in response.effects if isinstance(e, Record)]
-    assert kinds == ["in_process_impossible"]
-    assert StopGeneration("lm", 3, LIMITS.failure_stop_grace_s) in response.effects
-    assert response.effects[-1] == TaskDown("lm", TaskState.RESTARTING)
+    three = respond(snapshot(), failure({3}, "b"), decision(), True, even, LIMITS, NOW)  # 3 survivors: 2 kept
+    assert three.tier is Tier.RESTART_FAILED
+    response = respond(
+        snapshot(NodeState.LOST), failure({3}, "b"), decision(), True, even, LIMITS, NOW
+    )  # 1 left
+    assert response.tier is Tier.FROM_CHECKPOINT and response.effects == RESTART
+    assert [(e.from_tier, e.to_tier) for e in response.escalations] == [
+        (Tier.RESTART_FAILED, Tier.RECONFIGURE),
+        (Tier.RECONFIGURE, Tier.FROM_CHECKPOINT),
+    ]
+    assert all("no usable size" in e.why for e in response.escalations)
 
 
 def test_unknown_failed_ranks_or_a_restart_policy_restart_the_generation() -> None:
-    unknown = Failure("lm", "a", "peers lost", None, incident=7)
-    for failure, may_stay in [(unknown, True), (Failure("lm", "a", "x", frozenset({1}), 7), False)]:
-        response = respond(snapshot(), failure, decision(), may_stay, anything, LIMITS, NOW)
-        assert response.action == RESTART_FROM_CHECKPOINT
-        assert response.effects == (
-            StopGeneration("lm", 3, LIMITS.failure_stop_grace_s),
-            TaskDown("lm", TaskState.RESTARTING),
-        )
+    for failed, may_stay, why in [(None, True, "not known"), ({1}, False, "run.recovery: restart")]:
+        response = respond(snapshot(), failure(failed), decision(), may_stay, anything, LIMITS, NOW)
+        assert response.tier is Tier.FROM_CHECKPOINT and response.effects == RESTART
+        assert why in response.escalations[0].why
 
 
 def test_a_failed_task_stops_with_its_reason() -> None:
-    failure = Failure("lm", "a", "rank 1 raised", frozenset({1}), incident=7)
-    response = respond(snapshot(), failure, decision(fail=True), True, anything, LIMITS, NOW)
-    assert response.action == TASK_FAILED
+    response = respond(snapshot(), failure({1}), decision(Tier.FAIL_TASK), True, anything, LIMITS, NOW)
+    assert response.tier is Tier.FAIL_TASK
     assert not any(isinstance(e, Switch) for e in response.effects)
     down = [e for e in response.effects if isinstance(e, TaskDown)]
-    assert down == [TaskDown("lm", TaskState.FAILED, reason="rank 1 raised: test")]
+    assert down == [TaskDown("lm", TaskState.FAILED, reason="rank 1 died: test")]
 
 
 def test_a_node_already_out_is_not_isolated_again() -> None:
-    failure = Failure("lm", "a", "rank 1 died", frozenset({1}), incident=7)
+    out = snapshot(NodeState.ISOLATED)
     response = respond(
-        snapshot(NodeState.ISOLATED), failure, decision(isolate=True), True, anything, LIMITS, NOW
+        out, failure({1}), decision(Tier.RECONFIGURE, isolate=True), True, anything, LIMITS, NOW
     )
     assert not any(isinstance(e, Isolate) for e in response.effects)
 
 
-def test_tier_two_restarts_exactly_the_stuck_ranks() -> None:
-    stay = in_place(snapshot(), "lm", {2}, incident=9, usable=anything)
+def test_restarting_stuck_ranks_stops_exactly_those() -> None:
+    stay = in_place(snapshot(), "lm", {2}, usable=anything)
     assert not isinstance(stay, str)
     assert [e.worker.rank for e in stay if isinstance(e, StopWorker)] == [2]
     (switch,) = [e for e in stay if isinstance(e, Switch)]

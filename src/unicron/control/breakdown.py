@@ -10,7 +10,8 @@ them as they happen):
 - ``response``: when the response was decided and carried out (``decided_at``);
 - ``root_cause``: a surer verdict found later (the lost node behind the peers' connection
   errors that opened it): its kind and node replace the first ones;
-- ``in_process_recovery`` and ``escalation``: the ladder's later actions;
+- ``escalation``: a tier that failed, or could not apply, and the one taken instead (``carried``:
+  whether that one was carried out, or only passed on the way);
 - ``recomputed``: micro-batches that survivors computed for ranks that left mid-step (partial
   reuse keeps the survivors' own; the departed ranks' share is recomputed: the lost work);
 - ``outcome``: how it ended; when recovered, the first step completed after it: its end
@@ -123,7 +124,7 @@ def breakdowns(events: Iterable[EventRecord]) -> list[Breakdown]:
         elif e.kind == "root_cause":
             b = found[ref]
             found[ref] = replace(b, kind=str(e.detail.get("kind")), node=e.node, first_seen_as=b.kind)
-        elif e.kind == "escalation":
+        elif e.kind == "escalation" and e.detail.get("carried", True):
             found[ref] = replace(found[ref], actions=(*found[ref].actions, str(e.detail.get("to_action"))))
         elif e.kind == "recomputed":
             lost = found[ref].lost_micro_batches + int(e.detail.get("micro_batches", 0))

@@ -19,22 +19,13 @@ from unicron.control.effects import Effect, Isolate, StopGeneration, TaskDown
 from unicron.control.generations import Generations
 from unicron.control.hangs import WorkerKey, not_arrived
 from unicron.control.records import EventRecord, TaskRecord, WorkerRecord
-from unicron.control.response import (
-    IN_PROCESS,
-    RESTART_FAILED,
-    RESTART_FROM_CHECKPOINT,
-    TASK_ENDED,
-    TASK_FAILED,
-    Failure,
-    in_place,
-    isolation,
-    respond,
-)
+from unicron.control.response import TASK_ENDED, Failure, Response, in_place, isolation, regrouped, respond
 from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import IterationReport, Progress
 from unicron.core.states import TaskState
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope, error_kind
+from unicron.core.tiers import Escalation, Tier, first_applicable, tier_named
 
 # Kinds that a peer's failure produces in the survivors: an incident opened by one of these may
 # turn out to have a deeper cause.
@@ -80,20 +71,17 @@ def attribute(sign: Sign, recent: Sequence[Sign], window: float) -> Scope:
 
 def reopened(events: Sequence[EventRecord]) -> list[tuple[int, Incident]]:
     """The incidents in ``events`` that no outcome closed (but the storage's: its own watch keeps
-    those, ``storagewatch``), with the generation each struck and the actions taken so far."""
+    those, ``storagewatch``), with the generation each struck and the tiers carried out so far
+    (the incident's, then each escalation's)."""
     closed = {e.detail.get("incident") for e in events if e.kind == "outcome"}
     found: dict[int, tuple[int, Incident]] = {}
     for e in events:
         if e.kind == "incident" and e.id not in closed and e.detail.get("scope") != Scope.STORAGE.value:
-            kind, action = error_kind(str(e.detail.get("kind"))), str(e.detail.get("action"))
-            found[e.id] = (int(e.detail.get("generation", 0)), Incident(e.id, kind, e.time, action))
-        elif e.kind in ("in_process_recovery", "escalation") and e.detail.get("incident") in found:
-            incident = found[e.detail["incident"]][1]
-            if e.kind == "escalation":  # as _escalate: the action under way changes
-                incident.action = str(e.detail["to_action"])
-            incident.actions.append(IN_PROCESS if e.kind == "in_process_recovery" else incident.action)
-    for _, incident in found.values():
-        incident.actions = incident.actions or [incident.action]
+            kind, tier = error_kind(str(e.detail.get("kind"))), tier_named(str(e.detail.get("action")))
+            struck = int(e.detail.get("generation", 0))
+            found[e.id] = (struck, Incident(e.id, kind, e.time, [tier], struck))
+        elif e.kind == "escalation" and e.detail.get("incident") in found and e.detail.get("carried"):
+            found[e.detail["incident"]][1].tiers.append(tier_named(str(e.detail["to_action"])))
     return list(found.values())
 
 
@@ -102,10 +90,18 @@ class Incident:
     id: int
     kind: ErrorKind
     detected: float
-    action: str  # the action now under way
-    actions: list[str] = field(default_factory=list)  # every action taken, in order
-    deadline: float | None = None  # an in-process recovery must regain a step by then
+    tiers: list[Tier]  # every tier carried out, in order: the last is under way
+    generation: int = 0  # the generation it struck (its key in ``Recovery.incidents``)
+    formed: int | None = None  # the generation its tier re-formed in place, while none trained
+    deadline: float | None = None  # a recovery in place must regain a step by then
     stuck_nodes: set[str] = field(default_factory=set)  # where members stuck in a recovery ran
+
+    @property
+    def tier(self) -> Tier:
+        return self.tiers[-1]
+
+    def labels(self) -> list[str]:
+        return [t.label for t in self.tiers]
 
 
 @dataclass
@@ -166,35 +162,118 @@ class Recovery:
             # data or its configuration, not the machine (hardware kinds keep their node scope).
             scope = Scope.TASK if TAXONOMY[kind].scope is Scope.WORKER else None
         scope = self.note(name, Sign(now, kind, node, generation), scope)
+        failure = Failure(name, node, why, None if failed is None else frozenset(failed))
+        if (same := self._same_event(task, generation, now)) is not None:
+            self._widen(same, task, failure, kind, scope, now)
+            return
         if (name, task.generation) in self.incidents:
             return
         self._stop_awaiting(name)  # this incident answers every peer error of the task so far
         self.generations.cancel_growth(name)
         decision = self.ladder.decide(name, kind, node, now, scope)
-        self.ctx.act.keep("ladder", self.ladder.history())
-        incident = self._open(task, kind, node, why, scope, decision, seen_at, seen_as)
-        failure = Failure(name, node, why, None if failed is None else frozenset(failed), incident.id)
-        may_stay = self.generations.in_place(name)
-        snapshot = self.ctx.store.snapshot()
         spec = self.ctx.spec(name)
         response = respond(
-            snapshot, failure, decision, may_stay, spec.is_usable, self.ctx.limits, now, spec.replica_size
+            self.ctx.store.snapshot(),
+            failure,
+            decision,
+            self.generations.in_place(name),
+            spec.is_usable,
+            self.ctx.limits,
+            now,
+            spec.replica_size,
         )
-        incident.actions.append(response.action)
-        if response.action == IN_PROCESS:
+        self.ladder.carried(name, response.tier, now)
+        self.ctx.act.keep("ladder", self.ladder.history())
+        incident = self._open(task, kind, node, why, scope, decision, response.tier, seen_at, seen_as)
+        for step in response.escalations:  # the tiers asked for that could not apply, and why
+            self._record_escalation(task, incident, step, carried=False)
+        self._carry_out(task, incident, response, now)
+
+    def _same_event(self, task: TaskRecord, generation: int | None, now: float) -> Incident | None:
+        """The open incident a failure belongs to, if it is the same event: that incident's tier
+        re-formed the task's current generation in place, which has trained no step yet, within
+        ``task_fault_window_s`` of its detection, and the failing worker had not reached that
+        generation (``generation``: the newest it reached; None, not known). Every worker killed
+        at once reports its exit on its own, and each lands in the generation the previous
+        one's recovery formed: without this, one event was counted as many incidents (a healthy
+        node isolated for its errors, the task failed as the same fault repeated)."""
+        if task.state is not TaskState.STARTING or (generation is not None and generation >= task.generation):
+            return None
+        window = self.ctx.limits.task_fault_window_s
+        for (name, _), incident in self.incidents.items():
+            if name == task.name and incident.formed == task.generation and now - incident.detected <= window:
+                return incident
+        return None
+
+    def _widen(
+        self,
+        incident: Incident,
+        task: TaskRecord,
+        failure: Failure,
+        kind: ErrorKind,
+        scope: Scope,
+        now: float,
+    ) -> None:
+        """More of the same event: the incident's tier is carried out again on the generation it
+        formed, without the newly failed ranks (escalating while it cannot apply); the ladder
+        counts nothing more (one event is one incident)."""
+        why = f"the same event as incident {incident.id}"
+        decision = LadderDecision(kind, TAXONOMY[kind].severity, incident.tier, False, why, scope)
+        spec = self.ctx.spec(task.name)
+        response = respond(
+            self.ctx.store.snapshot(),
+            failure,
+            decision,
+            self.generations.in_place(task.name),
+            spec.is_usable,
+            self.ctx.limits,
+            now,
+            spec.replica_size,
+        )
+        failed = None if failure.failed is None else sorted(failure.failed)
+        self.ctx.act.record(
+            "incident_widened",
+            task=task.name,
+            node=failure.node,
+            incident=incident.id,
+            generation=task.generation,
+            kind=kind.value,
+            failed=failed,
+            why=failure.why,
+        )
+        for i, step in enumerate(response.escalations):
+            self._record_escalation(task, incident, step, carried=i == len(response.escalations) - 1)
+        if response.escalations:
+            self.ladder.carried(task.name, response.tier, now)
+            self.ctx.act.keep("ladder", self.ladder.history())
+        self._carry_out(task, incident, response, now)
+
+    def _carry_out(self, task: TaskRecord, incident: Incident, response: Response, now: float) -> None:
+        """Apply the tier's effects and record what they did: the generation re-formed in place,
+        the response (when it was decided), and a failed task's outcome."""
+        name = task.name
+        if response.tier.in_place:
             incident.deadline = now + self.ctx.limits.recovery_deadline_s
         self._apply(response.effects, now)
+        incident.formed = None
+        if response.tier.in_place:
+            detail = regrouped(response.effects)
+            incident.formed = detail.get("generation")
+            tier = response.tier.label
+            self.ctx.act.record("in_process_recovery", task=name, incident=incident.id, tier=tier, **detail)
         decided = self.ctx.clock()
         self.ctx.act.record(
             "response",
             task=name,
             incident=incident.id,
-            action=response.action,
+            action=response.tier.label,
             decided_at=decided,
             decision_s=round(decided - now, 6),
         )
-        if response.action == TASK_FAILED:
-            del self.incidents[(name, task.generation)]  # its outcome is recorded: task failed
+        if response.tier is Tier.FAIL_TASK:
+            why = self.ctx.store.get_task(name).reason or ""
+            self.ctx.act.record("outcome", task=name, incident=incident.id, outcome="task failed", why=why)
+            del self.incidents[(name, incident.generation)]
             self.released(name)
 
     def _apply(self, effects: Sequence[Effect], now: float) -> None:
@@ -211,11 +290,13 @@ class Recovery:
         why: str,
         scope: Scope,
         decision: LadderDecision,
+        tier: Tier,
         seen_at: float | None,
         seen_as: str,
     ) -> Incident:
-        """Record the generation's incident (the ladder's decision, when the fault began) and
-        close the ones it supersedes (a new fault struck while they were being recovered)."""
+        """Record the generation's incident (the tier carried out, the one the ladder asked for
+        and why, when the fault began) and close the ones it supersedes (a new fault struck
+        while they were being recovered)."""
         now, name, record = self.ctx.clock(), task.name, self.ctx.act.record
         superseded = [k for k in self.incidents if k[0] == name]
         injected = self.faults.get((name, task.generation))
@@ -226,7 +307,8 @@ class Recovery:
             node=node,
             kind=kind.value,
             severity=decision.severity.name,
-            action=decision.action.label,
+            action=tier.label,
+            asked=decision.tier.label,
             scope=scope.value,
             why=why,
             ladder=decision.why,
@@ -241,7 +323,7 @@ class Recovery:
         for key in superseded:
             earlier = self.incidents.pop(key)
             record("outcome", task=name, incident=earlier.id, outcome="superseded", by=incident_id)
-        incident = Incident(incident_id, kind, now, decision.action.label)
+        incident = Incident(incident_id, kind, now, [tier], task.generation)
         self.incidents[(name, task.generation)] = incident
         self.last_incident[name] = incident_id
         return incident
@@ -297,8 +379,8 @@ class Recovery:
                     resumed_step=first.step,
                     first_step_ended_at=first.time or self.ctx.clock(),
                     resumed_at=first.resumed_at or None,
-                    action=incident.action,
-                    actions=incident.actions,
+                    action=incident.tier.label,
+                    actions=incident.labels(),
                 )
                 del self.incidents[(task, generation)]
 
@@ -321,59 +403,84 @@ class Recovery:
         now: float,
         positions: Callable[[Sequence[WorkerRecord]], Mapping[WorkerKey, Progress | None]],
     ) -> None:
-        """A recovery that has not regained a step by its deadline has failed: escalate one tier.
-        After an in-process recovery, the members that never reached the re-formed generation
-        (stuck on the way) are restarted: stopped, the others re-form without them, and the
-        plan grows the task back with new workers that take their state from the live ones.
-        When that fails too, or nobody arrived, the task restarts from its newest intact
-        checkpoint, and the nodes of the members that were stuck are isolated (SEV1). ``positions``:
-        where each member's process last reported it was."""
+        """A recovery in place that has not regained a step by its deadline has failed: it
+        escalates one tier (and further while a tier cannot apply, each time saying why). The
+        members that never reached the re-formed generation (stuck on the way; ``positions``:
+        where each member's process last reported it was) are what the next tiers act on:
+        restart failed stops them and the others re-form without them (the plan grows the task
+        back with new workers that take their state from the live ones); reconfigure also takes
+        their nodes out; a restart from the checkpoint isolates the nodes where members were
+        stuck before (a tier that acted on them failed)."""
         due = [i for (t, _), i in self.incidents.items() if t == name and i.deadline and now > i.deadline]
         if not due:
             return
         incident = due[0]
         incident.deadline = None
-        waited = self.ctx.limits.recovery_deadline_s
         snapshot = self.ctx.store.snapshot()
         members = snapshot.live(name)
         stuck = not_arrived(members, positions(members), generation)
-        if incident.actions[-1] == IN_PROCESS and 0 < len(stuck) < len(members):
-            ranks = sorted(w.rank for w in stuck)
-            self._escalate(
-                name, incident, RESTART_FAILED, f"rank(s) {ranks} never reached generation {generation}"
-            )
-            spec = self.ctx.spec(name)
-            stay = in_place(snapshot, name, set(ranks), incident.id, spec.is_usable, (), spec.replica_size)
-            if self.generations.in_place(name) and not isinstance(stay, str):
-                self._apply(stay, now)
-                incident.stuck_nodes = {w.node for w in stuck}
-                incident.deadline = now + waited
-                return
-        self._escalate(name, incident, RESTART_FROM_CHECKPOINT, f"no step within {waited:g} s")
-        why = "a restart of its stuck workers did not recover the task"
-        effects: list[Effect] = []
-        for node in sorted(incident.stuck_nodes):  # tier two was carried out, and failed
-            effects += isolation(snapshot, node, why, now, self.ctx.limits)
-        task = snapshot.task(name)
-        effects += [
-            StopGeneration(name, task.generation, self.ctx.limits.failure_stop_grace_s),
-            TaskDown(name, TaskState.RESTARTING),
-        ]
-        self._apply(effects, now)
+        planned: dict[Tier, tuple[Effect, ...]] = {}
 
-    def _escalate(self, name: str, incident: Incident, to: str, why: str) -> None:
-        task = self.ctx.store.get_task(name)
+        def why_not(tier: Tier) -> str | None:
+            if not tier.in_place:
+                return None
+            if not self.generations.in_place(name):
+                return "the task no longer recovers in place (a grow under way)"
+            if not 0 < len(stuck) < len(members):
+                arrived = "no" if stuck else "every"
+                return f"{arrived} member reached generation {generation}: none to leave out"
+            ranks, nodes = {w.rank for w in stuck}, {w.node for w in stuck}
+            spec, limits = self.ctx.spec(name), self.ctx.limits
+            leaving: tuple[Effect, ...] = ()
+            if tier is Tier.RECONFIGURE:
+                why = f"rank(s) {sorted(ranks)} stuck on the way into generation {generation}"
+                leaving = tuple(e for n in sorted(nodes) for e in isolation(snapshot, n, why, now, limits))
+            out = nodes if tier is Tier.RECONFIGURE else set()
+            stay = in_place(snapshot, name, ranks, spec.is_usable, out, spec.replica_size)
+            if isinstance(stay, str):
+                return stay
+            planned[tier] = (*leaving, *stay)
+            return None
+
+        why = f"no step within {self.ctx.limits.recovery_deadline_s:g} s"
+        if 0 < len(stuck) < len(members):
+            why += f"; rank(s) {sorted(w.rank for w in stuck)} never reached generation {generation}"
+        failed = Escalation(incident.tier, incident.tier.next(), why)
+        tier, escalations = first_applicable(incident.tier.next(), why_not)
+        task = snapshot.task(name)
+        steps = (failed, *escalations)
+        for i, step in enumerate(steps):
+            self._record_escalation(task, incident, step, carried=i == len(steps) - 1)
+        self.ladder.carried(name, tier, now)
+        self.ctx.act.keep("ladder", self.ladder.history())
+        if tier.in_place:
+            incident.stuck_nodes |= {w.node for w in stuck}
+            self._carry_out(task, incident, Response(tier, escalations, planned[tier]), now)
+            return
+        why = "a recovery in place that left out the members stuck there did not recover the task"
+        limits = self.ctx.limits
+        effects = [e for n in sorted(incident.stuck_nodes) for e in isolation(snapshot, n, why, now, limits)]
+        effects.append(StopGeneration(name, task.generation, self.ctx.limits.failure_stop_grace_s))
+        effects.append(TaskDown(name, TaskState.RESTARTING))
+        self._carry_out(task, incident, Response(tier, escalations, tuple(effects)), now)
+
+    def _record_escalation(
+        self, task: TaskRecord, incident: Incident, step: Escalation, carried: bool
+    ) -> None:
+        """Record one step up the tiers: ``carried``, its tier is now under way; else it only
+        passed that tier (it could not apply), on the way to the one carried out."""
         self.ctx.act.record(
             "escalation",
             task=task.name,
             incident=incident.id,
-            from_action=incident.actions[-1],
-            to_action=to,
-            why=why,
+            from_action=step.from_tier.label,
+            to_action=step.to_tier.label,
+            why=step.why,
             generation=task.generation,
+            carried=carried,
         )
-        incident.action = to
-        incident.actions.append(to)
+        if carried:
+            incident.tiers.append(step.to_tier)
 
     def rebuild(self) -> None:
         """After a restart: the incidents of live tasks that no outcome closed are open again
@@ -386,7 +493,7 @@ class Recovery:
                 if not task.state.live:
                     self._ended(task.name, incident, task.state)
                     continue
-                if incident.actions[-1] in (IN_PROCESS, RESTART_FAILED):
+                if incident.tier.in_place:
                     incident.deadline = now + self.ctx.limits.recovery_deadline_s
                 self.incidents[(task.name, generation)] = incident
                 self.last_incident[task.name] = max(incident.id, self.last_incident.get(task.name, 0))
@@ -412,8 +519,8 @@ class Recovery:
             incident=incident.id,
             outcome=TASK_ENDED,
             task_state=state.value,
-            action=incident.action,
-            actions=incident.actions,
+            action=incident.tier.label,
+            actions=incident.labels(),
         )
 
     def root_cause(self, name: str, kind: ErrorKind, node: str) -> None:

@@ -1,28 +1,34 @@
 """What the coordinator does about a failure: pure functions of a snapshot, returning effects.
 
-The ladder (``core/ladder.py``) has picked the action; :func:`respond` turns it into effects on
-the cluster as the snapshot shows it: isolate the node, then let the survivors go on in place
-(they form the next generation without the failed ranks) when that is allowed and possible, or
-stop the generation to restart it from its newest checkpoint, or fail the task. The applier
-carries the effects out (``effects.Applier.apply``); tests check them on hand-built snapshots.
+The ladder (``core/ladder.py``) asks for a tier (``core/tiers.py``); :func:`respond` carries out
+the cheapest tier at or above it that applies to the cluster as the snapshot shows it, and says
+why each tier below that could not:
+
+- reattempt: every member, none lost, re-forms the group as the next generation;
+- restart failed: the failed ranks are killed, the survivors re-form without them (the plan
+  grows the task back with new processes that take their state from a live peer);
+- reconfigure: as restart failed, and the blamed node leaves (isolated; its ranks leave too);
+- from checkpoint: the generation stops, the task is relaunched from its newest checkpoint;
+- fail task: the generation stops and the task fails.
+
+A node the ladder isolates is isolated whichever tier is carried out. The applier carries the
+effects out (``effects.Applier.apply``); tests check them on hand-built snapshots.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
-from unicron.control.effects import Effect, Isolate, Record, StopGeneration, StopWorker, Switch, TaskDown
+from unicron.control.effects import Effect, Isolate, StopGeneration, StopWorker, Switch, TaskDown
 from unicron.control.generations import survivors
 from unicron.control.snapshot import Snapshot
 from unicron.core.ladder import Decision
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, TaskState
+from unicron.core.tiers import Escalation, Tier, first_applicable, precondition
 
-IN_PROCESS = "in-process recovery"
-RESTART_FAILED = "restart of the stuck workers"  # tier two: new processes take peer state
-RESTART_FROM_CHECKPOINT = "restart from checkpoint"
-TASK_FAILED = "task failed"
 TASK_ENDED = "task ended"  # an incident still open when its task ended (finished, cancelled)
 
 
@@ -35,12 +41,12 @@ class Failure:
     node: str | None
     why: str
     failed: frozenset[int] | None
-    incident: int  # the incident's event id, which every effect refers to
 
 
 @dataclass(frozen=True)
 class Response:
-    action: str  # IN_PROCESS, RESTART_FROM_CHECKPOINT or TASK_FAILED
+    tier: Tier  # the tier carried out
+    escalations: tuple[Escalation, ...]  # the tiers, from the one asked for, that could not apply
     effects: tuple[Effect, ...]
 
 
@@ -55,7 +61,6 @@ def in_place(
     snapshot: Snapshot,
     name: str,
     failed: Collection[int],
-    incident: int,
     usable: Callable[[int], bool],
     out: Collection[str] = (),
     replica_size: int = 1,
@@ -72,23 +77,17 @@ def in_place(
         return shrink
     stops = [StopWorker(w, 0.0) for w in shrink.left if w.rank in failed and w.node in healthy]
     kept = {w: shrink.membership.ranks[w.rank] for w in shrink.kept}
-    recovered = Record(
-        "in_process_recovery",
-        task=name,
-        detail={
-            "incident": incident,
-            "generation": shrink.membership.generation,
-            "workers": shrink.membership.world_size,
-            "failed": sorted(failed),
-            "survivors": [w.rank for w in shrink.kept],
-        },
-    )
-    return (
-        *stops,
-        Switch(name, task.generation, shrink.membership, kept),
-        TaskDown(name, TaskState.STARTING),
-        recovered,
-    )
+    switch = Switch(name, task.generation, shrink.membership, kept)
+    return (*stops, switch, TaskDown(name, TaskState.STARTING))
+
+
+def regrouped(effects: Collection[Effect]) -> dict[str, Any]:
+    """What a generation re-formed in place is, for its event: the ``Switch`` among ``effects``."""
+    for e in effects:
+        if isinstance(e, Switch):
+            m = e.membership
+            return {"generation": m.generation, "workers": m.world_size, "failed": m.failed}
+    return {}
 
 
 def respond(
@@ -101,35 +100,37 @@ def respond(
     now: float,
     replica_size: int = 1,
 ) -> Response:
-    """The effects of the ladder's ``decision`` on ``failure``. ``may_stay``: the task recovers
-    in place (its spec asks for it and no grow is under way)."""
-    name = failure.task
-    task = snapshot.task(name)
-    effects: list[Effect] = []
-    if decision.isolate_node and failure.node is not None:
-        why = f"{decision.kind.value} ({decision.why})"
-        effects += isolation(snapshot, failure.node, why, now, limits)
-    out = {e.node for e in effects if isinstance(e, Isolate)}
-    if may_stay and not decision.fail_task and failure.failed is not None:
-        stay = in_place(snapshot, name, failure.failed, failure.incident, usable, out, replica_size)
-        if not isinstance(stay, str):
-            return Response(IN_PROCESS, (*effects, *stay))
-        detail = {
-            "incident": failure.incident,
-            "why": stay,
-            "live": [(w.rank, w.node, w.state.value) for w in snapshot.live(name)],
-            "failed": sorted(failure.failed),
-        }
-        effects.append(Record("in_process_impossible", task=name, detail=detail))
-    effects.append(StopGeneration(name, task.generation, limits.failure_stop_grace_s))
-    if not decision.fail_task:
-        return Response(RESTART_FROM_CHECKPOINT, (*effects, TaskDown(name, TaskState.RESTARTING)))
-    outcome = {"incident": failure.incident, "outcome": TASK_FAILED, "why": decision.why}
-    return Response(
-        TASK_FAILED,
-        (
-            *effects,
-            TaskDown(name, TaskState.FAILED, reason=f"{failure.why}: {decision.why}"),
-            Record("outcome", task=name, detail=outcome),
-        ),
-    )
+    """The effects of the cheapest tier at or above ``decision.tier`` that applies to
+    ``failure``. ``may_stay``: the task recovers in place (its spec asks for it and no grow is
+    under way)."""
+    name, node = failure.task, failure.node
+    isolated: tuple[Effect, ...] = ()
+    if decision.isolate_node and node is not None:
+        isolated = isolation(snapshot, node, f"{decision.kind.value} ({decision.why})", now, limits)
+    planned: dict[Tier, tuple[Effect, ...]] = {}
+
+    def why_not(tier: Tier) -> str | None:
+        if (reason := precondition(tier, may_stay, failure.failed, node)) is not None or not tier.in_place:
+            return reason
+        assert failure.failed is not None  # (the precondition holds)
+        leaving: tuple[Effect, ...] = isolated
+        if tier is Tier.RECONFIGURE and node is not None and not isolated:
+            why = f"{decision.kind.value}: the cluster is reconfigured without it"
+            leaving = isolation(snapshot, node, why, now, limits)
+        out = {node} if tier is Tier.RECONFIGURE and node is not None else set()
+        out |= {e.node for e in leaving if isinstance(e, Isolate)}
+        gone = frozenset() if tier is Tier.REATTEMPT else failure.failed
+        stay = in_place(snapshot, name, gone, usable, out, replica_size)
+        if isinstance(stay, str):
+            return stay
+        planned[tier] = (*leaving, *stay)
+        return None
+
+    tier, escalations = first_applicable(decision.tier, why_not)
+    if tier.in_place:
+        return Response(tier, escalations, planned[tier])
+    stop = StopGeneration(name, snapshot.task(name).generation, limits.failure_stop_grace_s)
+    if tier is Tier.FROM_CHECKPOINT:
+        return Response(tier, escalations, (*isolated, stop, TaskDown(name, TaskState.RESTARTING)))
+    down = TaskDown(name, TaskState.FAILED, reason=f"{failure.why}: {decision.why}")
+    return Response(tier, escalations, (*isolated, stop, down))

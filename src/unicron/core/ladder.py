@@ -1,11 +1,13 @@
-"""The severity ladder: which action handles an incident, and when to escalate.
+"""The severity ladder: which recovery tier a failure asks for, and when to escalate.
 
 Pure (no I/O, clock passed in), so that the coordinator (``control/recovery.py``) and the
-simulator's Unicron policy (``sim/policies.py``) decide with the same code.
+simulator's Unicron policy (``sim/unicron_policy.py``) decide with the same code. The ladder
+asks; what is carried out is the cheapest tier at or above it that applies (``core/tiers.py``),
+and only that is counted (:meth:`Ladder.carried`), so the counts are of what happened.
 
-The kind's severity gives the first action (SEV3: reattempt in place, SEV2: restart the process,
-SEV1: reconfigure the cluster). An action escalates one level when it was already taken too often
-for the task within the window (max_reattempts, max_restarts). A node that produced
+The kind's severity gives the first tier (SEV3: reattempt in place, SEV2: restart the failed
+processes, SEV1: reconfigure the cluster). A tier escalates one level when it was already carried
+out too often for the task within the window (max_reattempts, max_restarts). A node that produced
 ``isolate_after`` SEV1 or SEV2 errors within the window is isolated (reconfigure). A task that
 failed ``task_failure_limit`` times within the window is failed: restarting it again is futile.
 
@@ -21,24 +23,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unicron.core.settings import Settings
-from unicron.core.taxonomy import TAXONOMY, Action, ErrorKind, Scope, Severity
+from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope, Severity
+from unicron.core.tiers import Tier
 
 
 @dataclass(frozen=True)
 class Decision:
     kind: ErrorKind
     severity: Severity
-    action: Action
+    tier: Tier  # the tier asked for (FAIL_TASK when the task is to fail)
     isolate_node: bool
-    fail_task: bool
     why: str
     scope: Scope
+
+    @property
+    def fail_task(self) -> bool:
+        return self.tier is Tier.FAIL_TASK
 
 
 @dataclass
 class Ladder:
     settings: Settings
-    actions: dict[str, list[tuple[float, Action]]] = field(default_factory=dict)
+    actions: dict[str, list[tuple[float, Tier]]] = field(default_factory=dict)  # tiers carried out
     node_errors: dict[str, list[tuple[float, str, ErrorKind]]] = field(default_factory=dict)
     failures: dict[str, list[float]] = field(default_factory=dict)
     same: dict[tuple[str, ErrorKind], list[float]] = field(default_factory=dict)
@@ -54,7 +60,7 @@ class Ladder:
 
     def restore(self, history: dict[str, Any]) -> None:
         """Count again what ``history`` (from :meth:`history`) counted."""
-        self.actions = {t: [(at, Action(a)) for at, a in taken] for t, taken in history["actions"].items()}
+        self.actions = {t: [(at, Tier(a)) for at, a in taken] for t, taken in history["actions"].items()}
         self.node_errors = {
             n: [(at, t, ErrorKind(k)) for at, t, k in e] for n, e in history["node_errors"].items()
         }
@@ -83,44 +89,48 @@ class Ladder:
     ) -> Decision:
         info = TAXONOMY[kind]
         scope = scope or info.scope
-        action, why = info.action, f"{info.severity.name} {kind.value}"
+        tier, why = info.tier, f"{info.severity.name} {kind.value}"
         if scope not in (Scope.WORKER, Scope.NODE):
             why += f" ({scope.value} fault: no node blamed)"
             node = None
-        taken = [
-            (t, a) for t, a in self.actions.get(task, []) if now - t <= self.settings.escalation_window_s
-        ]
-        if (
-            action is Action.REATTEMPT
-            and sum(a is Action.REATTEMPT for _, a in taken) >= self.settings.max_reattempts
-        ):
-            action, why = Action.RESTART_PROCESS, why + f"; reattempted {self.settings.max_reattempts}x"
-        if (
-            action is Action.RESTART_PROCESS
-            and sum(a is Action.RESTART_PROCESS for _, a in taken) >= self.settings.max_restarts
-        ):
-            action, why = Action.RECONFIGURE, why + f"; restarted {self.settings.max_restarts}x"
-        isolate = False
-        if node is not None and info.severity in (Severity.SEV1, Severity.SEV2):
-            window = self.settings.escalation_window_s
-            errors = [e for e in self.node_errors.get(node, []) if now - e[0] <= window] + [(now, task, kind)]
-            self.node_errors[node] = errors
-            if info.severity is Severity.SEV1 or len(errors) >= self.settings.isolate_after:
-                isolate = kind is not ErrorKind.NODE_LOST  # a lost node is out already
-                if isolate and info.severity is Severity.SEV2:
-                    why += f"; node {node} had {len(errors)} errors"
-                if isolate:
-                    action = Action.RECONFIGURE
+        taken = [a for t, a in self.actions.get(task, []) if now - t <= self.settings.escalation_window_s]
+        if tier is Tier.REATTEMPT and taken.count(Tier.REATTEMPT) >= self.settings.max_reattempts:
+            tier, why = Tier.RESTART_FAILED, why + f"; reattempted {self.settings.max_reattempts}x"
+        if tier is Tier.RESTART_FAILED and taken.count(Tier.RESTART_FAILED) >= self.settings.max_restarts:
+            tier, why = Tier.RECONFIGURE, why + f"; restarted {self.settings.max_restarts}x"
+        isolate = node is not None and self._node_error(task, kind, node, now)
+        if isolate and node is not None:
+            tier = max(tier, Tier.RECONFIGURE)
+            if info.severity is Severity.SEV2:
+                why += f"; node {node} had {len(self.node_errors[node])} errors"
         failures = [*self._recent(self.failures.get(task, []), now), now]
         self.failures[task] = failures
-        fail = len(failures) >= self.settings.task_failure_limit
-        if fail:
+        if len(failures) >= self.settings.task_failure_limit:
+            tier = Tier.FAIL_TASK
             why += f"; {len(failures)} failures within {self.settings.escalation_window_s:g} s"
         if scope in (Scope.TASK, Scope.STORAGE):
             same = [*self._recent(self.same.get((task, kind), []), now), now]
             self.same[(task, kind)] = same
             if len(same) >= self.settings.same_fault_limit:
-                fail = True
+                tier = Tier.FAIL_TASK
                 why += f"; the same {scope.value} fault {len(same)} times: restarting cannot mend it"
-        self.actions[task] = [*taken, (now, action)]
-        return Decision(kind, info.severity, action, isolate, fail, why, scope)
+        return Decision(kind, info.severity, tier, isolate, why, scope)
+
+    def _node_error(self, task: str, kind: ErrorKind, node: str, now: float) -> bool:
+        """Count a SEV1 or SEV2 error against ``node``; whether the node is to be isolated (a
+        SEV1 kind, or ``isolate_after`` errors within the window; a lost node is out already)."""
+        severity = TAXONOMY[kind].severity
+        if severity not in (Severity.SEV1, Severity.SEV2):
+            return False
+        window = self.settings.escalation_window_s
+        errors = [e for e in self.node_errors.get(node, []) if now - e[0] <= window] + [(now, task, kind)]
+        self.node_errors[node] = errors
+        due = severity is Severity.SEV1 or len(errors) >= self.settings.isolate_after
+        return due and kind is not ErrorKind.NODE_LOST
+
+    def carried(self, task: str, tier: Tier, now: float) -> None:
+        """``tier`` was carried out for ``task`` (asked for, or reached by escalation): what the
+        escalation counts of later failures go by."""
+        window = self.settings.escalation_window_s
+        recent = [(t, a) for t, a in self.actions.get(task, []) if now - t <= window]
+        self.actions[task] = [*recent, (now, tier)]

@@ -150,8 +150,8 @@ class Settings(BaseModel):
     recovery_deadline_s: float = Field(
         20.0,
         gt=0,
-        description="an in-process recovery must regain a step within this, else the task restarts"
-        " from its newest intact checkpoint",
+        description="a recovery in place must regain a step within this, else it escalates one tier"
+        " (core/tiers.py)",
     )
     store_reconnect_s: float = Field(
         5.0, gt=0, description="a worker retries an unreachable rendezvous store at most this far apart"
@@ -171,8 +171,12 @@ class Settings(BaseModel):
     )
     # handling
     escalation_window_s: float = Field(600.0, gt=0, description="repeats are counted within this")
-    max_reattempts: int = Field(2, ge=0, description="in-place retries before restarting the process")
-    max_restarts: int = Field(3, ge=0, description="process restarts before reconfiguring")
+    max_reattempts: int = Field(
+        2, ge=0, description="reattempts carried out before a failure restarts the failed processes"
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="restarts of failed processes carried out before a failure reconfigures"
+    )
     isolate_after: int = Field(2, ge=1, description="SEV1/SEV2 errors on one node before isolating it")
     isolation_s: float = Field(300.0, ge=0, description="how long an isolated node stays out")
     forget_lost_node_s: float = Field(

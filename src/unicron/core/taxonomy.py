@@ -1,7 +1,7 @@
-"""The error taxonomy: kinds of failure, their severity, and the action that handles each.
+"""The error taxonomy: kinds of failure, their severity, and the tier that first handles each.
 
-Severities and actions follow the Unicron paper (arXiv 2401.00134, section 4; table in
-shared/design/system.md). Actions are ordered cheapest first; escalation moves up that order.
+Severities and first tiers follow the Unicron paper (arXiv 2401.00134, section 4, Figure 1;
+docs/reliability.md). Tiers are ordered cheapest first; escalation moves up that order.
 """
 
 from __future__ import annotations
@@ -9,23 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
+from unicron.core.tiers import Tier
+
 
 class Severity(IntEnum):
     SEV1 = 1  # hardware that needs repair: the node must be isolated
     SEV2 = 2  # a process is broken: replace it
     SEV3 = 3  # transient: retry in place
-
-
-class Action(IntEnum):
-    """Handling actions, cheapest first (compare with < to escalate)."""
-
-    REATTEMPT = 1
-    RESTART_PROCESS = 2
-    RECONFIGURE = 3
-
-    @property
-    def label(self) -> str:
-        return self.name.lower().replace("_", " ")
 
 
 class Scope(StrEnum):
@@ -82,21 +72,21 @@ def error_kind(value: str) -> ErrorKind:
 @dataclass(frozen=True)
 class KindInfo:
     severity: Severity
-    action: Action
+    tier: Tier  # the first tier that handles it (core/tiers.py; the ladder may escalate)
     needs_repair: bool  # the node stays unusable until repaired
     scope: Scope = Scope.WORKER
 
 
-_S1 = KindInfo(Severity.SEV1, Action.RECONFIGURE, True, Scope.NODE)
-_S2 = KindInfo(Severity.SEV2, Action.RESTART_PROCESS, False)
-_S3 = KindInfo(Severity.SEV3, Action.REATTEMPT, False)
+_S1 = KindInfo(Severity.SEV1, Tier.RECONFIGURE, True, Scope.NODE)
+_S2 = KindInfo(Severity.SEV2, Tier.RESTART_FAILED, False)
+_S3 = KindInfo(Severity.SEV3, Tier.REATTEMPT, False)
 
 TAXONOMY: dict[ErrorKind, KindInfo] = {
     ErrorKind.NODE_LOST: _S1,
     # Not in the paper's table: a host its peers cannot reach (found by the agents' peer probe
     # after a hang no rank is to blame for). Taken out like a lost node, for the isolation
     # period, but not awaiting repair: a network that heals brings it back.
-    ErrorKind.NODE_PARTITIONED: KindInfo(Severity.SEV1, Action.RECONFIGURE, False, Scope.NODE),
+    ErrorKind.NODE_PARTITIONED: KindInfo(Severity.SEV1, Tier.RECONFIGURE, False, Scope.NODE),
     ErrorKind.ECC_ERROR: _S1,
     ErrorKind.NVLINK_ERROR: _S1,
     ErrorKind.GPU_DRIVER_ERROR: _S1,
@@ -113,10 +103,10 @@ TAXONOMY: dict[ErrorKind, KindInfo] = {
     # Not in the paper's table. Restarting cannot fix a bug or a model that does not fit, but it
     # is the cheapest thing that might; repeats make the task fail (Settings.task_failure_limit).
     ErrorKind.OUT_OF_MEMORY: _S2,
-    ErrorKind.USER_ERROR: KindInfo(Severity.SEV2, Action.RESTART_PROCESS, False, Scope.TASK),
+    ErrorKind.USER_ERROR: KindInfo(Severity.SEV2, Tier.RESTART_FAILED, False, Scope.TASK),
     # A full, read-only or corrupt checkpoint store: restarting processes cannot mend it, and no
     # node is to blame; repeats fail the task with the reason (Settings.same_fault_limit).
-    ErrorKind.STORAGE_ERROR: KindInfo(Severity.SEV2, Action.RESTART_PROCESS, False, Scope.STORAGE),
+    ErrorKind.STORAGE_ERROR: KindInfo(Severity.SEV2, Tier.RESTART_FAILED, False, Scope.STORAGE),
     # The paper leaves "others" unassigned; we restart the process, the middle of the ladder.
     ErrorKind.OTHER: _S2,
 }

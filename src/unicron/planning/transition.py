@@ -4,8 +4,8 @@ D_trans = detection + set-up of the action + state movement + lost work, where
 
 - detection: the in-band detection delay of the failure that hit the task (0 for a task that
   only changes because the plan moved it: the coordinator itself orders that change);
-- set-up: per action (reattempt, restart process, reconfigure): process start, rendezvous and
-  process-group rebuild;
+- set-up: per recovery tier (``core/tiers.py``): process start, rendezvous and process-group
+  rebuild;
 - state movement: bytes each new or re-sharded worker needs (model + optimizer state of its
   shard) divided by the bandwidth of the nearest source that still holds them;
 - lost work: with partial-result reuse, a fraction of one iteration; when no live replica
@@ -22,18 +22,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from unicron.core.specs import TransitionSettings
-from unicron.core.taxonomy import Action, StateSource
+from unicron.core.taxonomy import StateSource
+from unicron.core.tiers import Tier
 from unicron.planning.throughput import CurvePoints, FloatArray
 
 GB = 1e9
 
 
-def setup_seconds(settings: TransitionSettings, action: Action) -> float:
+def setup_seconds(settings: TransitionSettings, tier: Tier) -> float:
+    """A tier's set-up: a relaunch from the checkpoint starts its processes as a process restart
+    does (its state is priced apart, from the checkpoint's bandwidth)."""
     return {
-        Action.REATTEMPT: settings.reattempt_s,
-        Action.RESTART_PROCESS: settings.restart_process_s,
-        Action.RECONFIGURE: settings.reconfigure_s,
-    }[action]
+        Tier.REATTEMPT: settings.reattempt_s,
+        Tier.RESTART_FAILED: settings.restart_process_s,
+        Tier.RECONFIGURE: settings.reconfigure_s,
+        Tier.FROM_CHECKPOINT: settings.restart_process_s,
+    }[tier]
 
 
 def bandwidth(settings: TransitionSettings, source: StateSource) -> float:
@@ -83,7 +87,7 @@ def transition_parts(
     survivors: int,
     failed: bool,
     detection_s: float,
-    action: Action = Action.RECONFIGURE,
+    tier: Tier = Tier.RECONFIGURE,
 ) -> TransitionParts:
     """D_trans for moving a task from ``before`` (one count) to each count in ``after``.
 
@@ -104,7 +108,7 @@ def transition_parts(
     ones = np.ones(len(after.gpus))
     return TransitionParts(
         ones * (detection_s if failed else 0.0),
-        ones * setup_seconds(settings, action),
+        ones * setup_seconds(settings, tier),
         np.asarray(moving, dtype=np.float64),
         ones * lost,
     )

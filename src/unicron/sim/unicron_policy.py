@@ -28,13 +28,16 @@ from unicron.core.events import NodeBack, NodeLost
 from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.settings import Settings
-from unicron.core.taxonomy import TAXONOMY, Action, ErrorKind, StateSource
+from unicron.core.taxonomy import TAXONOMY, ErrorKind, Severity, StateSource
+from unicron.core.tiers import Tier, first_applicable, precondition
 from unicron.planning.placement import Assignment
 from unicron.planning.planner import Decision, plan
 from unicron.planning.transition import bandwidth, state_source, transition_parts
 from unicron.sim.engine import HOUR, Simulation, TaskRun
 from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, held, iteration_s
 from unicron.sim.traces import Failure
+
+NEVER = 2**31  # a count no trace reaches
 
 
 class UnicronSettings(PolicySettings):
@@ -52,9 +55,15 @@ class UnicronSettings(PolicySettings):
     seed: int = 0
 
     def ladder_settings(self) -> Settings:
-        """The coordinator's ladder thresholds, with this policy's isolation rule."""
+        """The coordinator's ladder thresholds, with this policy's isolation rule. A trace holds
+        the cluster's faults (hardware, network), which a relaunch survives; the limits that fail
+        a task (``task_failure_limit``, ``same_fault_limit``) stop a task's own bug from looping,
+        which no trace holds, so here they never fail one."""
         return Settings(
-            escalation_window_s=self.isolate_window_hours * HOUR, isolate_after=self.isolate_after
+            escalation_window_s=self.isolate_window_hours * HOUR,
+            isolate_after=self.isolate_after,
+            task_failure_limit=NEVER,
+            same_fault_limit=NEVER,
         )
 
 
@@ -81,34 +90,60 @@ class UnicronPolicy:
             return self.s.hang_multiple * iteration + self.s.heartbeat_s
         if kind in CRASH_KINDS:
             return self.s.crash_detection_s
-        if TAXONOMY[kind].action is Action.RECONFIGURE:
+        if TAXONOMY[kind].tier is Tier.RECONFIGURE:
             return self.s.hardware_detection_s
         return self.s.network_detection_s
 
     # ------------------------------------------------------------------ the ladder
     def on_failure(self, sim: Simulation, failure: Failure, hit: Mapping[str, int]) -> None:
+        """The ladder asks; each hit task gets the cheapest tier at or above that applies
+        (``core/tiers.py``, as the coordinator's ``respond``), and that tier is modelled."""
         node = str(failure.node)
         decisions = {name: self._decide(sim, name, failure.kind, node) for name in sorted(hit)}
+        out = failure.node not in sim.healthy  # the engine took it out for repair: its GPUs are gone
+        tiers = {
+            name: self._tier(sim, name, d, failure.kind, hit[name], out) for name, d in decisions.items()
+        }
         if any(d.isolate_node for d in decisions.values()) and failure.node in sim.healthy:
             sim.take_out(failure.node, sim.now + self.s.isolation_hours * HOUR)
-        if any(d.action is Action.RECONFIGURE for d in decisions.values()):
+        for name, tier in tiers.items():
+            self.ladder.carried(name, tier, sim.now)
+        if any(t is Tier.RECONFIGURE for t in tiers.values()):
             self._reconfigure(sim, failure, hit)  # the planner answers for every task on the node
             return
-        for name, decision in decisions.items():
+        for name, tier in tiers.items():
             run = sim.tasks[name]
-            if decision.action is Action.REATTEMPT:
+            if tier is Tier.REATTEMPT:
                 detect = self.detection_s(sim, failure.kind, run)
                 sim.pause(name, [(detect, "detection"), (self._rebuild_s(sim), "restart")])
-            else:
+            else:  # restart failed, or from the checkpoint when no full replica survives
                 self._recover(sim, name, hit[name], failure.kind, self.regrowing.get(name, run.gpus))
+
+    def _tier(
+        self, sim: Simulation, name: str, decision: LadderDecision, kind: ErrorKind, lost_gpus: int, out: bool
+    ) -> Tier:
+        """The tier carried out: a SEV3 fault kills no process (nothing failed to restart); a
+        recovery in place needs a full replica to survive (``out``: the hit GPUs are already
+        off the task's count)."""
+        failed = (
+            frozenset() if TAXONOMY[kind].severity is Severity.SEV3 else frozenset(range(max(lost_gpus, 1)))
+        )
+        before = sim.tasks[name].gpus + (lost_gpus if out else 0)
+
+        def why_not(tier: Tier) -> str | None:
+            reason = precondition(tier, self.s.in_place, failed, "node")
+            if reason is None and tier.in_place and self._kept(sim, name, lost_gpus, before, before)[1] == 0:
+                return "no full replica survives"
+            return reason
+
+        return first_applicable(decision.tier, why_not)[0]
 
     def _decide(self, sim: Simulation, name: str, kind: ErrorKind, node: str) -> LadderDecision:
         """The coordinator's ladder; a reattempt that fails again is another incident of the
         same kind, which the ladder escalates after max_reattempts."""
         decision = self.ladder.decide(name, kind, node, sim.now)
-        while (
-            decision.action is Action.REATTEMPT and self.rng.random() < self.s.reattempt_failure_probability
-        ):
+        while decision.tier is Tier.REATTEMPT and self.rng.random() < self.s.reattempt_failure_probability:
+            self.ladder.carried(name, Tier.REATTEMPT, sim.now)
             decision = self.ladder.decide(name, kind, node, sim.now)
         return decision
 
@@ -155,10 +190,7 @@ class UnicronPolicy:
         run = sim.tasks[name]
         before = planned_before if planned_before is not None else run.gpus
         detect = self.detection_s(sim, kind, run)
-        replica = self._replica(sim, name, before)
-        failed_replicas = math.ceil(lost_gpus / replica) if lost_gpus else 1
-        survivors = max(before - failed_replicas * replica, 0)
-        keep = max((c for c in range(min(survivors, target), 0, -1) if sim.usable(name, c)), default=0)
+        survivors, keep = self._kept(sim, name, lost_gpus, before, target)
         if not self.s.in_place or keep == 0 or target == 0:
             if target > 0:
                 self._relaunch(sim, run, before, target, survivors=survivors, failed=True, detect=detect)
@@ -213,7 +245,7 @@ class UnicronPolicy:
             survivors=survivors,
             failed=failed,
             detection_s=detect,
-            action=Action.RESTART_PROCESS if failed else Action.RECONFIGURE,
+            tier=Tier.FROM_CHECKPOINT if failed else Tier.RECONFIGURE,
         )
         self.regrowing.pop(run.spec.name, None)
         run.gpus = after
@@ -227,6 +259,15 @@ class UnicronPolicy:
         )
 
     # ------------------------------------------------------------------ small parts
+    def _kept(self, sim: Simulation, name: str, lost_gpus: int, before: int, target: int) -> tuple[int, int]:
+        """The workers alive after ``lost_gpus`` of ``before`` failed (whole replicas go with a
+        failed rank), and how many of them go on in place (a usable count, at most ``target``)."""
+        replica = self._replica(sim, name, before)
+        failed_replicas = math.ceil(lost_gpus / replica) if lost_gpus else 1
+        survivors = max(before - failed_replicas * replica, 0)
+        keep = max((c for c in range(min(survivors, target), 0, -1) if sim.usable(name, c)), default=0)
+        return survivors, keep
+
     @staticmethod
     def _rebuild_s(sim: Simulation) -> float:
         """Survivors re-form their process group (the reattempt's set-up)."""
