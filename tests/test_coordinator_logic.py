@@ -260,6 +260,8 @@ def test_a_finished_task_leaves_no_spare(make: Any) -> None:
 
 def test_a_silent_node_is_lost_after_the_deadline(make: Any) -> None:
     cluster = make(heartbeat_deadline_s=2.0)
+    for _ in range(5):  # both heard past an agent's request timeout since the coordinator started
+        cluster.step(0.5)
     for _ in range(3):
         cluster.clock.now += 0.5
         cluster.beat("n0")

@@ -13,7 +13,7 @@ def test_a_node_back_from_the_dead_frees_the_copies_of_tasks_that_ended_meanwhil
     """Tasks ending free every node's in-memory checkpoints, but a lost node gets no order: when
     it registers again it is told to free those of the tasks that ended while it was away."""
     cluster = make()
-    for _ in range(8):  # n1 goes silent: lost
+    for _ in range(14):  # n1 goes silent: lost (heard only just after the start: the retry pause too)
         cluster.clock.now += 0.5
         cluster.beat("n0")
         cluster.c.tick()
@@ -31,7 +31,7 @@ def test_a_drained_node_lost_and_back_stays_drained_until_resumed(make: Any) -> 
     Slurm keeps state=drain): nothing is placed there until an admin resumes it."""
     cluster = make()
     cluster.c.drain_node("n1", "new disk")
-    for _ in range(8):  # n1 reboots: silent, lost
+    for _ in range(14):  # n1 reboots: silent, lost (after the retry pause: heard just after the start)
         cluster.clock.now += 0.5
         cluster.beat("n0")
         cluster.c.tick()

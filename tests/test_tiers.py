@@ -106,6 +106,8 @@ def test_an_exit_restarts_the_failed_process_and_a_lost_node_reconfigures(make: 
     assert incident["action"] == observed(cluster, since, 1).label == "restart failed processes"
 
     lost = make()
+    for _ in range(5):  # heard past an agent's request timeout since the coordinator started
+        lost.step(0.5)
     held = lost.c.store.get_task("lm").generation
     for _ in range(12):  # n0 falls silent past the heartbeat deadline
         lost.clock.now += 0.5

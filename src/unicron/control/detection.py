@@ -20,7 +20,14 @@ from unicron.control.peercheck import PeerCheck, outcome, probe_endpoints
 from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.recovery import Recovery
 from unicron.control.removal import forgettable
-from unicron.core.protocol import AGENT_RETRY_CAP_S, Phase, Progress, StacksReport, WorkerState
+from unicron.core.protocol import (
+    AGENT_REQUEST_TIMEOUT_S,
+    AGENT_RETRY_CAP_S,
+    Phase,
+    Progress,
+    StacksReport,
+    WorkerState,
+)
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind
@@ -31,10 +38,15 @@ def silent_nodes(
 ) -> list[tuple[str, float]]:
     """Nodes not heard within the deadline. A node not heard since the service could hear them
     at all (it started, took over, or resumed from a stall) is counted from then plus the agents'
-    longest pause between retries: its agent, failing meanwhile, may be in that pause."""
+    longest pause between retries: its agent, failing meanwhile, may be in that pause. So is a
+    node heard only within an agent's request timeout of then: what was read may be a request
+    its agent gave up on during a stall (read from the listen backlog after the resume; a
+    healthy node was lost 2.6 s after a 20 s SIGSTOP that way), its agent still pausing."""
     out = []
+    fresh_from = listening_since + AGENT_REQUEST_TIMEOUT_S
     for node in nodes:
-        heard = node.last_seen if node.last_seen >= listening_since else listening_since + AGENT_RETRY_CAP_S
+        heard = node.last_seen if node.last_seen >= fresh_from else listening_since + AGENT_RETRY_CAP_S
+        heard = max(heard, node.last_seen)
         silent = now - heard
         if node.state is not NodeState.LOST and silent > limits.heartbeat_deadline_s:
             out.append((node.name, silent))

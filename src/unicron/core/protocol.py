@@ -245,6 +245,10 @@ AgentDatagram = Annotated[
 # An agent that cannot reach a coordinator retries at most this far apart (its backoff's cap),
 # so a coordinator that starts, takes over or resumes hears every live node within it.
 AGENT_RETRY_CAP_S = 4.0
+# How long an agent waits for the coordinator's answer. A coordinator that resumes from a stall
+# reads the requests its agents gave up on meanwhile (they wait in its listen backlog): one read
+# within this of its resume may be such a request, whose agent is still in its retry pause.
+AGENT_REQUEST_TIMEOUT_S = 2.0
 
 AGENT_DATAGRAM = TypeAdapter(AgentDatagram)  # what a worker may send its agent
 
