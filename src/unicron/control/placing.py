@@ -29,7 +29,7 @@ from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.planning.placement import Assignment
 from unicron.planning.planner import ClusterState, Plan
 from unicron.planning.planner import Decision as PlanDecision
-from unicron.planning.throughput import ThroughputCurve, curve_for
+from unicron.planning.throughput import ThroughputCurve, curves_for
 
 
 class MoveKind(Enum):
@@ -156,9 +156,8 @@ class Placer:
         specs = [self.ctx.spec(t.name) for t in live]
         hardware = self.ctx.settings.cluster
         gpu = hardware.gpu_type()
-        curves: dict[str, ThroughputCurve] = {
-            s.name: curve_for(s, gpu, slots, self.rates.measured(s.name)) for s in specs
-        }
+        measured = {s.name: self.rates.measured(s.name) for s in specs}
+        curves: dict[str, ThroughputCurve] = curves_for(specs, gpu, slots, measured)
         state = ClusterState(
             slots,
             gpu,

@@ -21,7 +21,7 @@ from unicron.core.specs import ClusterSpec, PlannerSettings, TaskSpec
 from unicron.planning.costmodel import option_score, run_duration_s, waf
 from unicron.planning.placement import Assignment, pack, place
 from unicron.planning.solver import Solution, Sweeps, TaskOptions, solve_around
-from unicron.planning.throughput import CurvePoints, FloatArray, ThroughputCurve, curve_for
+from unicron.planning.throughput import CurvePoints, FloatArray, ThroughputCurve, basis, curves_for
 from unicron.planning.transition import transition_parts
 
 
@@ -87,9 +87,7 @@ class ClusterState:
                     f"the cluster has {cluster.total_gpus}"
                 )
             assignment = pack(wanted, nodes, cluster.gpus_per_node, {t.name: t.replica_size for t in tasks})
-        curves = {
-            t.name: curve_for(t, gpu, cluster.gpus_per_node, (measured or {}).get(t.name)) for t in tasks
-        }
+        curves = curves_for(tasks, gpu, cluster.gpus_per_node, measured or {})
         return cls(
             cluster.gpus_per_node,
             gpu,
@@ -434,6 +432,9 @@ def _explain(
             why = f"starts on {d.after} GPUs"
         elif d.after > d.before:
             why = f"grows by {d.after - d.before} GPUs (+{flops(d.waf_after - d.waf_before)} weighted)"
+        elif d.after == 0:
+            why = f"stops (all {d.before} GPUs; it restarts from its checkpoint when planned again): "
+            why += _stopped_for(d, [e for e in decisions if e.task in gainers and e.task != d.task], state)
         else:
             to = ", ".join(g for g in gainers if g != d.task) or "no task (spares)"
             why = f"shrinks by {d.before - d.after} GPUs, which serve {to} better"
@@ -441,6 +442,19 @@ def _explain(
             why = f"{d.before} GPUs was not a usable count (memory or batch split); {why}"
         out.append(replace(d, reason=why))
     return out
+
+
+def _stopped_for(stopped: Decision, gainers: list[Decision], state: ClusterState) -> str:
+    """Why a running task gives all its GPUs away: the weighted rates compared, and where each
+    comes from (measured, or declared), so that a user can tell a guess from a measurement."""
+    mine = f"{flops(stopped.waf_before)} weighted ({basis(state.curves[stopped.task])})"
+    if not gainers:
+        return f"its {mine} is worth less than its transition or a spare's"
+    theirs = ", ".join(
+        f"{g.task} on {g.after} GPUs {flops(g.waf_after)} weighted ({basis(state.curves[g.task])})"
+        for g in gainers
+    )
+    return f"its GPUs serve {theirs} better than its own {mine}"
 
 
 def flops(rate: float) -> str:
