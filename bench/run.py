@@ -16,7 +16,6 @@ from bench import (
     scale_bench,
     simulation_docs,
     throughput_docs,
-    warmstart_bench,
 )
 from bench.chaos.__main__ import main as chaos_main
 
@@ -68,8 +67,6 @@ def main() -> None:
             [{k: r[k] for k in ("backend", "agents", "p99_s", "cores")} for r in scale["rows"]], indent=2
         )
     )
-    started = warmstart_bench.main()  # a worker forked from the fork server against a new one
-    print(json.dumps({k: started[k] for k in ("cold_start_s", "warm_start_s", "ratio")}, indent=2))
     chaos_main([])  # the 15-minute soak: docs/bench/chaos.json, docs/reliability.md
 
 

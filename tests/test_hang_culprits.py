@@ -136,14 +136,11 @@ def test_a_silent_node_is_decided_first() -> None:
     assert hang_verdict(workers, {"n0": NOW, "n1": NOW - 5}, {}, {}, NOW, Settings()) is None
 
 
-# The same worker forked by its agent's fork server (or run as ``python -m``): runpy's frames,
-# and the server's, lie below the script's module.
-FORKED = (
+# The same worker run as ``python -m``: runpy's frames lie below the script's module.
+AS_MODULE = (
     STACK.rstrip("\n")
     + """
-  File "<frozen runpy>", line 291 in run_path
-  File "/src/unicron/control/forkserver.py", line 170 in become
-  File "/src/unicron/control/forkserver.py", line 209 in <module>
+  File "<frozen runpy>", line 88 in _run_code
   File "<frozen runpy>", line 198 in _run_module_as_main
 """
 )
@@ -151,7 +148,7 @@ FORKED = (
 
 def test_the_stack_names_the_main_threads_innermost_frame() -> None:
     assert innermost_frame(STACK) == "_spin (faults.py:171)"
-    assert innermost_frame(FORKED) == "_spin (faults.py:171)"
+    assert innermost_frame(AS_MODULE) == "_spin (faults.py:171)"
     assert innermost_frame("no stack: the process is stopped") is None
 
 

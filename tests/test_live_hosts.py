@@ -190,7 +190,7 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(
             rows = cluster.get("/v1/workers")
             return [w["pid"] for w in rows if w["node"] == lost and w["state"] == "running"]
 
-        # A newcomer may join before its agent's next heartbeat says it runs (one forked warm does).
+        # A newcomer may join before its agent's next heartbeat says it runs.
         cluster.wait(lambda: bool(back_on_host()), 30, "the newcomer to be seen running")
         back = back_on_host()
         events, rows = finish_and_settle(cluster, trace)

@@ -113,7 +113,6 @@ def run_agent(
     credentials: Credentials,
     address: str | None = None,
     metrics_port: int | None = None,
-    warm_start: bool = False,
 ) -> None:
     from unicron.control.agent import run_agent as start
     from unicron.control.hostaddress import AddressError, NodeAddress, interface_of
@@ -125,7 +124,7 @@ def run_agent(
     except AddressError as exc:
         raise UsageError(str(exc)) from None
     folder = run_dir or Path(f".unicron/agents/{name}")
-    start(url, name, slots, folder, devices, credentials, where, metrics_port, warm_start)
+    start(url, name, slots, folder, devices, credentials, where, metrics_port)
 
 
 def create_token(

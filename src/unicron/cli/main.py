@@ -134,23 +134,13 @@ def agent(
     ] = None,
     token_file: TOKEN_FILE = None,
     ca: CA = None,
-    warm_start: Annotated[
-        bool,
-        typer.Option(
-            "--warm-start/--cold-start",
-            help="fork Python workers from a server that has imported torch (a restart costs a "
-            "fork, not the imports; docs/warm-start.md); --cold-start (the default) starts each "
-            "as a new interpreter",
-        ),
-    ] = False,
 ) -> None:
     """Run a node agent: register, heartbeat, launch and supervise workers (with an agent token
     issued for this node)."""
     from unicron.cli.live import run_agent
     from unicron.control.credentials import resolve
 
-    credentials = resolve(token_file, ca)
-    run_agent(coordinator, node, slots, run_dir, gpus, credentials, address, metrics_port, warm_start)
+    run_agent(coordinator, node, slots, run_dir, gpus, resolve(token_file, ca), address, metrics_port)
 
 
 @app.command()

@@ -2,10 +2,7 @@
 
 - Workers are started in their own process group with everything they need in their
   environment, and with a parent-death signal so that they die with the agent (a lost node).
-  With ``--warm-start`` a Python worker is forked from a server that has imported torch
-  already (``warmstart``): a restarted process costs a fork, not seconds of imports.
-- Each exit is seen the moment it happens (asyncio's child watcher, or its fork server's
-  report) with its code or signal.
+- Each exit is seen the moment it happens (asyncio's child watcher) with its code or signal.
 - A stop order sends SIGTERM to the worker's group and SIGKILL after the grace period.
 - Workers send reports as JSON datagrams to the agent's Unix socket; the agent forwards them
   with the next heartbeat, at once for urgent ones (exits, exceptions). Their positions are not
@@ -36,11 +33,11 @@ from unicron.control import peerprobe, stackdump
 from unicron.control.agentmetrics import AgentMetrics
 from unicron.control.credentials import Credentials
 from unicron.control.hostaddress import NodeAddress
-from unicron.control.processes import Worker, start_cold
-from unicron.control.warmstart import WarmStarts
+from unicron.control.processes import Worker, dies_with_parent
 from unicron.core.coordinators import Coordinators
 from unicron.core.protocol import (
     AGENT_DATAGRAM,
+    AGENT_REQUEST_TIMEOUT_S,
     AGENT_RETRY_CAP_S,
     DumpStacks,
     ExceptionReport,
@@ -90,7 +87,6 @@ class Agent:
         where: NodeAddress | None = None,
         credentials: Credentials | None = None,
         metrics: AgentMetrics | None = None,
-        warm_start: bool = False,
     ) -> None:
         self.coordinators = Coordinators.of(coordinator)
         self.metrics = metrics or AgentMetrics()  # served only when asked (``run_agent``)
@@ -101,9 +97,6 @@ class Agent:
         self.where = where or NodeAddress()
         self.run_dir = run_dir
         self.socket_path = socket_path(run_dir)
-        # With warm starts, Python workers are forked from a server that has imported torch
-        # (control.warmstart).
-        self.warm = WarmStarts(run_dir / "logs", enabled=warm_start)
         self.workers: dict[tuple[str, int, int], Worker] = {}
         self.forgotten: dict[str, ForgetTask] = {}  # ended tasks whose workers here still run
         self.reports: list[WorkerReport] = []
@@ -168,7 +161,16 @@ class Agent:
         log.parent.mkdir(parents=True, exist_ok=True)
         try:
             env = self._worker_env(order)
-            process = await self.warm.launch(argv, env, log) or await start_cold(argv, env, log)
+            with log.open("ab") as out:
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=dies_with_parent(signal.SIGKILL),
+                )
         except (OSError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:500]
             print(f"agent {self.node}: cannot start {argv[:1]} for {key}: {error}", file=sys.stderr)
@@ -207,7 +209,8 @@ class Agent:
                 "position_file": str(self._log_path(order).with_suffix(".position")),
             }
         )
-        env = {**self._base_env(), **order.env, **mine.to_env()}
+        # The node's interface first: an operator's own GLOO_SOCKET_IFNAME, or the task's, wins.
+        env = {**self.where.worker_env(), **os.environ, **order.env, **mine.to_env()}
         # torch.distributed's own names, for scripts and libraries that read them.
         env.update(
             {
@@ -220,12 +223,6 @@ class Agent:
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[order.local_rank % len(self.gpus)]
         return env
-
-    def _base_env(self) -> dict[str, str]:
-        """Every worker's environment before its task's and its launch's part (that of a task
-        without ``run.env``, as its fork server has it). The node's interface first: an
-        operator's own GLOO_SOCKET_IFNAME, or the task's, wins."""
-        return {**self.where.worker_env(), **os.environ, "PYTHONUNBUFFERED": "1"}
 
     async def _watch(self, worker: Worker) -> None:
         code = await worker.process.wait()
@@ -405,13 +402,10 @@ class Agent:
         headers = {"content-type": "application/json", **self.credentials.headers}
         probe = await peerprobe.listen(self.where.address)  # peers check they can reach this node
         self.probe_port = probe.sockets[0].getsockname()[1]
-        # Workers are forked warm from the first launch on (a few seconds here, once).
-        if (server := self.warm.prepare(self._base_env())) is not None:
-            await server
         self._spawn(self._poll_orders())
         try:
             async with httpx.AsyncClient(
-                timeout=2.0, headers=headers, verify=self.credentials.verify
+                timeout=AGENT_REQUEST_TIMEOUT_S, headers=headers, verify=self.credentials.verify
             ) as client:
                 while not self.stopping:
                     wait = self.interval
@@ -445,7 +439,6 @@ class Agent:
     async def shutdown(self, grace_s: float = 5.0) -> None:
         self.stopping = True
         await asyncio.gather(*(self._terminate(w, grace_s) for w in self.workers.values() if not w.exited))
-        await self.warm.close()
 
 
 def run_agent(
@@ -457,7 +450,6 @@ def run_agent(
     credentials: Credentials | None = None,
     where: NodeAddress | None = None,
     metrics_port: int | None = None,
-    warm_start: bool = False,
 ) -> None:
     metrics, where = AgentMetrics(), where or NodeAddress()
     if metrics_port is not None:  # on the node's address (loopback without one)
@@ -465,7 +457,7 @@ def run_agent(
         print(f"agent {node}: metrics at http://{where.address}:{port}/metrics", flush=True)
 
     async def main() -> None:
-        agent = Agent(coordinator, node, slots, run_dir, gpus, where, credentials, metrics, warm_start)
+        agent = Agent(coordinator, node, slots, run_dir, gpus, where, credentials, metrics)
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -98,7 +98,7 @@ _SPY_FRAME = re.compile(r"^\s+(?P<func>\S+) \((?P<file>[^)]+):(?P<line>\d+)\)$",
 def innermost_frame(stack: str) -> str | None:
     """Where the main thread is, from a faulthandler dump or a py-spy dump (both most recent call
     first): the innermost frame of the thread that runs a module's code (the script's main
-    thread; under ``python -m`` or a fork server, runpy's frames lie below the module's)."""
+    thread; under ``python -m``, runpy's frames lie below the module's)."""
     for thread, frame in ((_THREAD, _FRAME), (_SPY_THREAD, _SPY_FRAME)):
         starts = [m.start() for m in thread.finditer(stack)] + [len(stack)]
         for begin, end in itertools.pairwise(starts):

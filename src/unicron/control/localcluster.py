@@ -65,10 +65,8 @@ class LocalCluster:
         store: str | None = None,
         coordinators: int = 1,
         gpus: list[str] | None = None,
-        warm_start: bool = False,
     ) -> None:
         self.root = root
-        self.warm_start = warm_start  # agents fork Python workers from a fork server (warmstart)
         self.gpus = gpus or []  # each agent's --gpus (one id per slot; a GPU machine's)
         self.tls = tls
         self.settings = settings or {}
@@ -232,7 +230,6 @@ class LocalCluster:
                 *(["--address", self.host_of[name].address] if self.hosts is not None else []),
                 *(["--metrics-port", str(self.agent_metrics[name])] if name in self.agent_metrics else []),
                 *(["--gpus", ",".join(self.gpus)] if self.gpus else []),
-                *(["--warm-start"] if self.warm_start else []),
             ],
             self.root / "logs" / f"agent-{name}.log",
             name if self.hosts is not None else None,

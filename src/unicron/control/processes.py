@@ -7,36 +7,21 @@ import asyncio
 import contextlib
 import ctypes
 import shutil
-import signal
 import sys
 import time
 from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from unicron.core.position import decode
 from unicron.core.protocol import LaunchWorker, Progress, WorkerState
 
 
-class Supervised(Protocol):
-    """A worker's process as the agent holds it: started cold (``asyncio.subprocess.Process``)
-    or forked by a fork server (``warmstart.Forked``)."""
-
-    @property
-    def pid(self) -> int: ...
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    async def wait(self) -> int: ...
-
-
 @dataclass
 class Worker:
     order: LaunchWorker
-    process: Supervised
+    process: asyncio.subprocess.Process
     log: Path
     started: float = field(default_factory=time.time)
     exited: bool = False
@@ -100,21 +85,6 @@ def dies_with_parent(sig: int) -> Callable[[], None]:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)
 
     return arm
-
-
-async def start_cold(argv: list[str], env: dict[str, str], log: Path) -> Supervised:
-    """A new process for the worker: its own session, its output to ``log``, dying with the
-    agent."""
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            *argv,
-            stdout=out,
-            stderr=STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            preexec_fn=dies_with_parent(signal.SIGKILL),
-        )
 
 
 def is_stopped(pid: int) -> bool:
