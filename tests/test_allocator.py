@@ -77,6 +77,24 @@ def test_node_loss_is_answered_from_the_table(allocator: Allocator) -> None:
     assert sum(decided.layout[n].get("alpha", 0) for n in decided.layout) == 4
 
 
+def test_a_node_loss_is_looked_up_also_when_a_recovery_moved_workers_first(allocator: Allocator) -> None:
+    """A task that recovers by relaunching stops every worker when its node is lost, before the
+    plan: the event is still the node loss, answered from the table (before: "workers changed
+    beyond the event", solved on the spot). Its plan is laid out over the workers as they are."""
+    state = demo_state()
+    settle(allocator, state)
+    alpha_node = next(n for n, a in state.assignment.items() if "alpha" in a)
+    now = after_loss(state, alpha_node)
+    now = replace(
+        now, assignment={n: {t: c for t, c in a.items() if t != "alpha"} for n, a in now.assignment.items()}
+    )
+    decided = allocator.decide(now, 0)
+    assert decided.source == "table" and decided.event == NodeLost(alpha_node)
+    assert decided.plan.allocation() == plan(state, NodeLost(alpha_node)).allocation()
+    assert "laid out anew" in decided.why
+    assert sum(per.get("alpha", 0) for per in decided.layout.values()) == decided.plan.allocation()["alpha"]
+
+
 def test_a_live_event_names_the_node_not_the_planners_id() -> None:
     # The planner numbers nodes by registration order: node 3 may be any host.
     names = {0: "gpu-b", 3: "gpu-a"}

@@ -7,9 +7,10 @@ to. It is also rebuilt when its inputs change without an event: a submission (qu
 table that holds its arrival is ready, :meth:`Allocator.rebuild` and :meth:`Allocator.poll`) and
 new throughput measurements (until the new table is ready, events are answered from the one
 built with the previous measurements). When a reconcile finds the cluster changed by exactly one
-such event since the table was built, the answer is a lookup. Anything else (several events at
-once, a failure that shrank a task below what the table assumed, a submission the table does not
-hold) is solved on the spot, and the reason is recorded.
+such event since the table was built, the answer is a lookup, whatever a recovery did to the
+workers meanwhile (its plan is laid out over the workers as they are). Anything else (several
+events at once, a failure that shrank a task with no cluster event, a submission the table does
+not hold) is solved on the spot, and the reason is recorded.
 """
 
 from __future__ import annotations
@@ -52,8 +53,11 @@ def _normal(assignment: Mapping[int, Mapping[str, int]]) -> dict[int, dict[str, 
 
 def event_between(before: ClusterState, after: ClusterState) -> PlanEvent | str | None:
     """The single plan event that turns ``before`` (what the table was built for) into ``after``
-    (the cluster now, before anything is moved); None when nothing changed; a string saying why
-    when the change is not one event the table holds."""
+    (the cluster now): a node out of service or back, a task ended or arrived, told by the sets
+    of healthy nodes and of tasks, which change only by such events. None when neither changed;
+    a string saying why when the change is not one event the table holds. Workers that a
+    recovery moved meanwhile do not hide the event (see :func:`moved_beyond`): a recovery acts
+    at once, before the plan, and a task that recovers by relaunching has none left running."""
     lost = set(before.healthy) - set(after.healthy)
     back = set(after.healthy) - set(before.healthy)
     names_before = {t.name for t in before.tasks}
@@ -65,23 +69,30 @@ def event_between(before: ClusterState, after: ClusterState) -> PlanEvent | str 
     changes = len(lost) + len(back) + len(done) + (1 if arrived else 0)
     if changes > 1:
         return f"{changes} events at once"
-    expected = _normal(before.assignment)
-    event: PlanEvent | None = None
     if lost:
-        (node,) = lost
-        event = NodeLost(node)
-        expected.pop(node, None)
-    elif back:
-        event = NodeBack(next(iter(back)))
-    elif done:
-        (name,) = done
-        event = TaskDone(name)
-        expected = _normal({n: {t: c for t, c in per.items() if t != name} for n, per in expected.items()})
-    elif arrived:
-        event = TasksArrived(queued[frozenset(arrived)])  # the newcomers hold no workers yet
-    if _normal(after.assignment) != expected:
-        return "workers changed beyond the event (a failure shrank a task)"
-    return event
+        return NodeLost(next(iter(lost)))
+    if back:
+        return NodeBack(next(iter(back)))
+    if done:
+        return TaskDone(next(iter(done)))
+    if arrived:
+        return TasksArrived(queued[frozenset(arrived)])  # the newcomers hold no workers yet
+    if _normal(after.assignment) != _normal(before.assignment):
+        return "workers changed with no cluster event (a failure shrank a task)"
+    return None
+
+
+def moved_beyond(before: ClusterState, after: ClusterState, event: PlanEvent) -> bool:
+    """Whether the workers changed beyond what ``event`` itself took away (a recovery moved
+    them: survivors re-formed, a task stopped to relaunch)."""
+    expected = _normal(before.assignment)
+    if isinstance(event, NodeLost):
+        expected.pop(event.node, None)
+    elif isinstance(event, TaskDone):
+        expected = _normal(
+            {n: {t: c for t, c in per.items() if t != event.task} for n, per in expected.items()}
+        )
+    return _normal(after.assignment) != expected
 
 
 class Allocator:
@@ -116,9 +127,9 @@ class Allocator:
                     chosen = table.now if found is None else table.lookup(found)
                 except UsageError as exc:  # a table of arrivals only: the event is not in it
                     why = str(exc)
-                if found is None and _normal(state.assignment) != _normal(table.state.assignment):
-                    why = "workers changed"
-                elif chosen is not None:
+                if found is not None and moved_beyond(table.state, state, found):
+                    why = "workers moved by a recovery since: the table's plan for the event, laid out anew"
+                if chosen is not None:
                     layout = place(
                         chosen.allocation(),
                         state.healthy,
