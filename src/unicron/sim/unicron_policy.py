@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from pydantic import Field
@@ -38,6 +39,18 @@ from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, held, iteration
 from unicron.sim.traces import Failure
 
 NEVER = 2**31  # a count no trace reaches
+
+
+@dataclass(frozen=True)
+class Carried:
+    """One hit task's answer to a failure: the tier the ladder asked for and the one carried out
+    (what the coordinator records as an incident's ``asked`` and ``action``)."""
+
+    time_s: float
+    task: str
+    kind: ErrorKind
+    asked: Tier
+    tier: Tier
 
 
 class UnicronSettings(PolicySettings):
@@ -78,6 +91,7 @@ class UnicronPolicy:
         self.rng = random.Random(self.s.seed)
         self.ladder = Ladder(self.s.ladder_settings())
         self.regrowing: dict[str, int] = {}  # task -> the count its newcomers bring it back to
+        self.carried: list[Carried] = []  # every hit task's tier, in order (the incidents' log)
 
     def start(self, sim: Simulation) -> None:
         pass
@@ -108,6 +122,7 @@ class UnicronPolicy:
             sim.take_out(failure.node, sim.now + self.s.isolation_hours * HOUR)
         for name, tier in tiers.items():
             self.ladder.carried(name, tier, sim.now)
+            self.carried.append(Carried(sim.now, name, failure.kind, decisions[name].tier, tier))
         if any(t is Tier.RECONFIGURE for t in tiers.values()):
             self._reconfigure(sim, failure, hit)  # the planner answers for every task on the node
             return
