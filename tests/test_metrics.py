@@ -69,8 +69,20 @@ def scraped(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], fl
 def test_an_incident_is_counted_and_each_phase_timed_once_it_is_recovered() -> None:
     m = Metrics(view)
     events: list[tuple[int, str, dict[str, Any]]] = [
-        (7, "incident", {"kind": "node_lost", "severity": "SEV1", "step": 41, "detection_s": 2.5}),
+        (
+            7,
+            "incident",
+            {
+                "kind": "node_lost",
+                "severity": "SEV1",
+                "step": 41,
+                "detection_s": 2.5,
+                "action": "reconfigure",
+            },
+        ),
         (8, "response", {"incident": 7, "decided_at": 100.0, "decision_s": 0.004}),
+        (80, "escalation", {"incident": 7, "to_action": "restart failed processes", "carried": False}),
+        (81, "escalation", {"incident": 7, "to_action": "restart from checkpoint", "carried": True}),
         (9, "recomputed", {"incident": 7, "micro_batches": 3}),
         (
             10,
@@ -89,6 +101,13 @@ def test_an_incident_is_counted_and_each_phase_timed_once_it_is_recovered() -> N
         m.on_event(event_id, what, "lm", detail)
     found = scraped(m)
     assert found[("unicron_incidents_total", frozenset({("kind", "node_lost"), ("severity", "SEV1")}))] == 1
+    tiers = {
+        dict(labels)["tier"]: v
+        for (name, labels), v in found.items()
+        if name == "unicron_recovery_tiers_total"
+    }
+    assert tiers == {"reattempt in place": 0, "restart failed processes": 0, "reconfigure": 1,
+                     "restart from checkpoint": 1, "fail task": 0}  # fmt: skip
     assert found[("unicron_detection_seconds_sum", frozenset())] == 2.5
     assert found[("unicron_decision_seconds_sum", frozenset())] == 0.004
     assert found[("unicron_transition_seconds_sum", frozenset())] == 25.0  # response to computing resumed

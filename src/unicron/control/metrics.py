@@ -3,7 +3,8 @@
 Two kinds, in one registry of its own (several coordinators may live in one test process):
 
 - what happens (counters and histograms), fed by the events the coordinator records as they
-  are recorded (``Applier.listeners``): incidents by kind and severity, the time from a fault to
+  are recorded (``Applier.listeners``): incidents by kind and severity, the recovery tiers
+  carried out, the time from a fault to
   its detection, from detection to the decision, from the decision to the end of the transition
   (the first step after the fault began), the task's downtime, the micro-batches and steps the
   failures cost, plan decisions by source and their time;
@@ -29,11 +30,13 @@ from prometheus_client.registry import Collector
 
 from unicron.control.clusterview import ClusterView, TaskView
 from unicron.core.states import NodeState, TaskState
+from unicron.core.tiers import Tier
 
 # From a sub-second in-place recovery to a relaunch that waits for a collective timeout.
 SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
 FAST = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)  # decisions
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LABELS = frozenset(t.label for t in Tier)
 
 
 class Metrics:
@@ -44,6 +47,13 @@ class Metrics:
         self.incidents = count(
             "unicron_incidents", "Incidents opened, by error kind and severity", ["kind", "severity"]
         )
+        self.tiers = count(
+            "unicron_recovery_tiers",
+            "Recovery tiers carried out (an incident's, then each escalation's), by tier",
+            ["tier"],
+        )
+        for tier in Tier:  # exported from zero: a panel shows every tier, also before its first
+            self.tiers.labels(tier.label)
         self.detection = seconds(
             "unicron_detection_seconds", "From a fault (injected or first seen) to its detection"
         )
@@ -91,6 +101,10 @@ class Metrics:
                 self.steps_at[event_id] = (task, int(detail.get("step", 0)))
             if detail.get("detection_s") is not None:
                 self.detection.observe(float(detail["detection_s"]))
+            if detail.get("action") in LABELS:  # (a storage incident's is its own)
+                self.tiers.labels(str(detail["action"])).inc()
+        elif what == "escalation" and detail.get("carried"):
+            self.tiers.labels(str(detail.get("to_action"))).inc()
         elif what == "response" and isinstance(incident, int):
             self.decision.observe(float(detail.get("decision_s", 0.0)))
             self.decided_at[incident] = float(detail.get("decided_at", 0.0))
