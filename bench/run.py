@@ -68,6 +68,7 @@ def main() -> None:
         )
     )
     chaos_main([])  # the 15-minute soak: docs/bench/chaos.json, docs/reliability.md
+    chaos_main(["--ladder", "defaults", "--seed", "2"])  # again, the ladder's defaults: chaos-defaults.json
 
 
 if __name__ == "__main__":

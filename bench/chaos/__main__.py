@@ -1,5 +1,6 @@
-"""``python -m bench.chaos [--minutes 15] [--seed 1]``: the soak; writes docs/bench/chaos.json
-and docs/reliability.md (``make bench`` runs it)."""
+"""``python -m bench.chaos [--minutes 15] [--seed 1] [--ladder soak|defaults]``: the soak; writes
+docs/bench/chaos.json (or, with the ladder's defaults, chaos-defaults.json) and docs/reliability.md
+(``make bench`` runs both)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,16 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--minutes", type=float, default=15.0, help="how long faults are struck (15)")
     parser.add_argument("--seed", type=int, default=1, help="the plan's seed: the same seed, the same plan")
     parser.add_argument("--gap", type=float, default=10.0, help="mean seconds between outside faults")
+    parser.add_argument(
+        "--ladder",
+        choices=("soak", "defaults"),
+        default="soak",
+        help="soak: short isolation and no give-up rules (the soak's assumption); defaults: the"
+        " ladder's own settings, so that isolation and escalation are soaked too",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="unicron-chaos-") as tmp:
-        result = measure(Path(tmp), args.minutes, args.seed, args.gap)
+        result = measure(Path(tmp), args.minutes, args.seed, args.gap, args.ladder)
     report.write(result)
     print(json.dumps({k: v for k, v in result.items() if k not in ("strikes", "tasks")}, indent=2))
     return result

@@ -52,7 +52,7 @@ def summary(
     leaks: dict[str, Any],
     elapsed_s: float,
 ) -> dict[str, Any]:
-    from bench.chaos.soak import SETTINGS, fd_growth
+    from bench.chaos.soak import fd_growth
 
     results = [task_result(soak, t, events, want) for t in tasks]
     outside = Counter(s["kind"] for s in soak.strikes if s["target"] is not None)
@@ -66,7 +66,6 @@ def summary(
         "seed": soak.seed,
         "minutes": soak.minutes,
         "elapsed_s": round(elapsed_s, 1),
-        "settings": SETTINGS,
         "faults_injected": {
             **{f"outside:{k}": v for k, v in sorted(outside.items())},
             **{f"worker:{k}": v for k, v in sorted(inside.items())},
@@ -78,6 +77,8 @@ def summary(
         "superseded": sum(o["outcome"] == "superseded" for o in outcomes),
         "incidents_open": [e["id"] for e in events if e["kind"] == "incident" and e["id"] not in closed],
         "tasks_submitted": len(results),
+        "tasks_failed": sum(r["state"] == "failed" for r in results),
+        "nodes_isolated": sum(e["kind"] == "node_isolated" for e in events),
         "tasks_finished": sum(r["finished"] for r in results),
         "tasks_exact": sum(r["exact"] for r in results),
         "tasks_ledger_ok": sum(r["ledger_ok"] for r in results),
@@ -92,21 +93,43 @@ def summary(
 
 
 def write(result: dict[str, Any]) -> None:
-    (ROOT / "docs" / "bench" / "chaos.json").write_text(json.dumps(result, indent=2) + "\n")
+    """Record ``result`` (the soak's own settings: chaos.json; the ladder's defaults:
+    chaos-defaults.json) and write the page from both records."""
+    bench = ROOT / "docs" / "bench"
+    name = "chaos.json" if result.get("ladder", "soak") == "soak" else "chaos-defaults.json"
+    (bench / name).write_text(json.dumps(result, indent=2) + "\n")
+    main = json.loads((bench / "chaos.json").read_text())
     template = (Path(__file__).parents[1] / "templates" / "reliability.md").read_text()
-    faults = "\n".join(f"| {k} | {v} |" for k, v in result["faults_injected"].items())
-    tiers = "\n".join(f"| {k} | {v} |" for k, v in result["recovered_by_tier"].items())
-    leaks = result["leaks"]
+    faults = "\n".join(f"| {k} | {v} |" for k, v in main["faults_injected"].items())
+    tiers = "\n".join(f"| {k} | {v} |" for k, v in main["recovered_by_tier"].items())
+    leaks = main["leaks"]
     (ROOT / "docs" / "reliability.md").write_text(
         template.format(
-            **{k: v for k, v in result.items() if not isinstance(v, (dict, list))},
+            **{k: v for k, v in main.items() if not isinstance(v, (dict, list))},
             faults=faults,
             tiers=tiers,
             processes=len(leaks["processes"]),
             ports=len(leaks["listening_ports"]),
             shm=len(leaks["shared_memory"]),
             fd_growth=leaks["fd_growth"],
-            open=len(result["incidents_open"]),
-            verdict="passed" if result["ok"] else "FAILED",
+            open=len(main["incidents_open"]),
+            verdict="passed" if main["ok"] else "FAILED",
+            defaults=defaults_section(bench / "chaos-defaults.json"),
         )
+    )
+
+
+def defaults_section(path: Path) -> str:
+    """The soak with the ladder's default settings, in a paragraph (or that it was not run)."""
+    if not path.exists():
+        return "Not run yet (`python -m bench.chaos --ladder defaults`)."
+    r = json.loads(path.read_text())
+    tiers = ", ".join(f"{k} {v}" for k, v in r["recovered_by_tier"].items()) or "none"
+    isolated = r.get("nodes_isolated", "?")
+    return (
+        f"**Verdict: {'passed' if r['ok'] else 'FAILED'}** (seed {r['seed']}, {r['minutes']} minutes, "
+        f"{r['faults_total']} faults in {r['elapsed_s']} s): {r['tasks_finished']} of "
+        f"{r['tasks_submitted']} tasks finished, {r['tasks_exact']} exact, {r['tasks_ledger_ok']} with a "
+        f"clean sample ledger; {r['tasks_failed']} failed by the ladder; {isolated} node isolations; "
+        f"incidents recovered by tier: {tiers}; {len(r['incidents_open'])} left open."
     )

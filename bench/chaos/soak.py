@@ -18,13 +18,18 @@ from unicron.control.localcluster import LocalCluster
 
 # The soak's cluster: hot spares on, and limits that keep a many-fault run going. An assumption
 # of the soak (not a default): isolation is short and repeats do not fail a task, so that the
-# run tests recovery under continual faults rather than the ladder's give-up rules.
-SETTINGS = {
+# run tests recovery under continual faults rather than the ladder's give-up rules. With
+# ``--ladder defaults`` the ladder's own settings (LADDER) are left at their defaults, so that
+# isolation and escalation are soaked too.
+LADDER = {
     "isolation_s": 20,
     "isolate_after": 1000,
     "task_failure_limit": 1000,
     "same_fault_limit": 1000,
     "max_restarts": 1000,
+}
+SETTINGS = {
+    **LADDER,
     "hang_warmup_steps": 3,
     "hang_floor_s": 2.0,
     "first_step_timeout_s": 30.0,  # a rank hung in a launch's first step is found within this
@@ -107,15 +112,24 @@ def stuck(cluster: LocalCluster) -> str:
     return "\n".join(lines)
 
 
-def measure(root: Path, minutes: float, seed: int, mean_gap_s: float = 10.0) -> dict[str, Any]:
-    """Run the soak under ``root``; returns the record that docs/bench/chaos.json holds."""
+def settings_for(ladder: str) -> dict[str, Any]:
+    """The cluster's settings: the soak's (``soak``), or the ladder's defaults (``defaults``)."""
+    return SETTINGS if ladder == "soak" else {k: v for k, v in SETTINGS.items() if k not in LADDER}
+
+
+def measure(
+    root: Path, minutes: float, seed: int, mean_gap_s: float = 10.0, ladder: str = "soak"
+) -> dict[str, Any]:
+    """Run the soak under ``root``; returns the record that docs/bench/chaos.json holds (with
+    ``ladder="defaults"``, docs/bench/chaos-defaults.json)."""
+    settings = settings_for(ladder)
     ports, shm = check.listening_ports(), check.shared_memory()
     # The failure-free run trains beside the soak, niced: on the CPU the cluster leaves.
     trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference")
     wanted = trainer.submit(check.reference, root / "reference", ITERATIONS, (), True)
     soak = Soak(root, minutes, seed, mean_gap_s)
     started = time.time()
-    with LocalCluster(root / "cluster", nodes=3, slots=2, settings=SETTINGS) as cluster:
+    with LocalCluster(root / "cluster", nodes=3, slots=2, settings=settings) as cluster:
         fds_before = service_fds(cluster)
         try:
             soak.run(cluster)
@@ -136,7 +150,11 @@ def measure(root: Path, minutes: float, seed: int, mean_gap_s: float = 10.0) -> 
     }
     want = wanted.result()
     trainer.shutdown()
-    return report.summary(soak, tasks, events, want, leaks, elapsed)
+    return {
+        **report.summary(soak, tasks, events, want, leaks, elapsed),
+        "ladder": ladder,
+        "settings": settings,
+    }
 
 
 def service_fds(cluster: LocalCluster) -> dict[str, int]:
