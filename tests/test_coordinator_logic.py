@@ -574,3 +574,19 @@ def test_every_worker_killed_at_once_is_one_incident_and_blames_no_node(make: An
     assert not any(cluster.c.recovery.ladder.node_errors.values())  # the task's fault: taken back
     (opened,) = cluster.c.recovery.incidents.values()
     assert opened.labels() == ["restart failed processes", "restart from checkpoint"]
+
+
+def test_the_same_event_still_widens_its_incident_after_a_coordinator_restart(make: Any) -> None:
+    """The coordinator restarts between two exits of one kill: the restored incident knows the
+    generation its tier re-formed, so the second exit widens it rather than opening another."""
+    cluster = make()
+    task = cluster.c.store.get_task("lm")
+    second = cluster.running[("lm", task.generation, 2)]
+    cluster.exit(1)
+    cluster.restart()
+    gen = cluster.c.store.get_task("lm").generation
+    cluster.running.pop(("lm", gen, 1), None)  # old rank 2, now rank 1
+    gone = ExitReport(task="lm", generation=task.generation, rank=2, node=second[0], code=None, signal=9,
+                      time=cluster.clock.now)  # fmt: skip
+    cluster.beat(second[0], gone)
+    assert len(cluster.events("incident")) == 1 and len(cluster.events("incident_widened")) == 1

@@ -71,8 +71,8 @@ def attribute(sign: Sign, recent: Sequence[Sign], window: float) -> Scope:
 
 def reopened(events: Sequence[EventRecord]) -> list[tuple[int, Incident]]:
     """The incidents in ``events`` that no outcome closed (but the storage's: its own watch keeps
-    those, ``storagewatch``), with the generation each struck and the tiers carried out so far
-    (the incident's, then each escalation's)."""
+    those, ``storagewatch``), with the generation each struck, the tiers carried out so far (the
+    incident's, then each escalation's) and the generation its last tier re-formed in place."""
     closed = {e.detail.get("incident") for e in events if e.kind == "outcome"}
     found: dict[int, tuple[int, Incident]] = {}
     for e in events:
@@ -82,6 +82,14 @@ def reopened(events: Sequence[EventRecord]) -> list[tuple[int, Incident]]:
             found[e.id] = (struck, Incident(e.id, kind, e.time, [tier], struck))
         elif e.kind == "escalation" and e.detail.get("incident") in found and e.detail.get("carried"):
             found[e.detail["incident"]][1].tiers.append(tier_named(str(e.detail["to_action"])))
+        elif e.kind in ("in_process_recovery", "response") and e.detail.get("incident") in found:
+            # The generation its tier re-formed in place, if its last response did (a later
+            # failure of the same event still widens it after a restart).
+            incident = found[e.detail["incident"]][1]
+            if e.kind == "in_process_recovery":
+                incident.formed = e.detail.get("generation")
+            elif not tier_named(str(e.detail.get("action"))).in_place:
+                incident.formed = None
     return list(found.values())
 
 
