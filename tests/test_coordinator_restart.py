@@ -210,29 +210,6 @@ def test_a_member_that_missed_a_grow_before_a_restart_follows_it_and_may_commit(
     assert "lm" not in (cluster.c.store.kept(POSTED) or {})  # nothing of it stays
 
 
-def test_memberships_kept_by_an_older_coordinator_are_posted_again_after_the_upgrade(make: Any) -> None:
-    """A coordinator before stop 45 kept the memberships under another entry, by old generation.
-    The upgraded coordinator, started over that store, posts them again (a member that missed a
-    grow still finds its way) and keeps them in the current entry from then on."""
-    from unicron.control.effects import FORMER_POSTED, POSTED
-    from unicron.train.fencing import Standing, read_standing
-
-    cluster = make()
-    cluster.regrow(2)
-    store = cluster.c.store
-    kept = store.kept(POSTED)["lm"]  # the older coordinator kept only memberships, so:
-    former = {key.rsplit("/", 1)[1]: value for key, value in kept.items() if "/membership/" in key}
-    assert len(former) == 2  # the shrink to three and the grow back to four
-    store.keep(FORMER_POSTED, {"lm": former})
-    store.keep(POSTED, {})
-    cluster.restart()
-    rendezvous = cluster.c.act.rendezvous
-    address = f"{rendezvous.host_address}:{cluster.c.store.get_task('lm').store_port}"
-    assert read_standing(address, "lm", rendezvous.key("lm"), 1, 0, 5.0) is Standing.CURRENT
-    assert not cluster.c.store.kept(FORMER_POSTED)  # taken, once
-    assert cluster.c.store.kept(POSTED) == {"lm": kept}  # the same keys, oldest first
-
-
 def test_a_spare_told_to_join_before_a_restart_finds_its_identity_in_the_re_created_store(make: Any) -> None:
     """A grow takes a hot spare and the coordinator is killed before the spare read the identity
     posted for it. Started over, the coordinator posts it again in the re-created store: the

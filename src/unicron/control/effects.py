@@ -46,29 +46,9 @@ from unicron.core.workerenv import KEYS
 POSTED = "posted"
 # Room for as many memberships as a worker follows (``fencing.MAX_HOPS``, 64) and as many spares.
 POSTED_PER_TASK = 128
-# What a coordinator before the identities were kept (stop 44) kept instead: each live task's
-# memberships, by the old generation they follow. A coordinator starting over a store it left
-# takes them into ``POSTED`` (``upgraded``) and posts them again.
-FORMER_POSTED = "memberships"
 
 
 Posted = dict[str, dict[str, str]]  # task -> store key -> value
-
-
-def upgraded(posted: Posted, former: Posted) -> Posted:
-    """``POSTED`` with the memberships kept in the former form: each as its store key, older
-    (by generation) first, before what ``POSTED`` holds of the same task."""
-    tasks = {*posted, *former}
-    return {
-        task: {
-            **{
-                membership_key(task, int(old)): value
-                for old, value in sorted(former.get(task, {}).items(), key=lambda kv: int(kv[0]))
-            },
-            **posted.get(task, {}),
-        }
-        for task in sorted(tasks)
-    }
 
 
 @dataclass
@@ -271,11 +251,6 @@ class Applier:
         forgot which generation-0 faults were claimed: those the event log shows injected are
         claimed again, so that none strikes twice."""
         posted: Posted = self._store.kept(POSTED) or {}
-        former = self._store.kept(FORMER_POSTED)
-        if former:
-            posted = upgraded(posted, former)
-            self._store.keep(POSTED, posted)
-            self._store.keep(FORMER_POSTED, {})  # taken: the store holds no way to delete it
         for task in self._store.tasks(live_only=True):
             if not task.store_port:
                 continue
