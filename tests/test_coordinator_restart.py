@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from unicron.core.kept import LadderCounts
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import FaultReport, fault_claim_key
 from unicron.core.settings import Settings
@@ -138,7 +139,7 @@ def test_a_restarted_coordinator_keeps_the_ladder_the_measured_rates_and_the_spa
     cluster.clock.now += 10.0
     cluster.step()  # the step times are kept every 10 s
     before = cluster.c
-    assert before.rates.used["lm"] and before.recovery.ladder.history()["failures"]["lm"]
+    assert before.rates.used["lm"] and before.recovery.ladder.history().failures["lm"]
     assert before.placer.spares
     assert before.recovery.recent["lm"] and len(before.detector.step_times()["lm"]) >= 10
     cluster.restart()
@@ -183,7 +184,7 @@ def test_a_restored_ladder_escalates_as_the_original_would() -> None:
         assert original.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", at).tier is Tier.REATTEMPT
         original.carried("t", Tier.REATTEMPT, at)
     copy = Ladder(settings)
-    copy.restore(json.loads(json.dumps(original.history())))  # as the store keeps it
+    copy.restore(LadderCounts.model_validate(json.loads(original.history().model_dump_json())))  # as kept
     assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0) == original.decide(
         "t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0
     )
@@ -195,7 +196,7 @@ def test_a_member_that_missed_a_grow_before_a_restart_follows_it_and_may_commit(
     their step boundary. Started over, it posts that membership in the re-created store again:
     a member of the old generation still finds its way to the current one, and its checkpoints
     still commit (the soak once saw it refused as superseded: the final state was never saved)."""
-    from unicron.control.effects import POSTED
+    from unicron.core.kept import Posted
     from unicron.train.fencing import Standing, read_standing
 
     cluster = make()
@@ -207,7 +208,7 @@ def test_a_member_that_missed_a_grow_before_a_restart_follows_it_and_may_commit(
     assert read_standing(address, "lm", rendezvous.key("lm"), 1, 0, 5.0) is Standing.CURRENT
     assert read_standing(address, "lm", rendezvous.key("lm"), 1, 3, 5.0) is Standing.SUPERSEDED
     cluster.c.cancel("lm")
-    assert "lm" not in (cluster.c.store.kept(POSTED) or {})  # nothing of it stays
+    assert "lm" not in (cluster.c.store.kept_record(Posted) or Posted()).tasks  # nothing of it stays
 
 
 def test_a_spare_told_to_join_before_a_restart_finds_its_identity_in_the_re_created_store(make: Any) -> None:

@@ -46,6 +46,7 @@ from unicron.control.tail import Tail
 from unicron.control.vanished import Vanished
 from unicron.control.wafhistory import WafHistory
 from unicron.core.errors import Conflict
+from unicron.core.kept import FaultSigns, LadderCounts, MeasuredRates, RevokedToken, RevokedTokens, StepTimes
 from unicron.core.ladder import Ladder
 from unicron.core.livespecs import NOT_FAILURES, LiveTaskSpec, replica_misfit
 from unicron.core.protocol import (
@@ -134,11 +135,13 @@ class Coordinator:
     def _restore_kept(self) -> None:
         """What decides behaviour and is not a row of its own: kept by the parts, restored here
         (from the previous coordinator's store, or empty on a first start)."""
-        self.recovery.ladder.restore(self.store.kept("ladder") or self.recovery.ladder.history())
-        self.rates.restore(self.store.kept("rates") or {})
-        self.recovery.restore_signs(self.store.kept("signs") or {})
-        self.revoked = frozenset(r["jti"] for r in self.store.kept("revoked_tokens") or [])
-        self.detector.restored = dict(self.store.kept("step_times") or {})
+        self.recovery.ladder.restore(self.store.kept_record(LadderCounts) or LadderCounts())
+        self.rates.restore(self.store.kept_record(MeasuredRates) or MeasuredRates())
+        self.recovery.restore_signs(self.store.kept_record(FaultSigns) or FaultSigns())
+        self.revoked = frozenset(
+            t.jti for t in (self.store.kept_record(RevokedTokens) or RevokedTokens()).tokens
+        )
+        self.detector.restored = dict((self.store.kept_record(StepTimes) or StepTimes()).tasks)
         self.step_times_kept: tuple[float, dict[str, list[float]]] = (0.0, self.detector.step_times())
 
     def spec(self, name: str) -> LiveTaskSpec:
@@ -188,7 +191,7 @@ class Coordinator:
         self.ctx.act.rendezvous.close(name)
         self.recovery.forget(name)
         self.recovery.ladder.forget(name)
-        self.act.keep("ladder", self.recovery.ladder.history())
+        self.act.keep(self.recovery.ladder.history())
         self.detector.forget(name)
         self.storage.forget(name)
         self.generations.growing.pop(name, None)
@@ -200,7 +203,8 @@ class Coordinator:
         check_token_id(jti := record["jti"])
         if jti not in self.revoked:
             self.revoked |= {jti}
-            self.act.keep("revoked_tokens", [*(self.store.kept("revoked_tokens") or []), record])
+            kept = self.store.kept_record(RevokedTokens) or RevokedTokens()
+            self.act.keep(RevokedTokens(tokens=[*kept.tokens, RevokedToken(**record)]))
             self.act.record("token_revoked", **record)
 
     # ------------------------------------------------------------------ agents
@@ -478,7 +482,7 @@ class Coordinator:
         successor judges hangs from its first steps (no warm-up), at the cost of one write."""
         at, last = self.step_times_kept
         if now - at >= KEEP_STEP_TIMES_S and (times := self.detector.step_times()) != last:
-            self.act.keep("step_times", times)
+            self.act.keep(StepTimes(tasks=times))
             self.step_times_kept = (now, times)
 
     def _finish_stopping(self, task: TaskRecord, now: float) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from unicron.control.records import WorkerRecord
 from unicron.control.rendezvous import Rendezvous
 from unicron.control.store import Store
+from unicron.core.kept import Posted
 from unicron.core.protocol import (
     SPARE_GENERATION,
     DumpStacks,
@@ -37,18 +38,15 @@ from unicron.core.protocol import (
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.core.workerenv import KEYS
 
-# What the coordinator posted in each live task's store for its workers to read (store key ->
-# value, oldest first): the memberships that followed each old generation and the identities
-# given to hot spares. Kept so that a coordinator starting over posts them again: its new store
-# would lack them, and a member that had not yet read its way to the current generation would
-# neither follow it nor be let commit (``train/fencing.py``: SUPERSEDED, though the task went on
-# with it), and a spare told to join would wait for its identity until the group gave it up.
-POSTED = "posted"
+# What the coordinator posted in each live task's store for its workers to read (``Posted``,
+# store key -> value, oldest first): the memberships that followed each old generation and the
+# identities given to hot spares. Kept so that a coordinator starting over posts them again: its
+# new store would lack them, and a member that had not yet read its way to the current generation
+# would neither follow it nor be let commit (``train/fencing.py``: SUPERSEDED, though the task
+# went on with it), and a spare told to join would wait for its identity until the group gave it
+# up.
 # Room for as many memberships as a worker follows (``fencing.MAX_HOPS``, 64) and as many spares.
 POSTED_PER_TASK = 128
-
-
-Posted = dict[str, dict[str, str]]  # task -> store key -> value
 
 
 @dataclass
@@ -177,7 +175,7 @@ class Applier:
         self.node_state = store.node_state
         self.worker_phase = store.worker_phase
         self.end_workers = store.end_workers
-        self.keep = store.keep  # what a part keeps across a restart (the ladder, measured rates)
+        self.keep = store.keep_record  # what a part keeps across a restart (the ladder, measured rates)
         self.close_store = store.close
 
     def record(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
@@ -229,9 +227,9 @@ class Applier:
 
     def task_ended(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
         self._store.task_ended(name, to, now, reason)
-        posted = dict(self._store.kept(POSTED) or {})
+        posted = self._posted()
         if posted.pop(name, None) is not None:
-            self._store.keep(POSTED, posted)
+            self._store.keep_record(Posted(tasks=posted))
 
     def task_launched(self, task: str, generation: int, workers: int, port: int, now: float) -> None:
         """A generation was launched from a checkpoint: it is the task's current one."""
@@ -246,11 +244,11 @@ class Applier:
 
     def host_task_stores(self) -> None:
         """A coordinator starting over a kept store hosts each live task's rendezvous store again
-        (its port kept where it can be), posts what it had posted there again (``POSTED``), and
+        (its port kept where it can be), posts what it had posted there again (``Posted``), and
         tells its workers the store is new. The new store
         forgot which generation-0 faults were claimed: those the event log shows injected are
         claimed again, so that none strikes twice."""
-        posted: Posted = self._store.kept(POSTED) or {}
+        posted = self._posted()
         for task in self._store.tasks(live_only=True):
             if not task.store_port:
                 continue
@@ -349,13 +347,18 @@ class Applier:
         identity = {"generation": generation, "rank": rank, "world_size": world}
         self._post(task, spare_key(task, spare_rank), json.dumps(identity))
 
+    def _posted(self) -> dict[str, dict[str, str]]:
+        """What was posted in each live task's store (a copy to change and keep again)."""
+        kept = self._store.kept_record(Posted)
+        return {} if kept is None else {task: dict(keys) for task, keys in kept.tasks.items()}
+
     def _post(self, task: str, key: str, value: str) -> None:
-        """Post ``key`` in the task's store for its workers, kept (``POSTED``) so that a
+        """Post ``key`` in the task's store for its workers, kept (``Posted``) so that a
         coordinator starting over posts it again; durable before any worker can read it."""
-        posted = dict(self._store.kept(POSTED) or {})
+        posted = self._posted()
         mine = {**posted.get(task, {}), key: value}  # JSON keeps the order: oldest first
         posted[task] = dict(list(mine.items())[-POSTED_PER_TASK:])
-        self._store.keep(POSTED, posted)
+        self._store.keep_record(Posted(tasks=posted))
         self._store.sync()  # journal.py
         self.rendezvous.set(task, key, value)
 

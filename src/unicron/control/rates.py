@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from unicron.core.kept import MeasuredRates
+
 
 @dataclass
 class _Series:
@@ -85,11 +87,11 @@ class RateMeter:
     def measured(self, task: str) -> dict[int, float]:
         return dict(self.used.get(task, {}))
 
-    def kept(self) -> dict[str, dict[str, float]]:
-        """The rates in use, as plain data (kept across a coordinator's restart)."""
-        return {task: {str(world): rate for world, rate in per.items()} for task, per in self.used.items()}
+    def kept(self) -> MeasuredRates:
+        """The rates in use (kept across a coordinator's restart)."""
+        return MeasuredRates(used={task: dict(per) for task, per in self.used.items()})
 
-    def restore(self, kept: dict[str, dict[str, float]]) -> None:
+    def restore(self, kept: MeasuredRates) -> None:
         """Use the rates a coordinator before this one measured (from :meth:`kept`)."""
-        self.used = {task: {int(world): rate for world, rate in per.items()} for task, per in kept.items()}
+        self.used = {task: dict(per) for task, per in kept.used.items()}
         self.version += 1

@@ -12,20 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from unicron.control.context import Context
 from unicron.control.effects import Effect, Isolate, StopGeneration, TaskDown
 from unicron.control.generations import Generations
 from unicron.control.hangs import WorkerKey, not_arrived
-from unicron.control.records import EventRecord, TaskRecord, WorkerRecord
+from unicron.control.records import TaskRecord, WorkerRecord
 from unicron.control.response import TASK_ENDED, Failure, Response, in_place, isolation, regrouped, respond
+from unicron.core.kept import FaultSigns, OpenIncident, OpenIncidents
 from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import IterationReport, Progress
 from unicron.core.states import TaskState
-from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope, error_kind
-from unicron.core.tiers import Escalation, Tier, first_applicable, tier_named
+from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope
+from unicron.core.tiers import Escalation, Tier, first_applicable
 
 # Kinds that a peer's failure produces in the survivors: an incident opened by one of these may
 # turn out to have a deeper cause.
@@ -67,30 +67,6 @@ def attribute(sign: Sign, recent: Sequence[Sign], window: float) -> Scope:
     ]
     together = [r for r in same if None in (r.generation, sign.generation) or r.generation == sign.generation]
     return Scope.TASK if together else Scope.WORKER
-
-
-def reopened(events: Sequence[EventRecord]) -> list[tuple[int, Incident]]:
-    """The incidents in ``events`` that no outcome closed (but the storage's: its own watch keeps
-    those, ``storagewatch``), with the generation each struck, the tiers carried out so far (the
-    incident's, then each escalation's) and the generation its last tier re-formed in place."""
-    closed = {e.detail.get("incident") for e in events if e.kind == "outcome"}
-    found: dict[int, tuple[int, Incident]] = {}
-    for e in events:
-        if e.kind == "incident" and e.id not in closed and e.detail.get("scope") != Scope.STORAGE.value:
-            kind, tier = error_kind(str(e.detail.get("kind"))), tier_named(str(e.detail.get("action")))
-            struck = int(e.detail.get("generation", 0))
-            found[e.id] = (struck, Incident(e.id, kind, e.time, [tier], struck))
-        elif e.kind == "escalation" and e.detail.get("incident") in found and e.detail.get("carried"):
-            found[e.detail["incident"]][1].tiers.append(tier_named(str(e.detail["to_action"])))
-        elif e.kind in ("in_process_recovery", "response") and e.detail.get("incident") in found:
-            # The generation its tier re-formed in place, if its last response did (a later
-            # failure of the same event still widens it after a restart).
-            incident = found[e.detail["incident"]][1]
-            if e.kind == "in_process_recovery":
-                incident.formed = e.detail.get("generation")
-            elif not tier_named(str(e.detail.get("action"))).in_place:
-                incident.formed = None
-    return list(found.values())
 
 
 @dataclass
@@ -191,7 +167,7 @@ class Recovery:
             spec.replica_size,
         )
         self.ladder.carried(name, response.tier, now)
-        self.ctx.act.keep("ladder", self.ladder.history())
+        self.ctx.act.keep(self.ladder.history())
         incident = self._open(task, kind, node, why, scope, decision, response.tier, seen_at, seen_as)
         for step in response.escalations:  # the tiers asked for that could not apply, and why
             self._record_escalation(task, incident, step, carried=False)
@@ -253,7 +229,7 @@ class Recovery:
             self._record_escalation(task, incident, step, carried=i == len(response.escalations) - 1)
         if response.escalations:
             self.ladder.carried(task.name, response.tier, now)
-            self.ctx.act.keep("ladder", self.ladder.history())
+            self.ctx.act.keep(self.ladder.history())
         self._carry_out(task, incident, response, now)
 
     def _carry_out(self, task: TaskRecord, incident: Incident, response: Response, now: float) -> None:
@@ -283,6 +259,7 @@ class Recovery:
             self.ctx.act.record("outcome", task=name, incident=incident.id, outcome="task failed", why=why)
             del self.incidents[(name, incident.generation)]
             self.released(name)
+        self._keep_incidents()
 
     def _apply(self, effects: Sequence[Effect], now: float) -> None:
         self.ctx.act.apply(effects, now)
@@ -347,35 +324,32 @@ class Recovery:
         scope = scope or attribute(sign, recent, self.ctx.limits.task_fault_window_s)
         if scope is Scope.TASK and not sticky:
             self.ladder.reattribute(name, kind, now)  # the open incident's fault was the task's
-            self.ctx.act.keep("ladder", self.ladder.history())
+            self.ctx.act.keep(self.ladder.history())
         if scope is Scope.TASK or sticky:
             self.task_faults[(name, kind)] = [*sticky, now]
             scope = Scope.TASK
-        self.ctx.act.keep("signs", self.kept_signs())
+        self.ctx.act.keep(self.kept_signs())
         return scope
 
-    def kept_signs(self) -> dict[str, Any]:
-        """The recent signs and the task-attributed faults, as plain data (a successor that
-        takes over attributes the next sign as this coordinator would)."""
-        return {
-            "recent": {
-                n: [[s.time, s.kind.value, s.node, s.generation] for s in signs]
-                for n, signs in self.recent.items()
+    def kept_signs(self) -> FaultSigns:
+        """The recent signs and the task-attributed faults (a successor that takes over
+        attributes the next sign as this coordinator would)."""
+        return FaultSigns(
+            recent={
+                n: [(s.time, s.kind, s.node, s.generation) for s in signs] for n, signs in self.recent.items()
             },
-            "task_faults": [[n, k.value, times] for (n, k), times in self.task_faults.items()],
-        }
+            task_faults=[(n, k, times) for (n, k), times in self.task_faults.items()],
+        )
 
-    def restore_signs(self, kept: dict[str, Any]) -> None:
-        self.recent = {
-            n: [Sign(t, ErrorKind(k), node, g) for t, k, node, g in signs]
-            for n, signs in kept.get("recent", {}).items()
-        }
-        self.task_faults = {(n, ErrorKind(k)): list(times) for n, k, times in kept.get("task_faults", [])}
+    def restore_signs(self, kept: FaultSigns) -> None:
+        self.recent = {n: [Sign(*s) for s in signs] for n, signs in kept.recent.items()}
+        self.task_faults = {(n, k): list(times) for n, k, times in kept.task_faults}
 
     def recovered(self, name: str, downtime: float, first: IterationReport) -> None:
         """The task completed ``first``, its first step since it stopped: its incidents are
         recovered (the step's end regained training; the transition ended when its computing
         resumed: the step's start after a relaunch, the group re-formed within it in place)."""
+        closed = False
         for (task, generation), incident in list(self.incidents.items()):
             if task == name:
                 self.ctx.act.record(
@@ -391,6 +365,9 @@ class Recovery:
                     actions=incident.labels(),
                 )
                 del self.incidents[(task, generation)]
+                closed = True
+        if closed:
+            self._keep_incidents()
 
     def recomputed(self, report: IterationReport) -> None:
         """Survivors computed departed ranks' micro-batches: work the task's latest incident cost."""
@@ -460,7 +437,7 @@ class Recovery:
         for i, step in enumerate(steps):
             self._record_escalation(task, incident, step, carried=i == len(steps) - 1)
         self.ladder.carried(name, tier, now)
-        self.ctx.act.keep("ladder", self.ladder.history())
+        self.ctx.act.keep(self.ladder.history())
         if tier.in_place:
             incident.stuck_nodes |= {w.node for w in stuck}
             self._carry_out(task, incident, Response(tier, escalations, planned[tier]), now)
@@ -491,20 +468,42 @@ class Recovery:
             incident.tiers.append(step.to_tier)
 
     def rebuild(self) -> None:
-        """After a restart: the incidents of live tasks that no outcome closed are open again
-        (the next step regained closes them, a new fault supersedes them, and one recovering in
-        place gets its deadline afresh: its members may have been stuck since before the
-        restart); those of tasks that ended while no coordinator ran are closed with the task."""
+        """After a restart: the incidents kept open are open again (the next step regained
+        closes them, a new fault supersedes them, and one recovering in place gets its deadline
+        afresh: its members may have been stuck since before the restart); those of tasks that
+        ended while no coordinator ran are closed with the task."""
         now = self.ctx.clock()
-        for task in self.ctx.store.tasks():
-            for generation, incident in reopened(self.ctx.store.events(task=task.name, limit=1_000_000)):
-                if not task.state.live:
-                    self._ended(task.name, incident, task.state)
-                    continue
-                if incident.tier.in_place:
-                    incident.deadline = now + self.ctx.limits.recovery_deadline_s
-                self.incidents[(task.name, generation)] = incident
-                self.last_incident[task.name] = max(incident.id, self.last_incident.get(task.name, 0))
+        kept = self.ctx.store.kept_record(OpenIncidents) or OpenIncidents()
+        for row in kept.incidents:
+            task = self.ctx.store.task(row.task)
+            incident = Incident(row.id, row.kind, row.detected, list(row.tiers), row.generation, row.formed)
+            incident.stuck_nodes = set(row.stuck_nodes)
+            if task is None or not task.state.live:
+                if task is not None:
+                    self._ended(row.task, incident, task.state)
+                continue
+            if incident.tier.in_place:
+                incident.deadline = now + self.ctx.limits.recovery_deadline_s
+            self.incidents[(row.task, row.generation)] = incident
+            self.last_incident[row.task] = max(incident.id, self.last_incident.get(row.task, 0))
+        self._keep_incidents()
+
+    def _keep_incidents(self) -> None:
+        """Keep the open incidents, as they now are, for a successor."""
+        rows = [
+            OpenIncident(
+                id=i.id,
+                task=task,
+                kind=i.kind,
+                detected=i.detected,
+                tiers=i.tiers,
+                generation=i.generation,
+                formed=i.formed,
+                stuck_nodes=sorted(i.stuck_nodes),
+            )
+            for (task, _), i in sorted(self.incidents.items(), key=lambda kv: kv[1].id)
+        ]
+        self.ctx.act.keep(OpenIncidents(incidents=rows))
 
     def forget(self, name: str) -> None:
         """The task ended: nothing of it stays open; an incident still being recovered ends
@@ -514,6 +513,7 @@ class Recovery:
             incident = self.incidents.pop(key)
             if task is not None:
                 self._ended(name, incident, task.state)
+        self._keep_incidents()
         self._stop_awaiting(name)
         self.faults = {k: v for k, v in self.faults.items() if k[0] != name}
         self.recent.pop(name, None)

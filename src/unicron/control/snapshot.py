@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
 from unicron.core.errors import NotFound
+from unicron.core.kept import K
 from unicron.core.states import NodeState, WorkerPhase
 
 
@@ -88,4 +89,4 @@ class StoreReads(Protocol):
 
     def max_rank(self, task: str, generation: int) -> int | None: ...
 
-    def kept(self, name: str) -> Any: ...
+    def kept_record(self, kind: type[K]) -> K | None: ...

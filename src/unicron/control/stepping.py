@@ -96,6 +96,6 @@ class Steps:
             sample_flops,
         )
         if rate is not None:
-            self.ctx.act.keep("rates", self.rates.kept())
+            self.ctx.act.keep(self.rates.kept())
             self.ctx.act.record("throughput_measured", task=task.name, workers=task.workers, flops=rate)
             self.placer.inputs_changed()  # the plan may change with it, once its table is built

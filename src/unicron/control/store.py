@@ -28,6 +28,7 @@ from unicron.control.journal import Journal
 from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord, row
 from unicron.control.snapshot import Snapshot
 from unicron.core.errors import Conflict, NotFound
+from unicron.core.kept import K, Kept, read_kept
 from unicron.core.states import (
     LIVE_TASK_STATES,
     LIVE_WORKER_PHASES,
@@ -455,6 +456,14 @@ class Store:
         """Keep ``value`` (plain JSON data) under ``name``, replacing what was kept there."""
         with self._lock:
             self._commit(_Batch(kept={name: value}))
+
+    def kept_record(self, kind: type[K]) -> K | None:
+        """The typed record kept under its name (``core/kept.py``), validated; None: none kept."""
+        return read_kept(kind, self.kept(kind.NAME))
+
+    def keep_record(self, record: Kept) -> None:
+        """Keep a typed record under its name, replacing the one kept there."""
+        self.keep(record.NAME, record.model_dump(mode="json"))
 
     # ------------------------------------------------------------ the event log
     def event(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:

@@ -20,8 +20,8 @@ the reason, instead of looping.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from unicron.core.kept import LadderCounts
 from unicron.core.settings import Settings
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope, Severity
 from unicron.core.tiers import Tier
@@ -49,23 +49,21 @@ class Ladder:
     failures: dict[str, list[float]] = field(default_factory=dict)
     same: dict[tuple[str, ErrorKind], list[float]] = field(default_factory=dict)
 
-    def history(self) -> dict[str, Any]:
-        """What the ladder counts, as plain data (the coordinator keeps it across a restart)."""
-        return {
-            "actions": {t: [[at, a.value] for at, a in taken] for t, taken in self.actions.items()},
-            "node_errors": {n: [[at, t, k.value] for at, t, k in e] for n, e in self.node_errors.items()},
-            "failures": {t: list(times) for t, times in self.failures.items()},
-            "same": [[t, k.value, list(times)] for (t, k), times in self.same.items()],
-        }
+    def history(self) -> LadderCounts:
+        """What the ladder counts (the coordinator keeps it across a restart)."""
+        return LadderCounts(
+            actions={t: list(taken) for t, taken in self.actions.items()},
+            node_errors={n: list(e) for n, e in self.node_errors.items()},
+            failures={t: list(times) for t, times in self.failures.items()},
+            same=[(t, k, list(times)) for (t, k), times in self.same.items()],
+        )
 
-    def restore(self, history: dict[str, Any]) -> None:
+    def restore(self, history: LadderCounts) -> None:
         """Count again what ``history`` (from :meth:`history`) counted."""
-        self.actions = {t: [(at, Tier(a)) for at, a in taken] for t, taken in history["actions"].items()}
-        self.node_errors = {
-            n: [(at, t, ErrorKind(k)) for at, t, k in e] for n, e in history["node_errors"].items()
-        }
-        self.failures = {t: list(times) for t, times in history["failures"].items()}
-        self.same = {(t, ErrorKind(k)): list(times) for t, k, times in history["same"]}
+        self.actions = {t: list(taken) for t, taken in history.actions.items()}
+        self.node_errors = {n: list(e) for n, e in history.node_errors.items()}
+        self.failures = {t: list(times) for t, times in history.failures.items()}
+        self.same = {(t, k): list(times) for t, k, times in history.same}
 
     def reattribute(self, task: str, kind: ErrorKind, now: float) -> None:
         """``task``'s fault of ``kind`` turned out to be its own (it struck several nodes alike):

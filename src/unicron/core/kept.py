@@ -1,0 +1,117 @@
+"""What the coordinator keeps beside its rows: typed records, one per concept, validated when a
+coordinator reads them back (a successor after a takeover, or itself after a restart).
+
+Each record names its entry in the store (``NAME``) and holds plain typed fields: an entry that
+does not validate is an error naming the entry, not a ``KeyError`` deep in a restore.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from unicron.core.errors import SpecError
+from unicron.core.taxonomy import ErrorKind
+from unicron.core.tiers import Tier
+
+
+class Kept(BaseModel):
+    """A record kept in the store under ``NAME``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    NAME: ClassVar[str]
+
+
+K = TypeVar("K", bound=Kept)
+
+
+def read_kept(kind: type[K], raw: Any) -> K | None:
+    """The record ``raw`` (as the store returned it; None: never kept) holds, validated."""
+    if raw is None:
+        return None
+    try:
+        return kind.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(
+            f"the store's kept entry {kind.NAME!r} is not a valid {kind.__name__}: {exc}"
+        ) from exc
+
+
+class LadderCounts(Kept):
+    """What the severity ladder counts (``core/ladder.py``), within its window."""
+
+    NAME: ClassVar[str] = "ladder"
+    actions: dict[str, list[tuple[float, Tier]]] = {}  # task -> when each tier was carried out
+    node_errors: dict[str, list[tuple[float, str, ErrorKind]]] = {}  # node -> (when, task, kind)
+    failures: dict[str, list[float]] = {}  # task -> when it failed
+    same: list[tuple[str, ErrorKind, list[float]]] = []  # (task, kind) -> when it recurred
+
+
+class FaultSigns(Kept):
+    """The recent signs of faults per task and the faults found to be a task's own
+    (``control/recovery.py``): a successor attributes the next sign as its predecessor would."""
+
+    NAME: ClassVar[str] = "signs"
+    recent: dict[str, list[tuple[float, ErrorKind, str | None, int | None]]] = {}  # time, kind, node, gen
+    task_faults: list[tuple[str, ErrorKind, list[float]]] = []
+
+
+class MeasuredRates(Kept):
+    """The throughput measured per task and worker count, in use by the planner
+    (``control/rates.py``)."""
+
+    NAME: ClassVar[str] = "rates"
+    used: dict[str, dict[int, float]] = {}
+
+
+class StepTimes(Kept):
+    """Each task's recent step intervals, which judge hangs (``control/detection.py``)."""
+
+    NAME: ClassVar[str] = "step_times"
+    tasks: dict[str, list[float]] = {}
+
+
+class OpenIncident(BaseModel):
+    """An incident not yet closed, as recovery holds it (``control/recovery.py:Incident``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    id: int
+    task: str
+    kind: ErrorKind
+    detected: float
+    tiers: list[Tier]  # every tier carried out, in order: the last is under way
+    generation: int  # the generation it struck
+    formed: int | None = None  # the generation its tier re-formed in place, while none trained
+    stuck_nodes: list[str] = []
+
+
+class OpenIncidents(Kept):
+    """The incidents not yet closed (a successor carries each on from its tier, rather than
+    reading them back from the event log's words)."""
+
+    NAME: ClassVar[str] = "incidents"
+    incidents: list[OpenIncident] = []
+
+
+class RevokedToken(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    jti: str
+    role: str | None = None
+    sub: str | None = None
+
+
+class RevokedTokens(Kept):
+    """Tokens refused from now on, at every coordinator that leads."""
+
+    NAME: ClassVar[str] = "revoked_tokens"
+    tokens: list[RevokedToken] = []
+
+
+class Posted(Kept):
+    """What the coordinator posted in each live task's rendezvous store (task -> key -> value,
+    oldest first), posted again by a successor in the store it re-creates
+    (``control/effects.py``)."""
+
+    NAME: ClassVar[str] = "posted"
+    tasks: dict[str, dict[str, str]] = {}
