@@ -46,7 +46,15 @@ from unicron.control.tail import Tail
 from unicron.control.vanished import Vanished
 from unicron.control.wafhistory import WafHistory
 from unicron.core.errors import Conflict
-from unicron.core.kept import FaultSigns, LadderCounts, MeasuredRates, RevokedToken, RevokedTokens, StepTimes
+from unicron.core.kept import (
+    FaultSigns,
+    Isolations,
+    LadderCounts,
+    MeasuredRates,
+    RevokedToken,
+    RevokedTokens,
+    StepTimes,
+)
 from unicron.core.ladder import Ladder
 from unicron.core.livespecs import NOT_FAILURES, LiveTaskSpec, replica_misfit
 from unicron.core.protocol import (
@@ -138,6 +146,7 @@ class Coordinator:
         self.recovery.ladder.restore(self.store.kept_record(LadderCounts) or LadderCounts())
         self.rates.restore(self.store.kept_record(MeasuredRates) or MeasuredRates())
         self.recovery.restore_signs(self.store.kept_record(FaultSigns) or FaultSigns())
+        self.recovery.isolated_until = dict((self.store.kept_record(Isolations) or Isolations()).until)
         self.revoked = frozenset(
             t.jti for t in (self.store.kept_record(RevokedTokens) or RevokedTokens()).tokens
         )

@@ -19,7 +19,7 @@ from unicron.control.generations import Generations
 from unicron.control.hangs import WorkerKey, not_arrived
 from unicron.control.records import TaskRecord, WorkerRecord
 from unicron.control.response import TASK_ENDED, Failure, Response, in_place, isolation, regrouped, respond
-from unicron.core.kept import FaultSigns, OpenIncident, OpenIncidents
+from unicron.core.kept import FaultSigns, Isolations, OpenIncident, OpenIncidents
 from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import IterationReport, Progress
@@ -146,6 +146,8 @@ class Recovery:
             # data or its configuration, not the machine (hardware kinds keep their node scope).
             scope = Scope.TASK if TAXONOMY[kind].scope is Scope.WORKER else None
         scope = self.note(name, Sign(now, kind, node, generation), scope)
+        if not task.state.active:
+            return  # stopping to relaunch, or waiting: no generation runs to recover (a sign only)
         failure = Failure(name, node, why, None if failed is None else frozenset(failed))
         if (same := self._same_event(task, generation, now)) is not None:
             self._widen(same, task, failure, kind, scope, now)
@@ -259,13 +261,16 @@ class Recovery:
             self.ctx.act.record("outcome", task=name, incident=incident.id, outcome="task failed", why=why)
             del self.incidents[(name, incident.generation)]
             self.released(name)
+        if not response.tier.in_place:
+            self._stop_awaiting(name)  # the relaunch answers every peer error of the generation
         self._keep_incidents()
 
     def _apply(self, effects: Sequence[Effect], now: float) -> None:
         self.ctx.act.apply(effects, now)
-        for effect in effects:
-            if isinstance(effect, Isolate):
-                self.isolated_until[effect.node] = effect.until
+        isolated = {e.node: e.until for e in effects if isinstance(e, Isolate)}
+        if isolated:
+            self.isolated_until |= isolated
+            self.ctx.act.keep(Isolations(until=self.isolated_until))
 
     def _open(
         self,
@@ -545,6 +550,7 @@ class Recovery:
                     first_seen_as=incident.kind.value,
                 )
                 incident.kind = kind
+                self._keep_incidents()
 
     def paused(self, seconds: float) -> None:
         """The coordinator did not run for ``seconds``: the recoveries' deadlines and the waits

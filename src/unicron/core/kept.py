@@ -94,6 +94,13 @@ class OpenIncidents(Kept):
     incidents: list[OpenIncident] = []
 
 
+class Isolations(Kept):
+    """Until when each isolated node stays out (``control/recovery.py``)."""
+
+    NAME: ClassVar[str] = "isolations"
+    until: dict[str, float] = {}
+
+
 class RevokedToken(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     jti: str
