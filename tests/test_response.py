@@ -11,7 +11,7 @@ from unicron.control.draining import returning_state
 from unicron.control.effects import Isolate, StopGeneration, StopWorker, Switch, TaskDown
 from unicron.control.placing import Move, MoveKind, move_for
 from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
-from unicron.control.response import Failure, in_place, respond
+from unicron.control.response import Failure, in_place, regrouped, respond
 from unicron.control.snapshot import Snapshot
 from unicron.core.ladder import Decision
 from unicron.core.settings import Settings
@@ -103,6 +103,12 @@ def test_restart_failed_stops_only_the_failed_rank_and_the_survivors_go_on() -> 
     assert switch.membership.failed == [1]
     assert TaskDown("lm", TaskState.STARTING) in response.effects
     assert not any(isinstance(e, (StopGeneration, Isolate)) for e in response.effects)
+    assert regrouped(response.effects) == {
+        "generation": 6,
+        "workers": 3,
+        "failed": [1],
+        "survivors": [0, 2, 3],
+    }
 
 
 def test_restart_failed_with_every_rank_alive_is_not_a_restart() -> None:

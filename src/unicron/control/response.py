@@ -86,7 +86,13 @@ def regrouped(effects: Collection[Effect]) -> dict[str, Any]:
     for e in effects:
         if isinstance(e, Switch):
             m = e.membership
-            return {"generation": m.generation, "workers": m.world_size, "failed": m.failed}
+            survivors = sorted(w.rank for w in e.kept)
+            return {
+                "generation": m.generation,
+                "workers": m.world_size,
+                "failed": m.failed,
+                "survivors": survivors,
+            }
     return {}
 
 
