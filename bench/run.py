@@ -6,6 +6,7 @@ import json
 
 from bench import (
     checkpoint_bench,
+    decide_bench,
     detection_bench,
     network_bench,
     observe_bench,
@@ -52,6 +53,10 @@ def main() -> None:
     )
     overhead = overhead_bench.main()
     print(json.dumps({f"{r['model']}@{r['workers']}": r["ratio"] for r in overhead["rows"]}, indent=2))
+    # After the overhead benchmark, which writes docs/performance.md anew: its decisions section.
+    decided = decide_bench.main([])  # a burst of 100 failures at 2,048 nodes x 8, 100 tasks
+    keys = ("nodes", "decision_p50_s", "decision_p99_s", "burst_s", "met")
+    print(json.dumps({k: decided[k] for k in keys}, indent=2))
     # What periodic checkpoints cost a sharded task, written before going on or in the background.
     saved = checkpoint_bench.main()
     print(json.dumps({k: saved[k] for k in ("mean_step_s", "cost_per_checkpoint_s")}, indent=2))
