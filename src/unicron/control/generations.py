@@ -61,7 +61,8 @@ def survivors(
         ranks={w.rank: i for i, w in enumerate(kept)},
         failed=sorted(gone),
     )
-    return Shrink(membership, kept, [w for w in live if w not in kept])
+    staying = {w.key for w in kept}
+    return Shrink(membership, kept, [w for w in live if w.key not in staying])
 
 
 def planned_shrink(

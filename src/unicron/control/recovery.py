@@ -159,7 +159,7 @@ class Recovery:
         decision = self.ladder.decide(name, kind, node, now, scope)
         spec = self.ctx.spec(name)
         response = respond(
-            self.ctx.store.snapshot(),
+            self.ctx.store.snapshot(only=name),
             failure,
             decision,
             self.generations.in_place(name),
@@ -207,7 +207,7 @@ class Recovery:
         decision = LadderDecision(kind, TAXONOMY[kind].severity, incident.tier, False, why, scope)
         spec = self.ctx.spec(task.name)
         response = respond(
-            self.ctx.store.snapshot(),
+            self.ctx.store.snapshot(only=task.name),
             failure,
             decision,
             self.generations.in_place(task.name),
@@ -406,7 +406,7 @@ class Recovery:
             return
         incident = due[0]
         incident.deadline = None
-        snapshot = self.ctx.store.snapshot()
+        snapshot = self.ctx.store.snapshot(only=name)
         members = snapshot.live(name)
         stuck = not_arrived(members, positions(members), generation)
         planned: dict[Tier, tuple[Effect, ...]] = {}

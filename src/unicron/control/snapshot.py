@@ -10,7 +10,7 @@ store only as :class:`StoreReads` (mypy rejects a write through it). The applier
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from unicron.control.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
@@ -28,6 +28,7 @@ class Snapshot:
     nodes: Mapping[str, NodeRecord]
     members: Mapping[str, tuple[WorkerRecord, ...]]  # task -> live workers of its generation
     next_generation: Mapping[str, int]  # task -> a generation number it never used
+    _healthy: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def task(self, name: str) -> TaskRecord:
         if name not in self.tasks:
@@ -38,7 +39,11 @@ class Snapshot:
         return self.members.get(name, ())
 
     def healthy(self) -> frozenset[str]:
-        return frozenset(n.name for n in self.nodes.values() if n.state is NodeState.HEALTHY)
+        return self._healthy
+
+    def __post_init__(self) -> None:  # read once: deciders ask for it many times a decision
+        healthy = frozenset(n.name for n in self.nodes.values() if n.state is NodeState.HEALTHY)
+        object.__setattr__(self, "_healthy", healthy)
 
     def node_state(self, name: str) -> NodeState | None:
         node = self.nodes.get(name)
@@ -48,7 +53,7 @@ class Snapshot:
 class StoreReads(Protocol):
     """The store's read operations: all that the coordinator's parts other than the applier may use."""
 
-    def snapshot(self) -> Snapshot: ...
+    def snapshot(self, only: str | None = None) -> Snapshot: ...
 
     def events(
         self,

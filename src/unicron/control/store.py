@@ -78,6 +78,9 @@ class Store:
         self._tasks = {t.name: t for t in sorted(loaded.tasks, key=lambda t: t.submitted)}
         self._nodes = {n.name: n for n in sorted(loaded.nodes, key=lambda n: n.id)}
         self._workers: dict[str, dict[tuple[int, int], WorkerRecord]] = {}
+        # The same rows by task and generation (rank -> row): a generation's members are read on
+        # every decision, and a task's rows of all its generations grow with every recovery.
+        self._generations: dict[str, dict[int, dict[int, WorkerRecord]]] = {}
         # The rows holding a slot, by key (slot checks read them; ``_workers`` keeps every row).
         self._holding: dict[WorkerKey, WorkerRecord] = {}
         for w in loaded.workers:
@@ -104,10 +107,12 @@ class Store:
         for name in batch.removed_nodes:
             self._nodes.pop(name, None)
 
-    def snapshot(self) -> Snapshot:
-        """Live tasks, nodes and each live task's current members, in one read."""
+    def snapshot(self, only: str | None = None) -> Snapshot:
+        """Live tasks (``only``: that one alone), nodes and each live task's current members, in
+        one read. A decision about one task reads only it: at 100 tasks, the members of all of
+        them were most of a recovery's time."""
         with self._lock:
-            tasks = self.tasks(live_only=True)
+            tasks = [t for t in self.tasks(live_only=True) if only is None or t.name == only]
             return Snapshot(
                 tasks={t.name: t for t in tasks},
                 nodes=dict(self._nodes),
@@ -299,11 +304,10 @@ class Store:
     # ------------------------------------------------------------ workers
     def workers(self, task: str, generation: int | None = None, live: bool = False) -> list[WorkerRecord]:
         with self._lock:
-            found = [
-                w
-                for w in self._workers.get(task, {}).values()
-                if (generation is None or w.generation == generation) and (not live or w.state.live)
-            ]
+            if generation is not None:
+                rows = self._generations.get(task, {}).get(generation, {})
+                return [w for _, w in sorted(rows.items()) if not live or w.state.live]
+            found = [w for w in self._workers.get(task, {}).values() if not live or w.state.live]
         return sorted(found, key=lambda w: (w.generation, w.rank))
 
     def worker(self, task: str, generation: int, rank: int) -> WorkerRecord | None:
@@ -311,6 +315,7 @@ class Store:
 
     def _hold(self, w: WorkerRecord) -> None:
         self._workers.setdefault(w.task, {})[(w.generation, w.rank)] = w
+        self._generations.setdefault(w.task, {}).setdefault(w.generation, {})[w.rank] = w
         if w.state in SLOT_HOLDING_PHASES:
             self._holding[w.key] = w
         else:
@@ -339,11 +344,11 @@ class Store:
 
     def max_generation(self, task: str) -> int:
         with self._lock:
-            return max((g for g, _ in self._workers.get(task, {})), default=0)
+            return max(self._generations.get(task, {}), default=0)
 
     def max_rank(self, task: str, generation: int) -> int | None:
         with self._lock:
-            return max((r for g, r in self._workers.get(task, {}) if g == generation), default=None)
+            return max(self._generations.get(task, {}).get(generation, {}), default=None)
 
     def add_workers(
         self,
