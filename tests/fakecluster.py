@@ -88,8 +88,13 @@ class Cluster:
                 entry = self.running.pop((order.task, order.generation, order.rank), None)
                 if entry is not None:
                     self.running[(order.task, order.new_generation, order.new_rank)] = entry
-            elif isinstance(order, StopWorkers) and order.rank is not None and node not in self.slow_stops:
-                self.running.pop((order.task, order.generation or 0, order.rank), None)
+            elif isinstance(order, StopWorkers):
+                self._stopped(node, order)
+
+    def _stopped(self, node: str, order: StopWorkers) -> None:
+        """A stop order carried out: a worker's stop ends it at once (unless its node is slow)."""
+        if order.rank is not None and node not in self.slow_stops:
+            self.running.pop((order.task, order.generation or 0, order.rank), None)
 
     def step(self, seconds: float = 0.5) -> None:
         """Time passes; every node heartbeats, the coordinator ticks."""

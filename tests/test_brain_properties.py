@@ -40,10 +40,8 @@ from unicron.core.protocol import (
     CheckpointReport,
     ExceptionReport,
     ExitReport,
-    LaunchWorker,
     OrderBatch,
     Registration,
-    RenameWorker,
     StopWorkers,
     WorkerReport,
     WorkerState,
@@ -82,23 +80,10 @@ class Agents(Cluster):
         super().beat(node, *queued, *reports)
 
     def _follow(self, node: str, batch: OrderBatch) -> None:
-        if node in self.silent:
-            return  # it hears nothing either
-        fresh = [o for o, n in zip(batch.orders, batch.numbers, strict=True) if n > self.acked.get(node, 0)]
-        self.acked[node] = max([self.acked.get(node, 0), *batch.numbers])
-        for order in fresh:
-            self.orders.append((node, order))
-            if isinstance(order, LaunchWorker):
-                self.pids += 1
-                self.running[(order.task, order.generation, order.rank)] = (node, self.pids)
-            elif isinstance(order, RenameWorker):
-                entry = self.running.pop((order.task, order.generation, order.rank), None)
-                if entry is not None:
-                    self.running[(order.task, order.new_generation, order.new_rank)] = entry
-            elif isinstance(order, StopWorkers):
-                self._stop(node, order)
+        if node not in self.silent:  # a silent node hears nothing either
+            super()._follow(node, batch)
 
-    def _stop(self, node: str, order: StopWorkers) -> None:
+    def _stopped(self, node: str, order: StopWorkers) -> None:
         """What ``Agent.stop`` chooses, terminated at once; its exits go with the next beat."""
         for (t, g, r), (where, _) in sorted(self.running.items()):
             if where != node or t != order.task:

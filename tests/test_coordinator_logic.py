@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from unicron.control.recovery import Sign, attribute
+from unicron.control.attribution import Sign, attribute
 from unicron.core.protocol import (
     DoneReport,
     ExceptionReport,

@@ -141,15 +141,15 @@ def test_a_restarted_coordinator_keeps_the_ladder_the_measured_rates_and_the_spa
     before = cluster.c
     assert before.rates.used["lm"] and before.recovery.ladder.history().failures["lm"]
     assert before.placer.spares
-    assert before.recovery.recent["lm"] and len(before.detector.step_times()["lm"]) >= 10
+    assert before.signs.recent["lm"] and len(before.detector.step_times()["lm"]) >= 10
     cluster.restart()
     assert cluster.c.rates.used == before.rates.used
     assert cluster.c.recovery.ladder.history() == before.recovery.ladder.history()
     assert cluster.c.placer.spares == before.placer.spares
     # The signs that attribute the next fault to the task or a node, and the step times that
     # judge hangs (no warm-up after a takeover).
-    assert cluster.c.recovery.recent == before.recovery.recent
-    assert cluster.c.recovery.task_faults == before.recovery.task_faults
+    assert cluster.c.signs.recent == before.signs.recent
+    assert cluster.c.signs.task_faults == before.signs.task_faults
     assert cluster.c.detector.step_times() == before.detector.step_times()
     assert cluster.c.detector.monitor("lm", cluster.c.store.get_task("lm").generation).mean_interval()
 

@@ -11,7 +11,7 @@ from unicron.control.draining import returning_state
 from unicron.control.effects import Isolate, StopGeneration, StopWorker, Switch, TaskDown
 from unicron.control.placing import Move, MoveKind, move_for
 from unicron.control.records import NodeRecord, TaskRecord, WorkerRecord
-from unicron.control.response import Failure, in_place, regrouped, respond
+from unicron.control.response import Failure, Stalled, escalate, in_place, regrouped, respond
 from unicron.control.snapshot import Snapshot
 from unicron.core.ladder import Decision
 from unicron.core.settings import Settings
@@ -265,3 +265,28 @@ def test_isolation_and_drain_outlast_a_node_lost_and_back() -> None:
     draining = replace(node, state=NodeState.DRAINING)
     assert returning_state(draining, "node_draining", isolated_until=0.0, now=1.0) is NodeState.DRAINING
     assert returning_state(None, "node_draining", isolated_until=0.0, now=1.0) is NodeState.HEALTHY
+
+
+def test_a_stalled_recovery_escalates_one_tier_acting_on_the_members_stuck_on_the_way() -> None:
+    members = snapshot().live("lm")
+    stuck = tuple(w for w in members if w.rank == 2)  # on node b
+    reattempt = Stalled("lm", Tier.REATTEMPT, 3, members, stuck, frozenset())
+    response = escalate(snapshot(), reattempt, True, anything, LIMITS, NOW)
+    assert response.tier is Tier.RESTART_FAILED
+    assert [e.worker.rank for e in response.effects if isinstance(e, StopWorker)] == [2]
+    assert response.escalations[0].why == "no step within 20 s; rank(s) [2] never reached generation 3"
+    restart = replace(reattempt, tier=Tier.RESTART_FAILED)
+    response = escalate(snapshot(), restart, True, anything, LIMITS, NOW)
+    assert response.tier is Tier.RECONFIGURE and isinstance(response.effects[0], Isolate)
+    assert response.effects[0].node == "b"
+    (switch,) = [e for e in response.effects if isinstance(e, Switch)]
+    assert sorted(switch.membership.ranks) == [0, 1]  # node b's members left with it
+    nobody = replace(reattempt, stuck=members, stuck_before=frozenset({"a"}))
+    response = escalate(snapshot(), nobody, True, anything, LIMITS, NOW)
+    assert response.tier is Tier.FROM_CHECKPOINT and isinstance(response.effects[0], Isolate)
+    assert [(e.from_tier, e.to_tier) for e in response.escalations] == [
+        (Tier.REATTEMPT, Tier.RESTART_FAILED),
+        (Tier.RESTART_FAILED, Tier.RECONFIGURE),
+        (Tier.RECONFIGURE, Tier.FROM_CHECKPOINT),
+    ]
+    assert response.effects[1:] == RESTART

@@ -21,6 +21,7 @@ from typing import Any
 
 from unicron.control import reported
 from unicron.control.admission import refusal
+from unicron.control.attribution import Attribution, Sign
 from unicron.control.backend import Backend, open_backend
 from unicron.control.clusterview import Viewer
 from unicron.control.context import Context, CoordinatorSettings
@@ -34,7 +35,7 @@ from unicron.control.metrics import Metrics
 from unicron.control.placing import Placer
 from unicron.control.rates import RateMeter
 from unicron.control.records import TaskRecord
-from unicron.control.recovery import CONSEQUENCES, Recovery, Sign
+from unicron.control.recovery import CONSEQUENCES, Recovery
 from unicron.control.removal import removable
 from unicron.control.rendezvous import Rendezvous
 from unicron.control.revocation import check_token_id
@@ -110,7 +111,9 @@ class Coordinator:
         self.ctx = Context(settings, store, self.act, clock)
         self.clock = clock
         self.generations = Generations(self.ctx)
-        self.recovery = Recovery(self.ctx, self.generations, Ladder(self.limits), released=self._release)
+        ladder = Ladder(self.limits)
+        self.signs = Attribution(self.ctx, ladder)
+        self.recovery = Recovery(self.ctx, self.generations, ladder, self.signs, released=self._release)
         self.detector = Detector(self.ctx, self.recovery)
         self.rates = RateMeter(window_s=self.limits.measure_window_s, change=self.limits.measure_change)
         self.placer = Placer(self.ctx, self.generations, self.rates)
@@ -145,7 +148,7 @@ class Coordinator:
         (from the previous coordinator's store, or empty on a first start)."""
         self.recovery.ladder.restore(self.store.kept_record(LadderCounts) or LadderCounts())
         self.rates.restore(self.store.kept_record(MeasuredRates) or MeasuredRates())
-        self.recovery.restore_signs(self.store.kept_record(FaultSigns) or FaultSigns())
+        self.signs.restore(self.store.kept_record(FaultSigns) or FaultSigns())
         self.recovery.isolated_until = dict((self.store.kept_record(Isolations) or Isolations()).until)
         self.revoked = frozenset(
             t.jti for t in (self.store.kept_record(RevokedTokens) or RevokedTokens()).tokens
@@ -322,10 +325,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ reports
     def handle_report(self, report: WorkerReport, node: str) -> None:
-        if (why := refusal(report, node, self.store)) is not None:  # only its worker's node speaks
-            rank = None if isinstance(report, StacksReport) else report.rank
-            kind = report.type
-            self.act.record("report_rejected", task=report.task, node=node, report=kind, rank=rank, why=why)
+        if not self._admitted(report, node):
             return
         if isinstance(report, ExitReport) and report.generation == SPARE_GENERATION:
             self.placer.drop_spare((report.task, report.rank), stop=False)
@@ -383,6 +383,17 @@ class Coordinator:
         elif isinstance(report, ExitReport):
             self._exit(task, report)
 
+    def _admitted(self, report: WorkerReport, node: str) -> bool:
+        """Only the node that hosts a report's worker may report about it (``admission.py``);
+        a refused report is recorded, with why, and changes nothing else."""
+        why = refusal(report, node, self.store)
+        if why is not None:
+            rank = None if isinstance(report, StacksReport) else report.rank
+            self.act.record(
+                "report_rejected", task=report.task, node=node, report=report.type, rank=rank, why=why
+            )
+        return why is None
+
     def _successor(self, task: TaskRecord, report: ExitReport) -> ExitReport:
         """An exit reported under a generation the worker had been moved out of belongs to the
         identity it was moved into (same node, same process)."""
@@ -408,7 +419,7 @@ class Coordinator:
         if not task.state.active:
             if (task.name, task.generation) in self.recovery.incidents and kind not in CONSEQUENCES:
                 sign = Sign(self.clock(), kind, node, report.generation)
-                self.recovery.note(task.name, sign)  # the same fault elsewhere
+                self.signs.note(task.name, sign)  # the same fault elsewhere
             return
         if kind in CONSEQUENCES and self.spec(task.name).run.recovery == "in_process":
             self.recovery.peer_error(task.name, task.generation, kind, node, report.rank, report.time or None)
@@ -430,7 +441,7 @@ class Coordinator:
         decision = exit_means(task, report, self.spec(task.name).run.iterations, running, open_)
         means, seen = decision.means, report.time or None
         if means is ExitMeans.SCOPE:  # the same failure striking more ranks
-            self.recovery.note(task.name, Sign(self.clock(), EXITED, report.node, report.reached or None))
+            self.signs.note(task.name, Sign(self.clock(), EXITED, report.node, report.reached or None))
         elif means is ExitMeans.FAILED:
             gone = report.reached or None
             self.recovery.incident(

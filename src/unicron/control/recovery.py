@@ -1,11 +1,13 @@
-"""Recovery: incidents, the severity ladder's decision carried out, and the root cause.
+"""Recovery: incidents, the recovery tier carried out for each, and the root cause.
 
 The first sign of a failure in a generation opens its *incident*; later signs (the peers'
-connection errors, the exits that follow) belong to it. The fault is attributed to its scope
-first (``attribute``: a worker, its node, the task itself or the checkpoint storage), so that
-only worker and node faults count against a node. The ladder (``core/ladder.py``) then picks the
-action; recovery is in place when the failed ranks are known and enough survivors remain (they
-form the next generation), else a restart of the task from its newest checkpoint.
+connection errors, the exits that follow) belong to it, and a failure of the same event (a
+worker killed with the first, before the re-formed generation trained) widens it. The fault is
+attributed to its scope first (``attribution.py``: a worker, its node, the task itself or the
+checkpoint storage), so that only worker and node faults count against a node. The ladder
+(``core/ladder.py``) asks for a tier; ``response.respond`` carries out the cheapest one that
+applies (``core/tiers.py``); a tier in place that regains no step by its deadline escalates.
+The open incidents are kept as typed records (``core/kept.py``) for a successor.
 """
 
 from __future__ import annotations
@@ -13,19 +15,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from unicron.control.attribution import Attribution, Sign
 from unicron.control.context import Context
-from unicron.control.effects import Effect, Isolate, StopGeneration, TaskDown
+from unicron.control.effects import Effect, Isolate
 from unicron.control.generations import Generations
 from unicron.control.hangs import WorkerKey, not_arrived
 from unicron.control.records import TaskRecord, WorkerRecord
-from unicron.control.response import TASK_ENDED, Failure, Response, in_place, isolation, regrouped, respond
-from unicron.core.kept import FaultSigns, Isolations, OpenIncident, OpenIncidents
+from unicron.control.response import TASK_ENDED, Failure, Response, Stalled, escalate, regrouped, respond
+from unicron.core.kept import Isolations, OpenIncident, OpenIncidents
 from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import IterationReport, Progress
 from unicron.core.states import TaskState
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope
-from unicron.core.tiers import Escalation, Tier, first_applicable
+from unicron.core.tiers import Escalation, Tier
 
 # Kinds that a peer's failure produces in the survivors: an incident opened by one of these may
 # turn out to have a deeper cause.
@@ -38,35 +41,6 @@ CONSEQUENCES = frozenset(
         ErrorKind.EXITED_ABNORMALLY,
     }
 )
-
-
-@dataclass(frozen=True)
-class Sign:
-    """One sign of a fault: when it was seen, what it was, where, and the generation the failing
-    worker was in (None: not known, e.g. a node's silence)."""
-
-    time: float
-    kind: ErrorKind
-    node: str | None
-    generation: int | None = None
-
-
-def attribute(sign: Sign, recent: Sequence[Sign], window: float) -> Scope:
-    """The scope of a fault: its kind's, except that a worker fault that also struck the same
-    task on another node within ``window``, in the same generation, is the task's own (a node
-    fault does not crash processes on two machines at once). A worker that had gone on into a
-    later generation (it survived the first fault and took part in the recovery) and failed
-    there is a new failure, not the first one striking again."""
-    scope = TAXONOMY[sign.kind].scope
-    if scope is not Scope.WORKER or sign.node is None:
-        return scope
-    same = [
-        r
-        for r in recent
-        if r.kind is sign.kind and sign.time - r.time <= window and r.node not in (None, sign.node)
-    ]
-    together = [r for r in same if None in (r.generation, sign.generation) or r.generation == sign.generation]
-    return Scope.TASK if together else Scope.WORKER
 
 
 @dataclass
@@ -93,16 +67,15 @@ class Recovery:
     ctx: Context
     generations: Generations
     ladder: Ladder
+    signs: Attribution  # whose fault each sign is
     released: Callable[[str], None]  # the coordinator frees everything of an ended task
     incidents: dict[tuple[str, int], Incident] = field(default_factory=dict)  # the open one per generation
     faults: dict[tuple[str, int], float] = field(default_factory=dict)  # injection time per generation
     # (task, generation) -> (since, kind, node): a survivor saw a peer fail; the cause is due
     awaiting: dict[tuple[str, int], tuple[float, ErrorKind, str | None]] = field(default_factory=dict)
     awaiting_ranks: dict[tuple[str, int], set[int]] = field(default_factory=dict)
-    recent: dict[str, list[Sign]] = field(default_factory=dict)  # every sign of a fault, per task
     isolated_until: dict[str, float] = field(default_factory=dict)
     last_incident: dict[str, int] = field(default_factory=dict)  # per task, open or closed
-    task_faults: dict[tuple[str, ErrorKind], list[float]] = field(default_factory=dict)
 
     def peer_error(
         self, name: str, generation: int, kind: ErrorKind, node: str, rank: int, seen_at: float | None
@@ -145,7 +118,7 @@ class Recovery:
             # A freshly launched generation failing before its first step: the program, its
             # data or its configuration, not the machine (hardware kinds keep their node scope).
             scope = Scope.TASK if TAXONOMY[kind].scope is Scope.WORKER else None
-        scope = self.note(name, Sign(now, kind, node, generation), scope)
+        scope = self.signs.note(name, Sign(now, kind, node, generation), scope)
         if not task.state.active:
             return  # stopping to relaunch, or waiting: no generation runs to recover (a sign only)
         failure = Failure(name, node, why, None if failed is None else frozenset(failed))
@@ -318,38 +291,6 @@ class Recovery:
         self.last_incident[name] = incident_id
         return incident
 
-    def note(self, name: str, sign: Sign, scope: Scope | None = None) -> Scope:
-        """Note every sign of a fault, also those that join an open incident: the same fault on
-        a second node makes it the task's own, and its earlier counts against nodes are taken
-        back. Once the task's own, the same kind stays so within the escalation window."""
-        window, now, kind = self.ctx.limits.escalation_window_s, sign.time, sign.kind
-        recent = [r for r in self.recent.get(name, []) if now - r.time <= window]
-        self.recent[name] = [*recent, sign]
-        sticky = [t for t in self.task_faults.get((name, kind), []) if now - t <= window]
-        scope = scope or attribute(sign, recent, self.ctx.limits.task_fault_window_s)
-        if scope is Scope.TASK and not sticky:
-            self.ladder.reattribute(name, kind, now)  # the open incident's fault was the task's
-            self.ctx.act.keep(self.ladder.history())
-        if scope is Scope.TASK or sticky:
-            self.task_faults[(name, kind)] = [*sticky, now]
-            scope = Scope.TASK
-        self.ctx.act.keep(self.kept_signs())
-        return scope
-
-    def kept_signs(self) -> FaultSigns:
-        """The recent signs and the task-attributed faults (a successor that takes over
-        attributes the next sign as this coordinator would)."""
-        return FaultSigns(
-            recent={
-                n: [(s.time, s.kind, s.node, s.generation) for s in signs] for n, signs in self.recent.items()
-            },
-            task_faults=[(n, k, times) for (n, k), times in self.task_faults.items()],
-        )
-
-    def restore_signs(self, kept: FaultSigns) -> None:
-        self.recent = {n: [Sign(*s) for s in signs] for n, signs in kept.recent.items()}
-        self.task_faults = {(n, k): list(times) for n, k, times in kept.task_faults}
-
     def recovered(self, name: str, downtime: float, first: IterationReport) -> None:
         """The task completed ``first``, its first step since it stopped: its incidents are
         recovered (the step's end regained training; the transition ended when its computing
@@ -394,13 +335,9 @@ class Recovery:
         positions: Callable[[Sequence[WorkerRecord]], Mapping[WorkerKey, Progress | None]],
     ) -> None:
         """A recovery in place that has not regained a step by its deadline has failed: it
-        escalates one tier (and further while a tier cannot apply, each time saying why). The
-        members that never reached the re-formed generation (stuck on the way; ``positions``:
-        where each member's process last reported it was) are what the next tiers act on:
-        restart failed stops them and the others re-form without them (the plan grows the task
-        back with new workers that take their state from the live ones); reconfigure also takes
-        their nodes out; a restart from the checkpoint isolates the nodes where members were
-        stuck before (a tier that acted on them failed)."""
+        escalates one tier (and further while a tier cannot apply, each time saying why), acting
+        on the members that never reached the re-formed generation (``response.escalate``;
+        ``positions``: where each member's process last reported it was)."""
         due = [i for (t, _), i in self.incidents.items() if t == name and i.deadline and now > i.deadline]
         if not due:
             return
@@ -408,51 +345,21 @@ class Recovery:
         incident.deadline = None
         snapshot = self.ctx.store.snapshot(only=name)
         members = snapshot.live(name)
-        stuck = not_arrived(members, positions(members), generation)
-        planned: dict[Tier, tuple[Effect, ...]] = {}
-
-        def why_not(tier: Tier) -> str | None:
-            if not tier.in_place:
-                return None
-            if not self.generations.in_place(name):
-                return "the task no longer recovers in place (a grow under way)"
-            if not 0 < len(stuck) < len(members):
-                arrived = "no" if stuck else "every"
-                return f"{arrived} member reached generation {generation}: none to leave out"
-            ranks, nodes = {w.rank for w in stuck}, {w.node for w in stuck}
-            spec, limits = self.ctx.spec(name), self.ctx.limits
-            leaving: tuple[Effect, ...] = ()
-            if tier is Tier.RECONFIGURE:
-                why = f"rank(s) {sorted(ranks)} stuck on the way into generation {generation}"
-                leaving = tuple(e for n in sorted(nodes) for e in isolation(snapshot, n, why, now, limits))
-            out = nodes if tier is Tier.RECONFIGURE else set()
-            stay = in_place(snapshot, name, ranks, spec.is_usable, out, spec.replica_size)
-            if isinstance(stay, str):
-                return stay
-            planned[tier] = (*leaving, *stay)
-            return None
-
-        why = f"no step within {self.ctx.limits.recovery_deadline_s:g} s"
-        if 0 < len(stuck) < len(members):
-            why += f"; rank(s) {sorted(w.rank for w in stuck)} never reached generation {generation}"
-        failed = Escalation(incident.tier, incident.tier.next(), why)
-        tier, escalations = first_applicable(incident.tier.next(), why_not)
+        stuck = tuple(not_arrived(members, positions(members), generation))
+        stalled = Stalled(name, incident.tier, generation, members, stuck, frozenset(incident.stuck_nodes))
+        spec = self.ctx.spec(name)
+        may_stay = self.generations.in_place(name)
+        response = escalate(
+            snapshot, stalled, may_stay, spec.is_usable, self.ctx.limits, now, spec.replica_size
+        )
         task = snapshot.task(name)
-        steps = (failed, *escalations)
-        for i, step in enumerate(steps):
-            self._record_escalation(task, incident, step, carried=i == len(steps) - 1)
-        self.ladder.carried(name, tier, now)
+        for i, step in enumerate(response.escalations):
+            self._record_escalation(task, incident, step, carried=i == len(response.escalations) - 1)
+        self.ladder.carried(name, response.tier, now)
         self.ctx.act.keep(self.ladder.history())
-        if tier.in_place:
+        if response.tier.in_place:
             incident.stuck_nodes |= {w.node for w in stuck}
-            self._carry_out(task, incident, Response(tier, escalations, planned[tier]), now)
-            return
-        why = "a recovery in place that left out the members stuck there did not recover the task"
-        limits = self.ctx.limits
-        effects = [e for n in sorted(incident.stuck_nodes) for e in isolation(snapshot, n, why, now, limits)]
-        effects.append(StopGeneration(name, task.generation, self.ctx.limits.failure_stop_grace_s))
-        effects.append(TaskDown(name, TaskState.RESTARTING))
-        self._carry_out(task, incident, Response(tier, escalations, tuple(effects)), now)
+        self._carry_out(task, incident, response, now)
 
     def _record_escalation(
         self, task: TaskRecord, incident: Incident, step: Escalation, carried: bool
@@ -521,9 +428,8 @@ class Recovery:
         self._keep_incidents()
         self._stop_awaiting(name)
         self.faults = {k: v for k, v in self.faults.items() if k[0] != name}
-        self.recent.pop(name, None)
+        self.signs.forget(name)
         self.last_incident.pop(name, None)
-        self.task_faults = {k: v for k, v in self.task_faults.items() if k[0] != name}
 
     def _ended(self, name: str, incident: Incident, state: TaskState) -> None:
         self.ctx.act.record(

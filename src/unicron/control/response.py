@@ -23,6 +23,7 @@ from typing import Any
 
 from unicron.control.effects import Effect, Isolate, StopGeneration, StopWorker, Switch, TaskDown
 from unicron.control.generations import survivors
+from unicron.control.records import WorkerRecord
 from unicron.control.snapshot import Snapshot
 from unicron.core.ladder import Decision
 from unicron.core.settings import Settings
@@ -46,7 +47,9 @@ class Failure:
 @dataclass(frozen=True)
 class Response:
     tier: Tier  # the tier carried out
-    escalations: tuple[Escalation, ...]  # the tiers, from the one asked for, that could not apply
+    # The tiers, from the one asked for, that could not apply (after a deadline, the first is the
+    # tier that failed, and the last leads to the one carried out).
+    escalations: tuple[Escalation, ...]
     effects: tuple[Effect, ...]
 
 
@@ -140,3 +143,66 @@ def respond(
         return Response(tier, escalations, (*isolated, stop, TaskDown(name, TaskState.RESTARTING)))
     down = TaskDown(name, TaskState.FAILED, reason=f"{failure.why}: {decision.why}")
     return Response(tier, escalations, (*isolated, stop, down))
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """A recovery in place that regained no step by its deadline: the tier it was under, the
+    generation it formed, its members now and those that never reached it (stuck on the way),
+    and the nodes where members were stuck in earlier tiers."""
+
+    task: str
+    tier: Tier
+    generation: int
+    members: tuple[WorkerRecord, ...]
+    stuck: tuple[WorkerRecord, ...]
+    stuck_before: frozenset[str]
+
+
+def escalate(
+    snapshot: Snapshot,
+    stalled: Stalled,
+    may_stay: bool,
+    usable: Callable[[int], bool],
+    limits: Settings,
+    now: float,
+    replica_size: int = 1,
+) -> Response:
+    """The next tier after ``stalled.tier`` that applies, acting on the members stuck on the way:
+    restart failed stops them and the others re-form without them; reconfigure also takes their
+    nodes out; a restart from the checkpoint isolates the nodes where members were stuck before
+    (a tier that acted on them failed). The first escalation says why the tier failed."""
+    name, g, stuck = stalled.task, stalled.generation, stalled.stuck
+    some = 0 < len(stuck) < len(stalled.members)
+    ranks, nodes = frozenset(w.rank for w in stuck), frozenset(w.node for w in stuck)
+    planned: dict[Tier, tuple[Effect, ...]] = {}
+
+    def why_not(tier: Tier) -> str | None:
+        if not tier.in_place:
+            return None
+        if not may_stay:
+            return "the task no longer recovers in place (a grow under way)"
+        if not some:
+            return f"{'no' if stuck else 'every'} member reached generation {g}: none to leave out"
+        leaving: tuple[Effect, ...] = ()
+        if tier is Tier.RECONFIGURE:
+            why = f"rank(s) {sorted(ranks)} stuck on the way into generation {g}"
+            leaving = tuple(e for n in sorted(nodes) for e in isolation(snapshot, n, why, now, limits))
+        out = nodes if tier is Tier.RECONFIGURE else frozenset()
+        stay = in_place(snapshot, name, ranks, usable, out, replica_size)
+        if isinstance(stay, str):
+            return stay
+        planned[tier] = (*leaving, *stay)
+        return None
+
+    why = f"no step within {limits.recovery_deadline_s:g} s"
+    if some:
+        why += f"; rank(s) {sorted(ranks)} never reached generation {g}"
+    tier, passed = first_applicable(stalled.tier.next(), why_not)
+    steps = (Escalation(stalled.tier, stalled.tier.next(), why), *passed)
+    if tier.in_place:
+        return Response(tier, steps, planned[tier])
+    why = "a recovery in place that left out the members stuck there did not recover the task"
+    isolated = [e for n in sorted(stalled.stuck_before) for e in isolation(snapshot, n, why, now, limits)]
+    stop = StopGeneration(name, snapshot.task(name).generation, limits.failure_stop_grace_s)
+    return Response(tier, steps, (*isolated, stop, TaskDown(name, TaskState.RESTARTING)))
