@@ -290,3 +290,23 @@ def test_a_stalled_recovery_escalates_one_tier_acting_on_the_members_stuck_on_th
         (Tier.RECONFIGURE, Tier.FROM_CHECKPOINT),
     ]
     assert response.effects[1:] == RESTART
+
+
+def test_no_node_is_isolated_past_the_isolation_budget() -> None:
+    """Two nodes: at most one (max_isolated_fraction 0.25 of 2, at least one) is isolated at
+    once. With b isolated already, a is not taken out: reconfigure cannot apply, says why, and
+    the task restarts from its checkpoint."""
+    nodes = {"a": node("a"), "b": node("b", NodeState.ISOLATED)}
+    out = replace(
+        snapshot(), nodes=nodes, members={"lm": tuple(w for w in snapshot().live("lm") if w.node == "a")}
+    )
+    response = respond(
+        out, failure({1}), decision(Tier.RECONFIGURE, isolate=True), True, anything, LIMITS, NOW
+    )
+    assert not any(isinstance(e, Isolate) for e in response.effects)
+    assert response.tier is Tier.FROM_CHECKPOINT
+    assert "1 of 2 nodes are isolated already" in response.escalations[0].why
+    # With a budget of both, it is.
+    both = Settings(max_isolated_fraction=1.0)
+    response = respond(out, failure({1}), decision(Tier.RECONFIGURE, isolate=True), True, anything, both, NOW)
+    assert isinstance(response.effects[0], Isolate) and response.effects[0].node == "a"

@@ -25,6 +25,7 @@ from unicron.control.effects import Effect, Isolate, StopGeneration, StopWorker,
 from unicron.control.generations import survivors
 from unicron.control.records import WorkerRecord
 from unicron.control.snapshot import Snapshot
+from unicron.core import tiers
 from unicron.core.ladder import Decision
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, TaskState
@@ -54,10 +55,17 @@ class Response:
 
 
 def isolation(snapshot: Snapshot, node: str, why: str, now: float, limits: Settings) -> tuple[Effect, ...]:
-    """Take a healthy node out for the isolation period (one that is not healthy stays as it is)."""
-    if snapshot.node_state(node) is not NodeState.HEALTHY:
+    """Take a healthy node out for the isolation period (one that is not healthy stays as it is;
+    none is taken out past the isolation budget: :func:`isolation_spent`)."""
+    if snapshot.node_state(node) is not NodeState.HEALTHY or isolation_spent(snapshot, limits):
         return ()
     return (Isolate(node, why, now + limits.isolation_s, limits.failure_stop_grace_s),)
+
+
+def isolation_spent(snapshot: Snapshot, limits: Settings) -> str | None:
+    """Why no more node may be isolated now (None: one may): ``tiers.isolation_spent``."""
+    out = sum(n.state is NodeState.ISOLATED for n in snapshot.nodes.values())
+    return tiers.isolation_spent(out, len(snapshot.nodes), limits.max_isolated_fraction)
 
 
 def in_place(
@@ -124,6 +132,10 @@ def respond(
         assert failure.failed is not None  # (the precondition holds)
         leaving: tuple[Effect, ...] = isolated
         if tier is Tier.RECONFIGURE and node is not None and not isolated:
+            if snapshot.node_state(node) is NodeState.HEALTHY and (
+                spent := isolation_spent(snapshot, limits)
+            ):
+                return f"node {node} cannot leave: {spent}"
             why = f"{decision.kind.value}: the cluster is reconfigured without it"
             leaving = isolation(snapshot, node, why, now, limits)
         out = {node} if tier is Tier.RECONFIGURE and node is not None else set()
@@ -186,6 +198,8 @@ def escalate(
             return f"{'no' if stuck else 'every'} member reached generation {g}: none to leave out"
         leaving: tuple[Effect, ...] = ()
         if tier is Tier.RECONFIGURE:
+            if spent := isolation_spent(snapshot, limits):
+                return f"the stuck members' nodes cannot leave: {spent}"
             why = f"rank(s) {sorted(ranks)} stuck on the way into generation {g}"
             leaving = tuple(e for n in sorted(nodes) for e in isolation(snapshot, n, why, now, limits))
         out = nodes if tier is Tier.RECONFIGURE else frozenset()

@@ -179,6 +179,14 @@ class Settings(BaseModel):
     )
     isolate_after: int = Field(2, ge=1, description="SEV1/SEV2 errors on one node before isolating it")
     isolation_s: float = Field(300.0, ge=0, description="how long an isolated node stays out")
+    max_isolated_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="at most this fraction of the registered nodes (at least one) is isolated at once:"
+        " past it, errors on node after node say more of the program or the network than of the"
+        " machines, and isolating more would idle the cluster",
+    )
     forget_lost_node_s: float = Field(
         3600.0,
         gt=0,

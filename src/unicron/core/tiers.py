@@ -87,6 +87,15 @@ def precondition(tier: Tier, in_place: bool, failed: frozenset[int] | None, node
     return None
 
 
+def isolation_spent(isolated: int, nodes: int, fraction: float) -> str | None:
+    """Why no more node may be isolated (None: one may): at most ``fraction`` of the ``nodes``
+    registered, at least one, are isolated at once (``max_isolated_fraction``). Past it, errors
+    on node after node say more of the program or the network than of the machines."""
+    if isolated < max(1, int(fraction * nodes)):
+        return None
+    return f"{isolated} of {nodes} nodes are isolated already (max_isolated_fraction {fraction:g})"
+
+
 @dataclass(frozen=True)
 class Escalation:
     """A tier that could not apply, or failed, and the one taken instead."""

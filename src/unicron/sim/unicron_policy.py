@@ -30,7 +30,7 @@ from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.settings import Settings
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Severity, StateSource
-from unicron.core.tiers import Tier, first_applicable, precondition
+from unicron.core.tiers import Tier, first_applicable, isolation_spent, precondition
 from unicron.planning.placement import Assignment
 from unicron.planning.planner import Decision, plan
 from unicron.planning.transition import bandwidth, state_source, transition_parts
@@ -118,7 +118,11 @@ class UnicronPolicy:
         tiers = {
             name: self._tier(sim, name, d, failure.kind, hit[name], out) for name, d in decisions.items()
         }
-        if any(d.isolate_node for d in decisions.values()) and failure.node in sim.healthy:
+        if (
+            any(d.isolate_node for d in decisions.values())
+            and failure.node in sim.healthy
+            and self._may_isolate(sim)
+        ):
             sim.take_out(failure.node, sim.now + self.s.isolation_hours * HOUR)
         for name, tier in tiers.items():
             self.ladder.carried(name, tier, sim.now)
@@ -147,6 +151,8 @@ class UnicronPolicy:
 
         def why_not(tier: Tier) -> str | None:
             reason = precondition(tier, self.s.in_place, failed, "node")
+            if reason is None and tier is Tier.RECONFIGURE and not out and not self._may_isolate(sim):
+                return "the node cannot leave: the isolation budget is spent"
             if reason is None and tier.in_place and self._kept(sim, name, lost_gpus, before, before)[1] == 0:
                 return "no full replica survives"
             return reason
@@ -274,6 +280,12 @@ class UnicronPolicy:
         )
 
     # ------------------------------------------------------------------ small parts
+    def _may_isolate(self, sim: Simulation) -> bool:
+        """The coordinator's isolation budget (``tiers.isolation_spent``): nodes out of service
+        count against it here (the simulator does not tell an isolated node from one in repair)."""
+        nodes, fraction = sim.cluster.nodes, self.ladder.settings.max_isolated_fraction
+        return isolation_spent(nodes - len(sim.healthy), nodes, fraction) is None
+
     def _kept(self, sim: Simulation, name: str, lost_gpus: int, before: int, target: int) -> tuple[int, int]:
         """The workers alive after ``lost_gpus`` of ``before`` failed (whole replicas go with a
         failed rank), and how many of them go on in place (a usable count, at most ``target``)."""
