@@ -189,6 +189,21 @@ def test_a_crash_of_a_fresh_launch_before_its_first_step_is_the_tasks(make: Any)
     assert cluster.events("node_isolated") == []
 
 
+def test_a_fresh_launchs_worker_killed_from_outside_is_not_the_programs_fault(make: Any) -> None:
+    """SIGKILL (the OOM killer, an operator, the chaos soak) before step 1 of a relaunch: no doing
+    of the program, so a worker's fault, not the task's (in the soak with the ladder's defaults,
+    three such kills failed a task as "the same task fault 3 times")."""
+    cluster = make(recovery="restart")
+    cluster.exit(1)
+    cluster.running.clear()
+    for _ in range(30):
+        cluster.step(0.5)
+    task = cluster.c.store.get_task("lm")
+    assert task.state is TaskState.STARTING and task.launched_generation == task.generation == 2
+    cluster.exit(1, code=None, signal=9)
+    assert cluster.events("incident")[1]["scope"] == "worker"
+
+
 def test_the_same_fault_on_every_node_blames_no_node_and_fails_the_task(make: Any) -> None:
     cluster = make(recovery="restart", isolate_after=2, same_fault_limit=3)
     for attempt in range(3):

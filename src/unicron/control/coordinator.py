@@ -15,6 +15,7 @@ only translates requests into these calls. The parts, one concept each:
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -84,6 +85,9 @@ from unicron.core.taxonomy import ErrorKind, Scope, error_kind
 __all__ = ["Coordinator", "CoordinatorSettings"]
 
 EXITED = ErrorKind.EXITED_ABNORMALLY
+# Signals a program does not die of by its own doing (it is killed: the OOM killer, an operator,
+# a peer's agent): a fresh launch's worker killed by one is no sign of the program's fault.
+KILLED_FROM_OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM})
 KEEP_STEP_TIMES_S = 10.0
 
 
@@ -443,9 +447,16 @@ class Coordinator:
         if means is ExitMeans.SCOPE:  # the same failure striking more ranks
             self.signs.note(task.name, Sign(self.clock(), EXITED, report.node, report.reached or None))
         elif means is ExitMeans.FAILED:
-            gone = report.reached or None
+            gone, killed = report.reached or None, report.signal in KILLED_FROM_OUTSIDE
             self.recovery.incident(
-                task.name, EXITED, report.node, decision.why, {report.rank}, seen, generation=gone
+                task.name,
+                EXITED,
+                report.node,
+                decision.why,
+                {report.rank},
+                seen,
+                generation=gone,
+                killed=killed,
             )
         elif means in (ExitMeans.LEFT_EARLY, ExitMeans.STATE_LOST):
             # The program chose to end (or was ended from outside): no node's fault.

@@ -105,16 +105,19 @@ class Recovery:
         scope: Scope | None = None,
         generation: int | None = None,
         seen_as: str = "first report",
+        killed: bool = False,
     ) -> None:
         """Open the generation's incident (once) and carry out the ladder's decision. ``failed``:
         the ranks known to be gone (without them the survivors cannot be told apart);
         ``seen_at``: when the symptom happened (``seen_as`` says what that time is), for the
         detection time when no fault was injected; ``generation``: the one the failing worker
-        was in, if known (for ``attribute``)."""
+        was in, if known (for ``attribute``); ``killed``: the worker was killed from outside
+        (SIGKILL or SIGTERM not ordered by us: the OOM killer, an operator), no doing of its
+        program's."""
         now = self.ctx.clock()
         task = self.ctx.store.get_task(name)
         fresh = task.state is TaskState.STARTING and task.launched_generation == task.generation
-        if scope is None and fresh:
+        if scope is None and fresh and not killed:
             # A freshly launched generation failing before its first step: the program, its
             # data or its configuration, not the machine (hardware kinds keep their node scope).
             scope = Scope.TASK if TAXONOMY[kind].scope is Scope.WORKER else None
