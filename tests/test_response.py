@@ -310,3 +310,19 @@ def test_no_node_is_isolated_past_the_isolation_budget() -> None:
     both = Settings(max_isolated_fraction=1.0)
     response = respond(out, failure({1}), decision(Tier.RECONFIGURE, isolate=True), True, anything, both, NOW)
     assert isinstance(response.effects[0], Isolate) and response.effects[0].node == "a"
+
+
+def test_a_lost_node_whose_isolation_runs_counts_against_the_budget() -> None:
+    """Node b was isolated, then lost: it comes back isolated, so its isolation still counts
+    (else a second node was isolated meanwhile, and both were out once b returned)."""
+    lost = replace(snapshot(NodeState.HEALTHY), isolated_until={"b": NOW + 100.0})
+    lost = replace(lost, nodes={"a": node("a"), "b": node("b", NodeState.LOST)})
+    response = respond(
+        lost, failure({1}), decision(Tier.RECONFIGURE, isolate=True), True, anything, LIMITS, NOW
+    )
+    assert not any(isinstance(e, Isolate) for e in response.effects)
+    over = replace(lost, isolated_until={"b": NOW - 1.0})  # its isolation ended meanwhile
+    response = respond(
+        over, failure({1}), decision(Tier.RECONFIGURE, isolate=True), True, anything, LIMITS, NOW
+    )
+    assert isinstance(response.effects[0], Isolate) and response.effects[0].node == "a"

@@ -13,7 +13,7 @@ The open incidents are kept as typed records (``core/kept.py``) for a successor.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from unicron.control.attribution import Attribution, Sign
 from unicron.control.context import Context
@@ -22,6 +22,7 @@ from unicron.control.generations import Generations
 from unicron.control.hangs import WorkerKey, not_arrived
 from unicron.control.records import TaskRecord, WorkerRecord
 from unicron.control.response import TASK_ENDED, Failure, Response, Stalled, escalate, regrouped, respond
+from unicron.control.snapshot import Snapshot
 from unicron.core.kept import Isolations, OpenIncident, OpenIncidents
 from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
@@ -135,7 +136,7 @@ class Recovery:
         decision = self.ladder.decide(name, kind, node, now, scope)
         spec = self.ctx.spec(name)
         response = respond(
-            self.ctx.store.snapshot(only=name),
+            self._snapshot(name),
             failure,
             decision,
             self.generations.in_place(name),
@@ -183,7 +184,7 @@ class Recovery:
         decision = LadderDecision(kind, TAXONOMY[kind].severity, incident.tier, False, why, scope)
         spec = self.ctx.spec(task.name)
         response = respond(
-            self.ctx.store.snapshot(only=task.name),
+            self._snapshot(task.name),
             failure,
             decision,
             self.generations.in_place(task.name),
@@ -240,6 +241,10 @@ class Recovery:
         if not response.tier.in_place:
             self._stop_awaiting(name)  # the relaunch answers every peer error of the generation
         self._keep_incidents()
+
+    def _snapshot(self, name: str) -> Snapshot:
+        """What a decision about ``name`` reads: its task, every node, the isolations running."""
+        return replace(self.ctx.store.snapshot(only=name), isolated_until=dict(self.isolated_until))
 
     def _apply(self, effects: Sequence[Effect], now: float) -> None:
         self.ctx.act.apply(effects, now)
@@ -346,7 +351,7 @@ class Recovery:
             return
         incident = due[0]
         incident.deadline = None
-        snapshot = self.ctx.store.snapshot(only=name)
+        snapshot = self._snapshot(name)
         members = snapshot.live(name)
         stuck = tuple(not_arrived(members, positions(members), generation))
         stalled = Stalled(name, incident.tier, generation, members, stuck, frozenset(incident.stuck_nodes))

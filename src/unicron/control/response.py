@@ -57,14 +57,16 @@ class Response:
 def isolation(snapshot: Snapshot, node: str, why: str, now: float, limits: Settings) -> tuple[Effect, ...]:
     """Take a healthy node out for the isolation period (one that is not healthy stays as it is;
     none is taken out past the isolation budget: :func:`isolation_spent`)."""
-    if snapshot.node_state(node) is not NodeState.HEALTHY or isolation_spent(snapshot, limits):
+    if snapshot.node_state(node) is not NodeState.HEALTHY or isolation_spent(snapshot, limits, now):
         return ()
     return (Isolate(node, why, now + limits.isolation_s, limits.failure_stop_grace_s),)
 
 
-def isolation_spent(snapshot: Snapshot, limits: Settings) -> str | None:
-    """Why no more node may be isolated now (None: one may): ``tiers.isolation_spent``."""
-    out = sum(n.state is NodeState.ISOLATED for n in snapshot.nodes.values())
+def isolation_spent(snapshot: Snapshot, limits: Settings, now: float) -> str | None:
+    """Why no more node may be isolated now (None: one may): ``tiers.isolation_spent``. A node
+    counts while its isolation runs, also while it is lost (it comes back isolated)."""
+    running = {n for n, until in snapshot.isolated_until.items() if until > now}
+    out = len(running | {n.name for n in snapshot.nodes.values() if n.state is NodeState.ISOLATED})
     return tiers.isolation_spent(out, len(snapshot.nodes), limits.max_isolated_fraction)
 
 
@@ -133,7 +135,7 @@ def respond(
         leaving: tuple[Effect, ...] = isolated
         if tier is Tier.RECONFIGURE and node is not None and not isolated:
             if snapshot.node_state(node) is NodeState.HEALTHY and (
-                spent := isolation_spent(snapshot, limits)
+                spent := isolation_spent(snapshot, limits, now)
             ):
                 return f"node {node} cannot leave: {spent}"
             why = f"{decision.kind.value}: the cluster is reconfigured without it"
@@ -198,7 +200,7 @@ def escalate(
             return f"{'no' if stuck else 'every'} member reached generation {g}: none to leave out"
         leaving: tuple[Effect, ...] = ()
         if tier is Tier.RECONFIGURE:
-            if spent := isolation_spent(snapshot, limits):
+            if spent := isolation_spent(snapshot, limits, now):
                 return f"the stuck members' nodes cannot leave: {spent}"
             why = f"rank(s) {sorted(ranks)} stuck on the way into generation {g}"
             leaving = tuple(e for n in sorted(nodes) for e in isolation(snapshot, n, why, now, limits))

@@ -28,6 +28,8 @@ class Snapshot:
     nodes: Mapping[str, NodeRecord]
     members: Mapping[str, tuple[WorkerRecord, ...]]  # task -> live workers of its generation
     next_generation: Mapping[str, int]  # task -> a generation number it never used
+    # node -> until when its isolation runs (also while it is lost: it comes back isolated)
+    isolated_until: Mapping[str, float] = field(default_factory=dict)
     _healthy: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def task(self, name: str) -> TaskRecord:
