@@ -50,10 +50,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from unicron.control.allocator import Decided
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
-from unicron.control.gcpolicy import GcPolicy
-from unicron.control.service import TICK_S
+from unicron.control.place.allocator import Decided
+from unicron.control.service.service import TICK_S
+from unicron.control.store.gcpolicy import GcPolicy
 from unicron.core.events import named
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import (

@@ -34,8 +34,8 @@ from bench import cells, torchft_recovery, torchft_side
 from bench.network_bench import cut_link_rows
 from bench.overhead_docs import TORCHFT_VERSION
 from bench.torchrun import TRAIN, Torchrun
-from unicron.control.localcluster import LocalCluster
-from unicron.control.service import TICK_S
+from unicron.control.launch.localcluster import LocalCluster
+from unicron.control.service.service import TICK_S
 from unicron.core.settings import ORDERING, Settings
 
 ROOT = Path(__file__).resolve().parents[1]

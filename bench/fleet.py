@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import uvloop
 
-from unicron.control.tokens import issue, load_or_create_secret
+from unicron.control.service.tokens import issue, load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.protocol import Heartbeat, Registration
 
@@ -118,7 +118,7 @@ async def agent(
 
 async def poll_orders(url: str, name: str, token: str, until: float, silent_at: float | None) -> None:
     """The agent's long poll for orders, on a connection of its own, as the real agent keeps it
-    (``control/agent.py``: ``wait`` four heartbeat intervals); no orders come to these nodes."""
+    (``control/agent/agent.py``: ``wait`` four heartbeat intervals); no orders come to these nodes."""
     where = urlsplit(url)
     head = f"GET /v1/agents/{name}/orders?wait=2.0&acked=0 HTTP/1.1\r\nHost: {where.netloc}\r\n"
     poll = (head + f"Authorization: Bearer {token}\r\n\r\n").encode()

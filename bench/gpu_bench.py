@@ -40,7 +40,7 @@ from bench.overhead_bench import MODELS, PORT, ROOT, Model, measure
 from bench.overhead_verdict import MIN_PAIRS
 from bench.pinning import threads
 from bench.side_by_side import measure as side_by_side_cell
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 
 GPUS = ["0"]  # the agent's --gpus: its one slot's GPU

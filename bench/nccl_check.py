@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unicron.control.localcluster import free_port
+from unicron.control.launch.localcluster import free_port
 from unicron.train import devices, membership
 from unicron.train.gradsync import Buckets, all_reduce_gradients
 from unicron.train.peers import Peers

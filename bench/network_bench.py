@@ -1,6 +1,6 @@
 """A cut link, Unicron against torchrun: the same script, the same fault, test hosts of their own.
 
-Both run across test hosts (network namespaces with their own addresses, ``control/testhosts.py``)
+Both run across test hosts (network namespaces with their own addresses, ``control/launch/testhosts.py``)
 with 2 workers per host; the fault cuts one host's link (its bridge port down: every packet lost,
 its processes still running), after training passed step 10.
 
@@ -37,8 +37,8 @@ from typing import Any
 
 from bench import cells
 from bench.torchrun import TRAIN, runs_train, trace_rows
-from unicron.control.localcluster import LocalCluster
-from unicron.control.testhosts import TestHosts, delay_unavailable, unavailable
+from unicron.control.launch.localcluster import LocalCluster
+from unicron.control.launch.testhosts import TestHosts, delay_unavailable, unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512", "--step-delay", "0.02"]

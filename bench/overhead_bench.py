@@ -40,7 +40,7 @@ from bench.overhead_verdict import TARGET, summary
 from bench.pinning import WORKER_CPUS, pinned
 from bench.scale_bench import cpu_seconds
 from bench.scraper import Scraper
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT, FSDP = ROOT / "examples" / "ddp-port", ROOT / "examples" / "fsdp"

@@ -85,7 +85,7 @@ def measure(tasks: int, nodes: int, repeat: int = 3) -> dict[str, float]:
 
 def loop_delay_during_build(state: ClusterState, period_s: float = 0.001) -> list[float]:
     """How late an event loop's timers fire while the table builds in a thread, as the
-    coordinator builds it (``control/allocator.py``) beside the loop that reads heartbeats: each
+    coordinator builds it (``control/place/allocator.py``) beside the loop that reads heartbeats: each
     lateness, in seconds, of a timer set every ``period_s``."""
 
     async def probe() -> list[float]:

@@ -29,7 +29,7 @@ import torch
 from bench import cells, torchft_recovery
 from bench.network_bench import cut_link_rows
 from bench.torchrun import TRAIN, Torchrun, trace_rows
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx
 
-from unicron.control.etcdlocal import EtcdCluster, etcd_binary
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.etcdlocal import EtcdCluster, etcd_binary
+from unicron.control.launch.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTS = (256, 1024, 2048)

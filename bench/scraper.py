@@ -11,7 +11,7 @@ from types import TracebackType
 
 import httpx
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 
 PATHS = ("/metrics", "/v1/dashboard")
 

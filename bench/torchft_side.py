@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from bench.torchrun import launcher
-from unicron.control.localcluster import free_port
+from unicron.control.launch.localcluster import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "torchft" / "train_torchft.py"

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from unicron.control.testhosts import Host, TestHosts
+from unicron.control.launch.testhosts import Host, TestHosts
 
 DAEMONS = ("slurmctld", "slurmd", "srun", "sbatch", "scontrol", "munged", "nsenter")
 

@@ -12,7 +12,7 @@ def run_ranks(target: Callable[..., None], world: int, *args: Any) -> dict[int, 
     the rendezvous store); each puts ``(rank, result)`` on ``out``. Returns rank -> result. Results
     cross a queue: plain values, not tensors (a tensor crosses as a handle to the sender's
     memory, gone once it exits)."""
-    from unicron.control.localcluster import free_port
+    from unicron.control.launch.localcluster import free_port
 
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]

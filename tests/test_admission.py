@@ -1,4 +1,4 @@
-"""Which node may report about which worker (``control/admission.py``): the pure refusal on
+"""Which node may report about which worker (``control/recover/admission.py``): the pure refusal on
 hand-built rows, then the forgery probe's attack through the coordinator stepped by hand: a node
 that does not host a task's workers reports them done, exited or failed, and nothing changes."""
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from unicron.control.admission import refusal
-from unicron.control.records import WorkerRecord
+from unicron.control.recover.admission import refusal
+from unicron.control.store.records import WorkerRecord
 from unicron.core.protocol import (
     SPARE_GENERATION,
     CheckpointReport,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from unicron.control.agent import MAX_SOCKET_PATH, socket_path
-from unicron.control.localcluster import LocalCluster
+from unicron.control.agent.agent import MAX_SOCKET_PATH, socket_path
+from unicron.control.launch.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 

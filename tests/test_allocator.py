@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from unicron.control.allocator import Allocator, event_between
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
-from unicron.control.rates import RateMeter
+from unicron.control.place.allocator import Allocator, event_between
+from unicron.control.place.rates import RateMeter
 from unicron.core.events import NodeBack, NodeLost, TaskDone, TasksArrived, named
 from unicron.core.gpus import lookup_gpu
 from unicron.core.livespecs import LiveClusterSpec, parse_live_tasks

@@ -18,8 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from unicron.control.coordinator import CoordinatorSettings
-from unicron.control.service import create_app
-from unicron.control.tokens import issue, load_or_create_secret, secret_path, token_id, verify
+from unicron.control.service.service import create_app
+from unicron.control.service.tokens import issue, load_or_create_secret, secret_path, token_id, verify
 from unicron.core.access import Need, Principal, Role, decide
 from unicron.core.errors import UsageError
 from unicron.core.settings import Settings

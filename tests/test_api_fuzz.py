@@ -22,9 +22,9 @@ import uvicorn
 from hypothesis import HealthCheck, given, settings
 
 from unicron.control.coordinator import CoordinatorSettings
-from unicron.control.localcluster import free_port
-from unicron.control.service import create_app
-from unicron.control.tokens import issue, load_or_create_secret
+from unicron.control.launch.localcluster import free_port
+from unicron.control.service.service import create_app
+from unicron.control.service.tokens import issue, load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.errors import UsageError
 

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from unicron.control.coordinator import CoordinatorSettings
-from unicron.control.service import create_app
-from unicron.control.tokens import issue, load_or_create_secret
+from unicron.control.service.service import create_app
+from unicron.control.service.tokens import issue, load_or_create_secret
 from unicron.core.access import Role
 
 TASK = "{name: %s, weight: 1, throughput: {1: 1.0e9}, run: {program: [python, x.py], iterations: 5}}"
@@ -89,7 +89,7 @@ def test_queries_and_agent_messages_out_of_bounds(client: TestClient, tmp_path: 
 
 
 def test_heartbeats_and_long_polls_out_of_bounds(client: TestClient, tmp_path: Path) -> None:
-    """The agents' lean channel (control/agentchannel.py) refuses as FastAPI's routes do."""
+    """The agents' lean channel (control/service/agentchannel.py) refuses as FastAPI's routes do."""
     agent = {"authorization": f"Bearer {issue(load_or_create_secret(tmp_path / 'state'), Role.AGENT, 'n')}"}
     beat = client.post("/v1/agents/heartbeat", json={"node": "n", "acked": 2**70}, headers=agent)
     assert beat.status_code == 422 and beat.json()["problems"][0]["path"] == "body.acked"

@@ -1,4 +1,4 @@
-"""Each incident's breakdown (control/breakdown.py), read from hand-built event logs."""
+"""Each incident's breakdown (control/observe/breakdown.py), read from hand-built event logs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from unicron.control.breakdown import breakdowns, line
-from unicron.control.records import EventRecord
+from unicron.control.observe.breakdown import breakdowns, line
+from unicron.control.store.records import EventRecord
 
 
 def event(id: int, what: str, time: float, **d: Any) -> EventRecord:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from unicron.control.attribution import Sign, attribute
+from unicron.control.recover.attribution import Sign, attribute
 from unicron.core.protocol import (
     DoneReport,
     ExceptionReport,
@@ -476,8 +476,8 @@ def test_a_peer_error_of_a_generation_left_behind_starts_no_recovery(make: Any) 
 
 
 def test_a_node_lost_long_enough_is_forgotten_and_one_holding_workers_is_not(make: Any) -> None:
-    from unicron.control.records import NodeRecord
-    from unicron.control.removal import forgettable
+    from unicron.control.place.removal import forgettable
+    from unicron.control.store.records import NodeRecord
 
     cluster = make(heartbeat_deadline_s=2.0, forget_lost_node_s=30.0)
     for _ in range(40):  # n1 goes silent: lost after 2 s, forgotten 30 s after it was last heard
@@ -533,7 +533,7 @@ def test_a_relaunchs_first_step_is_judged_by_the_first_launchs_not_by_the_ten_mi
     """The first step's allowance: the full timeout without a measured launch; for a relaunch, k x
     the longest measured first step + the checkpoint allowance, within the timeout and never under
     the heartbeat deadline."""
-    from unicron.control.detection import first_step_allowance
+    from unicron.control.detect.detection import first_step_allowance
 
     limits = Settings(hang_multiple=3.0, checkpoint_allowance_s=5.0)  # first_step_timeout_s: 600
     assert first_step_allowance(limits, None) == 600.0

@@ -22,8 +22,8 @@ from unicron.core.tiers import Tier
 def test_a_store_written_before_new_columns_opens(tmp_path: Path) -> None:
     import sqlite3
 
-    from unicron.control.sqlitebackend import SqliteBackend
-    from unicron.control.store import Store
+    from unicron.control.store.sqlitebackend import SqliteBackend
+    from unicron.control.store.store import Store
 
     path = tmp_path / "old.sqlite"
     old = sqlite3.connect(path)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 
 from .conftest import ROOT

@@ -55,7 +55,7 @@ def test_page_section(tmp_path: Path) -> None:
         "requested_nodes": 8,
         "scaled_down": [],
         "met": {"decision_p99_s": False, "burst_s": True},
-        "hot_spots": [{"where": "control/store.py:106(snapshot)", "self_share": 0.25}],
+        "hot_spots": [{"where": "control/store/store.py:106(snapshot)", "self_share": 0.25}],
         "machine": {"cpus": 2},
         "busy_beside": None,
         "source": {"commit": "0123456789abcdef", "src_modified": False},
@@ -82,7 +82,7 @@ def test_page_section(tmp_path: Path) -> None:
     assert "old figures" not in text and text.endswith(f"{end}\n\nafter\n")
     assert "| 0 | 1.00 ms | 2.00 ms | 3.00 ms | 500.00 ms | 600.00 ms | 1 of 1 |" in text
     words = " ".join(text.split())  # the prose is wrapped
-    assert "**missed**" in words and "`control/store.py:106(snapshot)` 25%" in words
+    assert "**missed**" in words and "`control/store/store.py:106(snapshot)` 25%" in words
     assert "1 came from the plan table and 0 were solved on the spot." in words
     page.write_text("# Performance\n")
     decide_bench.write_docs(figures, page)

@@ -5,7 +5,7 @@ at most a coordinator tick, or missed by more."""
 from __future__ import annotations
 
 from bench.detection_bench import long_verdict
-from unicron.control.service import TICK_S
+from unicron.control.service.service import TICK_S
 
 
 def measured(median_s: float, max_s: float) -> dict[str, float]:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bench import gpu_docs
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.train import devices, gradsync
 from unicron.train.iteration import PeerLostError
 

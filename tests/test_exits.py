@@ -1,4 +1,4 @@
-"""What a worker's exit means for its task (``control/exits.py``): the pure decision on
+"""What a worker's exit means for its task (``control/recover/exits.py``): the pure decision on
 hand-built records, then the coordinator stepped by hand through a generation that leaves after
 the last step without saving the final state."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from unicron.control.exits import ExitMeans, exit_means
-from unicron.control.records import TaskRecord
+from unicron.control.recover.exits import ExitMeans, exit_means
+from unicron.control.store.records import TaskRecord
 from unicron.core.protocol import ExitReport
 from unicron.core.states import TaskState
 

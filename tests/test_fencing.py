@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from unicron.control.rendezvous import Rendezvous
+from unicron.control.act.rendezvous import Rendezvous
 from unicron.core.protocol import Membership, current_key, membership_key
 from unicron.core.signing import derive, sign
 from unicron.train import checkpoint

@@ -1,11 +1,11 @@
-"""When the coordinator's garbage collector runs (control/gcpolicy.py): the decision by hand,
+"""When the coordinator's garbage collector runs (control/store/gcpolicy.py): the decision by hand,
 and one step for real."""
 
 from __future__ import annotations
 
 import gc
 
-from unicron.control.gcpolicy import GcPolicy, GcStep
+from unicron.control.store.gcpolicy import GcPolicy, GcStep
 
 
 def test_a_full_collection_first_then_freezes_and_a_full_one_each_period() -> None:

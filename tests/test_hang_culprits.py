@@ -12,10 +12,10 @@ from asyncio.subprocess import PIPE
 from pathlib import Path
 from typing import Any
 
-from unicron.control import stackdump
-from unicron.control.hangs import hang_verdict, innermost_frame
-from unicron.control.processes import Worker, is_stopped, read_stack
-from unicron.control.records import WorkerRecord
+from unicron.control.agent import stackdump
+from unicron.control.agent.processes import Worker, is_stopped, read_stack
+from unicron.control.detect.hangs import hang_verdict, innermost_frame
+from unicron.control.store.records import WorkerRecord
 from unicron.core.protocol import (
     DumpStacks,
     LaunchWorker,
@@ -211,7 +211,7 @@ def test_a_survivor_its_agent_has_not_renamed_yet_is_judged_where_its_process_is
 
 def test_a_dump_files_each_stack_under_the_rank_its_worker_had_when_ordered(tmp_path: Path) -> None:
     """The agent begins a dump as the order comes and finishes it beside the orders that follow
-    (control/stackdump.py); a rename among them (an in-place recovery) must not move the stack
+    (control/agent/stackdump.py); a rename among them (an in-place recovery) must not move the stack
     to another rank, nor lose it."""
     log = tmp_path / "worker.log"
     program = (

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from unicron.control.hostaddress import AddressError, NodeAddress, addresses, interface_of
+from unicron.control.agent.hostaddress import AddressError, NodeAddress, addresses, interface_of
 
 
 def test_the_interface_holding_an_address_is_found_and_given_to_workers() -> None:

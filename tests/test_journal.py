@@ -1,4 +1,4 @@
-"""The store's write-behind journal (control/journal.py): batching (pure), order, durability
+"""The store's write-behind journal (control/store/journal.py): batching (pure), order, durability
 waits, retries and fencing, against a backend that records what it is given (pure logic; the
 journal over real SQLite and etcd runs in tests/test_store.py's contract suite)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 
-from unicron.control.backend import Change, Fenced, Loaded, Put, Table
-from unicron.control.journal import Entry, Journal, batches
-from unicron.control.records import EventRecord
+from unicron.control.store.backend import Change, Fenced, Loaded, Put, Table
+from unicron.control.store.journal import Entry, Journal, batches
+from unicron.control.store.records import EventRecord
 
 
 def put(name: str) -> Put:

@@ -27,7 +27,7 @@ import torch
 import yaml
 
 from bench.chaos import check as chaos_check
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.specs import ModelSpec
 from unicron.planning.gpt import flops_per_sample
 from unicron.train.checkpoint import load_latest

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 
 from .test_live_cluster import (

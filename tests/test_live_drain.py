@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 
 from .test_live_cluster import assert_ends_exact, assert_ledger_exact, read_trace, story_of, traced_task
 

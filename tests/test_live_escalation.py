@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 
 from .test_live_cluster import (
     assert_ends_exact,

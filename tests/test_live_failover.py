@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from unicron.control.etcdlocal import EtcdCluster
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.etcdlocal import EtcdCluster
+from unicron.control.launch.localcluster import LocalCluster
 
 from .etcdrun import running_etcd
 from .test_live_cluster import (

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from unicron.control.localcluster import LocalCluster
-from unicron.control.testhosts import (
+from unicron.control.launch.localcluster import LocalCluster
+from unicron.control.launch.testhosts import (
     NETNS_DIR,
     PREFIX,
     TestHosts,

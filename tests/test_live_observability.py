@@ -22,8 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from unicron.cli.browser import dashboard_url, headless, screenshot, unavailable
-from unicron.control.localcluster import LocalCluster
-from unicron.control.tokens import issue
+from unicron.control.launch.localcluster import LocalCluster
+from unicron.control.service.tokens import issue
 from unicron.core.access import Role
 
 from .conftest import ROOT

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.specs import ClusterSpec, TaskSpec
 from unicron.planning.planner import ClusterState, plan
 

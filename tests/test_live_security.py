@@ -16,7 +16,7 @@ import pytest
 import torch.distributed as dist
 import trustme
 
-from unicron.control.localcluster import LocalCluster, TlsFiles
+from unicron.control.launch.localcluster import LocalCluster, TlsFiles
 from unicron.core.protocol import Membership, membership_key
 
 from .test_live_cluster import (

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.train import dcpfiles
 from unicron.train.dcpfiles import path_for
 

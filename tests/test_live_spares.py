@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.workerenv import host_checkpoint_dir
 
 from .test_live_cluster import alive, assert_ends_exact, assert_ledger_exact, read_trace, traced_task

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from unicron.control.localcluster import LocalCluster
-from unicron.control.testhosts import TestHosts, unavailable
+from unicron.control.launch.localcluster import LocalCluster
+from unicron.control.launch.testhosts import TestHosts, unavailable
 from unicron.core.workerenv import host_checkpoint_dir
 from unicron.train.checkpoint import read
 

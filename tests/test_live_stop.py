@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.workerenv import host_checkpoint_dir
 from unicron.train.checkpoint import load_latest
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.classify import classify_exception
 from unicron.core.taxonomy import ErrorKind
 from unicron.train import checkpoint

@@ -1,5 +1,5 @@
 """Workers that do not exit after their task's last step, through the real stack
-(``control/tail.py``). Hang detection stands aside past the last step (there is no next step to
+(``control/detect/tail.py``). Hang detection stands aside past the last step (there is no next step to
 be late), so such a task stayed running, its slots taken, for ever; now its exits are due within
 ``hang_cap_s`` (here 10 s) of the last step, and what was saved decides what happens."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 
 from .test_live_cluster import assert_ends_exact, traced_task
 

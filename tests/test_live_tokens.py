@@ -1,6 +1,6 @@
 """Revoking one token, through a real coordinator process and the CLI an operator uses: the
 revoked token is refused within a quarter of a second, every other token still works, and no restart is
-needed (control/revocation.py)."""
+needed (control/service/revocation.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from unicron.control.localcluster import LocalCluster
-from unicron.control.revocation import Revocations
+from unicron.control.launch.localcluster import LocalCluster
+from unicron.control.service.revocation import Revocations
 
 from .test_live_cluster import without_tokens
 

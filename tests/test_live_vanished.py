@@ -1,4 +1,4 @@
-"""Workers gone with their exits unreported, through the real stack (``control/vanished.py``).
+"""Workers gone with their exits unreported, through the real stack (``control/detect/vanished.py``).
 
 A node's agent dies with its workers and is started again before the node is declared lost:
 nothing reports the workers' exits, so their rows stay running. If their task is then cancelled
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 
 from .test_live_cluster import assert_ends_exact, assert_ledger_exact, read_trace, task_yaml, traced_task
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from unicron.control.rates import RateMeter
+from unicron.control.place.rates import RateMeter
 from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveTaskSpec, parse_live_tasks
 from unicron.planning.planner import ClusterState, plan
 from unicron.planning.throughput import curves_for

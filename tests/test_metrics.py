@@ -1,4 +1,4 @@
-"""The coordinator's Prometheus metrics (control/metrics.py), fed hand-built events and a
+"""The coordinator's Prometheus metrics (control/observe/metrics.py), fed hand-built events and a
 hand-built view: what each event counts and times, and the gauges a scrape reads."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from unicron.control.clusterview import ClusterView, Slot, TaskView
-from unicron.control.metrics import Metrics
-from unicron.control.records import NodeRecord, TaskRecord
+from unicron.control.observe.clusterview import ClusterView, Slot, TaskView
+from unicron.control.observe.metrics import Metrics
+from unicron.control.store.records import NodeRecord, TaskRecord
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.states import NodeState, TaskState
 
@@ -147,7 +147,8 @@ def test_the_documented_metrics_are_the_ones_defined() -> None:
     root = Path(__file__).resolve().parents[1]
     documented = set(re.findall(r"`(unicron_[a-z_]+)`", (root / "docs" / "observability.md").read_text()))
     source = "".join(
-        (root / "src" / "unicron" / "control" / f).read_text() for f in ("metrics.py", "agentmetrics.py")
+        (root / "src" / "unicron" / "control" / f).read_text()
+        for f in ("observe/metrics.py", "agent/agentmetrics.py")
     )
     assert documented and all(f'"{name.removesuffix("_total")}"' in source for name in documented), sorted(
         n for n in documented if f'"{n.removesuffix("_total")}"' not in source

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from unicron.control.localcluster import free_port
+from unicron.control.launch.localcluster import free_port
 from unicron.core.workerenv import host_checkpoint_dir
 from unicron.train import checkpoint, membership
 from unicron.train.peers import Peers

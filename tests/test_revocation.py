@@ -1,4 +1,4 @@
-"""Revoked token ids (control/revocation.py, tokens.verify): pure checks with a real file."""
+"""Revoked token ids (control/service/revocation.py, tokens.verify): pure checks with a real file."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import jwt
 
-from unicron.control.guard import Guard
-from unicron.control.revocation import Revocations, revoke, revoked_path
-from unicron.control.tokens import issue, token_id, verify
+from unicron.control.service.guard import Guard
+from unicron.control.service.revocation import Revocations, revoke, revoked_path
+from unicron.control.service.tokens import issue, token_id, verify
 from unicron.core.access import Principal, Role
 
 SECRET = b"0" * 64

@@ -1,11 +1,11 @@
 """New processes start only where they fit beside the processes still holding slots
-(``control/slots.py``): pure rules, then a plan that stops one task for another, stepped by hand."""
+(``control/place/slots.py``): pure rules, then a plan that stops one task for another, stepped by hand."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from unicron.control.slots import fits, new_processes
+from unicron.control.place.slots import fits, new_processes
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import DoneReport, ExitReport, LaunchWorker
 from unicron.core.states import TaskState, WorkerPhase

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from unicron.control.slurm import Allocation, allocation_from, parse_node_addresses
-from unicron.control.slurmjob import RESTARTS, Layout, Supervisor
-from unicron.control.testhosts import TestHosts
-from unicron.control.testhosts import unavailable as hosts_unavailable
+from unicron.control.launch.slurm import Allocation, allocation_from, parse_node_addresses
+from unicron.control.launch.slurmjob import RESTARTS, Layout, Supervisor
+from unicron.control.launch.testhosts import TestHosts
+from unicron.control.launch.testhosts import unavailable as hosts_unavailable
 from unicron.core.errors import UsageError
 
 from .conftest import ROOT

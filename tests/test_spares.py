@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from unicron.control.spares import choose, in_the_way, seated, spare_gains
+from unicron.control.place.spares import choose, in_the_way, seated, spare_gains
 from unicron.core.gpus import custom_gpu
 from unicron.core.livespecs import LiveTaskSpec
 from unicron.planning.throughput import curve_for

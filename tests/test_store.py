@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from unicron.control import etcdbackend
-from unicron.control.backend import Fenced, open_backend
-from unicron.control.etcdlocal import EtcdCluster
-from unicron.control.journal import Journal
-from unicron.control.store import Store
+from unicron.control.launch.etcdlocal import EtcdCluster
+from unicron.control.store import etcdbackend
+from unicron.control.store.backend import Fenced, open_backend
+from unicron.control.store.journal import Journal
+from unicron.control.store.store import Store
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.states import IllegalTransition, NodeState, TaskState, WorkerPhase
 
@@ -33,7 +33,7 @@ _prefixes = itertools.count()
 
 @pytest.fixture(params=["sqlite", "etcd", "sqlite, written behind", "etcd, written behind"])
 def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    """Opens the store again; "written behind": with a journal (``control/journal.py``, the
+    """Opens the store again; "written behind": with a journal (``control/store/journal.py``, the
     service's way), whose writes are durable once ``sync`` returns, which every reopening does
     first for the stores opened before (a coordinator's successor starts after it stopped)."""
     if request.param.startswith("sqlite"):
@@ -236,7 +236,7 @@ def test_what_a_part_keeps_is_there_after_a_restart(reopen: Opener) -> None:
 def test_one_coordinator_leads_a_standby_takes_over_when_it_stops_and_the_old_one_is_fenced(
     etcd: EtcdCluster,
 ) -> None:
-    from unicron.control.leadership import Leader, Leadership, lost
+    from unicron.control.store.leadership import Leader, Leadership, lost
 
     first_backend = open_backend(etcd.url + "/elect")
     second_backend = open_backend(etcd.url + "/elect")

@@ -1,4 +1,4 @@
-"""Exits that do not come after a task's last step (``control/tail.py``): the rule on hand-built
+"""Exits that do not come after a task's last step (``control/detect/tail.py``): the rule on hand-built
 records, then the coordinator stepped by hand (tests/fakecluster.py), where such a task stayed
 running, its slots taken, for ever."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from unicron.control.records import TaskRecord
-from unicron.control.tail import allowed_s, overdue
+from unicron.control.detect.tail import allowed_s, overdue
+from unicron.control.store.records import TaskRecord
 from unicron.core.protocol import DoneReport, StorageReport
 from unicron.core.settings import Settings
 from unicron.core.states import TaskState

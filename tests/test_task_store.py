@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from unicron.control.rendezvous import Rendezvous
+from unicron.control.act.rendezvous import Rendezvous
 from unicron.core.protocol import Membership, membership_key, ready_key
 from unicron.core.signing import derive, sign
 from unicron.core.workerenv import WorkerEnv

@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import pytest
 
-from unicron.control.detection import Grace
-from unicron.control.peercheck import PeerCheck, outcome
-from unicron.control.tcpretrans import Waiting, read, stalled
-from unicron.control.testhosts import TestHosts, unavailable
+from unicron.control.agent.tcpretrans import Waiting, read, stalled
+from unicron.control.detect.detection import Grace
+from unicron.control.detect.peercheck import PeerCheck, outcome
+from unicron.control.launch.testhosts import TestHosts, unavailable
 from unicron.core.protocol import StacksReport
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"

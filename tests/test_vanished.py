@@ -1,5 +1,5 @@
 """Slots held by processes that are gone: the rows of an ended task whose exits went unrecorded
-(``control/vanished.py``). The rule, on hand-built rows; then the coordinator stepped by hand
+(``control/detect/vanished.py``). The rule, on hand-built rows; then the coordinator stepped by hand
 (tests/fakecluster.py), where such a row kept the next task from ever starting."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from unicron.control.records import TaskRecord, WorkerRecord
-from unicron.control.vanished import Listing, gone
+from unicron.control.detect.vanished import Listing, gone
+from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import DoneReport, ExitReport, LaunchWorker, WorkerState
 from unicron.core.states import TaskState, WorkerPhase

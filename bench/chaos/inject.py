@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from bench.chaos.schedule import ITERATIONS, Strike
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 
 LOST_WITHIN_S = 30.0  # a frozen node must be declared lost within this
 

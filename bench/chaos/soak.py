@@ -14,7 +14,7 @@ from typing import Any
 
 from bench.chaos import check, inject, report
 from bench.chaos.schedule import ITERATIONS, WEIGHTS, Plan
-from unicron.control.localcluster import LocalCluster
+from unicron.control.launch.localcluster import LocalCluster
 
 # The soak's cluster: hot spares on, and limits that keep a many-fault run going. An assumption
 # of the soak (not a default): isolation is short and repeats do not fail a task, so that the

@@ -26,9 +26,9 @@ from rich.text import Text
 from unicron.cli import browser, demo_waf
 from unicron.cli.console import console
 from unicron.cli.live import task_table
-from unicron.control.localcluster import LocalCluster
-from unicron.control.testhosts import TestHosts, unavailable
-from unicron.control.tokens import issue
+from unicron.control.launch.localcluster import LocalCluster
+from unicron.control.launch.testhosts import TestHosts, unavailable
+from unicron.control.service.tokens import issue
 from unicron.core.access import Role
 from unicron.core.errors import UsageError
 from unicron.core.livespecs import parse_live_cluster, parse_live_tasks
@@ -335,7 +335,7 @@ class _Watch:
 
 def run_demo(root: Path, timeout_s: float = 900, hosts: int | None = None) -> int:
     """The demo on loopback, or (``hosts``) with the coordinator and each of ``hosts`` agents on
-    a test host of its own (network namespaces: ``control/testhosts.py``)."""
+    a test host of its own (network namespaces: ``control/launch/testhosts.py``)."""
     out = console()
 
     def stop(*_: Any) -> None:

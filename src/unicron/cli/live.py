@@ -16,7 +16,7 @@ from rich.text import Text
 
 from unicron.cli.console import console
 from unicron.cli.files import read_text
-from unicron.control.credentials import Credentials, resolve, write_token
+from unicron.control.service.credentials import Credentials, resolve, write_token
 from unicron.core.access import Role
 from unicron.core.coordinators import parse_coordinators
 from unicron.core.errors import UnicronError, UsageError
@@ -39,7 +39,7 @@ def check_store(url: str | None) -> str | None:
     """``--store``: a well-formed etcd URL whose cluster answers now (else a clear error)."""
     if url is None:
         return None
-    from unicron.control.etcdbackend import EtcdClients, parse_url
+    from unicron.control.store.etcdbackend import EtcdClients, parse_url
 
     endpoints, _ = parse_url(url)
     try:
@@ -87,7 +87,7 @@ def run_coordinator(
     import uvicorn
 
     from unicron.control.coordinator import CoordinatorSettings
-    from unicron.control.service import create_app
+    from unicron.control.service.service import create_app
 
     listen = serving.uvicorn_args()
     host = serving.host
@@ -114,8 +114,8 @@ def run_agent(
     address: str | None = None,
     metrics_port: int | None = None,
 ) -> None:
-    from unicron.control.agent import run_agent as start
-    from unicron.control.hostaddress import AddressError, NodeAddress, interface_of
+    from unicron.control.agent.agent import run_agent as start
+    from unicron.control.agent.hostaddress import AddressError, NodeAddress, interface_of
 
     name = check_name(node or socket.gethostname(), "--node")
     devices = [g for g in (gpus or "").split(",") if g]
@@ -130,7 +130,7 @@ def run_agent(
 def create_token(
     role: str, subject: str | None, state_dir: Path, ttl: float | None, output: Path | None
 ) -> None:
-    from unicron.control.tokens import issue, read_secret, token_id
+    from unicron.control.service.tokens import issue, read_secret, token_id
 
     try:
         kind = Role(role)
@@ -150,8 +150,8 @@ def create_token(
 
 
 def revoke_token(state_dir: Path, token_file: Path | None, ident: str | None, api: Api | None = None) -> None:
-    from unicron.control.revocation import check_token_id, revoke
-    from unicron.control.tokens import read_secret, token_id, unverified_id
+    from unicron.control.service.revocation import check_token_id, revoke
+    from unicron.control.service.tokens import read_secret, token_id, unverified_id
 
     if (token_file is None) == (ident is None):
         raise UsageError("name the token to revoke: --token-file FILE or --id ID (one of them)")
@@ -341,7 +341,7 @@ def seconds(value: float | None) -> str:
 
 
 def incident_table(incidents: list[dict[str, Any]], last: int = 10, phases: bool = False) -> Table:
-    """The latest incidents, each with what it cost (``control/breakdown.py``): detection,
+    """The latest incidents, each with what it cost (``control/observe/breakdown.py``): detection,
     downtime, lost work, the ladder's actions and the outcome; with ``phases`` also the fault's
     source and the decision, transition and first step (``unicron events``)."""
     table = Table(title="Incidents", title_justify="left")

@@ -138,7 +138,7 @@ def agent(
     """Run a node agent: register, heartbeat, launch and supervise workers (with an agent token
     issued for this node)."""
     from unicron.cli.live import run_agent
-    from unicron.control.credentials import resolve
+    from unicron.control.service.credentials import resolve
 
     run_agent(coordinator, node, slots, run_dir, gpus, resolve(token_file, ca), address, metrics_port)
 

@@ -1,13 +1,13 @@
 """``unicron slurm run`` and ``unicron slurm node``: options checked here, the work in
-``unicron.control.slurmjob``."""
+``unicron.control.launch.slurmjob``."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from unicron.control.slurm import current_allocation
-from unicron.control.slurmjob import Layout, run_job, run_node
+from unicron.control.launch.slurm import current_allocation
+from unicron.control.launch.slurmjob import Layout, run_job, run_node
 from unicron.core.errors import UsageError
 from unicron.core.livespecs import parse_live_tasks
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from unicron.control.effects import Applier
-from unicron.control.snapshot import StoreReads
+from unicron.control.act.effects import Applier
+from unicron.control.store.snapshot import StoreReads
 from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, LiveTaskSpec
 from unicron.core.settings import Settings
 from unicron.core.workerenv import WorkerEnv

@@ -20,33 +20,33 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from unicron.control import reported
-from unicron.control.admission import refusal
-from unicron.control.attribution import Attribution, Sign
-from unicron.control.backend import Backend, open_backend
-from unicron.control.clusterview import Viewer
+from unicron.control.act.effects import Applier, Orders
+from unicron.control.act.rendezvous import Rendezvous
 from unicron.control.context import Context, CoordinatorSettings
-from unicron.control.detection import Detector, stalled_for
-from unicron.control.draining import DRAIN_EVENTS, drainable, resumable, returning_state
-from unicron.control.effects import Applier, Orders
-from unicron.control.exits import ExitMeans, exit_means
-from unicron.control.generations import Generations
-from unicron.control.journal import Journal
-from unicron.control.metrics import Metrics
-from unicron.control.placing import Placer
-from unicron.control.rates import RateMeter
-from unicron.control.records import TaskRecord
-from unicron.control.recovery import CONSEQUENCES, Recovery
-from unicron.control.removal import removable
-from unicron.control.rendezvous import Rendezvous
-from unicron.control.revocation import check_token_id
-from unicron.control.snapshot import StoreReads
-from unicron.control.stepping import Steps
-from unicron.control.storagewatch import StorageWatch
-from unicron.control.store import Store
-from unicron.control.tail import Tail
-from unicron.control.vanished import Vanished
-from unicron.control.wafhistory import WafHistory
+from unicron.control.detect.detection import Detector, stalled_for
+from unicron.control.detect.storagewatch import StorageWatch
+from unicron.control.detect.tail import Tail
+from unicron.control.detect.vanished import Vanished
+from unicron.control.observe import reported
+from unicron.control.observe.clusterview import Viewer
+from unicron.control.observe.metrics import Metrics
+from unicron.control.observe.wafhistory import WafHistory
+from unicron.control.place.draining import DRAIN_EVENTS, drainable, resumable, returning_state
+from unicron.control.place.placing import Placer
+from unicron.control.place.rates import RateMeter
+from unicron.control.place.removal import removable
+from unicron.control.place.stepping import Steps
+from unicron.control.recover.admission import refusal
+from unicron.control.recover.attribution import Attribution, Sign
+from unicron.control.recover.exits import ExitMeans, exit_means
+from unicron.control.recover.generations import Generations
+from unicron.control.recover.recovery import CONSEQUENCES, Recovery
+from unicron.control.service.revocation import check_token_id
+from unicron.control.store.backend import Backend, open_backend
+from unicron.control.store.journal import Journal
+from unicron.control.store.records import TaskRecord
+from unicron.control.store.snapshot import StoreReads
+from unicron.control.store.store import Store
 from unicron.core.errors import Conflict
 from unicron.core.kept import (
     FaultSigns,
@@ -187,7 +187,9 @@ class Coordinator:
         removable(name, self.store.node(name), self.store.held_slots().get(name, {}))
         self.act.remove_node(name)
 
-    def drain_node(self, name: str, reason: str) -> None:  # an admin takes a node out (control/draining.py)
+    def drain_node(
+        self, name: str, reason: str
+    ) -> None:  # an admin takes a node out (place/draining.py)
         drainable(name, self.store.node(name))
         self.act.node_out_of_service(name, NodeState.DRAINING, "node_draining", reason=reason)
         self.dirty = True

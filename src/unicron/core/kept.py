@@ -50,7 +50,7 @@ class LadderCounts(Kept):
 
 class FaultSigns(Kept):
     """The recent signs of faults per task and the faults found to be a task's own
-    (``control/recovery.py``): a successor attributes the next sign as its predecessor would."""
+    (``control/recover/recovery.py``): a successor attributes the next sign as its predecessor would."""
 
     NAME: ClassVar[str] = "signs"
     recent: dict[str, list[tuple[float, ErrorKind, str | None, int | None]]] = {}  # time, kind, node, gen
@@ -59,21 +59,21 @@ class FaultSigns(Kept):
 
 class MeasuredRates(Kept):
     """The throughput measured per task and worker count, in use by the planner
-    (``control/rates.py``)."""
+    (``control/place/rates.py``)."""
 
     NAME: ClassVar[str] = "rates"
     used: dict[str, dict[int, float]] = {}
 
 
 class StepTimes(Kept):
-    """Each task's recent step intervals, which judge hangs (``control/detection.py``)."""
+    """Each task's recent step intervals, which judge hangs (``control/detect/detection.py``)."""
 
     NAME: ClassVar[str] = "step_times"
     tasks: dict[str, list[float]] = {}
 
 
 class OpenIncident(BaseModel):
-    """An incident not yet closed, as recovery holds it (``control/recovery.py:Incident``)."""
+    """An incident not yet closed, as recovery holds it (``control/recover/recovery.py:Incident``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     id: int
@@ -95,7 +95,7 @@ class OpenIncidents(Kept):
 
 
 class Isolations(Kept):
-    """Until when each isolated node stays out (``control/recovery.py``)."""
+    """Until when each isolated node stays out (``control/recover/recovery.py``)."""
 
     NAME: ClassVar[str] = "isolations"
     until: dict[str, float] = {}
@@ -118,7 +118,7 @@ class RevokedTokens(Kept):
 class Posted(Kept):
     """What the coordinator posted in each live task's rendezvous store (task -> key -> value,
     oldest first), posted again by a successor in the store it re-creates
-    (``control/effects.py``)."""
+    (``control/act/effects.py``)."""
 
     NAME: ClassVar[str] = "posted"
     tasks: dict[str, dict[str, str]] = {}

@@ -1,6 +1,6 @@
 """The severity ladder: which recovery tier a failure asks for, and when to escalate.
 
-Pure (no I/O, clock passed in), so that the coordinator (``control/recovery.py``) and the
+Pure (no I/O, clock passed in), so that the coordinator (``control/recover/recovery.py``) and the
 simulator's Unicron policy (``sim/unicron_policy.py``) decide with the same code. The ladder
 asks; what is carried out is the cheapest tier at or above it that applies (``core/tiers.py``),
 and only that is counted (:meth:`Ladder.carried`), so the counts are of what happened.

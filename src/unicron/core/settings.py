@@ -162,7 +162,7 @@ class Settings(BaseModel):
         description="a checkpoint is committed once the task's store confirms, within this, that its"
         " writer belongs to the current generation (train/fencing.py); else it is not",
     )
-    # the control plane (several coordinators on etcd: control/leadership.py)
+    # the control plane (several coordinators on etcd: control/store/leadership.py)
     leader_ttl_s: float = Field(
         3.0,
         ge=2,

@@ -1,0 +1,381 @@
+"""Acting: the one place that changes the world outside the coordinator's own memory.
+
+Deciders (``recovery.respond``, ``generations.survivors``, ``core/ladder.py``, ``detection.py``,
+``spares.py``, the planner) are pure: they return frozen decisions, many of them as a list of
+the effects below. The :class:`Applier` carries them out: it writes the store, posts to the
+tasks' rendezvous stores and queues orders for the agents. No other part of the coordinator does
+any of the three: the others hold the store only through its read-only face
+(``snapshot.StoreReads``), so a write anywhere else does not type-check. Facts reported from
+outside (a heartbeat, a counted step, a checkpoint) are recorded through the applier's named
+operations, which are the store's own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from unicron.control.act.rendezvous import Rendezvous
+from unicron.control.store.records import WorkerRecord
+from unicron.control.store.store import Store
+from unicron.core.kept import Posted
+from unicron.core.protocol import (
+    SPARE_GENERATION,
+    DumpStacks,
+    ForgetTask,
+    LaunchWorker,
+    Membership,
+    Order,
+    RenameWorker,
+    StopWorkers,
+    current_key,
+    membership_key,
+    spare_key,
+)
+from unicron.core.states import NodeState, TaskState, WorkerPhase
+from unicron.core.workerenv import KEYS
+
+# What the coordinator posted in each live task's store for its workers to read (``Posted``,
+# store key -> value, oldest first): the memberships that followed each old generation and the
+# identities given to hot spares. Kept so that a coordinator starting over posts them again: its
+# new store would lack them, and a member that had not yet read its way to the current generation
+# would neither follow it nor be let commit (``train/fencing.py``: SUPERSEDED, though the task
+# went on with it), and a spare told to join would wait for its identity until the group gave it
+# up.
+# Room for as many memberships as a worker follows (``fencing.MAX_HOPS``, 64) and as many spares.
+POSTED_PER_TASK = 128
+
+
+@dataclass
+class Orders:
+    """Orders for each node's agent, numbered, and kept until the agent acknowledges them: an
+    answer lost on its way (the agent's request timed out meanwhile) is sent again. Every order
+    is idempotent at the agent, so a repeat is harmless. Numbers start at the coordinator's
+    start time in microseconds, so they keep growing across coordinator restarts."""
+
+    next_seq: int = 0
+    queues: dict[str, list[tuple[int, Order]]] = field(default_factory=dict)
+    on_add: Callable[[str], None] | None = None  # wakes the node's waiting long poll
+
+    def add(self, node: str, order: Order) -> None:
+        queue = self.queues.setdefault(node, [])
+        if isinstance(order, StopWorkers) and any(o == order for _, o in queue):
+            return
+        self.next_seq += 1
+        queue.append((self.next_seq, order))
+        if self.on_add is not None:
+            self.on_add(node)
+
+    def pending(self, node: str, acked: int) -> list[tuple[int, Order]]:
+        """The node's orders after ``acked`` (those up to it are dropped: carried out)."""
+        queue = self.queues.get(node)
+        if not queue:
+            return []
+        queue = [(seq, o) for seq, o in queue if seq > acked]
+        self.queues[node] = queue
+        return list(queue)
+
+    def take(self, node: str) -> list[Order]:
+        """Drop the node's orders unsent (it is lost: they mean nothing any more)."""
+        return [o for _, o in self.queues.pop(node, [])]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start workers of a generation: ``placement`` node -> count, ranks from ``first_rank``."""
+
+    task: str
+    generation: int
+    world_size: int
+    placement: dict[str, int]
+    first_rank: int
+    argv: list[str]
+    env: dict[str, str]
+    phase: WorkerPhase = WorkerPhase.LAUNCHING
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Survivors of ``old`` (worker -> new rank) form ``membership``; their agents rename them
+    and the membership is posted where the members wait for it."""
+
+    task: str
+    old: int
+    membership: Membership
+    kept: dict[WorkerRecord, int]
+
+
+@dataclass(frozen=True)
+class Record:
+    """An event in the store's log."""
+
+    kind: str
+    task: str | None = None
+    node: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskDown:
+    """A failure took the task down: it recovers (``STARTING`` in place, ``RESTARTING``) or fails."""
+
+    task: str
+    to: TaskState
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StopWorker:
+    worker: WorkerRecord
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class StopGeneration:
+    task: str
+    generation: int
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class Isolate:
+    """Take a node out of service until ``until``, stopping what runs there."""
+
+    node: str
+    why: str
+    until: float
+    grace_s: float
+
+
+Effect = Record | TaskDown | StopWorker | StopGeneration | Isolate | Switch | Launch
+
+
+class Applier:
+    def __init__(self, store: Store, rendezvous: Rendezvous, orders: Orders) -> None:
+        self._store = store
+        self.rendezvous = rendezvous
+        self.orders = orders
+        # Called with each event recorded: (id, kind, task, detail).
+        self.listeners: list[Callable[[int, str, str | None, dict[str, Any]], None]] = []
+        # Facts reported from outside, recorded as they come (the store's own operations).
+        self.add_task = store.add_task
+        self.task_stopping = store.task_stopping
+        self.task_waiting = store.task_waiting
+        self.task_running = store.task_running
+        self.task_membership = store.task_membership
+        self.task_store_port = store.task_store_port
+        self.task_checkpointed = store.task_checkpointed
+        self.task_done = store.task_done
+        self.count_iteration = store.count_iteration
+        self.node_registered = store.node_registered
+        self.node_seen = store.node_seen
+        self.node_state = store.node_state
+        self.worker_phase = store.worker_phase
+        self.end_workers = store.end_workers
+        self.keep = store.keep_record  # what a part keeps across a restart (the ladder, measured rates)
+        self.close_store = store.close
+
+    def record(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
+        """Record an event; then tell the listeners (the metrics). Returns the event's id."""
+        event_id = self._store.event(what, task, node, **detail)
+        for listen in self.listeners:
+            listen(event_id, what, task, detail)
+        return event_id
+
+    def apply(self, effects: Iterable[Effect], now: float) -> None:
+        """Carry out a decider's effects, in order."""
+        for effect in effects:
+            match effect:
+                case Record(kind, task, node, detail):
+                    self.record(kind, task=task, node=node, **detail)
+                case TaskDown(task, to, reason):
+                    self._store.task_down(task, to, now, reason=reason)
+                case StopWorker(worker, grace_s):
+                    self.stop_worker(worker, grace_s)
+                case StopGeneration(task, generation, grace_s):
+                    self.stop_generation(task, generation, grace_s)
+                case Isolate(node, why, until, grace_s):
+                    self._store.node_state(node, NodeState.ISOLATED)
+                    self.record("node_isolated", node=node, why=why, until=until)
+                    self.stop_node(node, grace_s)
+                case Switch():
+                    self.switch(effect, now)
+                case Launch():
+                    self.launch(effect, now)
+
+    def node_out_of_service(self, node: str, state: NodeState, event: str, **detail: Any) -> None:
+        """An admin drained a node or put it back (``control/place/draining.py``)."""
+        self._store.node_state(node, state)
+        self.record(event, node=node, **detail)
+
+    def remove_node(self, node: str, why: str = "an admin removed it") -> None:
+        """A lost node's record and its order queue go (control.removal)."""
+        self._store.remove_node(node)
+        self.orders.take(node)
+        self.record("node_removed", node=node, why=why)
+
+    def node_lost(self, node: str, silent_s: float) -> list[WorkerRecord]:
+        """A node went silent: it is lost, with its live workers (returned as they were), and
+        its unsent orders mean nothing any more."""
+        self._store.node_state(node, NodeState.LOST)
+        self.record("node_lost", node=node, silent_s=round(silent_s, 3))
+        self.orders.take(node)
+        return self._store.lose_node_workers(node)
+
+    def task_ended(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
+        self._store.task_ended(name, to, now, reason)
+        posted = self._posted()
+        if posted.pop(name, None) is not None:
+            self._store.keep_record(Posted(tasks=posted))
+
+    def task_launched(self, task: str, generation: int, workers: int, port: int, now: float) -> None:
+        """A generation was launched from a checkpoint: it is the task's current one."""
+        self._store.task_launched(task, generation, workers, port, now)
+        self.generation_current(task, generation)
+
+    def generation_current(self, task: str, generation: int) -> None:
+        """Tell the task's workers which generation is current: only its members commit
+        checkpoints (``train/fencing.py``)."""
+        self._store.sync()  # what the task's members will read is durable first (journal.py)
+        self.rendezvous.set(task, current_key(task), str(generation))
+
+    def host_task_stores(self) -> None:
+        """A coordinator starting over a kept store hosts each live task's rendezvous store again
+        (its port kept where it can be), posts what it had posted there again (``Posted``), and
+        tells its workers the store is new. The new store
+        forgot which generation-0 faults were claimed: those the event log shows injected are
+        claimed again, so that none strikes twice."""
+        posted = self._posted()
+        for task in self._store.tasks(live_only=True):
+            if not task.store_port:
+                continue
+            port = self.rendezvous.host(task.name, task.store_port)
+            if port != task.store_port:
+                self.task_store_port(task.name, port)
+            for key, value in posted.get(task.name, {}).items():
+                self.rendezvous.set(task.name, key, value)
+            self.generation_current(task.name, task.generation)
+            for e in self._store.events(task=task.name, kinds=("fault_injected",), limit=1_000_000):
+                if e.detail.get("index") is not None:
+                    self.rendezvous.claim(task.name, int(e.detail["index"]))
+
+    def launch(self, launch: Launch, now: float) -> list[WorkerRecord]:
+        added = self._store.add_workers(
+            launch.task, launch.generation, launch.placement, launch.first_rank, launch.phase, now
+        )
+        for w in added:
+            self.orders.add(
+                w.node,
+                LaunchWorker(
+                    task=w.task,
+                    generation=w.generation,
+                    rank=w.rank,
+                    world_size=launch.world_size,
+                    local_rank=w.local_rank,
+                    argv=list(launch.argv),
+                    env={**launch.env, KEYS["rank"]: str(w.rank)},
+                ),
+            )
+        return added
+
+    def stop_worker(self, w: WorkerRecord, grace_s: float) -> None:
+        self.stop(w.node, w.task, w.generation, w.rank, grace_s)
+
+    def stop(self, node: str, task: str, generation: int, rank: int, grace_s: float) -> None:
+        """Exactly that worker (a generation-wide stop could hit a survivor mid-rename)."""
+        self.orders.add(node, StopWorkers(task=task, generation=generation, rank=rank, grace_s=grace_s))
+
+    def dump_stacks(self, task: str, generation: int, peers: dict[str, str] | None = None) -> None:
+        """Every node running the generation dumps its workers' stacks (before any stop that
+        follows: the agent carries orders out in turn), and probes ``peers`` if given."""
+        for node in sorted({w.node for w in self._store.workers(task, generation, live=True)}):
+            self.orders.add(node, DumpStacks(task=task, generation=generation, peers=peers or {}))
+
+    def stop_generation(self, task: str, generation: int, grace_s: float) -> None:
+        """Every live worker of the generation, on nodes that can still hear it."""
+        reachable = {n.name for n in self._store.nodes() if n.state is not NodeState.LOST}
+        for node in sorted({w.node for w in self._store.workers(task, generation, live=True)} & reachable):
+            self.orders.add(node, StopWorkers(task=task, generation=generation, grace_s=grace_s))
+
+    def stop_node(self, node: str, grace_s: float) -> None:
+        for task, generation in sorted({(w.task, w.generation) for w in self._store.live_workers_on(node)}):
+            self.orders.add(node, StopWorkers(task=task, generation=generation, grace_s=grace_s))
+
+    def switch(self, switch: Switch, now: float) -> None:
+        self._store.switch_generation(switch.task, switch.old, switch.membership.generation, switch.kept, now)
+        for w, rank in switch.kept.items():
+            self.orders.add(
+                w.node,
+                RenameWorker(
+                    task=switch.task,
+                    generation=w.generation,
+                    rank=w.rank,
+                    new_generation=switch.membership.generation,
+                    new_rank=rank,
+                ),
+            )
+        payload = switch.membership.model_dump_json()
+        self._post(switch.task, membership_key(switch.task, switch.old), payload)
+        self.generation_current(switch.task, switch.membership.generation)  # after the path to it
+
+    def use_spare(
+        self,
+        task: str,
+        spare_rank: int,
+        node: str,
+        local: int,
+        generation: int,
+        rank: int,
+        world: int,
+        now: float,
+    ) -> None:
+        """A hot spare becomes a newcomer: no process to start, only a new identity."""
+        self._store.spare_used(task, spare_rank, generation, rank, node, local, now)
+        self.orders.add(
+            node,
+            RenameWorker(
+                task=task,
+                generation=SPARE_GENERATION,
+                rank=spare_rank,
+                new_generation=generation,
+                new_rank=rank,
+            ),
+        )
+        identity = {"generation": generation, "rank": rank, "world_size": world}
+        self._post(task, spare_key(task, spare_rank), json.dumps(identity))
+
+    def _posted(self) -> dict[str, dict[str, str]]:
+        """What was posted in each live task's store (a copy to change and keep again)."""
+        kept = self._store.kept_record(Posted)
+        return {} if kept is None else {task: dict(keys) for task, keys in kept.tasks.items()}
+
+    def _post(self, task: str, key: str, value: str) -> None:
+        """Post ``key`` in the task's store for its workers, kept (``Posted``) so that a
+        coordinator starting over posts it again; durable before any worker can read it."""
+        posted = self._posted()
+        mine = {**posted.get(task, {}), key: value}  # JSON keeps the order: oldest first
+        posted[task] = dict(list(mine.items())[-POSTED_PER_TASK:])
+        self._store.keep_record(Posted(tasks=posted))
+        self._store.sync()  # journal.py
+        self.rendezvous.set(task, key, value)
+
+    def forget_task(
+        self, task: str, checkpoint_dir: Path, env: dict[str, str], only: str | None = None
+    ) -> None:
+        """Every node (or ``only`` that one) frees what it keeps for an ended task."""
+        for node in self._store.nodes():
+            if node.state is not NodeState.LOST and only in (None, node.name):
+                order = ForgetTask(
+                    task=task,
+                    checkpoint_dir=str(checkpoint_dir),
+                    host_checkpoint_root=env.get(KEYS["host_checkpoint_root"]),
+                )
+                self.orders.add(node.name, order)
+
+    def drop_spare(self, task: str, rank: int, node: str, stop: bool) -> None:
+        if stop:
+            self.orders.add(node, StopWorkers(task=task, generation=SPARE_GENERATION, rank=rank, grace_s=0.0))
+        self._store.worker_phase((task, SPARE_GENERATION, rank), WorkerPhase.STOPPED)

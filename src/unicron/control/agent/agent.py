@@ -1,0 +1,472 @@
+"""The node agent: registers its node, heartbeats, runs and supervises worker processes.
+
+- Workers are started in their own process group with everything they need in their
+  environment, and with a parent-death signal so that they die with the agent (a lost node).
+- Each exit is seen the moment it happens (asyncio's child watcher) with its code or signal.
+- A stop order sends SIGTERM to the worker's group and SIGKILL after the grace period.
+- Workers send reports as JSON datagrams to the agent's Unix socket; the agent forwards them
+  with the next heartbeat, at once for urgent ones (exits, exceptions). Their positions are not
+  messages: the agent reads each worker's board when it heartbeats (``control.processes``).
+- When the coordinator is unreachable the agent keeps its workers running, keeps their reports,
+  and registers again when the coordinator answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from pydantic import ValidationError
+
+from unicron.control.agent import peerprobe, stackdump
+from unicron.control.agent.agentmetrics import AgentMetrics
+from unicron.control.agent.hostaddress import NodeAddress
+from unicron.control.agent.processes import Worker, dies_with_parent
+from unicron.control.service.credentials import Credentials
+from unicron.core.coordinators import Coordinators
+from unicron.core.protocol import (
+    AGENT_DATAGRAM,
+    AGENT_REQUEST_TIMEOUT_S,
+    AGENT_RETRY_CAP_S,
+    DumpStacks,
+    ExceptionReport,
+    ExitReport,
+    ForgetTask,
+    Heartbeat,
+    HeartbeatReply,
+    LaunchFailedReport,
+    LaunchWorker,
+    OrderBatch,
+    Registration,
+    RegistrationReply,
+    RenameWorker,
+    StacksReport,
+    StopWorkers,
+    WorkerReport,
+)
+from unicron.core.reachability import Reachability
+from unicron.core.workerenv import WorkerEnv, host_checkpoint_dir
+
+MAX_BUFFERED_REPORTS = 10_000
+
+
+# A Unix socket's path is at most 107 bytes (Linux's sun_path, less its NUL).
+MAX_SOCKET_PATH = 107
+
+
+def socket_path(run_dir: Path) -> Path:
+    """Where the agent takes its workers' reports: in its run folder, or, where that path would
+    be too long for a Unix socket (a deep ``--run-dir``), in the temporary folder under a name
+    made from the run folder's (the same one for an agent started again there)."""
+    inside = run_dir / "agent.sock"
+    if len(os.fsencode(inside)) <= MAX_SOCKET_PATH:
+        return inside
+    digest = hashlib.sha256(os.fsencode(run_dir.resolve())).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"unicron-agent-{digest}.sock"
+
+
+class Agent:
+    def __init__(
+        self,
+        coordinator: str,
+        node: str,
+        slots: int,
+        run_dir: Path,
+        gpus: list[str] | None = None,
+        where: NodeAddress | None = None,
+        credentials: Credentials | None = None,
+        metrics: AgentMetrics | None = None,
+    ) -> None:
+        self.coordinators = Coordinators.of(coordinator)
+        self.metrics = metrics or AgentMetrics()  # served only when asked (``run_agent``)
+        self.credentials = credentials or Credentials()  # an agent token for this node, the CA
+        self.node = node
+        self.slots = slots
+        self.gpus = gpus or []
+        self.where = where or NodeAddress()
+        self.run_dir = run_dir
+        self.socket_path = socket_path(run_dir)
+        self.workers: dict[tuple[str, int, int], Worker] = {}
+        self.forgotten: dict[str, ForgetTask] = {}  # ended tasks whose workers here still run
+        self.reports: list[WorkerReport] = []
+        self.urgent = asyncio.Event()
+        self.interval = 0.5
+        self.registered = False
+        self.stopping = False
+        self.acked = 0  # the number of the last order carried out
+        # Retries back off while the coordinator does not answer (capped: a node must come back
+        # within seconds of its network), and the log says so once, not once per beat.
+        self.link = Reachability(
+            f"the coordinator at {self.coordinators}", base_s=0.5, cap_s=AGENT_RETRY_CAP_S
+        )
+        self.probe_port = 0  # the peer-probe listener's, once it listens (run)
+        self.dumps: set[asyncio.Task[None]] = set()  # stacks being read: a stop waits for them
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        """The coordinator the next request goes to (the leader, once found)."""
+        return self.coordinators.current
+
+    def _say(self, line: str | None) -> None:
+        if line is not None:
+            print(f"agent {self.node}: {line}", file=sys.stderr, flush=True)
+
+    def _spawn(self, coroutine: Any) -> asyncio.Task[None]:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------------ reports from workers
+    class _Datagrams(asyncio.DatagramProtocol):
+        def __init__(self, agent: Agent) -> None:
+            self.agent = agent
+
+        def datagram_received(self, data: bytes, addr: Any) -> None:
+            try:
+                message = AGENT_DATAGRAM.validate_json(data)
+            except ValidationError:
+                return
+            self.agent.queue(message)
+
+    def queue(self, report: WorkerReport) -> None:
+        self.reports.append(report)
+        del self.reports[:-MAX_BUFFERED_REPORTS]
+        if isinstance(report, (ExitReport, ExceptionReport, LaunchFailedReport, StacksReport)):
+            self.urgent.set()
+
+    # ------------------------------------------------------------------ workers
+    async def launch(self, order: LaunchWorker) -> None:
+        """Start a worker. One that cannot be started (no such program, no permission) is
+        reported as such; the agent goes on serving its other orders and heartbeats."""
+        key = (order.task, order.generation, order.rank)
+        if key in self.workers:
+            return
+        argv = list(order.argv)
+        if argv and argv[0] == "python":
+            argv[0] = sys.executable
+        log = self._log_path(order)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            env = self._worker_env(order)
+            with log.open("ab") as out:
+                process = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=dies_with_parent(signal.SIGKILL),
+                )
+        except (OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            print(f"agent {self.node}: cannot start {argv[:1]} for {key}: {error}", file=sys.stderr)
+            self.queue(
+                LaunchFailedReport(
+                    task=order.task,
+                    generation=order.generation,
+                    rank=order.rank,
+                    node=self.node,
+                    error=error,
+                    time=time.time(),
+                )
+            )
+            return
+        worker = Worker(order, process, log)
+        self.workers[key] = worker
+        self.metrics.launched(order)
+        self._spawn(self._watch(worker))
+
+    def _log_path(self, order: LaunchWorker) -> Path:
+        """The worker's output; its stack dumps go beside it (``Worker.stack_file``)."""
+        return self.run_dir / "logs" / f"{order.task}-g{order.generation}-r{order.rank}.log"
+
+    def _worker_env(self, order: LaunchWorker) -> dict[str, str]:
+        """The coordinator's part of the worker contract with the node's part added."""
+        contract = WorkerEnv.from_env(order.env) or WorkerEnv(task=order.task)
+        mine = contract.model_copy(
+            update={
+                "rank": order.rank,
+                "world_size": order.world_size,
+                "node": self.node,
+                "local_rank": order.local_rank,
+                "agent_socket": str(self.socket_path),
+                "store_hosts": ",".join(urlsplit(u).hostname or "" for u in self.coordinators.urls),
+                "stack_file": str(self._log_path(order).with_suffix(".stacks")),
+                "position_file": str(self._log_path(order).with_suffix(".position")),
+            }
+        )
+        # The node's interface first: an operator's own GLOO_SOCKET_IFNAME, or the task's, wins.
+        env = {**self.where.worker_env(), **os.environ, **order.env, **mine.to_env()}
+        # torch.distributed's own names, for scripts and libraries that read them.
+        env.update(
+            {
+                "RANK": str(order.rank),
+                "LOCAL_RANK": str(order.local_rank),
+                "WORLD_SIZE": str(order.world_size),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[order.local_rank % len(self.gpus)]
+        return env
+
+    async def _watch(self, worker: Worker) -> None:
+        code = await worker.process.wait()
+        last = worker.progress  # read before its board goes
+        worker.exited = True
+        with contextlib.suppress(OSError):
+            worker.board.unlink()
+        o = worker.order
+        report = ExitReport(
+            task=o.task,
+            generation=o.generation,
+            rank=o.rank,
+            node=self.node,
+            code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            time=time.time(),
+            stop_ordered=worker.stop_ordered,
+            reached=last.generation if last else o.generation,
+        )
+        self.metrics.exited(report)
+        self.queue(report)
+        if o.task in self.forgotten:
+            self.forget_task(self.forgotten[o.task])
+
+    async def stop(self, order: StopWorkers) -> None:
+        chosen = [
+            w
+            for (task, gen, rank), w in self.workers.items()
+            if task == order.task
+            and (
+                order.generation is None
+                or (gen == order.generation if order.rank is not None else gen <= order.generation)
+            )
+            and (order.rank is None or rank == order.rank)
+            and not w.exited
+        ]
+        await asyncio.gather(*(self._terminate(w, order.grace_s) for w in chosen))
+
+    def dump_stacks(self, order: DumpStacks) -> None:
+        """Have every live worker of the task write its Python stack and report them
+        (``stackdump``): begun now, in turn with the other orders, and finished beside them."""
+        dump = self._spawn(self._report_stacks(stackdump.begin(order, self.node, self.workers.values())))
+        self.dumps.add(dump)
+        dump.add_done_callback(self.dumps.discard)
+
+    async def _report_stacks(self, dump: stackdump.StackDump) -> None:
+        try:
+            self.queue(await stackdump.finish(dump))
+        except Exception as exc:  # the orders' loops go on: say it, as they do
+            print(f"agent {self.node}: stack dump failed: {exc!r}", file=sys.stderr)
+
+    async def _terminate(self, worker: Worker, grace_s: float) -> None:
+        worker.stop_ordered = True
+        # The dumps under way first: the hung worker's stack is the one that matters.
+        await asyncio.gather(*self.dumps, return_exceptions=True)
+        if grace_s > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.process.pid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.process.wait(), grace_s)
+                return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.process.pid, signal.SIGKILL)
+        await worker.process.wait()
+
+    def forget_exited(self) -> None:
+        for key in [k for k, w in self.workers.items() if w.exited and time.time() - w.started > 60]:
+            del self.workers[key]
+
+    # ------------------------------------------------------------------ the coordinator
+    async def _register(self, client: httpx.AsyncClient) -> None:
+        reg = Registration(
+            node=self.node,
+            slots=self.slots,
+            gpus=self.gpus,
+            host=self.where.address,
+            probe_port=self.probe_port,
+            workers=[w.state() for w in self.workers.values()],
+        )
+        response = await client.post(f"{self.url}/v1/agents/register", content=reg.model_dump_json())
+        if response.status_code != 200:
+            raise RuntimeError(f"registration refused: {response.text}")
+        reply = RegistrationReply.model_validate_json(response.content)
+        self.interval = reply.heartbeat_interval_s
+        self.registered = True
+
+    async def _beat(self, client: httpx.AsyncClient) -> None:
+        sending = list(self.reports)
+        hb = Heartbeat(
+            node=self.node,
+            workers=[w.state() for w in self.workers.values()],
+            reports=sending,
+            acked=self.acked,
+        )
+        began = time.monotonic()
+        response = await client.post(f"{self.url}/v1/agents/heartbeat", content=hb.model_dump_json())
+        response.raise_for_status()
+        self.metrics.beat(time.monotonic() - began, sending, time.time())
+        del self.reports[: len(sending)]
+        reply = HeartbeatReply.model_validate_json(response.content)
+        if not reply.registered:
+            self.registered = False
+            return
+        await self._carry_out(reply.orders, reply.numbers)
+
+    async def _carry_out(self, orders: list[Any], numbers: list[int]) -> None:
+        """Carry orders out, once each: one sent again (its first answer was lost, or the
+        heartbeat and the long poll both brought it) is skipped."""
+        fresh = [o for o, n in zip(orders, numbers, strict=True) if n > self.acked]
+        self.acked = max([self.acked, *numbers])
+        for order in fresh:
+            if isinstance(order, LaunchWorker):
+                await self.launch(order)
+            elif isinstance(order, RenameWorker):
+                self.rename(order)
+            elif isinstance(order, ForgetTask):
+                self.forget_task(order)
+            elif isinstance(order, DumpStacks):
+                self.dump_stacks(order)
+            else:
+                self._spawn(self.stop(order))
+
+    def forget_task(self, order: ForgetTask) -> None:
+        """Remove the node's in-memory checkpoints of an ended task (and their folder if empty),
+        again once its last worker here exits: one still saving its final state (rank 0 reports
+        the end before the others' last writes) would otherwise leave a copy nobody frees."""
+        path = host_checkpoint_dir(order.checkpoint_dir, self.node, order.host_checkpoint_root)
+        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+        live = any(task == order.task and not w.exited for (task, _, _), w in self.workers.items())
+        self.forgotten.pop(order.task, None)
+        if live:
+            self.forgotten[order.task] = order
+
+    def rename(self, order: RenameWorker) -> None:
+        worker = self.workers.pop((order.task, order.generation, order.rank), None)
+        if worker is not None:
+            worker.order = worker.order.model_copy(
+                update={"generation": order.new_generation, "rank": order.new_rank}
+            )
+            self.workers[(order.task, order.new_generation, order.new_rank)] = worker
+
+    async def _poll_orders(self) -> None:
+        """Long poll: the coordinator answers as soon as it has an order for this node, so a
+        stop reaches the survivors of a failure at once rather than at the next heartbeat."""
+        own = self.credentials
+        async with httpx.AsyncClient(
+            timeout=self.interval * 4 + 2, headers=own.headers, verify=own.verify
+        ) as client:
+            while not self.stopping:
+                if not self.registered:
+                    await asyncio.sleep(self.interval / 2)
+                    continue
+                try:
+                    response = await client.get(
+                        f"{self.url}/v1/agents/{self.node}/orders",
+                        params={"wait": self.interval * 4, "acked": self.acked},
+                    )
+                    response.raise_for_status()
+                    batch = OrderBatch.model_validate_json(response.content)
+                    await self._carry_out(batch.orders, batch.numbers)
+                except httpx.HTTPError:
+                    await asyncio.sleep(self.interval)
+                except Exception as exc:  # never let one order end the loop that serves them all
+                    print(f"agent {self.node}: order failed: {exc!r}", file=sys.stderr)
+                    await asyncio.sleep(self.interval)
+
+    async def run(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: self._Datagrams(self), local_addr=str(self.socket_path), family=1
+        )
+        headers = {"content-type": "application/json", **self.credentials.headers}
+        probe = await peerprobe.listen(self.where.address)  # peers check they can reach this node
+        self.probe_port = probe.sockets[0].getsockname()[1]
+        self._spawn(self._poll_orders())
+        try:
+            async with httpx.AsyncClient(
+                timeout=AGENT_REQUEST_TIMEOUT_S, headers=headers, verify=self.credentials.verify
+            ) as client:
+                while not self.stopping:
+                    wait = self.interval
+                    try:
+                        if not self.registered:
+                            await self._register(client)
+                        await self._beat(client)
+                        self.coordinators.answered()
+                        self._say(self.link.reached(time.monotonic()))
+                    except (httpx.HTTPError, RuntimeError) as exc:
+                        self.registered = False
+                        self.metrics.reachable.set(0)
+                        if self.coordinators.failed():  # every address failed: back off
+                            wait, line = self.link.failed(time.monotonic(), exc)
+                            self._say(line)
+                        else:
+                            wait = 0.0
+                    except Exception as exc:  # the heartbeat must go on whatever one beat hit
+                        print(f"agent {self.node}: heartbeat failed: {exc!r}", file=sys.stderr)
+                    self.forget_exited()
+                    self.metrics.workers.set(sum(not w.exited for w in self.workers.values()))
+                    self.urgent.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.urgent.wait(), wait)
+        finally:
+            transport.close()
+            probe.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()  # (in the temporary folder, nothing else would)
+
+    async def shutdown(self, grace_s: float = 5.0) -> None:
+        self.stopping = True
+        await asyncio.gather(*(self._terminate(w, grace_s) for w in self.workers.values() if not w.exited))
+
+
+def run_agent(
+    coordinator: str,
+    node: str,
+    slots: int,
+    run_dir: Path,
+    gpus: list[str] | None = None,
+    credentials: Credentials | None = None,
+    where: NodeAddress | None = None,
+    metrics_port: int | None = None,
+) -> None:
+    metrics, where = AgentMetrics(), where or NodeAddress()
+    if metrics_port is not None:  # on the node's address (loopback without one)
+        port = metrics.serve(where.address, metrics_port)
+        print(f"agent {node}: metrics at http://{where.address}:{port}/metrics", flush=True)
+
+    async def main() -> None:
+        agent = Agent(coordinator, node, slots, run_dir, gpus, where, credentials, metrics)
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, done.set)
+        runner = asyncio.create_task(agent.run())
+        await done.wait()
+        await agent.shutdown()
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+
+    asyncio.run(main())

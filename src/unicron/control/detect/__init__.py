@@ -1,0 +1,1 @@
+"""Detection: silent nodes, hangs and stragglers, late exits, vanished workers, failing storage."""

@@ -1,0 +1,371 @@
+"""Detection signals judged on the coordinator's tick: silent nodes, late steps (hangs), workers
+that never started, isolation that has run out.
+
+Exits, exceptions and iteration reports arrive with heartbeats (``coordinator.py``); this module
+judges what only time can tell. Each judgement is a pure function of records and ``now``; the
+``Detector`` hands what it finds to recovery.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from unicron.control.context import Context
+from unicron.control.detect.hangs import WorkerKey, hang_verdict, unheard
+from unicron.control.detect.monitor import TaskMonitor
+from unicron.control.detect.peercheck import PeerCheck, outcome, probe_endpoints
+from unicron.control.observe import reported
+from unicron.control.place.removal import forgettable
+from unicron.control.recover.recovery import Recovery
+from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
+from unicron.core.protocol import (
+    AGENT_REQUEST_TIMEOUT_S,
+    AGENT_RETRY_CAP_S,
+    Phase,
+    Progress,
+    StacksReport,
+    WorkerState,
+)
+from unicron.core.settings import Settings
+from unicron.core.states import NodeState, WorkerPhase
+from unicron.core.taxonomy import ErrorKind
+
+
+def silent_nodes(
+    nodes: Sequence[NodeRecord], now: float, listening_since: float, limits: Settings
+) -> list[tuple[str, float]]:
+    """Nodes not heard within the deadline. A node not heard since the service could hear them
+    at all (it started, took over, or resumed from a stall) is counted from then plus the agents'
+    longest pause between retries: its agent, failing meanwhile, may be in that pause. So is a
+    node heard only within an agent's request timeout of then: what was read may be a request
+    its agent gave up on during a stall (read from the listen backlog after the resume; a
+    healthy node was lost 2.6 s after a 20 s SIGSTOP that way), its agent still pausing."""
+    out = []
+    fresh_from = listening_since + AGENT_REQUEST_TIMEOUT_S
+    for node in nodes:
+        heard = node.last_seen if node.last_seen >= fresh_from else listening_since + AGENT_RETRY_CAP_S
+        heard = max(heard, node.last_seen)
+        silent = now - heard
+        if node.state is not NodeState.LOST and silent > limits.heartbeat_deadline_s:
+            out.append((node.name, silent))
+    return out
+
+
+def stalled_for(last_tick: float | None, now: float, limits: Settings) -> float | None:
+    """How long the coordinator itself did not run (a SIGSTOP, a long pause of its process, an
+    overloaded host, a request that blocked its loop), when that is longer than two heartbeat
+    intervals (its loop ticks ten times a second); else None. Heartbeats could not be read
+    meanwhile, so what went silent during it says nothing of the nodes."""
+    if last_tick is None:
+        return None
+    gap = now - last_tick
+    return gap if gap > 2 * limits.heartbeat_interval_s else None
+
+
+@dataclass(frozen=True)
+class Grace:
+    """A slow network's grace for a late step: no incident until ``until``."""
+
+    step: int
+    until: float
+    renewable: bool  # TCP was seen retransmitting: the peers are checked again when it runs out
+
+    def again(self, late_step: int, waited_by_then_s: float, cap_s: float) -> bool:
+        """Whether a late step is to be checked (and graced) again: a step not graced yet, or
+        one whose stall was a lossy link's backoff, while the step would have waited less than
+        the hang cap by the end of another grace (so a renewed grace ends before the collective
+        times out: hang_cap_s < process_group_timeout_s). Otherwise the hang is handled."""
+        return late_step != self.step or (self.renewable and waited_by_then_s < cap_s)
+
+
+def launch_began(workers: Sequence[WorkerRecord]) -> float:
+    """When a launch's last worker was ordered: a first step is timed from then."""
+    return max(w.launched for w in workers)
+
+
+def first_step_allowance(limits: Settings, measured_s: float | None) -> float:
+    """How long a launch's first step may take once its workers all run (there are no step times
+    of it yet). A task's first launch: ``first_step_timeout_s``, long, as loading and compiling
+    may take minutes. A relaunch is the same program on the same data, now also loading a
+    checkpoint: ``hang_multiple`` times the longest first step of its earlier launches
+    (``measured_s``) plus ``checkpoint_allowance_s``, if shorter (before: ten minutes by default
+    to find a rank hung in the first step after every relaunch). Never under
+    ``heartbeat_deadline_s``: a node's loss is decided before a hang."""
+    if measured_s is None:
+        return limits.first_step_timeout_s
+    derived = limits.hang_multiple * measured_s + limits.checkpoint_allowance_s
+    return min(limits.first_step_timeout_s, max(derived, limits.heartbeat_deadline_s))
+
+
+@dataclass
+class Detector:
+    ctx: Context
+    recovery: Recovery
+    monitors: dict[tuple[str, int], TaskMonitor] = field(default_factory=dict)
+    # What each worker process last reported, by (task, pid): whether it is stopped (SIGSTOP), and
+    # where it is. By process, not by rank: a survivor renamed into a new generation is reported
+    # under its old identity until its agent has carried the rename out.
+    processes: dict[tuple[str, int], tuple[bool, Progress | None]] = field(default_factory=dict)
+    hang_incidents: dict[tuple[str, int], int] = field(default_factory=dict)  # (task, gen) -> incident
+    checks: dict[tuple[str, int], PeerCheck] = field(default_factory=dict)  # hangs awaiting a peer probe
+    graced: dict[tuple[str, int], Grace] = field(default_factory=dict)
+    listening_since: float | None = None
+    judging_from: float = 0.0  # after a stall of the coordinator, hangs are judged from then
+    deferred: dict[str, tuple[int, int]] = field(default_factory=dict)  # task -> (gen, step) said deferred
+    restored: dict[str, list[float]] = field(default_factory=dict)  # step times kept by a predecessor
+    # task -> the longest a launch of it took from its last worker's launch to its first step
+    # (this coordinator's own measurements: after a restart, relaunches get the full timeout)
+    first_steps: dict[str, float] = field(default_factory=dict)
+
+    def monitor(self, name: str, generation: int) -> TaskMonitor:
+        key = (name, generation)
+        if key not in self.monitors:
+            previous = next((m for (t, _), m in self.monitors.items() if t == name), None)
+            self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
+            monitor = TaskMonitor(self.ctx.limits)
+            if previous is not None:
+                # A membership change does not change how long a step takes: keep the history,
+                # so that a hang right after the change is caught too (the change's own first
+                # step is given as long as a re-forming: ``TaskMonitor.reforming``).
+                monitor.intervals = deque(previous.intervals)
+                monitor.last_step, monitor.last_time = previous.last_step, previous.last_time
+                monitor.reforming = True
+            elif name in self.restored:  # the coordinator before this one measured them
+                monitor.intervals = deque(self.restored.pop(name))
+            self.monitors[key] = monitor
+        return self.monitors[key]
+
+    def step_times(self) -> dict[str, list[float]]:
+        """Each task's recent step intervals (what judges hangs), as plain data to keep."""
+        return {name: list(m.intervals) for (name, _), m in self.monitors.items()} | {
+            name: times
+            for name, times in self.restored.items()
+            if not any(k[0] == name for k in self.monitors)
+        }
+
+    def worker_seen(self, state: WorkerState, now: float) -> None:
+        """What a heartbeat says of a worker process: whether it is stopped, and where it is
+        (saving a checkpoint: the step after it is late counted from now, ``TaskMonitor.since``)."""
+        where = state.progress
+        self.processes[(state.task, state.pid)] = (state.stopped and state.running, where)
+        if where is not None and where.phase is Phase.CHECKPOINT:
+            monitor = self.monitors.get((state.task, where.generation))
+            if monitor is not None:
+                monitor.saving(where.step, now)
+
+    def observed(self, workers: Sequence[WorkerRecord]) -> dict[WorkerKey, tuple[bool, Progress | None]]:
+        """Whether each worker is stopped, and where it is, as its process last reported (under
+        whichever identity its agent knew it by)."""
+        return {
+            w.key: self.processes.get((w.task, w.pid), (False, None)) for w in workers if w.pid is not None
+        }
+
+    def positions(self, workers: Sequence[WorkerRecord]) -> dict[WorkerKey, Progress | None]:
+        return {key: where for key, (_, where) in self.observed(workers).items()}
+
+    def forget(self, name: str) -> None:
+        self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
+        self.processes = {k: v for k, v in self.processes.items() if k[0] != name}
+        self.checks = {k: v for k, v in self.checks.items() if k[0] != name}
+        self.graced = {k: v for k, v in self.graced.items() if k[0] != name}
+        self.deferred.pop(name, None)
+        self.restored.pop(name, None)
+
+    def check_nodes(self, now: float) -> bool:
+        """Declare silent nodes lost and end isolations that ran out; True when nodes changed."""
+        if self.listening_since is None:
+            self.listening_since = now
+        store, changed = self.ctx.store, False
+        for name, silent in silent_nodes(store.nodes(), now, self.listening_since, self.ctx.limits):
+            self.recovery.node_lost(name, silent)
+            changed = True
+        after_s = self.ctx.limits.forget_lost_node_s
+        for name in forgettable(store.nodes(), store.held_slots, now, after_s):
+            self.ctx.act.remove_node(name, why=f"lost for over {after_s:g} s (forget_lost_node_s)")
+            changed = True
+        for node in store.nodes():
+            if node.state is NodeState.ISOLATED and now >= self.recovery.isolated_until.get(node.name, 0):
+                self.ctx.act.node_state(node.name, NodeState.HEALTHY)
+                self.ctx.act.record("node_back", node=node.name, why="isolation over")
+                changed = True
+        return changed
+
+    def resumed(self, now: float, stalled_s: float) -> None:
+        """The coordinator ran again after ``stalled_s`` without: every node gets a full
+        heartbeat deadline from now (as after a restart), steps are judged late only once every
+        agent had time to deliver what its workers did meanwhile (they trained on: nothing
+        about them needs the coordinator), and recovery's clocks stop for the stall."""
+        self.listening_since = now
+        self.judging_from = now + self.ctx.limits.heartbeat_deadline_s
+        self.recovery.paused(stalled_s)
+        self.ctx.act.record("coordinator_stalled", seconds=round(stalled_s, 3), grace_until=self.judging_from)
+
+    def check_start(self, task: TaskRecord, now: float) -> None:
+        """A launch: every worker must start within ``launch_timeout_s``, and once all run, the
+        first step must end within ``first_step_timeout_s`` (the step-time statistics that find
+        a hang later do not exist yet, so without this a rank hung in it stalls the task)."""
+        if now < self.judging_from:
+            return  # the coordinator just stalled: the agents' reports are still on their way
+        workers = self.ctx.store.workers(task.name, task.generation)
+        limits = self.ctx.limits
+        late = [w for w in workers if now - w.launched > limits.launch_timeout_s]
+        stale = [w for w in late if w.state is WorkerPhase.LAUNCHING]
+        if stale:
+            self.recovery.incident(
+                task.name, ErrorKind.EXITED_ABNORMALLY, None, f"{len(stale)} worker(s) never started"
+            )
+            return
+        key = (task.name, task.generation)
+        handled = key in self.recovery.incidents or key in self.recovery.awaiting or key in self.checks
+        if task.launched_generation != task.generation or handled or not workers:
+            return  # an in-place generation: its incident's deadline covers it
+        since = launch_began(workers)
+        allowed_s = first_step_allowance(limits, self.first_steps.get(task.name))
+        if all(w.state is WorkerPhase.RUNNING for w in workers) and now - since > allowed_s:
+            # The late step is the one after the checkpoint the launch resumed from (the task's own
+            # step is the furthest any generation reached: a relaunch trains some steps again).
+            self._hung(task, now, task.checkpoint_step + 1, since, allowed_s)
+
+    def first_step_done(self, task: TaskRecord, ended: float) -> None:
+        """The first step of the task's current generation ended at ``ended``: a launch's is
+        measured (``first_step_allowance``); a generation re-formed in place is no launch."""
+        workers = self.ctx.store.workers(task.name, task.generation)
+        if task.launched_generation != task.generation or not workers:
+            return
+        took = max(0.0, ended - launch_began(workers))
+        self.first_steps[task.name] = max(took, self.first_steps.get(task.name, 0.0))
+
+    def standing_aside(self, key: tuple[str, int], now: float) -> bool:
+        """Whether a generation's lateness is not to be judged now: the coordinator just stalled
+        (what was done meanwhile is still on its way), a failure of it is being handled, or its
+        peers are being probed."""
+        return now < self.judging_from or key in self.recovery.awaiting or key in self.checks
+
+    def check_hang(self, task: TaskRecord, now: float) -> None:
+        key = (task.name, task.generation)
+        if self.standing_aside(key, now):
+            return
+        if task.step >= self.ctx.spec(task.name).run.iterations:
+            return  # training is over; the workers are saving and exiting
+        monitor = self.monitor(task.name, task.generation)
+        monitor.watch_from(now, task.step)
+        grace = self.graced.get(key)
+        if grace is not None and grace.step == monitor.last_step + 1 and now < grace.until:
+            return  # a slow network's grace
+        # One heartbeat more: the report of a step that did end may still be on its way.
+        if not monitor.late(now - self.ctx.limits.heartbeat_interval_s):
+            return
+        self._hung(task, now, monitor.last_step + 1, monitor.since, monitor.deadline())
+
+    def _deferred(self, task: TaskRecord, step: int, waited_s: float, silent: dict[str, float]) -> None:
+        """Say once per late step that it is not judged yet: a node of the task is silent, and
+        whether it is lost is decided first (``hang_verdict``)."""
+        if self.deferred.get(task.name) == (task.generation, step):
+            return
+        self.deferred[task.name] = (task.generation, step)
+        self.ctx.act.record(
+            "hang_deferred",
+            task=task.name,
+            step=step,
+            waited_s=round(waited_s, 3),
+            silent_s={h: round(s, 3) for h, s in silent.items()},
+            generation=task.generation,
+        )
+
+    def _hung(self, task: TaskRecord, now: float, step: int, since: float, deadline_s: float) -> None:
+        """``step`` is late (nothing since ``since``): name the hung ranks, record every rank's
+        stack, kill the culprits and open the incident. With no culprit and several nodes, the
+        agents probe each other first (``peercheck``): the incident waits for their answer."""
+        workers, limits = self.ctx.store.workers(task.name, task.generation, live=True), self.ctx.limits
+        seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
+        observed = self.observed(workers)
+        stopped = {key: halted for key, (halted, _) in observed.items()}
+        verdict = hang_verdict(
+            workers, seen, stopped, {k: at for k, (_, at) in observed.items()}, now, limits
+        )
+        if verdict is None:
+            self._deferred(task, step, now - since, unheard(workers, seen, now, limits))
+            return
+        culprits, grace = verdict.culprits, self.graced.get((task.name, task.generation))
+        endpoints = None
+        by_then_s = now - since + limits.network_grace_s
+        if not culprits and (grace is None or grace.again(step, by_then_s, limits.hang_cap_s)):
+            endpoints = probe_endpoints(self.ctx.store.nodes(), {w.node for w in workers})
+        # Every rank's stack first (the agents carry this out before the stop that follows).
+        self.ctx.act.dump_stacks(task.name, task.generation, endpoints)
+        self.ctx.act.record(
+            "hang_detected",
+            task=task.name,
+            step=step,
+            mean_s=round(self.monitor(task.name, task.generation).mean_interval() or 0.0, 4),
+            waited_s=round(now - since, 3),
+            deadline_s=round(deadline_s, 3),
+            culprits=[w.rank for w in culprits],
+            why=verdict.why,
+            where=verdict.where,
+            generation=task.generation,
+            peer_check=endpoints is not None,
+        )
+        if endpoints is not None:
+            self.checks[(task.name, task.generation)] = PeerCheck.of(workers, step, since, verdict.why, now)
+            return
+        # Kill the hung worker(s) at once: the hang becomes an ordinary death.
+        for w in culprits:
+            self.ctx.act.stop_worker(w, 0.0)
+        self.recovery.incident(
+            task.name,
+            ErrorKind.TASK_HANG,
+            culprits[0].node if culprits else None,
+            f"step {step} late; hung rank(s) {[w.rank for w in culprits] or 'unknown'}: {verdict.why}",
+            failed={w.rank for w in culprits} or None,
+            seen_at=since,
+        )
+        incident = self.recovery.incidents.get((task.name, task.generation))
+        if incident is not None:
+            self.hang_incidents[(task.name, task.generation)] = incident.id
+
+    # ------------------------------------------------------------------ peer checks
+    def stacks_reported(self, report: StacksReport, now: float) -> bool:
+        """Take a stacks report that answers a peer check (True), and judge the check once it
+        is complete."""
+        check = self.checks.get((report.task, report.generation))
+        if check is None:
+            return False
+        check.add(report)
+        self.judge_checks(now)
+        return True
+
+    def judge_checks(self, now: float) -> None:
+        for key, check in list(self.checks.items()):
+            if check.complete(now):
+                del self.checks[key]
+                self._judged(check, now)
+
+    def _judged(self, check: PeerCheck, now: float) -> None:
+        """Carry out what the complete check decides (``peercheck.outcome``)."""
+        key = (check.task, check.generation)
+        decided = outcome(check, self.ctx.limits.network_grace_s)
+        self.ctx.act.record(
+            "peer_check",
+            task=check.task,
+            generation=check.generation,
+            step=check.step,
+            culprits=list(decided.verdict.culprits),
+            why=decided.verdict.why,
+            unreachable=check.unreachable,
+            grace_s=decided.grace_s,
+            retransmitting=check.retransmitting,
+        )
+        task = self.ctx.store.task(check.task)
+        if decided.grace_s > 0:
+            self.graced[key] = Grace(check.step, now + decided.grace_s, decided.renewable)
+        elif task is not None and task.generation == check.generation and key not in self.recovery.incidents:
+            failed = None if decided.failed is None else set(decided.failed)
+            self.recovery.incident(check.task, decided.kind, decided.node, decided.why, failed, check.since)
+        incident = self.recovery.incidents.get(key)
+        if incident is not None:
+            self.hang_incidents[key] = incident.id
+        for report in check.stacks:
+            reported.stacks(self.ctx.act, report, self.hang_incidents.get(key))

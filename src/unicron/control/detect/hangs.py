@@ -1,0 +1,109 @@
+"""Which rank hung, and where: pure judgements over the workers' reported positions and stacks.
+
+When a step is late every rank looks the same from outside: it has not finished. The ranks that
+wait inside a collective are waiting for someone; the culprit is the rank that is not there,
+whether its process is stopped, looping or sleeping in its forward pass, or stuck before the
+collective. The stacks the workers dump on request (faulthandler) say where each one is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from unicron.control.store.records import WorkerRecord
+from unicron.core.protocol import WAITING_PHASES, Phase, Progress
+from unicron.core.settings import Settings
+
+WorkerKey = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class HangVerdict:
+    culprits: list[WorkerRecord]  # empty: the culprit could not be told apart
+    why: str
+    where: dict[int, str] = field(default_factory=dict)  # rank -> its last reported position
+
+
+def position(progress: Progress | None) -> str:
+    """A reported position in words, e.g. "step 12: compute (micro-batch 3)"."""
+    if progress is None:
+        return "no position reported"
+    what = f" {progress.what}" if progress.what else ""
+    batch = f" (micro-batch {progress.micro_batch})" if progress.phase is Phase.COMPUTE else ""
+    return f"step {progress.step}: {progress.phase.value}{what}{batch}"
+
+
+def unheard(
+    workers: Sequence[WorkerRecord], last_seen: Mapping[str, float], now: float, limits: Settings
+) -> dict[str, float]:
+    """The task's nodes not heard for two heartbeat intervals, with how long: while any is, a late
+    step is not judged (``hang_verdict``)."""
+    silence = {h: now - last_seen[h] for h in sorted({w.node for w in workers}) if h in last_seen}
+    return {h: s for h, s in silence.items() if s > 2 * limits.heartbeat_interval_s}
+
+
+def hang_verdict(
+    workers: Sequence[WorkerRecord],
+    last_seen: Mapping[str, float],
+    stopped: Mapping[WorkerKey, bool],
+    progress: Mapping[WorkerKey, Progress | None],
+    now: float,
+    limits: Settings,
+) -> HangVerdict | None:
+    """For a task whose step is late: the hung ranks, or None when a node of the task is silent
+    (its loss is decided first: lost, or heard again). A stopped process is a culprit; else the
+    ranks that are not waiting (in a collective, or for a membership) while others are, and have not
+    gone past the oldest step a rank waits in a collective for."""
+    if unheard(workers, last_seen, now, limits):
+        return None
+    where = {w.rank: position(progress.get(w.key)) for w in workers}
+    halted = [w for w in workers if stopped.get(w.key)]
+    if halted:
+        return HangVerdict(halted, "its process is stopped (SIGSTOP or traced)", where)
+    reported = [(w, p) for w in workers if (p := progress.get(w.key)) is not None]
+    if not reported:
+        return HangVerdict([], "no rank reports its position: no rank can be blamed", where)
+    if not any(p.phase in WAITING_PHASES for _, p in reported):
+        return HangVerdict([], "no rank waits, in a collective or to join: none to blame", where)
+    # A rank past the oldest step a peer waits in a collective for has left that collective: the
+    # peer still in it waits on the network (a slow ring's last hops), not on that rank. (A
+    # newcomer waiting for a membership has no step of the task's yet: it bounds nothing.)
+    oldest = min((p.step for _, p in reported if p.phase is Phase.COLLECTIVE), default=None)
+    behind = [
+        w for w, p in reported if p.phase not in WAITING_PHASES and (oldest is None or p.step <= oldest)
+    ]
+    if behind:
+        return HangVerdict(behind, "not in the collective its peers wait in", where)
+    return HangVerdict([], "every rank waits in a collective or is past it: none to blame", where)
+
+
+def not_arrived(
+    workers: Sequence[WorkerRecord], progress: Mapping[WorkerKey, Progress | None], generation: int
+) -> list[WorkerRecord]:
+    """Members of a re-formed ``generation`` that have not reached it (their last position is
+    from an older generation, or they reported none): those an in-process recovery waits for."""
+    return [w for w in workers if (p := progress.get(w.key)) is None or p.generation < generation]
+
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.MULTILINE)
+# py-spy: "Thread 4242 (idle): "MainThread"" then "    func (path/file.py:12)" per frame.
+_SPY_THREAD = re.compile(r"^Thread \d+", re.MULTILINE)
+_SPY_FRAME = re.compile(r"^\s+(?P<func>\S+) \((?P<file>[^)]+):(?P<line>\d+)\)$", re.MULTILINE)
+
+
+def innermost_frame(stack: str) -> str | None:
+    """Where the main thread is, from a faulthandler dump or a py-spy dump (both most recent call
+    first): the innermost frame of the thread that runs a module's code (the script's main
+    thread; under ``python -m``, runpy's frames lie below the module's)."""
+    for thread, frame in ((_THREAD, _FRAME), (_SPY_THREAD, _SPY_FRAME)):
+        starts = [m.start() for m in thread.finditer(stack)] + [len(stack)]
+        for begin, end in itertools.pairwise(starts):
+            frames = list(frame.finditer(stack, begin, end))
+            if any(f["func"] == "<module>" for f in frames):
+                top = frames[0]
+                return f"{top['func']} ({top['file'].rsplit('/', 1)[-1]}:{top['line']})"
+    return None

@@ -1,0 +1,108 @@
+"""A hang that no rank can be blamed for, held open while the agents probe each other.
+
+The detector opens a ``PeerCheck`` instead of an incident when every rank of a generation that
+spans several nodes waits in a collective; the order to dump stacks carries every node's probe
+endpoint. Each agent's stacks report says which peers it could not reach. Once every node has
+answered (or ``PEER_CHECK_S`` has passed) the check is judged (``peerprobe.partition_verdict``):
+a node its peers cannot reach becomes a ``node_partitioned`` incident for that node, whose ranks
+are the failed ones, so the others recover in place and the node is isolated; otherwise the hang
+is opened as before. The check adds the probe's time (at most ``PROBE_TIMEOUT_S``) to the hang's
+detection, and nothing when the network is whole but the probe's connects (milliseconds).
+
+When every node reaches every other the network is slow rather than broken, and the step gets a
+grace. If some worker connection was then waiting on a TCP retransmission (``tcpretrans``), the
+stall is a lossy link's backoff, which ends by itself: the grace is renewable, and the detector
+checks again when it runs out. Without that evidence the grace is given once per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from unicron.control.agent.peerprobe import PROBE_TIMEOUT_S, PartitionVerdict, partition_verdict
+from unicron.control.store.records import NodeRecord, WorkerRecord
+from unicron.core.protocol import StacksReport
+from unicron.core.taxonomy import ErrorKind
+
+# Dump (0.5 s) and probe in parallel, then one heartbeat or two for the report to arrive.
+PEER_CHECK_S = PROBE_TIMEOUT_S + 3.0
+
+
+def probe_endpoints(nodes: Sequence[NodeRecord], names: set[str]) -> dict[str, str] | None:
+    """``host:port`` of each named node's probe listener; None unless every one has a listener
+    (an agent from before probes, or a single node: nothing to check)."""
+    found = {n.name: f"{n.host}:{n.probe_port}" for n in nodes if n.name in names and n.probe_port}
+    return found if len(names) > 1 and len(found) == len(names) else None
+
+
+@dataclass
+class PeerCheck:
+    task: str
+    generation: int
+    step: int  # the late step
+    since: float  # when the late step began
+    why: str  # the hang verdict's
+    deadline: float
+    ranks: dict[str, set[int]]  # node -> the ranks of the generation that run there
+    unreachable: dict[str, list[str]] = field(default_factory=dict)  # node -> peers it cannot reach
+    retransmitting: dict[str, int] = field(default_factory=dict)  # node -> worker connections retransmitting
+    stacks: list[StacksReport] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, workers: Sequence[WorkerRecord], step: int, since: float, why: str, now: float) -> PeerCheck:
+        ranks: dict[str, set[int]] = {}
+        for w in workers:
+            ranks.setdefault(w.node, set()).add(w.rank)
+        first = workers[0]
+        return cls(first.task, first.generation, step, since, why, now + PEER_CHECK_S, ranks)
+
+    def add(self, report: StacksReport) -> None:
+        self.stacks.append(report)
+        if report.unreachable is not None:
+            self.unreachable[report.node] = list(report.unreachable)
+        if report.retransmitting is not None:
+            self.retransmitting[report.node] = report.retransmitting
+
+    def complete(self, now: float) -> bool:
+        return now >= self.deadline or set(self.unreachable) >= set(self.ranks)
+
+    def verdict(self) -> PartitionVerdict:
+        return partition_verdict(self.unreachable, set(self.ranks))
+
+    def failed(self, culprits: Sequence[str]) -> set[int]:
+        return {rank for node in culprits for rank in self.ranks.get(node, ())}
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """What a complete peer check decides: more time (``grace_s`` > 0, no incident; ``renewable``
+    when TCP was seen retransmitting), or the incident to open: its kind, node, failed ranks
+    (None: no rank can be blamed) and why."""
+
+    verdict: PartitionVerdict
+    grace_s: float = 0.0
+    kind: ErrorKind = ErrorKind.TASK_HANG
+    node: str | None = None
+    failed: frozenset[int] | None = None
+    why: str = ""
+    renewable: bool = False
+
+
+def outcome(check: PeerCheck, grace_s: float) -> CheckOutcome:
+    """A node its peers cannot reach fails (its ranks) and is taken out. If every node answered
+    and reaches every other, the network is slow rather than broken (a lossy link's
+    retransmissions): the step gets ``grace_s`` more, renewable when a worker connection was
+    seen retransmitting. Otherwise the hang is what it was."""
+    verdict = check.verdict()
+    late = f"step {check.step} late"
+    if verdict.culprits:
+        failed = frozenset(check.failed(verdict.culprits))
+        return CheckOutcome(
+            verdict, 0.0, ErrorKind.NODE_PARTITIONED, verdict.culprits[0], failed, f"{late}; {verdict.why}"
+        )
+    whole = set(check.unreachable) >= set(check.ranks) and not any(check.unreachable.values())
+    why = f"{late}; hung rank(s) unknown: {check.why}; {verdict.why}"
+    if not whole or grace_s <= 0:
+        return CheckOutcome(verdict, why=why)
+    return CheckOutcome(verdict, grace_s, renewable=sum(check.retransmitting.values()) > 0, why=why)

@@ -1,0 +1,161 @@
+"""Rows of processes that no longer run, their exits unrecorded: ended tasks' rows holding slots,
+and running tasks' workers.
+
+A row in a slot-holding phase (launching, running, spare) keeps its slot until the process's
+exit is recorded (``slots.py``). An exit can go unrecorded: a heartbeat's answer does not wait
+for its reports to be durable (``journal.py``), so a coordinator killed just after answering
+loses them, and the agent, having delivered them, does not send them again; an agent that dies
+with its workers and is back before its node is declared lost reports no exits at all; a spare
+of a task that ended just before a restart is not among the spares a successor restores
+(``Placer.rebuild_spares``), so its exit is not matched to it. A task that runs has its own
+guards (launch timeouts, hang detection); an ended task has none, and its rows would hold their
+slots for good: a plan that gives them to another task waits for them for ever.
+
+Each agent lists every process it has on each heartbeat (running or exited), with the reports
+of the exits it no longer lists (a registration's list is not used: the reports follow it). A
+row of an ended task whose node's latest list, received after the task ended, does not show its
+process running has lost its process: the row is ended. A process is matched by its identity or
+by its pid (a survivor renamed in place is listed under its former identity until its agent
+catches up). A row whose process was never seen (no pid) is given ``launch_timeout_s`` to start
+first: the agent may not have carried its launch order out yet.
+
+A running task's guards find such a worker late, or never. Past its last step hang detection
+stands aside (the workers are saving and leaving), so a worker gone unreported there was waited
+for for ever (rank 0's report of the final state may be the one lost). Before it, hang detection
+takes ``hang_cap_s``, and the survivors' errors name no dead rank: they wait
+``heartbeat_deadline_s`` + ``cause_grace_s`` for a death that is never reported, then re-form
+with every member, the dead ones included, and wait for them again. A running row of a running
+task whose pid its node's latest list, received after the row's launch, no longer holds at all
+(its agent forgot it, or was restarted: a worker dies with its agent, ``processes.py``) is
+taken as an exit within a heartbeat interval. Past the last step as a clean one: the task
+finishes if its final state is known saved, else it is relaunched from its checkpoint
+(``exits.py``), as when every worker has left. Before it as a failure whose status nobody knows:
+the survivors go on without the rank, as for any worker's death.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from unicron.control.context import Context
+from unicron.control.store.records import TaskRecord, WorkerRecord
+from unicron.core.protocol import ExitReport, WorkerState
+from unicron.core.states import SLOT_HOLDING_PHASES, TaskState, WorkerPhase
+
+WorkerKey = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a node's agent last said it runs, and when that was received."""
+
+    at: float
+    running: frozenset[WorkerKey]
+    pids: frozenset[int]  # of the running ones
+    any_pids: frozenset[int]  # of every process listed, exited ones too
+
+    @staticmethod
+    def of(reported: Iterable[WorkerState], at: float) -> Listing:
+        listed = list(reported)
+        alive = [w for w in listed if w.running]
+        keys = frozenset((w.task, w.generation, w.rank) for w in alive)
+        return Listing(at, keys, frozenset(w.pid for w in alive), frozenset(w.pid for w in listed))
+
+    def shows(self, row: WorkerRecord) -> bool:
+        return row.key in self.running or (row.pid is not None and row.pid in self.pids)
+
+
+def gone(
+    rows: Sequence[WorkerRecord],
+    tasks: Mapping[str, TaskRecord | None],
+    listings: Mapping[str, Listing],
+    now: float,
+    launch_timeout_s: float,
+) -> list[WorkerRecord]:
+    """The ``rows`` (holding slots) of ended tasks whose processes no longer run; pure."""
+    found: list[WorkerRecord] = []
+    for row in rows:
+        task, listing = tasks.get(row.task), listings.get(row.node)
+        if task is not None and task.state.live:
+            continue  # a running task's own guards judge its workers
+        ended_at = (task.finished or 0.0) if task is not None else 0.0
+        if listing is None or listing.at <= ended_at:
+            continue  # nothing heard from its node since the task ended
+        if listing.shows(row):
+            continue
+        if row.pid is None and now - row.launched < launch_timeout_s:
+            continue  # its launch order may not have been carried out yet
+        found.append(row)
+    return found
+
+
+def gone_while_running(
+    rows: Sequence[WorkerRecord],
+    tasks: Mapping[str, TaskRecord | None],
+    listings: Mapping[str, Listing],
+) -> list[tuple[WorkerRecord, TaskRecord]]:
+    """The running ``rows`` of running tasks whose processes their node's agent no longer has
+    (listed neither running nor exited), with their tasks; pure."""
+    found: list[tuple[WorkerRecord, TaskRecord]] = []
+    for row in rows:
+        task, listing = tasks.get(row.task), listings.get(row.node)
+        if task is None or task.state is not TaskState.RUNNING or task.generation != row.generation:
+            continue
+        if row.state is not WorkerPhase.RUNNING or row.pid is None or listing is None:
+            continue
+        unlisted = row.pid not in listing.any_pids and row.key not in listing.running
+        if unlisted and listing.at > row.launched:
+            found.append((row, task))
+    return found
+
+
+@dataclass
+class Vanished:
+    """The agents' latest lists, and the rows of ended tasks ended by them (once a heartbeat
+    interval: a list comes no more often, and the pass reads every slot-holding row)."""
+
+    ctx: Context
+    reported: Callable[[ExitReport, str], None]  # the coordinator's handling of a node's report
+    listings: dict[str, Listing] = field(default_factory=dict)
+    swept: float = 0.0
+
+    def listed(self, node: str, reported: Iterable[WorkerState], now: float) -> None:
+        self.listings[node] = Listing.of(reported, now)
+
+    def sweep(self, now: float) -> bool:
+        """End the rows whose processes are gone; True when a slot was freed."""
+        limits = self.ctx.limits
+        if now - self.swept < limits.heartbeat_interval_s:
+            return False
+        self.swept = now
+        rows = self.ctx.store.workers_in(SLOT_HOLDING_PHASES)
+        tasks = {name: self.ctx.store.task(name) for name in {w.task for w in rows}}
+        found = gone(rows, tasks, self.listings, now, limits.launch_timeout_s)
+        for row in found:
+            self._ended(row, WorkerPhase.STOPPED, "its task has ended and its node's agent no longer runs it")
+        running = gone_while_running(rows, tasks, self.listings)
+        # Every gone row is ended before any exit is handled: a recovery that the first starts
+        # must not take the others for survivors (their exits then belong to a generation left).
+        for row, _ in running:
+            self._ended(row, WorkerPhase.LOST, "its task runs and its node's agent no longer has it")
+        for row, task in running:
+            key = {"task": row.task, "generation": row.generation, "rank": row.rank, "node": row.node}
+            # Past the last step taken as a clean exit: what decides is whether the final state is
+            # known saved, whatever its status was. Before it, a failure of unknown status (none
+            # is made up).
+            last = task.step >= self.ctx.spec(row.task).run.iterations
+            self.reported(ExitReport(**key, code=0 if last else None, signal=None, time=now), row.node)
+        return bool(found or running)
+
+    def _ended(self, row: WorkerRecord, to: WorkerPhase, why: str) -> None:
+        self.ctx.act.worker_phase(row.key, to)
+        self.ctx.act.record(
+            "worker_gone",
+            task=row.task,
+            node=row.node,
+            generation=row.generation,
+            rank=row.rank,
+            was=row.state.value,
+            why=why,
+        )

@@ -1,0 +1,1 @@
+"""What operators watch: metrics, the cluster view, incident breakdowns, WAF history."""

@@ -1,0 +1,65 @@
+"""Facts that workers and agents report, recorded as events for the operator: where a relaunched
+task's state came from, every rank's stack at a hang, and each fault the library injected.
+None changes what the coordinator decides; they are what an operator (or a benchmark) reads to
+learn what happened."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unicron.control.act.effects import Applier
+from unicron.control.detect.hangs import innermost_frame
+from unicron.core.protocol import FaultReport, RestoredReport, StacksReport
+
+
+def stacks(act: Applier, report: StacksReport, incident: int | None) -> None:
+    """Every rank's Python stack at a hang, with the frame each main thread was in, recorded
+    with the hang's ``incident`` (so it says where the task hung)."""
+    act.record(
+        "stacks",
+        task=report.task,
+        node=report.node,
+        incident=incident,
+        generation=report.generation,
+        where={rank: innermost_frame(text) for rank, text in report.stacks.items()},
+        stacks=report.stacks,
+    )
+
+
+def restored(act: Applier, report: RestoredReport, node: str) -> None:
+    """Where a relaunched task's state came from; a newer copy passed over (unreadable, or not
+    matching its digest) is an event of its own, naming the file and why."""
+    where: dict[str, Any] = {"rank": report.rank, "generation": report.generation}
+    if report.skipped:
+        act.record(
+            "checkpoint_corrupt",
+            task=report.task,
+            node=node,
+            **where,
+            skipped=[{"path": p, "why": why} for p, why in report.skipped],
+            used=report.path,
+            step=report.step,
+        )
+    if report.rank == 0 or report.skipped:
+        act.record(
+            "checkpoint_restored",
+            task=report.task,
+            node=node,
+            **where,
+            step=report.step,
+            source=report.source,
+        )
+
+
+def injected(act: Applier, report: FaultReport, node: str) -> None:
+    """A fault the library injected (its index claims it once, also across a restart)."""
+    act.record(
+        "fault_injected",
+        task=report.task,
+        node=node,
+        rank=report.rank,
+        step=report.step,
+        action=report.action,
+        generation=report.generation,
+        index=report.index,
+    )

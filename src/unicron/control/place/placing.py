@@ -1,0 +1,431 @@
+"""Placing: the planner's answer for the cluster, carried out task by task, and the hot spares.
+
+On node loss, node return, task arrival and completion the planner's answer (looked up in a
+precomputed table where it can be: ``allocator.py``; a submission waits for the table that holds
+its arrival, see :meth:`Placer.submitted`) is carried out in place where the task
+recovers in process (shrink at a step boundary, grow with newcomers that take their state from
+live replicas), else by a restart from the checkpoint. Idle slots hold hot spares
+(``spares.py`` chooses for which task).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from unicron.control.act.effects import Launch
+from unicron.control.context import Context
+from unicron.control.place.allocator import Allocator, Decided
+from unicron.control.place.rates import RateMeter
+from unicron.control.place.slots import fits, new_processes
+from unicron.control.place.spares import choose, in_the_way, seated, spare_gains
+from unicron.control.recover.generations import Generations, Shrink, planned_shrink
+from unicron.control.store.records import TaskRecord, WorkerRecord
+from unicron.control.store.snapshot import Snapshot
+from unicron.core.events import named
+from unicron.core.protocol import SPARE_GENERATION
+from unicron.core.states import NodeState, TaskState, WorkerPhase
+from unicron.planning.placement import Assignment
+from unicron.planning.planner import ClusterState, Plan
+from unicron.planning.planner import Decision as PlanDecision
+from unicron.planning.throughput import ThroughputCurve, curves_for
+
+
+class MoveKind(Enum):
+    KEEP = "keep"  # as it is (or decide later: it is starting, or growing)
+    GROW = "grow"  # newcomers join the live members in place
+    SHRINK = "shrink"  # the members on the kept nodes go on in place, the others leave
+    RESTART = "restart"  # stop at a step boundary with a checkpoint, relaunch as planned
+    LAUNCH = "launch"  # not running: a new generation from the checkpoint
+
+
+@dataclass(frozen=True)
+class Move:
+    kind: MoveKind
+    extra: dict[str, int] = field(default_factory=dict)  # GROW: node -> newcomers
+    shrink: Shrink | None = None  # SHRINK: the next generation
+
+
+def move_for(
+    task: TaskRecord,
+    after: int,
+    wanted: dict[str, int],
+    members: Sequence[WorkerRecord],
+    in_place: bool,
+    growing: bool,
+    usable: Callable[[int], bool],
+    generation: int,
+    in_service: Collection[str] | None = None,
+    replica_size: int = 1,
+) -> Move:
+    """How a task goes from its members to ``after`` workers placed as ``wanted`` (node ->
+    count): in place where its recovery mode allows and the placement fits (newcomers only on
+    top of the members where they are; a shrink keeping members on the kept nodes), else by a
+    restart. ``in_place``: the task recovers in process; ``growing``: newcomers are on the way;
+    ``in_service``: the nodes work may stay on (None: all). Members elsewhere (a drained node)
+    move off without losing a step: newcomers first join the live replicas where the plan wants
+    the task, taking their state from them, then those members leave at a step boundary (they
+    leave first where the larger size is not usable)."""
+    if task.state is TaskState.STARTING:
+        return Move(MoveKind.KEEP)  # decide once it runs again (it may be recovering in place)
+    if task.state is not TaskState.RUNNING:
+        return Move(MoveKind.LAUNCH) if after > 0 else Move(MoveKind.KEEP)
+    staying = [w for w in members if in_service is None or w.node in in_service]
+    moving_off = len(staying) < len(members)
+    if growing or (after == task.workers and not moving_off):
+        return Move(MoveKind.KEEP)
+    current: dict[str, int] = {}
+    for w in staying:
+        current[w.node] = current.get(w.node, 0) + 1
+    extra = {n: c - current.get(n, 0) for n, c in wanted.items() if c > current.get(n, 0)}
+    added = sum(extra.values())
+    fits = usable(task.workers + added) if moving_off else added == after - task.workers
+    if in_place and added and fits and (moving_off or after > task.workers):
+        return Move(MoveKind.GROW, extra=extra)
+    if in_place and (moving_off or 0 < after < task.workers):
+        shrink = planned_shrink(members, wanted, usable, generation, replica_size)
+        if shrink is not None:
+            return Move(MoveKind.SHRINK, shrink=shrink)
+    return Move(MoveKind.RESTART)
+
+
+def stranded(snapshot: Snapshot) -> bool:
+    """Whether an active task still has members on a node out of service (being drained)."""
+    healthy = snapshot.healthy()
+    return any(
+        w.node not in healthy
+        for t in snapshot.tasks.values()
+        if t.state.active
+        for w in snapshot.live(t.name)
+    )
+
+
+@dataclass(frozen=True)
+class HeldPlan:
+    """A plan being carried out, with what it was decided from."""
+
+    plan: Plan
+    layout: Assignment
+    names: dict[int, str]  # node id -> name
+    state: ClusterState
+
+
+@dataclass
+class Spare:
+    task: str
+    rank: int  # its identity at the agent: (task, SPARE_GENERATION, rank)
+    node: str
+    local_rank: int
+    since: float
+    used: float | None = None  # when a grow took it (it keeps its entry until renamed)
+
+
+@dataclass
+class Placer:
+    ctx: Context
+    generations: Generations
+    rates: RateMeter
+    allocator: Allocator = field(default_factory=Allocator)
+    spares: dict[tuple[str, int], Spare] = field(default_factory=dict)
+    last_plan: dict[str, int] | None = None
+    last_decided: Plan | None = None  # the plan carried out last (its expected WAF, per task too)
+    pending: list[tuple[str, ...]] = field(default_factory=list)  # submissions not yet planned
+    regrow: set[str] = field(default_factory=set)  # shrunk off a drained node: plan again after
+    # A plan whose launches or grows wait for slots that processes still hold (``slots.py``):
+    # the coordinator carries it out again until they are gone (``carry_out_held``).
+    held: HeldPlan | None = None
+
+    def cluster_state(self, snapshot: Snapshot) -> tuple[ClusterState, dict[int, str]]:
+        """The planner's view of the snapshot: healthy nodes (by id) and where the active tasks'
+        workers are: their members, and the newcomers of a grow under way (the plan that grew
+        the task gave them their slots: without them, a plan decided before they join sees the
+        task short by them, solves the table's state again, and may give their slots away)."""
+        nodes = [n for n in snapshot.nodes.values() if n.state is NodeState.HEALTHY]
+        names = {n.id: n.name for n in nodes}
+        ids = {n.name: n.id for n in nodes}
+        slots = nodes[0].slots if nodes else 1
+        assignment: dict[int, dict[str, int]] = {}
+        live = list(snapshot.tasks.values())
+        for task in live:
+            if task.state.active:
+                for w in [*snapshot.live(task.name), *self._newcomers(task.name)]:
+                    if w.node in ids:
+                        per = assignment.setdefault(ids[w.node], {})
+                        per[task.name] = per.get(task.name, 0) + 1
+        specs = [self.ctx.spec(t.name) for t in live]
+        hardware = self.ctx.settings.cluster
+        gpu = hardware.gpu_type()
+        measured = {s.name: self.rates.measured(s.name) for s in specs}
+        curves: dict[str, ThroughputCurve] = curves_for(specs, gpu, slots, measured)
+        state = ClusterState(
+            slots,
+            gpu,
+            hardware.node_mtbf_hours,
+            hardware.planner,
+            tuple(sorted(names)),
+            assignment,
+            tuple(specs),
+            curves,
+            next_node=max(names, default=0) + 1,
+        )
+        return state, names
+
+    def _newcomers(self, name: str) -> list[WorkerRecord]:
+        """The live newcomers of the task's grow under way, if it has one."""
+        growth = self.generations.growing.get(name)
+        return [] if growth is None else self.ctx.store.workers(name, growth.generation, live=True)
+
+    def submitted(self, names: tuple[str, ...]) -> None:
+        """A submission is queued until the plan table that holds its arrival is built (in the
+        background; ``allocator.poll`` says when), so that it is answered by a lookup too."""
+        self.pending.append(names)
+        self.inputs_changed()
+
+    def inputs_changed(self) -> None:
+        """New measurements or a queued submission: rebuild the plan table for them."""
+        state, _ = self.cluster_state(self.ctx.store.snapshot())
+        queued = {name for names in self.pending for name in names}
+        # Every queued submission is admitted by the next plan: one arrival of them all.
+        group = tuple(t for t in state.tasks if t.name in queued)
+        settled = tuple(t for t in state.tasks if t.name not in queued)
+        arriving = (group,) if group else ()
+        self.allocator.rebuild(replace(state, tasks=settled, arriving=arriving), self.rates.version)
+
+    def reconcile(self) -> None:
+        """Divide the healthy slots with the planner and carry the plan out."""
+        snapshot = self.ctx.store.snapshot()
+        state, names = self.cluster_state(snapshot)
+        if not state.tasks:
+            self.keep_spares(snapshot, state, names, {})  # no task left: no spare has a purpose
+            return
+        decided = self.allocator.decide(state, self.rates.version)
+        self.pending.clear()  # every live task is in this plan
+        best, layout = decided.plan, decided.layout
+        if decided.rebalance and not stranded(snapshot):
+            # Nothing happened but new measurements: move running tasks only for a clear gain.
+            before = sum(d.waf_before for d in best.decisions)
+            if best.waf < before * (1 + self.ctx.limits.rebalance_min_gain):
+                assignment = {n: dict(a) for n, a in state.assignment.items()}
+                self.keep_spares(snapshot, state, names, assignment)
+                return
+        self._record_plan(decided, snapshot)
+        self.last_decided = best
+        self._carry_out_plan(HeldPlan(best, layout, names, state))
+        self.allocator.refresh(state, decided, self.rates.version)
+
+    def carry_out_held(self) -> None:
+        """Carry the held plan out again. Only processes leaving their slots changed since it
+        was decided, so it is not decided anew (the table does not hold the in-between state:
+        each tick of a stop's grace period would solve the plan)."""
+        if self.held is not None:
+            self._carry_out_plan(self.held)
+
+    def _carry_out_plan(self, carried: HeldPlan) -> None:
+        """Each task's part of the plan; the plan is held while any of it waits for slots."""
+        snapshot = self.ctx.store.snapshot()
+        in_use = self.ctx.store.slots_in_use()
+        waiting, layout = False, sorted(carried.layout.items())
+        for decision in carried.plan.decisions:
+            name = decision.task
+            if name not in snapshot.tasks:
+                continue  # a table's answer to a task's end still names it (with no workers)
+            wanted = {carried.names[n]: per[name] for n, per in layout if per.get(name)}
+            waiting |= not self._carry_out(snapshot, decision, wanted, in_use)
+        self.held = carried if waiting else None
+        self.keep_spares(self.ctx.store.snapshot(), carried.state, carried.names, carried.layout)
+
+    def _carry_out(
+        self, snapshot: Snapshot, decision: PlanDecision, wanted: dict[str, int], in_use: dict[str, int]
+    ) -> bool:
+        """One task's part of the plan: in place where it can, else stop and relaunch. New
+        processes start only where they fit beside those still holding slots (``in_use``,
+        node -> processes: counted up as they are started); False: they must wait."""
+        task, name = snapshot.task(decision.task), decision.task
+        spec = self.ctx.spec(name)
+        move = move_for(
+            task,
+            decision.after,
+            wanted,
+            snapshot.live(name),
+            in_place=spec.run.recovery == "in_process",
+            growing=name in self.generations.growing,
+            usable=spec.is_usable,
+            generation=snapshot.next_generation[name],
+            in_service=snapshot.healthy(),
+            replica_size=spec.replica_size,
+        )
+        if move.kind in (MoveKind.GROW, MoveKind.LAUNCH):
+            spares = [s.node for s in self._waiting_spares(name)] if move.kind is MoveKind.GROW else []
+            new = new_processes(move.extra or wanted, spares)
+            slots = {n.name: n.slots for n in snapshot.nodes.values()}
+            if not fits(new, in_use, slots):
+                return False  # the slots are still held: carried out again once they are free
+            for node, count in new.items():
+                in_use[node] = in_use.get(node, 0) + count
+        if move.kind is MoveKind.GROW:
+            self._grow(snapshot, name, move.extra, decision.reason)
+        elif move.kind is MoveKind.SHRINK and move.shrink is not None:
+            self.generations.shrink_planned(snapshot, name, move.shrink, decision.reason)
+            if len(move.shrink.kept) < decision.after:
+                self.regrow.add(name)  # moved off a drained node: grow back once it has shrunk
+        elif move.kind is MoveKind.RESTART:
+            self.ctx.act.record(
+                "task_resize", task=name, before=task.workers, after=decision.after, reason=decision.reason
+            )
+            self.ctx.act.stop_generation(name, task.generation, self.ctx.limits.stop_grace_s)
+            self.ctx.act.task_stopping(name, self.ctx.clock())
+        elif move.kind is MoveKind.LAUNCH:
+            self.launch(task, snapshot.next_generation[name], wanted, decision.reason)
+        return True
+
+    def _waiting_spares(self, name: str) -> list[Spare]:
+        return [s for s in self.spares.values() if s.task == name and s.used is None]
+
+    def _grow(self, snapshot: Snapshot, name: str, extra: dict[str, int], reason: str) -> None:
+        waiting = self._waiting_spares(name)
+        offered = [(s.rank, s.node, s.local_rank) for s in waiting]
+        used = self.generations.grow(snapshot, name, extra, reason, offered)
+        now = self.ctx.clock()
+        for s in waiting:
+            if s.rank in used:
+                s.used = now
+
+    def _record_plan(self, decided: Decided, snapshot: Snapshot) -> None:
+        """A plan event whenever the plan changes a task: where it came from, the event it
+        answers (a node by its name, any state: a lost node is no longer among the healthy),
+        and what it does."""
+        tasks = snapshot.tasks
+        changes = {
+            d.task: [tasks[d.task].workers, d.after]
+            for d in decided.plan.decisions
+            if d.task in tasks and d.after != tasks[d.task].workers
+        }
+        if not changes or decided.plan.allocation() == self.last_plan:
+            return  # nothing to change, or a change already under way
+        self.last_plan = decided.plan.allocation()
+        self.ctx.act.record(
+            "plan",
+            source=decided.source,
+            answers=None if decided.event is None else named(decided.event, _node_names(snapshot)),
+            why=decided.why or None,
+            seconds=round(decided.seconds, 6),
+            allocation=decided.plan.allocation(),
+            changes=changes,
+            waf=decided.plan.waf,
+        )
+
+    def launch(self, task: TaskRecord, generation: int, placement: dict[str, int], reason: str) -> None:
+        """A new generation of the task from its checkpoint (the first launch, or a restart)."""
+        name = task.name
+        world = sum(placement.values())
+        port = self.ctx.act.rendezvous.host(name, task.store_port or 0)
+        env = self.ctx.worker_env(name, generation, world, port)
+        now = self.ctx.clock()
+        argv = list(self.ctx.spec(name).run.program)
+        self.ctx.act.launch(Launch(name, generation, world, placement, 0, argv, env), now)
+        self.ctx.act.task_launched(name, generation, world, port, now)
+        self.ctx.act.record(
+            "task_launch",
+            task=name,
+            generation=generation,
+            workers=world,
+            placement=placement,
+            resume_from=task.checkpoint_step,
+            reason=reason,
+        )
+
+    # ------------------------------------------------------------------ hot spares
+    def rebuild_spares(self) -> None:
+        """After a restart (or a takeover): the spares still waiting are those the store lists
+        (their rows), so that a grow uses them and the plan stops them when it needs their slot."""
+        for task in self.ctx.store.tasks(live_only=True):
+            for w in self.ctx.store.workers(task.name, SPARE_GENERATION, live=False):
+                if w.state is WorkerPhase.SPARE:
+                    self.spares[(w.task, w.rank)] = Spare(w.task, w.rank, w.node, w.local_rank, w.launched)
+
+    def keep_spares(
+        self, snapshot: Snapshot, state: ClusterState, names: dict[int, str], layout: Assignment
+    ) -> None:
+        """Stop spares whose slot the plan uses or whose task no longer runs; start spares on
+        the slots the plan leaves idle, for the tasks that gain most from them."""
+        now = self.ctx.clock()
+        planned = {names[n]: sum(per.values()) for n, per in layout.items()}
+        healthy = set(names.values())
+        self._drop_stale_spares(snapshot, healthy, now)
+        waiting = [s for s in self.spares.values() if s.used is None]
+        places = [(s.task, s.node) for s in waiting]
+        sits = seated(places, self._growth_seats(snapshot, names, layout))
+        for i in in_the_way(places, sits, planned, state.gpus_per_node):
+            self.drop_spare((waiting[i].task, waiting[i].rank), stop=True)  # the plan needs its slot
+        if self.ctx.limits.hot_spares == 0 or not state.tasks:
+            return
+        kept = [(s, sat) for s, sat in zip(waiting, sits, strict=True) if (s.task, s.rank) in self.spares]
+        free = {  # a spare in one of the plan's seats is counted in ``planned`` already
+            n: state.gpus_per_node - planned.get(n, 0) - sum(1 for s, sat in kept if s.node == n and not sat)
+            for n in healthy
+        }
+        running = {
+            n: t.workers
+            for n, t in snapshot.tasks.items()
+            if t.state is TaskState.RUNNING and n not in self.generations.growing
+        }
+        gains = spare_gains([self.ctx.spec(n) for n in running], running, state.curves)
+        have: dict[str, int] = {}
+        for s, _ in kept:
+            have[s.task] = have.get(s.task, 0) + 1
+        homes = {name: {w.node for w in snapshot.live(name)} for name in running}
+        for name, node in choose(free, gains, have, homes, self.ctx.limits.hot_spares):
+            self._launch_spare(name, node, now)
+
+    def _drop_stale_spares(self, snapshot: Snapshot, healthy: set[str], now: float) -> None:
+        """Forget spares renamed long ago (ordinary workers now); drop those on a node out of
+        service, and stop those whose task no longer runs."""
+        for key, spare in list(self.spares.items()):
+            task = snapshot.tasks.get(spare.task)
+            if spare.used is not None:
+                if now - spare.used > self.ctx.limits.launch_timeout_s:
+                    del self.spares[key]
+            elif spare.node not in healthy:
+                self.drop_spare(key, stop=False)
+            elif task is None or not task.state.active:
+                self.drop_spare(key, stop=True)
+
+    def _growth_seats(
+        self, snapshot: Snapshot, names: dict[int, str], layout: Assignment
+    ) -> dict[tuple[str, str], int]:
+        """(task, node) -> the newcomers the plan will grow a running task by on that node in
+        place (more workers there than it has live): seats its own spares may fill."""
+        seats: dict[tuple[str, str], int] = {}
+        for n, per in layout.items():
+            for name, count in per.items():
+                task, spec = snapshot.tasks.get(name), self.ctx.spec(name)
+                if task is None or not task.state.active or spec.run.recovery != "in_process":
+                    continue
+                live = snapshot.live(name)
+                here = sum(1 for w in live if w.node == names[n])
+                if live and count > here:
+                    seats[(name, names[n])] = count - here
+        return seats
+
+    def _launch_spare(self, name: str, node: str, now: float) -> None:
+        task = self.ctx.store.get_task(name)
+        highest = self.ctx.store.max_rank(name, SPARE_GENERATION)
+        rank = max(1000, highest + 1 if highest is not None else 1000)
+        env = self.ctx.worker_env(name, SPARE_GENERATION, 0, task.store_port, spare=True)
+        argv = list(self.ctx.spec(name).run.program)
+        launch = Launch(name, SPARE_GENERATION, 0, {node: 1}, rank, argv, env, WorkerPhase.SPARE)
+        (added,) = self.ctx.act.launch(launch, now)
+        self.spares[(name, rank)] = Spare(name, rank, node, added.local_rank, now)
+        self.ctx.act.record("spare_launched", task=name, node=node, rank=rank)
+
+    def drop_spare(self, key: tuple[str, int], stop: bool) -> None:
+        spare = self.spares.pop(key, None)
+        if spare is None:
+            return
+        self.ctx.act.drop_spare(spare.task, spare.rank, spare.node, stop)
+        self.ctx.act.record("spare_stopped", task=spare.task, node=spare.node, rank=spare.rank)
+
+
+def _node_names(snapshot: Snapshot) -> dict[int, str]:
+    return {n.id: n.name for n in snapshot.nodes.values()}

@@ -1,0 +1,240 @@
+"""Generations: the membership arithmetic of in-place shrinks and grows, and carrying them out.
+
+A generation is one membership of a task's workers. Survivors of a failure, or the members a
+planned shrink keeps, form the next generation without restarting (they rebuild their process
+group from the membership posted in the task's store); newcomers of a grow join live members at
+a step boundary and take their state from them. The arithmetic is pure (``survivors``,
+``planned_shrink``, ``grown``); :class:`Generations` carries it out through the applier.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+from unicron.control.act.effects import Launch, Switch
+from unicron.control.context import Context
+from unicron.control.place.slots import new_processes
+from unicron.control.store.records import WorkerRecord
+from unicron.control.store.snapshot import Snapshot
+from unicron.core.protocol import Membership, ready_key
+from unicron.core.states import WorkerPhase
+
+
+@dataclass(frozen=True)
+class Shrink:
+    membership: Membership
+    kept: list[WorkerRecord]
+    left: list[WorkerRecord]  # live workers that do not go on (failed, or let go by the plan)
+
+
+def whole_replicas(kept: Sequence[WorkerRecord], size: int) -> list[WorkerRecord]:
+    """Those of ``kept`` whose replica (ranks ``r * size`` to ``r * size + size - 1`` of their
+    generation) is kept whole: a sharded replica is useless without any one of its shards."""
+    counts = Counter(w.rank // size for w in kept)
+    return [w for w in kept if counts[w.rank // size] == size]
+
+
+def survivors(
+    live: Sequence[WorkerRecord],
+    failed: Collection[int],
+    healthy: Collection[str],
+    usable: Callable[[int], bool],
+    generation: int,
+    replica_size: int = 1,
+) -> Shrink | str:
+    """The next generation after ``failed`` ranks (and every rank on a node no longer healthy)
+    are gone: the largest usable number of survivors, lowest ranks first; with replicas, only
+    whole ones (the other members of a failed rank's replica leave with it). A string says why
+    there is none."""
+    alive = [w for w in live if w.rank not in failed and w.node in healthy]
+    alive = whole_replicas(alive, replica_size)
+    keep = max((k for k in range(len(alive), 0, -1) if usable(k)), default=0)
+    if keep == 0:
+        return f"{len(alive)} survivor(s), no usable size"
+    kept = alive[:keep]
+    gone = set(failed) | {w.rank for w in live if w.node not in healthy}
+    membership = Membership(
+        generation=generation,
+        world_size=keep,
+        ranks={w.rank: i for i, w in enumerate(kept)},
+        failed=sorted(gone),
+    )
+    staying = {w.key for w in kept}
+    return Shrink(membership, kept, [w for w in live if w.key not in staying])
+
+
+def planned_shrink(
+    live: Sequence[WorkerRecord],
+    wanted: dict[str, int],
+    usable: Callable[[int], bool],
+    generation: int,
+    replica_size: int = 1,
+) -> Shrink | None:
+    """Keep the members on the nodes the placement keeps (``wanted``: node -> count), in whole
+    replicas; None when that leaves nobody, loses nobody, or an unusable size."""
+    quota = dict(wanted)
+    kept = []
+    for w in sorted(live, key=lambda w: w.rank):
+        if quota.get(w.node, 0) > 0:
+            kept.append(w)
+            quota[w.node] -= 1
+    kept = whole_replicas(kept, replica_size)
+    staying = {w.rank for w in kept}
+    left = [w for w in sorted(live, key=lambda w: w.rank) if w.rank not in staying]
+    if not kept or not left or not usable(len(kept)):
+        return None
+    membership = Membership(
+        generation=generation, world_size=len(kept), ranks={w.rank: i for i, w in enumerate(kept)}
+    )
+    return Shrink(membership, kept, left)
+
+
+def grown(live: Sequence[WorkerRecord], added: int, generation: int) -> tuple[Membership, list[int]]:
+    """Live members keep their ranks; ``added`` newcomers take the next ones."""
+    membership = Membership(
+        generation=generation, world_size=len(live) + added, ranks={w.rank: w.rank for w in live}
+    )
+    return membership, list(range(len(live), len(live) + added))
+
+
+@dataclass
+class Growth:
+    generation: int  # the generation newcomers joined
+    membership: Membership
+    newcomers: list[int]  # their ranks in that generation
+    since: float
+
+
+@dataclass
+class Generations:
+    ctx: Context
+    growing: dict[str, Growth] = field(default_factory=dict)  # task -> newcomers not yet joined
+    # (task, generation, rank) -> deadline: workers a planned shrink let go, exiting by themselves
+    leaving: dict[tuple[str, int, int], float] = field(default_factory=dict)
+
+    def in_place(self, name: str) -> bool:
+        """Whether the task's membership may change in place now."""
+        return self.ctx.spec(name).run.recovery == "in_process" and name not in self.growing
+
+    def shrink_planned(self, snapshot: Snapshot, name: str, shrink: Shrink, reason: str) -> None:
+        """Give up workers the plan takes from a running task, in place (``placing.move_for``
+        decided ``shrink``): the members it keeps form the next generation at their next step
+        boundary; the others leave there, having lost nothing."""
+        task, now = snapshot.task(name), self.ctx.clock()
+        kept = {w: shrink.membership.ranks[w.rank] for w in shrink.kept}
+        self.ctx.act.switch(Switch(name, task.generation, shrink.membership, kept), now)
+        for w in shrink.left:
+            # They leave at their next step boundary; one that does not is stopped.
+            self.leaving[w.key] = now + self.ctx.limits.hang_cap_s
+        self.ctx.act.record(
+            "task_shrink",
+            task=name,
+            generation=shrink.membership.generation,
+            before=len(snapshot.live(name)),
+            workers=len(shrink.kept),
+            leaving=[w.rank for w in shrink.left],
+            reason=reason,
+        )
+
+    def grow(
+        self,
+        snapshot: Snapshot,
+        name: str,
+        placement: dict[str, int],
+        reason: str,
+        spares: list[tuple[int, str, int]],
+    ) -> list[int]:
+        """Newcomers for the task's next generation, from hot spares (rank, node, local slot)
+        first, then new processes; the live members make room for them at a step boundary once
+        they are ready. Returns the spares used."""
+        ctx = self.ctx
+        task, live = snapshot.task(name), snapshot.live(name)
+        generation = snapshot.next_generation[name]
+        membership, newcomers = grown(live, sum(placement.values()), generation)
+        world = membership.world_size
+        now = ctx.clock()
+        used = []
+        for (spare_rank, node, local), rank in zip(spares, newcomers, strict=False):
+            ctx.act.use_spare(name, spare_rank, node, local, generation, rank, world, now)
+            used.append(spare_rank)
+        env = ctx.worker_env(name, generation, world, task.store_port, joining=True)
+        placement = new_processes(placement, [node for _, node, _ in spares])
+        argv = list(ctx.spec(name).run.program)
+        ctx.act.launch(Launch(name, generation, world, placement, len(live) + len(used), argv, env), now)
+        self.growing[name] = Growth(generation, membership, newcomers, now)
+        ctx.act.record(
+            "task_grow",
+            task=name,
+            generation=generation,
+            workers=world,
+            placement=placement,
+            spares_used=used,
+            reason=reason,
+        )
+        return used
+
+    def cancel_growth(self, name: str) -> None:
+        """A failure struck while newcomers were waiting to join: they are stopped (the next
+        plan may grow the task again)."""
+        if name in self.growing:
+            self._drop_growth(name, "task_grow_cancelled", "a failure struck first")
+
+    def check_growth(self, name: str, now: float) -> bool:
+        """Let ready newcomers in; True when the task grew."""
+        growth = self.growing[name]
+        store = self.ctx.store
+        task = store.task(name)
+        if task is None or not task.state.active:
+            del self.growing[name]
+            return False
+        if task.step >= self.ctx.spec(name).run.iterations:
+            # Training is over: the members will not come to another step boundary to let the
+            # newcomers in (they save and exit), so the newcomers would wait for nothing.
+            self._drop_growth(name, "task_grow_failed", "training ended")
+            return False
+        keys = [ready_key(name, growth.generation, r) for r in growth.newcomers]
+        if self.ctx.act.rendezvous.ready(name, keys):
+            live = store.workers(name, task.generation, live=True)
+            kept = {w: growth.membership.ranks[w.rank] for w in live if w.rank in growth.membership.ranks}
+            self.ctx.act.switch(Switch(name, task.generation, growth.membership, kept), now)
+            self.ctx.act.task_membership(name, growth.generation, growth.membership.world_size)
+            self.ctx.act.record(
+                "task_grown",
+                task=name,
+                generation=growth.generation,
+                workers=growth.membership.world_size,
+                waited_s=round(now - growth.since, 3),
+            )
+            del self.growing[name]
+            return True
+        if now - growth.since > self.ctx.limits.launch_timeout_s:
+            self._drop_growth(name, "task_grow_failed", "the newcomers were not ready in time")
+        return False
+
+    def _drop_growth(self, name: str, event: str, why: str) -> None:
+        """Give a grow up: stop exactly its newcomers (a generation-wide stop would reach the
+        members too: it stops every generation up to the one named)."""
+        growth = self.growing.pop(name)
+        for w in self.ctx.store.workers(name, growth.generation, live=True):
+            self.ctx.act.stop_worker(w, 0.0)
+        self.ctx.act.end_workers(name, growth.generation, WorkerPhase.STOPPED)
+        self.ctx.act.record(event, task=name, generation=growth.generation, why=why)
+
+    def is_leaving(self, key: tuple[str, int, int], now: float) -> bool:
+        due = self.leaving.get(key)
+        return due is None or now < due
+
+    def forget_left(self, now: float) -> None:
+        self.leaving = {k: due for k, due in self.leaving.items() if due > now - 60.0}
+
+    def orphaned_newcomers(self) -> None:
+        """After a coordinator restart: newcomers of a grow that was in flight cannot join any
+        more (the plan to let them in was in memory); stop them, the planner may grow again."""
+        store = self.ctx.store
+        for task in store.tasks(live_only=True):
+            for g in range(task.generation + 1, store.max_generation(task.name) + 1):
+                for w in store.workers(task.name, g, live=True):
+                    self.ctx.act.stop_worker(w, 0.0)
+                self.ctx.act.end_workers(task.name, g, WorkerPhase.STOPPED)

@@ -1,0 +1,1 @@
+"""The service: the HTTP API, the agents' channel, tokens and their checks, the dashboard."""

@@ -1,0 +1,1 @@
+"""The store: typed rows, their backends (SQLite, etcd), the journal, leadership."""

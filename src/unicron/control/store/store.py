@@ -1,0 +1,514 @@
+"""The coordinator's durable state: nodes, tasks, workers (slots held per generation), the
+iterations already counted, and events, over a backend (``backend.py``: SQLite or etcd).
+
+Every operation is named for what it does and returns typed records (``records.py``). The state
+is held in memory and read from there; a change is decided there, written through the backend
+at once (all its rows or none), and only then applied in memory, so a restarted coordinator
+loses nothing and a refused write (:class:`Fenced`: another coordinator leads) changes nothing.
+State changes are checked against the transition tables of ``core.states``: an illegal one
+raises :class:`IllegalTransition` and writes nothing.
+
+A node's ``last_seen`` is the one field kept in memory only between its other changes: writing
+every heartbeat (four thousand a second at 2,048 agents) would load the backend for nothing,
+since a coordinator that starts gives every node a full deadline anyway (``silent_nodes``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from unicron.control.store.backend import Backend, Change, Delete, Put, Table, WorkerKey
+from unicron.control.store.journal import Journal
+from unicron.control.store.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord, row
+from unicron.control.store.snapshot import Snapshot
+from unicron.core.errors import Conflict, NotFound
+from unicron.core.kept import K, Kept, read_kept
+from unicron.core.states import (
+    LIVE_TASK_STATES,
+    LIVE_WORKER_PHASES,
+    NODE_TRANSITIONS,
+    SLOT_HOLDING_PHASES,
+    TASK_TRANSITIONS,
+    WORKER_TRANSITIONS,
+    NodeState,
+    TaskState,
+    WorkerPhase,
+    check,
+    sources,
+)
+
+
+@dataclass
+class _Batch:
+    """The records one operation changes, written together."""
+
+    tasks: list[TaskRecord] = field(default_factory=list)
+    nodes: list[NodeRecord] = field(default_factory=list)
+    workers: list[WorkerRecord] = field(default_factory=list)
+    counted: dict[WorkerKey, int] = field(default_factory=dict)
+    kept: dict[str, Any] = field(default_factory=dict)
+    removed_nodes: list[str] = field(default_factory=list)
+
+    def changes(self) -> list[Change]:
+        out: list[Change] = [Put(Table.TASKS, (t.name,), row(t)) for t in self.tasks]
+        out += [Put(Table.NODES, (n.name,), row(n)) for n in self.nodes]
+        out += [Put(Table.WORKERS, w.key, row(w)) for w in self.workers]
+        out += [
+            Put(Table.COUNTED, key, {"task": key[0], "generation": key[1], "rank": key[2], "step": step})
+            for key, step in self.counted.items()
+        ]
+        out += [Put(Table.KEPT, (name,), {"name": name, "value": value}) for name, value in self.kept.items()]
+        return out + [Delete(Table.NODES, (name,)) for name in self.removed_nodes]
+
+
+class Store:
+    def __init__(self, backend: Backend, journal: Journal | None = None) -> None:
+        """``journal``: write behind (the service's way, ``journal.py``); without one, each
+        change is written before it is held (tests, tools)."""
+        self.backend, self.journal = backend, journal
+        self._lock = threading.RLock()
+        loaded = backend.load()
+        self._next_event = loaded.last_event_id + 1
+        self._tasks = {t.name: t for t in sorted(loaded.tasks, key=lambda t: t.submitted)}
+        self._nodes = {n.name: n for n in sorted(loaded.nodes, key=lambda n: n.id)}
+        self._workers: dict[str, dict[tuple[int, int], WorkerRecord]] = {}
+        # The same rows by task and generation (rank -> row): a generation's members are read on
+        # every decision, and a task's rows of all its generations grow with every recovery.
+        self._generations: dict[str, dict[int, dict[int, WorkerRecord]]] = {}
+        # The rows holding a slot, by key (slot checks read them; ``_workers`` keeps every row).
+        self._holding: dict[WorkerKey, WorkerRecord] = {}
+        for w in loaded.workers:
+            self._hold(w)
+        self._counted = dict(loaded.counted)
+        self._kept = dict(loaded.kept)
+        self._next_node_id = max((n.id for n in loaded.nodes), default=0) + 1
+
+    def _commit(self, batch: _Batch) -> None:
+        """Write ``batch`` through the backend, then (only if that worked) hold it in memory;
+        with a journal, hold it and queue its write."""
+        if self.journal is None:
+            self.backend.write(batch.changes())
+        else:
+            self.journal.put(batch.changes())
+        for t in batch.tasks:
+            self._tasks[t.name] = t
+        for n in batch.nodes:
+            self._nodes[n.name] = n
+        for w in batch.workers:
+            self._hold(w)
+        self._counted.update(batch.counted)
+        self._kept.update(batch.kept)
+        for name in batch.removed_nodes:
+            self._nodes.pop(name, None)
+
+    def snapshot(self, only: str | None = None) -> Snapshot:
+        """Live tasks (``only``: that one alone), nodes and each live task's current members, in
+        one read. A decision about one task reads only it: at 100 tasks, the members of all of
+        them were most of a recovery's time."""
+        with self._lock:
+            tasks = [t for t in self.tasks(live_only=True) if only is None or t.name == only]
+            return Snapshot(
+                tasks={t.name: t for t in tasks},
+                nodes=dict(self._nodes),
+                members={t.name: tuple(self.workers(t.name, t.generation, live=True)) for t in tasks},
+                next_generation={t.name: max(t.generation, self.max_generation(t.name)) + 1 for t in tasks},
+            )
+
+    # ------------------------------------------------------------ tasks
+    def task(self, name: str) -> TaskRecord | None:
+        return self._tasks.get(name)
+
+    def get_task(self, name: str) -> TaskRecord:
+        task = self.task(name)
+        if task is None:
+            raise NotFound(f"no task named {name!r}")
+        return task
+
+    def tasks(self, live_only: bool = False) -> list[TaskRecord]:
+        with self._lock:
+            return [t for t in self._tasks.values() if not live_only or t.state in LIVE_TASK_STATES]
+
+    def add_task(self, name: str, spec_json: str, now: float) -> None:
+        with self._lock:
+            if name in self._tasks:
+                raise Conflict(f"a task named {name!r} exists; choose another name")
+            new = TaskRecord(
+                name=name, spec=spec_json, state=TaskState.WAITING, generation=0, workers=0, step=0,
+                checkpoint_step=0, store_port=0, failures=0, restarts=0, down_since=None,
+                downtime_s=0.0, samples=0, flop=0.0, digest=None, submitted=now, started=None,
+                finished=None, reason=None, launched_generation=0, redo_until=0,
+            )  # fmt: skip
+            self._commit(_Batch(tasks=[new]))
+
+    def _moved(self, name: str, to: TaskState, **changes: Any) -> None:
+        """Move task ``name`` to state ``to`` (a legal transition) with ``changes``, at once."""
+        with self._lock:
+            task = self.get_task(name)
+            check(f"task {name}", TASK_TRANSITIONS, task.state, to)
+            self._commit(_Batch(tasks=[replace(task, state=to, **changes)]))
+
+    def _changed(self, name: str, **changes: Any) -> None:
+        """Change fields of task ``name`` (nothing happens to a task that is unknown)."""
+        with self._lock:
+            if (task := self.task(name)) is not None:
+                self._commit(_Batch(tasks=[replace(task, **changes)]))
+
+    def task_launched(self, name: str, generation: int, workers: int, port: int, now: float) -> None:
+        """A generation was launched from a checkpoint (the first launch or a restart)."""
+        task = self.get_task(name)
+        self._moved(
+            name, TaskState.STARTING, generation=generation, launched_generation=generation,
+            workers=workers, store_port=port, restarts=task.restarts + int(generation > 1),
+            started=task.started if task.started is not None else now, redo_until=task.step,
+        )  # fmt: skip
+
+    def task_down(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
+        """A failure took the task down: it recovers (starting in place, or restarting) or fails."""
+        task = self.get_task(name)
+        self._moved(
+            name, to, failures=task.failures + 1,
+            down_since=task.down_since if task.down_since is not None else now,
+            finished=now if to is TaskState.FAILED else task.finished,
+            reason=reason if reason is not None else task.reason,
+        )  # fmt: skip
+
+    def task_stopping(self, name: str, now: float) -> None:
+        """The plan stops the task's generation at a step boundary, to relaunch it."""
+        task = self.get_task(name)
+        down = task.down_since if task.down_since is not None else now
+        self._moved(name, TaskState.RESTARTING, down_since=down)
+
+    def task_ended(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
+        """Finished, cancelled or failed (without a new failure to count)."""
+        task = self.get_task(name)
+        self._moved(name, to, finished=now, reason=reason if reason is not None else task.reason)
+
+    def task_waiting(self, name: str) -> None:
+        """No workers: stopped for a relaunch, or queued with no slots for it."""
+        self._moved(name, TaskState.WAITING, workers=0)
+
+    def task_running(self, name: str, now: float) -> float | None:
+        """The generation completed a step; returns the downtime that ended, if any."""
+        with self._lock:
+            task = self.get_task(name)
+            down = now - task.down_since if task.down_since is not None else None
+            self._moved(name, TaskState.RUNNING, downtime_s=task.downtime_s + (down or 0.0), down_since=None)
+            return down
+
+    def task_membership(self, name: str, generation: int, workers: int) -> None:
+        """The task's workers now form ``generation`` (in place: nothing restarted)."""
+        self._changed(name, generation=generation, workers=workers)
+
+    def task_store_port(self, name: str, port: int) -> None:
+        self._changed(name, store_port=port)
+
+    def task_checkpointed(self, name: str, step: int) -> None:
+        with self._lock:
+            if (task := self.task(name)) is not None:
+                self._changed(name, checkpoint_step=max(task.checkpoint_step, step))
+
+    def task_done(self, name: str, step: int, digest: str) -> None:
+        with self._lock:
+            if (task := self.task(name)) is not None:
+                self._changed(name, digest=digest, step=max(task.step, step))
+
+    def count_iteration(
+        self, name: str, generation: int, rank: int, step: int, samples: int, flop: float
+    ) -> bool:
+        """Count a rank's completed step once: False (nothing counted) for a report seen before.
+        A step trained again after a restart from a checkpoint (up to ``redo_until``) is not
+        progress: it adds nothing to the samples and FLOP achieved (the WAF)."""
+        with self._lock:
+            key = (name, generation, rank)
+            if (seen := self._counted.get(key)) is not None and seen >= step:
+                return False
+            batch = _Batch(counted={key: step})
+            if (task := self.task(name)) is not None:
+                progress = step > task.redo_until
+                batch.tasks.append(
+                    replace(
+                        task,
+                        samples=task.samples + (samples if progress else 0),
+                        flop=task.flop + (flop if progress else 0.0),
+                        step=max(task.step, step),
+                    )
+                )
+            self._commit(batch)
+            return True
+
+    # ------------------------------------------------------------ nodes
+    def node(self, name: str) -> NodeRecord | None:
+        return self._nodes.get(name)
+
+    def nodes(self) -> list[NodeRecord]:
+        with self._lock:
+            return list(self._nodes.values())
+
+    def another_node(self, name: str) -> NodeRecord | None:
+        """Any node but ``name`` (the first registered), without a pass over them all."""
+        with self._lock:
+            return next((n for n in self._nodes.values() if n.name != name), None)
+
+    def node_registered(
+        self,
+        name: str,
+        slots: int,
+        gpus: list[str],
+        host: str,
+        state: NodeState,
+        now: float,
+        probe_port: int = 0,
+    ) -> None:
+        with self._lock:
+            known = self.node(name)
+            if known is None:
+                node = NodeRecord(self._next_node_id, name, slots, list(gpus), host, state, now, probe_port)
+                self._next_node_id += 1
+            else:
+                check(f"node {name}", NODE_TRANSITIONS, known.state, state)
+                node = replace(
+                    known,
+                    slots=slots,
+                    gpus=list(gpus),
+                    host=host,
+                    state=state,
+                    last_seen=now,
+                    probe_port=probe_port,
+                )
+            self._commit(_Batch(nodes=[node]))
+
+    def node_seen(self, name: str, now: float) -> None:
+        """A heartbeat: held in memory only (see the module's docstring)."""
+        with self._lock:
+            if (node := self.node(name)) is not None:
+                self._nodes[name] = replace(node, last_seen=now)
+
+    def remove_node(self, name: str) -> None:
+        with self._lock:
+            self._commit(_Batch(removed_nodes=[name]))
+
+    def node_state(self, name: str, to: NodeState) -> None:
+        with self._lock:
+            node = self.node(name)
+            if node is None:
+                raise NotFound(f"no node named {name!r}")
+            check(f"node {name}", NODE_TRANSITIONS, node.state, to)
+            self._commit(_Batch(nodes=[replace(node, state=to)]))
+
+    # ------------------------------------------------------------ workers
+    def workers(self, task: str, generation: int | None = None, live: bool = False) -> list[WorkerRecord]:
+        with self._lock:
+            if generation is not None:
+                rows = self._generations.get(task, {}).get(generation, {})
+                return [w for _, w in sorted(rows.items()) if not live or w.state.live]
+            found = [w for w in self._workers.get(task, {}).values() if not live or w.state.live]
+        return sorted(found, key=lambda w: (w.generation, w.rank))
+
+    def worker(self, task: str, generation: int, rank: int) -> WorkerRecord | None:
+        return self._workers.get(task, {}).get((generation, rank))
+
+    def _hold(self, w: WorkerRecord) -> None:
+        self._workers.setdefault(w.task, {})[(w.generation, w.rank)] = w
+        self._generations.setdefault(w.task, {}).setdefault(w.generation, {})[w.rank] = w
+        if w.state in SLOT_HOLDING_PHASES:
+            self._holding[w.key] = w
+        else:
+            self._holding.pop(w.key, None)
+
+    def workers_in(self, phases: Iterable[WorkerPhase]) -> list[WorkerRecord]:
+        """Rows in ``phases``, slot-holding ones only: read from their index, not every row."""
+        wanted = set(phases)
+        assert wanted <= set(SLOT_HOLDING_PHASES), f"{wanted} hold no slot: read the task's rows"
+        with self._lock:
+            return [w for w in self._holding.values() if w.state in wanted]
+
+    def live_workers_on(self, node: str) -> list[WorkerRecord]:
+        return sorted((w for w in self.workers_in(LIVE_WORKER_PHASES) if w.node == node), key=lambda w: w.key)
+
+    def slots_in_use(self) -> dict[str, int]:
+        """node -> processes holding a local slot there (workers of any task, hot spares)."""
+        return dict(Counter(w.node for w in self.workers_in(SLOT_HOLDING_PHASES)))
+
+    def held_slots(self) -> dict[str, dict[str, int]]:
+        """node -> task -> live workers there."""
+        held: dict[str, dict[str, int]] = {}
+        for w in self.workers_in(LIVE_WORKER_PHASES):
+            held.setdefault(w.node, Counter())[w.task] += 1
+        return held
+
+    def max_generation(self, task: str) -> int:
+        with self._lock:
+            return max(self._generations.get(task, {}), default=0)
+
+    def max_rank(self, task: str, generation: int) -> int | None:
+        with self._lock:
+            return max(self._generations.get(task, {}).get(generation, {}), default=None)
+
+    def add_workers(
+        self,
+        task: str,
+        generation: int,
+        placement: dict[str, int],
+        first_rank: int,
+        phase: WorkerPhase,
+        now: float,
+    ) -> list[WorkerRecord]:
+        """Record workers for ``placement`` (node -> count), ranks from ``first_rank`` on, each on
+        a local slot (device) that no worker or spare of any task holds on its node."""
+        with self._lock:
+            holding = self.workers_in(SLOT_HOLDING_PHASES)
+            added: list[WorkerRecord] = []
+            rank = first_rank
+            for node, count in placement.items():
+                taken = {w.local_rank for w in holding if w.node == node}
+                for local in [i for i in range(len(taken) + count) if i not in taken][:count]:
+                    added.append(
+                        WorkerRecord(task, generation, rank, node, local, phase, None, None, None, now)
+                    )
+                    rank += 1
+            self._commit(_Batch(workers=added))
+            return added
+
+    def worker_phase(
+        self,
+        key: tuple[str, int, int],
+        to: WorkerPhase,
+        pid: int | None = None,
+        code: int | None = None,
+        signal: int | None = None,
+    ) -> bool:
+        """Move one worker to ``to``; False when it is unknown or already ended (a late report
+        about a worker that was since declared lost or stopped changes nothing)."""
+        with self._lock:
+            worker = self.worker(*key)
+            if worker is None:
+                return False
+            if worker.state != to and not WORKER_TRANSITIONS[worker.state]:
+                return False  # ended already: the first verdict stands
+            check(f"worker {key}", WORKER_TRANSITIONS, worker.state, to)
+            moved = replace(
+                worker,
+                state=to,
+                pid=pid if pid is not None else worker.pid,
+                exit_code=code if code is not None else worker.exit_code,
+                exit_signal=signal if signal is not None else worker.exit_signal,
+            )
+            self._commit(_Batch(workers=[moved]))
+            return True
+
+    def _ended(self, workers: Iterable[WorkerRecord], to: WorkerPhase) -> list[WorkerRecord]:
+        return [replace(w, state=to) for w in workers]
+
+    def end_workers(self, task: str, generation: int, to: WorkerPhase) -> None:
+        """Every live worker of a generation becomes ``to`` (stopped, or moved to the next one)."""
+        entering = set(sources(WORKER_TRANSITIONS, to))
+        with self._lock:
+            chosen = [w for w in self.workers(task, generation, live=True) if w.state.value in entering]
+            self._commit(_Batch(workers=self._ended(chosen, to)))
+
+    def switch_generation(
+        self, task: str, old: int, new: int, kept: dict[WorkerRecord, int], now: float
+    ) -> None:
+        """Survivors ``kept`` (record -> new rank) form generation ``new``: their rows of ``old``
+        become moved, each gets a running row in ``new``, and the task follows, in one commit."""
+        with self._lock:
+            batch = _Batch(workers=self._ended(self.workers(task, old, live=True), WorkerPhase.MOVED))
+            batch.workers += [
+                WorkerRecord(
+                    task, new, rank, w.node, w.local_rank, WorkerPhase.RUNNING, w.pid, None, None, now
+                )
+                for w, rank in kept.items()
+            ]
+            if (record := self.task(task)) is not None:
+                batch.tasks.append(replace(record, generation=new, workers=len(kept)))
+            self._commit(batch)
+
+    def spare_used(
+        self, task: str, spare_rank: int, generation: int, rank: int, node: str, local: int, now: float
+    ) -> None:
+        """A hot spare takes a newcomer's identity: its spare row is used, the newcomer's recorded."""
+        with self._lock:
+            spare = self.worker(task, 0, spare_rank)
+            batch = _Batch(workers=[] if spare is None or spare.state is not WorkerPhase.SPARE else [
+                replace(spare, state=WorkerPhase.USED)
+            ])  # fmt: skip
+            batch.workers.append(
+                WorkerRecord(
+                    task, generation, rank, node, local, WorkerPhase.LAUNCHING, None, None, None, now
+                )
+            )
+            self._commit(batch)
+
+    def lose_node_workers(self, node: str) -> list[WorkerRecord]:
+        """A node was lost: its live workers are lost too; returns them as they were."""
+        with self._lock:
+            lost = self.live_workers_on(node)
+            self._commit(_Batch(workers=self._ended(lost, WorkerPhase.LOST)))
+            return lost
+
+    # ------------------------------------------------------------ what the parts keep
+    def kept(self, name: str) -> Any:
+        """What was kept under ``name`` (plain JSON data), or None."""
+        return self._kept.get(name)
+
+    def keep(self, name: str, value: Any) -> None:
+        """Keep ``value`` (plain JSON data) under ``name``, replacing what was kept there."""
+        with self._lock:
+            self._commit(_Batch(kept={name: value}))
+
+    def kept_record(self, kind: type[K]) -> K | None:
+        """The typed record kept under its name (``core/kept.py``), validated; None: none kept."""
+        return read_kept(kind, self.kept(kind.NAME))
+
+    def keep_record(self, record: Kept) -> None:
+        """Keep a typed record under its name, replacing the one kept there."""
+        self.keep(record.NAME, record.model_dump(mode="json"))
+
+    # ------------------------------------------------------------ the event log
+    def event(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
+        """Record that ``what`` happened, to ``task`` and/or on ``node``; returns the event's id."""
+        with self._lock:
+            plain = json.loads(json.dumps(detail, default=str))
+            record = EventRecord(self._next_event, time.time(), what, task, node, plain)
+            if self.journal is None:
+                self.backend.write((), [record])
+            else:
+                self.journal.put((), [record])
+            self._next_event += 1
+            return record.id
+
+    def sync(self) -> None:
+        """Return once every change made so far is durable (before anything leaves the
+        coordinator that depends on them: ``journal.py``)."""
+        if self.journal is not None:
+            self.journal.flush()
+
+    def events(
+        self,
+        since_id: int = 0,
+        task: str | None = None,
+        limit: int = 1000,
+        kinds: Iterable[str] = (),
+        newest: bool = False,
+    ) -> list[EventRecord]:
+        """Events after ``since_id``, in order: the first ``limit`` (``newest``: the last) of
+        ``task``'s, of ``kinds``."""
+        self.sync()  # what this coordinator recorded is read back too
+        return self.backend.events(since_id, task, limit, frozenset(kinds), newest)
+
+    def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None:
+        """The kind of the newest of ``kinds`` recorded on ``node``, or None."""
+        self.sync()
+        return self.backend.last_node_event(node, kinds)
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+        with self._lock:
+            self.backend.close()
