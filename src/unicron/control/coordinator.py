@@ -187,9 +187,7 @@ class Coordinator:
         removable(name, self.store.node(name), self.store.held_slots().get(name, {}))
         self.act.remove_node(name)
 
-    def drain_node(
-        self, name: str, reason: str
-    ) -> None:  # an admin takes a node out (place/draining.py)
+    def drain_node(self, name: str, reason: str) -> None:  # an admin takes a node out (place/draining.py)
         drainable(name, self.store.node(name))
         self.act.node_out_of_service(name, NodeState.DRAINING, "node_draining", reason=reason)
         self.dirty = True
