@@ -457,10 +457,10 @@ def restored(cluster: Agents) -> dict[str, Any]:
     """6. What a coordinator's decisions go by, for comparison across a restart. Ignored, as
     legitimately its own process's: a node's ``last_seen`` (held in memory between its other
     changes; a new coordinator gives every node a full deadline, ``store.py``), an incident's
-    ``deadline`` (given afresh on a restart, ``Recovery.rebuild``), and the newcomers of a grow
-    in flight (a restart stops them, ``Generations.orphaned_newcomers``). Compared: the open
-    incidents (every other field), the ladder's history, the tasks, the nodes, the workers,
-    the isolations still running, the spares and the storage's open incidents."""
+    ``deadline`` (given afresh on a restart, ``Recovery.rebuild``). Compared: the open
+    incidents (every other field), the ladder's history, the tasks, the nodes, the workers
+    (a grow's newcomers included), the grows and shrinks under way, the isolations still
+    running, the spares and the storage's open incidents."""
     c, now = cluster.c, cluster.clock.now
     tasks = c.store.tasks()
     return {
@@ -471,7 +471,8 @@ def restored(cluster: Agents) -> dict[str, Any]:
         "ladder": c.recovery.ladder.history(),
         "tasks": tasks,
         "nodes": [replace(n, last_seen=0.0) for n in c.store.nodes()],
-        "workers": [w for t in tasks for w in c.store.workers(t.name) if w.generation <= t.generation],
+        "workers": [w for t in tasks for w in c.store.workers(t.name)],
+        "in_flight": c.generations.in_flight(),
         "isolated": {n: until for n, until in c.recovery.isolated_until.items() if until > now},
         "spares": sorted(c.placer.spares),
         "storage": dict(c.storage.open),
@@ -484,6 +485,7 @@ def check_restored(before: dict[str, Any], after: dict[str, Any]) -> None:
     assert after["tasks"] == before["tasks"], "the tasks"
     assert after["nodes"] == before["nodes"], "the nodes"
     assert after["workers"] == before["workers"], "the workers"
+    assert after["in_flight"] == before["in_flight"], "the grows and shrinks under way"
     assert after["isolated"] == before["isolated"], "the isolations under way"
     assert after["spares"] == before["spares"], "the spares"
     assert after["storage"] == before["storage"], "the storage's incidents"

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from unicron.core.kept import LadderCounts
+from unicron.control.detect.storagewatch import Opened
+from unicron.core.kept import InFlight, LadderCounts, StorageIncidents
 from unicron.core.ladder import Ladder
-from unicron.core.protocol import FaultReport, fault_claim_key
+from unicron.core.protocol import CheckpointReport, FaultReport, StorageReport, fault_claim_key, ready_key
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, TaskState
 from unicron.core.taxonomy import ErrorKind
@@ -235,3 +236,62 @@ def test_a_spare_told_to_join_before_a_restart_finds_its_identity_in_the_re_crea
     waited_until = time.monotonic() + 10.0
     identity = spare.wait_to_be_used(1000, stop=lambda: time.monotonic() > waited_until, gone_for_s=5.0)
     assert identity == {"generation": growth["generation"], "rank": 3, "world_size": 4}
+
+
+def test_a_grow_in_flight_across_a_restart_goes_on_and_its_newcomers_join(make: Any) -> None:
+    """The coordinator launches a grow's newcomers and is killed before they are ready. Its
+    successor knows the grow (kept in the store), leaves the newcomers running, and lets them
+    in once they announce themselves in the re-created store."""
+    cluster = make()
+    cluster.exit(3)
+    cluster.train(2)
+    for _ in range(3):
+        cluster.step()
+    (growth,) = cluster.c.generations.growing.values()
+    newcomers = {("lm", growth.generation, r) for r in growth.newcomers}
+    assert newcomers <= set(cluster.running)
+    cluster.restart()
+    assert cluster.c.generations.growing == {"lm": growth}
+    cluster.step()
+    assert newcomers <= set(cluster.running)  # not stopped as orphans
+    for rank in growth.newcomers:
+        cluster.c.act.rendezvous.set("lm", ready_key("lm", growth.generation, rank), "ready")
+    cluster.step()
+    assert cluster.c.store.get_task("lm").generation == growth.generation
+    assert cluster.events("task_grown")[-1]["generation"] == growth.generation
+    assert cluster.c.store.kept_record(InFlight) == InFlight()  # nothing under way any more
+
+
+def test_a_grow_whose_newcomers_never_come_after_a_restart_is_given_up_with_its_reason(make: Any) -> None:
+    cluster = make()
+    cluster.exit(3)
+    cluster.train(2)
+    for _ in range(3):
+        cluster.step()
+    (growth,) = cluster.c.generations.growing.values()
+    cluster.restart()
+    cluster.clock.now = growth.since + cluster.settings.limits.launch_timeout_s + 1.0
+    cluster.step()
+    (failed,) = cluster.events("task_grow_failed")
+    assert failed["generation"] == growth.generation and "not ready in time" in failed["why"]
+    assert not any(g == growth.generation for (_, g, _) in cluster.running)  # exactly they stopped
+    assert cluster.c.store.get_task("lm").generation < growth.generation
+
+
+def test_a_storage_incident_open_across_a_restart_is_closed_by_the_successor(make: Any) -> None:
+    """The persistent tier refuses checkpoints and the coordinator restarts: its successor holds
+    the storage incident open (kept, not read back from the event log) and closes it, naming
+    it, when rank 0's next checkpoint is persisted."""
+    cluster = make()
+    at = cluster.clock.now
+    refused = StorageReport(task="lm", generation=1, rank=0, step=1, tier="persistent", ok=False, time=at)
+    cluster.beat("n0", refused)
+    (incident,) = cluster.events("incident")
+    cluster.restart()
+    assert cluster.c.storage.open == {("lm", "persistent"): Opened(incident["id"], at)}
+    cluster.clock.now += 30.0
+    cluster.beat("n0", CheckpointReport(task="lm", generation=1, rank=0, step=5, path="/ckpt/5"))
+    (outcome,) = cluster.events("outcome")
+    assert outcome["incident"] == incident["id"] and outcome["resumed_step"] == 5
+    assert outcome["unpersisted_s"] == 30.0
+    assert cluster.c.store.kept_record(StorageIncidents) == StorageIncidents()

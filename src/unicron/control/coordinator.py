@@ -50,12 +50,14 @@ from unicron.control.store.store import Store
 from unicron.core.errors import Conflict
 from unicron.core.kept import (
     FaultSigns,
+    InFlight,
     Isolations,
     LadderCounts,
     MeasuredRates,
     RevokedToken,
     RevokedTokens,
     StepTimes,
+    StorageIncidents,
 )
 from unicron.core.ladder import Ladder
 from unicron.core.livespecs import NOT_FAILURES, LiveTaskSpec, replica_misfit
@@ -133,7 +135,6 @@ class Coordinator:
         self.vanished = Vanished(self.ctx, self.handle_report)  # rows whose processes are gone unreported
         failing = lambda name: any(task == name for task, _ in self.storage.open)  # noqa: E731
         self.tail = Tail(self.ctx, self.detector, self.recovery, failing, self._finished)
-        self.storage.rebuild()
         self.recovery.rebuild()
         self._restore_kept()
         self.placer.rebuild_spares()
@@ -154,6 +155,8 @@ class Coordinator:
         self.rates.restore(self.store.kept_record(MeasuredRates) or MeasuredRates())
         self.signs.restore(self.store.kept_record(FaultSigns) or FaultSigns())
         self.recovery.isolated_until = dict((self.store.kept_record(Isolations) or Isolations()).until)
+        self.generations.restore(self.store.kept_record(InFlight) or InFlight())
+        self.storage.restore(self.store.kept_record(StorageIncidents) or StorageIncidents())
         self.revoked = frozenset(
             t.jti for t in (self.store.kept_record(RevokedTokens) or RevokedTokens()).tokens
         )
@@ -210,7 +213,7 @@ class Coordinator:
         self.act.keep(self.recovery.ladder.history())
         self.detector.forget(name)
         self.storage.forget(name)
-        self.generations.growing.pop(name, None)
+        self.generations.forget(name)
         self.ctx.forget_task(name)
         self.dirty = True
 

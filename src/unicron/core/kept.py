@@ -12,6 +12,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from unicron.core.errors import SpecError
+from unicron.core.protocol import Membership
 from unicron.core.taxonomy import ErrorKind
 from unicron.core.tiers import Tier
 
@@ -99,6 +100,58 @@ class Isolations(Kept):
 
     NAME: ClassVar[str] = "isolations"
     until: dict[str, float] = {}
+
+
+class GrowInFlight(BaseModel):
+    """A grow whose newcomers were launched and have not joined yet
+    (``control/recover/generations.py:Growth``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    task: str
+    generation: int  # the generation the newcomers joined
+    membership: Membership  # posted to the live members once every newcomer is ready
+    newcomers: list[int]  # their ranks in that generation
+    since: float  # when they were launched (the launch time-out counts from it)
+
+
+class Leaving(BaseModel):
+    """A worker a planned shrink let go, leaving by itself at its next step boundary; one still
+    running at ``due`` is stopped."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    task: str
+    generation: int
+    rank: int
+    due: float
+
+
+class InFlight(Kept):
+    """Membership changes under way (``control/recover/generations.py``): a successor lets the
+    newcomers of a grow in when they are ready, or gives the grow up with a reason, and stops a
+    leaver that outstays its deadline, rather than forgetting either."""
+
+    NAME: ClassVar[str] = "in_flight"
+    grows: list[GrowInFlight] = []
+    leaving: list[Leaving] = []
+
+
+class StorageIncident(BaseModel):
+    """A checkpoint tier refusing a task's checkpoints while it trains on from memory
+    (``control/detect/storagewatch.py``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    task: str
+    tier: str  # the checkpoint tier refusing (``persistent``, or the worker's tier name)
+    incident: int  # the incident's event id (its outcome names it)
+    since: float  # when the tier began refusing
+
+
+class StorageIncidents(Kept):
+    """The storage incidents not yet closed: a successor closes each when its tier takes a
+    checkpoint again, with how long nothing was persisted."""
+
+    NAME: ClassVar[str] = "storage"
+    open: list[StorageIncident] = []
 
 
 class RevokedToken(BaseModel):

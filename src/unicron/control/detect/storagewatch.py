@@ -5,8 +5,8 @@ A worker whose checkpoint tier fails (full, read-only, gone) keeps training and 
 (blaming no node), of the kind ``storage_error``, handled by continuing from memory rather than
 by any restart. It closes when the tier takes a checkpoint again (the worker's report, or rank
 0's next persisted checkpoint, whoever rank 0 is by then) with how long nothing was persisted.
-Open incidents are rebuilt from the event log when the coordinator restarts, so that one opened
-before the restart is closed after it.
+Open incidents are kept in the store (``core/kept.py:StorageIncidents``), so that one opened
+before a coordinator restart is closed after it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from unicron.control.context import Context
 from unicron.control.recover.response import TASK_ENDED
-from unicron.control.store.records import EventRecord, TaskRecord
+from unicron.control.store.records import TaskRecord
+from unicron.core.kept import StorageIncident, StorageIncidents
 from unicron.core.protocol import StorageReport
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope
 
@@ -31,27 +32,26 @@ class Opened:
     since: float
 
 
-def open_incidents(events: list[EventRecord]) -> dict[tuple[str, str], Opened]:
-    """The storage incidents in ``events`` that no outcome closed yet, by (task, tier)."""
-    closed = {e.detail.get("incident") for e in events if e.kind == "outcome"}
-    return {
-        (e.task or "", str(e.detail.get("tier", PERSISTENT))): Opened(e.id, float(e.detail["failing_since"]))
-        for e in events
-        if e.kind == "incident" and e.detail.get("action") == CONTINUE_FROM_MEMORY and e.id not in closed
-    }
-
-
 @dataclass
 class StorageWatch:
     ctx: Context
     open: dict[tuple[str, str], Opened] = field(default_factory=dict)
 
-    def rebuild(self) -> None:
-        """The open incidents, from the event log (after a restart); those of ended tasks end."""
-        for task in self.ctx.store.tasks():
-            self.open.update(open_incidents(self.ctx.store.events(task=task.name, limit=1_000_000)))
-            if not task.state.live:
-                self.forget(task.name)  # it ended while no coordinator ran
+    def kept(self) -> StorageIncidents:
+        return StorageIncidents(
+            open=[
+                StorageIncident(task=task, tier=tier, incident=o.incident, since=o.since)
+                for (task, tier), o in sorted(self.open.items())
+            ]
+        )
+
+    def restore(self, kept: StorageIncidents) -> None:
+        """The predecessor's open incidents; those of tasks that ended meanwhile end."""
+        self.open = {(i.task, i.tier): Opened(i.incident, i.since) for i in kept.open}
+        for name in {task for task, _ in self.open}:
+            task = self.ctx.store.task(name)
+            if task is None or not task.state.live:
+                self.forget(name)  # it ended while no coordinator ran
 
     def report(self, task: TaskRecord, report: StorageReport, node: str) -> None:
         """A tier of ``task``'s checkpoints started refusing them, or took one again."""
@@ -70,6 +70,7 @@ class StorageWatch:
         task = self.ctx.store.task(name)
         for key in [k for k in self.open if k[0] == name]:
             opened = self.open.pop(key)
+            self.ctx.act.keep(self.kept())
             state = task.state.value if task is not None else "gone"
             self.ctx.act.record(
                 "outcome",
@@ -102,11 +103,13 @@ class StorageWatch:
             checkpoint_step=task.checkpoint_step,
         )
         self.open[(task.name, report.tier)] = Opened(incident, report.time or now)
+        self.ctx.act.keep(self.kept())
 
     def _close(self, key: tuple[str, str], step: int) -> None:
         opened = self.open.pop(key, None)
         if opened is None:
             return
+        self.ctx.act.keep(self.kept())
         self.ctx.act.record(
             "outcome",
             task=key[0],

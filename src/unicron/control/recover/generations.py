@@ -18,6 +18,7 @@ from unicron.control.context import Context
 from unicron.control.place.slots import new_processes
 from unicron.control.store.records import WorkerRecord
 from unicron.control.store.snapshot import Snapshot
+from unicron.core.kept import GrowInFlight, InFlight, Leaving
 from unicron.core.protocol import Membership, ready_key
 from unicron.core.states import WorkerPhase
 
@@ -109,10 +110,46 @@ class Growth:
 
 @dataclass
 class Generations:
+    """Carries membership changes out and holds those under way: the grows whose newcomers
+    have not joined yet, the leavers of a planned shrink. Both are kept in the store
+    (``core/kept.py:InFlight``) whenever they change, so a successor carries them on."""
+
     ctx: Context
     growing: dict[str, Growth] = field(default_factory=dict)  # task -> newcomers not yet joined
     # (task, generation, rank) -> deadline: workers a planned shrink let go, exiting by themselves
     leaving: dict[tuple[str, int, int], float] = field(default_factory=dict)
+
+    def in_flight(self) -> InFlight:
+        grows = [
+            GrowInFlight(
+                task=t, generation=g.generation, membership=g.membership, newcomers=g.newcomers, since=g.since
+            )
+            for t, g in sorted(self.growing.items())
+        ]
+        leaving = [
+            Leaving(task=t, generation=g, rank=r, due=due) for (t, g, r), due in sorted(self.leaving.items())
+        ]
+        return InFlight(grows=grows, leaving=leaving)
+
+    def _keep(self) -> None:
+        self.ctx.act.keep(self.in_flight())
+
+    def restore(self, kept: InFlight) -> None:
+        """What a predecessor had under way, for the tasks still live: a grow only while its
+        generation is still ahead of the task's (it was neither committed nor given up)."""
+        store = self.ctx.store
+        for grow in kept.grows:
+            task = store.task(grow.task)
+            if task is not None and task.state.active and grow.generation > task.generation:
+                self.growing[grow.task] = Growth(
+                    grow.generation, grow.membership, list(grow.newcomers), grow.since
+                )
+        self.leaving = {(w.task, w.generation, w.rank): w.due for w in kept.leaving}
+
+    def forget(self, name: str) -> None:
+        """The task ended: nothing of it is under way any more."""
+        if self.growing.pop(name, None) is not None:
+            self._keep()
 
     def in_place(self, name: str) -> bool:
         """Whether the task's membership may change in place now."""
@@ -128,6 +165,7 @@ class Generations:
         for w in shrink.left:
             # They leave at their next step boundary; one that does not is stopped.
             self.leaving[w.key] = now + self.ctx.limits.hang_cap_s
+        self._keep()
         self.ctx.act.record(
             "task_shrink",
             task=name,
@@ -164,6 +202,7 @@ class Generations:
         argv = list(ctx.spec(name).run.program)
         ctx.act.launch(Launch(name, generation, world, placement, len(live) + len(used), argv, env), now)
         self.growing[name] = Growth(generation, membership, newcomers, now)
+        self._keep()
         ctx.act.record(
             "task_grow",
             task=name,
@@ -187,7 +226,7 @@ class Generations:
         store = self.ctx.store
         task = store.task(name)
         if task is None or not task.state.active:
-            del self.growing[name]
+            self.forget(name)
             return False
         if task.step >= self.ctx.spec(name).run.iterations:
             # Training is over: the members will not come to another step boundary to let the
@@ -207,7 +246,7 @@ class Generations:
                 workers=growth.membership.world_size,
                 waited_s=round(now - growth.since, 3),
             )
-            del self.growing[name]
+            self.forget(name)
             return True
         if now - growth.since > self.ctx.limits.launch_timeout_s:
             self._drop_growth(name, "task_grow_failed", "the newcomers were not ready in time")
@@ -217,6 +256,7 @@ class Generations:
         """Give a grow up: stop exactly its newcomers (a generation-wide stop would reach the
         members too: it stops every generation up to the one named)."""
         growth = self.growing.pop(name)
+        self._keep()
         for w in self.ctx.store.workers(name, growth.generation, live=True):
             self.ctx.act.stop_worker(w, 0.0)
         self.ctx.act.end_workers(name, growth.generation, WorkerPhase.STOPPED)
@@ -227,14 +267,21 @@ class Generations:
         return due is None or now < due
 
     def forget_left(self, now: float) -> None:
-        self.leaving = {k: due for k, due in self.leaving.items() if due > now - 60.0}
+        left = {k: due for k, due in self.leaving.items() if due > now - 60.0}
+        if len(left) != len(self.leaving):
+            self.leaving = left
+            self._keep()
 
     def orphaned_newcomers(self) -> None:
-        """After a coordinator restart: newcomers of a grow that was in flight cannot join any
-        more (the plan to let them in was in memory); stop them, the planner may grow again."""
+        """After a coordinator restart: workers of a generation ahead of their task's that no
+        grow under way will let in (the predecessor stopped between launching them and keeping
+        their grow) are stopped; the planner may grow again."""
         store = self.ctx.store
         for task in store.tasks(live_only=True):
+            growth = self.growing.get(task.name)
             for g in range(task.generation + 1, store.max_generation(task.name) + 1):
+                if growth is not None and g == growth.generation:
+                    continue
                 for w in store.workers(task.name, g, live=True):
                     self.ctx.act.stop_worker(w, 0.0)
                 self.ctx.act.end_workers(task.name, g, WorkerPhase.STOPPED)
