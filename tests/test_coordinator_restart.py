@@ -13,7 +13,14 @@ from typing import Any
 from unicron.control.detect.storagewatch import Opened
 from unicron.core.kept import InFlight, LadderCounts, StorageIncidents
 from unicron.core.ladder import Ladder
-from unicron.core.protocol import CheckpointReport, FaultReport, StorageReport, fault_claim_key, ready_key
+from unicron.core.protocol import (
+    CheckpointReport,
+    ExitReport,
+    FaultReport,
+    StorageReport,
+    fault_claim_key,
+    ready_key,
+)
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, TaskState
 from unicron.core.taxonomy import ErrorKind
@@ -295,3 +302,32 @@ def test_a_storage_incident_open_across_a_restart_is_closed_by_the_successor(mak
     assert outcome["incident"] == incident["id"] and outcome["resumed_step"] == 5
     assert outcome["unpersisted_s"] == 30.0
     assert cluster.c.store.kept_record(StorageIncidents) == StorageIncidents()
+
+
+def test_a_newcomer_that_exits_gives_its_grow_up_at_once(make: Any) -> None:
+    """A newcomer dies before joining (in a real restart: its connection to the old store
+    broke): the grow is given up at once, saying why, and the members train on undisturbed."""
+    cluster = make()
+    cluster.exit(3)
+    cluster.train(2)
+    for _ in range(3):
+        cluster.step()
+    (growth,) = cluster.c.generations.growing.values()
+    cluster.restart()
+    rank = growth.newcomers[0]
+    node, _ = cluster.running.pop(("lm", growth.generation, rank))
+    died = ExitReport(
+        task="lm",
+        generation=growth.generation,
+        rank=rank,
+        node=node,
+        code=1,
+        signal=None,
+        time=cluster.clock.now,
+    )
+    cluster.beat(node, died)
+    (failed,) = cluster.events("task_grow_failed")
+    assert failed["why"] == f"newcomer rank {rank} on {node} exited (code 1)"
+    assert not cluster.c.generations.growing
+    assert len(cluster.events("incident")) == 1  # rank 3's: the newcomer's exit opens none
+    assert cluster.c.store.get_task("lm").state is TaskState.RUNNING

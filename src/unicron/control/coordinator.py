@@ -349,6 +349,9 @@ class Coordinator:
         if isinstance(report, StorageReport):
             self.storage.report(task, report, node)
             return
+        if isinstance(report, ExitReport) and self.generations.newcomer_exited(task.name, report):
+            self.dirty = True  # its slot is free for the next plan
+            return
         if isinstance(report, ExitReport) and report.generation != task.generation:
             report = self._successor(task, report)  # it died while being renamed in place
         if isinstance(report, IterationReport) and report.generation < task.generation:

@@ -19,7 +19,7 @@ from unicron.control.place.slots import new_processes
 from unicron.control.store.records import WorkerRecord
 from unicron.control.store.snapshot import Snapshot
 from unicron.core.kept import GrowInFlight, InFlight, Leaving
-from unicron.core.protocol import Membership, ready_key
+from unicron.core.protocol import ExitReport, Membership, ready_key
 from unicron.core.states import WorkerPhase
 
 
@@ -219,6 +219,23 @@ class Generations:
         plan may grow the task again)."""
         if name in self.growing:
             self._drop_growth(name, "task_grow_cancelled", "a failure struck first")
+
+    def newcomer_exited(self, name: str, report: ExitReport) -> bool:
+        """Whether ``report`` is the exit of a newcomer still waiting to join; if so, the grow is
+        given up at once (its members never counted on it), rather than at the launch time-out
+        with the slot held meanwhile."""
+        growth = self.growing.get(name)
+        if growth is None or report.generation != growth.generation:
+            return False
+        how = f"signal {report.signal}" if report.signal is not None else f"code {report.code}"
+        phase = WorkerPhase.EXITED if report.code == 0 else WorkerPhase.FAILED
+        self.ctx.act.worker_phase(
+            (name, report.generation, report.rank), phase, code=report.code, signal=report.signal
+        )
+        self._drop_growth(
+            name, "task_grow_failed", f"newcomer rank {report.rank} on {report.node} exited ({how})"
+        )
+        return True
 
     def check_growth(self, name: str, now: float) -> bool:
         """Let ready newcomers in; True when the task grew."""
