@@ -84,8 +84,7 @@ def run_coordinator(
     cluster_file: Path | None = None,
     store: str | None = None,
 ) -> None:
-    import uvicorn
-
+    from unicron.cli.announce import serve, started_lines
     from unicron.control.coordinator import CoordinatorSettings
     from unicron.control.service.service import create_app
 
@@ -101,7 +100,8 @@ def run_coordinator(
         limits=load_settings(settings_file),
         store=check_store(store),
     )
-    uvicorn.run(create_app(settings), log_level="warning", **listen)
+    lines = started_lines(settings.url, f"{host}:{serving.port}", state_dir, settings.store)
+    serve(create_app(settings), listen, lines)
 
 
 def run_agent(

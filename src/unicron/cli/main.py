@@ -94,7 +94,8 @@ def coordinator(
     store: Annotated[
         str | None,
         typer.Option(
-            help="keep the state in etcd: etcd://host:port[,host:port...][/prefix] "
+            # Escaped: typer reads help as rich markup, where "[/prefix]" is a closing tag.
+            help="keep the state in etcd: etcd://host:port\\[,host:port...]\\[/prefix] "
             "(default: SQLite in --state-dir)"
         ),
     ] = None,

@@ -55,7 +55,7 @@ from unicron.core.protocol import (
     StopWorkers,
     WorkerReport,
 )
-from unicron.core.reachability import Reachability
+from unicron.core.reachability import Reachability, describe
 from unicron.core.workerenv import WorkerEnv, host_checkpoint_dir
 
 MAX_BUFFERED_REPORTS = 10_000
@@ -308,6 +308,7 @@ class Agent:
         reply = RegistrationReply.model_validate_json(response.content)
         self.interval = reply.heartbeat_interval_s
         self.registered = True
+        self._say(registered_line(self.url))
 
     async def _beat(self, client: httpx.AsyncClient) -> None:
         sending = list(self.reports)
@@ -451,22 +452,81 @@ def run_agent(
     where: NodeAddress | None = None,
     metrics_port: int | None = None,
 ) -> None:
+    """Run the agent until SIGTERM or SIGINT (exit 0), or until its loop fails (exit 1), saying
+    what it is, where it reports, and when and why it stops."""
     metrics, where = AgentMetrics(), where or NodeAddress()
-    if metrics_port is not None:  # on the node's address (loopback without one)
-        port = metrics.serve(where.address, metrics_port)
-        print(f"agent {node}: metrics at http://{where.address}:{port}/metrics", flush=True)
 
-    async def main() -> None:
+    async def main() -> str | None:
         agent = Agent(coordinator, node, slots, run_dir, gpus, where, credentials, metrics)
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, done.set)
-        runner = asyncio.create_task(agent.run())
-        await done.wait()
-        await agent.shutdown()
-        runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await runner
+        for line in started_lines(node, slots, gpus or [], str(agent.coordinators), where, run_dir):
+            agent._say(line)
+        if metrics_port is not None:  # on the node's address (loopback without one)
+            try:
+                port = metrics.serve(where.address, metrics_port)
+            except OSError as exc:  # a port in use: said plainly, not as a traceback
+                agent._say(f"stopped: cannot serve metrics on {where.address}:{metrics_port} ({exc})")
+                return str(exc)
+            agent._say(f"metrics at http://{where.address}:{port}/metrics")
+        return await until_stopped(agent)
 
-    asyncio.run(main())
+    if asyncio.run(main()) is not None:
+        sys.exit(1)
+
+
+def started_lines(
+    node: str, slots: int, gpus: list[str], coordinator: str, where: NodeAddress, run_dir: Path
+) -> list[str]:
+    """What an agent says when it starts, one fact a line (the docs show them as printed:
+    tests/test_live_start_stop.py)."""
+    return [
+        f"started as node {node}",
+        f"slots {slots}",
+        f"GPUs {','.join(gpus)}"
+        if gpus
+        else "GPUs none assigned (no --gpus): a worker takes the one at its local rank, else the CPU",
+        f"coordinator {coordinator}",
+        f"address {where.address} (where other nodes reach its workers)",
+        f"worker logs in {run_dir.absolute() / 'logs'}",
+    ]
+
+
+async def until_stopped(agent: Agent) -> str | None:
+    """Run ``agent`` until a signal, or until its loop fails (it would otherwise wait for a
+    signal with nothing running), then stop its workers, saying why. Returns the error that
+    ended it, None when a signal did."""
+    loop = asyncio.get_running_loop()
+    signalled: asyncio.Future[str] = loop.create_future()
+
+    def on_signal(sig: signal.Signals) -> None:  # called from the loop: safe to print
+        if not signalled.done():
+            signalled.set_result(f"{sig.name} received")
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    runner = asyncio.create_task(agent.run())
+    either: set[asyncio.Future[Any]] = {runner, signalled}
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    error = None
+    if not signalled.done():
+        failure = runner.exception()
+        error = describe(failure) if failure is not None else "its loop ended"
+    live = sum(not w.exited for w in agent.workers.values())
+    why = signalled.result() if error is None else f"error: {error}"
+    agent._say(stopping_line(why, live))
+    await agent.shutdown()
+    runner.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):  # (its error is said above)
+        await runner
+    agent._say(STOPPED)
+    return error
+
+
+def registered_line(url: str) -> str:
+    return f"registered with the coordinator at {url}"
+
+
+def stopping_line(why: str, workers: int) -> str:
+    return f"stopping: {why}" + (f" ({workers} workers to stop)" if workers else "")
+
+
+STOPPED = "stopped"
