@@ -14,7 +14,7 @@ from unicron.sim.scenario import parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("figure3", "trace-a", "trace-b", "llama3")
-PAPER = {  # Unicron over each baseline, as reported (secondary accounts; see system.md, section 7)
+PAPER = {  # Unicron over each baseline, as reported (secondary accounts; see docs/design.md)
     "trace-a": {"megatron": "1.2x", "oobleck": "3.7x", "varuna": "4.8x"},
     "trace-b": {"megatron": "1.9x", "oobleck": "3.8x", "varuna": "5.8x"},
 }

@@ -9,7 +9,7 @@ import pytest
 from .fakecluster import make_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+DATA = ROOT / "data"  # published figures the package embeds (data/README.md)
 
 
 @pytest.fixture

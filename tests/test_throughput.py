@@ -17,7 +17,7 @@ from unicron.planning.throughput import (
     TableCurve,
 )
 
-from .conftest import SHARED
+from .conftest import DATA
 
 A100 = KNOWN_GPUS["a100"]
 GPT3 = {
@@ -33,9 +33,9 @@ GPT3 = {
 }
 
 
-def test_embedded_reference_matches_shared_csv() -> None:
-    path = SHARED / "data" / "megatron_sc21_weak_scaling.csv"
-    assert path.exists(), f"{path}: CI and developers have shared/ beside the checkout"
+def test_embedded_reference_matches_the_data_csv() -> None:
+    path = DATA / "megatron_sc21_weak_scaling.csv"
+    assert path.exists(), f"{path}: the repository's data/ folder"
     rows = [r for r in csv.reader(line for line in path.open() if not line.startswith("#"))][1:]
     assert [tuple(float(x) for x in r[:-1]) for r in rows] == [
         tuple(float(x) for x in row) for row in MEGATRON_SC21

@@ -64,7 +64,7 @@ print(f"sockets after close: {sockets}", flush=True)
 def test_close_releases_the_process_group_under_torchrun(tmp_path: Path) -> None:
     """Found by a flaky abort at exit: under torchrun the group was made before torch._dynamo was
     imported (the script's optimizer imports it), which pins the group for good
-    (shared/design/pytorch-notes.md), so close() left its gloo sockets open and a live gloo group
+    (docs/pytorch-notes.md), so close() left its gloo sockets open and a live gloo group
     reached interpreter exit (SIGABRT there, now and then)."""
     probe = tmp_path / "probe.py"
     probe.write_text(CLOSE_PROBE)

@@ -12,7 +12,7 @@ from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.sim.mixes import LLAMA3_COUNTS, NAMED_MIXES, UNICRON_TERMINATION_MIX
 from unicron.sim.traces import Failure, generate, parse_trace, to_csv
 
-from .conftest import SHARED
+from .conftest import DATA
 
 HEADER = "time_hours,node,kind,repair_hours\n"
 
@@ -102,16 +102,16 @@ def test_generator_is_seeded_and_repairs_only_hardware() -> None:
     assert len(exact) == 10 and all(0 <= f.time_hours < 168 for f in exact)
 
 
-def _shared_rows(name: str) -> list[dict[str, str]]:
-    path = SHARED / "data" / name
-    assert path.exists(), f"{path}: CI and developers have shared/ beside the checkout"
+def _data_rows(name: str) -> list[dict[str, str]]:
+    path = DATA / name
+    assert path.exists(), f"{path}: the repository's data/ folder"
     return list(csv.DictReader(line for line in path.open() if not line.startswith("#")))
 
 
-def test_embedded_mixes_match_shared_data() -> None:
-    shares = {r["status"]: float(r["share_percent"]) for r in _shared_rows("unicron_termination_mix.csv")}
+def test_embedded_mixes_match_the_data_files() -> None:
+    shares = {r["status"]: float(r["share_percent"]) for r in _data_rows("unicron_termination_mix.csv")}
     shares["other"] = shares.pop("others")
     shares.pop("finished")
     assert {k.value: v for k, v in UNICRON_TERMINATION_MIX.items()} == shares
-    counts = {r["component"]: int(r["count"]) for r in _shared_rows("llama3_interruptions.csv")}
+    counts = {r["component"]: int(r["count"]) for r in _data_rows("llama3_interruptions.csv")}
     assert counts == LLAMA3_COUNTS and sum(counts.values()) == 419

@@ -80,7 +80,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1}
         torch.save({**state, "scheduler": scheduler.state_dict()}, args.checkpoint)
-    del net  # DDP's reducer holds the group: freed after it, exit can hang (pytorch-notes.md)
+    del net  # DDP's reducer holds the group: freed after it, exit can hang (docs/pytorch-notes.md)
     gc.collect()
     dist.destroy_process_group()
 

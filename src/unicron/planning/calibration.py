@@ -1,7 +1,7 @@
 """Calibration of the analytic throughput model on Megatron-LM's published weak scaling.
 
 The reference rows are Table 1 of Narayanan et al. (SC'21, arXiv 2104.04473), the same data as
-``shared/data/megatron_sc21_weak_scaling.csv`` (a test checks the copies agree). Each row gives a
+the repository's ``data/megatron_sc21_weak_scaling.csv`` (a test checks the copies agree). Each row gives a
 model, its tensor/pipeline layout, GPU count, global batch and achieved TFLOP/s per GPU on A100s.
 The paper tuned the micro-batch size per row and did not print it, so each row is evaluated at its
 best micro-batch size. The fit is a grid search minimising the squared log error.

@@ -1,14 +1,14 @@
 """Failure-kind mixes for the trace generator, with their sources.
 
-Both are embedded copies of files in shared/data (a test checks they agree), so the package
-works without that folder. Each maps a kind of the taxonomy to a weight.
+Both are embedded copies of files in the repository's data/ folder (a test checks they agree),
+so the installed package needs no data file. Each maps a kind of the taxonomy to a weight.
 """
 
 from __future__ import annotations
 
 from unicron.core.taxonomy import ErrorKind
 
-# Alibaba's platform, Unicron paper Figure 1 (shared/data/unicron_termination_mix.csv): share of
+# Alibaba's platform, Unicron paper Figure 1 (data/unicron_termination_mix.csv): share of
 # the top 5% largest tasks, in percent. "finished" (56.6%) is not a failure and is left out.
 UNICRON_TERMINATION_MIX: dict[ErrorKind, float] = {
     ErrorKind.NCCL_TIMEOUT: 10.1,
@@ -27,7 +27,7 @@ UNICRON_TERMINATION_MIX: dict[ErrorKind, float] = {
 }
 
 # Llama 3 405B pre-training, 419 interruptions in 54 days (arXiv 2407.21783, Table 5;
-# shared/data/llama3_interruptions.csv), counts per component.
+# data/llama3_interruptions.csv), counts per component.
 LLAMA3_COUNTS: dict[str, int] = {
     "Faulty GPU": 148,
     "GPU HBM3 memory": 72,

@@ -3,7 +3,13 @@
 Imports torch; the planner and the command line never import this package.
 """
 
+from unicron.train import porting
+from unicron.train.porting import PortingError
 from unicron.train.session import Session, init
 from unicron.train.steploop import Loader
 
-__all__ = ["Loader", "Session", "init"]
+# A script's leftover dist.init_process_group(...) or DistributedDataParallel(...) fails with an
+# error that names the fix, not torch's (``porting.py``).
+porting.install()
+
+__all__ = ["Loader", "PortingError", "Session", "init"]

@@ -1,6 +1,6 @@
 """Rebuilding a task's process group inside the surviving processes.
 
-The recipe (shared/design/pytorch-notes.md): torch._dynamo is imported before the first process
+The recipe (docs/pytorch-notes.md): torch._dynamo is imported before the first process
 group is made (else destroy_process_group leaves sockets open); no DDP wrapper holds the group
 (the library reduces gradients itself); on a collective error the group is destroyed after a
 garbage collection; the new membership comes from the coordinator through the task's store,

@@ -100,7 +100,7 @@ class Peers:
     def abandon(self) -> None:
         """Drop this group while a collective on it may still be pending (a peer may never
         answer). A gloo group cannot be aborted (its ``abort`` leaves a blocked operation
-        blocked: pytorch-notes.md) and destroying it can block on the pending collective's
+        blocked: docs/pytorch-notes.md) and destroying it can block on the pending collective's
         transport, so it is kept alive, never destroyed (one leaked group per abandonment). An
         NCCL group is aborted instead, as torch provides for exactly this: a leaked communicator
         would keep its pending kernel on the GPU stream (the abort and a group formed after it

@@ -32,7 +32,7 @@ from unicron.core.protocol import (
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
-from unicron.train import checkpoint, devices, membership, sharded, shardedcheckpoint
+from unicron.train import checkpoint, devices, membership, porting, sharded, shardedcheckpoint
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
 from unicron.train.fencing import Fence
@@ -116,15 +116,17 @@ class Session:
 
     # ------------------------------------------------------------------ set-up
     def start(self) -> Session:
-        """Join the task's process group (nothing to join in a world of one)."""
+        """Join the task's process group (nothing to join in a world of one). A default group
+        that the script formed itself is refused with a ``PortingError`` naming the fix."""
         if self._started:
             return self
+        porting.refuse_existing_group()
         self._started = True
         if threading.current_thread() is threading.main_thread():
             # The agent stops workers with SIGTERM: finish the step, checkpoint, exit cleanly.
             signal.signal(signal.SIGTERM, self._on_stop)
         self.trace("started", node=self.node)
-        # Before any group, or destroying it leaves it alive (and aborting at exit): pytorch-notes.md
+        # Before any group, or destroying it leaves it alive (and aborting at exit): docs/pytorch-notes.md
         import torch._dynamo
 
         if self.device.type == "cuda":

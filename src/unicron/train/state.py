@@ -41,7 +41,8 @@ class TrainState:
         if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
             raise TypeError(
                 "the session got a DistributedDataParallel model: pass the model itself "
-                "(DDP(model).module); the session reduces the gradients itself, and recovers them"
+                "(DDP(model).module); the session reduces the gradients itself, and recovers them. "
+                "See docs/training-library.md, 'Porting a DDP script'"
             )
         own = {id(p) for p in self.model.parameters()}
         foreign = sum(1 for g in self.optimizer.param_groups for p in g["params"] if id(p) not in own)
