@@ -7,8 +7,17 @@ import time
 from pathlib import Path
 
 from unicron.cli.files import read_text
-from unicron.sim.engine import CAUSES
-from unicron.sim.report import plot, summary_rows, to_json
+from unicron.core.taxonomy import TAXONOMY
+from unicron.sim.report import (
+    CAUSE_COLUMNS,
+    COLUMNS,
+    LEGEND,
+    plot,
+    summary_cells,
+    summary_notes,
+    summary_rows,
+    to_json,
+)
 from unicron.sim.runner import SimulationReport, simulate
 from unicron.sim.scenario import parse_scenario
 
@@ -48,22 +57,25 @@ def run(name: str, overrides: dict[str, dict[str, object]] | None = None) -> Sim
 
 
 def table(report: SimulationReport, paper: dict[str, str] | None = None) -> str:
-    head = "| policy | WAF (EFLOP) | vs oracle | Unicron / it |"
-    head += " paper |" if paper else ""
-    head += " " + " | ".join(c.replace("_", " ") for c in CAUSES) + " |"
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    """The summary as `unicron simulate` prints it (the same columns and cells), with the
+    paper's reported ratios beside ours, and why a policy did not run."""
+    head = [*COLUMNS, *(["Unicron ahead by, paper"] if paper else []), *CAUSE_COLUMNS.values()]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in summary_rows(report):
-        ratio = row["unicron_over_this"]
-        cells = [
-            row["policy"],
-            f"{row['waf_flop'] / 1e18:,.0f}",
-            f"{row['ratio_to_oracle']:.3f}",
-            "cannot run" if ratio is None else f"{ratio:.2f}x",
-        ]
+        cells = summary_cells(row)
         if paper:
-            cells.append(paper.get(row["policy"], ""))
-        cells += [f"{100 * row['lost_share'][c]:.2f}%" for c in CAUSES]
+            cells.insert(len(COLUMNS), paper.get(row["policy"], ""))
         lines.append("| " + " | ".join(cells) + " |")
+    notes = summary_notes(report)
+    return "\n".join(lines) + "".join(f"\n\n{note}." for note in notes)
+
+
+def trace_kinds() -> str:
+    """The trace format's kinds, from the taxonomy the simulator and the coordinator share."""
+    lines = ["| kind | severity | first recovery tier | repair_hours |", "|---|---|---|---|"]
+    for kind, info in TAXONOMY.items():
+        repair = "the node is out of service for them" if info.needs_repair else "ignored (the node stays in)"
+        lines.append(f"| `{kind.value}` | {info.severity.name} | {info.tier.label} | {repair} |")
     return "\n".join(lines)
 
 
@@ -126,13 +138,17 @@ def main() -> dict[str, object]:
     torchft = torchft_measured()
     bench["torchft_settings"] = torchft
     (docs / "bench" / "simulator.json").write_text(json.dumps(bench, indent=2) + "\n")
+    megatron_llama = reports["llama3"].result("megatron").ratio_to_oracle
+    assert megatron_llama is not None, "Megatron runs Llama 3 in the model"
     text = TEMPLATE.format(
         ft_crash=torchft["crash_detection_s"],
         ft_hang=torchft["hang_detection_s"],
         ft_heal=torchft["heal_s"],
         ft_efficiency=torchft["efficiency"],
         sensitivity=varied,
-        megatron_llama_loss=1 - reports["llama3"].result("megatron").ratio_to_oracle,
+        megatron_llama_loss=1 - megatron_llama,
+        trace_kinds=trace_kinds(),
+        legend=LEGEND,
         ours_megatron=ours(reports, "megatron"),
         ours_oobleck=ours(reports, "oobleck"),
         ours_varuna=ours(reports, "varuna"),

@@ -1,9 +1,24 @@
-"""`unicron simulate` as users run it, through a real subprocess."""
+"""`unicron simulate` as users run it: through a real subprocess, and in process for what a reader
+sees (the table, why a policy did not run, progress, the trace format's kinds)."""
 
 from __future__ import annotations
 
+import io
+import itertools
 import json
+import re
 from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from unicron.cli.files import read_text
+from unicron.cli.main import app, main
+from unicron.cli.simulate_view import ProgressLine
+from unicron.core.taxonomy import ErrorKind
+from unicron.sim.report import CAUSE_COLUMNS, COLUMNS
+from unicron.sim.runner import simulate
+from unicron.sim.scenario import parse_scenario
 
 from .conftest import ROOT
 from .test_cli_plan import unicron
@@ -43,3 +58,128 @@ def test_bad_trace_is_a_message(tmp_path: Path) -> None:
     out = unicron("simulate", SCENARIO, "--trace", str(trace))
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "line 3" in out.stderr and "unknown kind 'solar_flare'" in out.stderr
+
+
+# ---------------------------------------------------------------- in process: what a reader sees
+
+# One task too wide for a GPU's memory without tensor parallelism (oobleck, varuna and bamboo have
+# none) and, with ONE_SMALL, a small one beside it; one simulated day, two node faults.
+WIDE = """name: wide
+days: 1
+cluster: {nodes: NODES, gpus_per_node: 8, gpu: H100, node_mtbf_hours: 1000}
+tasks:
+  - name: wide
+    weight: 1
+    model: {layers: 8, hidden_size: 16384, heads: 128, sequence_length: 8192, vocabulary: 128256,
+            global_batch: 16}
+    min_workers: 8
+    worker_step: 8
+    max_workers: 16
+ONE_SMALL
+trace: {count: 2, mix: {node_lost: 1}, seed: 1}
+samples: 20
+"""
+SMALL = """  - name: small
+    weight: 1
+    model: {layers: 24, hidden_size: 2048, heads: 16, sequence_length: 2048, vocabulary: 51200,
+            global_batch: 512}
+    min_workers: 8
+    worker_step: 8
+    max_workers: 16"""
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``unicron ARGS`` in this process: its exit code, stdout and stderr."""
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    else:
+        code = 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def wide(tmp_path: Path, small: bool = False) -> str:
+    path = tmp_path / "wide.yaml"
+    path.write_text(WIDE.replace("NODES", "4" if small else "2").replace("ONE_SMALL", SMALL if small else ""))
+    return str(path)
+
+
+def test_the_table_speaks_plain_words_with_units_and_percent_signs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = cli(capsys, "simulate", str(ROOT / "examples" / "scenarios" / "figure3.yaml"))
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if "policy" in line)
+    for column in (*COLUMNS, *CAUSE_COLUMNS.values()):
+        assert column in header, (column, header)
+    assert "EFLOP" not in out and "Unicron/it" not in out
+    unicron = next(line for line in out.splitlines() if line.startswith("│ unicron"))
+    cells = [c.strip() for c in unicron.strip("│").split("│")]
+    assert cells[2].endswith("%") and cells[3].endswith("x") and all(c.endswith("%") for c in cells[4:]), (
+        cells
+    )
+    assert "lost to each cause, in %" in " ".join(out.split())  # the legend under the table
+    assert err == ""  # a short run says nothing of its progress
+
+
+def test_a_policy_that_cannot_run_says_why_instead_of_a_zero_ratio(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    scenario = wide(tmp_path)
+    code, out, err = cli(capsys, "simulate", scenario)
+    assert code == 0, err
+    for policy in ("oobleck", "varuna", "bamboo"):
+        row = next(line for line in out.splitlines() if line.startswith(f"│ {policy}"))
+        assert "did not run" in row and "0.00" not in row, row
+        assert re.search(
+            rf"{policy} did not run: wide does not fit in a GPU's memory \(80 GiB\) on 16 GPUs "
+            rf"without tensor parallelism, which {policy} does not use",
+            " ".join(out.split()),
+        ), out
+    code, out, err = cli(capsys, "simulate", scenario, "--json")
+    policies = json.loads(out)["policies"]
+    assert (
+        policies["bamboo"]["ratio_to_oracle"] is None
+        and "tensor parallelism" in policies["bamboo"]["did_not_run"]
+    )
+    assert policies["bamboo"]["tasks_not_run"].keys() == {"wide"}
+    assert policies["unicron"]["did_not_run"] is None and 0 < policies["unicron"]["ratio_to_oracle"] <= 1
+
+
+def test_a_policy_that_runs_without_one_of_its_tasks_is_compared_and_says_which(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = cli(capsys, "simulate", wide(tmp_path, small=True), "--json")
+    assert code == 0, err
+    bamboo = json.loads(out)["policies"]["bamboo"]
+    assert bamboo["did_not_run"] is None and 0 < bamboo["ratio_to_oracle"] < 1
+    assert set(bamboo["tasks_not_run"]) == {"wide"}
+    code, out, err = cli(capsys, "simulate", wide(tmp_path, small=True))
+    assert "bamboo ran without wide: wide does not fit" in " ".join(out.split()), out
+
+
+def test_a_long_run_tells_its_progress_on_stderr_every_few_seconds() -> None:
+    path = ROOT / "examples" / "scenarios" / "figure3.yaml"
+    scenario = parse_scenario(read_text(path), str(path))
+    ticks = itertools.count(0.0, 0.5)  # each look at the clock: half a second later
+    stream = io.StringIO()
+    simulate(scenario, progress=ProgressLine(scenario, every=3.0, stream=stream, clock=lambda: next(ticks)))
+    lines = stream.getvalue().splitlines()
+    assert len(lines) > 3, lines
+    first = re.fullmatch(
+        r"simulating figure3: (\w+) \((\d) of 7 policies\), day ([\d.]+) of 7, (\d+) s so far", lines[0]
+    )
+    assert first is not None and first[1] == scenario.policies[int(first[2]) - 1], lines[0]
+    assert 0 <= float(first[3]) <= 7 and first[4] == "3"
+    assert {line.split()[2] for line in lines} >= {"unicron", "oracle"}  # every policy in turn
+
+
+def test_the_trace_kinds_are_in_the_help_and_the_docs() -> None:
+    result = CliRunner().invoke(app, ["simulate", "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    page = (ROOT / "docs" / "simulation.md").read_text()
+    for kind in ErrorKind:
+        assert kind.value in result.output, kind
+        assert f"| `{kind.value}` |" in page, kind

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from unicron.core.errors import UnicronError, UsageError
+from unicron.core.taxonomy import TAXONOMY
 
 app = typer.Typer(
     name="unicron",
@@ -25,31 +26,44 @@ app = typer.Typer(
 
 @app.command()
 def plan(
-    cluster: Annotated[Path, typer.Argument(help="cluster YAML (nodes, GPUs, assignment)")],
-    tasks: Annotated[Path, typer.Argument(help="tasks YAML (a list under 'tasks:')")],
+    cluster: Annotated[Path, typer.Argument(help="cluster YAML (nodes, GPUs, assignment), first")],
+    tasks: Annotated[Path, typer.Argument(help="tasks YAML (a list under 'tasks:'), second")],
     json_output: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     event: Annotated[
         str | None,
-        typer.Option(help="show the precomputed answer to node-lost:N, node-back or task-done:NAME"),
+        typer.Option(
+            help="show the precomputed answer to node-lost:N, node-back (a node joins: with every "
+            "node of the file in service, one beyond the cluster's size) or task-done:NAME"
+        ),
     ] = None,
 ) -> None:
-    """Print the plan that maximises weighted achieved FLOP/s (WAF) for the cluster."""
+    """Print the plan that maximises weighted achieved FLOP/s (WAF) for the cluster: unicron
+    plan CLUSTER.yaml TASKS.yaml. GPUs the plan leaves idle are said, with why."""
     from unicron.cli.plan_view import run_plan
 
     run_plan(cluster, tasks, json_output=json_output, event=event)
 
 
+TRACE_HELP = (
+    "failure trace instead of a generated one: CSV with the header time_hours,node,kind,repair_hours "
+    "(one row per failure) or JSON (a list of objects with those keys). kind: one of "
+    + ", ".join(k.value for k in TAXONOMY)
+    + ". repair_hours: how long the node stays out after a kind that needs a repair ("
+    + ", ".join(k.value for k, info in TAXONOMY.items() if info.needs_repair)
+    + "); the others ignore it"
+)
+
+
 @app.command()
 def simulate(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML (cluster, tasks, days, trace)")],
-    trace: Annotated[
-        Path | None, typer.Option(help="failure trace (CSV or JSON) instead of a generated one")
-    ] = None,
+    trace: Annotated[Path | None, typer.Option(help=TRACE_HELP)] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     plot: Annotated[Path | None, typer.Option(help="write WAF-over-time and lost-WAF plots (PNG)")] = None,
     save_trace: Annotated[Path | None, typer.Option(help="write the trace used, as CSV")] = None,
 ) -> None:
-    """Replay a failure trace against Unicron and the baselines."""
+    """Replay a failure trace against Unicron and the baselines (docs/simulation.md). A run
+    longer than a few seconds says on stderr where it is: the policy and the simulated day."""
     from unicron.cli.simulate_view import run_simulate
 
     run_simulate(scenario, trace=trace, json_output=json_output, plot_path=plot, save_trace=save_trace)

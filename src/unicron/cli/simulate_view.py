@@ -3,17 +3,60 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from rich.table import Table
 
 from unicron.cli.console import console as make_console
 from unicron.cli.files import read_text
-from unicron.sim.engine import CAUSES
-from unicron.sim.report import plot, summary_rows, to_json
+from unicron.sim.report import (
+    CAUSE_COLUMNS,
+    COLUMNS,
+    LEGEND,
+    plot,
+    summary_cells,
+    summary_notes,
+    summary_rows,
+    to_json,
+)
 from unicron.sim.runner import simulate
-from unicron.sim.scenario import parse_scenario
+from unicron.sim.scenario import ScenarioSpec, parse_scenario
 from unicron.sim.traces import parse_trace, to_csv
+
+PROGRESS_EVERY_S = 3.0  # a run shorter than this prints no progress
+
+
+class ProgressLine:
+    """Where a long simulation is, on stderr every ``every`` seconds: the policy (of how many)
+    and the simulated day reached. Nothing for a run that ends before the first line is due."""
+
+    def __init__(
+        self,
+        scenario: ScenarioSpec,
+        every: float = PROGRESS_EVERY_S,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scenario, self.every, self.stream, self.clock = scenario, every, stream, clock
+        self.started = clock()
+        self.due = self.started + every
+
+    def __call__(self, policy: str, hours: float) -> None:
+        now = self.clock()
+        if now < self.due:
+            return
+        self.due = now + self.every
+        s = self.scenario
+        print(
+            f"simulating {s.name}: {policy} ({s.policies.index(policy) + 1} of {len(s.policies)} "
+            f"policies), day {hours / 24:.1f} of {s.days:g}, {now - self.started:.0f} s so far",
+            file=self.stream or sys.stderr,
+            flush=True,
+        )
 
 
 def run_simulate(
@@ -28,7 +71,7 @@ def run_simulate(
     failures = None
     if trace is not None:
         failures = parse_trace(read_text(trace), str(trace), nodes=scenario.cluster.nodes)
-    report = simulate(scenario, failures)
+    report = simulate(scenario, failures, progress=ProgressLine(scenario))
     if save_trace is not None:
         save_trace.write_text(to_csv(report.failures))
     if plot_path is not None:
@@ -38,30 +81,17 @@ def run_simulate(
         return
     console = make_console()
     table = Table(
-        title=f"{scenario.name}: {scenario.days:g} days, {scenario.cluster.total_gpus} GPUs, "
-        f"{len(report.failures)} failures; lost WAF in % of the oracle's",
+        title=f"{scenario.name}: {scenario.days:g} days, {scenario.cluster.total_gpus:,} GPUs, "
+        f"{len(report.failures)} failures",
+        caption=LEGEND,
         title_justify="left",
+        caption_justify="left",
     )
-    for column in ("policy", "WAF (EFLOP)", "vs oracle", "Unicron/it", *SHORT.values()):
-        table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
+    for column in (*COLUMNS, *CAUSE_COLUMNS.values()):
+        table.add_column(column, justify="left" if column == "policy" else "right")
     for row in summary_rows(report):
-        ratio = row["unicron_over_this"]
-        table.add_row(
-            row["policy"],
-            f"{row['waf_flop'] / 1e18:,.0f}",
-            f"{row['ratio_to_oracle']:.3f}",
-            "-" if ratio is None else f"{ratio:.2f}x",
-            *(f"{100 * row['lost_share'][c]:.2f}" for c in CAUSES),
-        )
+        table.add_row(*summary_cells(row))
     console.print(table)
+    for note in summary_notes(report):
+        console.print(note, markup=False, highlight=False)
     console.print(f"simulated in {report.seconds:.2f} s" + (f"; plot: {plot_path}" if plot_path else ""))
-
-
-SHORT = {
-    "detection": "detect",
-    "restart": "restart",
-    "lost_work": "redo",
-    "repair_wait": "wait",
-    "overhead": "overhead",
-    "sub_healthy": "sub-healthy",
-}

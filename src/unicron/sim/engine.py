@@ -22,7 +22,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -76,7 +76,20 @@ class PolicyResult:
     timeline_hours: list[float]
     timeline_waf: list[float]  # mean cluster WAF (FLOP/s) over each sample interval
     failures: int
-    ratio_to_oracle: float = math.nan
+    ratio_to_oracle: float | None = None  # set by the runner; None: the policy did not run
+    # Tasks the policy cannot run on the GPUs the plan gives them (its rate there is 0), and why.
+    cannot_run: dict[str, str] = field(default_factory=dict)
+    planned: int = 0  # tasks the plan for the full cluster gives GPUs
+
+    @property
+    def did_not_run(self) -> str | None:
+        """Why the policy achieved nothing at all, when it could run none of the planned tasks;
+        None when it ran (a ratio of 0 would read as a policy that ran and lost everything)."""
+        if self.planned == 0:
+            return "the plan for the full cluster gives no task a GPU"
+        if self.waf_flop > 0 or len(self.cannot_run) < self.planned:
+            return None
+        return "; ".join(self.cannot_run.values())
 
 
 class Simulation:
@@ -245,15 +258,19 @@ class Simulation:
                 run.lost["overhead"] += max(running - achieved, 0.0) * (to - cursor)
         self.now = to
 
-    def run(self) -> PolicyResult:
+    def run(self, progress: Callable[[float], None] | None = None) -> PolicyResult:
+        """Replay the trace; ``progress`` is told the simulated hours reached after each event."""
         self.set_allocation(self.ideal()[1])
         for run in self.tasks.values():
             run.nominal = run.gpus
+        cannot = {n: self._why_not(r) for n, r in self.tasks.items() if r.nominal and not self.achievable(r)}
         self.policy.start(self)
         while self._queue:
             at, _, kind, payload = heapq.heappop(self._queue)
             if at > self.horizon:
                 break
+            if progress is not None:
+                progress(at / HOUR)
             self._advance(at)
             if kind == "failure":
                 assert isinstance(payload, Failure)
@@ -268,7 +285,29 @@ class Simulation:
             else:
                 self.timeline.append((self.now, sum(r.achieved for r in self.tasks.values())))
         self._advance(self.horizon)
-        return self._result()
+        result = self._result()
+        result.cannot_run = cannot
+        result.planned = sum(1 for r in self.tasks.values() if r.nominal)
+        return result
+
+    def _why_not(self, run: TaskRun) -> str:
+        """Why this policy has no throughput for ``run`` on the GPUs the plan gives it."""
+        name, gpus, policy, model = run.spec.name, run.nominal, self.policy.name, run.spec.model
+        if not self.policy.tensor_parallel and model is not None and self.potential(run, gpus) > 0:
+            gpu = self.cluster.gpu_type()
+            roomy = AnalyticCurve(
+                model, replace(gpu, memory_bytes=math.inf), self.cluster.gpus_per_node, max_tensor=1
+            )
+            if roomy.evaluate(np.array([gpus], dtype=np.int64)).rate[0] > 0:
+                return (
+                    f"{name} does not fit in a GPU's memory ({gpu.memory_bytes / 2**30:.0f} GiB) "
+                    f"on {gpus:,} GPUs without tensor parallelism, which {policy} does not use"
+                )
+            return (
+                f"{name} has no layout on {gpus:,} GPUs without tensor parallelism, "
+                f"which {policy} does not use"
+            )
+        return f"{name} has no throughput under {policy} on the {gpus:,} GPUs the plan gives it"
 
     def _failure(self, failure: Failure) -> None:
         if failure.node not in self.healthy:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from unicron.sim.engine import PolicyResult, Simulation
 from unicron.sim.policies import make_policy
@@ -38,7 +40,13 @@ def scenario_trace(scenario: ScenarioSpec) -> list[Failure]:
     )
 
 
-def simulate(scenario: ScenarioSpec, failures: list[Failure] | None = None) -> SimulationReport:
+# Told, during a run, the policy being simulated and the simulated hours it has reached.
+Progress = Callable[[str, float], None]
+
+
+def simulate(
+    scenario: ScenarioSpec, failures: list[Failure] | None = None, progress: Progress | None = None
+) -> SimulationReport:
     started = time.perf_counter()
     trace = scenario_trace(scenario) if failures is None else failures
     results = []
@@ -52,8 +60,8 @@ def simulate(scenario: ScenarioSpec, failures: list[Failure] | None = None) -> S
             scenario.days * 24,
             samples=scenario.samples,
         )
-        results.append(sim.run())
+        results.append(sim.run(None if progress is None else partial(progress, name)))
     oracle = next(r for r in results if r.policy == "oracle").waf_flop
-    for r in results:
-        r.ratio_to_oracle = r.waf_flop / oracle if oracle > 0 else float("nan")
+    for r in results:  # no ratio for a policy that did not run (nor against an oracle that did not)
+        r.ratio_to_oracle = r.waf_flop / oracle if oracle > 0 and r.did_not_run is None else None
     return SimulationReport(scenario, trace, results, time.perf_counter() - started)

@@ -15,10 +15,17 @@ Two kinds, in one registry of its own (several coordinators may live in one test
 
 Names follow Prometheus' conventions: ``unicron_`` prefix, base units (seconds, FLOP/s as
 ``_flops``), ``_total`` for counters. ``deploy/grafana/unicron.json`` is built on them.
+
+Every name a panel plots is served by an idle coordinator too, so that a panel shows 0 rather
+than "No data" (Prometheus' "avoid missing metrics"): counters from zero, for every label value
+known in advance (each kind with its severity, each tier, each plan source and outcome) and, for
+those per task, for every task the coordinator knows; the cluster's gauges at their value, 0
+where nothing runs. Per-task gauges: see ``_task_gauges``.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -30,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from unicron.control.observe.clusterview import ClusterView, TaskView
 from unicron.core.states import NodeState, TaskState
+from unicron.core.taxonomy import TAXONOMY
 from unicron.core.tiers import Tier
 
 # From a sub-second in-place recovery to a relaunch that waits for a collective timeout.
@@ -37,6 +45,8 @@ SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 3
 FAST = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)  # decisions
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LABELS = frozenset(t.label for t in Tier)
+PLAN_SOURCES = ("table", "solved")  # a plan looked up in the table, or solved on the spot
+PLAN_OUTCOMES = {"table": "lookup", "solved": "solve", "rebuilds": "rebuild"}  # ClusterView.plan_counts
 
 
 class Metrics:
@@ -47,6 +57,8 @@ class Metrics:
         self.incidents = count(
             "unicron_incidents", "Incidents opened, by error kind and severity", ["kind", "severity"]
         )
+        for kind, info in TAXONOMY.items():  # from zero: a kind's severity is fixed by the taxonomy
+            self.incidents.labels(kind.value, info.severity.name)
         self.tiers = count(
             "unicron_recovery_tiers",
             "Recovery tiers carried out (an incident's, then each escalation's), by tier",
@@ -75,6 +87,8 @@ class Metrics:
         self.plan_seconds = seconds(
             "unicron_plan_decision_seconds", "Time to decide a plan, by source", ["source"], buckets=FAST
         )
+        for source in PLAN_SOURCES:
+            self.plan_seconds.labels(source)
         self.decided_at: dict[int, float] = {}  # open incidents' decision times, for the transition
         self.steps_at: dict[int, tuple[str, int]] = {}  # open incidents' task and step at detection
         self._state = _State(view)
@@ -86,6 +100,10 @@ class Metrics:
         coordinator's loop, so that the formatting (a hundred milliseconds at 2,048 nodes, eight
         samples each) can run in a thread, away from the loop that reads heartbeats."""
         with self._scraping:
+            view = view if view is not None else self._state.view()
+            for t in view.tasks:  # the per-task counters from zero, for every task known
+                self.lost_micro_batches.labels(t.record.name)
+                self.lost_steps.labels(t.record.name)
             self._state.given = view
             try:
                 return generate_latest(self.registry)
@@ -156,39 +174,50 @@ def _gauge(
 
 
 def _task_gauges(v: ClusterView) -> Iterator[Metric]:
-    live = [t for t in v.tasks if t.record.state.live]
+    """Each task's gauges, for every task the coordinator knows (as ``unicron_task_state``),
+    ended ones included until they are removed, at what an ended task has: no workers, replicas
+    or throughput, its last step. That is how kube-state-metrics serves a completed pod: the
+    series live as long as the object, its state in a gauge of its own to join on
+    (``* on (task) group_left unicron_task_state{state="running"}``). So a finished task's
+    progress reads 100% and its WAF drops to 0, where a dropped series would leave a line that
+    stops at its last value and an idle cluster's panels with "No data"; a ``state`` label on
+    each gauge instead would start a new series at every transition and break the lines."""
     yield _gauge(
         "unicron_task_state",
         "1 for the state each task is in (every task the coordinator knows)",
         ["task", "state"],
         [([t.record.name, s.value], float(t.record.state is s)) for t in v.tasks for s in TaskState],
     )
-    per_task: tuple[tuple[str, str, Callable[[TaskView], float]], ...] = (
-        ("unicron_task_workers", "Workers (GPUs) allocated to the task", lambda t: t.record.workers),
-        ("unicron_task_replicas", "Data-parallel replicas of the task", lambda t: t.replicas),
+
+    def live(t: TaskView, value: float | None) -> float | None:
+        return value if t.record.state.live else 0.0  # an ended task holds and computes nothing
+
+    per_task: tuple[tuple[str, str, Callable[[TaskView], float | None]], ...] = (
+        ("unicron_task_workers", "Workers (GPUs) allocated to the task", lambda t: live(t, t.record.workers)),
+        ("unicron_task_replicas", "Data-parallel replicas of the task", lambda t: live(t, t.replicas)),
         ("unicron_task_step", "The last step the task completed", lambda t: t.record.step),
         ("unicron_task_iterations", "The steps the task trains in all", lambda t: t.spec.run.iterations),
         ("unicron_task_weight", "The task's weight in the cluster's WAF", lambda t: t.spec.weight),
         (
             "unicron_task_achieved_waf_flops",
             "Weighted FLOP/s the task achieved recently",
-            lambda t: t.achieved_waf,
+            lambda t: live(t, t.achieved_waf),
+        ),
+        (
+            # Not measured yet: no sample (a 0 would read as a measured stall); none without workers.
+            "unicron_task_measured_flops",
+            "FLOP/s measured for the task at its current size (0 without workers)",
+            lambda t: live(t, t.measured_flops if t.record.workers else 0.0),
+        ),
+        (
+            "unicron_task_planned_waf_flops",
+            "Weighted FLOP/s the current plan expects of the task (0: none planned)",
+            lambda t: live(t, t.planned_waf or 0.0),
         ),
     )
     for name, doc, get in per_task:
-        yield _gauge(name, doc, ["task"], [([t.record.name], float(get(t))) for t in live])
-    yield _gauge(
-        "unicron_task_measured_flops",
-        "FLOP/s measured for the task at its current size",
-        ["task"],
-        [([t.record.name], t.measured_flops) for t in live if t.measured_flops is not None],
-    )
-    yield _gauge(
-        "unicron_task_planned_waf_flops",
-        "Weighted FLOP/s the current plan expects of the task",
-        ["task"],
-        [([t.record.name], t.planned_waf) for t in live if t.planned_waf is not None],
-    )
+        values = [([t.record.name], float(value)) for t in v.tasks if (value := get(t)) is not None]
+        yield _gauge(name, doc, ["task"], values)
     failures = CounterMetricFamily("unicron_task_failures", "Failures the task met", labels=["task"])
     for t in v.tasks:
         failures.add_metric([t.record.name], t.record.failures)
@@ -199,23 +228,26 @@ def _cluster_gauges(v: ClusterView) -> Iterator[Metric]:
     yield _gauge(
         "unicron_cluster_waf_flops", "The cluster's weighted achieved FLOP/s, recently", [], [([], v.waf)]
     )
-    if v.planned_waf is not None:
-        yield _gauge("unicron_cluster_planned_waf_flops", "The current plan's WAF", [], [([], v.planned_waf)])
-    if v.optimum_waf is not None:
-        yield _gauge(
-            "unicron_cluster_optimum_waf_flops",
-            "The WAF the planner reaches with every registered node healthy",
-            [],
-            [([], v.optimum_waf)],
-        )
+    # No plan in force (no task left, or none decided yet): nothing is planned, 0.
+    planned = v.planned_waf or 0.0
+    yield _gauge("unicron_cluster_planned_waf_flops", "The current plan's WAF", [], [([], planned)])
+    # No task: the optimum is 0; tasks the planner could not divide: unknown (NaN, not a false 0).
+    running = any(t.record.state.live for t in v.tasks)
+    optimum = v.optimum_waf if v.optimum_waf is not None else math.nan if running else 0.0
+    yield _gauge(
+        "unicron_cluster_optimum_waf_flops",
+        "The WAF the planner reaches with every registered node healthy",
+        [],
+        [([], optimum)],
+    )
     yield _gauge("unicron_incidents_open", "Incidents not yet recovered", [], [([], v.open_incidents)])
     plans = CounterMetricFamily(
         "unicron_plan_table",
         "Plans looked up in the table, solved on the spot, tables rebuilt",
         labels=["outcome"],
     )
-    for outcome, count in sorted(v.plan_counts.items()):
-        plans.add_metric([{"table": "lookup", "solved": "solve", "rebuilds": "rebuild"}[outcome]], count)
+    for key, outcome in PLAN_OUTCOMES.items():  # every outcome, from zero
+        plans.add_metric([outcome], v.plan_counts.get(key, 0))
     yield plans
 
 
