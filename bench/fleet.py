@@ -25,7 +25,8 @@ from urllib.parse import urlsplit
 
 import uvloop
 
-from unicron.control.service.tokens import issue, load_or_create_secret
+from unicron.control.service.tokens import issue
+from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.protocol import Heartbeat, Registration
 

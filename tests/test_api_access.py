@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 
 from unicron.control.coordinator import CoordinatorSettings
 from unicron.control.service.service import create_app
-from unicron.control.service.tokens import issue, load_or_create_secret, secret_path, token_id, verify
+from unicron.control.service.tokens import issue, token_id, verify
+from unicron.control.store.secret import load_or_create_secret, secret_path
 from unicron.core.access import Need, Principal, Role, decide
 from unicron.core.errors import UsageError
 from unicron.core.settings import Settings

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from unicron.control.coordinator import CoordinatorSettings
 from unicron.control.launch.localcluster import free_port
 from unicron.control.service.service import create_app
-from unicron.control.service.tokens import issue, load_or_create_secret
+from unicron.control.service.tokens import issue
+from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.errors import UsageError
 

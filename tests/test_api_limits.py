@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 
 from unicron.control.coordinator import CoordinatorSettings
 from unicron.control.service.service import create_app
-from unicron.control.service.tokens import issue, load_or_create_secret
+from unicron.control.service.tokens import issue
+from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Role
 
 TASK = "{name: %s, weight: 1, throughput: {1: 1.0e9}, run: {program: [python, x.py], iterations: 5}}"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from unicron.control.detect.storagewatch import Opened
+from unicron.control.recover.storagewatch import Opened
 from unicron.core.kept import InFlight, LadderCounts, StorageIncidents
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import (

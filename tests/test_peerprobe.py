@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from unicron.control.agent.peerprobe import listen, partition_verdict, unreachable
-from unicron.control.detect.peercheck import PeerCheck, outcome
+from unicron.control.agent.peerprobe import listen, unreachable
+from unicron.control.detect.peercheck import PeerCheck, outcome, partition_verdict
 from unicron.core.taxonomy import ErrorKind
 
 NODES = {"a", "b", "c", "d", "e"}

@@ -10,7 +10,8 @@ from fastapi.testclient import TestClient
 
 from unicron.control.coordinator import CoordinatorSettings
 from unicron.control.service.service import create_app
-from unicron.control.service.tokens import issue, load_or_create_secret
+from unicron.control.service.tokens import issue
+from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Role
 
 TASK = """

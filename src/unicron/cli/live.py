@@ -130,7 +130,8 @@ def run_agent(
 def create_token(
     role: str, subject: str | None, state_dir: Path, ttl: float | None, output: Path | None
 ) -> None:
-    from unicron.control.service.tokens import issue, read_secret, token_id
+    from unicron.control.service.tokens import issue, token_id
+    from unicron.control.store.secret import read_secret
 
     try:
         kind = Role(role)
@@ -151,7 +152,8 @@ def create_token(
 
 def revoke_token(state_dir: Path, token_file: Path | None, ident: str | None, api: Api | None = None) -> None:
     from unicron.control.service.revocation import check_token_id, revoke
-    from unicron.control.service.tokens import read_secret, token_id, unverified_id
+    from unicron.control.service.tokens import token_id, unverified_id
+    from unicron.control.store.secret import read_secret
 
     if (token_file is None) == (ident is None):
         raise UsageError("name the token to revoke: --token-file FILE or --id ID (one of them)")

@@ -23,25 +23,25 @@ from typing import Any
 from unicron.control.act.effects import Applier, Orders
 from unicron.control.act.rendezvous import Rendezvous
 from unicron.control.context import Context, CoordinatorSettings
-from unicron.control.detect.detection import Detector, stalled_for
-from unicron.control.detect.storagewatch import StorageWatch
-from unicron.control.detect.tail import Tail
+from unicron.control.detect import reported
+from unicron.control.detect.detection import Detector, Failing, Judged, stalled_for
+from unicron.control.detect.tail import Finished, Tail
 from unicron.control.detect.vanished import Vanished
-from unicron.control.observe import reported
 from unicron.control.observe.clusterview import Viewer
 from unicron.control.observe.metrics import Metrics
 from unicron.control.observe.wafhistory import WafHistory
 from unicron.control.place.draining import DRAIN_EVENTS, drainable, resumable, returning_state
 from unicron.control.place.placing import Placer
 from unicron.control.place.rates import RateMeter
-from unicron.control.place.removal import removable
-from unicron.control.place.stepping import Steps
+from unicron.control.place.removal import forgettable, removable
 from unicron.control.recover.admission import refusal
 from unicron.control.recover.attribution import Attribution, Sign
 from unicron.control.recover.exits import ExitMeans, exit_means
 from unicron.control.recover.generations import Generations
 from unicron.control.recover.recovery import CONSEQUENCES, Recovery
+from unicron.control.recover.storagewatch import StorageWatch
 from unicron.control.service.revocation import check_token_id
+from unicron.control.stepping import Steps
 from unicron.control.store.backend import Backend, open_backend
 from unicron.control.store.journal import Journal
 from unicron.control.store.records import TaskRecord
@@ -133,8 +133,7 @@ class Coordinator:
         self.act.listeners.append(self.metrics.on_event)
         self.storage = StorageWatch(self.ctx)
         self.vanished = Vanished(self.ctx, self.handle_report)  # rows whose processes are gone unreported
-        failing = lambda name: any(task == name for task, _ in self.storage.open)  # noqa: E731
-        self.tail = Tail(self.ctx, self.detector, self.recovery, failing, self._finished)
+        self.tail = Tail(self.ctx, self.detector)
         self.recovery.rebuild()
         self._restore_kept()
         self.placer.rebuild_spares()
@@ -341,7 +340,8 @@ class Coordinator:
         if task is None:
             return
         if isinstance(report, StacksReport):
-            if self.detector.stacks_reported(report, self.clock()):
+            if self.detector.stacks_reported(report):
+                self._judged(self.detector.judge_checks(self.clock()))
                 return  # it answers a peer check, which records it with its verdict
             incident = self.detector.hang_incidents.get((report.task, report.generation))
             reported.stacks(self.act, report, incident)  # ordered for a generation now usually gone
@@ -483,10 +483,14 @@ class Coordinator:
         self.last_tick = ran
         if stalled is not None:
             self.detector.resumed(now, stalled)
-        if self.detector.check_nodes(now):
+            self.recovery.paused(stalled)  # its deadlines move on by the stall
+        for name, silent in self.detector.silent(now):
+            self.recovery.node_lost(name, silent)
+            self.dirty = True
+        if self._forget_lost_nodes(now) or self.recovery.isolations_over(now):
             self.dirty = True
         self.recovery.expire_awaiting(now)
-        self.detector.judge_checks(now)
+        self._judged(self.detector.judge_checks(now))
         for name in list(self.generations.growing):
             if self.generations.check_growth(name, now):
                 self.dirty = True  # idle slots may want a new spare
@@ -499,11 +503,11 @@ class Coordinator:
             if task.state is TaskState.RESTARTING:
                 self._finish_stopping(task, now)
             elif task.state is TaskState.STARTING:
-                self.detector.check_start(task, now)
+                self._failing(self.detector.check_start(task, now))
                 self.recovery.check_deadline(task.name, task.generation, now, self.detector.positions)
             elif task.state is TaskState.RUNNING:
-                self.detector.check_hang(task, now)  # a step that is late
-                self.tail.check(task, now)  # past the last step: exits that are late
+                self._failing(self.detector.check_hang(task, now))  # a step that is late
+                self._tail(task, now)  # past the last step: exits that are late
         self._keep_step_times(now)
         live = self.store.tasks(live_only=True)
         self.history.sample(now, {t.name: t.flop for t in live})
@@ -513,6 +517,42 @@ class Coordinator:
                 self.placer.reconcile()
             elif self.placer.held is not None:
                 self.placer.carry_out_held()  # launches wait for slots still held: again
+
+    def _failing(self, found: Failing | None) -> None:
+        """Detection found a generation failing: recovery opens its incident; a hang's stacks,
+        reported later, are that incident's."""
+        if found is None:
+            return
+        self.recovery.failing(found)
+        key = (found.task, found.generation)
+        if found.hang and (incident := self.recovery.open_incident(key)) is not None:
+            self.detector.opened(key, incident)
+
+    def _judged(self, judged: list[Judged]) -> None:
+        """Peer checks complete: the failure each found is recovered from, and the stacks it
+        gathered are recorded with the generation's incident."""
+        for check in judged:
+            self._failing(check.failing)
+            if (incident := self.recovery.open_incident(check.key)) is not None:
+                self.detector.opened(check.key, incident)
+            for report in check.stacks:
+                reported.stacks(self.act, report, self.detector.hang_incidents.get(check.key))
+
+    def _tail(self, task: TaskRecord, now: float) -> None:
+        storage_failing = any(name == task.name for name, _ in self.storage.open)
+        found = self.tail.check(task, now, storage_failing)
+        if isinstance(found, Finished):
+            self._finished(task)
+        else:
+            self._failing(found)
+
+    def _forget_lost_nodes(self, now: float) -> bool:
+        """Lost nodes silent for ``forget_lost_node_s`` that hold no workers are forgotten."""
+        after_s = self.limits.forget_lost_node_s
+        old = forgettable(self.store.nodes(), self.store.held_slots, now, after_s)
+        for name in old:
+            self.act.remove_node(name, why=f"lost for over {after_s:g} s (forget_lost_node_s)")
+        return bool(old)
 
     def _keep_step_times(self, now: float) -> None:
         """The step times that judge hangs, kept every ``KEEP_STEP_TIMES_S`` when they changed: a

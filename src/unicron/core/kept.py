@@ -137,7 +137,7 @@ class InFlight(Kept):
 
 class StorageIncident(BaseModel):
     """A checkpoint tier refusing a task's checkpoints while it trains on from memory
-    (``control/detect/storagewatch.py``)."""
+    (``control/recover/storagewatch.py``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     task: str

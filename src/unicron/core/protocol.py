@@ -249,6 +249,10 @@ AGENT_RETRY_CAP_S = 4.0
 # reads the requests its agents gave up on meanwhile (they wait in its listen backlog): one read
 # within this of its resume may be such a request, whose agent is still in its retry pause.
 AGENT_REQUEST_TIMEOUT_S = 2.0
+# How long an agent's probe of its peers may take (``control/agent/peerprobe.py``), which the
+# coordinator allows for before it judges the check: a connect within a cluster takes
+# milliseconds; a lost SYN is retried at 1 s.
+PROBE_TIMEOUT_S = 3.0
 
 AGENT_DATAGRAM = TypeAdapter(AgentDatagram)  # what a worker may send its agent
 

@@ -15,7 +15,7 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
-from unicron.control.service.tokens import load_or_create_secret
+from unicron.control.store.secret import load_or_create_secret
 from unicron.core.protocol import fault_claim_key
 from unicron.core.signing import derive, opened, sign
 

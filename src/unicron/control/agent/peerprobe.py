@@ -6,23 +6,20 @@ heartbeats arrive and it is never declared lost) but no longer its peers. Gloo t
 silence until the process-group timeout, and restarting the same placement only forms a group
 that cannot connect. So, before a no-culprit hang is answered, each agent of the generation is
 asked to connect to every other's probe listener (a TCP port on its node's address that accepts
-and closes), and reports the peers it could not reach. ``partition_verdict`` turns those reports
-into the nodes to take out: those in the most failed pairs, taken while they still reach each
-other, until every failed pair is accounted for. A split into equal halves blames no one.
+and closes), and reports the peers it could not reach; the coordinator turns the reports into
+a verdict (``control/detect/peercheck.py:partition_verdict``).
 
-The listener and the probe run in the agent; the verdict is pure (tested with hand-built reports).
+The listener and the probe run in the agent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-from collections import Counter
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
-PROBE_TIMEOUT_S = 3.0  # a connect within a cluster takes milliseconds; a lost SYN is retried at 1 s
+from unicron.core.protocol import PROBE_TIMEOUT_S
+
 ATTEMPTS = 2  # a lossy link may lose a probe's SYN twice: a node is unreachable when both attempts fail
 
 
@@ -56,36 +53,3 @@ async def unreachable(peers: Mapping[str, str], timeout_s: float = PROBE_TIMEOUT
     names = sorted(peers)
     results = await asyncio.gather(*(reachable(peers[n], timeout_s) for n in names))
     return [n for n, ok in zip(names, results, strict=True) if not ok]
-
-
-@dataclass(frozen=True)
-class PartitionVerdict:
-    culprits: tuple[str, ...]  # nodes to take out, most cut-off first; empty: no one to blame
-    why: str
-
-
-def partition_verdict(reports: Mapping[str, Collection[str]], nodes: Collection[str]) -> PartitionVerdict:
-    """``reports``: node -> the peers it could not reach (a node that did not report reached no
-    verdict of its own). Greedily take the nodes in the most failed pairs, stopping when every
-    failed pair is accounted for, or when those nodes cannot reach each other either: two
-    halves, or two nodes, that cannot reach each other (either could be the one cut off).
-    Nodes taken together reach each other: a group cut off from a larger one."""
-    pairs = {frozenset((a, b)) for a, lost in reports.items() for b in lost if a != b and b in nodes}
-    culprits: list[str] = []
-    while pairs:
-        degree = Counter(node for pair in pairs for node in pair)
-        most = max(degree.values())
-        tied = sorted(node for node, count in degree.items() if count == most)
-        if any(frozenset(two) in pairs for two in itertools.combinations(tied, 2)):
-            break
-        culprits += tied
-        pairs = {pair for pair in pairs if not pair & set(tied)}
-    if not culprits:
-        if not any(reports.values()):
-            return PartitionVerdict((), "every node reaches every other: not the network between them")
-        return PartitionVerdict((), f"nodes cannot reach each other but none stands out: {_said(reports)}")
-    return PartitionVerdict(tuple(culprits), f"{', '.join(culprits)} cut off from peers: {_said(reports)}")
-
-
-def _said(reports: Mapping[str, Collection[str]]) -> str:
-    return "; ".join(f"{a} cannot reach {', '.join(sorted(b))}" for a, b in sorted(reports.items()) if b)

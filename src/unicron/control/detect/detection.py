@@ -3,7 +3,10 @@ that never started, isolation that has run out.
 
 Exits, exceptions and iteration reports arrive with heartbeats (``coordinator.py``); this module
 judges what only time can tell. Each judgement is a pure function of records and ``now``; the
-``Detector`` hands what it finds to recovery.
+``Detector`` returns what it finds (silent nodes, :class:`Failing` generations), and the
+coordinator hands that to recovery: detection decides what failed, recovery what to do about it.
+Detection reads whether a generation is being handled through :class:`Handled`, a read-only
+view recovery provides, and imports nothing of recovery.
 """
 
 from __future__ import annotations
@@ -11,14 +14,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from unicron.control.context import Context
 from unicron.control.detect.hangs import WorkerKey, hang_verdict, unheard
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import PeerCheck, outcome, probe_endpoints
-from unicron.control.observe import reported
-from unicron.control.place.removal import forgettable
-from unicron.control.recover.recovery import Recovery
 from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.core.protocol import (
     AGENT_REQUEST_TIMEOUT_S,
@@ -30,7 +31,46 @@ from unicron.core.protocol import (
 )
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, WorkerPhase
-from unicron.core.taxonomy import ErrorKind
+from unicron.core.taxonomy import ErrorKind, Scope
+
+GenerationKey = tuple[str, int]  # (task, generation)
+
+
+class Handled(Protocol):
+    """What detection reads of recovery: whether a generation's failure is being handled."""
+
+    def has_incident(self, key: GenerationKey) -> bool:
+        """An incident of the generation is open."""
+        ...
+
+    def awaiting_cause(self, key: GenerationKey) -> bool:
+        """Survivors of the generation reported a peer's failure; its cause is due."""
+        ...
+
+
+@dataclass(frozen=True)
+class Failing:
+    """A generation found failing by watching it, for recovery to open an incident for."""
+
+    task: str
+    generation: int
+    kind: ErrorKind
+    node: str | None  # the node to blame, if any
+    why: str
+    failed: frozenset[int] | None = None  # the ranks known gone (None: not known)
+    seen_at: float | None = None  # when the symptom began
+    scope: Scope | None = None
+    hang: bool = False  # a hang: the stacks reported for the generation are its incident's
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A peer check complete: the failure it found (None: graced, or handled meanwhile), and
+    the stacks the check gathered, recorded with the incident once it is open."""
+
+    key: GenerationKey
+    failing: Failing | None
+    stacks: tuple[StacksReport, ...]
 
 
 def silent_nodes(
@@ -102,7 +142,7 @@ def first_step_allowance(limits: Settings, measured_s: float | None) -> float:
 @dataclass
 class Detector:
     ctx: Context
-    recovery: Recovery
+    handled: Handled
     monitors: dict[tuple[str, int], TaskMonitor] = field(default_factory=dict)
     # What each worker process last reported, by (task, pid): whether it is stopped (SIGSTOP), and
     # where it is. By process, not by rank: a survivor renamed into a new generation is reported
@@ -173,60 +213,45 @@ class Detector:
         self.deferred.pop(name, None)
         self.restored.pop(name, None)
 
-    def check_nodes(self, now: float) -> bool:
-        """Declare silent nodes lost and end isolations that ran out; True when nodes changed."""
+    def silent(self, now: float) -> list[tuple[str, float]]:
+        """The nodes silent past their deadline, with how long (``silent_nodes``)."""
         if self.listening_since is None:
             self.listening_since = now
-        store, changed = self.ctx.store, False
-        for name, silent in silent_nodes(store.nodes(), now, self.listening_since, self.ctx.limits):
-            self.recovery.node_lost(name, silent)
-            changed = True
-        after_s = self.ctx.limits.forget_lost_node_s
-        for name in forgettable(store.nodes(), store.held_slots, now, after_s):
-            self.ctx.act.remove_node(name, why=f"lost for over {after_s:g} s (forget_lost_node_s)")
-            changed = True
-        for node in store.nodes():
-            if node.state is NodeState.ISOLATED and now >= self.recovery.isolated_until.get(node.name, 0):
-                self.ctx.act.node_state(node.name, NodeState.HEALTHY)
-                self.ctx.act.record("node_back", node=node.name, why="isolation over")
-                changed = True
-        return changed
+        return silent_nodes(self.ctx.store.nodes(), now, self.listening_since, self.ctx.limits)
 
     def resumed(self, now: float, stalled_s: float) -> None:
         """The coordinator ran again after ``stalled_s`` without: every node gets a full
-        heartbeat deadline from now (as after a restart), steps are judged late only once every
-        agent had time to deliver what its workers did meanwhile (they trained on: nothing
-        about them needs the coordinator), and recovery's clocks stop for the stall."""
+        heartbeat deadline from now (as after a restart), and steps are judged late only once
+        every agent had time to deliver what its workers did meanwhile (they trained on:
+        nothing about them needs the coordinator)."""
         self.listening_since = now
         self.judging_from = now + self.ctx.limits.heartbeat_deadline_s
-        self.recovery.paused(stalled_s)
         self.ctx.act.record("coordinator_stalled", seconds=round(stalled_s, 3), grace_until=self.judging_from)
 
-    def check_start(self, task: TaskRecord, now: float) -> None:
+    def check_start(self, task: TaskRecord, now: float) -> Failing | None:
         """A launch: every worker must start within ``launch_timeout_s``, and once all run, the
         first step must end within ``first_step_timeout_s`` (the step-time statistics that find
         a hang later do not exist yet, so without this a rank hung in it stalls the task)."""
         if now < self.judging_from:
-            return  # the coordinator just stalled: the agents' reports are still on their way
+            return None  # the coordinator just stalled: the agents' reports are still on their way
         workers = self.ctx.store.workers(task.name, task.generation)
         limits = self.ctx.limits
         late = [w for w in workers if now - w.launched > limits.launch_timeout_s]
         stale = [w for w in late if w.state is WorkerPhase.LAUNCHING]
         if stale:
-            self.recovery.incident(
-                task.name, ErrorKind.EXITED_ABNORMALLY, None, f"{len(stale)} worker(s) never started"
-            )
-            return
+            why = f"{len(stale)} worker(s) never started"
+            return Failing(task.name, task.generation, ErrorKind.EXITED_ABNORMALLY, None, why)
         key = (task.name, task.generation)
-        handled = key in self.recovery.incidents or key in self.recovery.awaiting or key in self.checks
+        handled = self.handled.has_incident(key) or self.handled.awaiting_cause(key) or key in self.checks
         if task.launched_generation != task.generation or handled or not workers:
-            return  # an in-place generation: its incident's deadline covers it
+            return None  # an in-place generation: its incident's deadline covers it
         since = launch_began(workers)
         allowed_s = first_step_allowance(limits, self.first_steps.get(task.name))
         if all(w.state is WorkerPhase.RUNNING for w in workers) and now - since > allowed_s:
             # The late step is the one after the checkpoint the launch resumed from (the task's own
             # step is the furthest any generation reached: a relaunch trains some steps again).
-            self._hung(task, now, task.checkpoint_step + 1, since, allowed_s)
+            return self._hung(task, now, task.checkpoint_step + 1, since, allowed_s)
+        return None
 
     def first_step_done(self, task: TaskRecord, ended: float) -> None:
         """The first step of the task's current generation ended at ``ended``: a launch's is
@@ -241,23 +266,28 @@ class Detector:
         """Whether a generation's lateness is not to be judged now: the coordinator just stalled
         (what was done meanwhile is still on its way), a failure of it is being handled, or its
         peers are being probed."""
-        return now < self.judging_from or key in self.recovery.awaiting or key in self.checks
+        return now < self.judging_from or self.handled.awaiting_cause(key) or key in self.checks
 
-    def check_hang(self, task: TaskRecord, now: float) -> None:
+    def check_hang(self, task: TaskRecord, now: float) -> Failing | None:
         key = (task.name, task.generation)
         if self.standing_aside(key, now):
-            return
+            return None
         if task.step >= self.ctx.spec(task.name).run.iterations:
-            return  # training is over; the workers are saving and exiting
+            return None  # training is over; the workers are saving and exiting
         monitor = self.monitor(task.name, task.generation)
         monitor.watch_from(now, task.step)
         grace = self.graced.get(key)
         if grace is not None and grace.step == monitor.last_step + 1 and now < grace.until:
-            return  # a slow network's grace
+            return None  # a slow network's grace
         # One heartbeat more: the report of a step that did end may still be on its way.
         if not monitor.late(now - self.ctx.limits.heartbeat_interval_s):
-            return
-        self._hung(task, now, monitor.last_step + 1, monitor.since, monitor.deadline())
+            return None
+        return self._hung(task, now, monitor.last_step + 1, monitor.since, monitor.deadline())
+
+    def opened(self, key: GenerationKey, incident: int) -> None:
+        """Recovery opened ``incident`` for the generation's hang: stacks reported for the
+        generation from now on are that incident's."""
+        self.hang_incidents[key] = incident
 
     def _deferred(self, task: TaskRecord, step: int, waited_s: float, silent: dict[str, float]) -> None:
         """Say once per late step that it is not judged yet: a node of the task is silent, and
@@ -274,10 +304,12 @@ class Detector:
             generation=task.generation,
         )
 
-    def _hung(self, task: TaskRecord, now: float, step: int, since: float, deadline_s: float) -> None:
+    def _hung(
+        self, task: TaskRecord, now: float, step: int, since: float, deadline_s: float
+    ) -> Failing | None:
         """``step`` is late (nothing since ``since``): name the hung ranks, record every rank's
-        stack, kill the culprits and open the incident. With no culprit and several nodes, the
-        agents probe each other first (``peercheck``): the incident waits for their answer."""
+        stack, kill the culprits and say what failed. With no culprit and several nodes, the
+        agents probe each other first (``peercheck``): the verdict waits for their answer."""
         workers, limits = self.ctx.store.workers(task.name, task.generation, live=True), self.ctx.limits
         seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
         observed = self.observed(workers)
@@ -287,7 +319,7 @@ class Detector:
         )
         if verdict is None:
             self._deferred(task, step, now - since, unheard(workers, seen, now, limits))
-            return
+            return None
         culprits, grace = verdict.culprits, self.graced.get((task.name, task.generation))
         endpoints = None
         by_then_s = now - since + limits.network_grace_s
@@ -310,41 +342,42 @@ class Detector:
         )
         if endpoints is not None:
             self.checks[(task.name, task.generation)] = PeerCheck.of(workers, step, since, verdict.why, now)
-            return
+            return None
         # Kill the hung worker(s) at once: the hang becomes an ordinary death.
         for w in culprits:
             self.ctx.act.stop_worker(w, 0.0)
-        self.recovery.incident(
+        return Failing(
             task.name,
+            task.generation,
             ErrorKind.TASK_HANG,
             culprits[0].node if culprits else None,
             f"step {step} late; hung rank(s) {[w.rank for w in culprits] or 'unknown'}: {verdict.why}",
-            failed={w.rank for w in culprits} or None,
+            failed=frozenset(w.rank for w in culprits) or None,
             seen_at=since,
+            hang=True,
         )
-        incident = self.recovery.incidents.get((task.name, task.generation))
-        if incident is not None:
-            self.hang_incidents[(task.name, task.generation)] = incident.id
 
     # ------------------------------------------------------------------ peer checks
-    def stacks_reported(self, report: StacksReport, now: float) -> bool:
-        """Take a stacks report that answers a peer check (True), and judge the check once it
-        is complete."""
+    def stacks_reported(self, report: StacksReport) -> bool:
+        """Take a stacks report that answers a peer check (True); the check is judged once
+        complete (``judge_checks``)."""
         check = self.checks.get((report.task, report.generation))
         if check is None:
             return False
         check.add(report)
-        self.judge_checks(now)
         return True
 
-    def judge_checks(self, now: float) -> None:
+    def judge_checks(self, now: float) -> list[Judged]:
+        judged = []
         for key, check in list(self.checks.items()):
             if check.complete(now):
                 del self.checks[key]
-                self._judged(check, now)
+                judged.append(self._judged(check, now))
+        return judged
 
-    def _judged(self, check: PeerCheck, now: float) -> None:
-        """Carry out what the complete check decides (``peercheck.outcome``)."""
+    def _judged(self, check: PeerCheck, now: float) -> Judged:
+        """What the complete check decides (``peercheck.outcome``): a grace for a slow network,
+        or the failure to recover from."""
         key = (check.task, check.generation)
         decided = outcome(check, self.ctx.limits.network_grace_s)
         self.ctx.act.record(
@@ -359,13 +392,13 @@ class Detector:
             retransmitting=check.retransmitting,
         )
         task = self.ctx.store.task(check.task)
+        failing = None
         if decided.grace_s > 0:
             self.graced[key] = Grace(check.step, now + decided.grace_s, decided.renewable)
-        elif task is not None and task.generation == check.generation and key not in self.recovery.incidents:
-            failed = None if decided.failed is None else set(decided.failed)
-            self.recovery.incident(check.task, decided.kind, decided.node, decided.why, failed, check.since)
-        incident = self.recovery.incidents.get(key)
-        if incident is not None:
-            self.hang_incidents[key] = incident.id
-        for report in check.stacks:
-            reported.stacks(self.ctx.act, report, self.hang_incidents.get(key))
+        elif task is not None and task.generation == check.generation and not self.handled.has_incident(key):
+            failed = None if decided.failed is None else frozenset(decided.failed)
+            kind, node = decided.kind, decided.node
+            failing = Failing(
+                check.task, check.generation, kind, node, decided.why, failed, check.since, hang=True
+            )
+        return Judged(key, failing, tuple(check.stacks))

@@ -3,7 +3,7 @@
 The detector opens a ``PeerCheck`` instead of an incident when every rank of a generation that
 spans several nodes waits in a collective; the order to dump stacks carries every node's probe
 endpoint. Each agent's stacks report says which peers it could not reach. Once every node has
-answered (or ``PEER_CHECK_S`` has passed) the check is judged (``peerprobe.partition_verdict``):
+answered (or ``PEER_CHECK_S`` has passed) the check is judged (``partition_verdict``):
 a node its peers cannot reach becomes a ``node_partitioned`` incident for that node, whose ranks
 are the failed ones, so the others recover in place and the node is isolated; otherwise the hang
 is opened as before. The check adds the probe's time (at most ``PROBE_TIMEOUT_S``) to the hang's
@@ -17,16 +17,50 @@ checks again when it runs out. Without that evidence the grace is given once per
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from unicron.control.agent.peerprobe import PROBE_TIMEOUT_S, PartitionVerdict, partition_verdict
 from unicron.control.store.records import NodeRecord, WorkerRecord
-from unicron.core.protocol import StacksReport
+from unicron.core.protocol import PROBE_TIMEOUT_S, StacksReport
 from unicron.core.taxonomy import ErrorKind
 
 # Dump (0.5 s) and probe in parallel, then one heartbeat or two for the report to arrive.
 PEER_CHECK_S = PROBE_TIMEOUT_S + 3.0
+
+
+@dataclass(frozen=True)
+class PartitionVerdict:
+    culprits: tuple[str, ...]  # nodes to take out, most cut-off first; empty: no one to blame
+    why: str
+
+
+def partition_verdict(reports: Mapping[str, Collection[str]], nodes: Collection[str]) -> PartitionVerdict:
+    """``reports``: node -> the peers it could not reach (a node that did not report reached no
+    verdict of its own). Greedily take the nodes in the most failed pairs, stopping when every
+    failed pair is accounted for, or when those nodes cannot reach each other either: two
+    halves, or two nodes, that cannot reach each other (either could be the one cut off).
+    Nodes taken together reach each other: a group cut off from a larger one."""
+    pairs = {frozenset((a, b)) for a, lost in reports.items() for b in lost if a != b and b in nodes}
+    culprits: list[str] = []
+    while pairs:
+        degree = Counter(node for pair in pairs for node in pair)
+        most = max(degree.values())
+        tied = sorted(node for node, count in degree.items() if count == most)
+        if any(frozenset(two) in pairs for two in itertools.combinations(tied, 2)):
+            break
+        culprits += tied
+        pairs = {pair for pair in pairs if not pair & set(tied)}
+    if not culprits:
+        if not any(reports.values()):
+            return PartitionVerdict((), "every node reaches every other: not the network between them")
+        return PartitionVerdict((), f"nodes cannot reach each other but none stands out: {_said(reports)}")
+    return PartitionVerdict(tuple(culprits), f"{', '.join(culprits)} cut off from peers: {_said(reports)}")
+
+
+def _said(reports: Mapping[str, Collection[str]]) -> str:
+    return "; ".join(f"{a} cannot reach {', '.join(sorted(b))}" for a, b in sorted(reports.items()) if b)
 
 
 def probe_endpoints(nodes: Sequence[NodeRecord], names: set[str]) -> dict[str, str] | None:

@@ -8,21 +8,20 @@ take: as for any step, a save seen in progress holds that off by up to
 ``checkpoint_allowance_s``, and while the task's checkpoint storage is failing the final state
 waits ``storage_wait_s`` more for it (``train/saving.py``), so that is allowed too.
 
-The overdue workers are then handled as their exits would have been (``exits.py``): with the
-final state known saved (rank 0's digest, or a checkpoint of the last step) the task is finished
-and they are stopped; without it they are killed and the task is relaunched from its newest
-checkpoint, the steps since trained again rather than lost.
+The overdue workers are then handled as their exits would have been (``recover/exits.py``): with
+the final state known saved (rank 0's digest, or a checkpoint of the last step) the task is
+finished (:class:`Finished`) and they are stopped; without it they are killed and the task fails
+(a :class:`Failing` for recovery), to be relaunched from its newest checkpoint, the steps since
+trained again rather than lost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from unicron.control.context import Context
-from unicron.control.detect.detection import Detector
-from unicron.control.recover.exits import final_state_saved
-from unicron.control.recover.recovery import Recovery
+from unicron.control.detect.detection import Detector, Failing
 from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.core.settings import Settings
 from unicron.core.states import TaskState
@@ -54,8 +53,15 @@ def overdue(
     have passed ``since`` its last step ended; None before (or with none left); pure."""
     if task.state is not TaskState.RUNNING or task.step < iterations or not live or now - since <= allowed:
         return None
-    saved = final_state_saved(task, iterations)
+    saved = task.final_state_saved(iterations)
     return Overdue(tuple(sorted(w.rank for w in live)), round(now - since, 3), allowed, saved)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The task's final state is saved: it is finished, whatever became of its last workers."""
+
+    task: str
 
 
 @dataclass
@@ -64,22 +70,22 @@ class Tail:
 
     ctx: Context
     detector: Detector
-    recovery: Recovery
-    storage_failing: Callable[[str], bool]  # the task's checkpoint storage has an open incident
-    finish: Callable[[TaskRecord], None]  # the coordinator's ending of a finished task
 
-    def check(self, task: TaskRecord, now: float) -> None:
+    def check(self, task: TaskRecord, now: float, storage_failing: bool) -> Finished | Failing | None:
+        """``storage_failing``: the task's checkpoint storage has an open incident (the final
+        state waits for it)."""
         iterations = self.ctx.spec(task.name).run.iterations
         key = (task.name, task.generation)
-        if task.step < iterations or self.detector.standing_aside(key, now) or key in self.recovery.incidents:
-            return  # still training; or not to be judged now (as a late step); or being handled
+        handled = self.detector.handled.has_incident(key)
+        if task.step < iterations or self.detector.standing_aside(key, now) or handled:
+            return None  # still training; or not to be judged now (as a late step); or being handled
         monitor = self.detector.monitor(task.name, task.generation)
         monitor.watch_from(now, task.step)  # a successor counts from its start
         live = self.ctx.store.workers(task.name, task.generation, live=True)
-        allowed = allowed_s(self.ctx.limits, self.storage_failing(task.name))
+        allowed = allowed_s(self.ctx.limits, storage_failing)
         found = overdue(task, live, monitor.since, now, allowed, iterations)
         if found is None:
-            return
+            return None
         self.ctx.act.dump_stacks(task.name, task.generation, None)  # where they hang, for the user
         self.ctx.act.record(
             "exit_overdue",
@@ -92,13 +98,19 @@ class Tail:
             final_saved=found.final_saved,
         )
         if found.final_saved:
-            self.finish(task)
-            return
+            return Finished(task.name)
         for worker in live:
             self.ctx.act.stop_worker(worker, 0.0)
         why = f"rank(s) {list(found.ranks)} still running {found.waited_s:g} s after the last step, unsaved"
-        self.recovery.incident(
-            task.name, ErrorKind.TASK_HANG, live[0].node, why, set(found.ranks), monitor.since, Scope.TASK
+        ranks, node = frozenset(found.ranks), live[0].node
+        return Failing(
+            task.name,
+            task.generation,
+            ErrorKind.TASK_HANG,
+            node,
+            why,
+            ranks,
+            monitor.since,
+            Scope.TASK,
+            hang=True,
         )
-        if (incident := self.recovery.incidents.get(key)) is not None:
-            self.detector.hang_incidents[key] = incident.id  # the stacks are the incident's

@@ -28,7 +28,8 @@ import httpx
 
 from unicron.control.launch.testhosts import Host, InNamespace, TestHosts
 from unicron.control.service.credentials import Credentials, read_token, write_token
-from unicron.control.service.tokens import issue, load_or_create_secret
+from unicron.control.service.tokens import issue
+from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.errors import UnicronError
 from unicron.core.states import SLOT_HOLDING_PHASES

@@ -34,7 +34,8 @@ import httpx
 from unicron.control.agent.processes import dies_with_parent
 from unicron.control.launch.slurm import Allocation
 from unicron.control.service.credentials import Credentials, read_token, write_token
-from unicron.control.service.tokens import issue, load_or_create_secret
+from unicron.control.service.tokens import issue
+from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.errors import UnicronError
 from unicron.core.livespecs import parse_live_tasks

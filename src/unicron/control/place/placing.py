@@ -18,9 +18,9 @@ from unicron.control.act.effects import Launch
 from unicron.control.context import Context
 from unicron.control.place.allocator import Allocator, Decided
 from unicron.control.place.rates import RateMeter
-from unicron.control.place.slots import fits, new_processes
+from unicron.control.place.slots import fits
 from unicron.control.place.spares import choose, in_the_way, seated, spare_gains
-from unicron.control.recover.generations import Generations, Shrink, planned_shrink
+from unicron.control.recover.generations import Generations, Shrink, new_processes, planned_shrink
 from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.control.store.snapshot import Snapshot
 from unicron.core.events import named

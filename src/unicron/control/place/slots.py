@@ -11,19 +11,7 @@ node's devices) a GPU another process still uses.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
-
-def new_processes(placement: Mapping[str, int], spare_nodes: Sequence[str]) -> dict[str, int]:
-    """Where a grow starts new processes: ``placement`` (node -> newcomers) less the places that
-    hot spares take (spares on ``spare_nodes``, in order, as many as there are newcomers): a
-    spare stands in for a newcomer on its own node if the placement has one there, else for one
-    on the node with the most (``Generations.grow`` does the same)."""
-    left = dict(placement)
-    for node in spare_nodes[: sum(placement.values())]:
-        target = node if left.get(node) else max(left, key=lambda n: left[n])
-        left[target] -= 1
-    return {n: c for n, c in left.items() if c > 0}
+from collections.abc import Mapping
 
 
 def fits(new: Mapping[str, int], in_use: Mapping[str, int], slots: Mapping[str, int]) -> bool:

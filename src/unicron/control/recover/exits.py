@@ -31,12 +31,6 @@ class ExitDecision:
     why: str  # the incident's words, where it opens one
 
 
-def final_state_saved(task: TaskRecord, iterations: int) -> bool:
-    """Whether the task's result is known saved: rank 0 reported the final state's digest, or a
-    checkpoint of the last step was persisted."""
-    return task.digest is not None or task.checkpoint_step >= iterations
-
-
 def exit_means(
     task: TaskRecord, report: ExitReport, iterations: int, others_running: bool, incident_open: bool
 ) -> ExitDecision:
@@ -55,7 +49,7 @@ def exit_means(
         return ExitDecision(ExitMeans.LEFT_EARLY, f"{where} exited before the last step")
     if task.digest is None and others_running:
         return ExitDecision(ExitMeans.NOTHING, "")  # rank 0's report of the final state may follow
-    if not final_state_saved(task, iterations):
+    if not task.final_state_saved(iterations):
         why = f"every worker exited after step {task.step}, none saving the final state"
         return ExitDecision(ExitMeans.STATE_LOST, why)
     return ExitDecision(ExitMeans.FINISHED, "")

@@ -10,17 +10,28 @@ a step boundary and take their state from them. The arithmetic is pure (``surviv
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from unicron.control.act.effects import Launch, Switch
 from unicron.control.context import Context
-from unicron.control.place.slots import new_processes
 from unicron.control.store.records import WorkerRecord
 from unicron.control.store.snapshot import Snapshot
 from unicron.core.kept import GrowInFlight, InFlight, Leaving
 from unicron.core.protocol import ExitReport, Membership, ready_key
 from unicron.core.states import WorkerPhase
+
+
+def new_processes(placement: Mapping[str, int], spare_nodes: Sequence[str]) -> dict[str, int]:
+    """Where a grow starts new processes: ``placement`` (node -> newcomers) less the places that
+    hot spares take (spares on ``spare_nodes``, in order, as many as there are newcomers): a
+    spare stands in for a newcomer on its own node if the placement has one there, else for one
+    on the node with the most (``Generations.grow`` does the same; ``place/placing.py`` places them so)."""
+    left = dict(placement)
+    for node in spare_nodes[: sum(placement.values())]:
+        target = node if left.get(node) else max(left, key=lambda n: left[n])
+        left[target] -= 1
+    return {n: c for n, c in left.items() if c > 0}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from unicron.control.act.effects import Effect, Isolate
 from unicron.control.context import Context
+from unicron.control.detect.detection import Failing
 from unicron.control.detect.hangs import WorkerKey, not_arrived
 from unicron.control.recover.attribution import Attribution, Sign
 from unicron.control.recover.generations import Generations
@@ -35,7 +36,7 @@ from unicron.core.kept import Isolations, OpenIncident, OpenIncidents
 from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import IterationReport, Progress
-from unicron.core.states import TaskState
+from unicron.core.states import NodeState, TaskState
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope
 from unicron.core.tiers import Escalation, Tier
 
@@ -473,6 +474,33 @@ class Recovery:
                 )
                 incident.kind = kind
                 self._keep_incidents()
+
+    # ------------------------------------------------------------ what detection reads (Handled)
+    def has_incident(self, key: tuple[str, int]) -> bool:
+        return key in self.incidents
+
+    def awaiting_cause(self, key: tuple[str, int]) -> bool:
+        return key in self.awaiting
+
+    def open_incident(self, key: tuple[str, int]) -> int | None:
+        """The id of the generation's open incident, if any."""
+        incident = self.incidents.get(key)
+        return None if incident is None else incident.id
+
+    def failing(self, found: Failing) -> None:
+        """Open the incident for a failure detection found (``detect/detection.py:Failing``)."""
+        failed = None if found.failed is None else set(found.failed)
+        self.incident(found.task, found.kind, found.node, found.why, failed, found.seen_at, found.scope)
+
+    def isolations_over(self, now: float) -> bool:
+        """Nodes whose isolation ran out are back in service; True when any was."""
+        over = False
+        for node in self.ctx.store.nodes():
+            if node.state is NodeState.ISOLATED and now >= self.isolated_until.get(node.name, 0):
+                self.ctx.act.node_state(node.name, NodeState.HEALTHY)
+                self.ctx.act.record("node_back", node=node.name, why="isolation over")
+                over = True
+        return over
 
     def paused(self, seconds: float) -> None:
         """The coordinator did not run for ``seconds``: the recoveries' deadlines and the waits

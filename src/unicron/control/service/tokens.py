@@ -1,23 +1,17 @@
-"""The cluster secret and the bearer tokens signed with it.
+"""The bearer tokens signed with the cluster secret (``control/store/secret.py``).
 
-The coordinator creates the secret at its first start, in its state directory, readable by its
-owner only (mode 0600); `unicron token create` reads the same file to issue tokens, so issuing
-one needs access to the coordinator's host, as a Slurm munge key or a kubeadm CA does. A token
-is a JWT (HS256) naming a role and a subject and, when asked, an expiry; the coordinator checks
-its signature on every call and keeps no table of tokens. Rotating the secret (delete the file,
-restart) revokes every token at once; `unicron token revoke` takes back one (control.revocation).
+A token is a JWT (HS256) naming a role and a subject and, when asked, an expiry; the coordinator
+checks its signature on every call and keeps no table of tokens. Rotating the secret (delete the
+file, restart) revokes every token at once; `unicron token revoke` takes back one
+(``control/service/revocation.py``).
 """
 
 from __future__ import annotations
 
-import os
-import secrets
-import stat
 import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 
 import jwt
 
@@ -25,43 +19,7 @@ from unicron.core.access import Principal, Role
 from unicron.core.errors import UsageError
 from unicron.core.names import check_name
 
-SECRET_FILE = "cluster-secret"
 ALGORITHM = "HS256"
-
-
-def secret_path(state_dir: Path) -> Path:
-    return state_dir / SECRET_FILE
-
-
-def load_or_create_secret(state_dir: Path) -> bytes:
-    """The cluster secret, created (32 random bytes, mode 0600) if the state dir has none. A
-    secret that others can read is refused: anyone who reads it can issue an admin token."""
-    path = secret_path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return read_secret(state_dir)
-    with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(32))
-    return read_secret(state_dir)
-
-
-def read_secret(state_dir: Path) -> bytes:
-    path = secret_path(state_dir)
-    try:
-        mode = path.stat().st_mode
-        text = path.read_text().strip()
-    except OSError as exc:
-        raise UsageError(
-            f"cannot read the cluster secret {path} ({exc.strerror}): run this on the coordinator's "
-            "host with its --state-dir (the coordinator creates the secret at its first start)"
-        ) from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UsageError(f"the cluster secret {path} is readable by others: chmod 600 {path}")
-    if len(text) < 32:
-        raise UsageError(f"the cluster secret {path} is too short: delete it and restart the coordinator")
-    return text.encode()
 
 
 def issue(secret: bytes, role: Role, subject: str, ttl_s: float | None = None) -> str:

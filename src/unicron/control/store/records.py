@@ -39,6 +39,11 @@ class TaskRecord:
     launched_generation: int  # the last generation started afresh (not re-formed in place)
     redo_until: int  # the step reached before that launch: steps up to it are trained again
 
+    def final_state_saved(self, iterations: int) -> bool:
+        """Whether the task's result is known saved: rank 0 reported the final state's digest, or
+        a checkpoint of the last step was persisted."""
+        return self.digest is not None or self.checkpoint_step >= iterations
+
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> TaskRecord:
         return cls(**{**dict(row), "state": TaskState(row["state"])})
