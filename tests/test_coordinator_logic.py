@@ -605,3 +605,22 @@ def test_the_same_event_still_widens_its_incident_after_a_coordinator_restart(ma
                       time=cluster.clock.now)  # fmt: skip
     cluster.beat(second[0], gone)
     assert len(cluster.events("incident")) == 1 and len(cluster.events("incident_widened")) == 1
+
+
+def test_each_incident_of_the_same_task_fault_is_counted_once(make: Any) -> None:
+    """A relaunch whose worker crashes before step 1, twice: two incidents of the task's own
+    fault, counted twice (the attribution of the first counted it once more: "the same task
+    fault 3 times" after two incidents)."""
+    cluster = make(recovery="restart", same_fault_limit=3)
+    cluster.exit(1)  # a running generation: a worker's fault, not counted as the task's
+    for crash in range(2):
+        cluster.running.clear()
+        for _ in range(30):
+            cluster.step(0.5)
+        assert cluster.c.store.get_task("lm").state is TaskState.STARTING, crash
+        cluster.exit(1)
+    first, second = cluster.events("incident")[1:]
+    assert first["scope"] == second["scope"] == "task"
+    assert "the same task fault" not in first["ladder"], first["ladder"]
+    ((_, _, counted),) = cluster.c.recovery.ladder.history().same
+    assert len(counted) == 2 and cluster.c.store.get_task("lm").state is not TaskState.FAILED

@@ -47,6 +47,7 @@ class LadderCounts(Kept):
     node_errors: dict[str, list[tuple[float, str, ErrorKind]]] = {}  # node -> (when, task, kind)
     failures: dict[str, list[float]] = {}  # task -> when it failed
     same: list[tuple[str, ErrorKind, list[float]]] = []  # (task, kind) -> when it recurred
+    decided: list[tuple[str, ErrorKind, list[float]]] = []  # (task, kind) -> when each incident was
 
 
 class FaultSigns(Kept):

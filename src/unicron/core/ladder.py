@@ -48,6 +48,9 @@ class Ladder:
     node_errors: dict[str, list[tuple[float, str, ErrorKind]]] = field(default_factory=dict)
     failures: dict[str, list[float]] = field(default_factory=dict)
     same: dict[tuple[str, ErrorKind], list[float]] = field(default_factory=dict)
+    # (task, kind) -> when each incident of it was decided, whatever its scope: an incident found
+    # later to be the task's own fault counts as the same fault once, by its time
+    decided: dict[tuple[str, ErrorKind], list[float]] = field(default_factory=dict)
 
     def history(self) -> LadderCounts:
         """What the ladder counts (the coordinator keeps it across a restart)."""
@@ -56,6 +59,7 @@ class Ladder:
             node_errors={n: list(e) for n, e in self.node_errors.items()},
             failures={t: list(times) for t, times in self.failures.items()},
             same=[(t, k, list(times)) for (t, k), times in self.same.items()],
+            decided=[(t, k, list(times)) for (t, k), times in self.decided.items()],
         )
 
     def restore(self, history: LadderCounts) -> None:
@@ -64,13 +68,18 @@ class Ladder:
         self.node_errors = {n: list(e) for n, e in history.node_errors.items()}
         self.failures = {t: list(times) for t, times in history.failures.items()}
         self.same = {(t, k): list(times) for t, k, times in history.same}
+        self.decided = {(t, k): list(times) for t, k, times in history.decided}
 
     def reattribute(self, task: str, kind: ErrorKind, now: float) -> None:
         """``task``'s fault of ``kind`` turned out to be its own (it struck several nodes alike):
-        take back the node errors counted for it, and count it as the same task fault."""
+        take back the node errors counted for it, and count the incidents decided for it within
+        the window as the same task fault, each once (an incident decided as the task's own is
+        counted already)."""
         for node, errors in self.node_errors.items():
             self.node_errors[node] = [e for e in errors if (e[1], e[2]) != (task, kind)]
-        self.same[(task, kind)] = [*self._recent(self.same.get((task, kind), []), now), now]
+        key = (task, kind)
+        counted = set(self._recent(self.same.get(key, []), now))
+        self.same[key] = sorted(counted | set(self._recent(self.decided.get(key, []), now)))
 
     def forget(self, task: str) -> None:
         """The task ended: its history no longer decides anything."""
@@ -78,6 +87,8 @@ class Ladder:
         self.failures.pop(task, None)
         for key in [k for k in self.same if k[0] == task]:
             del self.same[key]
+        for key in [k for k in self.decided if k[0] == task]:
+            del self.decided[key]
 
     def _recent(self, times: list[float], now: float) -> list[float]:
         return [t for t in times if now - t <= self.settings.escalation_window_s]
@@ -101,13 +112,14 @@ class Ladder:
             tier = max(tier, Tier.RECONFIGURE)
             if info.severity is Severity.SEV2:
                 why += f"; node {node} had {len(self.node_errors[node])} errors"
+        self.decided[(task, kind)] = [*self._recent(self.decided.get((task, kind), []), now), now]
         failures = [*self._recent(self.failures.get(task, []), now), now]
         self.failures[task] = failures
         if len(failures) >= self.settings.task_failure_limit:
             tier = Tier.FAIL_TASK
             why += f"; {len(failures)} failures within {self.settings.escalation_window_s:g} s"
         if scope in (Scope.TASK, Scope.STORAGE):
-            same = [*self._recent(self.same.get((task, kind), []), now), now]
+            same = sorted({*self._recent(self.same.get((task, kind), []), now), now})
             self.same[(task, kind)] = same
             if len(same) >= self.settings.same_fault_limit:
                 tier = Tier.FAIL_TASK

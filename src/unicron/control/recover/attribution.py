@@ -63,10 +63,12 @@ class Attribution:
         recent = [r for r in self.recent.get(name, []) if now - r.time <= window]
         self.recent[name] = [*recent, sign]
         sticky = [t for t in self.task_faults.get((name, kind), []) if now - t <= window]
-        scope = scope or attribute(sign, recent, self.ctx.limits.task_fault_window_s)
-        if scope is Scope.TASK and not sticky:
-            self.ladder.reattribute(name, kind, now)  # the open incident's fault was the task's
-            self.ctx.act.keep(self.ladder.history())
+        if scope is None:  # (a scope the caller gives, such as a fresh launch's, says nothing of others)
+            scope = attribute(sign, recent, self.ctx.limits.task_fault_window_s)
+            if scope is Scope.TASK and not sticky:
+                # The same fault on another node: the earlier incidents of its kind were the task's.
+                self.ladder.reattribute(name, kind, now)
+                self.ctx.act.keep(self.ladder.history())
         if scope is Scope.TASK or sticky:
             self.task_faults[(name, kind)] = [*sticky, now]
             scope = Scope.TASK
