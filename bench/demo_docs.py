@@ -54,7 +54,21 @@ def render(comparison: dict[str, Any]) -> str:
         restart_s=comparison["simulated_transition"]["restart_process_s"],
         grow_s=comparison["simulated_transition"]["reconfigure_s"],
         repair_s=loss["repair_s"],
+        **log_figures(),
     )
+
+
+def log_figures() -> dict[str, Any]:
+    """The bounds of `unicron logs` the page states, from the code."""
+    from unicron.control.service.logrelay import ANSWER_WAIT_S, IN_ALL, PER_NODE
+    from unicron.core.protocol import LOG_CHUNK_BYTES
+
+    return {
+        "log_chunk_kib": LOG_CHUNK_BYTES // 1024,
+        "log_wait_s": f"{ANSWER_WAIT_S:g}",
+        "per_node": PER_NODE,
+        "in_all": IN_ALL,
+    }
 
 
 def main(run_dir: Path) -> None:

@@ -4,6 +4,8 @@ that does not host a task's workers reports them done, exited or failed, and not
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -35,12 +37,16 @@ class Rows:
 
     def __init__(self, *rows: WorkerRecord) -> None:
         self.rows = {r.key: r for r in rows}
+        self.tasks: dict[str, Any] = {}
 
     def worker(self, task: str, generation: int, rank: int) -> WorkerRecord | None:
         return self.rows.get((task, generation, rank))
 
     def workers(self, task: str, generation: int | None = None, live: bool = False) -> list[WorkerRecord]:
         return [r for r in self.rows.values() if r.task == task and generation in (None, r.generation)]
+
+    def task(self, name: str) -> Any:
+        return self.tasks.get(name)  # (none, but in the earlier-run test)
 
 
 STORE: Any = Rows(
@@ -105,6 +111,16 @@ def test_spares_newcomers_moved_and_stale_rows_are_reported_by_their_nodes() -> 
     assert refusal(exit_(1, 0, "n1", code=1), "n1", STORE) is not None
     # A report of a generation that is gone is admitted (the coordinator then ignores it).
     assert refusal(exit_(1, 1, "n1", code=1), "n1", STORE) is None
+
+
+def test_a_row_of_an_earlier_task_of_the_name_reports_nothing() -> None:
+    """The name's task ended and was submitted again: a late report of the ended one's processes
+    (an agent back from a partition) names a row launched before the new task was submitted."""
+    store = Rows(row(2, 0, "n0"), replace(row(4, 0, "n0"), launched=50.0))
+    store.tasks = {"lm": SimpleNamespace(submitted=10.0)}  # the new task, submitted at 10
+    why = refusal(DoneReport(task="lm", generation=2, rank=0, step=100, digest="d"), "n0", store)
+    assert why is not None and "earlier task of that name" in why
+    assert refusal(DoneReport(task="lm", generation=4, rank=0, step=100, digest="d"), "n0", store) is None
 
 
 def test_stacks_come_only_from_a_node_that_hosts_the_generation() -> None:

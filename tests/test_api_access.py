@@ -33,6 +33,7 @@ NEEDS = {
     ("get", "/openapi.json"): Need.READ,
     ("get", "/v1/tasks"): Need.READ,
     ("get", "/v1/tasks/{name}"): Need.READ,
+    ("get", "/v1/tasks/{name}/logs"): Need.READ,  # as Kubernetes' view role reads pods' logs
     ("get", "/v1/nodes"): Need.READ,
     ("get", "/v1/workers"): Need.READ,
     ("get", "/v1/events"): Need.READ,
@@ -48,6 +49,7 @@ NEEDS = {
     ("post", "/v1/agents/register"): Need.OWN_NODE,
     ("post", "/v1/agents/heartbeat"): Need.OWN_NODE,
     ("get", "/v1/agents/{node}/orders"): Need.OWN_NODE,
+    ("post", "/v1/agents/{node}/logs"): Need.OWN_NODE,  # an answer to the coordinator's ReadLog
 }
 NODE = "node-a"
 BODIES = {
@@ -55,6 +57,7 @@ BODIES = {
     "/v1/agents/register": {"json": {"node": NODE, "slots": 2}},
     "/v1/agents/heartbeat": {"json": {"node": NODE}},
     "/v1/tokens/revoked": {"json": {"jti": "0" * 32}},
+    "/v1/agents/{node}/logs": {"json": {"request": "0" * 32}},
 }
 
 

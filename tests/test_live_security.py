@@ -17,6 +17,7 @@ import torch.distributed as dist
 import trustme
 
 from unicron.control.launch.localcluster import LocalCluster, TlsFiles
+from unicron.core.access import Role
 from unicron.core.protocol import Membership, membership_key
 
 from .test_live_cluster import (
@@ -57,7 +58,25 @@ def test_tls_and_tokens_end_to_end(tmp_path: Path) -> None:
         with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
             httpx.get(f"{cluster.url}/health", headers=cluster.credentials.headers)
         cluster.submit(task_yaml("lm", 1, "{2: 1.9e9}", 12, 0.0))
+        # `unicron logs --follow` (a viewer's token) from rank 0's start: it ends by itself when
+        # the worker exits, having printed all it wrote (read by its agent, relayed over TLS).
+        cluster.wait(lambda: any(w["task"] == "lm" for w in cluster.get("/v1/workers")), 120, "workers")
+        reader = [*logs_cli(cluster, tls.ca), "lm"]
+        following = subprocess.Popen(
+            [*reader, "--follow"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=without_tokens(),
+        )
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 240, "the task to finish over TLS")
+        followed, follow_errors = following.communicate(timeout=60)
+        last = subprocess.run(
+            [*reader, "--tail", "1"], capture_output=True, text=True, timeout=60, env=without_tokens()
+        )
+        wrong = subprocess.run(
+            [*reader, "--rank", "7"], capture_output=True, text=True, timeout=60, env=without_tokens()
+        )
         names = [t["name"] for t in cluster.get("/v1/tasks")]
         cli = [sys.executable, "-m", "unicron.cli.main", "status", "--coordinator", cluster.url]
         trusted = [*cli, "--token-file", str(cluster.admin_token), "--ca", str(tls.ca)]
@@ -72,6 +91,17 @@ def test_tls_and_tokens_end_to_end(tmp_path: Path) -> None:
     assert names == ["lm"] and not marker.exists()
     assert shown.returncode == 0 and "lm" in shown.stdout and "finished" in shown.stdout, shown.stderr
     assert untrusting.returncode == 2 and "CERTIFICATE_VERIFY_FAILED" in untrusting.stderr
+    assert following.returncode == 0 and "finished step 12, parameters" in followed, follow_errors
+    assert last.returncode == 0 and last.stdout.startswith("finished step 12, parameters"), last.stderr
+    assert len(last.stdout.splitlines()) == 1
+    assert wrong.returncode == 2 and "no rank 7" in wrong.stderr and "--rank" in wrong.stderr, wrong.stderr
+
+
+def logs_cli(cluster: LocalCluster, ca: Path) -> list[str]:
+    """`unicron logs` against ``cluster`` with a viewer's token: reading logs is reading."""
+    viewer = cluster.token_file(Role.VIEWER, "reader")
+    cli = [sys.executable, "-m", "unicron.cli.main", "logs", "--coordinator", cluster.url]
+    return [*cli, "--token-file", str(viewer), "--ca", str(ca)]
 
 
 def store_of(pid: int) -> str:

@@ -45,6 +45,36 @@ def test_submit_list_cancel(client: TestClient) -> None:
     assert "task_submitted" in kinds and "task_cancelled" in kinds
 
 
+def test_an_ended_task_is_cancelled_again_harmlessly_and_its_name_runs_anew(client: TestClient) -> None:
+    """Cancelling an ended task changes nothing and says so (`cancelled`: false, its state);
+    submitting its name again runs a new task, the ended one kept as NAME#RUN."""
+    assert client.post("/v1/tasks", content=TASK).status_code == 201
+    first = client.delete("/v1/tasks/t1")
+    assert first.status_code == 200 and (first.json()["state"], first.json()["cancelled"]) == (
+        "cancelled",
+        True,
+    )
+    again = client.delete("/v1/tasks/t1")
+    assert again.status_code == 200 and (again.json()["state"], again.json()["cancelled"]) == (
+        "cancelled",
+        False,
+    )
+    created = client.post("/v1/tasks", content=TASK.replace("iterations: 10", "iterations: 20"))
+    assert created.status_code == 201, created.text
+    assert (created.json()[0]["state"], created.json()[0]["run"], created.json()[0]["iterations"]) == (
+        "waiting",
+        2,
+        20,
+    )
+    tasks = {t["name"]: t for t in client.get("/v1/tasks").json()}
+    assert (tasks["t1#1"]["state"], tasks["t1#1"]["run"], tasks["t1#1"]["iterations"]) == ("cancelled", 1, 10)
+    assert client.get("/v1/tasks/t1%231").json()["state"] == "cancelled"  # readable by its new name
+    replaced = [
+        e for e in client.get("/v1/events", params={"task": "t1"}).json() if e["kind"] == "task_replaced"
+    ]
+    assert [(e["detail"]["kept_as"], e["detail"]["state"]) for e in replaced] == [("t1#1", "cancelled")]
+
+
 def test_bad_spec_names_field_and_fix(client: TestClient) -> None:
     bad = TASK.replace("weight: 2", "weight: -2").replace("iterations: 10", "iterations: 0")
     response = client.post("/v1/tasks", content=bad)
@@ -57,8 +87,8 @@ def test_bad_spec_names_field_and_fix(client: TestClient) -> None:
 
 def test_duplicate_and_unknown_tasks(client: TestClient) -> None:
     assert client.post("/v1/tasks", content=TASK).status_code == 201
-    again = client.post("/v1/tasks", content=TASK)
-    assert again.status_code == 409 and "exists" in again.json()["error"]
+    again = client.post("/v1/tasks", content=TASK)  # t1 is live (waiting): its name is taken
+    assert again.status_code == 409 and "cancel it first (`unicron cancel t1`)" in again.json()["error"]
     missing = client.get("/v1/tasks/nobody")
     assert missing.status_code == 404 and "no task named 'nobody'" in missing.json()["error"]
     assert client.delete("/v1/tasks/nobody").status_code == 404

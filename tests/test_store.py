@@ -77,6 +77,33 @@ def test_tasks_move_only_by_legal_transitions_and_are_kept(reopen: Opener) -> No
     assert (task.checkpoint_step, task.started, task.spec) == (7, 12.0, '{"x": 1}')
 
 
+def test_an_ended_tasks_name_is_taken_again_and_the_ended_one_kept(reopen: Opener) -> None:
+    """A name whose task ended is submitted again: the ended one is kept as NAME#RUN, the new one
+    is the name's next run, and its generations follow the earlier run's (its rows stay under the
+    name: no worker identity is used twice); a live task's name is not taken."""
+    store = reopen()
+    store.add_task("a", '{"v": 1}', now=10.0)
+    with pytest.raises(Conflict, match="cancel it first"):
+        store.replace_task("a", "{}", now=11.0)
+    store.task_launched("a", generation=1, workers=2, port=555, now=12.0)
+    store.add_workers("a", 3, {"n0": 1}, 0, WorkerPhase.LAUNCHING, now=13.0)  # a grow's newcomer
+    store.task_ended("a", TaskState.FAILED, now=14.0, reason="bad")
+    assert store.replace_task("a", '{"v": 2}', now=15.0) == "a#1"
+    for opened in (store, reopen()):
+        kept, new = opened.get_task("a#1"), opened.get_task("a")
+        assert (kept.state, kept.spec, kept.reason, kept.run) == (TaskState.FAILED, '{"v": 1}', "bad", 1)
+        assert (new.state, new.spec, new.run, new.first_generation) == (TaskState.WAITING, '{"v": 2}', 2, 4)
+        assert (new.generation, new.step, new.started, new.submitted) == (0, 0, None, 15.0)
+        assert [t.name for t in opened.tasks()] == ["a#1", "a"]  # the new one after the one it replaced
+        assert [w.generation for w in opened.workers("a")] == [3]  # the earlier run's rows stay
+    store = reopen()
+    store.task_launched("a", generation=4, workers=1, port=556, now=16.0)
+    assert store.get_task("a").restarts == 0  # its first launch is no restart
+    store.task_ended("a", TaskState.CANCELLED, now=17.0)
+    assert store.replace_task("a", "{}", now=18.0) == "a#2"
+    assert (store.get_task("a").run, store.get_task("a").first_generation) == (3, 5)
+
+
 def test_a_step_is_counted_once_and_a_redone_step_is_not_progress(reopen: Opener) -> None:
     store = reopen()
     store.add_task("a", "{}", now=1.0)

@@ -27,6 +27,7 @@ from unicron.cli import browser, demo_waf
 from unicron.cli.console import console
 from unicron.cli.live import task_table
 from unicron.control.launch.localcluster import LocalCluster
+from unicron.control.launch.taskfile import read_task_file
 from unicron.control.launch.testhosts import TestHosts, unavailable
 from unicron.control.service.tokens import issue
 from unicron.core.access import Role
@@ -351,7 +352,7 @@ def run_demo(root: Path, timeout_s: float = 900, hosts: int | None = None) -> in
     watch = _Watch(cluster, out, time.time())
     try:
         cluster.start()
-        created = cluster.submit(TASKS.read_text())
+        created = cluster.submit(read_task_file(TASKS).text)  # its programs: relative to its folder
         watch.say("submitted " + ", ".join(f"{t['name']} (weight {t['weight']:g})" for t in created))
         marks: dict[str, Any] = {"hosts": test_hosts is not None}
         steps = script(marks)

@@ -215,19 +215,35 @@ class Api:
         return response.json()
 
 
-def submit(api: Api, spec: Path) -> None:
+def submit(api: Api, spec: Path, resolve: bool = True) -> None:
+    """Submit a task file, its relative paths made absolute against its folder and its program
+    checked first (``control/launch/taskfile.py``; ``resolve`` False: as written)."""
+    from unicron.control.launch.taskfile import read_task_file
+
+    escape = "; from a machine without the nodes' files, --no-resolve sends it as written"
+    text = read_task_file(spec, resolve, escape).text
     created = api.request(
-        "POST", "/v1/tasks", content=read_text(spec).encode(), headers={"content-type": "application/yaml"}
+        "POST", "/v1/tasks", content=text.encode(), headers={"content-type": "application/yaml"}
     )
     for task in created:
-        console().print(
-            f"submitted {task['name']} (weight {task['weight']:g}, {task['iterations']} iterations)"
-        )
+        line = f"submitted {task['name']} (weight {task['weight']:g}, {task['iterations']} iterations)"
+        if (run := task.get("run", 1)) > 1:
+            line += f": its run {run}, the ended one kept as {task['name']}#{run - 1}"
+        console().print(line, markup=False)
 
 
 def cancel(api: Api, name: str) -> None:
     task = api.request("DELETE", f"/v1/tasks/{check_name(name, 'task name')}")
-    console().print(f"{task['name']}: {task['state']}")
+    if task.get("cancelled", True):
+        console().print(f"{task['name']}: {task['state']}")
+        return
+    # Ended already: nothing to stop. Said plainly, with what can be done with it.
+    ended = "been cancelled" if task["state"] == "cancelled" else task["state"]
+    console().print(
+        f"{task['name']} has already {ended} (at step {task['step']}/{task['iterations']}): "
+        "nothing to cancel; its name is free, `unicron submit` runs it anew",
+        markup=False,
+    )
 
 
 def node_action(api: Api, name: str, action: str, body: dict[str, Any] | None = None) -> None:
@@ -314,7 +330,7 @@ def status_view(api: Api) -> Group:
         # A lost node's agent cannot reach the coordinator (or is down): say so, not only an age.
         beat = f"none for {age:.1f} s: unreachable" if n["state"] == "lost" else f"{age:.1f} s ago"
         table.add_row(n["name"], n["host"], n["state"], str(n["slots"]), used, beat)
-    shown: list[Table] = [table, task_table(tasks)]
+    shown: list[Table | Text] = [table, task_table(tasks)]
     table = Table(
         "task", "gen", "rank", "node", "local", "state", "pid", "exit", title="Workers", title_justify="left"
     )
@@ -334,8 +350,26 @@ def status_view(api: Api) -> Group:
             str(w["pid"] or ""),
             code,
         )
-    shown += [table, incident_table(api.request("GET", "/v1/incidents", params={"last": 10}))]
+    incidents = api.request("GET", "/v1/incidents", params={"last": 10})
+    shown += [table, incident_table(incidents), *worker_output(incidents, tasks)]
     return Group(*shown)
+
+
+def worker_output(incidents: list[dict[str, Any]], tasks: list[dict[str, Any]]) -> list[Text]:
+    """For each task whose latest incident (of ``incidents``, oldest first; not one of an earlier
+    task of its name) was a worker that ended before its first step: how it ended, where its
+    output is, and the output's last lines (a bad path, an import error, an argument: what the
+    script itself said)."""
+    submitted = {t["name"]: t["submitted"] for t in tasks}
+    latest = {b["task"]: b for b in incidents if b["detected_at"] >= submitted.get(b["task"], float("inf"))}
+    shown: list[Text] = []
+    for task, b in latest.items():
+        if b.get("log") is None:
+            continue
+        shown.append(Text(f"{task}, incident {b['incident']}: {b['why']}", style="bold"))
+        tail = b.get("log_tail") or "(it wrote nothing)"
+        shown.append(Text("\n".join(f"  | {line}" for line in tail.splitlines())))
+    return shown
 
 
 def seconds(value: float | None) -> str:

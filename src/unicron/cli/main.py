@@ -164,12 +164,23 @@ def submit(
     coordinator: URL = "http://127.0.0.1:8470",
     token_file: TOKEN_FILE = None,
     ca: CA = None,
+    no_resolve: Annotated[
+        bool,
+        typer.Option(
+            "--no-resolve",
+            help="send the file as written: its relative paths are not made absolute against its "
+            "folder, nor is the program checked here (a machine without the nodes' files)",
+        ),
+    ] = False,
 ) -> None:
-    """Submit tasks to the coordinator (an admin token)."""
+    """Submit tasks to the coordinator (an admin token). Relative paths in run.program are taken
+    from the task file's folder and sent absolute; a program that is not there is refused.
+    A name whose task has ended (finished, failed, cancelled) runs anew; the ended one is kept
+    as NAME#RUN."""
     from unicron.cli.live import Api
     from unicron.cli.live import submit as send
 
-    send(Api.of(coordinator, token_file, ca), spec)
+    send(Api.of(coordinator, token_file, ca), spec, resolve=not no_resolve)
 
 
 @app.command()
@@ -227,6 +238,33 @@ def events(
     if follow and json_output:
         raise UsageError("--follow and --json do not go together: --json prints one reading")
     follow_events(api, task, interval) if follow else show(api, task, json_output)
+
+
+@app.command()
+def logs(
+    task: Annotated[str, typer.Argument(help="the task's name")],
+    rank: Annotated[int, typer.Option(min=0, help="the worker's rank")] = 0,
+    generation: Annotated[
+        int | None, typer.Option(min=0, help="its generation (default: the newest that had the rank)")
+    ] = None,
+    tail: Annotated[
+        int | None, typer.Option(min=0, help="only the last N lines (default: all, up to one read's cap)")
+    ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="print new output as it comes, until the worker exits or Ctrl-C"),
+    ] = False,
+    interval: WATCH = 1.0,
+    coordinator: URL = "http://127.0.0.1:8470",
+    token_file: TOKEN_FILE = None,
+    ca: CA = None,
+) -> None:
+    """Print a worker's output (stdout and stderr), read from its node through the coordinator
+    (a viewer or admin token)."""
+    from unicron.cli.live import Api
+    from unicron.cli.logs import show_logs
+
+    show_logs(Api.of(coordinator, token_file, ca), task, rank, generation, tail, follow, interval)
 
 
 node_app = typer.Typer(help="Take nodes out of service and back (an admin token).", no_args_is_help=True)
@@ -324,10 +362,14 @@ app.add_typer(slurm_app, name="slurm")
 SLURM_ROOT = Annotated[
     Path | None,
     typer.Option(
-        help="shared folder for state, checkpoints, tokens and logs (default: .unicron/slurm-JOBID)"
+        help="shared folder for state, checkpoints, tokens and logs; a relative one is taken from "
+        "the job's working folder (default: WORKDIR/.unicron/slurm-JOBID, made absolute)"
     ),
 ]
-SLOTS = Annotated[int, typer.Option(help="worker slots per node (default: the node's GPUs, else 1)")]
+SLOTS = Annotated[
+    int,
+    typer.Option(help="worker slots per node (default: the GPUs Slurm gave each node, else 1: a CPU worker)"),
+]
 
 
 @slurm_app.command("run")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from unicron.control.act.effects import Applier
 from unicron.control.store.snapshot import StoreReads
@@ -60,9 +61,23 @@ class Context:
             self._sample_flops[name] = flops_per_sample(spec.model) if spec.model is not None else declared
         return self._sample_flops[name]
 
+    def forgot_spec(self, name: str) -> None:
+        """The name now holds another task (submitted again once its task ended)."""
+        self._specs.pop(name, None)
+        self._sample_flops.pop(name, None)
+
+    def checkpoint_dir(self, name: str) -> Path:
+        """A task's checkpoint folder: NAME under the checkpoint root for the first task of a
+        name; a later run of the name (submitted again once the earlier one ended) writes to
+        NAME#RUN, so it starts afresh and the earlier run's checkpoints stay as they were (the
+        ended task kept as NAME#RUN' still names its own folder)."""
+        task = self.store.task(name)
+        base, run = self.spec(name).name, 1 if task is None else task.run
+        return self.settings.checkpoint_root / (base if run == 1 else f"{base}#{run}")
+
     def forget_task(self, name: str, only: str | None = None) -> None:
         """The task ended: every node (or ``only`` that one) frees its in-memory checkpoints."""
-        self.act.forget_task(name, self.settings.checkpoint_root / name, self.spec(name).run.env, only)
+        self.act.forget_task(name, self.checkpoint_dir(name), self.spec(name).run.env, only)
 
     def worker_env(
         self, name: str, generation: int, world: int, port: int, joining: bool = False, spare: bool = False
@@ -76,7 +91,7 @@ class Context:
             replica_size=spec.run.replica_size,
             store=f"{self.settings.advertise_host}:{port}",
             store_key=self.act.rendezvous.key(name),
-            checkpoint_dir=str(self.settings.checkpoint_root / name),
+            checkpoint_dir=str(self.checkpoint_dir(name)),
             iterations=spec.run.iterations,
             checkpoint_every=spec.run.checkpoint_every,
             checkpoint_async=spec.run.checkpoint_async,
@@ -84,8 +99,16 @@ class Context:
             membership_timeout_s=self.limits.membership_timeout_s,
             storage_wait_s=self.limits.storage_wait_s,
             recovery=spec.run.recovery,
-            faults=[f.model_dump() for f in spec.run.faults] or None,
+            faults=self._faults(name) or None,
             joining=joining,
             spare=spare,
         )
         return {**contract.to_env(), **spec.run.env}
+
+    def _faults(self, name: str) -> list[dict[str, Any]]:
+        """The task's faults, their generations counted from its run's first (a name's later
+        run numbers its generations after the earlier runs'; 0, whichever, stays 0)."""
+        task = self.store.task(name)
+        offset = 0 if task is None else task.first_generation - 1
+        faults = [f.model_dump() for f in self.spec(name).run.faults]
+        return [{**f, "generation": f["generation"] + offset} if f["generation"] else f for f in faults]

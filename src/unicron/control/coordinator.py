@@ -34,6 +34,7 @@ from unicron.control.place.draining import DRAIN_EVENTS, drainable, resumable, r
 from unicron.control.place.placing import Placer
 from unicron.control.place.rates import RateMeter
 from unicron.control.place.removal import forgettable, removable
+from unicron.control.place.resubmission import reusable
 from unicron.control.recover.admission import refusal
 from unicron.control.recover.attribution import Attribution, Sign
 from unicron.control.recover.exits import ExitMeans, exit_means
@@ -81,7 +82,7 @@ from unicron.core.protocol import (
     WorkerReport,
     WorkerState,
 )
-from unicron.core.states import NodeState, TaskState, WorkerPhase
+from unicron.core.states import SLOT_HOLDING_PHASES, NodeState, TaskState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind, Scope, error_kind
 
 __all__ = ["Coordinator", "CoordinatorSettings"]
@@ -167,23 +168,40 @@ class Coordinator:
 
     # ------------------------------------------------------------------ user API
     def submit(self, *specs: LiveTaskSpec) -> None:
-        """Add tasks: all of them, or (a name is taken) none."""
-        if taken := [s.name for s in specs if self.store.task(s.name) is not None]:
-            raise Conflict(f"a task named {taken[0]!r} exists; choose another name")
+        """Add tasks: all of them, or (a name is taken by a live task) none. A name whose task
+        has ended is free: that task is kept as NAME#RUN (``place/resubmission.py``)."""
+        holding = self.store.workers_in(SLOT_HOLDING_PHASES)
+        again = {s.name for s in specs if reusable(s.name, self.store.task(s.name), holding)}
         nodes = self.store.nodes()
         if nodes and (misfit := next(filter(None, (replica_misfit(s, nodes[0].slots) for s in specs)), None)):
             raise Conflict(misfit)
         for spec in specs:
-            self.act.add_task(spec.name, spec.model_dump_json(), self.clock())
+            if spec.name in again:
+                self._replace(spec)
+            else:
+                self.act.add_task(spec.name, spec.model_dump_json(), self.clock())
             self.act.record("task_submitted", task=spec.name, weight=spec.weight)
         self.placer.submitted(tuple(s.name for s in specs))  # planned once its table is built
 
-    def cancel(self, name: str) -> None:
+    def _replace(self, spec: LiveTaskSpec) -> None:
+        """The name's ended task is kept as NAME#RUN, with its measured rates; the new one
+        starts afresh (its own checkpoint folder: ``Context.checkpoint_dir``)."""
+        old = self.store.get_task(spec.name)
+        kept = self.act.replace_task(spec.name, spec.model_dump_json(), self.clock())
+        self.ctx.forgot_spec(spec.name)
+        self.rates.renamed(spec.name, kept)
+        self.act.keep(self.rates.kept())
+        ended, run = old.state.value, old.run + 1
+        self.act.record("task_replaced", task=spec.name, kept_as=kept, run=run, state=ended, step=old.step)
+
+    def cancel(self, name: str) -> bool:
+        """Cancel a live task; False (nothing to do) for one that has ended already."""
         task = self.store.get_task(name)
         if not task.state.live:
-            raise Conflict(f"task {name!r} is already {task.state.value}")
+            return False
         self.ctx.act.stop_generation(name, task.generation, self.limits.stop_grace_s)
         self._ended(name, TaskState.CANCELLED, "task_cancelled")
+        return True
 
     def remove_node(self, name: str) -> None:  # an admin forgets a lost node (a stale registration)
         removable(name, self.store.node(name), self.store.held_slots().get(name, {}))
@@ -449,7 +467,12 @@ class Coordinator:
         running = bool(self.store.workers(report.task, report.generation, live=True))
         open_ = (task.name, task.generation) in self.recovery.incidents
         decision = exit_means(task, report, self.spec(task.name).run.iterations, running, open_)
-        means, seen = decision.means, report.time or None
+        means, seen, why = decision.means, report.time or None, decision.why
+        # Ended before its first step (the agent then sends its output's end): the incident,
+        # its event and `unicron status` say where its output is and how it ended.
+        output = None if report.log is None else {"log": report.log, "log_tail": report.log_tail or ""}
+        if output is not None:
+            why += f"; it completed no step (its output: {report.node}:{report.log})"
         if means is ExitMeans.SCOPE:  # the same failure striking more ranks
             self.signs.note(task.name, Sign(self.clock(), EXITED, report.node, report.reached or None))
         elif means is ExitMeans.FAILED:
@@ -458,16 +481,19 @@ class Coordinator:
                 task.name,
                 EXITED,
                 report.node,
-                decision.why,
+                why,
                 {report.rank},
                 seen,
                 generation=gone,
                 killed=killed,
+                detail=output,
             )
         elif means in (ExitMeans.LEFT_EARLY, ExitMeans.STATE_LOST):
             # The program chose to end (or was ended from outside): no node's fault.
             ranks = {report.rank} if means is ExitMeans.LEFT_EARLY else None
-            self.recovery.incident(task.name, EXITED, report.node, decision.why, ranks, seen, Scope.TASK)
+            self.recovery.incident(
+                task.name, EXITED, report.node, why, ranks, seen, Scope.TASK, detail=output
+            )
         elif means is ExitMeans.FINISHED:
             self._finished(task)
 

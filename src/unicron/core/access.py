@@ -5,7 +5,8 @@ Three roles, as a cluster's operators split the work:
 - ``admin``: submits and cancels tasks (which runs programs on every node), and reads;
 - ``agent``: registers, heartbeats, reports and takes launch orders, **for its own node only**
   (a token names the node it was issued for); it reads nothing else;
-- ``viewer``: reads (tasks, nodes, workers, events, health, the API schema).
+- ``viewer``: reads (tasks, nodes, workers, events, health, the API schema, workers' logs:
+  as Kubernetes' view role reads pods' logs).
 
 The decision is a pure function of the principal and what the call needs, so that every route
 asks the same question and the table of who-may-do-what is tested without a server.

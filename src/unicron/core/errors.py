@@ -57,3 +57,8 @@ class Unauthenticated(UnicronError):
 
 class Forbidden(UnicronError):
     """A call whose token's role or node may not do this (HTTP 403)."""
+
+
+class Unavailable(UnicronError):
+    """What a request needs cannot answer now (HTTP 503): the node holding a worker's log is
+    lost, or its agent did not answer in time."""

@@ -73,7 +73,9 @@ class RunSpec(SpecBase):
     """How to run a live task's workers."""
 
     program: list[str] = Field(
-        min_length=1, description="argv; a leading 'python' is the agent's interpreter"
+        min_length=1,
+        description="argv; a leading 'python' is the agent's interpreter; relative paths are from "
+        "the task file's folder (`unicron submit` sends them absolute)",
     )
     iterations: int = Field(gt=0, description="optimizer steps to train")
     checkpoint_every: int = Field(default=20, gt=0, description="steps between checkpoints")

@@ -17,10 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, TypeAda
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from unicron.core.limits import Int, refuse_bool_numbers
+from unicron.core.limits import MAX_JSON_INT, Int, refuse_bool_numbers
 from unicron.core.names import NAME_PATTERN
 
 INT_KEY = "^-?[0-9]{1,18}$"  # a JSON object's keys that are integers (pids, ranks)
+LOG_TAIL_LINES, LOG_TAIL_CHARS = 20, 2000  # of a worker's output, in an exit before its first step
 
 
 class _Message(BaseModel):
@@ -156,6 +157,11 @@ class ExitReport(_Message):
     time: float = 0.0  # when the agent saw the exit (Unix time): the detection time starts here
     stop_ordered: bool = False  # it exited after a stop order: a consequence, not a fault
     reached: Int = 0  # the newest generation it had joined (it adopts later ones in place); 0: unknown
+    # A worker that ended on its own before completing a step (a bad path, an import, an argument:
+    # the script's own error, which the library never saw): its output file on the node, and the
+    # file's last lines (at most LOG_TAIL_LINES lines and LOG_TAIL_CHARS characters).
+    log: str | None = Field(default=None, max_length=4096)
+    log_tail: str | None = Field(default=None, max_length=LOG_TAIL_CHARS)
 
 
 class StacksReport(_Message):
@@ -317,8 +323,45 @@ class ForgetTask(_Message):
     host_checkpoint_root: str | None = None
 
 
+# At most this much of a worker's log is read per request (``control/agent/logfiles.py``): the
+# agent's answer carries it base64-encoded (4/3 of it) within a request body's limit.
+LOG_CHUNK_BYTES = 512 * 1024
+LOG_REQUEST_PATTERN = "^[0-9a-f]{32}$"
+Count = Annotated[int, Field(ge=0, le=MAX_JSON_INT)]
+
+
+class ReadLog(_Message):
+    """Read part of a worker's log and answer with a ``LogChunk`` (``POST /v1/agents/{node}/logs``):
+    from byte ``offset`` on (a follow), else its last ``tail`` lines, else its end; at most
+    ``LOG_CHUNK_BYTES`` (``control/agent/logfiles.py``)."""
+
+    type: Literal["read_log"] = "read_log"
+    request: str = Field(pattern=LOG_REQUEST_PATTERN)
+    task: str = Field(pattern=NAME_PATTERN)
+    generation: Count
+    rank: Count
+    offset: Count | None = None
+    tail: Count | None = None
+
+
+class LogChunk(_Message):
+    """An agent's answer to a ``ReadLog``: the bytes of the worker's log from ``offset`` (base64),
+    the file's size when read, whether its worker still writes to it, and whether the byte cap
+    (not the request) decided where the bytes start; ``error`` when there is no such file."""
+
+    request: str = Field(pattern=LOG_REQUEST_PATTERN)
+    path: str = Field(default="", max_length=4096)
+    error: str = Field(default="", max_length=1000)
+    offset: Count = 0
+    size: Count = 0
+    running: bool = False
+    capped: bool = False
+    data: str = Field(default="", max_length=4 * (LOG_CHUNK_BYTES // 3 + 1))
+
+
 Order = Annotated[
-    LaunchWorker | StopWorkers | RenameWorker | ForgetTask | DumpStacks, Field(discriminator="type")
+    LaunchWorker | StopWorkers | RenameWorker | ForgetTask | DumpStacks | ReadLog,
+    Field(discriminator="type"),
 ]
 
 

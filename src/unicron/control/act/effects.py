@@ -162,6 +162,7 @@ class Applier:
         self.listeners: list[Callable[[int, str, str | None, dict[str, Any]], None]] = []
         # Facts reported from outside, recorded as they come (the store's own operations).
         self.add_task = store.add_task
+        self.replace_task = store.replace_task  # a name whose task ended, submitted again
         self.task_stopping = store.task_stopping
         self.task_waiting = store.task_waiting
         self.task_running = store.task_running
@@ -259,7 +260,8 @@ class Applier:
                 self.rendezvous.set(task.name, key, value)
             self.generation_current(task.name, task.generation)
             for e in self._store.events(task=task.name, kinds=("fault_injected",), limit=1_000_000):
-                if e.detail.get("index") is not None:
+                # (not those of an earlier task of the name, which ended before this one came)
+                if e.detail.get("index") is not None and e.time >= task.submitted:
                     self.rendezvous.claim(task.name, int(e.detail["index"]))
 
     def launch(self, launch: Launch, now: float) -> list[WorkerRecord]:

@@ -9,6 +9,8 @@
   messages: the agent reads each worker's board when it heartbeats (``control.processes``).
 - When the coordinator is unreachable the agent keeps its workers running, keeps their reports,
   and registers again when the coordinator answers.
+- Each worker's output goes to a file in its run folder; the coordinator reads part of one with a
+  ``ReadLog`` order, answered in the background (``logfiles``: ``unicron logs``).
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import ValidationError
 
-from unicron.control.agent import peerprobe, stackdump
+from unicron.control.agent import logfiles, peerprobe, stackdump
 from unicron.control.agent.agentmetrics import AgentMetrics
 from unicron.control.agent.hostaddress import NodeAddress
-from unicron.control.agent.processes import Worker, dies_with_parent
+from unicron.control.agent.processes import Worker, dies_with_parent, log_tail
 from unicron.control.service.credentials import Credentials
 from unicron.core.coordinators import Coordinators
 from unicron.core.protocol import (
@@ -45,9 +47,11 @@ from unicron.core.protocol import (
     ForgetTask,
     Heartbeat,
     HeartbeatReply,
+    IterationReport,
     LaunchFailedReport,
     LaunchWorker,
     OrderBatch,
+    ReadLog,
     Registration,
     RegistrationReply,
     RenameWorker,
@@ -142,6 +146,10 @@ class Agent:
             self.agent.queue(message)
 
     def queue(self, report: WorkerReport) -> None:
+        if isinstance(report, IterationReport):
+            worker = self.workers.get((report.task, report.generation, report.rank))
+            if worker is not None:
+                worker.stepped = True
         self.reports.append(report)
         del self.reports[:-MAX_BUFFERED_REPORTS]
         if isinstance(report, (ExitReport, ExceptionReport, LaunchFailedReport, StacksReport)):
@@ -192,7 +200,7 @@ class Agent:
 
     def _log_path(self, order: LaunchWorker) -> Path:
         """The worker's output; its stack dumps go beside it (``Worker.stack_file``)."""
-        return self.run_dir / "logs" / f"{order.task}-g{order.generation}-r{order.rank}.log"
+        return logfiles.log_path(self.run_dir, order.task, order.generation, order.rank)
 
     def _worker_env(self, order: LaunchWorker) -> dict[str, str]:
         """The coordinator's part of the worker contract with the node's part added."""
@@ -231,6 +239,9 @@ class Agent:
         with contextlib.suppress(OSError):
             worker.board.unlink()
         o = worker.order
+        # Ended on its own before its first step: the script's own error, which the library
+        # never saw (a bad path, an import, an argument). Its output's end tells what it was.
+        told = not worker.stop_ordered and not worker.stepped
         report = ExitReport(
             task=o.task,
             generation=o.generation,
@@ -241,6 +252,8 @@ class Agent:
             time=time.time(),
             stop_ordered=worker.stop_ordered,
             reached=last.generation if last else o.generation,
+            log=os.path.abspath(worker.log)[:4096] if told else None,  # (PATH_MAX: never cut)
+            log_tail=log_tail(worker.log) if told else None,
         )
         self.metrics.exited(report)
         self.queue(report)
@@ -343,8 +356,18 @@ class Agent:
                 self.forget_task(order)
             elif isinstance(order, DumpStacks):
                 self.dump_stacks(order)
+            elif isinstance(order, ReadLog):
+                self._spawn(self._answer_log(order))
             else:
                 self._spawn(self.stop(order))
+
+    async def _answer_log(self, order: ReadLog) -> None:
+        """Answer the coordinator's ``ReadLog`` (``unicron logs``) with part of a worker's log."""
+        try:
+            workers, own = self.workers.values(), self.credentials
+            await logfiles.answer(order, self.node, self.run_dir, workers, self.url, own)
+        except Exception as exc:  # the coordinator's wait ends the request; the orders go on
+            self._say(f"could not answer a read of {order.task}'s log: {describe(exc)}")
 
     def forget_task(self, order: ForgetTask) -> None:
         """Remove the node's in-memory checkpoints of an ended task (and their folder if empty),
@@ -366,6 +389,7 @@ class Agent:
                 update={"generation": order.new_generation, "rank": order.new_rank}
             )
             self.workers[(order.task, order.new_generation, order.new_rank)] = worker
+            logfiles.link_renamed(worker.log, self.run_dir, order.task, order.new_generation, order.new_rank)
 
     async def _poll_orders(self) -> None:
         """Long poll: the coordinator answers as soon as it has an order for this node, so a

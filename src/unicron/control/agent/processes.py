@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import os
 import shutil
 import sys
 import time
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from unicron.core.position import decode
-from unicron.core.protocol import LaunchWorker, Progress, WorkerState
+from unicron.core.protocol import LOG_TAIL_CHARS, LOG_TAIL_LINES, LaunchWorker, Progress, WorkerState
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Worker:
     started: float = field(default_factory=time.time)
     exited: bool = False
     stop_ordered: bool = False  # the coordinator asked for it to stop
+    stepped: bool = False  # it reported a completed step (its output then tells less than its reports)
     last_position: Progress | None = None  # the latest read from its board
 
     @property
@@ -55,6 +57,22 @@ class Worker:
             returncode=self.process.returncode if self.exited else None,
             progress=self.progress,
         )
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, chars: int = LOG_TAIL_CHARS) -> str:
+    """The last ``lines`` lines of a worker's output file, at most ``chars`` characters (the
+    end kept); empty when there is none. Reads only the file's end."""
+    try:
+        with path.open("rb") as out:
+            size = out.seek(0, os.SEEK_END)
+            start = max(0, size - 4 * chars)  # room for multi-byte characters
+            out.seek(start)
+            data = out.read()
+    except OSError:
+        return ""
+    text = data.decode(errors="replace").rstrip()
+    kept = text.splitlines()[1 if start and "\n" in text else 0 :]  # not a line cut at its start
+    return "\n".join(kept[-lines:])[-chars:]
 
 
 async def read_stack(pid: int, timeout_s: float = 10.0) -> str:

@@ -6,7 +6,8 @@ them as they happen):
 - ``incident``: when the fault began (``fault_at``: the injection's time when it was injected,
   else when its first sign was seen on a worker or agent, or a lost node's last heartbeat:
   ``fault_source``), when the coordinator
-  detected it (``detected_at``), its kind and severity, and the ladder's first action;
+  detected it (``detected_at``), its kind and severity, and the ladder's first action; for a
+  worker that ended before its first step, its output file (``log``) and last lines (``log_tail``);
 - ``response``: when the response was decided and carried out (``decided_at``);
 - ``root_cause``: a surer verdict found later (the lost node behind the peers' connection
   errors that opened it): its kind and node replace the first ones;
@@ -56,6 +57,9 @@ class Breakdown:
     step: int = 0  # the last step completed when it was detected
     first_seen_as: str | None = None  # the kind it was opened as, when a root cause was found later
     why: str = ""
+    # A worker that ended before its first step: its output file on ``node`` and its last lines.
+    log: str | None = None
+    log_tail: str | None = None
     detail: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def seconds(self) -> dict[str, float | None]:
@@ -90,6 +94,8 @@ def _opened(e: EventRecord) -> Breakdown:
         actions=(str(d["action"]),) if d.get("action") else (),
         step=int(d.get("step", 0)),
         why=str(d.get("why", "")),
+        log=d.get("log"),
+        log_tail=d.get("log_tail"),
         detail=d,
     )
 

@@ -87,6 +87,13 @@ class RateMeter:
     def measured(self, task: str) -> dict[int, float]:
         return dict(self.used.get(task, {}))
 
+    def renamed(self, task: str, to: str) -> None:
+        """The task's name passed to a new task (submitted again once it ended; the ended one
+        is kept as ``to``): its measurements stay with it, not with the newcomer."""
+        if task in self.used:
+            self.used[to] = self.used.pop(task)
+            self.version += 1
+
     def kept(self) -> MeasuredRates:
         """The rates in use (kept across a coordinator's restart)."""
         return MeasuredRates(used={task: dict(per) for task, per in self.used.items()})

@@ -22,7 +22,9 @@ deleted and every identity a process takes is written before the process can rep
   older generation counts there on purpose).
 
 A report naming a worker that has no row (an unknown task, generation or rank) names nothing the
-coordinator launched: it is refused.
+coordinator launched: it is refused. So is one naming a row of an earlier task of the same name
+(one that ended, its name then submitted again: ``Store.replace_task``): a late report of its
+processes (an agent back from a partition, a report sent again) must not count for the new one.
 """
 
 from __future__ import annotations
@@ -59,4 +61,7 @@ def refusal(report: WorkerReport, sender: str, store: StoreReads) -> str | None:
         return f"no worker is known as {who}"
     if row.node != sender:
         return f"{who} runs on node {row.node!r}, not on node {sender!r}"
+    task = store.task(report.task)
+    if task is not None and row.launched < task.submitted:
+        return f"{who} belongs to an earlier task of that name, which ended before this one was submitted"
     return None

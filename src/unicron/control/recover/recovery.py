@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from unicron.control.act.effects import Effect, Isolate
 from unicron.control.context import Context
@@ -116,8 +117,10 @@ class Recovery:
         generation: int | None = None,
         seen_as: str = "first report",
         killed: bool = False,
+        detail: Mapping[str, Any] | None = None,
     ) -> None:
-        """Open the generation's incident (once) and carry out the ladder's decision. ``failed``:
+        """Open the generation's incident (once) and carry out the ladder's decision. ``detail``:
+        recorded with the incident (a worker's output when it ended before its first step). ``failed``:
         the ranks known to be gone (without them the survivors cannot be told apart);
         ``seen_at``: when the symptom happened (``seen_as`` says what that time is), for the
         detection time when no fault was injected; ``generation``: the one the failing worker
@@ -156,7 +159,7 @@ class Recovery:
         )
         self.ladder.carried(name, response.tier, now)
         self.ctx.act.keep(self.ladder.history())
-        incident = self._open(task, kind, node, why, scope, decision, response.tier, seen_at, seen_as)
+        incident = self._open(task, kind, node, why, scope, decision, response.tier, seen_at, seen_as, detail)
         for step in response.escalations:  # the tiers asked for that could not apply, and why
             self._record_escalation(task, incident, step, carried=False)
         self._carry_out(task, incident, response, now)
@@ -273,6 +276,7 @@ class Recovery:
         tier: Tier,
         seen_at: float | None,
         seen_as: str,
+        detail: Mapping[str, Any] | None = None,
     ) -> Incident:
         """Record the generation's incident (the tier carried out, the one the ladder asked for
         and why, when the fault began) and close the ones it supersedes (a new fault struck
@@ -299,6 +303,7 @@ class Recovery:
             generation=task.generation,
             step=task.step,
             checkpoint_step=task.checkpoint_step,
+            **(detail or {}),
         )
         for key in superseded:
             earlier = self.incidents.pop(key)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.observe.breakdown import KINDS, Breakdown, breakdowns
 from unicron.control.observe.metrics import CONTENT_TYPE
-from unicron.control.service import dashboard
+from unicron.control.service import dashboard, logrelay
 from unicron.control.service.agentchannel import AgentChannel
 from unicron.control.service.bodylimit import BodyLimit
 from unicron.control.service.guard import Guard, own_node
@@ -34,7 +34,15 @@ from unicron.control.store.leadership import abdicate, lead
 from unicron.control.store.records import TaskRecord
 from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Need, Principal
-from unicron.core.errors import Conflict, Forbidden, NotFound, SpecError, Unauthenticated, UnicronError
+from unicron.core.errors import (
+    Conflict,
+    Forbidden,
+    NotFound,
+    SpecError,
+    Unauthenticated,
+    Unavailable,
+    UnicronError,
+)
 from unicron.core.limits import MAX_INT
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import Heartbeat, HeartbeatReply, OrderBatch, Registration, RegistrationReply
@@ -66,6 +74,7 @@ def task_summary(coordinator: Coordinator, row: TaskRecord) -> dict[str, Any]:
         "submitted": row.submitted,
         "started": row.started,
         "finished": row.finished,
+        "run": row.run,  # the how-many-th task of its name (an ended one is kept as NAME#RUN)
     }
 
 
@@ -186,6 +195,10 @@ def create_app(settings: CoordinatorSettings) -> AgentChannel:
     app.include_router(_cluster_routes(runtime), dependencies=[read], responses=ERRORS)
     app.include_router(_watch_routes(runtime), dependencies=[read], responses=ERRORS)
     app.include_router(_agent_routes(runtime, guard), responses=ERRORS)
+    # Workers' logs, read by their agents (control/service/logrelay.py): a reader's role reads them.
+    relay = logrelay.LogRelay(lambda: runtime.c)
+    app.include_router(logrelay.user_routes(relay), dependencies=[read], responses=ERRORS | UNAVAILABLE)
+    app.include_router(logrelay.agent_routes(relay, guard), responses=ERRORS)
     app.include_router(_page_routes())
 
     @app.get("/openapi.json", dependencies=[read], include_in_schema=False)
@@ -239,7 +252,17 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 # The HTTP status of each kind of error a route raises (the most specific class wins).
-STATUS = {Unauthenticated: 401, Forbidden: 403, NotFound: 404, Conflict: 409, UnicronError: 400}
+STATUS = {
+    Unauthenticated: 401,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    Unavailable: 503,
+    UnicronError: 400,
+}
+UNAVAILABLE: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorBody, "description": "the node that holds it is lost, or its agent did not answer"}
+}
 
 
 def _error_handlers(app: FastAPI) -> None:
@@ -300,9 +323,10 @@ def _manage_routes(runtime: Runtime) -> APIRouter:
 
     @router.delete("/v1/tasks/{name}")
     async def cancel(name: str) -> dict[str, Any]:
-        runtime.c.cancel(name)
+        """Cancel a task; one that has ended already is left as it is (`cancelled`: false)."""
+        cancelled = runtime.c.cancel(name)
         await runtime.durable()
-        return task_summary(runtime.c, runtime.c.store.get_task(name))
+        return {**task_summary(runtime.c, runtime.c.store.get_task(name)), "cancelled": cancelled}
 
     @router.delete("/v1/nodes/{name}")
     async def remove_node(name: str) -> dict[str, str]:

@@ -38,6 +38,11 @@ class TaskRecord:
     reason: str | None  # why it failed, when it did
     launched_generation: int  # the last generation started afresh (not re-formed in place)
     redo_until: int  # the step reached before that launch: steps up to it are trained again
+    # The how-many-th task of this name: a name whose task ended may be submitted again, and the
+    # ended one is kept as NAME#RUN (``Store.replace_task``). Its generations start after the
+    # earlier runs' (``first_generation``), so no worker identity is ever used twice.
+    run: int = 1
+    first_generation: int = 1
 
     def final_state_saved(self, iterations: int) -> bool:
         """Whether the task's result is known saved: rank 0 reported the final state's digest, or

@@ -36,7 +36,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     finished REAL,
     reason TEXT,
     launched_generation INTEGER NOT NULL DEFAULT 0,
-    redo_until INTEGER NOT NULL DEFAULT 0
+    redo_until INTEGER NOT NULL DEFAULT 0,
+    run INTEGER NOT NULL DEFAULT 1,
+    first_generation INTEGER NOT NULL DEFAULT 1
 );
 CREATE TABLE IF NOT EXISTS workers (
     task TEXT NOT NULL,
@@ -81,6 +83,8 @@ ADDED_COLUMNS = (
     ("tasks", "reason", "TEXT"),
     ("tasks", "launched_generation", "INTEGER NOT NULL DEFAULT 0"),
     ("tasks", "redo_until", "INTEGER NOT NULL DEFAULT 0"),
+    ("tasks", "run", "INTEGER NOT NULL DEFAULT 1"),
+    ("tasks", "first_generation", "INTEGER NOT NULL DEFAULT 1"),
     ("nodes", "probe_port", "INTEGER NOT NULL DEFAULT 0"),
 )
 

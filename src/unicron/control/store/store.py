@@ -44,6 +44,16 @@ from unicron.core.states import (
 )
 
 
+def _new_task(name: str, spec_json: str, now: float) -> TaskRecord:
+    """A task just submitted: waiting, nothing launched."""
+    return TaskRecord(
+        name=name, spec=spec_json, state=TaskState.WAITING, generation=0, workers=0, step=0,
+        checkpoint_step=0, store_port=0, failures=0, restarts=0, down_since=None,
+        downtime_s=0.0, samples=0, flop=0.0, digest=None, submitted=now, started=None,
+        finished=None, reason=None, launched_generation=0, redo_until=0,
+    )  # fmt: skip
+
+
 @dataclass
 class _Batch:
     """The records one operation changes, written together."""
@@ -138,13 +148,26 @@ class Store:
         with self._lock:
             if name in self._tasks:
                 raise Conflict(f"a task named {name!r} exists; choose another name")
-            new = TaskRecord(
-                name=name, spec=spec_json, state=TaskState.WAITING, generation=0, workers=0, step=0,
-                checkpoint_step=0, store_port=0, failures=0, restarts=0, down_since=None,
-                downtime_s=0.0, samples=0, flop=0.0, digest=None, submitted=now, started=None,
-                finished=None, reason=None, launched_generation=0, redo_until=0,
-            )  # fmt: skip
-            self._commit(_Batch(tasks=[new]))
+            self._commit(_Batch(tasks=[_new_task(name, spec_json, now)]))
+
+    def replace_task(self, name: str, spec_json: str, now: float) -> str:
+        """Submit ``name`` again once its task has ended: that task is kept, renamed NAME#RUN
+        (returned), and a new one of the name, its next run, waits. Its workers' rows stay under
+        the name, and the new run's generations follow theirs: a worker's identity (task,
+        generation, rank), which the agents, their logs, the reports and the rendezvous keys
+        use, always names one process."""
+        with self._lock:
+            old = self.get_task(name)
+            if old.state.live:
+                raise Conflict(f"task {name!r} is {old.state.value}: cancel it first")
+            kept = replace(old, name=f"{name}#{old.run}")
+            if kept.name in self._tasks:
+                raise Conflict(f"a task named {kept.name!r} exists already")
+            first = max(old.generation, self.max_generation(name)) + 1
+            new = replace(_new_task(name, spec_json, now), run=old.run + 1, first_generation=first)
+            self._commit(_Batch(tasks=[kept, new]))
+            self._tasks[name] = self._tasks.pop(name)  # listed after the one it replaced
+            return kept.name
 
     def _moved(self, name: str, to: TaskState, **changes: Any) -> None:
         """Move task ``name`` to state ``to`` (a legal transition) with ``changes``, at once."""
@@ -164,7 +187,7 @@ class Store:
         task = self.get_task(name)
         self._moved(
             name, TaskState.STARTING, generation=generation, launched_generation=generation,
-            workers=workers, store_port=port, restarts=task.restarts + int(generation > 1),
+            workers=workers, store_port=port, restarts=task.restarts + int(task.started is not None),
             started=task.started if task.started is not None else now, redo_until=task.step,
         )  # fmt: skip
 
