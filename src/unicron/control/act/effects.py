@@ -125,6 +125,7 @@ class TaskDown:
     task: str
     to: TaskState
     reason: str | None = None
+    began: float | None = None  # when the failure began (its downtime counts from then)
 
 
 @dataclass(frozen=True)
@@ -192,8 +193,8 @@ class Applier:
             match effect:
                 case Record(kind, task, node, detail):
                     self.record(kind, task=task, node=node, **detail)
-                case TaskDown(task, to, reason):
-                    self._store.task_down(task, to, now, reason=reason)
+                case TaskDown(task, to, reason, began):
+                    self._store.task_down(task, to, now, reason=reason, began=began)
                 case StopWorker(worker, grace_s):
                     self.stop_worker(worker, grace_s)
                 case StopGeneration(task, generation, grace_s):

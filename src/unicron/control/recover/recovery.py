@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from unicron.control.act.effects import Effect, Isolate
+from unicron.control.act.effects import Effect, Isolate, TaskDown
 from unicron.control.context import Context
 from unicron.control.detect.detection import Failing
 from unicron.control.detect.hangs import WorkerKey, not_arrived
@@ -162,7 +162,13 @@ class Recovery:
         incident = self._open(task, kind, node, why, scope, decision, response.tier, seen_at, seen_as, detail)
         for step in response.escalations:  # the tiers asked for that could not apply, and why
             self._record_escalation(task, incident, step, carried=False)
-        self._carry_out(task, incident, response, now)
+        self._carry_out(task, incident, response, now, began=self._began(task, seen_at))
+
+    def _began(self, task: TaskRecord, seen_at: float | None) -> float | None:
+        """When a failure of the task's current generation began: its injection, if the fault
+        library reported one, else its first sign (None: not known; it began when detected)."""
+        injected = self.faults.get((task.name, task.generation))
+        return seen_at if injected is None else injected
 
     def _same_event(self, task: TaskRecord, generation: int | None, now: float) -> Incident | None:
         """The open incident a failure belongs to, if it is the same event: that incident's tier
@@ -223,13 +229,17 @@ class Recovery:
             self.ctx.act.keep(self.ladder.history())
         self._carry_out(task, incident, response, now)
 
-    def _carry_out(self, task: TaskRecord, incident: Incident, response: Response, now: float) -> None:
+    def _carry_out(
+        self, task: TaskRecord, incident: Incident, response: Response, now: float, began: float | None = None
+    ) -> None:
         """Apply the tier's effects and record what they did: the generation re-formed in place,
-        the response (when it was decided), and a failed task's outcome."""
+        the response (when it was decided), and a failed task's outcome. ``began``: when the
+        failure began, which the task's downtime counts from."""
         name = task.name
         if response.tier.in_place:
             incident.deadline = now + self.ctx.limits.recovery_deadline_s
-        self._apply(response.effects, now)
+        effects = tuple(replace(e, began=began) if isinstance(e, TaskDown) else e for e in response.effects)
+        self._apply(effects, now)
         incident.formed = None
         if response.tier.in_place:
             detail = regrouped(response.effects)
@@ -284,7 +294,7 @@ class Recovery:
         now, name, record = self.ctx.clock(), task.name, self.ctx.act.record
         superseded = [k for k in self.incidents if k[0] == name]
         injected = self.faults.get((name, task.generation))
-        began = seen_at if injected is None else injected
+        began = self._began(task, seen_at)
         incident_id = record(
             "incident",
             task=name,

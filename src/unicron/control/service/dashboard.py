@@ -63,7 +63,7 @@ def document(
                 "step": t.record.step,
                 "iterations": t.spec.run.iterations,
                 "failures": t.record.failures,
-                "downtime_s": round(t.record.downtime_s, 3),
+                "downtime_s": round(t.record.downtime(view.time), 3),
                 "measured_flops": t.measured_flops,
                 "planned_waf": t.planned_waf,
                 "achieved_waf": t.achieved_waf,

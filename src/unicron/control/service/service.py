@@ -51,8 +51,8 @@ TICK_S = 0.1
 
 
 def task_summary(coordinator: Coordinator, row: TaskRecord) -> dict[str, Any]:
-    spec = coordinator.spec(row.name)
-    end = row.finished or time.time()
+    spec, now = coordinator.spec(row.name), coordinator.clock()
+    end = row.finished or now
     elapsed = end - row.started if row.started else 0.0
     return {
         "name": row.name,
@@ -66,7 +66,7 @@ def task_summary(coordinator: Coordinator, row: TaskRecord) -> dict[str, Any]:
         "checkpoint_step": row.checkpoint_step,
         "failures": row.failures,
         "restarts": row.restarts,
-        "downtime_s": row.downtime_s + ((time.time() - row.down_since) if row.down_since else 0.0),
+        "downtime_s": row.downtime(now),
         "samples": row.samples,
         "weighted_flop": row.flop,
         "waf": row.flop / elapsed if elapsed > 0 else 0.0,

@@ -43,6 +43,15 @@ class TaskRecord:
     # earlier runs' (``first_generation``), so no worker identity is ever used twice.
     run: int = 1
     first_generation: int = 1
+    # When the failure that took the task down began (its fault, else its first sign): its
+    # downtime counts from then, detection included, until the first step completed after it.
+    # ``down_since`` is when the coordinator took it down (what a stop's wait counts from).
+    down_from: float | None = None
+
+    def downtime(self, now: float) -> float:
+        """The task's downtime at ``now``: what ended, and the current stretch if it is down
+        (one figure for status, the dashboard and the metrics)."""
+        return self.downtime_s + (max(0.0, now - self.down_from) if self.down_from is not None else 0.0)
 
     def final_state_saved(self, iterations: int) -> bool:
         """Whether the task's result is known saved: rank 0 reported the final state's digest, or

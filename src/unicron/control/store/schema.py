@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     launched_generation INTEGER NOT NULL DEFAULT 0,
     redo_until INTEGER NOT NULL DEFAULT 0,
     run INTEGER NOT NULL DEFAULT 1,
-    first_generation INTEGER NOT NULL DEFAULT 1
+    first_generation INTEGER NOT NULL DEFAULT 1,
+    down_from REAL
 );
 CREATE TABLE IF NOT EXISTS workers (
     task TEXT NOT NULL,
@@ -85,6 +86,7 @@ ADDED_COLUMNS = (
     ("tasks", "redo_until", "INTEGER NOT NULL DEFAULT 0"),
     ("tasks", "run", "INTEGER NOT NULL DEFAULT 1"),
     ("tasks", "first_generation", "INTEGER NOT NULL DEFAULT 1"),
+    ("tasks", "down_from", "REAL"),
     ("nodes", "probe_port", "INTEGER NOT NULL DEFAULT 0"),
 )
 

@@ -191,26 +191,41 @@ class Store:
             started=task.started if task.started is not None else now, redo_until=task.step,
         )  # fmt: skip
 
-    def task_down(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
-        """A failure took the task down: it recovers (starting in place, or restarting) or fails."""
+    def task_down(
+        self, name: str, to: TaskState, now: float, reason: str | None = None, began: float | None = None
+    ) -> None:
+        """A failure that began at ``began`` (None: now) took the task down: it recovers
+        (starting in place, or restarting) or fails. Its downtime counts from the earliest
+        failure it has not recovered from; a failed task's stops at its failure."""
         task = self.get_task(name)
+        down_from = min(t for t in (task.down_from, began, now) if t is not None)
+        changes: dict[str, Any] = {"down_from": down_from}
+        if to is TaskState.FAILED:
+            changes = {"down_from": None, "downtime_s": task.downtime_s + max(0.0, now - down_from)}
         self._moved(
             name, to, failures=task.failures + 1,
             down_since=task.down_since if task.down_since is not None else now,
             finished=now if to is TaskState.FAILED else task.finished,
-            reason=reason if reason is not None else task.reason,
+            reason=reason if reason is not None else task.reason, **changes,
         )  # fmt: skip
 
     def task_stopping(self, name: str, now: float) -> None:
-        """The plan stops the task's generation at a step boundary, to relaunch it."""
+        """The plan stops the task's generation at a step boundary, to relaunch it: down from
+        now (unless a failure took it down earlier)."""
         task = self.get_task(name)
         down = task.down_since if task.down_since is not None else now
-        self._moved(name, TaskState.RESTARTING, down_since=down)
+        down_from = task.down_from if task.down_from is not None else now
+        self._moved(name, TaskState.RESTARTING, down_since=down, down_from=down_from)
 
     def task_ended(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
-        """Finished, cancelled or failed (without a new failure to count)."""
+        """Finished, cancelled or failed (without a new failure to count): a downtime under way
+        ends with it."""
         task = self.get_task(name)
-        self._moved(name, to, finished=now, reason=reason if reason is not None else task.reason)
+        downtime = task.downtime(now)
+        self._moved(
+            name, to, finished=now, reason=reason if reason is not None else task.reason,
+            downtime_s=downtime, down_from=None,
+        )  # fmt: skip
 
     def task_waiting(self, name: str) -> None:
         """No workers: stopped for a relaunch, or queued with no slots for it."""
@@ -220,8 +235,11 @@ class Store:
         """The generation completed a step; returns the downtime that ended, if any."""
         with self._lock:
             task = self.get_task(name)
-            down = now - task.down_since if task.down_since is not None else None
-            self._moved(name, TaskState.RUNNING, downtime_s=task.downtime_s + (down or 0.0), down_since=None)
+            down = max(0.0, now - task.down_from) if task.down_from is not None else None
+            self._moved(
+                name, TaskState.RUNNING, downtime_s=task.downtime_s + (down or 0.0),
+                down_since=None, down_from=None,
+            )  # fmt: skip
             return down
 
     def task_membership(self, name: str, generation: int, workers: int) -> None:
