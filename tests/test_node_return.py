@@ -49,3 +49,17 @@ def test_a_drained_node_lost_and_back_stays_drained_until_resumed(make: Any) -> 
         cluster.c.tick()
     cluster.c.register(Registration(node="n1", slots=2))
     assert cluster.c.store.node("n1").state is NodeState.HEALTHY  # type: ignore[union-attr]
+
+
+def test_a_drains_plan_says_the_tasks_move_off_the_node_not_that_they_lost_it(make: Any) -> None:
+    """A drain is answered from the plan table as the node's leaving is, but said in a drain's
+    words: nothing was lost with the node (it said "lost 2 GPUs with the node")."""
+    cluster = make()
+    cluster.c.placer.allocator.wait()  # the table for the cluster as it runs
+    cluster.c.drain_node("n1", "new disk")
+    for _ in range(3):
+        cluster.step()
+    plan = cluster.events("plan")[-1]
+    assert plan["answers"] == "node-drained:n1" and plan["source"] == "table"
+    (shrink,) = cluster.events("task_shrink")
+    assert shrink["reason"].startswith("moves 2 GPUs off the drained node"), shrink["reason"]

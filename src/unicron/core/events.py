@@ -10,10 +10,14 @@ from unicron.core.errors import UsageError
 
 @dataclass(frozen=True)
 class NodeLost:
+    """A node out of service: lost, isolated, or (``drained``) taken out by an admin. The plan
+    is the same; what it says of the tasks there differs (a drain loses them nothing)."""
+
     node: int
+    drained: bool = False
 
     def __str__(self) -> str:
-        return f"node-lost:{self.node}"
+        return f"node-drained:{self.node}" if self.drained else f"node-lost:{self.node}"
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,7 @@ class _Situation:
     survivors: dict[str, int]
     failed: frozenset[str]
     finished: tuple[str, ...]
+    drained: bool = False  # the node left by an admin's drain, not by a failure
 
 
 def _situation(state: ClusterState, event: PlanEvent | None) -> _Situation:
@@ -206,7 +207,10 @@ def _situation(state: ClusterState, event: PlanEvent | None) -> _Situation:
         tasks = (*state.tasks, *group)
         current.update({t.name: 0 for t in group})
         survivors.update({t.name: 0 for t in group})
-    return _Situation(str(event) if event else "now", nodes, tasks, current, survivors, failed, finished)
+    drained = isinstance(event, NodeLost) and event.drained
+    return _Situation(
+        str(event) if event else "now", nodes, tasks, current, survivors, failed, finished, drained
+    )
 
 
 def _candidates(task: TaskSpec, unit: int, capacity: int) -> np.ndarray:
@@ -374,6 +378,14 @@ def plan(state: ClusterState, event: PlanEvent | None = None, cache: PlanCache |
     )
 
 
+def explained(chosen: Plan, state: ClusterState, event: PlanEvent) -> Plan:
+    """``chosen`` (planned for ``event`` from ``state``) with its reasons given anew for how
+    ``event`` is told: a drain's plan is a loss's, said in a drain's words."""
+    sit = _situation(state, event)
+    decisions = _explain([replace(d, reason="") for d in chosen.decisions], sit, chosen.capacity_gpus, state)
+    return replace(chosen, event=sit.event, decisions=tuple(decisions))
+
+
 def feasible_allocations(state: ClusterState, event: PlanEvent | None = None) -> list[list[int]]:
     """Per task (in order), every count it may take after ``event``: for checks and baselines."""
     return [[int(g) for g in c.points.gpus] for c in _problem(state, event).choices]
@@ -408,16 +420,17 @@ def _explain(
     out = []
     for d in decisions:
         lost = sit.current.get(d.task, 0) - sit.survivors.get(d.task, 0)
+        off = f"moves {lost} GPUs off the drained node" if sit.drained else f"lost {lost} GPUs with the node"
         if d.task in sit.finished:
             why = f"finished; frees {d.before} GPUs"
         elif d.hit and d.after == d.before:
-            why = f"lost {lost} GPUs with the node; replaced on healthy GPUs"
+            why = f"{off}; replaced on healthy GPUs"
         elif d.hit and d.after > d.before:
-            why = f"lost {lost} GPUs with the node; replaced, and grows to {d.after}"
+            why = f"{off}; replaced, and grows to {d.after}"
         elif d.hit and d.after > 0:
-            why = f"lost {lost} GPUs with the node; goes on with {d.after}"
+            why = f"{off}; goes on with {d.after}"
         elif d.hit:
-            why = f"lost {lost} GPUs with the node; waits for capacity"
+            why = f"{off}; waits for capacity"
         elif d.after == d.before == 0:
             minimum = specs[d.task].minimum
             if minimum > capacity:

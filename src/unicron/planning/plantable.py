@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from unicron.core.errors import UsageError
 from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone, TasksArrived
-from unicron.planning.planner import ClusterState, Plan, PlanCache, advance, plan
+from unicron.planning.planner import ClusterState, Plan, PlanCache, advance, explained, plan
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,9 @@ class PlanTable:
                     if healthy
                     else "no node is in service"
                 )
-            # Nodes whose loss hits the same tasks share one plan; label it with this node.
-            return replace(found, event=str(event))
+            # Nodes whose loss hits the same tasks share one plan; label it with this node (and
+            # say a drain's in its words).
+            return explained(found, self.state, event) if event.drained else replace(found, event=str(event))
         if isinstance(event, NodeBack):
             if event.node is not None and event.node in self.state.healthy:
                 raise UsageError(f"node {event.node} is already in service")

@@ -112,13 +112,18 @@ class Allocator:
         # ("rebuilds"), since start-up: what an operator watches (``metrics.py``).
         self.counts: dict[str, int] = {"table": 0, "solved": 0, "rebuilds": 0}
 
-    def decide(self, state: ClusterState, curves_version: int) -> Decided:
-        """The plan for ``state``: looked up when the table answers it, else solved."""
+    def decide(
+        self, state: ClusterState, curves_version: int, drained: frozenset[int] = frozenset()
+    ) -> Decided:
+        """The plan for ``state``: looked up when the table answers it, else solved. ``drained``:
+        nodes out of service by an admin's drain (their leaving is said as such)."""
         started = time.perf_counter()
         rebalance = self._refreshed_for is not None and self._refreshed_for[:-1] == _state_key(state)
         table, why = self._ready_table(curves_version)
         if table is not None:
             found = event_between(table.state, state)
+            if isinstance(found, NodeLost) and found.node in drained:
+                found = replace(found, drained=True)
             if isinstance(found, str):
                 why = found
             else:

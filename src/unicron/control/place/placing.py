@@ -199,7 +199,8 @@ class Placer:
         if not state.tasks:
             self.keep_spares(snapshot, state, names, {})  # no task left: no spare has a purpose
             return
-        decided = self.allocator.decide(state, self.rates.version)
+        draining = frozenset(n.id for n in snapshot.nodes.values() if n.state is NodeState.DRAINING)
+        decided = self.allocator.decide(state, self.rates.version, draining)
         self.pending.clear()  # every live task is in this plan
         best, layout = decided.plan, decided.layout
         if decided.rebalance and not stranded(snapshot):
