@@ -3,10 +3,10 @@
 Debian's ``slurm-wlm`` (22.05) and ``munge``, as ``make test`` installs them. Every daemon runs
 in a test host's network namespace (``nsenter --net``: unlike ``ip netns exec`` it keeps the
 machine's /sys, where slurmd looks for cgroups), each slurmd under its own node name (``-N``) and
-address (``NodeAddr``). munged runs with a key and socket of the harness's own; slurm.conf is
-found through ``SLURM_CONF``, so nothing of the machine's own Slurm or munge set-up is used. The
-Slurm commands (sbatch, scontrol) run on the controller's host, never from the machine's own
-namespace.
+address (``NodeAddr``), with ``gpus`` stand-in GPUs when asked (:func:`gres_conf`). munged runs
+with a key and socket of the harness's own; slurm.conf is found through ``SLURM_CONF``, so
+nothing of the machine's own Slurm or munge set-up is used. The Slurm commands (sbatch,
+scontrol) run on the controller's host, never from the machine's own namespace.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -31,8 +32,10 @@ def unavailable() -> str | None:
     return None
 
 
-def slurm_conf(root: Path, controller: Host, nodes: dict[str, Host], cpus: int) -> str:
+def slurm_conf(root: Path, controller: Host, nodes: dict[str, Host], cpus: int, gpus: int = 0) -> str:
+    """``gpus``: each node's GPUs, a ``gpu`` GRES (stand-ins: see :func:`gres_conf`)."""
     names = ",".join(nodes)
+    gres = f" Gres=gpu:{gpus}" if gpus else ""
     lines = [
         "ClusterName=unicrontest",
         f"SlurmctldHost={socket.gethostname()}({controller.address})",
@@ -59,17 +62,35 @@ def slurm_conf(root: Path, controller: Host, nodes: dict[str, Host], cpus: int) 
         "MailProg=/bin/true",
         "KillWait=10",
         "MinJobAge=600",
-        *(f"NodeName={name} NodeAddr={h.address} CPUs={cpus} State=UNKNOWN" for name, h in nodes.items()),
+        *(["GresTypes=gpu"] if gpus else []),
+        *(
+            f"NodeName={name} NodeAddr={h.address} CPUs={cpus}{gres} State=UNKNOWN"
+            for name, h in nodes.items()
+        ),
         f"PartitionName=test Nodes={names} Default=YES MaxTime=INFINITE State=UP",
     ]
     return "\n".join(lines) + "\n"
 
 
-class SlurmCluster:
-    """``with SlurmCluster(hosts, root, controller=hosts.hosts[0], nodes={...}) as slurm:``."""
+def gres_conf(root: Path, gpus: int) -> str:
+    """Every node's ``gpus`` GPUs as stand-in devices (Slurm keeps no GPU without a device file;
+    these are what /dev/null is): a job's GPU request is granted as on a GPU cluster, with
+    ``SLURM_GPUS_ON_NODE`` and ``CUDA_VISIBLE_DEVICES`` set, and the workers train on the CPU."""
+    for i in range(gpus):
+        device = root / f"gpu{i}"
+        if not device.exists():
+            os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return f"Name=gpu File={root}/gpu[0-{gpus - 1}]\n" if gpus else ""
 
-    def __init__(self, hosts: TestHosts, root: Path, controller: Host, nodes: dict[str, Host]) -> None:
-        self.hosts, self.root, self.controller, self.nodes = hosts, root, controller, nodes
+
+class SlurmCluster:
+    """``with SlurmCluster(hosts, root, controller=hosts.hosts[0], nodes={...}) as slurm:``;
+    ``gpus``: each node's (stand-in) GPUs."""
+
+    def __init__(
+        self, hosts: TestHosts, root: Path, controller: Host, nodes: dict[str, Host], gpus: int = 0
+    ) -> None:
+        self.hosts, self.root, self.controller, self.nodes, self.gpus = hosts, root, controller, nodes, gpus
         self.daemons: list[subprocess.Popen[bytes]] = []
         self.env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
 
@@ -86,8 +107,9 @@ class SlurmCluster:
         key = self.root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        conf = slurm_conf(self.root, self.controller, self.nodes, os.cpu_count() or 2)
+        conf = slurm_conf(self.root, self.controller, self.nodes, os.cpu_count() or 2, self.gpus)
         (self.root / "slurm.conf").write_text(conf)
+        (self.root / "gres.conf").write_text(gres_conf(self.root, self.gpus))  # beside slurm.conf
         self._daemon(
             ["munged", "-F", "-f", f"--key-file={key}", f"--socket={self.root / 'munge.socket'}",
              f"--pid-file={self.root / 'munged.pid'}", f"--seed-file={self.root / 'munged.seed'}",

@@ -6,16 +6,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from unicron.control.launch.slurm import current_allocation
-from unicron.control.launch.slurmjob import Layout, run_job, run_node
+from unicron.control.launch.slurm import current_allocation, node_slots
+from unicron.control.launch.slurmjob import Layout, run_job, run_node, say
+from unicron.control.launch.taskfile import read_task_file
 from unicron.core.errors import UsageError
-from unicron.core.livespecs import parse_live_tasks
 
 
-def default_slots() -> int:
-    """The node's GPUs as Slurm gave them to the job, else 1."""
-    gpus = os.environ.get("SLURM_GPUS_ON_NODE", "")
-    return int(gpus) if gpus.isdigit() and int(gpus) > 0 else 1
+def job_root(root: Path | None, job_id: str, workdir: Path) -> Path:
+    """The job's shared folder, absolute (every node is given the same path): ``--root``, a
+    relative one taken from ``workdir`` (the batch script's working folder: where sbatch was run,
+    or its ``--chdir``); by default ``WORKDIR/.unicron/slurm-JOBID``. Not resolved through
+    symbolic links: a shared path reads the same on every node."""
+    chosen = root.expanduser() if root is not None else Path(".unicron") / f"slurm-{job_id}"
+    return Path(os.path.abspath(workdir / chosen))
 
 
 def _coordinator_args(settings: Path | None, cluster: Path | None) -> list[str]:
@@ -35,16 +38,26 @@ def run(
     for spec in specs:
         if not spec.is_file():
             raise UsageError(f"task file {spec} does not exist: pass the YAML of the tasks to run")
-        parse_live_tasks(spec.read_text(), str(spec))  # a bad spec is refused before anything starts
+        read_task_file(spec)  # a bad spec, or a program not there, is refused before anything starts
     if slots < 0:
         raise UsageError(f"--slots {slots}: pass a positive number of worker slots per node (or 0: the GPUs)")
     allocation = current_allocation()
-    folder = (root or Path(f".unicron/slurm-{allocation.job_id}")).resolve()
+    folder = job_root(root, allocation.job_id, Path.cwd())
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--root {folder}: cannot create it ({exc.strerror}): pass a folder that every node "
+            "shares and you can write"
+        ) from None
     passed = _coordinator_args(settings, cluster)
-    return run_job(allocation, Layout(folder, port), specs, slots or default_slots(), passed, wait_s)
+    # --slots 0: each node counts its own GPUs where its agent runs (node_slots)
+    return run_job(allocation, Layout(folder, port), specs, slots, passed, wait_s)
 
 
 def node(root: Path, port: int, slots: int, settings: Path | None, cluster: Path | None) -> int:
     allocation = current_allocation()
-    layout = Layout(root.resolve(), port)
-    return run_node(allocation, layout, slots or default_slots(), _coordinator_args(settings, cluster))
+    layout = Layout(Path(os.path.abspath(root)), port)
+    found = node_slots(os.environ, slots)
+    say(f"{allocation.here}: {found}")
+    return run_node(allocation, layout, found, _coordinator_args(settings, cluster))

@@ -10,6 +10,7 @@ Parsing is kept pure (tested with Slurm's own output as text); ``scontrol`` is c
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -47,6 +48,60 @@ class Allocation:
 
     def address(self, node: str) -> str:
         return self.addresses[node]
+
+
+CPU_SLOTS = 1  # a node whose share of the job has no GPU: one worker slot (a CPU worker)
+_GPU_ID = re.compile(r"[0-9]+|(GPU|MIG)-[0-9A-Za-z/._-]+")  # an index, or a GPU's or MIG's UUID
+
+
+@dataclass(frozen=True)
+class Slots:
+    """A node's worker slots in a job, the GPU ids that go with them (its agent's ``--gpus``; empty
+    when the ids are not known), and where the number came from (said by the job)."""
+
+    def __str__(self) -> str:
+        gpus = f", GPUs {','.join(self.gpus)}" if self.gpus else ""
+        return f"{self.count} worker slot{'s' if self.count != 1 else ''}{gpus}, from {self.source}"
+
+    count: int
+    gpus: tuple[str, ...]
+    source: str
+
+
+def _gpu_list(value: str | None) -> list[str]:
+    """``0,1,3`` (or UUIDs) -> the ids; [] for anything else (unset, ``NoDevFiles``, ``-1``)."""
+    ids = [word.strip() for word in (value or "").split(",")]
+    return ids if ids and all(_GPU_ID.fullmatch(i) for i in ids) else []
+
+
+def node_slots(env: Mapping[str, str], given: int = 0) -> Slots:
+    """This node's worker slots, read where its agent runs (the ``srun`` step of ``unicron slurm
+    node``): ``given`` (``--slots``) when above 0; else the GPUs Slurm gave the step on this node:
+    ``SLURM_GPUS_ON_NODE``, else the ids in ``SLURM_STEP_GPUS`` or ``CUDA_VISIBLE_DEVICES``; else
+    :data:`CPU_SLOTS`, a CPU worker, as on a test cluster without GPUs. ``SLURM_JOB_GPUS`` is not
+    read: in a step it is the batch node's, passed on to every node, and it lists the GPUs an
+    ``--exclusive`` job holds without having asked for them, which its steps do not get. The GPU
+    ids are ``CUDA_VISIBLE_DEVICES``'s (numbered as the node's processes see them) when it names
+    as many GPUs as there are slots; each worker then gets one of them."""
+    visible = _gpu_list(env.get("CUDA_VISIBLE_DEVICES"))
+
+    def slots(count: int, source: str) -> Slots:
+        return Slots(count, tuple(visible) if len(visible) == count else (), source)
+
+    if given > 0:
+        return slots(given, f"--slots {given}")
+    on_node = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    if on_node.isdigit() and int(on_node) > 0:
+        return slots(int(on_node), f"SLURM_GPUS_ON_NODE={on_node}")
+    for name in ("SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES"):
+        if ids := _gpu_list(env.get(name)):
+            return slots(len(ids), f"{name}={env[name]}")
+    return Slots(
+        CPU_SLOTS,
+        (),
+        "the default for a node with no GPU in the job, a CPU worker (SLURM_GPUS_ON_NODE unset: ask "
+        "for GPUs with `sbatch --gpus-per-node=N`, or set --slots N)",
+    )
 
 
 def parse_node_addresses(text: str) -> dict[str, str]:

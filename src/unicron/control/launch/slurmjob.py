@@ -4,9 +4,12 @@
 allocation's first, where Slurm runs batch scripts), and:
 
 1. makes the cluster secret and hands out the tokens (an agent token per node, an admin token
-   for itself) as files under the shared root, mode 0600: agents never read the secret;
+   for itself, ``ROOT/tokens/admin-slurm-JOBID.token``) as files under the shared root, mode
+   0600: agents never read the secret. The job's output names the admin token and the
+   ``unicron status`` line that watches the job with it;
 2. starts one job step, ``srun --ntasks-per-node=1 unicron slurm node``, which runs the
-   coordinator on the head and an agent on every node, each bound to its node's ``NodeAddr``.
+   coordinator on the head and an agent on every node, each bound to its node's ``NodeAddr``,
+   with the slots and GPUs Slurm gave that node (``node_slots``).
    The step is started with ``--kill-on-bad-exit=0`` and the job should ask for ``--no-kill``:
    a node that fails must not end the allocation, since Unicron's answer to it is to re-plan;
 3. waits for every node's agent, submits the tasks, waits until each has ended (finished,
@@ -32,13 +35,13 @@ from typing import Any
 import httpx
 
 from unicron.control.agent.processes import dies_with_parent
-from unicron.control.launch.slurm import Allocation
+from unicron.control.launch.slurm import Allocation, Slots
+from unicron.control.launch.taskfile import read_task_file
 from unicron.control.service.credentials import Credentials, read_token, write_token
 from unicron.control.service.tokens import issue
 from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.errors import UnicronError
-from unicron.core.livespecs import parse_live_tasks
 from unicron.core.states import TaskState
 
 ENDED = {TaskState.FINISHED.value, TaskState.FAILED.value, TaskState.CANCELLED.value}
@@ -97,9 +100,10 @@ def hand_out_tokens(allocation: Allocation, layout: Layout) -> Path:
 
 # ---------------------------------------------------------------------- one node (srun's task)
 def node_processes(
-    allocation: Allocation, layout: Layout, slots: int, coordinator_args: list[str]
+    allocation: Allocation, layout: Layout, slots: Slots, coordinator_args: list[str]
 ) -> dict[str, list[str]]:
-    """What runs on this node: the coordinator (head only) and the agent, as command lines."""
+    """What runs on this node: the coordinator (head only) and the agent (its slots and GPUs as
+    :func:`~unicron.control.launch.slurm.node_slots` read them), as command lines."""
     here = allocation.address(allocation.here)
     commands: dict[str, list[str]] = {}
     if allocation.is_head:
@@ -110,8 +114,10 @@ def node_processes(
         )  # fmt: skip
     commands[f"agent-{allocation.here}"] = _cli(
         "agent", "--coordinator", layout.url(allocation), "--node", allocation.here,
-        "--slots", str(slots), "--address", here, "--run-dir", str(layout.root / "agents" / allocation.here),
+        "--slots", str(slots.count), "--address", here,
+        "--run-dir", str(layout.root / "agents" / allocation.here),
         "--token-file", str(layout.token(Role.AGENT, allocation.here)),
+        *(["--gpus", ",".join(slots.gpus)] if slots.gpus else []),
     )  # fmt: skip
     return commands
 
@@ -210,13 +216,14 @@ class Coordinator:
         """Submit the tasks of ``spec``; a task the coordinator has already (the root of an
         earlier job, or a requeued one) is followed, not submitted again: it goes on from its
         state and its newest checkpoint."""
-        names = [task.name for task in parse_live_tasks(spec.read_text(), str(spec))]
+        task_file = read_task_file(spec)  # its relative paths made absolute against its folder
+        names = [task.name for task in task_file.specs]
         known = {task["name"] for task in self.get("/v1/tasks")}
         if set(names) <= known:
             say(f"{', '.join(names)}: known from an earlier run of this root, followed from its state")
             return names
         response = self.client.post(
-            "/v1/tasks", content=spec.read_bytes(), headers={"content-type": "application/yaml"}
+            "/v1/tasks", content=task_file.text.encode(), headers={"content-type": "application/yaml"}
         )
         if response.status_code >= 400:
             raise UnicronError(f"{spec}: the coordinator refused it: {response.json().get('error')}")
@@ -237,7 +244,8 @@ class Coordinator:
 
 
 def node_step(allocation: Allocation, layout: Layout, slots: int, passed: list[str]) -> list[str]:
-    """The ``srun`` line that starts ``unicron slurm node`` once on every node of the job."""
+    """The ``srun`` line that starts ``unicron slurm node`` once on every node of the job
+    (``slots`` 0: each node counts its own GPUs)."""
     return [
         "srun", f"--nodes={len(allocation.nodes)}", f"--ntasks={len(allocation.nodes)}",
         "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--no-kill", "--overlap",
@@ -250,25 +258,38 @@ def run_job(
     allocation: Allocation, layout: Layout, specs: list[Path], slots: int, passed: list[str], wait_s: float
 ) -> int:
     """Start the cluster on the allocation, run ``specs``' tasks to their end, stop. 0: all finished."""
-    token = read_token(hand_out_tokens(allocation, layout))
+    admin = hand_out_tokens(allocation, layout)
+    token = read_token(admin)
     layout.stop_file(allocation.job_id).unlink(missing_ok=True)  # a requeued job keeps its id
     say(f"job {allocation.job_id}: coordinator on {allocation.head} ({layout.url(allocation)}), "
         f"agents on {', '.join(allocation.nodes)}; root {layout.root}")  # fmt: skip
+    say(f"admin token {admin}; watch it from a machine that reaches the head and reads the root: "
+        f"unicron status --coordinator {layout.url(allocation)} --token-file {admin}")  # fmt: skip
     log = layout.log("step")
     log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
     with open(log, "ab") as out:
         step = subprocess.Popen(
             node_step(allocation, layout, slots, passed), stdout=out, stderr=subprocess.STDOUT
         )
     api = Coordinator(layout.url(allocation), token)
 
-    def every_agent() -> bool:
-        healthy = [n for n in api.get("/v1/nodes") if n["state"] == "healthy"]
-        return len(healthy) == len(allocation.nodes)
+    def agents() -> list[dict[str, Any]]:
+        """This job's agents: on its nodes, healthy, heard since the job began (a root reused
+        from an earlier job holds that job's nodes, healthy, until their deadline)."""
+        since = time.time() - started
+        return [
+            n
+            for n in api.get("/v1/nodes")
+            if n["name"] in allocation.nodes
+            and n["state"] == "healthy"
+            and n["seconds_since_heartbeat"] < since
+        ]
 
     try:
         api.wait(lambda: api.client.get("/health").status_code == 200, wait_s, "coordinator", step)
-        api.wait(every_agent, wait_s, "agent on every node", step)
+        api.wait(lambda: len(agents()) == len(allocation.nodes), wait_s, "agent on every node", step)
+        say("agents: " + "; ".join(agent_line(node) for node in agents()))
         names = [name for spec in specs for name in api.submit(spec)]
         say(f"following {', '.join(names)}")
         ended = follow(api, names, step)
@@ -301,6 +322,11 @@ def follow(api: Coordinator, names: list[str], step: subprocess.Popen[bytes]) ->
         time.sleep(1.0)
 
 
+def agent_line(node: dict[str, Any]) -> str:
+    gpus = f"GPUs {','.join(node['gpus'])}" if node.get("gpus") else "no GPU named"
+    return f"{node['name']} {node['slots']} slot{'s' if node['slots'] != 1 else ''} ({gpus})"
+
+
 def incident_line(event: dict[str, Any]) -> str:
     detail, where = event["detail"], f" on {event['node']}" if event.get("node") else ""
     task = event.get("task") or "cluster"
@@ -323,7 +349,7 @@ def end_step(step: subprocess.Popen[bytes], stop_file: Path) -> None:
             step.wait()
 
 
-def run_node(allocation: Allocation, layout: Layout, slots: int, coordinator_args: list[str]) -> int:
+def run_node(allocation: Allocation, layout: Layout, slots: Slots, coordinator_args: list[str]) -> int:
     """This node's part of the job (``unicron slurm node``, one per node under srun)."""
     commands = node_processes(allocation, layout, slots, coordinator_args)
     return Supervisor(commands, layout, layout.stop_file(allocation.job_id)).run()
