@@ -312,3 +312,16 @@ def test_a_coordinator_idle_and_once_its_task_ended_serves_what_the_dashboard_pl
     found = scraped(cluster.c.metrics)
     assert found[("unicron_task_workers", frozenset({("task", "lm")}))] == 0
     assert found[("unicron_cluster_planned_waf_flops", frozenset())] == 0
+
+
+def test_the_dashboards_optimum_is_never_below_the_plan_in_force(make: Any) -> None:
+    """The optimum is planned from scratch for every registered node healthy (as the simulator's
+    oracle): planned from where the workers were, moving them cost, and it fell below the plan."""
+    cluster = make()
+    cluster.exit(3)  # recovered in place on three; the plan grows it back
+    for step in range(2, 6):
+        cluster.train(step)
+        cluster.step()
+    view = cluster.c.viewer.view()
+    assert view.planned_waf is not None and view.optimum_waf is not None
+    assert view.optimum_waf >= view.planned_waf

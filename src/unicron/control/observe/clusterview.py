@@ -109,7 +109,10 @@ class Viewer:
 
     def _optimum_waf(self) -> float | None:
         """The WAF of the plan for every registered node healthy (lost, isolated and draining
-        ones included): what the cluster would achieve at its full healthy capacity."""
+        ones included), planned from scratch: what the cluster would achieve at its full healthy
+        capacity. From scratch, as the simulator's oracle plans (``sim/engine.py:ideal``): planned
+        from where the workers are, moving them costs, and the "optimum" fell below the plan in
+        force."""
         snapshot = self.ctx.store.snapshot()
         state, _ = self.placer.cluster_state(snapshot)
         if not state.tasks:
@@ -118,7 +121,7 @@ class Viewer:
         key = (every, tuple(t.name for t in state.tasks), self.rates.version)
         if self._optimum is None or self._optimum[0] != key:
             try:
-                self._optimum = (key, plan(replace(state, healthy=every)).waf)
+                self._optimum = (key, plan(replace(state, healthy=every, assignment={})).waf)
             except Exception:  # a cluster the planner cannot divide (e.g. replicas that fit no node)
                 self._optimum = (key, None)
         return self._optimum[1]
