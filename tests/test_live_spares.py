@@ -71,7 +71,7 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
     assert names.count("task_launch") == 1, names
     assert "in_process_recovery" in names
     grows = [e["detail"] for e in events if e["kind"] == "task_grow"]
-    assert grows and grows[0]["spares_used"] and grows[0]["placement"] == {}, grows
+    assert grows and grows[0]["spares_used"] and grows[0]["new_processes"] == {}, grows
     assert "task_grown" in names
     assert names.count("spare_launched") >= 2  # the freed slot got a new spare
     assert names.count("spare_stopped") == names.count("spare_launched") - 1  # one was used

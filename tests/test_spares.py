@@ -65,7 +65,8 @@ def test_the_grow_back_takes_the_spare_in_the_slot_it_grows_into(make: Any) -> N
     for _ in range(3):
         cluster.step()
     (growth,) = cluster.events("task_grow")
-    assert growth["spares_used"] == [1000] and growth["placement"] == {}
+    assert growth["spares_used"] == [1000] and growth["new_processes"] == {}
+    assert growth["placement"] == {"n1": 1}  # where the newcomer is: the spare, there
     renamed = [o for _, o in cluster.orders if isinstance(o, RenameWorker) and o.rank == 1000]
     assert [(o.new_generation, o.new_rank) for o in renamed] == [(growth["generation"], 3)]
     launched = [o for _, o in cluster.orders if isinstance(o, LaunchWorker)]

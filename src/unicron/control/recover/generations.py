@@ -209,9 +209,9 @@ class Generations:
             ctx.act.use_spare(name, spare_rank, node, local, generation, rank, world, now)
             used.append(spare_rank)
         env = ctx.worker_env(name, generation, world, task.store_port, joining=True)
-        placement = new_processes(placement, [node for _, node, _ in spares])
+        started = new_processes(placement, [node for _, node, _ in spares])
         argv = list(ctx.spec(name).run.program)
-        ctx.act.launch(Launch(name, generation, world, placement, len(live) + len(used), argv, env), now)
+        ctx.act.launch(Launch(name, generation, world, started, len(live) + len(used), argv, env), now)
         self.growing[name] = Growth(generation, membership, newcomers, now)
         self._keep()
         ctx.act.record(
@@ -219,7 +219,8 @@ class Generations:
             task=name,
             generation=generation,
             workers=world,
-            placement=placement,
+            placement=placement,  # node -> newcomers: hot spares there and new processes
+            new_processes=started,
             spares_used=used,
             reason=reason,
         )
