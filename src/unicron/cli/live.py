@@ -6,6 +6,7 @@ import json
 import socket
 import sys
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -272,8 +273,38 @@ def events(api: Api, task: str | None, json_output: bool) -> None:
 
 
 def event_cells(e: dict[str, Any]) -> tuple[str, str, str, str, str, Text]:
-    detail = ", ".join(f"{k}={v}" for k, v in e["detail"].items())
-    return str(e["id"]), f"{e['time']:.3f}", e["kind"], e["task"] or "", e["node"] or "", Text(detail)
+    detail = ", ".join(f"{k}={plain(v, k)}" for k, v in e["detail"].items())
+    return str(e["id"]), local_time(e["time"]), e["kind"], e["task"] or "", e["node"] or "", Text(detail)
+
+
+# Detail keys that hold a moment (Unix time), shown as local times like the time column.
+MOMENT_KEYS = ("_at", "_since", "_until")
+DETAIL_TEXT_CHARS = 300  # a long text (a log's tail, a stack) is cut: `--json` has all of it
+
+
+def local_time(at: float, date: bool = True) -> str:
+    """A Unix time as this machine's local time, to the millisecond."""
+    moment = datetime.fromtimestamp(at)
+    return moment.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S") + f".{moment.microsecond // 1000:03d}"
+
+
+def plain(value: Any, key: str = "") -> str:
+    """An event's detail value as a person reads it: moments as local times, numbers rounded,
+    lists and mappings without Python's quotes, long or multi-line text on one line, cut."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float) and key.endswith(MOMENT_KEYS) and value > 1e9:
+        return local_time(value, date=False)
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".") if abs(value) < 1e6 else f"{value:.4g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {plain(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(plain(v) for v in value) + "]"
+    text = " | ".join(line.strip() for line in str(value).splitlines() if line.strip())
+    return text if len(text) <= DETAIL_TEXT_CHARS else text[: DETAIL_TEXT_CHARS - 3] + "..."
 
 
 def task_table(tasks: list[dict[str, Any]], title: str = "Tasks") -> Table:

@@ -23,6 +23,7 @@ from unicron.control.place.spares import choose, in_the_way, seated, spare_gains
 from unicron.control.recover.generations import Generations, Shrink, new_processes, planned_shrink
 from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.control.store.snapshot import Snapshot
+from unicron.control.store.store import PLAN_EVENT
 from unicron.core.events import named
 from unicron.core.protocol import SPARE_GENERATION
 from unicron.core.states import NodeState, TaskState, WorkerPhase
@@ -306,7 +307,7 @@ class Placer:
             return  # nothing to change, or a change already under way
         self.last_plan = decided.plan.allocation()
         self.ctx.act.record(
-            "plan",
+            PLAN_EVENT,
             source=decided.source,
             answers=None if decided.event is None else named(decided.event, _node_names(snapshot)),
             why=decided.why or None,

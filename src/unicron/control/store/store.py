@@ -43,6 +43,8 @@ from unicron.core.states import (
     sources,
 )
 
+PLAN_EVENT = "plan"  # the planner's answer, recorded by ``control/place/placing.py``
+
 
 def _new_task(name: str, spec_json: str, now: float) -> TaskRecord:
     """A task just submitted: waiting, nothing launched."""
@@ -539,9 +541,17 @@ class Store:
         newest: bool = False,
     ) -> list[EventRecord]:
         """Events after ``since_id``, in order: the first ``limit`` (``newest``: the last) of
-        ``task``'s, of ``kinds``."""
+        ``task``'s, of ``kinds``. A task's events include the plans that changed it (a plan is
+        the cluster's event, recorded with no task)."""
         self.sync()  # what this coordinator recorded is read back too
-        return self.backend.events(since_id, task, limit, frozenset(kinds), newest)
+        kinds = frozenset(kinds)
+        found = self.backend.events(since_id, task, limit, kinds, newest)
+        if task is None or (kinds and PLAN_EVENT not in kinds):
+            return found
+        plans = self.backend.events(since_id, None, limit, frozenset({PLAN_EVENT}), newest)
+        mine = [e for e in plans if task in (e.detail.get("changes") or {})]
+        merged = sorted([*found, *mine], key=lambda e: e.id)
+        return merged[-limit:] if newest else merged[:limit]
 
     def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None:
         """The kind of the newest of ``kinds`` recorded on ``node``, or None."""
