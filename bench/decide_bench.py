@@ -391,8 +391,8 @@ def watch_plans(agents: Agents, burst: Burst) -> None:
     allocator = agents.c.placer.allocator
     decide = allocator.decide
 
-    def logged(state: Any, curves_version: int) -> Decided:
-        decided = decide(state, curves_version)
+    def logged(state: Any, curves_version: int, drained: frozenset[int] = frozenset()) -> Decided:
+        decided = decide(state, curves_version, drained)
         burst.plans.append((agents.clock.now, decided))
         return decided
 
