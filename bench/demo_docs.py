@@ -55,6 +55,7 @@ def render(comparison: dict[str, Any]) -> str:
         grow_s=comparison["simulated_transition"]["reconfigure_s"],
         repair_s=loss["repair_s"],
         **log_figures(),
+        **measuring_figures(),
     )
 
 
@@ -68,6 +69,44 @@ def log_figures() -> dict[str, Any]:
         "log_wait_s": f"{ANSWER_WAIT_S:g}",
         "per_node": PER_NODE,
         "in_all": IN_ALL,
+    }
+
+
+def measuring_figures() -> dict[str, Any]:
+    """How throughput is measured and what a task that declares none is assumed to do, from the
+    code: the meter's window and warm-up, the assumed share of peak, the run fields whose keys
+    run.env may not set, and the reason a plan gives such a task (planned here, alone, on the
+    coordinator's default hardware)."""
+    from unicron.control.place.rates import MIN_STEPS, WARMUP_STEPS
+    from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, FIELD_KEYS, parse_live_tasks
+    from unicron.core.settings import Settings
+    from unicron.planning.planner import ClusterState, plan
+    from unicron.planning.throughput import ASSUMED_PEAK_FRACTION, curves_for
+
+    limits = Settings()
+    (task,) = parse_live_tasks("name: mine\nweight: 1\nrun: {program: [python, train.py], iterations: 1}\n")
+    hardware, slots = DEFAULT_LIVE_CLUSTER, 2
+    gpu = hardware.gpu_type()
+    alone = ClusterState(
+        slots,
+        gpu,
+        hardware.node_mtbf_hours,
+        hardware.planner,
+        (0, 1),
+        {},
+        (task,),
+        curves_for([task], gpu, slots, {}),
+        next_node=2,
+    )
+    (decision,) = plan(alone).decisions
+    return {
+        "measure_window_s": f"{limits.measure_window_s:g}",
+        "measure_change_pct": f"{limits.measure_change * 100:g}",
+        "measure_skip": WARMUP_STEPS,
+        "measure_min_steps": MIN_STEPS,
+        "assumed_peak_pct": f"{ASSUMED_PEAK_FRACTION * 100:g}",
+        "assumed_reason": decision.reason,
+        "field_keys": ", ".join(f"`{key}` (`run.{field}`)" for key, field in FIELD_KEYS.items()),
     }
 
 

@@ -57,7 +57,7 @@ def measured_rates(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, f
     """The median throughput the coordinator measured per task and worker count."""
     seen: dict[str, dict[int, list[float]]] = {}
     for e in events:
-        if e["kind"] == "throughput_measured":
+        if e["kind"] == "throughput_measured" and "flops" in e["detail"]:  # (not samples/s)
             per = seen.setdefault(e["task"], {}).setdefault(int(e["detail"]["workers"]), [])
             per.append(float(e["detail"]["flops"]))
     return {t: {c: float(np.median(v)) for c, v in per.items()} for t, per in seen.items()}

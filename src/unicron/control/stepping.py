@@ -14,6 +14,7 @@ from unicron.control.recover.recovery import Recovery
 from unicron.control.store.records import TaskRecord
 from unicron.core.protocol import IterationReport
 from unicron.core.states import TaskState, WorkerPhase
+from unicron.planning.throughput import declares
 
 
 @dataclass
@@ -81,9 +82,11 @@ class Steps:
         return replan
 
     def _measure(self, task: TaskRecord, report: IterationReport, ended: float) -> None:
-        """Feed the rate meter; a new measurement rebuilds the plan table for it."""
+        """Feed the rate meter; a new measurement rebuilds the plan table for it. A task that
+        declares no throughput and whose FLOPs per sample are unknown is measured in samples/s
+        (its scaling); one with a declared table is measured only with its FLOPs per sample."""
         sample_flops = self.ctx.flops_per_sample(task.name)
-        if not sample_flops:
+        if not sample_flops and declares(self.ctx.spec(task.name)):
             return
         rate = self.rates.report(
             task.name,
@@ -97,5 +100,10 @@ class Steps:
         )
         if rate is not None:
             self.ctx.act.keep(self.rates.kept())
-            self.ctx.act.record("throughput_measured", task=task.name, workers=task.workers, flops=rate)
+            if sample_flops:
+                self.ctx.act.record("throughput_measured", task=task.name, workers=task.workers, flops=rate)
+            else:
+                self.ctx.act.record(
+                    "throughput_measured", task=task.name, workers=task.workers, samples_per_s=rate
+                )
             self.placer.inputs_changed()  # the plan may change with it, once its table is built

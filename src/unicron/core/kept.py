@@ -64,7 +64,8 @@ class MeasuredRates(Kept):
     (``control/place/rates.py``)."""
 
     NAME: ClassVar[str] = "rates"
-    used: dict[str, dict[int, float]] = {}
+    used: dict[str, dict[int, float]] = {}  # FLOP/s
+    samples: dict[str, dict[int, float]] = {}  # samples/s, of tasks whose FLOPs per sample are unknown
 
 
 class StepTimes(Kept):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -18,6 +18,13 @@ from unicron.core.specs import (
     unique_names,
     validate_spec,
 )
+from unicron.core.workerenv import KEYS
+
+# The worker contract's keys that a field of ``run:`` gives (``run.env`` may not set them).
+FIELD_KEYS = {
+    KEYS[field]: field
+    for field in ("iterations", "checkpoint_every", "checkpoint_async", "recovery", "replica_size", "faults")
+}
 
 # Faults that damage state without failing a process: their time is not a failure's start.
 CORRUPTIONS = frozenset({"corrupt_transfer", "corrupt_checkpoint"})
@@ -77,7 +84,12 @@ class RunSpec(SpecBase):
         description="argv; a leading 'python' is the agent's interpreter; relative paths are from "
         "the task file's folder (`unicron submit` sends them absolute)",
     )
-    iterations: int = Field(gt=0, description="optimizer steps to train")
+    iterations: int = Field(
+        gt=0,
+        description="optimizer steps to train: the task's one count. Each worker is given it "
+        "(UNICRON_ITERATIONS) and `session.steps` ends there; a count the script passes itself "
+        "(`Session(iterations=...)`) applies only when it runs without an agent",
+    )
     checkpoint_every: int = Field(default=20, gt=0, description="steps between checkpoints")
     checkpoint_async: bool | None = Field(
         default=None,
@@ -87,7 +99,11 @@ class RunSpec(SpecBase):
         "docs/checkpointing.md). The final one, and the node-memory copy, are written before going on",
     )
     flops_per_sample: float | None = Field(
-        default=None, gt=0, description="for measured WAF; a task with `model:` takes it from the model"
+        default=None,
+        gt=0,
+        description="FLOPs of one sample, for measured FLOP/s and WAF; a task with `model:` takes it "
+        "from the model. Without it a task's steps are measured in samples/s: its scaling is "
+        "measured, its level assumed (docs/live-cluster.md)",
     )
     env: dict[str, str] = Field(
         default_factory=dict,
@@ -108,6 +124,19 @@ class RunSpec(SpecBase):
         "is planned, placed and recovered in whole replicas; counts must be its multiples",
     )
 
+    @field_validator("env", mode="after")
+    @classmethod
+    def _one_source(cls, env: dict[str, str]) -> dict[str, str]:
+        # A key the task file gives a field for is that field's: two sources of one count (a
+        # task's length in `run.iterations` and again in `run.env`) would disagree.
+        for key in env:
+            if key in FIELD_KEYS:
+                raise ValueError(
+                    f"run.env sets {key}, which run.{FIELD_KEYS[key]} gives{FIX_MARK}remove it from "
+                    f"run.env and set run.{FIELD_KEYS[key]}"
+                )
+        return env
+
     @field_validator("program", mode="before")
     @classmethod
     def _argv_as_text(cls, value: Any) -> Any:
@@ -118,7 +147,11 @@ class RunSpec(SpecBase):
 
 
 class LiveTaskSpec(TaskSpec):
-    """A task submitted to the coordinator: what the planner needs, and how to run it."""
+    """A task submitted to the coordinator: what the planner needs, and how to run it. It may
+    give neither ``model`` nor ``throughput``: it is then planned on an assumed curve until its
+    first steps are measured."""
+
+    MEASURED_LIVE: ClassVar[bool] = True
 
     run: RunSpec = Field(description="how its workers run")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -76,7 +76,13 @@ class ModelSpec(SpecBase):
 
 
 class TaskSpec(SpecBase):
-    """One training task. Either ``model`` (analytic estimate) or ``throughput`` (measured)."""
+    """One training task. Either ``model`` (analytic estimate) or ``throughput`` (measured); a
+    live task (``LiveTaskSpec``) may give neither: it is planned on an assumed curve until its
+    first steps are measured (``planning.throughput.AssumedCurve``)."""
+
+    # Whether a task of this kind may give neither ``model`` nor ``throughput``: only one whose
+    # steps the coordinator measures (a live task); an offline plan has nothing to measure.
+    MEASURED_LIVE: ClassVar[bool] = False
 
     name: str = Field(pattern=NAME_PATTERN, description="unique; letters, digits, '_', '.', '-'")
     weight: float = Field(gt=0, allow_inf_nan=False, description="its share in the weighted FLOP/s (WAF)")
@@ -84,23 +90,27 @@ class TaskSpec(SpecBase):
         default=None, description="the model, for analytic throughput, memory and layouts (or throughput)"
     )
     throughput: dict[int, float] | None = Field(
-        default=None, description="worker count (GPUs) -> achieved FLOP/s"
+        default=None,
+        description="worker count (GPUs) -> achieved FLOP/s; a live task may leave it out: it is "
+        "then planned on an assumed curve until its first steps are measured (docs/live-cluster.md)",
     )
     min_workers: int | None = Field(default=None, gt=0, description="never run on fewer")
     worker_step: int | None = Field(
-        default=None, gt=0, description="usable counts are its multiples (with model; default 1)"
+        default=None,
+        gt=0,
+        description="usable counts are its multiples (without a throughput table; default 1)",
     )
     max_workers: int | None = Field(default=None, gt=0, description="never run on more")
     current_workers: int = Field(default=0, ge=0, description="for planning only: workers it holds now")
-    # Only for throughput tables, where no model tells us these (see docs/cost-model.md).
+    # Only without a model, which tells us these (see docs/cost-model.md).
     state_bytes: float | None = Field(
-        default=None, ge=0, allow_inf_nan=False, description="with throughput: bytes of state to move"
+        default=None, ge=0, allow_inf_nan=False, description="without model: bytes of state to move"
     )
     replica_workers: int | None = Field(
-        default=None, gt=0, description="with throughput: workers holding one copy of the state"
+        default=None, gt=0, description="without model: workers holding one copy of the state"
     )
     iteration_seconds: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="with throughput: seconds per step"
+        default=None, gt=0, allow_inf_nan=False, description="without model: seconds per step"
     )
 
     @field_validator("throughput", mode="before")
@@ -129,10 +139,16 @@ class TaskSpec(SpecBase):
 
     @model_validator(mode="after")
     def _consistent(self) -> TaskSpec:
-        if (self.model is None) == (self.throughput is None):
+        if self.model is not None and self.throughput is not None:
+            raise ValueError(
+                f"a task needs {'at most' if self.MEASURED_LIVE else 'exactly'} one of 'model' and "
+                f"'throughput'{FIX_MARK}describe the model, or give a measured throughput table, not both"
+            )
+        if self.model is None and self.throughput is None and not self.MEASURED_LIVE:
             raise ValueError(
                 "a task needs exactly one of 'model' and 'throughput'"
-                f"{FIX_MARK}describe the model, or give a measured throughput table, not both"
+                f"{FIX_MARK}describe the model, or give a measured throughput table (a task submitted "
+                "to a live cluster may give neither: it is measured as it runs)"
             )
         if self.throughput is not None and self.worker_step is not None:
             raise ValueError(

@@ -21,7 +21,15 @@ from unicron.core.specs import ClusterSpec, PlannerSettings, TaskSpec
 from unicron.planning.costmodel import option_score, run_duration_s, waf
 from unicron.planning.placement import Assignment, pack, place
 from unicron.planning.solver import Solution, Sweeps, TaskOptions, solve_around
-from unicron.planning.throughput import CurvePoints, FloatArray, ThroughputCurve, basis, curves_for
+from unicron.planning.throughput import (
+    CurvePoints,
+    FloatArray,
+    ThroughputCurve,
+    basis,
+    curves_for,
+    is_assumed,
+)
+from unicron.planning.throughput import flops as flops  # formatted there; cli imports it from here
 from unicron.planning.transition import transition_parts
 
 
@@ -453,6 +461,9 @@ def _explain(
             why = f"shrinks by {d.before - d.after} GPUs, which serve {to} better"
         if d.before and not d.waf_before and d.task not in sit.finished:
             why = f"{d.before} GPUs was not a usable count (memory or batch split); {why}"
+        curve = state.curves.get(d.task)
+        if curve is not None and is_assumed(curve) and d.task not in sit.finished and basis(curve) not in why:
+            why = f"{why} ({basis(curve)})"  # planned on an assumption: say so, and which
         out.append(replace(d, reason=why))
     return out
 
@@ -468,14 +479,6 @@ def _stopped_for(stopped: Decision, gainers: list[Decision], state: ClusterState
         for g in gainers
     )
     return f"its GPUs serve {theirs} better than its own {mine}"
-
-
-def flops(rate: float) -> str:
-    """A FLOP/s figure with an SI prefix: 3.2 PFLOP/s, 180 GFLOP/s."""
-    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
-        if abs(rate) >= scale:
-            return f"{rate / scale:.3g} {prefix}FLOP/s"
-    return f"{rate:.3g} FLOP/s"
 
 
 def advance(state: ClusterState, event: PlanEvent | None, chosen: Plan) -> ClusterState:

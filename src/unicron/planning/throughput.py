@@ -10,6 +10,8 @@ Three kinds of curve share one interface, :class:`ThroughputCurve`:
   Its three coefficients are fitted to Megatron-LM's published weak scaling (calibration.py).
 - :class:`MeasuredCurve`: the seam for live tasks. Rates measured online replace the estimate at
   their counts and rescale it elsewhere, so a running task's plan follows what it really achieves.
+- :class:`AssumedCurve`: a live task that declares neither, until it is measured: linear in its
+  GPUs at an assumed rate per GPU (:func:`assumed_rate`), so that the plan divides GPUs by weight.
 
 Curves are evaluated on numpy arrays of counts, so a 16,384-GPU cluster costs a few vector ops.
 """
@@ -257,11 +259,14 @@ class MeasuredCurve:
 
     At a measured count the measurement is used as is. Elsewhere the estimate is scaled by the
     ratio measured/estimated at the nearest measured count, so one measurement corrects the whole
-    curve's level while the estimate keeps its shape.
+    curve's level while the estimate keeps its shape. ``in_samples``: the task's FLOPs per sample
+    are unknown, so its rates were measured in samples/s and put on the estimate's level
+    (:func:`on_level`): they tell how it scales, not how much work it does.
     """
 
     base: ThroughputCurve
     measured: tuple[tuple[int, float], ...]
+    in_samples: bool = False
 
     def evaluate(self, gpus: IntArray) -> CurvePoints:
         points = self.base.evaluate(gpus)
@@ -295,11 +300,86 @@ class ScaledCurve:
         )
 
 
-def estimate_for(task: TaskSpec, gpu: GpuType, gpus_per_node: int) -> ThroughputCurve:
-    """The task's own estimate: its model's analytic curve, or the table its file declares."""
+# A task that declares no throughput, with nothing measured or declared on its cluster to compare
+# it with, is assumed to reach this share of its GPUs' peak: the lowest share in Megatron-LM's weak
+# scaling (135 of 312 TFLOP/s per A100; data/megatron_sc21_weak_scaling.csv, embedded in
+# calibration.py as MEGATRON_SC21; tests/test_unmeasured_tasks.py checks the two agree).
+ASSUMED_PEAK_FRACTION = 0.43
+
+
+@dataclass(frozen=True)
+class AssumedRate:
+    """What a task that declares no throughput is assumed to achieve per GPU until it is
+    measured, and where that figure comes from (in a user's words)."""
+
+    per_gpu: float  # FLOP/s
+    source: str
+
+
+def assumed_rate(
+    gpu: GpuType,
+    measured: Iterable[Mapping[int, float]] = (),
+    declared: Iterable[Mapping[int, float]] = (),
+) -> AssumedRate:
+    """The rate per GPU a task that declares no throughput is planned with until its own steps
+    are measured, compared like for like with the cluster's other tasks: the geometric mean per
+    GPU of every rate measured on this cluster (FLOP/s, any task); with none, of the other tasks'
+    throughput tables; with none, ``ASSUMED_PEAK_FRACTION`` of the GPU's peak."""
+    for tables, source in (
+        (measured, "what this cluster's measured tasks achieve per GPU"),
+        (declared, "what the other tasks' throughput tables declare per GPU"),
+    ):
+        per_gpu = [
+            rate / count for table in tables for count, rate in table.items() if rate > 0 and count > 0
+        ]
+        if per_gpu:
+            return AssumedRate(float(np.exp(np.mean(np.log(per_gpu)))), f"{source} (geometric mean)")
+    fraction = f"{ASSUMED_PEAK_FRACTION:.0%}"
+    return AssumedRate(
+        gpu.peak_flops * ASSUMED_PEAK_FRACTION, f"{fraction} of the GPU's peak {flops(gpu.peak_flops)}"
+    )
+
+
+@dataclass(frozen=True)
+class AssumedCurve:
+    """A task that declares no throughput, before it is measured: ``assumed.per_gpu`` FLOP/s on
+    each of its GPUs. Linear, as nothing says how it scales; the plan then divides GPUs between
+    such tasks by their weights, and a first measurement replaces it (``MeasuredCurve``)."""
+
+    assumed: AssumedRate
+    state_bytes: float = 0.0  # whole model + optimizer state; 0 when unknown
+    replica_gpus: int = 1  # GPUs per model copy
+    iteration_s: float | None = None
+
+    def evaluate(self, gpus: IntArray) -> CurvePoints:
+        rate = np.where(gpus > 0, gpus * self.assumed.per_gpu, 0.0).astype(np.float64)
+        replica = np.where(rate > 0, self.replica_gpus, 0).astype(np.int64)
+        state = np.where(rate > 0, self.state_bytes / self.replica_gpus, 0.0)
+        seconds = np.inf if self.iteration_s is None else self.iteration_s
+        iteration = np.where(rate > 0, seconds, np.inf)
+        return CurvePoints(gpus, rate, replica, state, iteration)
+
+
+def declares(task: TaskSpec) -> bool:
+    """Whether the task declares its throughput (a table, or a model to estimate it from)."""
+    return task.model is not None or task.throughput is not None
+
+
+def estimate_for(
+    task: TaskSpec, gpu: GpuType, gpus_per_node: int, assumed: AssumedRate | None = None
+) -> ThroughputCurve:
+    """The task's own estimate: its model's analytic curve, or the table its file declares; a
+    task that declares neither: linear at ``assumed`` (by default :func:`assumed_rate` with
+    nothing else known)."""
     if task.model is not None:
         return AnalyticCurve(task.model, gpu, gpus_per_node)
-    assert task.throughput is not None
+    if task.throughput is None:
+        return AssumedCurve(
+            assumed or assumed_rate(gpu),
+            task.state_bytes or 0.0,
+            task.replica_workers or task.replica_size,
+            task.iteration_seconds,
+        )
     return TableCurve(
         tuple(sorted(task.throughput.items())),
         task.state_bytes or 0.0,
@@ -340,29 +420,87 @@ def calibration(measured: Iterable[tuple[ThroughputCurve, Mapping[int, float]]])
     return float(np.exp(np.mean(logs))) if logs else 1.0
 
 
+def on_level(estimate: ThroughputCurve, samples: Mapping[int, float]) -> ThroughputCurve:
+    """Rates measured in samples/s (a task whose FLOPs per sample are unknown) as a curve in
+    FLOP/s: scaled by one factor so that their geometric mean equals the estimate's at the same
+    counts. They then give the task's scaling (how its rate changes with its GPUs) while its
+    level stays the estimate's: at one measured count the curve is the estimate."""
+    counts = np.array(sorted(samples), dtype=np.int64)
+    values = np.array([samples[int(c)] for c in counts], dtype=np.float64)
+    expected = estimate.evaluate(counts).rate
+    valid = (values > 0) & (expected > 0)
+    if not valid.any():
+        return estimate
+    factor = float(np.exp(np.mean(np.log(expected[valid] / values[valid]))))
+    points = tuple((int(c), float(v * factor)) for c, v, ok in zip(counts, values, valid, strict=True) if ok)
+    return MeasuredCurve(estimate, points, in_samples=True)
+
+
 def curves_for(
-    tasks: Iterable[TaskSpec], gpu: GpuType, gpus_per_node: int, measured: Mapping[str, Mapping[int, float]]
+    tasks: Iterable[TaskSpec],
+    gpu: GpuType,
+    gpus_per_node: int,
+    measured: Mapping[str, Mapping[int, float]],
+    samples: Mapping[str, Mapping[int, float]] | None = None,
 ) -> dict[str, ThroughputCurve]:
     """Every task's curve, compared like for like: a measured task's estimate corrected by its
-    own measurements (``MeasuredCurve``); an unmeasured one's scaled by the cluster's
-    :func:`calibration`."""
-    estimates = {t.name: estimate_for(t, gpu, gpus_per_node) for t in tasks}
-    seen = {name: points for name, points in measured.items() if name in estimates and points}
+    own measurements (``MeasuredCurve``); an unmeasured one's declared estimate scaled by the
+    cluster's :func:`calibration`; a task that declares none, linear at :func:`assumed_rate` until
+    measured. A measured task that declares none is calibrated against the rate it was assumed
+    to have before anything was measured (the declared tables' level per GPU, or the GPU's
+    peak's share): its measurement says how far this cluster sits from declarations too.
+    ``samples``: rates in samples/s of tasks whose FLOPs per sample are unknown: their scaling,
+    on their estimate's level (:func:`on_level`)."""
+    tasks = list(tasks)
+    tables = [t.throughput for t in tasks if t.throughput is not None]
+    seen = {t.name: dict(measured[t.name]) for t in tasks if measured.get(t.name)}
+    prior = assumed_rate(gpu, (), tables)  # before any measurement
+    estimates = {t.name: estimate_for(t, gpu, gpus_per_node, prior) for t in tasks}
     factor = calibration((estimates[name], points) for name, points in seen.items())
-    return {
-        name: MeasuredCurve(base, tuple(sorted(seen[name].items())))
-        if name in seen
-        else base
-        if factor == 1.0
-        else ScaledCurve(base, factor)
-        for name, base in estimates.items()
-    }
+    assumed = assumed_rate(gpu, seen.values(), tables)
+    curves: dict[str, ThroughputCurve] = {}
+    for task in tasks:
+        name, declared = task.name, declares(task)
+        base = estimates[name] if declared else estimate_for(task, gpu, gpus_per_node, assumed)
+        if name in seen:
+            curves[name] = MeasuredCurve(base, tuple(sorted(seen[name].items())))
+            continue
+        level = ScaledCurve(base, factor) if declared and factor != 1.0 else base
+        relative = (samples or {}).get(name)
+        curves[name] = on_level(level, relative) if relative else level
+    return curves
+
+
+def is_assumed(curve: ThroughputCurve) -> bool:
+    """Whether the curve's level is an assumption: a task that declares no throughput, not yet
+    measured, or measured only in samples/s."""
+    if isinstance(curve, MeasuredCurve):
+        return curve.in_samples and isinstance(curve.base, AssumedCurve)
+    return isinstance(curve, AssumedCurve)
 
 
 def basis(curve: ThroughputCurve) -> str:
     """Where a curve's rates come from, in a user's words."""
+    if isinstance(curve, MeasuredCurve) and curve.in_samples:
+        base = curve.base
+        level = (
+            f"assumed {flops(base.assumed.per_gpu)} per GPU, {base.assumed.source}"
+            if isinstance(base, AssumedCurve)
+            else basis(base)
+        )
+        return f"scaling measured in samples/s (no FLOPs per sample), level {level}"
     if isinstance(curve, MeasuredCurve):
         return "measured"
     if isinstance(curve, ScaledCurve):
         return f"declared, scaled x{curve.factor:.3g} to what this cluster measures"
+    if isinstance(curve, AssumedCurve):
+        return f"not measured yet: assumed {flops(curve.assumed.per_gpu)} per GPU, {curve.assumed.source}"
     return "declared"
+
+
+def flops(rate: float) -> str:
+    """A FLOP/s figure with an SI prefix: 3.2 PFLOP/s, 180 GFLOP/s."""
+    for scale, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if abs(rate) >= scale:
+            return f"{rate / scale:.3g} {prefix}FLOP/s"
+    return f"{rate:.3g} FLOP/s"

@@ -158,7 +158,8 @@ class Placer:
         hardware = self.ctx.settings.cluster
         gpu = hardware.gpu_type()
         measured = {s.name: self.rates.measured(s.name) for s in specs}
-        curves: dict[str, ThroughputCurve] = curves_for(specs, gpu, slots, measured)
+        samples = {s.name: self.rates.measured_samples(s.name) for s in specs}  # no FLOPs per sample
+        curves: dict[str, ThroughputCurve] = curves_for(specs, gpu, slots, measured, samples)
         state = ClusterState(
             slots,
             gpu,
