@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from unicron.cli.files import read_text
-from unicron.cli.main import app, main
+from unicron.cli.main import app
 from unicron.cli.simulate_view import ProgressLine
 from unicron.core.taxonomy import ErrorKind
 from unicron.sim.report import CAUSE_COLUMNS, COLUMNS
@@ -21,7 +21,7 @@ from unicron.sim.runner import simulate
 from unicron.sim.scenario import parse_scenario
 
 from .conftest import ROOT
-from .test_cli_plan import unicron
+from .test_cli_plan import cli, unicron
 
 SCENARIO = str(ROOT / "examples" / "scenarios" / "trace-a.yaml")
 
@@ -86,18 +86,6 @@ SMALL = """  - name: small
     min_workers: 8
     worker_step: 8
     max_workers: 16"""
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """``unicron ARGS`` in this process: its exit code, stdout and stderr."""
-    try:
-        main(list(args))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    else:
-        code = 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def wide(tmp_path: Path, small: bool = False) -> str:

@@ -245,16 +245,23 @@ def test_a_spare_told_to_join_before_a_restart_finds_its_identity_in_the_re_crea
     assert identity == {"generation": growth["generation"], "rank": 3, "world_size": 4}
 
 
-def test_a_grow_in_flight_across_a_restart_goes_on_and_its_newcomers_join(make: Any) -> None:
-    """The coordinator launches a grow's newcomers and is killed before they are ready. Its
-    successor knows the grow (kept in the store), leaves the newcomers running, and lets them
-    in once they announce themselves in the re-created store."""
-    cluster = make()
+def grow_in_flight(cluster: Any) -> Any:
+    """Rank 3 dies, the task recovers in place on three and trains, and the plan grows it back:
+    the grow's newcomers are launched and have not joined. Returns the growth."""
     cluster.exit(3)
     cluster.train(2)
     for _ in range(3):
         cluster.step()
     (growth,) = cluster.c.generations.growing.values()
+    return growth
+
+
+def test_a_grow_in_flight_across_a_restart_goes_on_and_its_newcomers_join(make: Any) -> None:
+    """The coordinator launches a grow's newcomers and is killed before they are ready. Its
+    successor knows the grow (kept in the store), leaves the newcomers running, and lets them
+    in once they announce themselves in the re-created store."""
+    cluster = make()
+    growth = grow_in_flight(cluster)
     newcomers = {("lm", growth.generation, r) for r in growth.newcomers}
     assert newcomers <= set(cluster.running)
     cluster.restart()
@@ -271,11 +278,7 @@ def test_a_grow_in_flight_across_a_restart_goes_on_and_its_newcomers_join(make: 
 
 def test_a_grow_whose_newcomers_never_come_after_a_restart_is_given_up_with_its_reason(make: Any) -> None:
     cluster = make()
-    cluster.exit(3)
-    cluster.train(2)
-    for _ in range(3):
-        cluster.step()
-    (growth,) = cluster.c.generations.growing.values()
+    growth = grow_in_flight(cluster)
     cluster.restart()
     cluster.clock.now = growth.since + cluster.settings.limits.launch_timeout_s + 1.0
     cluster.step()
@@ -308,11 +311,7 @@ def test_a_newcomer_that_exits_gives_its_grow_up_at_once(make: Any) -> None:
     """A newcomer dies before joining (in a real restart: its connection to the old store
     broke): the grow is given up at once, saying why, and the members train on undisturbed."""
     cluster = make()
-    cluster.exit(3)
-    cluster.train(2)
-    for _ in range(3):
-        cluster.step()
-    (growth,) = cluster.c.generations.growing.values()
+    growth = grow_in_flight(cluster)
     cluster.restart()
     rank = growth.newcomers[0]
     node, _ = cluster.running.pop(("lm", growth.generation, rank))
