@@ -1,6 +1,7 @@
 """The coordinator stepped by hand for its logic tests: a fake clock, the agents' side of the
 protocol played by the test, no worker processes. The ``make`` fixture (in conftest.py) builds a
-coordinator with one task of 4 ranks on two nodes of 2 slots, launched and at step 1."""
+coordinator with one task of 4 ranks on two nodes of 2 slots, launched and at step 1; or any
+number of nodes (``n0``, ``n1``, ...), slots and tasks (``make(nodes=3, spec=...)``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
-from unicron.core.livespecs import parse_live_tasks
+from unicron.core.classify import classify
+from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, parse_live_cluster, parse_live_tasks
 from unicron.core.protocol import (
+    SPARE_GENERATION,
+    DoneReport,
+    ExceptionReport,
     ExitReport,
     Heartbeat,
     IterationReport,
@@ -52,6 +57,7 @@ class Cluster:
     c: Coordinator
     clock: Clock
     settings: CoordinatorSettings
+    nodes: tuple[str, ...] = ("n0", "n1")
     running: dict[tuple[str, int, int], tuple[str, int]] = field(default_factory=dict)  # -> (node, pid)
     orders: list[tuple[str, Order]] = field(default_factory=list)
     acked: dict[str, int] = field(default_factory=dict)
@@ -73,7 +79,7 @@ class Cluster:
         hb = Heartbeat(node=node, workers=workers, reports=list(reports), acked=self.acked.get(node, 0))
         reply = self.c.heartbeat(hb)
         self._follow(node, OrderBatch(orders=reply.orders, numbers=reply.numbers))
-        for other in ("n0", "n1"):  # the other agents' long polls
+        for other in self.nodes:  # the other agents' long polls
             self._follow(other, self.c.orders(other, self.acked.get(other, 0)))
 
     def _follow(self, node: str, batch: OrderBatch) -> None:
@@ -99,18 +105,18 @@ class Cluster:
     def step(self, seconds: float = 0.5) -> None:
         """Time passes; every node heartbeats, the coordinator ticks."""
         self.clock.now += seconds
-        for node in ("n0", "n1"):
+        for node in self.nodes:
             if self.c.store.node(node).state is not NodeState.LOST:  # type: ignore[union-attr]
                 self.beat(node)
         self.c.tick()
-        for node in ("n0", "n1"):
+        for node in self.nodes:
             self._follow(node, self.c.orders(node, self.acked.get(node, 0)))
 
-    def train(self, step: int) -> None:
-        """Every running worker of the current generation reports ``step``."""
-        task = self.c.store.get_task("lm")
+    def train(self, step: int, task: str = "lm") -> None:
+        """Every running worker of ``task``'s current generation reports ``step``."""
+        generation = self.c.store.get_task(task).generation
         for (t, g, r), (node, _) in sorted(self.running.items()):
-            if t == "lm" and g == task.generation:
+            if t == task and g == generation:
                 report = IterationReport(
                     task=t,
                     generation=g,
@@ -123,20 +129,69 @@ class Cluster:
                 self.beat(node, report)
 
     def exit(
-        self, rank: int, code: int | None = 1, signal: int | None = None, at: float | None = None
+        self,
+        rank: int,
+        code: int | None = 1,
+        signal: int | None = None,
+        at: float | None = None,
+        *,
+        task: str = "lm",
+        error: str | None = None,
     ) -> None:
-        task = self.c.store.get_task("lm")
-        node, _ = self.running.pop(("lm", task.generation, rank))
+        """Rank ``rank`` of ``task``'s current generation ends; with ``error``, it first reports
+        the exception it raised (``RuntimeError(error)``, classified as the worker classifies it)."""
+        record = self.c.store.get_task(task)
+        node, _ = self.running.pop((task, record.generation, rank))
+        reports: list[WorkerReport] = []
+        if error is not None:
+            kind = classify("RuntimeError", error).value
+            reports.append(
+                ExceptionReport(
+                    task=task,
+                    generation=record.generation,
+                    rank=rank,
+                    step=record.step + 1,
+                    error_type="RuntimeError",
+                    message=error,
+                    kind=kind,
+                    time=at if at is not None else self.clock.now,
+                )
+            )
         report = ExitReport(
-            task="lm",
-            generation=task.generation,
+            task=task,
+            generation=record.generation,
             rank=rank,
             node=node,
             code=code,
             signal=signal,
             time=at if at is not None else self.clock.now,
         )
-        self.beat(node, report)
+        self.beat(node, *reports, report)
+
+    def finish(self, task: str = "lm") -> None:
+        """``task``'s workers reach its last step, report the final state saved and exit 0."""
+        record = self.c.store.get_task(task)
+        last = self.c.spec(task).run.iterations
+        if record.step < last:
+            self.train(last, task)
+        ranks = sorted(
+            (r, n) for (t, g, r), (n, _) in self.running.items() if (t, g) == (task, record.generation)
+        )
+        for rank, node in ranks:
+            self.beat(
+                node, DoneReport(task=task, generation=record.generation, rank=rank, step=last, digest="d")
+            )
+        for rank, _ in ranks:
+            if (task, record.generation, rank) in self.running:  # (not stopped meanwhile)
+                self.exit(rank, code=0, task=task)
+
+    def launched(self, task: str = "lm") -> list[tuple[str, LaunchWorker]]:
+        """The launch orders of ``task``'s workers (hot spares aside), with their nodes."""
+        return [
+            (n, o)
+            for n, o in self.orders
+            if isinstance(o, LaunchWorker) and o.task == task and o.generation != SPARE_GENERATION
+        ]
 
     def regrow(self, step: int) -> Any:
         """Rank 3 dies; the task recovers in place on three, trains ``step``, and the plan grows
@@ -165,27 +220,48 @@ class Cluster:
 def make_cluster(tmp_path: Path) -> Iterator[Any]:
     made: list[Cluster] = []
 
-    def build(recovery: str = "in_process", run_extra: str = "", **limits: Any) -> Cluster:
+    def build(
+        recovery: str = "in_process",
+        run_extra: str = "",
+        *,
+        nodes: int = 2,
+        slots: int = 2,
+        spec: str | None = None,
+        cluster: str | LiveClusterSpec | None = None,
+        **limits: Any,
+    ) -> Cluster:
+        """``nodes`` nodes of ``slots`` slots. Without ``spec``: task ``lm`` (4 ranks at most,
+        ``recovery`` and ``run_extra`` in its ``run:``) launched and at step 1. With ``spec`` (the
+        YAML of one task, or of several under ``tasks:``, submitted in one request): submitted,
+        and stepped twice (what was placed is launched; the test trains it). ``cluster``: the
+        ``--cluster`` file's text (the planner's hardware)."""
         clock = Clock()
+        hardware = parse_live_cluster(cluster) if isinstance(cluster, str) else cluster
         settings = CoordinatorSettings(
             state_dir=tmp_path / f"state{len(made)}",
             checkpoint_root=tmp_path / "ckpt",
+            cluster=hardware or DEFAULT_LIVE_CLUSTER,
             limits=Settings(**limits),
         )
         c = Coordinator(settings, clock)
-        cluster = Cluster(c, clock, settings)
-        made.append(cluster)
-        for node in ("n0", "n1"):
-            c.register(Registration(node=node, slots=2))
-        c.submit(*parse_live_tasks(SPEC.format(recovery=recovery, run_extra=run_extra), "test"))
+        names = tuple(f"n{i}" for i in range(nodes))
+        built = Cluster(c, clock, settings, nodes=names)
+        made.append(built)
+        for node in names:
+            c.register(Registration(node=node, slots=slots))
+        text = SPEC.format(recovery=recovery, run_extra=run_extra) if spec is None else spec
+        c.submit(*parse_live_tasks(text, "test"))
         c.placer.allocator.wait()  # the table that answers the submission (built in the background)
-        cluster.step()
-        assert len([o for _, o in cluster.orders if isinstance(o, LaunchWorker)]) == 4
-        cluster.step()
-        cluster.train(1)
+        built.step()
+        if spec is not None:
+            built.step()
+            return built
+        assert len(built.launched()) == 4
+        built.step()
+        built.train(1)
         assert c.store.get_task("lm").state is TaskState.RUNNING
-        return cluster
+        return built
 
     yield build
-    for cluster in made:
-        cluster.c.shutdown()
+    for built in made:
+        built.c.shutdown()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
 from unicron.control.recover.attribution import Sign, attribute
 from unicron.core.protocol import (
@@ -24,10 +25,13 @@ from unicron.core.protocol import (
     RenameWorker,
     StopWorkers,
     WorkerState,
+    ready_key,
 )
 from unicron.core.settings import Settings
+from unicron.core.specs import ModelSpec
 from unicron.core.states import IllegalTransition, NodeState, TaskState
 from unicron.core.taxonomy import ErrorKind, Scope
+from unicron.planning.gpt import flops_per_sample
 
 
 def test_a_dead_worker_is_measured_from_its_exit_and_survivors_go_on_in_place(make: Any) -> None:
@@ -389,6 +393,50 @@ def test_recovery_tiers_escalate_in_turn(make: Any) -> None:
     assert cluster.c.store.get_task("lm").state is TaskState.RESTARTING
 
 
+def test_a_reconfiguration_that_regains_a_step_recovers_the_task_and_it_grows_back_off_the_node(
+    make: Any,
+) -> None:
+    """As above, but the group re-formed by reconfigure trains: the incident is recovered by the
+    two tiers carried out, nothing was relaunched, and the plan grows the task back onto the slot
+    left on the healthy node with a newcomer (which takes the live member's state), never onto
+    the isolated node."""
+    cluster = make(recovery_deadline_s=5.0, isolation_s=1000.0, hot_spares=0)
+    cluster.exit(1)  # generation 2: old ranks 0, 2, 3 as 0, 1, 2
+    for rank, at in ((0, 2), (1, 2), (2, 1)):  # new rank 2 is still in generation 1
+        cluster.positions[("lm", 2, rank)] = Progress(pid=1, generation=at, step=2, phase=Phase.REJOIN)
+    stuck_node = cluster.running[("lm", 2, 2)][0]
+    for _ in range(11):
+        cluster.step(0.5)
+    (escalation,) = cluster.events("escalation")
+    assert (escalation["from_action"], escalation["to_action"]) == ("restart failed processes", "reconfigure")
+    (isolated,) = cluster.c.store.events(kinds=["node_isolated"])
+    assert isolated.node == stuck_node
+    for key in [k for k, (node, _) in cluster.running.items() if node == stuck_node]:
+        del cluster.running[key]  # the isolation's stop, carried out by the node's agent
+    task = cluster.c.store.get_task("lm")
+    assert task.generation == 3 and task.workers == 1
+    cluster.train(3)
+    (incident,) = cluster.events("incident")
+    (outcome,) = cluster.events("outcome")
+    assert (outcome["incident"], outcome["outcome"]) == (incident["id"], "recovered")
+    assert outcome["actions"] == ["restart failed processes", "reconfigure"]
+    growth = None
+    for _ in range(6):
+        cluster.step()
+        growth = cluster.c.generations.growing.get("lm")
+        if growth is not None:
+            break
+    assert growth is not None, "no grow back onto the slot left"
+    newcomers = [(n, o) for n, o in cluster.launched() if o.generation == growth.generation]
+    assert newcomers and all(n != stuck_node for n, _ in newcomers), newcomers
+    for rank in growth.newcomers:
+        cluster.c.act.rendezvous.set("lm", ready_key("lm", growth.generation, rank), "ready")
+    cluster.step()
+    assert cluster.c.store.get_task("lm").generation == growth.generation  # grown
+    assert len(cluster.c.store.events(kinds=["task_launch"])) == 1  # never relaunched
+    assert cluster.c.store.node(stuck_node).state is NodeState.ISOLATED  # type: ignore[union-attr]
+
+
 def test_steps_trained_again_after_a_restart_are_not_progress(make: Any) -> None:
     """A restart from the checkpoint retrains the steps since it: they add nothing to the samples
     and FLOP achieved (the WAF), until the task passes the step it had reached."""
@@ -557,6 +605,9 @@ def test_a_relaunch_whose_first_step_never_ends_is_found_by_the_measured_first_s
         cluster.step(0.5)
     (hang,) = cluster.events("hang_detected")
     assert hang["generation"] == task.generation and hang["deadline_s"] == 6.5
+    assert hang["step"] == task.checkpoint_step + 1  # the relaunch's first step
+    incidents = [i for i in cluster.events("incident") if i["kind"] == "task_hang"]
+    assert [i["generation"] for i in incidents] == [task.generation]  # handled like any hang
 
 
 def test_every_worker_killed_at_once_is_one_incident_and_blames_no_node(make: Any) -> None:
@@ -624,3 +675,89 @@ def test_each_incident_of_the_same_task_fault_is_counted_once(make: Any) -> None
     assert "the same task fault" not in first["ladder"], first["ladder"]
     ((_, _, counted),) = cluster.c.recovery.ladder.history().same
     assert len(counted) == 2 and cluster.c.store.get_task("lm").state is not TaskState.FAILED
+
+
+def test_a_sev1_error_isolates_its_node_at_once_and_the_grow_back_avoids_it(make: Any) -> None:
+    """A worker raises an uncorrectable ECC error (classified in the worker as SEV1: hardware
+    that needs repair) and exits. Its node is isolated with its ranks at the first error, the
+    others go on in place (nothing relaunched), and the task grows back to four on the healthy
+    nodes only: nothing is placed on the isolated node afterwards."""
+    cluster = make(nodes=3)
+    generation = cluster.c.store.get_task("lm").generation
+    node = cluster.running[("lm", generation, 1)][0]
+    since = len(cluster.orders)
+    cluster.exit(1, error="uncorrectable ECC error")
+    (incident,) = cluster.events("incident")
+    assert (incident["kind"], incident["severity"]) == ("ecc_error", "SEV1"), incident
+    assert [e.node for e in cluster.c.store.events(kinds=["node_isolated"])] == [node]
+    assert cluster.c.store.node(node).state is NodeState.ISOLATED  # type: ignore[union-attr]
+    assert cluster.events("in_process_recovery")
+    for key in [k for k, (n, _) in cluster.running.items() if n == node]:
+        del cluster.running[key]  # the isolation's stop, carried out by the node's agent
+    cluster.train(2)
+    for _ in range(10):
+        cluster.step()
+        growth = cluster.c.generations.growing.get("lm")
+        if growth is not None:
+            for rank in growth.newcomers:
+                cluster.c.act.rendezvous.set("lm", ready_key("lm", growth.generation, rank), "ready")
+        if cluster.c.store.get_task("lm").workers == 4:
+            break
+    task = cluster.c.store.get_task("lm")
+    assert task.workers == 4 and task.generation > generation + 1, task  # grown back to four
+    placed = [n for n, o in cluster.orders[since:] if isinstance(o, LaunchWorker)]
+    assert placed and node not in placed, placed
+    grows = cluster.c.store.events(kinds=["task_grow", "task_launch"], since_id=incident["id"])
+    assert grows and all(node not in e.detail["placement"] for e in grows), grows
+    assert len(cluster.c.store.events(kinds=["task_launch"])) == 1  # recovered in place
+
+
+TINYGPT = "{layers: 2, hidden_size: 64, heads: 4, sequence_length: 32, vocabulary: 64, global_batch: 16}"
+WEIGHED = f"""
+tasks:
+  - name: light
+    weight: 1
+    min_workers: 4
+    throughput: {{2: 2.0e9, 4: 3.6e9}}
+    run: {{program: [python, train.py], iterations: 30, flops_per_sample: 1.0e7}}
+  - name: heavy
+    weight: 3
+    min_workers: 4
+    model: {TINYGPT}
+    run: {{program: [python, train.py], iterations: 30}}
+"""
+
+
+def test_the_heavier_of_two_tasks_that_fill_the_cluster_runs_first_and_the_lighter_waits(make: Any) -> None:
+    """Two tasks that each run only on all four slots, submitted in one request: the heavier
+    (weight 3) runs first, the lighter waits and is launched once the heavier has finished. The
+    heavier describes its model: the planner estimates its throughput on the ``--cluster``
+    file's GPU (it has no table), and its work counts the model's FLOPs per sample."""
+    hardware = "gpu: 2.0e12\nnode_mtbf_hours: 750\n"  # the --cluster file
+    cluster = make(spec=WEIGHED, cluster=hardware)
+    (started,) = cluster.events("coordinator_started")
+    assert (started["peak_flops"], started["node_mtbf_hours"]) == (2.0e12, 750)
+    assert len(cluster.launched("heavy")) == 4 and cluster.launched("light") == []
+    assert cluster.c.store.get_task("light").state is TaskState.WAITING
+    for step in range(1, 31):
+        cluster.train(step, "heavy")
+    cluster.finish("heavy")
+    for _ in range(4):
+        cluster.step()
+        if cluster.launched("light"):
+            break
+    assert len(cluster.launched("light")) == 4
+    first: dict[tuple[str, str | None], int] = {}
+    for e in cluster.c.store.events(task=None):
+        first.setdefault((e.kind, e.task), e.id)
+    assert (
+        first[("task_launch", "heavy")] < first[("task_finished", "heavy")] < first[("task_launch", "light")]
+    )
+    heavy = cluster.c.store.get_task("heavy")
+    model = ModelSpec.model_validate(yaml.safe_load(TINYGPT))
+    assert heavy.state is TaskState.FINISHED and heavy.samples == 30 * 16
+    assert heavy.flop == pytest.approx(3 * heavy.samples * flops_per_sample(model))  # its weighted_flop
+    # Weighed the other way (light worth far more), light runs first and heavy waits.
+    other = make(spec=WEIGHED.replace("weight: 1\n", "weight: 1000\n"), cluster=hardware)
+    assert len(other.launched("light")) == 4 and other.launched("heavy") == []
+    assert other.c.store.get_task("heavy").state is TaskState.WAITING

@@ -24,12 +24,9 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 
 from bench.chaos import check as chaos_check
 from unicron.control.launch.localcluster import LocalCluster
-from unicron.core.specs import ModelSpec
-from unicron.planning.gpt import flops_per_sample
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream, shard
 from unicron.train.replicas import Layout, micro_batches, replica_share
@@ -40,21 +37,15 @@ TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 ARGS = ["--dtype", "float64", "--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512"]
 ITERATIONS = 120
 STALL_S = 7.5  # a pause of the coordinator: three heartbeat deadlines (2.5 s)
-# The example trainer's model as a `model:` spec (examples/tinygpt/model.py defaults, ARGS' batch).
-TINYGPT = "{layers: 2, hidden_size: 64, heads: 4, sequence_length: 32, vocabulary: 64, global_batch: 16}"
 
 
-def task_yaml(
-    name: str, weight: float, table: str, iterations: int, delay: float, extra: str = "", model: bool = False
-) -> str:
-    """A task running the example trainer: with a throughput ``table`` and 1e7 FLOPs per sample,
-    or (``model``: ``extra`` holds its ``model:``) with both derived from the model."""
+def task_yaml(name: str, weight: float, table: str, iterations: int, delay: float, extra: str = "") -> str:
+    """A task running the example trainer, with a throughput ``table`` and 1e7 FLOPs per sample."""
     program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", str(delay)])
-    planner = extra if model else f"throughput: {table}\n{extra}"
-    flops = "" if model else ", flops_per_sample: 1e7"
     return (
-        f"name: {name}\nweight: {weight}\n{planner}"
-        f"run: {{program: [{program}], iterations: {iterations}, checkpoint_every: 10{flops}}}\n"
+        f"name: {name}\nweight: {weight}\nthroughput: {table}\n{extra}"
+        f"run: {{program: [{program}], iterations: {iterations}, checkpoint_every: 10, "
+        "flops_per_sample: 1e7}\n"
     )
 
 
@@ -350,36 +341,3 @@ def assert_a_pause_loses_nothing(cluster: LocalCluster, reached: Callable[[int],
     stalls = [d["seconds"] for k, _, d in story if k == "coordinator_stalled"]
     assert stalls and max(stalls) >= STALL_S - 1, story
     assert cluster.task("lm")["generation"] == before["generation"]
-
-
-@pytest.mark.timeout(600)
-def test_planner_places_by_weight_and_tasks_wait(tmp_path: Path) -> None:
-    hardware = tmp_path / "cluster.yaml"
-    hardware.write_text("gpu: 2.0e12\nnode_mtbf_hours: 750\n")
-    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, cluster=hardware) as cluster:
-        # Both run only on 4 slots; the heavier one is worth more. Submitted in one request, so
-        # that the planner sees both (one at a time, the first would start before the second).
-        # heavy describes its model (the example trainer's shape): the planner estimates its
-        # throughput on the cluster file's GPU, and its work counts the model's FLOPs per sample.
-        both = [
-            task_yaml("light", 1, "{2: 2.0e9, 4: 3.6e9}", 30, 0.0, "min_workers: 4\n"),
-            task_yaml("heavy", 3, "", 30, 0.0, f"min_workers: 4\nmodel: {TINYGPT}\n", model=True),
-        ]
-        cluster.submit("tasks:\n" + "".join("  - " + t.replace("\n", "\n    ").rstrip() + "\n" for t in both))
-        cluster.wait(lambda: cluster.task("heavy")["state"] in ("running", "finished"), 120, "heavy to run")
-        # (light may already be starting if heavy finished fast; the event order below is the check)
-        assert_status_shows(cluster, "Nodes", "Tasks", "Workers", "node-0", "node-1", "heavy", "light")
-        cluster.wait(lambda: cluster.task("light")["state"] == "finished", 300, "light to finish after heavy")
-        events = cluster.get("/v1/events")
-        heavy = cluster.task("heavy")
-    first = {}
-    for e in events:
-        first.setdefault((e["kind"], e["task"]), e["id"])
-    # The heavy task started first; the light one waited until the heavy one had finished.
-    assert first[("task_launch", "heavy")] < first[("task_launch", "light")]
-    assert first[("task_finished", "heavy")] < first[("task_launch", "light")]
-    started = next(e["detail"] for e in events if e["kind"] == "coordinator_started")
-    assert (started["peak_flops"], started["node_mtbf_hours"]) == (2.0e12, 750)
-    model = ModelSpec.model_validate(yaml.safe_load(TINYGPT))
-    assert heavy["samples"] == 30 * 16
-    assert heavy["weighted_flop"] == pytest.approx(3 * heavy["samples"] * flops_per_sample(model))

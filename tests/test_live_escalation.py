@@ -4,11 +4,12 @@ A worker dies: its process is gone, and the survivors rebuild their group in pla
 (restart failed processes). One of them stalls on its way into the new group, so the group
 never forms and no step is trained. When that has not regained a step by its deadline, the
 coordinator escalates one tier, to reconfigure: the stuck worker's node leaves the cluster
-(isolated; its processes end) and the others re-form without it; the task grows back on the
-slots left, with new workers that take their state from the live ones. In the second test that
-re-formation stalls too, and the task restarts from its newest intact checkpoint. Each incident
-records every tier carried out and each escalation; the runs end with the parameters of a
-failure-free run.
+(isolated; its processes end) and the others re-form without it. That re-formation stalls too,
+and the task restarts from its newest intact checkpoint. The incident records every tier
+carried out and each escalation; the run ends with the parameters of a failure-free run. (A
+reconfiguration that regains a step, and the grow back off the isolated node, are decided as in
+tests/test_coordinator_logic.py::test_a_reconfiguration_that_regains_a_step_recovers_the_task_and_it_grows_back_off_the_node;
+a node taken out and the task grown back live: test_live_hosts.py.)
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from .test_live_cluster import (
 )
 
 ITERATIONS = 40
-LONGER = 100  # room to grow back after tier two
 KILL_AND_STALL = (
     "  faults:\n"
     "    - {action: kill, rank: 1, step: 15}\n"
@@ -60,36 +60,6 @@ def story(events: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any], list
     escalations = [e["detail"] for e in events if e["kind"] == "escalation"]
     assert {e["incident"] for e in escalations} == {incidents[0]["id"]}
     return kinds, incidents[0], [(e["from_action"], e["to_action"]) for e in escalations]
-
-
-@pytest.mark.timeout(420)
-def test_a_worker_stuck_in_a_recovery_in_place_takes_its_node_out(tmp_path: Path) -> None:
-    events, rows, isolated = run(tmp_path, KILL_AND_STALL, LONGER)
-    kinds, incident, escalations = story(events)
-    assert incident["detail"]["action"] == "restart failed processes"
-    assert escalations == [("restart failed processes", "reconfigure")]
-    stuck = next(r for r in rows if r["what"] == "fault" and r["action"] == "stall_rejoin")
-    node = next(r["node"] for r in rows if r["what"] == "started" and r["pid"] == stuck["pid"])
-    assert kinds.count("task_launch") == 1 and isolated == [node], kinds  # never relaunched
-    outcomes = [e["detail"] for e in events if e["kind"] == "outcome"]
-    assert [(o["incident"], o["outcome"]) for o in outcomes] == [(incident["id"], "recovered")]
-    assert outcomes[0]["actions"] == ["restart failed processes", "reconfigure"]
-    # Which processes ran: the killed one, the stuck one and its node's other worker ended
-    # there; every other process that trained (the one that re-formed, the newcomers that took
-    # their state) trained to the end.
-    faulted = {r["pid"] for r in rows if r["what"] == "fault"}
-    on_node = {
-        r["pid"] for r in rows if r["what"] == "started" and r["node"] == node and r["generation"] == 1
-    }
-    trainers = {r["pid"] for r in rows if r["what"] == "samples"}
-    finishers = {r["pid"] for r in rows if r["what"] == "samples" and r["step"] == LONGER}
-    assert len(faulted) == 2 and finishers == trainers - faulted - on_node, (faulted, trainers, finishers)
-    # The task grew back: newcomers joined the live members (taking their state, or finding
-    # their checkpoint already equal to it: the members agree on step and digest) and finished.
-    newcomers = {r["pid"] for r in rows if r["what"] == "started" and r["generation"] > 1}
-    assert newcomers and newcomers <= finishers, (newcomers, finishers)
-    assert_ledger_exact(rows, LONGER)
-    assert_ends_exact(tmp_path, "lm", LONGER)
 
 
 @pytest.mark.timeout(420)

@@ -90,30 +90,6 @@ def test_a_rank_hung_in_the_first_step_is_found_without_step_times(tmp_path: Pat
     assert_one_hang_recovered_in_place(tmp_path, events, rows, 30)
 
 
-@pytest.mark.timeout(300)
-def test_a_rank_hung_in_a_relaunchs_first_step_is_found_by_the_first_launchs_time(tmp_path: Path) -> None:
-    """Rank 0 dies at step 12; the task (recovery: restart) is relaunched from step 10's
-    checkpoint, and rank 1 stops in the relaunch's first step. The first step's timeout is left
-    at its default, ten minutes (the test ends long before it): the relaunch's first step is
-    given 3 x the first launch's (and the 2 s checkpoint allowance), so the hang is found, rank 1
-    named, and the task relaunched again and ends exact."""
-    trace, iterations = tmp_path / "trace.jsonl", 20
-    lines = (
-        "  recovery: restart\n"
-        "  faults:\n"
-        "    - {action: kill, rank: 0, step: 12, generation: 1}\n"
-        "    - {action: hang, rank: 1, step: 11, generation: 2}\n"
-    )
-    spec = traced_task(trace, "{2: 1.9e9}", iterations, 0.05, lines)
-    events, rows, hang = the_one_hang(tmp_path, spec, {"checkpoint_allowance_s": 2.0}, nodes=1)
-    story = story_of(events)
-    assert hang["culprits"] == [1] and hang["step"] == 11 and hang["generation"] == 2, story
-    launches = [e["detail"] for e in events if e["kind"] == "task_launch"]
-    assert [launch["resume_from"] for launch in launches] == [0, 10, 10], story
-    assert_ledger_exact(rows, iterations, frozen=frozenset({0, 1}), world=2)
-    assert_ends_exact(tmp_path, "lm", iterations)
-
-
 @pytest.mark.timeout(420)
 def test_a_slow_save_is_no_hang_and_a_hang_right_after_a_checkpoint_is_found_at_once(tmp_path: Path) -> None:
     """Rank 0 takes 6 s to save step 10's checkpoint (four times the hang deadline) while its

@@ -37,6 +37,8 @@ ITERATIONS = 160
 # no parameter, so it is free; so is beta's length (it is compared with no failure-free run).
 STEP_DELAY_S = 0.2
 ITERATIONS_OF = {"alpha": ITERATIONS, "beta": 2 * ITERATIONS, "gamma": ITERATIONS}
+# The planner's hardware, from a --cluster file (the coordinator records what it read).
+GPU_FLOPS, NODE_MTBF_HOURS = 2.0e12, 750
 TASKS = {  # name -> (weight, throughput table, seed)
     "alpha": (3, {2: 2.0e9, 4: 3.8e9}, 0),
     "beta": (2, {2: 2.0e9, 4: 2.6e9}, 1),
@@ -57,7 +59,7 @@ def spec_yaml(name: str, trace: Path) -> str:
 def optimum(nodes: int) -> dict[str, int]:
     """The planner's answer for a cluster of ``nodes`` nodes running these tasks."""
     tasks = [TaskSpec(name=n, weight=w, throughput=t) for n, (w, t, _) in TASKS.items()]
-    cluster = ClusterSpec(nodes=nodes, gpus_per_node=2, gpu=1e12, node_mtbf_hours=1000)
+    cluster = ClusterSpec(nodes=nodes, gpus_per_node=2, gpu=GPU_FLOPS, node_mtbf_hours=NODE_MTBF_HOURS)
     return plan(ClusterState.from_specs(cluster, tasks)).allocation()
 
 
@@ -86,7 +88,9 @@ def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) 
     traces = {name: tmp_path / f"{name}.jsonl" for name in TASKS}
     for name in ("alpha", "gamma"):  # the tasks compared with a failure-free run at the end
         prefetch_reference(ITERATIONS, ["--seed", str(TASKS[name][2])])
-    with LocalCluster(tmp_path / "cluster", nodes=4, slots=2) as cluster:
+    hardware = tmp_path / "cluster.yaml"
+    hardware.write_text(f"gpu: {GPU_FLOPS}\nnode_mtbf_hours: {NODE_MTBF_HOURS}\n")
+    with LocalCluster(tmp_path / "cluster", nodes=4, slots=2, cluster=hardware) as cluster:
         # The agents' registrations ask for a plan at the coordinator's next tick (every 0.1 s);
         # a submission that came before it would be planned then, solved while its table is
         # still being built, and the lookup this test checks would not be made.
@@ -121,6 +125,8 @@ def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) 
             lambda: all(cluster.task(n)["state"] == "finished" for n in TASKS), 600, "every task to finish"
         )
         events = cluster.get("/v1/events")
+    started = next(e["detail"] for e in events if e["kind"] == "coordinator_started")
+    assert (started["peak_flops"], started["node_mtbf_hours"]) == (GPU_FLOPS, NODE_MTBF_HOURS)  # the file's
     plans = [e["detail"] for e in events if e["kind"] == "plan"]
     # The first submission, the loss and the return were answered from the precomputed table.
     answered = {p["answers"].split(":")[0] for p in plans if p["source"] == "table" and p["answers"]}

@@ -3,7 +3,8 @@ its model sharded by FSDP2 inside each replica (examples/fsdp). One rank dies in
 its replica leaves whole, the two others go on in place with the same global batch; a
 replacement replica forms and takes each shard from the matching rank of a live replica. Then a
 node is lost with a replica on it. The task ends with the parameters and optimizer state of a
-failure-free unsharded run (float64) and an exact sample ledger."""
+failure-free unsharded run (float64) and an exact sample ledger. (The demo's float32, and one
+replica alone, on spawned ranks without a cluster: tests/test_fsdp_ranks.py.)"""
 
 from __future__ import annotations
 
@@ -119,37 +120,3 @@ def newest_saved_at(folder: Path, world_size: int) -> dict[str, Any]:
         if state["world_size"] == world_size:
             return state
     raise AssertionError(f"no checkpoint saved at world {world_size} in {folder}")
-
-
-@pytest.mark.timeout(300)
-def test_a_sharded_task_trains_in_float32(tmp_path: Path) -> None:
-    """The demo's precision (the tests above use float64 to compare exactly): FSDP's reductions
-    must be ones gloo takes (plain sums)."""
-    trace = tmp_path / "trace.jsonl"
-    program = ["python", str(FSDP), *SMALL, "--global-batch", "16", "--micro-batch", "2"]
-    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
-        cluster.submit(
-            traced_task(trace, "{2: 1.9e9, 4: 3.5e9}", 6, 0.0, "  replica_size: 2\n", program=program)
-        )
-        cluster.wait(lambda: cluster.task("lm")["state"] in ("finished", "failed"), 240, "the task to end")
-        task = cluster.task("lm")
-        story = story_of(cluster.get("/v1/events", task="lm"))
-    assert task["state"] == "finished" and task["failures"] == 0, "\n".join(map(str, story))
-    assert len([r for r in read_trace(trace) if r["what"] == "sharded"]) == 4
-
-
-@pytest.mark.timeout(300)
-def test_one_sharded_replica_ends_exact(tmp_path: Path) -> None:
-    """One replica of two ranks: no sum across replicas at all (FSDP's reduce-scatter holds the
-    whole step), the same result as the unsharded run."""
-    trace, iterations = tmp_path / "trace.jsonl", 8
-    program = ["python", str(FSDP), *ARGS, *SMALL]
-    with LocalCluster(tmp_path / "cluster", nodes=1, slots=2) as cluster:
-        cluster.submit(
-            traced_task(trace, "{2: 1.9e9}", iterations, 0.0, "  replica_size: 2\n", program=program)
-        )
-        cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 240, "the task to finish")
-    rows = read_trace(trace)
-    assert len([r for r in rows if r["what"] == "sharded"]) == 2
-    assert_ledger_exact(rows, iterations)
-    assert_ends_exact(tmp_path, "lm", iterations)

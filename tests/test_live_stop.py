@@ -32,26 +32,26 @@ from .test_live_cluster import (
 ITERATIONS = 40
 
 
-# fp16: the loop scales its loss with a registered GradScaler, whose step() asserts that it saw
-# gradients; in the abandoned step it must see some, change nothing and keep its scale.
+# Under fp16 the loop's registered GradScaler runs in the abandoned step too: it must see
+# gradients, change nothing and keep its scale (train/noupdate.py), as
+# tests/test_noupdate.py::test_the_code_after_the_micro_batches_changes_nothing_and_the_optimizer_steps_again
+# shows on the same code path.
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("precision", [[], ["--fp16"]], ids=["fp32", "fp16-scaler"])
 def test_a_rank_that_takes_a_planned_stop_a_step_late_abandons_that_step_and_saves_the_last(
-    tmp_path: Path, precision: list[str]
+    tmp_path: Path,
 ) -> None:
     trace = tmp_path / "trace.jsonl"
     # Rank 0 (the one that writes the persistent checkpoint) takes its stop 2 s late: rank 1 has
     # stopped by then, and rank 0 is in the next step's all-reduce or waiting to rejoin.
     late = "  faults: [{action: late_stop, rank: 0, step: 1, generation: 1, seconds: 2}]\n"
-    argv = ["python", str(TRAIN), *ARGS, "--step-delay", "0.1", *precision]
+    argv = ["python", str(TRAIN), *ARGS, "--step-delay", "0.1"]
     low = traced_task(trace, "{2: 2.0e9}", ITERATIONS, 0.1, late, name="low", program=argv)
     program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", "0.05"])
     high = f"name: high\nweight: 5\nthroughput: {{2: 6.0e9}}\nrun:\n  program: [{program}]\n"
     high += "  iterations: 10\n"
     # Stops get 10 s before SIGKILL: the late rank must stop on its own, not be killed.
     settings = {"stop_grace_s": 10.0, "restart_stop_wait_s": 12.0}
-    if not precision:
-        prefetch_reference(ITERATIONS)  # compared with at the end
+    prefetch_reference(ITERATIONS)  # compared with at the end
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=1, settings=settings) as cluster:
         cluster.submit(low)
         cluster.wait(lambda: cluster.task("low")["step"] >= 13, 300, "low to train past a checkpoint")
@@ -59,7 +59,7 @@ def test_a_rank_that_takes_a_planned_stop_a_step_late_abandons_that_step_and_sav
         cluster.wait(lambda: cluster.task("low")["state"] == "waiting", 60, "low to be stopped")
         # Each rank saved the stop checkpoint in its node's memory: rank 1 at the boundary where it
         # stopped, rank 0 after abandoning the step after it. The same step, the same state (the
-        # model, the optimizer, the scheduler, and with fp16 the scaler's scale and count).
+        # model, the optimizer, the scheduler).
         persistent = tmp_path / "cluster" / "checkpoints" / "low"
         saved = [load_latest(host_checkpoint_dir(persistent, node)) for node in ("node-0", "node-1")]
 
@@ -91,6 +91,4 @@ def test_a_rank_that_takes_a_planned_stop_a_step_late_abandons_that_step_and_sav
         devices = {(t, g, r): d for t, g, r, d in rows_of_workers}
     assert set(devices.values()) == {0}, devices
     assert_ledger_exact(rows, ITERATIONS, world=2)  # every step once: none lost, none trained twice
-    if not precision:  # (in fp16 a sample's result depends on its micro-batch's other samples,
-        # and the one-process reference groups them otherwise than two ranks do)
-        assert_ends_exact(tmp_path, "low", ITERATIONS)
+    assert_ends_exact(tmp_path, "low", ITERATIONS)

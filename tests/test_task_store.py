@@ -75,6 +75,7 @@ def test_forged_replayed_and_unsigned_values_are_ignored() -> None:
     name = membership_key("lm", 3)
     served.raw.set(name, shrink.model_dump_json())  # unsigned
     assert not member.membership_changed(3)
+    assert not member.declared_failed(3, 1)  # rank 1 takes no forgery for its exclusion, nor leaves
     served.raw.set(name, sign(derive(b"x" * 64, "lm"), name, shrink.model_dump_json()))  # another key
     assert not member.membership_changed(3)
     genuine_for_5 = sign(derive(SECRET, "lm"), membership_key("lm", 5), shrink.model_dump_json())

@@ -10,7 +10,7 @@ from typing import Any
 from unicron.control.detect.vanished import Listing, gone
 from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.core.livespecs import parse_live_tasks
-from unicron.core.protocol import DoneReport, ExitReport, LaunchWorker, WorkerState
+from unicron.core.protocol import CheckpointReport, DoneReport, ExitReport, LaunchWorker, WorkerState
 from unicron.core.states import TaskState, WorkerPhase
 
 NEXT = """
@@ -105,8 +105,11 @@ def test_a_running_task_past_its_last_step_whose_workers_vanished_with_the_final
     list tells, and with no final state known saved the task is relaunched from its checkpoint."""
     cluster = make()
     generation = cluster.c.store.get_task("lm").generation
-    cluster.train(100)
+    cluster.train(90)
     n0 = cluster.running[("lm", generation, 0)][0]
+    saved = CheckpointReport(task="lm", generation=generation, rank=0, step=90, path="step-90")
+    cluster.beat(n0, saved)
+    cluster.train(100)
     gone_ranks = sorted(r for (t, g, r), (n, _) in cluster.running.items() if n == n0)
     assert 0 in gone_ranks
     for rank in gone_ranks:
@@ -120,6 +123,9 @@ def test_a_running_task_past_its_last_step_whose_workers_vanished_with_the_final
     assert sorted(e["rank"] for e in cluster.events("worker_gone")) == gone_ranks
     for rank in gone_ranks:
         assert cluster.c.store.worker("lm", generation, rank).state is WorkerPhase.LOST
+    # From its checkpoint; the node was not lost (its agent's list told).
+    assert [e["resume_from"] for e in cluster.events("task_launch")] == [0, 90]
+    assert cluster.events("node_lost") == []
 
 
 def test_a_running_task_past_its_last_step_finishes_when_the_final_state_was_reported(make: Any) -> None:
@@ -169,3 +175,26 @@ def test_a_running_tasks_workers_gone_with_their_agent_before_the_last_step_are_
     survivors = cluster.c.store.workers("lm", task.generation, live=True)
     assert sorted(w.pid for w in survivors) == kept_pids
     assert len([o for _, o in cluster.orders if isinstance(o, LaunchWorker)]) == 4
+
+
+def test_a_cancelled_tasks_workers_gone_with_their_agent_free_their_slots_for_the_next_task(
+    make: Any,
+) -> None:
+    """The node's agent dies with its workers and is started again before the node is declared
+    lost: nothing reports their exits. The task is cancelled before the node's next heartbeat:
+    it has no guard of its own any more, and its rows held the node's slots for good, so the
+    next task waited for them for ever. The node's list ends them."""
+    cluster = make(nodes=1, slots=4)
+    generation = cluster.c.store.get_task("lm").generation
+    gone_ranks = sorted(r for (t, g, r) in cluster.running if (t, g) == ("lm", generation))
+    assert gone_ranks == [0, 1, 2, 3]
+    cluster.running.clear()  # restarted agent: it knows nothing of them
+    cluster.c.cancel("lm")
+    assert {cluster.c.store.worker("lm", generation, r).state for r in gone_ranks} == {WorkerPhase.RUNNING}
+    cluster.c.submit(*parse_live_tasks(NEXT, "test"))
+    cluster.c.placer.allocator.wait()
+    for _ in range(6):
+        cluster.step()
+    assert len([o for _, o in cluster.orders if isinstance(o, LaunchWorker) and o.task == "next"]) == 4
+    assert sorted(e["rank"] for e in cluster.events("worker_gone")) == gone_ranks
+    assert cluster.events("node_lost") == []  # ended by the agent's list, not with the node
