@@ -25,6 +25,7 @@ OUT = ROOT / "docs" / "reference.md"
 METHODS = [
     "start",
     "register",
+    "metric",
     "loader",
     "steps",
     "close",

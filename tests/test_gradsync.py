@@ -32,7 +32,10 @@ class Net(torch.nn.Module):
 
 
 def grads_after(rank: int, overlap: bool, micro_batches: int, scale: float) -> dict[str, torch.Tensor]:
+    """The gradients after the reduction; with them, under "extra", what a step's metrics
+    (``train/metric.py``) reduce beside them: each rank's sum, summed over the ranks, unscaled."""
     model = Net()
+    extra = torch.tensor([rank + 1.0, 10.0 * rank], dtype=torch.float64)
     # Several buckets of about one layer each.
     buckets = gradsync.Buckets(model, cap_bytes=3000)
     assert len(buckets.buckets) > 2
@@ -44,10 +47,10 @@ def grads_after(rank: int, overlap: bool, micro_batches: int, scale: float) -> d
     if overlap:
         if micro_batches == 0:
             buckets.arm(Peers.world(), scale)
-        buckets.finish(None)
+        buckets.finish(None, extra)
     else:
-        gradsync.all_reduce_gradients(model, Peers.world(), None, scale)
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        gradsync.all_reduce_gradients(model, Peers.world(), None, scale, extra)
+    return {"extra": extra, **{n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
 
 
 def waits_out_a_slow_peer(rank: int) -> bool:
@@ -103,6 +106,7 @@ def test_buckets_sum_exactly_what_one_flat_all_reduce_sums() -> None:
     results = run_ranks(_member, 2)
     for flat, bucketed, kept in results.values():
         assert flat.keys() == bucketed.keys() and "unused.weight" in bucketed
+        assert flat.pop("extra") == bucketed.pop("extra") == [3.0, 10.0]
         for name in flat:
             assert [v / 4 for v in flat[name]] == bucketed[name], name  # float64 values, bit for bit
         assert kept

@@ -230,9 +230,12 @@ def test_a_run_without_an_agent_keeps_no_copy_in_the_nodes_memory(tmp_path: Path
     session = Session(env, iterations=2, checkpoint_dir=tmp_path)
     loader = session.loader([torch.zeros(2)] * 4, 2, batch_size=2)
     model = torch.nn.Linear(2, 1)
-    for _ in session.steps(model, torch.optim.SGD(model.parameters(), lr=0.1)):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in session.steps(model, optimizer):
         for batch in loader:
             model(batch).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()  # gradients left for the next step are refused (train/loopguard.py)
     session.close()
     assert session.host_dir is None
     assert (tmp_path / "step-00000002.pt").exists()

@@ -50,3 +50,27 @@ def test_the_code_after_the_micro_batches_changes_nothing_and_the_optimizer_step
     assert int(optimizer.state[model.weight]["step"]) == 2
     assert getattr(optimizer.step, "_wrapped_by_lr_sched", False)
     assert scaler.get_scale() == 16.0
+
+
+def test_what_the_loop_changes_by_hand_after_its_step_is_put_back() -> None:
+    """A loop that decays its parameters or sets its learning rate by hand after
+    optimizer.step() would apply that a second time to state a replica had already carried
+    through the step (or save it with a step never completed): parameters, buffers and the
+    optimizer's hyper-parameters are put back too."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(8, 4)).sum().backward()
+    before = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+
+    held = NoUpdate(model, optimizer, {})
+    optimizer.step()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.9)  # a decay by hand
+        model[0].weight.data.clamp_(-0.1, 0.1)  # through .data, which no version counter sees
+    model(torch.randn(8, 4))  # the running statistics move
+    for group in optimizer.param_groups:
+        group["lr"] *= 0.5  # a schedule by hand
+    held.release()
+    torch.testing.assert_close((model.state_dict(), optimizer.state_dict()), before, rtol=0, atol=0)

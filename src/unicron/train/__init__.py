@@ -4,6 +4,7 @@ Imports torch; the planner and the command line never import this package.
 """
 
 from unicron.train import porting
+from unicron.train.metric import Metric
 from unicron.train.porting import PortingError
 from unicron.train.session import Session, init
 from unicron.train.steploop import Loader
@@ -12,4 +13,4 @@ from unicron.train.steploop import Loader
 # error that names the fix, not torch's (``porting.py``).
 porting.install()
 
-__all__ = ["Loader", "PortingError", "Session", "init"]
+__all__ = ["Loader", "Metric", "PortingError", "Session", "init"]

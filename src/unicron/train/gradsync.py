@@ -46,15 +46,22 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def all_reduce_gradients(
-    model: torch.nn.Module, peers: Peers | None, peers_failed: Callable[[], bool] | None, scale: float = 1.0
+    model: torch.nn.Module,
+    peers: Peers | None,
+    peers_failed: Callable[[], bool] | None,
+    scale: float = 1.0,
+    extra: torch.Tensor | None = None,
 ) -> None:
     """Sum the gradients (this rank's shards of them, in a sharded replica) times ``scale`` over
     the peers, as one flat buffer. ``peers_failed``: polled while the collective is pending
-    (None: wait for it, however long)."""
+    (None: wait for it, however long). ``extra`` (the step's metrics: ``metric.py``) is summed
+    in place beside them, and the gradients are written back only once both are."""
     if peers is None or not peers.usable:
         raise ConnectionResetError("the process group is gone: connection to peers broken")
     grads, flat = flat_gradients(model, scale)
-    wait_or_abandon(peers.all_reduce_async(flat), peers, peers_failed)
+    works = [peers.all_reduce_async(flat), *([] if extra is None else [peers.all_reduce_async(extra)])]
+    for work in works:
+        wait_or_abandon(work, peers, peers_failed)
     write_back(grads, flat)
 
 
@@ -202,9 +209,10 @@ class Buckets:
         assert self.peers is not None  # armed
         self.flights.append((self.peers.all_reduce_async(buffer), buffer))
 
-    def finish(self, peers_failed: Callable[[], bool] | None) -> None:
+    def finish(self, peers_failed: Callable[[], bool] | None, extra: torch.Tensor | None = None) -> None:
         """Launch the buckets backward did not fill (unused parameters, or a rank with no
-        samples), wait for all, and write the sums back into the gradients."""
+        samples), then ``extra`` (summed in place: the step's metrics), wait for all, and write
+        the sums back into the gradients."""
         peers = self.peers
         try:
             if self.error is not None:
@@ -212,7 +220,10 @@ class Buckets:
             assert peers is not None  # armed
             while len(self.flights) < len(self.buckets):
                 self._launch(len(self.flights))
-            for work, _ in self.flights:
+            works = [work for work, _ in self.flights]
+            if extra is not None:
+                works.append(peers.all_reduce_async(extra))
+            for work in works:
                 wait_or_abandon(work, peers, peers_failed)
             for bucket, (_, buffer) in zip(self.buckets, self.flights, strict=True):
                 for p in bucket:

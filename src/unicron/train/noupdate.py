@@ -9,7 +9,12 @@ fail. So:
   were recorded for this optimizer");
 - ``optimizer.step`` does nothing until the step ends;
 - the registered objects are put back as they were (a scaler's ``update()`` moves its growth
-  count, and would move its scale).
+  count, and would move its scale);
+- so are the model's parameters and buffers and the optimizer's hyper-parameters (``lr``...):
+  a loop that changes them after its ``optimizer.step()`` (a decay or a clamp by hand, a
+  learning rate set by hand) would otherwise apply that change a second time to a state that a
+  replica had already carried through the step, or save it with a step never completed. The
+  copy goes to host memory, once per such step: they happen only in recoveries and stops.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 import torch
 
+from unicron.train.gradsync import local
 from unicron.train.state import Stateful
 
 
@@ -38,6 +44,11 @@ class NoUpdate:
         self.own_step = optimizer.__dict__.get("step")
         optimizer.__dict__["step"] = _no_step
         self.saved = {name: copy.deepcopy(obj.state_dict()) for name, obj in extras.items()}
+        tensors = [*model.parameters(), *model.buffers()]
+        self.tensors = [(t, local(t).detach().to("cpu", copy=True)) for t in tensors]
+        self.settings = [
+            {k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups
+        ]
 
     def release(self) -> None:
         if self.own_step is None:
@@ -46,3 +57,8 @@ class NoUpdate:
             self.optimizer.__dict__["step"] = self.own_step
         for name, obj in self.extras.items():
             obj.load_state_dict(self.saved[name])
+        with torch.no_grad():
+            for tensor, saved in self.tensors:
+                local(tensor).copy_(saved)
+        for group, settings in zip(self.optimizer.param_groups, self.settings, strict=True):
+            group.update(settings)

@@ -57,8 +57,9 @@ DDP_WITHOUT_GROUP = (
 
 
 class PortingError(ValueError):
-    """A training script set torch.distributed up itself, where the Unicron session does; the
-    message says what to remove. A ValueError, as torch's own errors for these cases are."""
+    """A training script set torch.distributed up itself, where the Unicron session does, or its
+    loop does what would make its result depend on the number of workers (``loopguard.py``); the
+    message says the fix. A ValueError, as torch's own errors for these cases are."""
 
 
 def refuse_existing_group() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -39,6 +40,7 @@ from unicron.train.fencing import Fence
 from unicron.train.groups import Groups
 from unicron.train.iteration import StopRequested
 from unicron.train.loader import MapDataset, StepData, step_data
+from unicron.train.metric import Metric
 from unicron.train.peers import Peers
 from unicron.train.progress import ProgressReporter
 from unicron.train.rowdigest import layout_digest
@@ -76,6 +78,15 @@ class Session:
         self.rank, self.world_size, self.local_rank = contract.rank, contract.world_size, contract.local_rank
         self.node = contract.node or socket.gethostname()
         self.iterations = contract.iterations or iterations or 0
+        # Under an agent the task file's run.iterations is the one count: rank 0 says so, once.
+        given = iterations not in (None, contract.iterations)
+        if contract.task and contract.iterations and given and contract.rank == 0:
+            print(
+                f"unicron: task {contract.task} trains {contract.iterations} steps (its task file's "
+                f"run.iterations); this script's iterations={iterations} applies only without an agent",
+                file=sys.stderr,
+                flush=True,
+            )
         self.checkpoint_every = contract.checkpoint_every or checkpoint_every or 0
         directory = contract.checkpoint_dir or (str(checkpoint_dir) if checkpoint_dir else "")
         self.checkpoint_dir = Path(directory) if directory else None
@@ -113,6 +124,7 @@ class Session:
         self.step, self.stop_requested = 0, False
         self._started, self._resumed = False, False  # start() was called, steps() loaded the state
         self.extras: dict[str, Stateful] = {}  # registered objects, kept with the model
+        self.metrics: list[Metric] = []  # reduced with the gradients each step (``metric.py``)
 
     # ------------------------------------------------------------------ set-up
     def start(self) -> Session:
@@ -199,12 +211,33 @@ class Session:
     def register(self, name: str, obj: Stateful) -> None:
         """Keep ``obj``'s state (anything with ``state_dict()``/``load_state_dict()`` that is the
         same on every replica) with the model's, before ``steps``: ``state.py``. An LR scheduler
-        is stepped by the session after each optimizer step (do not call its ``step()``)."""
+        is stepped by the session after each optimizer step (a ``step()`` call of your own is
+        refused: ``loopguard.py``), except a ``ReduceLROnPlateau``, which needs the value it
+        watches: step it after the micro-batch loop with a global one (``metric``)."""
         if self._resumed:
             raise RuntimeError(f"session.register({name!r}, ...) in session.steps(...): register before")
         check_registrable(name, obj, self.extras)
         checkpoint.check_plain(name, obj.state_dict())
         self.extras[name] = obj
+
+    def metric(self, name: str) -> Metric:
+        """A value averaged over each step's global batch, the same on every worker at any world
+        size (``metric.py``): ``add`` each micro-batch's value (its loss) inside ``for batch in
+        loader:``, read ``value`` after the loop. Declare it before ``steps``, on every worker:
+        its sums are reduced with the gradients."""
+        if self._resumed:
+            raise RuntimeError(f"session.metric({name!r}) in session.steps(...): declare it before")
+        if self.replica_size > 1:
+            raise NotImplementedError(
+                f"session.metric({name!r}) with replicas of several ranks (run.replica_size "
+                f"{self.replica_size}): not supported yet (its sums would have to be reduced over "
+                "the replica and its peers with the gradients); use it with replicas of one rank"
+            )
+        if not name.isidentifier() or any(m.name == name for m in self.metrics):
+            taken = sorted(m.name for m in self.metrics)
+            raise ValueError(f"session.metric: {name!r} must be a new identifier (taken: {taken})")
+        self.metrics.append(Metric(name))
+        return self.metrics[-1]
 
     def loader(
         self,

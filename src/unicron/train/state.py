@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from unicron.train import sharded
 
@@ -112,9 +112,10 @@ def step_schedulers(registered: dict[str, Stateful], completed: int) -> None:
     """Advance the registered LR schedulers after the optimizer step that follows step
     ``completed``. The session does this, not the user's loop: a step whose state came from a
     replica (which had stepped its scheduler already) must not step it again, and only the
-    session knows which steps those are."""
+    session knows which steps those are. A ``ReduceLROnPlateau`` needs the value it watches: the
+    loop steps it (``loopguard.py``), and the session only keeps and restores its state."""
     for name, obj in registered.items():
-        if isinstance(obj, LRScheduler):
+        if isinstance(obj, LRScheduler) and not isinstance(obj, ReduceLROnPlateau):
             if obj.last_epoch != completed:
                 raise RuntimeError(
                     f"the scheduler registered as {name!r} is at step {obj.last_epoch}, expected "

@@ -20,7 +20,9 @@ the loop end, with the gradients of exactly the step's global batch reduced. So 
 after the inner loop (clipping, ``optimizer.step()``) sees what it would see after DDP's
 backward, and the step is exact. A loop with no micro-batch loop of its own (one
 ``loss.backward()`` per step) cannot do this: the survivors must compute a departed rank's
-micro-batches, and only the user's code knows how.
+micro-batches, and only the user's code knows how. What a loop could do inside that would make
+its result depend on the number of workers (a ``zero_grad`` between micro-batches, a second
+backward, gradients clipped inside the loop...) is refused where it happens: ``loopguard.py``.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from unicron.core.protocol import Phase
-from unicron.train import gradsync, replicas, sharded, shardsync
+from unicron.train import gradsync, metric, replicas, sharded, shardsync
 from unicron.train.data import shard, unclaimed_share
 from unicron.train.iteration import Iteration, PeerLostError, StopRequested
 from unicron.train.loader import StepData
+from unicron.train.loopguard import LoopGuard
 from unicron.train.membership import settle
 from unicron.train.noupdate import NoUpdate
 from unicron.train.peers import Peers
@@ -105,6 +108,9 @@ class StepLoop:
         self.outputs = sharded.OutputWeight(model) if session.groups.replicated else None
         replicated = self.sharded and session.groups.replicated
         self.unit_sums = shardsync.UnitSums(model) if replicated else None
+        # What would train differently at another world size is refused (``loopguard.py``).
+        self.guard = LoopGuard(model, optimizer, session.extras, self.sharded)
+        self.metrics = session.metrics
 
     def _weigh(self, relative: float) -> list[Any]:
         """Hooks weighting the next backward's gradients by ``relative``, a micro-batch's samples
@@ -125,6 +131,9 @@ class StepLoop:
 
     def close(self) -> None:
         self._release()
+        self.guard.close()
+        for each in self.metrics:
+            each.guard = None
         for handle in self.handles:
             handle.remove()
         if self.outputs is not None:
@@ -151,6 +160,7 @@ class StepLoop:
         self.it = Iteration(step, len(chunks), lambda: session.faults.before_last_micro_batch(step))
         self.began = [*self.began[-1:], (session.generation, time.monotonic())]
         session.faults.step_started(step)  # inside the step's time: a slowed rank computes slowly
+        self.guard.step_began()
         return True
 
     def end(self, step: int) -> None:
@@ -161,12 +171,14 @@ class StepLoop:
                 f"step {step} ended before its micro-batches did: iterate `for batch in loader:` "
                 "to the end in every step (the loader reduces the gradients as it ends)"
             )
+        self.guard.step_ended()
         self._release()
         if self.phase is StepPhase.ABANDONED:
             return  # not done: the worker stops at the boundary before it (``Session.steps``)
         session.step = step
         if self.phase is StepPhase.REDUCED:
-            step_schedulers(session.extras, step - 1)
+            with self.guard.stepping_schedulers():
+                step_schedulers(session.extras, step - 1)
         session.channel.send_soon(self.it.report(session.task, session.generation, session.rank))
         session.maybe_checkpoint(self.model, self.optimizer)
 
@@ -232,6 +244,15 @@ class StepLoop:
         fails, the re-formed group's share of what nobody holds (see the module's docstring)."""
         if self.phase is not StepPhase.COMPUTING:
             raise RuntimeError("the loader was iterated twice in one step: iterate it once per step")
+        self.guard.loader_began()
+        for each in self.metrics:
+            each.begin(self.guard)
+        try:
+            yield from self._micro_batches()
+        finally:
+            self.guard.loader_ended()
+
+    def _micro_batches(self) -> Iterator[Any]:
         step, session = self.it.step, self.session
         yield from self._chunks(self.chunks, arm=self._overlap(step))
         contributed = [i for chunk in self.chunks for i in chunk]
@@ -255,6 +276,9 @@ class StepLoop:
                 # Members disagreed: state came from a replica; what was accumulated is void.
                 for p in self.model.parameters():
                     p.grad = None
+                self.guard.state_replaced()
+                for each in self.metrics:
+                    each.void()
                 if session.step >= step:
                     # The copied state holds this step: a replica finished its reduction in the
                     # group this rank last contributed to (a newer group would have had this rank
@@ -313,11 +337,13 @@ class StepLoop:
                 sharded.sync_gradients(self.fsdp_units, last)  # FSDP reduce-scatters at the last only
             self.session.progress.at(it.step, Phase.COMPUTE, micro_batch=len(it.marks))
             hooks = self._weigh(len(chunk) / stream.micro_batch)
+            self.guard.handing(len(chunk))
             try:
                 yield self.data.fetch(chunk or stream.batch(it.step)[:1])
             finally:
                 for hook in hooks:
                     hook.remove()
+            self.guard.returned()
             it.record(len(chunk))  # the user's backward of this micro-batch is done
 
     def _overlap(self, step: int) -> Callable[[], None] | None:
@@ -359,6 +385,8 @@ class StepLoop:
         store, generation = session.store, session.generation
         watch = None if not session.in_process or store is None else lambda: store.peers_failed(generation)
         groups = session.groups
+        # The metrics' sums (a copy: a failed attempt leaves this rank's own for the next one).
+        sums = metric.sums(self.metrics, session.device)
         if groups.replicated:
             if groups.peers is None or groups.replica is None:
                 raise ConnectionResetError("the process group is gone: connection to peers broken")
@@ -372,9 +400,10 @@ class StepLoop:
                     if p.grad is not None:
                         p.grad.mul_(self.scale)
         elif self.buckets is not None and self.buckets.armed:
-            self.buckets.finish(watch)  # launched during the last backward
+            self.buckets.finish(watch, sums)  # launched during the last backward
         else:
-            gradsync.all_reduce_gradients(self.model, groups.peers, watch, self.scale)
+            gradsync.all_reduce_gradients(self.model, groups.peers, watch, self.scale, sums)
+        metric.reduced(self.metrics, sums, len(self.data.stream.batch(self.it.step)))
         if self._maybe_abandoned() and session.declared_failed():
             # Declared failed (hung, or its node lost) during the step: its peers abandoned the
             # collective and re-formed without it (what completed here, if anything, is their
