@@ -13,12 +13,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from unicron.control.launch.localcluster import free_port
 from unicron.core.workerenv import host_checkpoint_dir
 from unicron.train import checkpoint, membership
 from unicron.train.peers import Peers
 from unicron.train.session import Session
 from unicron.train.state import StateMismatch, TrainState
+
+from .spawned import run_ranks
 
 
 def model_at(value: float) -> torch.nn.Module:
@@ -180,22 +181,13 @@ def _member(rank: int, port: int, out: mp.Queue, damaged: int = 0) -> None:  # t
         agreed = str(exc)
     scheduler = train.extras["scheduler"]
     assert isinstance(scheduler, torch.optim.lr_scheduler.StepLR)
-    out.put((rank, agreed, f"{checkpoint.digest(train.model)} {train.digest()} {scheduler.last_epoch}"))
+    out.put((rank, (agreed, f"{checkpoint.digest(train.model)} {train.digest()} {scheduler.last_epoch}")))
     dist.destroy_process_group()
 
 
 def agree_among_three(damaged: int = 0) -> dict[int, tuple[membership.Agreement | str, str]]:
     """Rank -> (its agreement, or the error it raised; its parameters' digest after)."""
-    ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
-    port = free_port()
-    procs = [ctx.Process(target=_member, args=(r, port, out, damaged)) for r in range(3)]
-    for p in procs:
-        p.start()
-    results = {rank: (agreed, digest) for rank, agreed, digest in (out.get(timeout=120) for _ in procs)}
-    for p in procs:
-        p.join(60)
-    return results
+    return run_ranks(_member, 3, damaged)
 
 
 def test_a_member_behind_takes_state_from_a_replica_on_its_node() -> None:
