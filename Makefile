@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint system browser bytecode demo bench docs clean
+.PHONY: venv test lint system browser bytecode demo bench soak docs clean
 , := ,
 
 venv: $(STAMP)
@@ -72,6 +72,11 @@ demo: $(STAMP) browser bytecode
 
 bench: $(STAMP) bytecode
 	$(PY) -m bench.run
+
+# The 15-minute chaos soak alone (`make bench` runs it too; `make test` runs a short one):
+# docs/bench/chaos.json and docs/reliability.md.
+soak: $(STAMP) bytecode
+	$(PY) -m bench.chaos
 
 docs: $(STAMP)
 	$(PY) -m bench.throughput_docs

@@ -1,10 +1,12 @@
 """Watching the cluster (issue 16), through the real stack, during a live run with a scripted
-fault (a worker killed mid-step): the coordinator's and the agent's Prometheus metrics count it
-and time it, the API gives its breakdown, ``unicron events --follow`` prints it as it happens and
-``unicron status --watch`` refreshes, every metric the Grafana dashboard uses is served, and the
-dashboard page, in a real headless Chromium driven by Selenium, shows the task, where its workers
-run, and the incident with the same breakdown, without a reload (a screenshot is written). The
-browser part is skipped, with the reason, where no browser can be started."""
+fault (a worker killed mid-step, with its peers' gradient buckets in flight: recovered in place,
+the survivors recomputing only its share of the step): the coordinator's and the agent's
+Prometheus metrics count it and time it, the API gives its breakdown, ``unicron events
+--follow`` prints it as it happens and ``unicron status --watch`` refreshes, every metric the
+Grafana dashboard uses is served, and the dashboard page, in a real headless Chromium driven by
+Selenium, shows the task, where its workers run, and the incident with the same breakdown,
+without a reload (a screenshot is written). The browser part is skipped, with the reason, where
+no browser can be started."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from unicron.core.access import Role
 from .conftest import ROOT
 from .test_live_cluster import (
     assert_ends_exact,
+    assert_every_incident_closed,
     assert_ledger_exact,
     finish_and_settle,
     story_of,
@@ -98,7 +101,9 @@ def interrupted(process: subprocess.Popen[str]) -> tuple[int, str]:
 @pytest.mark.timeout(480)
 def test_a_failure_is_counted_broken_down_and_shown_live(tmp_path: Path) -> None:
     trace, iterations = tmp_path / "trace.jsonl", 160
-    spec = traced_task(trace, "{2: 1.9e9, 4: 3.5e9}", iterations, 0.1, run_lines=FAULT)
+    # Any size from 2 to 4: the three survivors go on alone (no fourth leaves for a size the
+    # table lacks), so that what they recompute is the dead rank's share alone.
+    spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}", iterations, 0.1, run_lines=FAULT)
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, agent_metrics=True) as cluster:
         assert httpx.get(f"{cluster.url}/metrics").status_code == 401  # scraping needs a token too
         follow = cli(cluster, "events", "--follow", "--interval", "0.5")
@@ -134,11 +139,28 @@ def test_a_failure_is_counted_broken_down_and_shown_live(tmp_path: Path) -> None
     used = set(re.findall(r"unicron_[a-z_]+", GRAFANA.read_text()))
     assert used and used <= served, used - served  # every metric the Grafana dashboard plots
     assert_printed(followed, watched, incident)
+    assert_recovered_in_place(events, rows)
     assert_ledger_exact(rows, iterations, frozen=frozenset({1}), world=4)
     assert_ends_exact(tmp_path, "lm", iterations)
     if shown is None:
         pytest.skip(f"the page was not checked: no headless browser here ({NO_BROWSER})")
     assert_shown(shown, incident, tmp_path / "dashboard.png")
+
+
+def assert_recovered_in_place(events: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+    """The fault itself (merged from test_live_inprocess's four-to-three case): rank 1, killed
+    with its peers' gradient buckets in flight at step 40, was recovered in place (one launch,
+    one incident, closed), and the three survivors recomputed exactly its share of the step (the
+    buckets are copies: their own gradients were intact)."""
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("task_launch") == 1, kinds
+    assert [e["detail"]["kind"] for e in events if e["kind"] == "incident"] == ["exited_abnormally"]
+    assert [e["detail"]["step"] for e in events if e["kind"] == "fault_injected"] == [40]
+    recovered = [e["detail"] for e in events if e["kind"] == "in_process_recovery"]
+    assert len(recovered) == 1 and recovered[0]["failed"] == [1], recovered
+    recompute = [r for r in rows if r["what"] == "recompute" and r["step"] == 40]
+    assert sum(r["samples"] for r in recompute) == 16 // 4, recompute
+    assert_every_incident_closed(events)
 
 
 def assert_metrics(

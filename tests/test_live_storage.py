@@ -8,13 +8,15 @@ directory is a real tmpfs, filled up (a real ENOSPC) or remounted read-only (ERO
 root too, unlike file modes) while the task trains: the task trains on from memory with the
 same processes, one storage incident opens and closes when the storage takes checkpoints again,
 and the task ends exact. Storage that never comes back fails the task with the reason once its
-final state cannot be saved, and isolates no node.
+final state cannot be saved, and isolates no node; nor do the task's own faults (a program that
+crashes, returns before training or cannot be started), tried on the same cluster.
 """
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +35,7 @@ from .test_live_cluster import (
     assert_ends_exact,
     assert_every_incident_closed,
     assert_ledger_exact,
+    assert_status_shows,
     read_trace,
     task_yaml,
     traced_task,
@@ -42,25 +45,38 @@ from .test_live_cluster import (
 def small_tmpfs(where: Path, options: str = "size=64k") -> Iterator[Path]:
     """``where`` as a tmpfs, by default of 64 KiB (too small for one checkpoint), unmounted
     afterwards."""
-    where.mkdir(parents=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    refused = mount_tmpfs(where, options)
+    if refused is not None:
+        pytest.skip(f"cannot mount a tmpfs here: {refused}")
     try:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+def mount_tmpfs(where: Path, options: str) -> str | None:
+    """Mount a tmpfs at ``where`` (made); None, or why it could not be mounted."""
+    where.mkdir(parents=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True
+    )
+    return None if mounted.returncode == 0 else mounted.stderr.decode().strip() or "mount failed"
+
+
 # Each way storage refuses (full: ENOSPC; read-only: EROFS) is classified in the unit test below
 # and driven live in one of the two live scenarios (they share everything after the
 # classification; both modes in both scenarios cost a minute of make test for nothing new).
 @pytest.fixture
-def full_disk(tmp_path: Path) -> Iterator[Path]:
-    """The checkpoint directory of task "full": too small for a checkpoint."""
-    yield from small_tmpfs(tmp_path / "cluster" / "checkpoints" / "full", "size=64k")
+def full_disk(tmp_path: Path) -> Iterator[str | None]:
+    """The checkpoint directory of task "full", too small for a checkpoint: None, or why there
+    is none (the test's other parts run without it)."""
+    where = tmp_path / "cluster" / "checkpoints" / "full"
+    refused = mount_tmpfs(where, "size=64k")
+    try:
+        yield refused
+    finally:
+        if refused is None:
+            subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 @pytest.fixture(params=["size=64k", "ro"], ids=["full", "read-only"])
@@ -75,19 +91,86 @@ def test_a_checkpoint_that_does_not_fit_is_a_storage_fault(small_disk: Path) -> 
     assert list(small_disk.iterdir()) == []  # the torn file was removed
 
 
+SAYS = "cannot open data/train.bin"  # what the crashing program prints before it exits
+BAD_TASKS = {
+    "crashes": (f"[python, -c, 'import sys; print(\"{SAYS}\"); sys.exit(3)']", "exited with code 3"),
+    "returns": ("[python, -c, 'pass']", "exited before the last step"),
+    "missing": ("[/nonexistent/program]", "could not be started"),
+}
+
+
 @pytest.mark.timeout(600)
-def test_storage_that_never_takes_the_final_state_fails_the_task_and_isolates_no_node(
-    tmp_path: Path, full_disk: Path
+def test_storage_and_task_faults_fail_the_task_and_isolate_no_node(
+    tmp_path: Path, full_disk: str | None
 ) -> None:
+    """Faults that are no node's, one task after another on one cluster, then a task that trains.
+
+    Storage that never takes the final state: task "full" trains every step from memory, then
+    fails with the reason once its final state found no storage.
+
+    The task's own faults (merged from test_live_task_faults): found by fault probes on a live
+    cluster, a program whose workers all crash, one whose workers all exit 0 before training, and
+    one that cannot be started were each counted against every node, so that every node was
+    isolated and the cluster idled, and the failure repeated when the isolation ended (a missing
+    program even silenced the agents for good). Each such task must stop with a clear reason. A
+    worker that ended before its first step tells what it printed (the incident, `unicron
+    status`); cancelling a failed task says it has ended; a failed task's name runs a new task
+    when submitted again.
+
+    Union of both tests' checks: no node isolated, every node healthy, and a real task (under
+    the crashed one's name) trains to the end on the same nodes. Where no tmpfs can be mounted,
+    the storage part is left out and the test is reported skipped after the others' checks."""
     settings = {"storage_wait_s": 2.0}  # how long the final state waits for the storage
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
-        cluster.submit(task_yaml("full", 1, "{4: 3.6e9}", 30, 0.0, "min_workers: 4\n"))
-        cluster.wait(lambda: cluster.task("full")["state"] == "failed", 300, "the task to fail")
-        cluster.submit(task_yaml("good", 1, "{2: 2.0e9, 4: 3.6e9}", 20, 0.0))
-        cluster.wait(lambda: cluster.task("good")["state"] == "finished", 300, "the good task to finish")
-        failed = cluster.task("full")
+        if full_disk is None:
+            cluster.submit(task_yaml("full", 1, "{4: 3.6e9}", 30, 0.0, "min_workers: 4\n"))
+            cluster.wait(lambda: cluster.task("full")["state"] == "failed", 300, "the task to fail")
+        for name, (program, _) in BAD_TASKS.items():
+            cluster.submit(
+                f"name: {name}\nweight: 1\nthroughput: {{4: 1.0e9}}\nmin_workers: 4\n"
+                f"run: {{program: {program}, iterations: 10}}\n"
+            )
+            cluster.wait(lambda n=name: cluster.task(n)["state"] == "failed", 120, f"{name} to fail")
+            if name == "crashes":  # what it printed, and where, before the others' incidents
+                assert_status_shows(cluster, "crashes, incident", "it completed no step", f"| {SAYS}")
+        cancel = [sys.executable, "-m", "unicron.cli.main", "cancel", "returns", "--coordinator", cluster.url]
+        cancel += ["--token-file", str(cluster.admin_token)]
+        said = subprocess.run(cancel, capture_output=True, text=True, timeout=60)
+        assert said.returncode == 0 and "returns has already failed" in said.stdout, said
+        # The agents still serve and no node was taken out: a real task trains to the end, under
+        # the name of a failed one (a new task: the failed one is kept as crashes#1), once the
+        # failed one's processes have all exited.
+        cluster.wait(lambda: not any("crashes" in n["used"] for n in cluster.get("/v1/nodes")), 60, "exits")
+        cluster.submit(task_yaml("crashes", 1, "{2: 2.0e9, 4: 3.6e9}", 20, 0.0))
+        cluster.wait(lambda: cluster.task("crashes")["state"] == "finished", 300, "the good task to finish")
+        tasks = {t["name"]: t for t in cluster.get("/v1/tasks")}
         events = cluster.get("/v1/events")
         nodes = cluster.get("/v1/nodes")
+    # Both: no node was blamed.
+    assert [e for e in events if e["kind"] == "node_isolated"] == []
+    assert all(n["state"] == "healthy" for n in nodes)
+    # The task's own faults (test_task_faults_fail_the_task_and_isolate_no_node).
+    assert (tasks["crashes"]["run"], tasks["crashes"]["state"], tasks["crashes#1"]["state"]) == (
+        2,
+        "finished",
+        "failed",
+    )
+    for name, (_, why) in BAD_TASKS.items():
+        reason = tasks[f"{name}#1" if name == "crashes" else name]["reason"] or ""
+        assert why in reason and "restarting cannot mend it" in reason, (name, reason)
+    again = tasks["crashes"]["submitted"]  # the failed one's incidents came before
+    outputs = [
+        e["detail"]
+        for e in events
+        if e["kind"] == "incident" and e["task"] == "crashes" and e["time"] < again
+    ]
+    assert outputs and all(d["log_tail"].endswith(SAYS) and d["log"].endswith(".log") for d in outputs)
+    scopes = {e["detail"]["scope"] for e in events if e["kind"] == "incident" and e["task"] in BAD_TASKS}
+    assert "node" not in scopes
+    if full_disk is not None:
+        pytest.skip(f"the storage part was not run: cannot mount a tmpfs here ({full_disk})")
+    # Storage (test_storage_that_never_takes_the_final_state_fails_the_task_and_isolates_no_node).
+    failed = tasks["full"]
     incidents = [e["detail"] for e in events if e["kind"] == "incident" and e["task"] == "full"]
     assert incidents and {i["kind"] for i in incidents} == {"storage_error"}, incidents
     assert {i["scope"] for i in incidents} == {"storage"}
@@ -95,8 +178,6 @@ def test_storage_that_never_takes_the_final_state_fails_the_task_and_isolates_no
     assert incidents[0]["action"] == "continue_from_memory" and failed["step"] == 30, (incidents, failed)
     reason = failed["reason"] or ""
     assert "storage" in reason and "restarting cannot mend it" in reason, reason
-    assert [e for e in events if e["kind"] == "node_isolated"] == []
-    assert all(n["state"] == "healthy" for n in nodes)
 
 
 def break_storage(where: Path, how: str) -> Callable[[], None]:

@@ -5,6 +5,7 @@ the grace it earns (pure)."""
 from __future__ import annotations
 
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -81,9 +82,10 @@ def test_the_check_makes_the_grace_renewable_when_some_node_saw_retransmissions(
     assert outcome(check({"a": 1}), 0.0).grace_s == 0.0  # the grace turned off stays off
 
 
+# It says when it listens, and when the first data has come.
 SINK = (
-    "import socket,sys\ns=socket.create_server((sys.argv[1],7001))\nc,_=s.accept()\n"
-    "while c.recv(65536): pass\n"
+    "import socket,sys\ns=socket.create_server((sys.argv[1],7001))\nprint('listening',flush=True)\n"
+    "c,_=s.accept()\nc.recv(65536)\nprint('receiving',flush=True)\nwhile c.recv(65536): pass\n"
 )
 SOURCE = (
     "import socket,sys,time\nc=socket.create_connection((sys.argv[1],7001),timeout=60)\n"
@@ -105,8 +107,9 @@ def retransmitting(pids: list[int], gap_s: float = 0.25) -> int:
 def test_a_connection_whose_packets_are_lost_is_seen_retransmitting_and_then_not() -> None:
     with TestHosts(2) as hosts:
         sink_host, source_host = hosts["h1"], hosts["h0"]
-        sink = subprocess.Popen(hosts.command(sink_host, [sys.executable, "-c", SINK, sink_host.address]))
-        time.sleep(0.5)
+        argv = hosts.command(sink_host, [sys.executable, "-c", SINK, sink_host.address])
+        sink = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert line_of(sink, 10) == "listening\n", "the sink did not listen within 10 s"
         # The sender runs under a shell that waits for it (as a worker started by a wrapper
         # script): its connection is counted from the shell's pid.
         wrapped = f"{sys.executable} -c {shlex.quote(SOURCE)} {sink_host.address}; exit $?"
@@ -114,7 +117,7 @@ def test_a_connection_whose_packets_are_lost_is_seen_retransmitting_and_then_not
         source = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
         try:
             assert source.stdout is not None and source.stdout.readline() == "up\n"
-            time.sleep(0.5)
+            assert line_of(sink, 10) == "receiving\n", "no data reached the sink within 10 s"
             assert retransmitting([source.pid]) == 0  # data flows and is acknowledged
             hosts.lose(sink_host, 100)
             assert wait_for(lambda: retransmitting([source.pid]) == 1, 10), "no retransmission seen"
@@ -132,6 +135,13 @@ def test_a_connection_whose_packets_are_lost_is_seen_retransmitting_and_then_not
             source.wait(10)
             sink.wait(10)
     assert retransmitting([source.pid]) == 0  # a process that is gone counts nothing
+
+
+def line_of(process: subprocess.Popen[str], timeout_s: float) -> str:
+    """The next line ``process`` prints, or "" if none comes within ``timeout_s``."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout_s)
+    return process.stdout.readline() if ready else ""
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:

@@ -2,5 +2,6 @@
 
 ``schedule.py`` plans it from a seed, ``inject.py`` strikes the cluster, ``soak.py`` runs it,
 ``check.py`` checks exactness, the ledger and leaks, ``report.py`` writes docs/bench/chaos.json
-and docs/reliability.md. A 90-second version runs in ``make test`` (tests/test_chaos.py).
+and docs/reliability.md (``make soak``). A short version, every kind of fault at least once, runs in
+``make test`` (tests/test_chaos.py).
 """

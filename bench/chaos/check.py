@@ -4,17 +4,22 @@ shared memory)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 import subprocess
 import sys
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from unicron.core.workerenv import host_checkpoint_dir
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream
 
@@ -115,14 +120,38 @@ def processes_of(root: Path) -> list[int]:
     return found
 
 
-def listening_ports() -> set[int]:
+def until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``predicate`` came true within ``timeout_s`` (asked every 0.1 s)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def listening_ports(pids: Collection[int] | None = None) -> set[int]:
+    """The TCP ports listened on (``pids``: only those of sockets these processes hold)."""
+    held = None if pids is None else sockets_of(pids)
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
-            if fields[3] == "0A":  # LISTEN
+            if fields[3] == "0A" and (held is None or int(fields[9]) in held):  # LISTEN
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+def sockets_of(pids: Collection[int]) -> set[int]:
+    """The inodes of the sockets ``pids`` hold open."""
+    inodes = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        inodes |= {int(link[8:-1]) for link in links if link.startswith("socket:[")}
+    return inodes
 
 
 def open_fds(pid: int) -> int:
@@ -132,6 +161,31 @@ def open_fds(pid: int) -> int:
         return 0
 
 
-def shared_memory() -> set[str]:
-    """Files in /dev/shm (the in-memory checkpoint tier, torch's shared tensors)."""
-    return {str(p) for p in Path("/dev/shm").rglob("*") if p.is_file()}
+def memory_folders(checkpoints: Path, tasks: Iterable[str], nodes: Iterable[str]) -> list[Path]:
+    """The in-memory checkpoint folders (/dev/shm) of ``tasks`` whose persistent checkpoints
+    are under ``checkpoints``, one per task (holding each node's)."""
+    return [host_checkpoint_dir(checkpoints / task, node).parent for task in tasks for node in nodes]
+
+
+def shared_memory(folders: Collection[Path] | None = None, pids: Collection[int] = ()) -> set[str]:
+    """Files in /dev/shm (the in-memory checkpoint tier, torch's shared tensors); with
+    ``folders``, only those under them or named after one of ``pids`` (e.g. ``torch_<pid>_...``)."""
+    found = {p for p in Path("/dev/shm").rglob("*") if p.is_file()}
+    if folders is not None:
+        named = {str(pid) for pid in pids}
+        found = {
+            p
+            for p in found
+            if any(p.is_relative_to(f) for f in folders) or named & set(re.split(r"[_.-]", p.name))
+        }
+    return {str(p) for p in found}
+
+
+def rows_of(trace: Path) -> list[dict[str, Any]]:
+    """A JSON-lines trace, without a line still being written."""
+    rows = []
+    with contextlib.suppress(FileNotFoundError):
+        for line in trace.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                rows.append(json.loads(line))
+    return rows

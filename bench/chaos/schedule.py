@@ -2,7 +2,12 @@
 inject (the fault library, at random steps), and which faults hit the cluster from outside, when,
 and where. The same seed gives the same plan; what a fault finds to strike (which workers are
 running at that moment) depends on the run, so targets are drawn as indices into the sorted
-candidates."""
+candidates.
+
+A covering plan (``covering=True``, the short soak of ``make test``) strikes every kind of
+``CLUSTER_FAULTS`` before any repeats (a seeded order; a kind that found nothing to strike is
+tried again later), and deals every kind of ``WORKER_FAULTS`` to the first tasks before any
+repeats, so that a minute's soak still meets every fault."""
 
 from __future__ import annotations
 
@@ -40,10 +45,17 @@ class Strike:
 class Plan:
     seed: int
     iterations: int
+    covering: bool = False  # every kind of fault first (see the module's docstring)
+    pause_s: tuple[float, float] = (1.0, 8.0)  # how long a lost node or coordinator stays away
     rng: random.Random = field(init=False)
+    unstruck: list[str] = field(init=False)  # covering: the outside kinds still to strike, in turn
+    undealt: list[str] = field(init=False)  # covering: the worker faults still to deal, in turn
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        order = random.Random(f"{self.seed}-covering")  # the default plan's draws stay as they were
+        self.unstruck = order.sample(CLUSTER_FAULTS, len(CLUSTER_FAULTS)) if self.covering else []
+        self.undealt = order.sample(WORKER_FAULTS, len(WORKER_FAULTS)) if self.covering else []
 
     def worker_faults(self) -> list[dict[str, Any]]:
         """Two faults of the library for a new task, at random steps (rank 0, which every
@@ -51,7 +63,7 @@ class Plan:
         steps = sorted(self.rng.sample(range(5, self.iterations - 5), 2))
         return [
             {
-                "action": self.rng.choice(WORKER_FAULTS),
+                "action": self.undealt.pop(0) if self.undealt else self.rng.choice(WORKER_FAULTS),
                 "rank": 0,
                 "step": s,
                 "generation": 0,
@@ -64,7 +76,18 @@ class Plan:
     def next_strike(self, mean_gap_s: float) -> Strike:
         return Strike(
             delay_s=min(3 * mean_gap_s, self.rng.expovariate(1 / mean_gap_s)),
-            kind=self.rng.choice(CLUSTER_FAULTS),
+            kind=self.unstruck.pop(0) if self.unstruck else self.rng.choice(CLUSTER_FAULTS),
             pick=self.rng.randrange(1 << 30),
-            pause_s=self.rng.uniform(1.0, 8.0),
+            pause_s=self.rng.uniform(*self.pause_s),
         )
+
+    def missed(self, kind: str) -> None:
+        """``kind`` found nothing to strike (no running worker, no checkpoint yet): a covering
+        plan strikes it again after the kinds still waiting."""
+        if self.covering and kind not in self.unstruck:
+            self.unstruck.append(kind)
+
+    @property
+    def covered(self) -> bool:
+        """Whether every outside kind has struck (a covering plan; always true otherwise)."""
+        return not self.unstruck

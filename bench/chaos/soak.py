@@ -1,11 +1,18 @@
 """The soak: three tasks of different weights on a local cluster, successors submitted as they
 finish, while the workers inject faults of the library at random steps and the soak strikes the
-cluster from outside at random times; then every task must finish, exact, with nothing leaked."""
+cluster from outside at random times; then every task must finish, exact, with nothing leaked.
+
+The long soak (``make soak``, ``make bench``) strikes for ``minutes``. The short one
+(``short=True``, tests/test_chaos.py) strikes until every kind of outside fault has struck a target
+once (``minutes`` is then only its bound), deals every worker fault to the first tasks, keeps nodes
+and the coordinator away for 0.5-2.5 s instead of 1-8 s, and finds hangs before the warm-up
+sooner (SHORT)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +42,9 @@ SETTINGS = {
     "first_step_timeout_s": 30.0,  # a rank hung in a launch's first step is found within this
     "hang_cap_s": 30.0,  # and one hung before the warm-up's step times are known
 }
+# The short soak's: a hang struck before the warm-up's step times are known is found in 10 s.
+SHORT = {"first_step_timeout_s": 15.0, "hang_cap_s": 10.0}
+SHORT_PAUSE_S = (0.5, 2.5)  # how long the short soak keeps a node or the coordinator away
 CHECKPOINT_EVERY, STEP_DELAY = 10, 0.05
 THROUGHPUT = "{1: 1.0e9, 2: 1.9e9, 4: 3.6e9}"
 
@@ -54,12 +64,16 @@ class Soak:
     minutes: float
     seed: int
     mean_gap_s: float = 10.0
+    short: bool = False  # strike every kind once, then stop (the module's docstring)
     plan: Plan = field(init=False)
     submitted: dict[str, float] = field(default_factory=dict)  # name -> weight
     strikes: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.plan = Plan(self.seed, ITERATIONS)
+        if self.short:
+            self.plan = Plan(self.seed, ITERATIONS, covering=True, pause_s=SHORT_PAUSE_S)
+        else:
+            self.plan = Plan(self.seed, ITERATIONS)
 
     def submit(self, cluster: LocalCluster, weight: float) -> None:
         name = f"w{weight:g}-{sum(w == weight for w in self.submitted.values())}"
@@ -81,13 +95,15 @@ class Soak:
             self.submit(cluster, weight)
         t0 = time.time()
         deadline = t0 + self.minutes * 60
-        while time.time() < deadline:
+        while time.time() < deadline and not (self.short and self.plan.covered):
             fault = self.plan.next_strike(self.mean_gap_s)
             time.sleep(min(fault.delay_s, max(0.0, deadline - time.time())))
             if time.time() >= deadline:
                 break
             self.refill(cluster)
             target = inject.strike(cluster, fault)
+            if target is None:
+                self.plan.missed(fault.kind)
             self.strikes.append({"at_s": round(time.time() - t0, 1), "kind": fault.kind, "target": target})
         finished = lambda: all(t["state"] == "finished" for t in cluster.get("/v1/tasks"))  # noqa: E731
         try:
@@ -112,39 +128,56 @@ def stuck(cluster: LocalCluster) -> str:
     return "\n".join(lines)
 
 
-def settings_for(ladder: str) -> dict[str, Any]:
-    """The cluster's settings: the soak's (``soak``), or the ladder's defaults (``defaults``)."""
-    return SETTINGS if ladder == "soak" else {k: v for k, v in SETTINGS.items() if k not in LADDER}
+def settings_for(ladder: str, short: bool = False) -> dict[str, Any]:
+    """The cluster's settings: the soak's (``soak``), or the ladder's defaults (``defaults``);
+    ``short``: with the short soak's (SHORT)."""
+    chosen = SETTINGS if ladder == "soak" else {k: v for k, v in SETTINGS.items() if k not in LADDER}
+    return {**chosen, **SHORT} if short else chosen
 
 
 def measure(
-    root: Path, minutes: float, seed: int, mean_gap_s: float = 10.0, ladder: str = "soak"
+    root: Path,
+    minutes: float,
+    seed: int,
+    mean_gap_s: float = 10.0,
+    ladder: str = "soak",
+    short: bool = False,
 ) -> dict[str, Any]:
     """Run the soak under ``root``; returns the record that docs/bench/chaos.json holds (with
-    ``ladder="defaults"``, docs/bench/chaos-defaults.json)."""
-    settings = settings_for(ladder)
-    ports, shm = check.listening_ports(), check.shared_memory()
+    ``ladder="defaults"``, docs/bench/chaos-defaults.json). ``short``: the short soak (the
+    module's docstring), ``minutes`` its bound. What it left behind is counted for this cluster
+    alone (its processes, the ports they or this process hold, its in-memory checkpoint folders
+    and files named after its workers), so that it may run beside other clusters."""
+    settings = settings_for(ladder, short)
+    home = root / "cluster"
+    ports = check.listening_ports()
     # The failure-free run trains beside the soak, niced: on the CPU the cluster leaves.
     trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference")
     wanted = trainer.submit(check.reference, root / "reference", ITERATIONS, (), True)
-    soak = Soak(root, minutes, seed, mean_gap_s)
+    soak = Soak(root, minutes, seed, mean_gap_s, short)
+
+    def in_memory() -> set[str]:  # the cluster's files in /dev/shm
+        folders = check.memory_folders(home / "checkpoints", soak.submitted, cluster.node_names)
+        return check.shared_memory(folders, workers(soak))
+
     started = time.time()
-    with LocalCluster(root / "cluster", nodes=3, slots=2, settings=settings) as cluster:
+    with LocalCluster(home, nodes=3, slots=2, settings=settings) as cluster:
         fds_before = service_fds(cluster)
         try:
             soak.run(cluster)
             # Ended tasks' in-memory copies are freed by their nodes' agents, shortly after the end.
             with contextlib.suppress(TimeoutError):
-                cluster.wait(lambda: check.shared_memory() <= shm, 15, "in-memory copies to be freed")
+                cluster.wait(lambda: not in_memory(), 15, "in-memory copies to be freed")
         finally:
             tasks, events = cluster.get("/v1/tasks"), cluster.get("/v1/events", limit=1_000_000)
             fds_after = service_fds(cluster)
-            left_in_memory = sorted(check.shared_memory() - shm)
+            left_in_memory = sorted(in_memory())
     elapsed = time.time() - started
-    time.sleep(2)  # processes killed on close are reaped
+    check.until(lambda: not check.processes_of(home), 10)  # processes killed on close are reaped
+    left = check.processes_of(home)
     leaks = {
-        "processes": check.processes_of(root / "cluster"),
-        "listening_ports": sorted(check.listening_ports() - ports),
+        "processes": left,
+        "listening_ports": sorted(check.listening_ports([*left, os.getpid()]) - ports),
         "shared_memory": left_in_memory,
         "fds": {"before": fds_before, "after": fds_after},
     }
@@ -155,6 +188,16 @@ def measure(
         "ladder": ladder,
         "settings": settings,
     }
+
+
+def workers(soak: Soak) -> set[int]:
+    """The pids of every worker the soak's tasks started (from their traces)."""
+    pids = set()
+    for trace in (soak.root / "traces").glob("*.jsonl"):
+        for row in check.rows_of(trace):
+            if row.get("what") == "started":
+                pids.add(int(row["pid"]))
+    return pids
 
 
 def service_fds(cluster: LocalCluster) -> dict[str, int]:
