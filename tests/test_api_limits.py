@@ -108,3 +108,24 @@ def test_heartbeats_and_long_polls_out_of_bounds(client: TestClient, tmp_path: P
     last = client.get("/v1/agents/n/orders?wait=40&wait=0&acked=0", headers=agent)
     assert last.status_code == 200 and last.json() == {"orders": [], "numbers": []}  # the last wait counts
     assert client.get("/v1/agents/n/extra/orders", headers=agent).status_code == 404
+
+
+def test_counts_past_their_bounds_are_refused_naming_the_field_and_the_limit(client: TestClient) -> None:
+    """Checked as the body is parsed, before any model is built (core/safeyaml.py); each bound
+    is the model's own (core/limits.py), so a body that slips past one is refused by the other."""
+    args = ", ".join(["a"] * 1024)
+    assert "run.program: more than 1024 arguments" in refused(
+        client, 422, (TASK % "t").replace("program: [python, x.py]", f"program: [python, {args}]")
+    )
+    faults = ", ".join(["{action: kill, rank: 0, step: 1}"] * 257)
+    assert "tasks[0].run.faults: more than 256 faults" in refused(
+        client,
+        422,
+        "tasks:\n  - " + (TASK % "t").replace("iterations: 5", f"iterations: 5, faults: [{faults}]"),
+    )
+    rows = ", ".join(f"{n}: 1.0e9" for n in range(1, 1026))
+    assert "throughput: more than 1024 rows" in refused(
+        client, 422, (TASK % "t").replace("{1: 1.0e9}", f"{{{rows}}}")
+    )
+    long_text = '{"name": "t", "weight": 1, "run": {"program": ["' + "x" * 70_000 + '"], "iterations": 1}}'
+    assert "longer than 65536 characters" in refused(client, 422, long_text)

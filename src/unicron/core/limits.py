@@ -26,6 +26,29 @@ MAX_INT = 2**63 - 1  # what the store (SQLite INTEGER) holds
 MAX_JSON_INT = 2**53 - 1
 Int = Annotated[int, Field(ge=-MAX_JSON_INT, le=MAX_JSON_INT)]
 
+# What one submission may hold, checked on the parsed document before any model is built (so
+# that a body under MAX_BODY_BYTES costs the coordinator milliseconds, not seconds: a 10,000-task
+# list took 7 s to refuse, issue 53) and again by the models' fields.
+MAX_TASKS_PER_SUBMIT = 100  # entries of `tasks:`
+MAX_ENV_KEYS = 256  # variables in a task's run.env
+MAX_ARGS = 1024  # a task's run.program (its argv)
+MAX_FAULTS = 256  # a task's run.faults
+MAX_TABLE_ROWS = 1024  # a task's throughput table
+MAX_ENTRIES = 4096  # any other list or mapping in a spec
+MAX_TEXT_CHARS = 65_536  # any string in a spec (an argument, a variable's value)
+
+# The ranges of numbers from outside (docs/reference.md lists every field's, from the models).
+MAX_WORKERS = 1 << 20  # a count of workers (GPUs) or a rank
+MAX_SECONDS = 1_000_000.0  # a duration (about 11.6 days)
+MAX_UNIX_TIME = 1e10  # a moment (Unix time, the year 2286)
+MAX_FLOPS = 1e30  # a rate in FLOP/s, or the FLOPs of one sample
+MAX_WEIGHT = 1e6  # a task's weight
+MAX_STATE_BYTES = 1e18  # bytes of a task's state (an exabyte)
+MAX_MODEL_SIZE = 1 << 31  # any one dimension of a model (layers, width, vocabulary, batch...)
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+UnixTime = Annotated[float, Field(ge=0, le=MAX_UNIX_TIME, allow_inf_nan=False)]
+Steps = Annotated[int, Field(ge=1, le=MAX_JSON_INT)]  # a count of optimizer steps, or a step
+
 
 def brief(value: Any) -> str:
     """``repr(value)``, cut to a few dozen characters: errors name the value, never echo the input."""

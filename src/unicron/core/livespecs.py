@@ -5,11 +5,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from unicron.core.safeyaml import load_yaml_text
+from unicron.core.limits import (
+    MAX_ARGS,
+    MAX_ENV_KEYS,
+    MAX_FAULTS,
+    MAX_FLOPS,
+    MAX_JSON_INT,
+    MAX_TABLE_ROWS,
+    MAX_TASKS_PER_SUBMIT,
+    MAX_TEXT_CHARS,
+    MAX_WORKERS,
+    Seconds,
+    Steps,
+)
+from unicron.core.safeyaml import Bound, Bounds, load_yaml_text
 from unicron.core.specs import (
     FIX_MARK,
     NodeHardware,
@@ -19,6 +32,8 @@ from unicron.core.specs import (
     validate_spec,
 )
 from unicron.core.workerenv import KEYS
+
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
 # The worker contract's keys that a field of ``run:`` gives (``run.env`` may not set them).
 FIELD_KEYS = {
@@ -56,19 +71,22 @@ class FaultSpec(SpecBase):
         "late_stop",
         "hang_at_exit",
     ] = Field(description="what happens; unicron/train/faults.py describes each")
-    rank: int = Field(ge=0, description="the rank it strikes (in the generation it strikes)")
-    step: int = Field(ge=1, description="injected when this step starts")
+    rank: int = Field(ge=0, le=MAX_WORKERS, description="the rank it strikes (in the generation it strikes)")
+    step: Steps = Field(description="injected when this step starts")
     generation: int = Field(
-        default=1, ge=0, description="only in this generation; 0: whichever worker first reaches the step"
+        default=1,
+        ge=0,
+        le=MAX_JSON_INT,
+        description="only in this generation; 0: whichever worker first reaches the step",
     )
     message: str = Field(
         default="CUDA error: an illegal memory access was encountered",
+        max_length=MAX_TEXT_CHARS,
         description="for raise: the exception's message",
     )
-    error: str = Field(default="RuntimeError", description="for raise: the exception's type")
-    seconds: float = Field(
+    error: str = Field(default="RuntimeError", max_length=200, description="for raise: the exception's type")
+    seconds: Seconds = Field(
         default=5.0,
-        ge=0,
         description=(
             "for stall, spin, stall_before_reduce, stall_rejoin, slow_save, hang_at_exit: how long;"
             " for slow: extra per step; for late_stop: how late"
@@ -79,18 +97,18 @@ class FaultSpec(SpecBase):
 class RunSpec(SpecBase):
     """How to run a live task's workers."""
 
-    program: list[str] = Field(
+    program: list[Text] = Field(
         min_length=1,
+        max_length=MAX_ARGS,
         description="argv; a leading 'python' is the agent's interpreter; relative paths are from "
         "the task file's folder (`unicron submit` sends them absolute)",
     )
-    iterations: int = Field(
-        gt=0,
+    iterations: Steps = Field(
         description="optimizer steps to train: the task's one count. Each worker is given it "
         "(UNICRON_ITERATIONS) and `session.steps` ends there; a count the script passes itself "
         "(`Session(iterations=...)`) applies only when it runs without an agent",
     )
-    checkpoint_every: int = Field(default=20, gt=0, description="steps between checkpoints")
+    checkpoint_every: Steps = Field(default=20, description="steps between checkpoints")
     checkpoint_async: bool | None = Field(
         default=None,
         description="with replica_size > 1: write periodic checkpoints to the checkpoint folder in "
@@ -101,16 +119,21 @@ class RunSpec(SpecBase):
     flops_per_sample: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_FLOPS,
+        allow_inf_nan=False,
         description="FLOPs of one sample, for measured FLOP/s and WAF; a task with `model:` takes it "
         "from the model. Without it a task's steps are measured in samples/s: its scaling is "
         "measured, its level assumed (docs/live-cluster.md)",
     )
-    env: dict[str, str] = Field(
+    env: dict[Text, Text] = Field(
         default_factory=dict,
+        max_length=MAX_ENV_KEYS,
         description="added to each worker's environment; may set the contract's task keys (e.g. "
         "UNICRON_TRACE_FILE); the agent's rank, world size and node keys always win",
     )
-    faults: list[FaultSpec] = Field(default_factory=list, description="faults to inject, for tests and demos")
+    faults: list[FaultSpec] = Field(
+        default_factory=list, max_length=MAX_FAULTS, description="faults to inject, for tests and demos"
+    )
     recovery: Literal["in_process", "restart"] = Field(
         default="in_process",
         description="in_process: survivors rebuild their group and go on; restart: every failure "
@@ -223,7 +246,7 @@ def parse_live_cluster(text: str, source: str = "<cluster>") -> LiveClusterSpec:
 
 
 class LiveTaskList(SpecBase):
-    tasks: list[LiveTaskSpec] = Field(min_length=1)
+    tasks: list[LiveTaskSpec] = Field(min_length=1, max_length=MAX_TASKS_PER_SUBMIT)
 
     @field_validator("tasks", mode="after")
     @classmethod
@@ -232,9 +255,27 @@ class LiveTaskList(SpecBase):
         return unique_names(tasks)
 
 
+# What a submission may hold, checked as it is parsed (``core/safeyaml.py``), before any model.
+TASK_BOUNDS: dict[tuple[str, ...], Bound] = {
+    ("run", "env"): Bound(MAX_ENV_KEYS, "variables", f"set at most {MAX_ENV_KEYS} variables in run.env"),
+    ("run", "program"): Bound(MAX_ARGS, "arguments", f"pass at most {MAX_ARGS} arguments in run.program"),
+    ("run", "faults"): Bound(MAX_FAULTS, "faults", f"inject at most {MAX_FAULTS} faults into one task"),
+    ("throughput",): Bound(MAX_TABLE_ROWS, "rows", f"give at most {MAX_TABLE_ROWS} rows in throughput"),
+}
+SUBMIT_BOUNDS: Bounds = {
+    ("tasks",): Bound(
+        MAX_TASKS_PER_SUBMIT,
+        "tasks",
+        f"submit at most {MAX_TASKS_PER_SUBMIT} tasks at a time (split the file)",
+    ),
+    **TASK_BOUNDS,
+    **{("tasks", "[]", *path): bound for path, bound in TASK_BOUNDS.items()},
+}
+
+
 def parse_live_tasks(text: str, source: str = "<task>") -> list[LiveTaskSpec]:
     """One task (a mapping with ``name``) or several (under ``tasks:``)."""
-    data = load_yaml_text(text, source)
+    data = load_yaml_text(text, source, SUBMIT_BOUNDS)
     if isinstance(data, Mapping) and "tasks" in data:
         return list(validate_spec(LiveTaskList, data, source).tasks)
     return [validate_spec(LiveTaskSpec, data, source)]

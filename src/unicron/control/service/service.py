@@ -44,7 +44,7 @@ from unicron.core.errors import (
     UnicronError,
 )
 from unicron.core.limits import MAX_INT
-from unicron.core.livespecs import parse_live_tasks
+from unicron.core.livespecs import LiveTaskSpec, parse_live_tasks
 from unicron.core.protocol import Heartbeat, HeartbeatReply, OrderBatch, Registration, RegistrationReply
 
 TICK_S = 0.1
@@ -315,8 +315,10 @@ def _manage_routes(runtime: Runtime) -> APIRouter:
     @router.post("/v1/tasks", status_code=201, openapi_extra=_SPEC_BODY)
     async def submit(request: Request) -> list[dict[str, Any]]:
         """Submit one task (a mapping with `name`) or several (under `tasks:`), as YAML or JSON."""
-        body = (await request.body()).decode("utf-8", errors="replace")
-        specs = parse_live_tasks(body, "request body")
+        body = await request.body()
+        # Parsed and validated in a thread: the loop answers heartbeats meanwhile. The parse
+        # itself refuses a body past core.limits' counts before building any model.
+        specs = await asyncio.to_thread(parse_submission, body)
         runtime.c.submit(*specs)
         await runtime.durable()
         return [task_summary(runtime.c, runtime.c.store.get_task(s.name)) for s in specs]
@@ -359,6 +361,10 @@ def _manage_routes(runtime: Runtime) -> APIRouter:
         return {"resumed": name}
 
     return router
+
+
+def parse_submission(body: bytes) -> list[LiveTaskSpec]:
+    return parse_live_tasks(body.decode("utf-8", errors="replace"), "request body")
 
 
 def _task_routes(runtime: Runtime) -> APIRouter:
