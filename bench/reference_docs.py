@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import inspect
 import re
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from unicron.core.livespecs import FaultSpec, LiveTaskSpec, RunSpec
+from unicron.core import limits
+from unicron.core.livespecs import FaultSpec, LiveTaskList, LiveTaskSpec, RunSpec
+from unicron.core.protocol import Heartbeat, LogChunk, Registration
+from unicron.core.ranges import NumberRange, number_ranges
 from unicron.core.settings import Settings
 from unicron.core.specs import ModelSpec
 from unicron.core.workerenv import KEYS
@@ -47,6 +52,17 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
 
 
 def type_name(annotation: Any) -> str:
+    """As a reader writes it: ``int | None``, ``dict[int, float]``; constraints (``Annotated``)
+    go to the limits column."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return type_name(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in args)
+    if annotation is type(None):
+        return "None"
+    if origin in (list, dict, tuple):
+        return f"{origin.__name__}[{', '.join(type_name(a) for a in args)}]"
     text = str(annotation) if not isinstance(annotation, type) else annotation.__name__
     return re.sub(r"\b(typing|unicron(\.\w+)*)\.", "", text)
 
@@ -59,14 +75,25 @@ def default_of(model: type[BaseModel], name: str) -> str:
     return f"`{factory()!r}`" if factory is not None else f"`{field.default!r}`"
 
 
+def constraints(annotation: Any) -> list[Any]:
+    """The constraints an optional or ``Annotated`` type carries itself (not its items')."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return [m for extra in args[1:] for m in getattr(extra, "metadata", [extra])]
+    if origin in (typing.Union, types.UnionType):
+        return [m for a in args for m in constraints(a)]
+    return []
+
+
 def limits_of(model: type[BaseModel], name: str) -> str:
     """Constraints such as gt=0 or min_length=1, from the field's metadata."""
     out = []
-    for item in model.model_fields[name].metadata:
+    field = model.model_fields[name]
+    for item in [*field.metadata, *constraints(field.annotation)]:
         for key in ("gt", "ge", "lt", "le", "min_length", "max_length", "pattern"):
             value = getattr(item, key, None)
             if value is not None:
-                out.append(f"{key} {value}")
+                out.append(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}")
     return ", ".join(out)
 
 
@@ -104,6 +131,39 @@ def precedence_table() -> str:
     return "\n".join(rows)
 
 
+# The API's request bodies with numbers in them (the other bodies, a drain's reason and a
+# revocation's token id, hold none; queries' bounds are in the OpenAPI schema).
+REQUESTS: list[tuple[str, type[BaseModel]]] = [
+    ("`POST /v1/tasks` (a submission; one task alone: the same without `tasks[].`)", LiveTaskList),
+    ("`POST /v1/agents/register`", Registration),
+    ("`POST /v1/agents/heartbeat`", Heartbeat),
+    ("`POST /v1/agents/{node}/logs`", LogChunk),
+]
+
+
+def bound_text(value: float) -> str:
+    if value == limits.MAX_JSON_INT:
+        return "2^53 - 1"
+    if value == -limits.MAX_JSON_INT:
+        return "-(2^53 - 1)"
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def range_text(r: NumberRange) -> str:
+    low = "" if r.low is None else f"{bound_text(r.low)} {'<' if r.low_open else '≤'} "
+    high = "" if r.high is None else f" {'<' if r.high_open else '≤'} {bound_text(r.high)}"
+    return f"{low}x{high}"
+
+
+def ranges_section() -> str:
+    parts = []
+    for title, model in REQUESTS:
+        rows = ["| field | type | range |", "|---|---|---|"]
+        rows += [f"| `{r.path}` | {r.kind} | {range_text(r)} |" for r in number_ranges(model)]
+        parts.append(f"### {title}\n\n" + "\n".join(rows))
+    return "\n\n".join(parts)
+
+
 def render() -> str:
     template = (Path(__file__).parent / "templates" / "reference.md").read_text()
     return template.format(
@@ -112,6 +172,14 @@ def render() -> str:
         methods="\n".join(method_section(m) for m in METHODS),
         env="\n".join(f"| `{key}` | `{field}` |" for field, key in KEYS.items()),
         fields="\n\n".join(f"### {title}\n\n{field_table(model)}" for title, model in SECTIONS),
+        ranges=ranges_section(),
+        max_tasks=limits.MAX_TASKS_PER_SUBMIT,
+        max_env=limits.MAX_ENV_KEYS,
+        max_args=limits.MAX_ARGS,
+        max_faults=limits.MAX_FAULTS,
+        max_rows=limits.MAX_TABLE_ROWS,
+        max_entries=f"{limits.MAX_ENTRIES:,}",
+        max_text=f"{limits.MAX_TEXT_CHARS:,}",
     )
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, TypeAda
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from unicron.core.limits import MAX_JSON_INT, Int, refuse_bool_numbers
+from unicron.core.limits import MAX_JSON_INT, Int, Seconds, UnixTime, refuse_bool_numbers
 from unicron.core.names import NAME_PATTERN
 
 INT_KEY = "^-?[0-9]{1,18}$"  # a JSON object's keys that are integers (pids, ranks)
@@ -53,16 +53,16 @@ class IterationReport(_Message):
     generation: Int
     rank: Int
     step: Int  # the step just completed (1-based: after it, `step` optimizer steps are done)
-    duration_s: float
+    duration_s: Seconds
     samples: Int  # samples this rank processed in the step
-    time: float = 0.0  # wall-clock time (Unix) the step ended, on the worker
-    compute_s: float = 0.0  # time spent in the rank's own forward/backward, before waiting for peers
+    time: UnixTime = 0.0  # wall-clock time (Unix) the step ended, on the worker
+    compute_s: Seconds = 0.0  # time spent in the rank's own forward/backward, before waiting for peers
     # Micro-batches this rank computed in the step for ranks that left it mid-step (the samples
     # nobody held after the group re-formed): work the failure cost.
     recomputed: Int = 0
     # When this rank's computing last (re)started in the step (Unix time): the step's start, or
     # when its group was re-formed mid-step. The end of a recovery's transition.
-    resumed_at: float = 0.0
+    resumed_at: UnixTime = 0.0
 
 
 class FaultReport(_Message):
@@ -74,7 +74,7 @@ class FaultReport(_Message):
     rank: Int
     step: Int
     action: str
-    time: float
+    time: UnixTime
     # Its place in the task's list of faults: a generation-0 fault is claimed once by this
     # index, and the coordinator claims it again in a store it re-creates after a restart.
     index: Int | None = None
@@ -90,7 +90,7 @@ class ExceptionReport(_Message):
     message: str
     kind: str = "other"  # an ErrorKind value, classified inside the worker
     traceback: str = ""
-    time: float = 0.0  # when it was raised (Unix time)
+    time: UnixTime = 0.0  # when it was raised (Unix time)
 
 
 class CheckpointReport(_Message):
@@ -132,7 +132,7 @@ class StorageReport(_Message):
     tier: StorageTier
     ok: bool
     error: str = Field(default="", max_length=2000)
-    time: float = 0.0  # when the tier failed or came back (Unix time)
+    time: UnixTime = 0.0  # when the tier failed or came back (Unix time)
 
 
 class DoneReport(_Message):
@@ -154,7 +154,7 @@ class ExitReport(_Message):
     node: str
     code: Int | None  # exit status, or None when killed by a signal
     signal: Int | None
-    time: float = 0.0  # when the agent saw the exit (Unix time): the detection time starts here
+    time: UnixTime = 0.0  # when the agent saw the exit (Unix time): the detection time starts here
     stop_ordered: bool = False  # it exited after a stop order: a consequence, not a fault
     reached: Int = 0  # the newest generation it had joined (it adopts later ones in place); 0: unknown
     # A worker that ended on its own before completing a step (a bad path, an import, an argument:
@@ -172,8 +172,8 @@ class StacksReport(_Message):
     task: str
     generation: Int  # the generation the dump was ordered for
     node: str
-    stacks: dict[int, str] = Field(json_schema_extra={"propertyNames": {"pattern": INT_KEY}})  # pid -> stack
-    time: float = 0.0
+    stacks: dict[Int, str] = Field(json_schema_extra={"propertyNames": {"pattern": INT_KEY}})  # pid -> stack
+    time: UnixTime = 0.0
     unreachable: list[str] | None = None  # with ``peers`` ordered: the peers this node cannot connect to
     # with ``peers`` ordered: how many of the task's worker connections here wait on a TCP
     # retransmission (``control/tcpretrans``): a stall on a lossy link, not a hang
@@ -190,7 +190,7 @@ class LaunchFailedReport(_Message):
     rank: Int
     node: str
     error: str
-    time: float = 0.0
+    time: UnixTime = 0.0
 
 
 WorkerReport = Annotated[
@@ -235,7 +235,7 @@ class Progress(_Message):
     phase: Phase
     what: str = ""  # e.g. the collective's name
     micro_batch: Int = 0  # micro-batches of the step done so far
-    time: float = 0.0
+    time: UnixTime = 0.0
 
 
 AgentDatagram = Annotated[
@@ -286,7 +286,7 @@ class StopWorkers(_Message):
     task: str
     generation: Int | None = None
     rank: Int | None = None
-    grace_s: float = 5.0
+    grace_s: Seconds = 5.0
 
 
 class RenameWorker(_Message):
@@ -308,7 +308,7 @@ class DumpStacks(_Message):
     type: Literal["stacks"] = "stacks"
     task: str
     generation: Int
-    wait_s: float = 0.5  # how long to give the workers to write their stacks
+    wait_s: Seconds = 0.5  # how long to give the workers to write their stacks
     # The generation's other nodes (name -> host:port of their probe listener): connect to each
     # and report those that cannot be reached (a hang no rank can be blamed for: the network?).
     peers: dict[str, str] = Field(default_factory=dict)
@@ -390,8 +390,8 @@ class Registration(_Message):
 
 class RegistrationReply(_Message):
     node: str
-    heartbeat_interval_s: float
-    heartbeat_deadline_s: float
+    heartbeat_interval_s: Seconds
+    heartbeat_deadline_s: Seconds
 
 
 class Heartbeat(_Message):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -23,11 +23,24 @@ from pydantic import (
 
 from unicron.core.errors import SpecError, SpecProblem
 from unicron.core.gpus import KNOWN_GPUS, GpuType, custom_gpu, lookup_gpu
-from unicron.core.limits import brief, refuse_bool_for_number
+from unicron.core.limits import (
+    MAX_FLOPS,
+    MAX_MODEL_SIZE,
+    MAX_SECONDS,
+    MAX_STATE_BYTES,
+    MAX_TABLE_ROWS,
+    MAX_WEIGHT,
+    MAX_WORKERS,
+    brief,
+    refuse_bool_for_number,
+)
 from unicron.core.names import NAME_PATTERN
 from unicron.core.safeyaml import load_yaml_text
 
 FIX_MARK = "; fix: "
+Workers = Annotated[int, Field(gt=0, le=MAX_WORKERS)]  # a count of workers (GPUs)
+FlopRate = Annotated[float, Field(gt=0, le=MAX_FLOPS, allow_inf_nan=False)]  # FLOP/s
+Size = Annotated[int, Field(gt=0, le=MAX_MODEL_SIZE)]  # one dimension of a model
 _M = TypeVar("_M", bound=BaseModel)
 
 
@@ -58,12 +71,12 @@ def _positive_number(value: Any, what: str) -> float:
 class ModelSpec(SpecBase):
     """A GPT-style transformer, enough to estimate FLOPs, memory and layouts."""
 
-    layers: int = Field(gt=0, description="transformer blocks")
-    hidden_size: int = Field(gt=0, description="model width")
-    heads: int = Field(gt=0, description="attention heads; must divide hidden_size")
-    sequence_length: int = Field(gt=0, description="tokens per sequence")
-    vocabulary: int = Field(gt=0, description="tokens in the vocabulary")
-    global_batch: int = Field(gt=0, description="sequences per optimizer step")
+    layers: Size = Field(description="transformer blocks")
+    hidden_size: Size = Field(description="model width")
+    heads: Size = Field(description="attention heads; must divide hidden_size")
+    sequence_length: Size = Field(description="tokens per sequence")
+    vocabulary: Size = Field(description="tokens in the vocabulary")
+    global_batch: Size = Field(description="sequences per optimizer step")
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> ModelSpec:
@@ -85,32 +98,40 @@ class TaskSpec(SpecBase):
     MEASURED_LIVE: ClassVar[bool] = False
 
     name: str = Field(pattern=NAME_PATTERN, description="unique; letters, digits, '_', '.', '-'")
-    weight: float = Field(gt=0, allow_inf_nan=False, description="its share in the weighted FLOP/s (WAF)")
+    weight: float = Field(
+        gt=0, le=MAX_WEIGHT, allow_inf_nan=False, description="its share in the weighted FLOP/s (WAF)"
+    )
     model: ModelSpec | None = Field(
         default=None, description="the model, for analytic throughput, memory and layouts (or throughput)"
     )
-    throughput: dict[int, float] | None = Field(
+    throughput: dict[Workers, FlopRate] | None = Field(
         default=None,
+        max_length=MAX_TABLE_ROWS,
         description="worker count (GPUs) -> achieved FLOP/s; a live task may leave it out: it is "
         "then planned on an assumed curve until its first steps are measured (docs/live-cluster.md)",
     )
-    min_workers: int | None = Field(default=None, gt=0, description="never run on fewer")
-    worker_step: int | None = Field(
+    min_workers: Workers | None = Field(default=None, description="never run on fewer")
+    worker_step: Workers | None = Field(
         default=None,
-        gt=0,
         description="usable counts are its multiples (without a throughput table; default 1)",
     )
-    max_workers: int | None = Field(default=None, gt=0, description="never run on more")
-    current_workers: int = Field(default=0, ge=0, description="for planning only: workers it holds now")
+    max_workers: Workers | None = Field(default=None, description="never run on more")
+    current_workers: int = Field(
+        default=0, ge=0, le=MAX_WORKERS, description="for planning only: workers it holds now"
+    )
     # Only without a model, which tells us these (see docs/cost-model.md).
     state_bytes: float | None = Field(
-        default=None, ge=0, allow_inf_nan=False, description="without model: bytes of state to move"
+        default=None,
+        ge=0,
+        le=MAX_STATE_BYTES,
+        allow_inf_nan=False,
+        description="without model: bytes of state to move",
     )
-    replica_workers: int | None = Field(
-        default=None, gt=0, description="without model: workers holding one copy of the state"
+    replica_workers: Workers | None = Field(
+        default=None, description="without model: workers holding one copy of the state"
     )
     iteration_seconds: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="without model: seconds per step"
+        default=None, gt=0, le=MAX_SECONDS, allow_inf_nan=False, description="without model: seconds per step"
     )
 
     @field_validator("throughput", mode="before")
@@ -374,6 +395,9 @@ _FIXES: dict[str, str] = {
     "float_type": "write a number",
     "float_parsing": "write a number",
     "finite_number": "write a finite number",
+    "less_than": "use a smaller value",
+    "too_long": "write fewer entries",
+    "string_too_long": "shorten it",
     "string_type": "write text",
     "string_pattern_mismatch": "use letters, digits, '.', '_' or '-' (at most 63 characters)",
     "list_type": "write a YAML list",
