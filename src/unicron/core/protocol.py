@@ -21,6 +21,7 @@ from unicron.core.limits import MAX_JSON_INT, Int, Seconds, UnixTime, refuse_boo
 from unicron.core.names import NAME_PATTERN
 
 INT_KEY = "^-?[0-9]{1,18}$"  # a JSON object's keys that are integers (pids, ranks)
+IntKey = Annotated[int, Field(ge=-(10**18 - 1), le=10**18 - 1)]  # the same, as a number
 LOG_TAIL_LINES, LOG_TAIL_CHARS = 20, 2000  # of a worker's output, in an exit before its first step
 
 
@@ -172,7 +173,8 @@ class StacksReport(_Message):
     task: str
     generation: Int  # the generation the dump was ordered for
     node: str
-    stacks: dict[Int, str] = Field(json_schema_extra={"propertyNames": {"pattern": INT_KEY}})  # pid -> stack
+    # pid -> stack
+    stacks: dict[IntKey, str] = Field(json_schema_extra={"propertyNames": {"pattern": INT_KEY}})
     time: UnixTime = 0.0
     unreachable: list[str] | None = None  # with ``peers`` ordered: the peers this node cannot connect to
     # with ``peers`` ordered: how many of the task's worker connections here wait on a TCP
