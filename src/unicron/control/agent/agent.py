@@ -35,6 +35,7 @@ from unicron.control.agent import logfiles, peerprobe, stackdump
 from unicron.control.agent.agentmetrics import AgentMetrics
 from unicron.control.agent.hostaddress import NodeAddress
 from unicron.control.agent.processes import Worker, dies_with_parent, log_tail
+from unicron.control.private import private_log
 from unicron.control.service.credentials import Credentials
 from unicron.core.coordinators import Coordinators
 from unicron.core.protocol import (
@@ -166,10 +167,9 @@ class Agent:
         if argv and argv[0] == "python":
             argv[0] = sys.executable
         log = self._log_path(order)
-        log.parent.mkdir(parents=True, exist_ok=True)
         try:
             env = self._worker_env(order)
-            with log.open("ab") as out:
+            with private_log(log) as out:
                 process = await asyncio.create_subprocess_exec(
                     *argv,
                     stdout=out,

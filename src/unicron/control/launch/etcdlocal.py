@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from unicron.control.agent.processes import dies_with_parent
+from unicron.control.private import private_log
 
 MAX_TXN_OPS = 10_000  # a launch of many workers is one transaction (etcd's default is 128)
 
@@ -73,7 +74,7 @@ class EtcdCluster:
             "--initial-cluster-token", f"unicron-{self.root.name}",
             "--max-txn-ops", str(MAX_TXN_OPS), "--logger", "zap", "--log-level", "warn",
         ]  # fmt: skip
-        log = open(m.data / "etcd.log", "ab")  # noqa: SIM115 (the process holds it)
+        log = private_log(m.data / "etcd.log")  # the process holds it
         dies = dies_with_parent(signal.SIGKILL)
         m.process = subprocess.Popen(argv, stdout=log, stderr=log, preexec_fn=dies)
 

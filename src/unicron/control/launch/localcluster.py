@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from unicron.control.launch.testhosts import Host, InNamespace, TestHosts
+from unicron.control.private import private_log
 from unicron.control.service.credentials import Credentials, read_token, write_token
 from unicron.control.service.tokens import issue
 from unicron.control.store.secret import load_or_create_secret
@@ -134,8 +135,7 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ processes
     def _spawn(self, args: list[str], log: Path, node: str | None = None) -> subprocess.Popen[bytes]:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
+        with private_log(log) as out:
             return subprocess.Popen(
                 self.command([sys.executable, "-m", "unicron.cli.main", *args], node),
                 stdout=out,

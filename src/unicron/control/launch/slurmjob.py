@@ -37,6 +37,7 @@ import httpx
 from unicron.control.agent.processes import dies_with_parent
 from unicron.control.launch.slurm import Allocation, Slots
 from unicron.control.launch.taskfile import read_task_file
+from unicron.control.private import private_log
 from unicron.control.service.credentials import Credentials, read_token, write_token
 from unicron.control.service.tokens import issue
 from unicron.control.store.secret import load_or_create_secret
@@ -133,9 +134,7 @@ class Supervisor:
         self.stopping = False
 
     def start(self, name: str) -> None:
-        log = self.layout.log(name)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
+        with private_log(self.layout.log(name)) as out:
             self.running[name] = subprocess.Popen(
                 self.commands[name],
                 stdout=out,
@@ -265,10 +264,8 @@ def run_job(
         f"agents on {', '.join(allocation.nodes)}; root {layout.root}")  # fmt: skip
     say(f"admin token {admin}; watch it from a machine that reaches the head and reads the root: "
         f"unicron status --coordinator {layout.url(allocation)} --token-file {admin}")  # fmt: skip
-    log = layout.log("step")
-    log.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    with open(log, "ab") as out:
+    with private_log(layout.log("step")) as out:
         step = subprocess.Popen(
             node_step(allocation, layout, slots, passed), stdout=out, stderr=subprocess.STDOUT
         )

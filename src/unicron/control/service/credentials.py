@@ -67,7 +67,7 @@ def read_token(path: Path) -> str:
 
 def write_token(path: Path, token: str) -> None:
     """Write a token readable by its owner only (replacing any file there)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # a folder made here: private
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
     with os.fdopen(fd, "w") as out:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from unicron.control.private import private_file
 from unicron.core.errors import UsageError
 
 REVOKED_FILE = "revoked-tokens"
@@ -45,6 +46,7 @@ def revoke(state_dir: Path, record: dict[str, str]) -> None:
     if not state_dir.is_dir():
         raise UsageError(f"no coordinator state directory at {state_dir}: pass the coordinator's --state-dir")
     line = json.dumps({**record, "revoked_at": round(time.time(), 3)}) + "\n"
+    private_file(path)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, stat.S_IRUSR | stat.S_IWUSR)
     with os.fdopen(fd, "r+b") as out:
         end = out.seek(0, os.SEEK_END)

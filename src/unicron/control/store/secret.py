@@ -13,6 +13,7 @@ import secrets
 import stat
 from pathlib import Path
 
+from unicron.control.private import private_dir
 from unicron.core.errors import UsageError
 
 SECRET_FILE = "cluster-secret"
@@ -23,10 +24,10 @@ def secret_path(state_dir: Path) -> Path:
 
 
 def load_or_create_secret(state_dir: Path) -> bytes:
-    """The cluster secret, created (32 random bytes, mode 0600) if the state dir has none. A
-    secret that others can read is refused: anyone who reads it can issue an admin token."""
-    path = secret_path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    """The cluster secret, created (32 random bytes, mode 0600) if the state dir has none (the
+    directory is created 0700; one open to others is refused: ``control/private.py``). A secret
+    that others can read is refused: anyone who reads it can issue an admin token."""
+    path = secret_path(private_dir(state_dir))
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from unicron.control.private import private_dir, private_file
 from unicron.control.store.backend import Change, Delete, Loaded, Table
 from unicron.control.store.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.store.schema import open_database
@@ -35,9 +36,15 @@ def _column(value: Any) -> Any:
 
 class SqliteBackend:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # Its rows hold every task's programs, arguments and environment: the file (SQLite makes
+        # its -wal and -shm files with the same mode) readable by its owner only, in a private
+        # directory (``control/private.py``).
+        private_file(private_dir(path.parent) / path.name)
         self.path = path
         self._db = open_database(path)
+        for extra in (path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm")):
+            if extra.exists():  # left by a version that made them readable by others
+                private_file(extra)
         self._lock = threading.RLock()
 
     @contextmanager
