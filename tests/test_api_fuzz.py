@@ -79,10 +79,25 @@ def excluded(case: schemathesis.Case) -> list[Any]:
     return [schemathesis.checks.positive_data_acceptance] if submit else []
 
 
+# What each answer is checked for beyond its status: its declared status, content type, headers
+# and body schema (every error's included: ``{"error": ...}``). Each is on by default; checked
+# here so that a configuration that turned one off would fail rather than pass quietly.
+CONFORMANCE = [
+    schemathesis.checks.not_a_server_error,
+    schemathesis.checks.status_code_conformance,
+    schemathesis.checks.content_type_conformance,
+    schemathesis.checks.response_headers_conformance,
+    schemathesis.checks.response_schema_conformance,
+]
+
+
 def test_no_server_error_and_no_answer_outside_the_schema(served: Served) -> None:
     api = schemathesis.openapi.from_url(f"{served.url}/openapi.json", headers=served.admin)
     operations = [result.ok() for result in api.get_all_operations()]
     assert len(operations) >= 11  # every route (the schema itself is served outside it)
+    for operation in operations:
+        checks = api.config.checks_config_for(operation=operation, phase=None)
+        assert all(checks.get_by_name(name=check.__name__).enabled for check in CONFORMANCE)
     for operation in operations:
 
         @given(case=operation.as_strategy())

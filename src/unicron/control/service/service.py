@@ -19,6 +19,9 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import Scope
 
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.observe.breakdown import KINDS, Breakdown, breakdowns
@@ -284,6 +287,22 @@ def _error_handlers(app: FastAPI) -> None:
         headers = {"www-authenticate": "Bearer"} if status == 401 else None
         return JSONResponse(status_code=status, content={"error": str(exc)}, headers=headers)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's and FastAPI's own refusals (an unreadable body, no such route, a method
+        # the route does not take), in the one shape every error has.
+        headers = {k.lower(): v for k, v in (exc.headers or {}).items()}
+        if exc.status_code == 405:
+            headers["allow"] = ", ".join(allowed_methods(app, request.scope))
+        error = _said(exc.status_code, request, headers.get("allow", ""), str(exc.detail))
+        return JSONResponse(status_code=exc.status_code, content={"error": error}, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def failed(_: Request, exc: Exception) -> JSONResponse:
+        # A bug, not the request's fault: said in the same shape (the traceback goes to the log).
+        error = f"the coordinator failed on this request ({type(exc).__name__}): its log has the details"
+        return JSONResponse(status_code=500, content={"error": error})
+
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [
@@ -295,6 +314,31 @@ def _error_handlers(app: FastAPI) -> None:
             for e in exc.errors()
         ]
         return JSONResponse(status_code=422, content={"error": "invalid request", "problems": problems})
+
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """Every method some route of ``scope``'s path takes, each asked of the routes as a request
+    of it would be (Starlette's 405 names only the first route's: ``GET`` for ``/v1/tasks``,
+    whose ``POST`` is another route)."""
+    return sorted(
+        method
+        for method in METHODS
+        if any(route.matches({**scope, "method": method})[0] is Match.FULL for route in app.router.routes)
+    )
+
+
+def _said(status: int, request: Request, allow: str, detail: str) -> str:
+    fix = "see the OpenAPI schema at /openapi.json"
+    if status == 400:
+        return f"the request body could not be read as JSON (UTF-8): send a JSON object as {fix} describes"
+    if status == 404:
+        return f"no route {request.method} {request.url.path}: {fix}"
+    if status == 405:
+        return f"{request.method} is not a method of {request.url.path}: use {allow or 'none'}"
+    return detail
 
 
 _SPEC_BODY = {
