@@ -14,6 +14,7 @@ from unicron.control.coordinator import CoordinatorSettings
 from unicron.control.service.service import create_app
 from unicron.control.service.tokens import issue
 from unicron.control.store.secret import load_or_create_secret
+from unicron.core import limits
 from unicron.core.access import Role
 
 TASK = "{name: %s, weight: 1, throughput: {1: 1.0e9}, run: {program: [python, x.py], iterations: 5}}"
@@ -129,3 +130,22 @@ def test_counts_past_their_bounds_are_refused_naming_the_field_and_the_limit(cli
     )
     long_text = '{"name": "t", "weight": 1, "run": {"program": ["' + "x" * 70_000 + '"], "iterations": 1}}'
     assert "longer than 65536 characters" in refused(client, 422, long_text)
+
+
+def test_the_limits_docs_security_md_states_are_the_enforced_ones() -> None:
+    text = " ".join((Path(__file__).parents[1] / "docs" / "security.md").read_text().split())
+    stated = [
+        f"request bodies over {limits.MAX_BODY_BYTES >> 20} MiB are refused with 413",
+        f"more than {limits.MAX_SPEC_NODES:,} values counting aliases expanded",
+        f"nests deeper than {limits.MAX_SPEC_DEPTH} levels",
+        f"at most {limits.MAX_TASKS_PER_SUBMIT} tasks, a task's `run.env` {limits.MAX_ENV_KEYS} variables",
+        f"`run.program` {limits.MAX_ARGS} arguments, `run.faults` {limits.MAX_FAULTS} faults",
+        f"`throughput` {limits.MAX_TABLE_ROWS} rows, any other list or mapping {limits.MAX_ENTRIES} entries",
+        f"any text {limits.MAX_TEXT_CHARS} characters",
+        f"cut to {limits.MAX_ECHO_CHARS} characters",
+        "within ±(2^53 - 1)" if limits.MAX_JSON_INT == 2**53 - 1 else "the bound in core/limits.py",
+    ]
+    for phrase in stated:
+        assert phrase in text, (
+            f"docs/security.md no longer says {phrase!r}: make it say what core/limits.py does"
+        )
