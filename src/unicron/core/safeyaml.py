@@ -49,12 +49,13 @@ DEEP = f"nested deeper than {MAX_SPEC_DEPTH} levels"
 
 
 def load_yaml_text(text: str, source: str, bounds: Bounds | None = None) -> Any:
-    """YAML (or JSON) parsed safely, within core.limits and ``bounds`` (by field path; other
-    lists and mappings: ``ANY``): its size, its node count with aliases expanded (an alias bomb
-    is refused before anything expands it), its depth, its texts' lengths."""
+    """YAML (or JSON) parsed safely, within core.limits: its size, its node count with aliases
+    expanded (an alias bomb is refused before anything expands it), its depth; with ``bounds``
+    (a request's body), also its lists' and mappings' entries (by field path; others: ``ANY``)
+    and its texts' lengths (``MAX_TEXT_CHARS``). A local file (a cluster, a trace) may be larger."""
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(source, [SpecProblem("", f"larger than {MAX_SPEC_BYTES} bytes", "split it up")])
-    checker = _Checker(source, bounds or {})
+    checker = _Checker(source, bounds)
     if text.lstrip()[:1] in ("{", "["):
         found = _json(text, checker)
         if found is not None:
@@ -126,7 +127,7 @@ def _inside(where: str, key: str) -> str:
 class _Checker:
     """Counts nodes and checks depth, texts and entries, on YAML's events or a JSON value."""
 
-    def __init__(self, source: str, bounds: Bounds) -> None:
+    def __init__(self, source: str, bounds: Bounds | None) -> None:
         self.source, self.bounds, self.nodes = source, bounds, 0
 
     def refuse(self, where: str, message: str, fix: str) -> NoReturn:
@@ -140,12 +141,14 @@ class _Checker:
             self.refuse("", DEEP, "flatten it")
 
     def entries(self, pattern: tuple[str, ...], where: str, count: int) -> None:
+        if self.bounds is None:
+            return
         bound = self.bounds.get(pattern, ANY)
         if count > bound.entries:
             self.refuse(where, f"more than {bound.entries} {bound.what}", bound.fix)
 
     def text(self, where: str, value: str) -> None:
-        if len(value) > MAX_TEXT_CHARS:
+        if self.bounds is not None and len(value) > MAX_TEXT_CHARS:
             self.refuse(where, f"a text longer than {MAX_TEXT_CHARS} characters", "shorten it")
 
     def walk(self, value: Any, pattern: tuple[str, ...], where: str, depth: int) -> None:
