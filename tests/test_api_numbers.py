@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from bench.reference_docs import REQUESTS
 from unicron.control.coordinator import CoordinatorSettings
@@ -18,6 +19,7 @@ from unicron.control.service.tokens import issue
 from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.ranges import number_ranges
+from unicron.core.settings import Settings
 
 INT64 = 2**63 - 1
 TASK = '{"name": "t", "weight": 1, "run": {"program": ["p"], "iterations": 5%s}}'
@@ -90,3 +92,11 @@ def test_out_of_range_numbers_in_a_heartbeat_are_refused(
     paths = [p["path"] for p in answer.json()["problems"]]
     assert paths == ["body.reports.0.iteration.duration_s"], paths
     assert all(p["fix"] for p in answer.json()["problems"])
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e9, -1.0])
+def test_a_settings_duration_out_of_range_is_refused_naming_it(value: float) -> None:
+    """The coordinator's durations travel in orders and replies, whose ranges are bounded: a
+    settings file cannot give one that every order would then be refused for."""
+    with pytest.raises(ValidationError, match=r"stop_grace_s"):
+        Settings(stop_grace_s=value, restart_stop_wait_s=value, failure_stop_grace_s=0.0)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from unicron.core.limits import MAX_SECONDS
 from unicron.core.specs import FIX_MARK
 
 # (lower, higher, equal allowed, why): the ordering of timeouts checked at start-up.
@@ -215,6 +216,16 @@ class Settings(BaseModel):
     task_fault_window_s: float = Field(
         2.0, gt=0, description="the same fault on two nodes of a task at once (within this) is the task's own"
     )
+
+    @model_validator(mode="after")
+    def _durations(self) -> Settings:
+        # Each is sent to agents in orders and replies, whose durations are bounded (a stop's
+        # grace of 1e9 s would be refused there, every time the coordinator gave it).
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name.endswith("_s") and not 0 <= value <= MAX_SECONDS:
+                raise ValueError(f"{name} is {value:g} s{FIX_MARK}use a duration from 0 to {MAX_SECONDS:g} s")
+        return self
 
     @model_validator(mode="after")
     def _ordering(self) -> Settings:
