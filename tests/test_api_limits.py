@@ -17,6 +17,8 @@ from unicron.control.store.secret import load_or_create_secret
 from unicron.core import limits
 from unicron.core.access import Role
 
+from .test_api_stall import AGENTS, DEEP, MANY
+
 TASK = "{name: %s, weight: 1, throughput: {1: 1.0e9}, run: {program: [python, x.py], iterations: 5}}"
 
 
@@ -144,6 +146,8 @@ def test_the_limits_docs_security_md_states_are_the_enforced_ones() -> None:
         f"any text {limits.MAX_TEXT_CHARS} characters",
         f"cut to {limits.MAX_ECHO_CHARS} characters",
         "within ±(2^53 - 1)" if limits.MAX_JSON_INT == 2**53 - 1 else "the bound in core/limits.py",
+        f"(a {MANY:,}-task list, a {MANY:,}-variable env, a {DEEP:,}-deep document, a body of",
+        f"{limits.MAX_SPEC_NODES:,} values each within its own bound) while {AGENTS} agents heartbeat",
     ]
     for phrase in stated:
         assert phrase in text, (

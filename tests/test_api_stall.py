@@ -22,6 +22,7 @@ from unicron.core.access import Role
 from unicron.core.limits import MAX_BODY_BYTES
 
 AGENTS, BEAT_EVERY_S = 100, 0.5
+MANY, DEEP = 10_000, 100_000  # entries of the longest lists, levels of the deepest documents
 TASK = {"name": "t", "weight": 1, "run": {"program": ["p"], "iterations": 1}}
 
 
@@ -32,14 +33,14 @@ def yaml_task(i: int, env: str = "", args: int = 0) -> str:
 
 def worst_bodies() -> list[tuple[str, str, str]]:
     """(body, content type, what the refusal must say): each under 1 MiB."""
-    many = json.dumps({"tasks": [{**TASK, "name": f"t{i}"} for i in range(10_000)]})
-    env = {f"K{i}": "v" for i in range(10_000)}
+    many = json.dumps({"tasks": [{**TASK, "name": f"t{i}"} for i in range(MANY)]})
+    env = {f"K{i}": "v" for i in range(MANY)}
     wide_env = "".join(f"        K{j}: v\n" for j in range(256))
     full = "tasks:\n" + "".join(yaml_task(i, f"      env:\n{wide_env}", 500) for i in range(100))
     bodies = [
         (many, "application/json", "tasks: more than 100 tasks"),
         (
-            "tasks:\n" + "".join(yaml_task(i) for i in range(10_000)),
+            "tasks:\n" + "".join(yaml_task(i) for i in range(MANY)),
             "application/yaml",
             "more than 100 tasks",
         ),
@@ -48,8 +49,8 @@ def worst_bodies() -> list[tuple[str, str, str]]:
             "application/json",
             "run.env: more than 256",
         ),
-        ('{"name": ' + "[" * 100_000 + "]" * 100_000 + "}", "application/json", "nested deeper than 64"),
-        ("- " * 100_000 + "x", "application/yaml", "nested deeper than 64 levels"),
+        ('{"name": ' + "[" * DEEP + "]" * DEEP + "}", "application/json", "nested deeper than 64"),
+        ("- " * DEEP + "x", "application/yaml", "nested deeper than 64 levels"),
         (full, "application/yaml", "more than 100000 values"),
     ]
     assert all(len(body) < MAX_BODY_BYTES for body, _, _ in bodies)
