@@ -610,6 +610,25 @@ def test_a_relaunch_whose_first_step_never_ends_is_found_by_the_measured_first_s
     assert [i["generation"] for i in incidents] == [task.generation]  # handled like any hang
 
 
+def test_relaunches_whose_first_step_is_late_in_a_row_are_each_allowed_twice_as_long(make: Any) -> None:
+    """A host slower now than at the first launch (loaded, its caches cold): each relaunch's first
+    step is found late by the measured allowance (6.5 s), so the next relaunch is allowed twice as
+    long (13 s, then 26 s), up to the first launch's timeout, instead of being cut off at 6.5 s
+    forever (the soak with both cores busy relaunched a task twenty times so)."""
+    cluster = make(
+        recovery="restart", checkpoint_allowance_s=5.0, same_fault_limit=100, task_failure_limit=100
+    )
+    relaunch(cluster)
+    deadlines: list[float] = []
+    for _ in range(400):
+        cluster.step(0.5)
+        deadlines = [h["deadline_s"] for h in cluster.events("hang_detected")]
+        if len(deadlines) == 3:
+            break
+    assert deadlines == [6.5, 13.0, 26.0]
+    assert len({h["generation"] for h in cluster.events("hang_detected")}) == 3  # three launches
+
+
 def test_every_worker_killed_at_once_is_one_incident_and_blames_no_node(make: Any) -> None:
     """``kill -9`` of every worker: each exit is reported on its own and lands in the generation
     the previous exit's recovery re-formed in place. It is one event: one incident, widened with

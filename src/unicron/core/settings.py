@@ -137,7 +137,8 @@ class Settings(BaseModel):
         description="once a launch's workers all run, its first step (loading the checkpoint, forming"
         " the group) must end within this, else the step hangs (the hang deadline needs step times);"
         " a relaunch's within hang_multiple x the longest first step of the task's earlier launches"
-        " + checkpoint_allowance_s, if shorter",
+        " + checkpoint_allowance_s, if shorter, doubled for each relaunch in a row whose first step"
+        " was late",
     )
     membership_timeout_s: float = Field(
         60.0, gt=0, description="a survivor waits this long for the coordinator's next membership"

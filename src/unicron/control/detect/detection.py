@@ -125,17 +125,21 @@ def launch_began(workers: Sequence[WorkerRecord]) -> float:
     return max(w.launched for w in workers)
 
 
-def first_step_allowance(limits: Settings, measured_s: float | None) -> float:
+def first_step_allowance(limits: Settings, measured_s: float | None, misses: int = 0) -> float:
     """How long a launch's first step may take once its workers all run (there are no step times
     of it yet). A task's first launch: ``first_step_timeout_s``, long, as loading and compiling
     may take minutes. A relaunch is the same program on the same data, now also loading a
     checkpoint: ``hang_multiple`` times the longest first step of its earlier launches
     (``measured_s``) plus ``checkpoint_allowance_s``, if shorter (before: ten minutes by default
     to find a rank hung in the first step after every relaunch). Never under
-    ``heartbeat_deadline_s``: a node's loss is decided before a hang."""
+    ``heartbeat_deadline_s``: a node's loss is decided before a hang. Doubled for each relaunch
+    in a row whose first step was found late (``misses``): a host slower now than at the first
+    launch (loaded, its disk or page cache cold) would otherwise be relaunched forever, each
+    launch cut off before its start-up ends (seen in the soak with both cores busy: 15 s allowed,
+    four workers importing torch on two loaded cores, twenty relaunches)."""
     if measured_s is None:
         return limits.first_step_timeout_s
-    derived = limits.hang_multiple * measured_s + limits.checkpoint_allowance_s
+    derived = (limits.hang_multiple * measured_s + limits.checkpoint_allowance_s) * 2.0 ** min(misses, 32)
     return min(limits.first_step_timeout_s, max(derived, limits.heartbeat_deadline_s))
 
 
@@ -158,6 +162,9 @@ class Detector:
     # task -> the longest a launch of it took from its last worker's launch to its first step
     # (this coordinator's own measurements: after a restart, relaunches get the full timeout)
     first_steps: dict[str, float] = field(default_factory=dict)
+    # task -> the launches (generations) in a row whose first step was found late (each doubles
+    # the allowance of the next)
+    first_step_late: dict[str, set[int]] = field(default_factory=dict)
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
         key = (name, generation)
@@ -246,8 +253,11 @@ class Detector:
         if task.launched_generation != task.generation or handled or not workers:
             return None  # an in-place generation: its incident's deadline covers it
         since = launch_began(workers)
-        allowed_s = first_step_allowance(limits, self.first_steps.get(task.name))
+        late_launches = self.first_step_late.setdefault(task.name, set())
+        misses = len(late_launches - {task.generation})
+        allowed_s = first_step_allowance(limits, self.first_steps.get(task.name), misses)
         if all(w.state is WorkerPhase.RUNNING for w in workers) and now - since > allowed_s:
+            late_launches.add(task.generation)
             # The late step is the one after the checkpoint the launch resumed from (the task's own
             # step is the furthest any generation reached: a relaunch trains some steps again).
             return self._hung(task, now, task.checkpoint_step + 1, since, allowed_s)
@@ -260,6 +270,7 @@ class Detector:
         if task.launched_generation != task.generation or not workers:
             return
         took = max(0.0, ended - launch_began(workers))
+        self.first_step_late.pop(task.name, None)
         self.first_steps[task.name] = max(took, self.first_steps.get(task.name, 0.0))
 
     def standing_aside(self, key: tuple[str, int], now: float) -> bool:
