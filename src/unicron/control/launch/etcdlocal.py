@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
@@ -25,10 +26,17 @@ def etcd_binary() -> str | None:
     return shutil.which("etcd")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+START_TRIES = 3  # a port found free may be taken before etcd binds it: new ports, again
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports free now (each held until all are chosen: two chosen
+    one after the other could be the same)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 @dataclass
@@ -54,13 +62,23 @@ class EtcdCluster:
         binary = etcd_binary()
         if binary is None:
             raise RuntimeError("etcd is not installed: `make test` installs it (Debian's etcd-server)")
-        self.members = [
-            Member(f"m{i}", _free_port(), _free_port(), self.root / f"m{i}") for i in range(self.size)
-        ]
-        cluster = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
-        for m in self.members:
-            self._launch(binary, m, cluster)
-        self.wait_healthy(timeout_s)
+        for attempt in range(1, START_TRIES + 1):
+            ports = _free_ports(2 * self.size)
+            self.members = [
+                Member(f"m{i}", ports[2 * i], ports[2 * i + 1], self.root / f"m{i}") for i in range(self.size)
+            ]
+            cluster = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
+            for m in self.members:
+                if attempt > 1:
+                    shutil.rmtree(m.data, ignore_errors=True)  # the failed try's half-made member
+                self._launch(binary, m, cluster)
+            try:
+                self.wait_healthy(timeout_s)
+                return self
+            except RuntimeError as failed:
+                self.close()
+                if "address already in use" not in str(failed) or attempt == START_TRIES:
+                    raise
         return self
 
     def _launch(self, binary: str, m: Member, cluster: str, state: str = "new") -> None:
