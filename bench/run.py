@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from bench import (
     checkpoint_bench,
@@ -19,9 +20,19 @@ from bench import (
     throughput_docs,
 )
 from bench.chaos.__main__ import main as chaos_main
+from bench.leftovers import RunGuard
 
 
 def main() -> None:
+    guard = RunGuard()  # nothing a benchmark starts may outlive the run
+    run_all()
+    left = guard.finish()
+    if left:
+        print("\n".join(["make bench left these behind (now ended):", *left.lines()]), file=sys.stderr)
+        sys.exit(1)
+
+
+def run_all() -> None:
     throughput_docs.main()
     reference_docs.main()
     result = planner_bench.main()

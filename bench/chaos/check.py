@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from bench.leftovers import processes_marked
 from unicron.core.workerenv import host_checkpoint_dir
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream
@@ -106,18 +107,7 @@ def ledger(rows: list[dict[str, Any]], iterations: int) -> Ledger:
 def processes_of(root: Path) -> list[int]:
     """Processes started for the cluster under ``root``: the coordinator and agents name it on
     their command line, workers in their environment (their checkpoint folder)."""
-    mark = str(root).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            text = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if mark in text:
-            found.append(int(entry.name))
-    return found
+    return processes_marked(str(root), exclude={os.getpid()})
 
 
 def until(predicate: Callable[[], bool], timeout_s: float) -> bool:
@@ -128,30 +118,6 @@ def until(predicate: Callable[[], bool], timeout_s: float) -> bool:
             return False
         time.sleep(0.1)
     return True
-
-
-def listening_ports(pids: Collection[int] | None = None) -> set[int]:
-    """The TCP ports listened on (``pids``: only those of sockets these processes hold)."""
-    held = None if pids is None else sockets_of(pids)
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and (held is None or int(fields[9]) in held):  # LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
-def sockets_of(pids: Collection[int]) -> set[int]:
-    """The inodes of the sockets ``pids`` hold open."""
-    inodes = set()
-    for pid in pids:
-        try:
-            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-        except OSError:
-            continue
-        inodes |= {int(link[8:-1]) for link in links if link.startswith("socket:[")}
-    return inodes
 
 
 def open_fds(pid: int) -> int:

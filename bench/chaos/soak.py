@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import leftovers
 from bench.chaos import check, inject, report
 from bench.chaos.schedule import ITERATIONS, WEIGHTS, Plan
 from unicron.control.launch.localcluster import LocalCluster
@@ -150,7 +151,7 @@ def measure(
     and files named after its workers), so that it may run beside other clusters."""
     settings = settings_for(ladder, short)
     home = root / "cluster"
-    ports = check.listening_ports()
+    ports = leftovers.listening_ports()
     # The failure-free run trains beside the soak, niced: on the CPU the cluster leaves.
     trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference")
     wanted = trainer.submit(check.reference, root / "reference", ITERATIONS, (), True)
@@ -177,7 +178,7 @@ def measure(
     left = check.processes_of(home)
     leaks = {
         "processes": left,
-        "listening_ports": sorted(check.listening_ports([*left, os.getpid()]) - ports),
+        "listening_ports": sorted(leftovers.listening_ports([*left, os.getpid()]) - ports),
         "shared_memory": left_in_memory,
         "fds": {"before": fds_before, "after": fds_after},
     }
