@@ -17,7 +17,14 @@ import pytest
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.workerenv import host_checkpoint_dir
 
-from .test_live_cluster import alive, assert_ends_exact, assert_ledger_exact, read_trace, traced_task
+from .test_live_cluster import (
+    alive,
+    assert_ends_exact,
+    assert_ledger_exact,
+    read_trace,
+    story_of,
+    traced_task,
+)
 
 ITERATIONS = 60
 # The trace rows that say where each worker's state came from (shown when an assertion fails).
@@ -67,12 +74,12 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
         )
         cluster.kill_worker("lm", 1)
         events = finish_leaving_nothing(cluster, trace, tmp_path / "cluster" / "checkpoints" / "lm")
-    names = [e["kind"] for e in events]
-    assert names.count("task_launch") == 1, names
-    assert "in_process_recovery" in names
+    names, story = [e["kind"] for e in events], story_of(events)
+    assert names.count("task_launch") == 1, story
+    assert "in_process_recovery" in names, story
     grows = [e["detail"] for e in events if e["kind"] == "task_grow"]
-    assert grows and grows[0]["spares_used"] and grows[0]["new_processes"] == {}, grows
-    assert "task_grown" in names
+    assert grows and grows[0]["spares_used"] and grows[0]["new_processes"] == {}, story
+    assert "task_grown" in names, story
     assert names.count("spare_launched") >= 2  # the freed slot got a new spare
     assert names.count("spare_stopped") == names.count("spare_launched") - 1  # one was used
     rows = read_trace(trace)
