@@ -36,6 +36,8 @@ from unicron.core.errors import UnicronError
 from unicron.core.states import SLOT_HOLDING_PHASES
 from unicron.core.workerenv import host_checkpoint_dir
 
+PORT_TRIES = 3
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -118,6 +120,13 @@ class LocalCluster:
         self.addresses = [self.address] + [
             self.address if hosts is not None else f"127.0.0.{i + 2}" for i in range(coordinators - 1)
         ]
+        self.ports_picked = hosts is None  # loopback ports picked free here (may be taken first)
+        if port is not None:
+            self.ports_picked = False
+        self._urls()
+
+    def _urls(self) -> None:
+        self.port = self.ports[0]
         scheme = "https" if self.tls else "http"
         self.urls = [f"{scheme}://{a}:{p}" for a, p in zip(self.addresses, self.ports, strict=True)]
         self.url = ",".join(self.urls)  # what agents are given
@@ -167,10 +176,30 @@ class LocalCluster:
         return self.coordinators.get(0)
 
     def start_coordinators(self) -> None:
-        """Every coordinator; returns once one leads (the others stand by)."""
+        """Every coordinator; returns once one leads (the others stand by). A port picked free
+        here but taken by another process before the coordinator bound it is replaced by another
+        (up to ``PORT_TRIES`` times), before any agent was told the address."""
         for index in range(len(self.ports)):
             self.start_coordinator(index, wait=False)
+        for _ in range(PORT_TRIES if self.ports_picked else 0):
+            self.wait(lambda: self.healthy() or bool(self._port_taken()), 60, "a coordinator to lead")
+            if not (taken := self._port_taken()):
+                break
+            for index in taken:
+                self.ports[index] = free_port()
+            self._urls()
+            for index in taken:
+                self.start_coordinator(index, wait=False)
         self.wait(self.healthy, 60, "a coordinator to lead")
+
+    def _port_taken(self) -> list[int]:
+        """The coordinators that ended because their port was in use."""
+        taken = []
+        for index, process in self.coordinators.items():
+            log = self.root / "logs" / ("coordinator.log" if index == 0 else f"coordinator-{index}.log")
+            if process.poll() is not None and "address already in use" in log.read_text(errors="replace"):
+                taken.append(index)
+        return taken
 
     def start_coordinator(self, index: int = 0, wait: bool = True) -> None:
         extra: list[str] = []
