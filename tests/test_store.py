@@ -16,6 +16,7 @@ from unicron.control.store.backend import Fenced, open_backend
 from unicron.control.store.journal import Journal
 from unicron.control.store.store import Store
 from unicron.core.errors import Conflict, NotFound
+from unicron.core.kept import Posted
 from unicron.core.states import IllegalTransition, NodeState, TaskState, WorkerPhase
 
 from .etcdrun import running_etcd
@@ -256,8 +257,13 @@ def test_what_a_part_keeps_is_there_after_a_restart(reopen: Opener) -> None:
     store.keep("ladder", {"failures": {"a": [1.5, 2.5]}})
     store.keep("rates", {"a": {"4": 3.5e9}})
     store.keep("ladder", {"failures": {}})  # replaced, not merged
+    store.keep_record(Posted(keys={"k": "v"}), of="a")  # one record per task
+    store.keep_record(Posted(keys={"k": "w"}), of="b")
+    store.drop_record(Posted, of="b")  # its task ended
     reopened = reopen()
     assert reopened.kept("ladder") == {"failures": {}} and reopened.kept("rates") == {"a": {"4": 3.5e9}}
+    assert reopened.kept_record(Posted, of="a") == Posted(keys={"k": "v"})
+    assert reopened.kept_record(Posted, of="b") is None and reopened.kept_record(Posted) is None
 
 
 def test_one_coordinator_leads_a_standby_takes_over_when_it_stops_and_the_old_one_is_fenced(

@@ -27,6 +27,11 @@ class Kept(BaseModel):
 K = TypeVar("K", bound=Kept)
 
 
+def kept_name(kind: type[Kept], of: str | None = None) -> str:
+    """The store entry of ``kind``'s record (``of``: the one record of that task or node)."""
+    return kind.NAME if of is None else f"{kind.NAME}/{of}"
+
+
 def read_kept(kind: type[K], raw: Any) -> K | None:
     """The record ``raw`` (as the store returned it; None: never kept) holds, validated."""
     if raw is None:
@@ -171,9 +176,10 @@ class RevokedTokens(Kept):
 
 
 class Posted(Kept):
-    """What the coordinator posted in each live task's rendezvous store (task -> key -> value,
-    oldest first), posted again by a successor in the store it re-creates
-    (``control/act/effects.py``)."""
+    """What the coordinator posted in one live task's rendezvous store (key -> value, oldest
+    first), posted again by a successor in the store it re-creates (``control/act/effects.py``).
+    One record per task (kept ``of`` the task): a post rewrites its own task's, not every task's
+    (with 100 tasks that was most of a worker crash's handling time)."""
 
     NAME: ClassVar[str] = "posted"
-    tasks: dict[str, dict[str, str]] = {}
+    keys: dict[str, str] = {}

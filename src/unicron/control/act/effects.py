@@ -229,9 +229,8 @@ class Applier:
 
     def task_ended(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
         self._store.task_ended(name, to, now, reason)
-        posted = self._posted()
-        if posted.pop(name, None) is not None:
-            self._store.keep_record(Posted(tasks=posted))
+        if self._store.kept_record(Posted, of=name) is not None:
+            self._store.drop_record(Posted, of=name)
 
     def task_launched(self, task: str, generation: int, workers: int, port: int, now: float) -> None:
         """A generation was launched from a checkpoint: it is the task's current one."""
@@ -250,14 +249,13 @@ class Applier:
         tells its workers the store is new. The new store
         forgot which generation-0 faults were claimed: those the event log shows injected are
         claimed again, so that none strikes twice."""
-        posted = self._posted()
         for task in self._store.tasks(live_only=True):
             if not task.store_port:
                 continue
             port = self.rendezvous.host(task.name, task.store_port)
             if port != task.store_port:
                 self.task_store_port(task.name, port)
-            for key, value in posted.get(task.name, {}).items():
+            for key, value in (self._store.kept_record(Posted, of=task.name) or Posted()).keys.items():
                 self.rendezvous.set(task.name, key, value)
             self.generation_current(task.name, task.generation)
             for e in self._store.events(task=task.name, kinds=("fault_injected",), limit=1_000_000):
@@ -350,18 +348,12 @@ class Applier:
         identity = {"generation": generation, "rank": rank, "world_size": world}
         self._post(task, spare_key(task, spare_rank), json.dumps(identity))
 
-    def _posted(self) -> dict[str, dict[str, str]]:
-        """What was posted in each live task's store (a copy to change and keep again)."""
-        kept = self._store.kept_record(Posted)
-        return {} if kept is None else {task: dict(keys) for task, keys in kept.tasks.items()}
-
     def _post(self, task: str, key: str, value: str) -> None:
         """Post ``key`` in the task's store for its workers, kept (``Posted``) so that a
         coordinator starting over posts it again; durable before any worker can read it."""
-        posted = self._posted()
-        mine = {**posted.get(task, {}), key: value}  # JSON keeps the order: oldest first
-        posted[task] = dict(list(mine.items())[-POSTED_PER_TASK:])
-        self._store.keep_record(Posted(tasks=posted))
+        posted = self._store.kept_record(Posted, of=task) or Posted()
+        mine = {**posted.keys, key: value}  # JSON keeps the order: oldest first
+        self._store.keep_record(Posted(keys=dict(list(mine.items())[-POSTED_PER_TASK:])), of=task)
         self._store.sync()  # journal.py
         self.rendezvous.set(task, key, value)
 

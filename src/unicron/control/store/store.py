@@ -28,7 +28,7 @@ from unicron.control.store.journal import Journal
 from unicron.control.store.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord, row
 from unicron.control.store.snapshot import Snapshot
 from unicron.core.errors import Conflict, NotFound
-from unicron.core.kept import K, Kept, read_kept
+from unicron.core.kept import K, Kept, kept_name, read_kept
 from unicron.core.states import (
     LIVE_TASK_STATES,
     LIVE_WORKER_PHASES,
@@ -65,6 +65,7 @@ class _Batch:
     workers: list[WorkerRecord] = field(default_factory=list)
     counted: dict[WorkerKey, int] = field(default_factory=dict)
     kept: dict[str, Any] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)  # kept entries that go
     removed_nodes: list[str] = field(default_factory=list)
 
     def changes(self) -> list[Change]:
@@ -76,6 +77,7 @@ class _Batch:
             for key, step in self.counted.items()
         ]
         out += [Put(Table.KEPT, (name,), {"name": name, "value": value}) for name, value in self.kept.items()]
+        out += [Delete(Table.KEPT, (name,)) for name in self.dropped]
         return out + [Delete(Table.NODES, (name,)) for name in self.removed_nodes]
 
 
@@ -116,6 +118,8 @@ class Store:
             self._hold(w)
         self._counted.update(batch.counted)
         self._kept.update(batch.kept)
+        for name in batch.dropped:
+            self._kept.pop(name, None)
         for name in batch.removed_nodes:
             self._nodes.pop(name, None)
 
@@ -505,13 +509,19 @@ class Store:
         with self._lock:
             self._commit(_Batch(kept={name: value}))
 
-    def kept_record(self, kind: type[K]) -> K | None:
-        """The typed record kept under its name (``core/kept.py``), validated; None: none kept."""
-        return read_kept(kind, self.kept(kind.NAME))
+    def kept_record(self, kind: type[K], of: str | None = None) -> K | None:
+        """The typed record kept under its name (``core/kept.py``; ``of``: the one of that task or
+        node), validated; None: none kept."""
+        return read_kept(kind, self.kept(kept_name(kind, of)))
 
-    def keep_record(self, record: Kept) -> None:
+    def keep_record(self, record: Kept, of: str | None = None) -> None:
         """Keep a typed record under its name, replacing the one kept there."""
-        self.keep(record.NAME, record.model_dump(mode="json"))
+        self.keep(kept_name(type(record), of), record.model_dump(mode="json"))
+
+    def drop_record(self, kind: type[Kept], of: str | None = None) -> None:
+        """Keep no record of ``kind`` (``of`` that task or node) any more."""
+        with self._lock:
+            self._commit(_Batch(dropped=[kept_name(kind, of)]))
 
     # ------------------------------------------------------------ the event log
     def event(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
