@@ -10,6 +10,7 @@ on these machines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 
+from bench.leftovers import processes_marked
 from bench.torchrun import launcher
 from unicron.control.launch.localcluster import free_port
 
@@ -165,6 +167,13 @@ class Groups:
                     os.killpg(job.pid, signal.SIGKILL)  # the group's torchrun and its worker
                 job.kill()
             job.wait()
+        # A worker outside its torchrun's process group, stopped (a hang, a lost node: SIGSTOP)
+        # or orphaned when its torchrun ended, outlived that kill (the benchmarks left such
+        # workers stopped): every process naming this run's folder goes too.
+        for pid in processes_marked(str(self.root), exclude={os.getpid()}):
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
 
     def __enter__(self) -> Groups:
         return self
