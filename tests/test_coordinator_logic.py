@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from unicron.control.recover.attribution import Sign, attribute
+from unicron.core.classify import classify
 from unicron.core.protocol import (
     DoneReport,
     ExceptionReport,
@@ -780,3 +781,53 @@ def test_the_heavier_of_two_tasks_that_fill_the_cluster_runs_first_and_the_light
     other = make(spec=WEIGHED.replace("weight: 1\n", "weight: 1000\n"), cluster=hardware)
     assert len(other.launched("light")) == 4 and other.launched("heavy") == []
     assert other.c.store.get_task("heavy").state is TaskState.WAITING
+
+
+def test_a_replica_mate_whose_own_sums_arrived_is_not_blamed_for_a_lost_node(make: Any) -> None:
+    """Replicas of two ranks; a node holding one replica is lost (its agent with it, so only its
+    silence will name its ranks). Of the other replica, rank 0's sum over the peers broke
+    (connection closed) while rank 1's arrived, so rank 1 raises the library's PeerLostError
+    (``replicas.all_or_none``: the replica redoes the step together). Both are consequences of
+    the peers' loss and wait for its cause, as a connection error does: blaming rank 1 took its
+    healthy replica out (rank 1 stopped) and kept the lost node's ranks, and a live test missed
+    that replica's ledger lines for the step (test_live_sharded, under load)."""
+    spec = (
+        "name: lm\nweight: 1\nthroughput: {2: 2.0e9, 4: 3.6e9}\n"
+        "run: {program: [python, train.py], iterations: 100, recovery: in_process, replica_size: 2}\n"
+    )
+    cluster = make(spec=spec, heartbeat_deadline_s=2.0)
+    assert len(cluster.launched()) == 4
+    cluster.train(1)
+    for _ in range(5):  # both heard past an agent's request timeout since the coordinator started
+        cluster.step(0.5)
+    placed = {r: n for (_, g, r), (n, _) in cluster.running.items() if g == 1}
+    lost, kept = placed[2], placed[0]
+    assert placed[3] == lost and placed[1] == kept != lost
+    mro = ("PeerLostError", "ConnectionError", "OSError", "Exception", "BaseException", "object")
+    reasons = [
+        (0, "RuntimeError", "Connection closed by peer [127.0.0.1]:5117", ("RuntimeError",)),
+        (1, "PeerLostError", "another shard of this replica lost its peers: the step is redone", mro),
+    ]
+    reports = [
+        ExceptionReport(
+            task="lm",
+            generation=1,
+            rank=rank,
+            step=2,
+            error_type=error,
+            message=message,
+            kind=classify(error, message, names).value,  # as the worker classifies it
+            time=cluster.clock.now,
+        )
+        for rank, error, message, names in reasons
+    ]
+    cluster.beat(kept, *reports)
+    for _ in range(8):  # the lost node stays silent
+        cluster.clock.now += 0.5
+        cluster.beat(kept)
+        cluster.c.tick()
+    (incident,) = cluster.events("incident")
+    assert incident["kind"] == "node_lost", incident
+    (recovery,) = cluster.events("in_process_recovery")
+    assert recovery["failed"] == [2, 3] and recovery["survivors"] == [0, 1], recovery
+    assert not [o for _, o in cluster.orders if isinstance(o, StopWorkers) and o.rank in (0, 1)]

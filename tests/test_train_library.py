@@ -8,9 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler
 
-from unicron.core.classify import classify
+from unicron.control.recover.recovery import CONSEQUENCES
+from unicron.core.classify import classify, classify_exception
 from unicron.core.taxonomy import ErrorKind
 from unicron.train.data import DataStream, shard, unclaimed_share
+from unicron.train.iteration import PeerLostError
 from unicron.train.loader import step_data
 
 
@@ -135,6 +137,22 @@ def test_a_loader_a_sampler_or_an_iterable_is_refused_with_the_fix(given: object
 )
 def test_classification_of_real_messages(error: str, message: str, kind: ErrorKind) -> None:
     assert classify(error, message) is kind
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "another shard of this replica lost its peers: the step is redone",  # replicas.all_or_none
+        "a peer was declared failed: the pending collective is abandoned",  # gradsync.wait_or_abandon
+        "this worker was declared failed during the step",  # steploop (the coordinator moved on)
+    ],
+)
+def test_a_lost_peer_is_a_consequence_not_the_raising_ranks_failure(message: str) -> None:
+    """A survivor raises PeerLostError for a peer's failure: the coordinator waits for its cause,
+    as for a connection error. Classified ``other`` (a failure of its own), it blamed the rank
+    that raised it and took that rank's healthy replica out (test_coordinator_logic)."""
+    assert classify_exception(PeerLostError(message)) is ErrorKind.CONNECTION_RESET
+    assert ErrorKind.CONNECTION_RESET in CONSEQUENCES
 
 
 def test_the_ledger_shares_out_exactly_what_nobody_holds() -> None:

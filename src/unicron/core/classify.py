@@ -15,10 +15,13 @@ from unicron.core.taxonomy import ErrorKind
 Rule = tuple[ErrorKind, tuple[str, ...] | None, tuple[str, ...]]
 
 RULES: tuple[Rule, ...] = (
-    # Python's own connection errors, whatever their message.
+    # Python's own connection errors, whatever their message; and the training library's
+    # PeerLostError (train/iteration.py), which a survivor raises for a peer's failure (a
+    # collective abandoned, or a replica-mate's sums lost while its own arrived): a consequence
+    # to await the cause of, never a failure of the rank that raised it.
     (
         ErrorKind.CONNECTION_RESET,
-        ("ConnectionResetError", "ConnectionAbortedError", "BrokenPipeError"),
+        ("ConnectionResetError", "ConnectionAbortedError", "BrokenPipeError", "PeerLostError"),
         ("",),
     ),
     (ErrorKind.CONNECTION_REFUSED, ("ConnectionRefusedError",), ("",)),
