@@ -82,12 +82,14 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
     assert "task_grown" in kinds
     assert_every_incident_closed(events)
     rows = read_trace(trace)
-    # Every membership change ended with the members agreeing on (step, digest); newcomers took
-    # their state from live replicas (unless their checkpoint already equalled it).
+    # Every membership change ended with the members agreeing on (step, digest). Whether a
+    # newcomer had to take state from a live replica depends on timing (a grow that meets a
+    # checkpoint step finds the newcomer's loaded state equal already: seen in make test), so it
+    # is not asserted here; the transfer is proven where it is forced (the newcomers stranded by
+    # a killed source below, the hot-spare test, the sharded replacement, test_nearest_state).
     grown = [e["detail"]["generation"] for e in events if e["kind"] == "task_grown"]
     agreed = {r["generation"] for r in rows if r["what"] == "rejoined"}
     assert set(grown) <= agreed
-    assert any(r["what"] == "state_from_replica" for r in rows)
     assert_ledger_exact(rows, ITERATIONS, frozen=on_node)
     assert_ends_exact(tmp_path, "lm", ITERATIONS)
 
