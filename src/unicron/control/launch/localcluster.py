@@ -120,9 +120,8 @@ class LocalCluster:
         self.addresses = [self.address] + [
             self.address if hosts is not None else f"127.0.0.{i + 2}" for i in range(coordinators - 1)
         ]
-        self.ports_picked = hosts is None  # loopback ports picked free here (may be taken first)
-        if port is not None:
-            self.ports_picked = False
+        # Loopback ports picked free here (another process may take one before it is bound).
+        self.ports_picked = hosts is None and port is None
         self._urls()
 
     def _urls(self) -> None:
