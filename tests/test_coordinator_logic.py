@@ -831,3 +831,25 @@ def test_a_replica_mate_whose_own_sums_arrived_is_not_blamed_for_a_lost_node(mak
     (recovery,) = cluster.events("in_process_recovery")
     assert recovery["failed"] == [2, 3] and recovery["survivors"] == [0, 1], recovery
     assert not [o for _, o in cluster.orders if isinstance(o, StopWorkers) and o.rank in (0, 1)]
+
+
+def test_values_deleted_from_a_tasks_store_are_put_back_and_said_once_a_minute(make: Any) -> None:
+    """The rendezvous store takes deletions from anyone: the coordinator puts its values back
+    within a second, records it at once, and while the attack goes on at most once a minute."""
+    from unicron.core.protocol import current_key
+
+    cluster = make()
+    store = cluster.c.act.rendezvous._stores["lm"]
+    for attack in range(5):  # one deletion every 20 s, while the task trains on
+        store.delete_key(current_key("lm"))
+        cluster.clock.now += 1.5
+        cluster.c.tick()
+        assert store.check([current_key("lm")]), f"attack {attack}: not put back"
+        for step in range(2 + 10 * attack, 12 + 10 * attack):
+            cluster.clock.now += 1.85
+            cluster.train(step)
+            cluster.c.tick()
+    assert cluster.c.store.get_task("lm").generation == 1  # nothing else happened to the task
+    said = cluster.events("store_values_restored")
+    assert [e["values"] for e in said] == [1, 3]  # at once, then the three since a minute later
+    assert said[0]["keys"] == [current_key("lm")]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from unicron.control.act.rendezvous import Rendezvous
-from unicron.core.protocol import current_key
+from unicron.core.protocol import Current, current_key
 from unicron.core.workerenv import WorkerEnv
 
 from .spawned import run_ranks
@@ -50,7 +50,8 @@ def run_task(tmp_path: Path, world: int, iterations: int, argv: list[str]) -> li
     trace = tmp_path / "trace.jsonl"
     rendezvous = Rendezvous("127.0.0.1", os.urandom(64))
     port = rendezvous.host("lm")
-    rendezvous.set("lm", current_key("lm"), str(GENERATION))  # whose commits the fence lets in
+    current = Current(generation=GENERATION, launched=GENERATION)
+    rendezvous.set("lm", current_key("lm"), current.model_dump_json())  # whose commits the fence lets in
     contract = WorkerEnv(
         task="lm",
         generation=GENERATION,

@@ -16,7 +16,7 @@ from typing import Any
 import torch.distributed as dist
 
 from unicron.control.act.rendezvous import Rendezvous
-from unicron.core.protocol import Membership, membership_key, ready_key
+from unicron.core.protocol import Current, Membership, current_key, membership_key, ready_key
 from unicron.core.signing import derive, sign
 from unicron.core.workerenv import WorkerEnv
 from unicron.train.taskstore import TaskStore
@@ -182,3 +182,42 @@ def test_after_a_takeover_a_member_finds_the_store_on_the_new_leaders_host() -> 
         )
         assert waiting.result(timeout=30).generation == 5
     again.close_all()
+
+
+def test_what_the_coordinator_posted_is_put_back_after_a_deletion_or_a_replay() -> None:
+    """The store takes deletions and writes from anyone: the coordinator puts back what it
+    posted (and says which keys), and a worker waiting for a deleted membership gets it then."""
+    served = master()
+    member = served.member()
+    name = membership_key("lm", 3)
+    first = Membership(generation=4, world_size=2, ranks={0: 0, 1: 1})
+    served.set(name, first.model_dump_json())
+    served.set(current_key("lm"), Current(generation=4, launched=1).model_dump_json())
+    old_current = served.raw.get(current_key("lm"))
+    served.set(current_key("lm"), Current(generation=5, launched=1).model_dump_json())
+    assert served.rendezvous.restore("lm") == []  # nothing changed: nothing written
+    served.raw.delete_key(name)
+    served.raw.set(current_key("lm"), old_current)  # a genuine old value, replayed
+    for i in range(1000):  # a flood of writes to other keys changes nothing of the task's
+        served.raw.set(f"junk/{i}", "x" * 100)
+    assert not member.membership_changed(3)  # deleted: no change, for now
+    assert sorted(served.rendezvous.restore("lm")) == [current_key("lm"), name]
+    assert member.membership_changed(3) and member.posted(3) == first
+    _, _, payload = served.raw.get(current_key("lm")).decode().partition(".")
+    assert Current.model_validate_json(payload).generation == 5
+    assert served.rendezvous.restore("lm") == []
+
+
+def test_a_waiting_newcomer_says_again_that_it_is_ready_when_its_word_was_deleted() -> None:
+    served = master()
+    newcomer = served.member()
+    newcomer.announce_ready(4, 1)
+    served.raw.delete_key(ready_key("lm", 4, 1))
+    with ThreadPoolExecutor(1) as pool:
+        arriving = pool.submit(newcomer.arrive, 4, 1, 2, TIMEOUT)
+        deadline = time.monotonic() + 15
+        while not served.rendezvous.ready("lm", [ready_key("lm", 4, 1)]):
+            assert time.monotonic() < deadline, "the newcomer never said it was ready again"
+            time.sleep(0.05)
+        served.member().arrive(4, 0, 2, TIMEOUT)  # its peer comes: the group forms
+        assert arriving.result(timeout=20)

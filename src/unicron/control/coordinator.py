@@ -535,6 +535,7 @@ class Coordinator:
                 self._failing(self.detector.check_hang(task, now))  # a step that is late
                 self._tail(task, now)  # past the last step: exits that are late
         self._keep_step_times(now)
+        self.act.put_back_posts(now)
         live = self.store.tasks(live_only=True)
         self.history.sample(now, {t.name: t.flop for t in live})
         if not any(t.state is TaskState.RESTARTING for t in live):

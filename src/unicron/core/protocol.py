@@ -444,10 +444,20 @@ def membership_key(task: str, generation: int) -> str:
 
 
 def current_key(task: str) -> str:
-    """Where the coordinator writes the task's current generation (a number), at every launch
-    and every change of membership: a checkpoint is committed only by a member of it
+    """Where the coordinator writes the task's ``Current`` generation, at every launch and every
+    change of membership: a checkpoint is committed only by a member of it
     (``train/fencing.py``)."""
     return f"{task}/current"
+
+
+class Current(_Message):
+    """The task's current generation, and the one last launched from a checkpoint. The second
+    is what lets a worker tell "relaunched without me" (its generation is older than the launch)
+    from "a membership I should follow is missing" (deleted from the store: ask again), and it
+    never makes a member of the current lineage superseded, whatever old value is replayed."""
+
+    generation: Int
+    launched: Int
 
 
 SPARE_GENERATION = 0  # hot spares run as generation 0 of their task until they are used

@@ -21,9 +21,20 @@ member. The answer is one of:
 - ``CURRENT``: commit;
 - ``SUPERSEDED``: the task went on without this worker (it was declared failed, left, or the
   task was relaunched): commit nothing, and stop;
-- ``UNKNOWN``: the store did not answer (a partition, or the coordinator is down): commit
-  nothing now; a periodic checkpoint is skipped (the next one tries again, and every replica
-  still holds the state), the final one is retried like a storage fault (``persisting.py``).
+- ``UNKNOWN``: the store did not answer (a partition, or the coordinator is down), or did not
+  say within the time allowed: commit nothing now; a periodic checkpoint is skipped (the next one
+  tries again, and every replica still holds the state), the final one is retried like a storage
+  fault (``persisting.py``).
+
+Anyone who reaches the store's port can delete or replay its values (it has no authentication;
+signing stops forgeries only). So a missing value, or a current generation older than the
+writer's own (an old value replayed), is read as "ask again", never as "refused": the coordinator
+puts back what it posted within a second (``control/act/rendezvous.py``), and the writer asks
+again until its time is up. The memberships that follow a generation are read before the current
+generation, and each is written once under a name of its own, so a replayed old current
+generation does not make a worker the task went on without current; and "relaunched without this
+worker" needs the last launch to be newer than the worker's generation (``protocol.Current``),
+which no replayed old value says of a member of the current lineage.
 
 The check and the rename are two steps, so a writer confirmed just before its host is cut off
 may still commit that one checkpoint, of a step its generation did reach; nothing later.
@@ -35,13 +46,14 @@ so they take one answer: the committing rank's, shared in one collective over th
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
-from unicron.core.protocol import Membership, current_key, membership_key
+from unicron.core.protocol import Current, Membership, current_key, membership_key
 from unicron.core.signing import opened
 from unicron.core.workerenv import addresses
 
@@ -71,23 +83,31 @@ class CommitRefused(Exception):
         super().__init__(f"checkpoint of step {step} not committed by generation {generation}: {why}")
 
 
+ASK_AGAIN_S = 0.2  # a value missing or stale in the store is asked for again this often
+
+
 def standing(
-    generation: int, rank: int, current: int | None, following: Callable[[int], Membership | None]
+    generation: int, rank: int, current: Current | None, following: Callable[[int], Membership | None]
 ) -> Standing:
     """Whether ``rank`` of ``generation`` belongs to the task's ``current`` generation (None: the
     store did not say). ``following(g)`` is the membership posted after generation ``g`` (None:
-    none was: the task was relaunched from a checkpoint instead, or ``g`` is still current)."""
-    if current is None:
-        return Standing.UNKNOWN
+    none is there: ``g`` is current, the task was relaunched from a checkpoint instead, or the
+    membership was deleted). UNKNOWN where the store's values do not settle it (missing, or
+    older than the worker: ask again)."""
     for _ in range(MAX_HOPS):
-        if generation == current:
-            return Standing.CURRENT
-        if generation > current:  # a store re-created behind the coordinator's record: not known yet
-            return Standing.UNKNOWN
         posted = following(generation)
-        if posted is None or rank in posted.failed or rank not in posted.ranks:
-            return Standing.SUPERSEDED
-        generation, rank = posted.generation, posted.ranks[rank]
+        if posted is not None:
+            if rank in posted.failed or rank not in posted.ranks:
+                return Standing.SUPERSEDED
+            generation, rank = posted.generation, posted.ranks[rank]
+            continue
+        if current is None or current.generation < generation:
+            return Standing.UNKNOWN  # not posted yet, deleted, or an old value replayed
+        if current.generation == generation:
+            return Standing.CURRENT
+        if generation < current.launched:
+            return Standing.SUPERSEDED  # relaunched from a checkpoint without this worker
+        return Standing.UNKNOWN  # newer in place, yet no membership leads there: one was deleted
     return Standing.UNKNOWN
 
 
@@ -106,9 +126,11 @@ def read_standing(
 ) -> Standing:
     """``standing`` as the task's store says it (at the first of the comma-separated ``address``
     that is served), over a connection of its own that waits at most about ``timeout_s`` for
-    each answer. Values not signed with the task's ``key`` count as absent."""
+    each answer; values missing or stale are asked for again until ``timeout_s`` has passed.
+    Values not signed with the task's ``key`` count as absent."""
     import torch.distributed as dist
 
+    deadline = time.monotonic() + timeout_s
     answering = [a for a in addresses(address) if served(a, min(1.0, timeout_s))]
     if not answering:  # a store nobody serves (no coordinator leads now): do not wait for it
         return Standing.UNKNOWN
@@ -127,11 +149,16 @@ def read_standing(
         payload = signed(membership_key(task, g))
         return None if payload is None else Membership.model_validate_json(payload)
 
-    try:
-        value = signed(current_key(task))
-        return standing(generation, rank, None if value is None else int(value), following)
-    except Exception:  # the store stopped answering meanwhile
-        return Standing.UNKNOWN
+    while True:
+        try:
+            value = signed(current_key(task))
+            current = None if value is None else Current.model_validate_json(value)
+            now = standing(generation, rank, current, following)
+        except Exception:  # the store stopped answering meanwhile
+            return Standing.UNKNOWN
+        if now is not Standing.UNKNOWN or time.monotonic() + ASK_AGAIN_S > deadline:
+            return now
+        time.sleep(ASK_AGAIN_S)  # missing or stale: the coordinator puts its value back
 
 
 @dataclass

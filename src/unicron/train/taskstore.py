@@ -7,7 +7,9 @@ coordinator serves the store on the same port).
 
 Anyone who reaches the store's port can write to it, so the values that steer workers are
 signed with the task's key (``core.signing``): a membership or identity that does not open with
-it is treated as not there (and said once on stderr), and readiness is announced signed.
+it is treated as not there (and said once on stderr), and readiness is announced signed. A value
+deleted or replaced is waited for, never taken as an answer: the coordinator puts back what it
+posted (``control/act/rendezvous.py``), and a newcomer says it is ready again while it waits.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from unicron.train.iteration import StopRequested
 MEMBERSHIP_POLL_S = 0.02  # a wait for a membership asks the store this often at first
 QUIET_STORE_S = 5.0  # ... and connects again when the store has not answered for this long
 STOP_LOOK_S = 0.25  # ... then this often (and so sees a stop request within this)
+READY_AGAIN_S = 1.0  # a newcomer waiting for its group says it is ready again this often
 
 
 class TaskStore:
@@ -48,6 +51,7 @@ class TaskStore:
         self._reconnecting: threading.Thread | None = None
         self._refused: set[str] = set()
         self._unchanged: tuple[int, float] | None = None  # (generation, when asked): nothing posted
+        self._announced: tuple[str, str] | None = None  # a newcomer's readiness (key, signed value)
         # Reconnections back off from half a second to ``reconnect_s``, jittered (a cluster's
         # workers do not all return at once to a restarted coordinator's stores).
         self.link = Reachability(f"the rendezvous store at {address}", min(0.5, reconnect_s), reconnect_s)
@@ -67,7 +71,8 @@ class TaskStore:
     def announce_ready(self, generation: int, rank: int) -> None:
         """A newcomer of ``generation`` says it is about to join its live peers."""
         name = ready_key(self.task, generation, rank)
-        self.raw.set(name, sign(self.key, name, "1"))
+        self._announced = (name, sign(self.key, name, "1"))
+        self.raw.set(*self._announced)
 
     def _connect(self, timeout: timedelta, address: str | None = None) -> Any:
         host, port = (address or self.address).rsplit(":", 1)
@@ -188,7 +193,11 @@ class TaskStore:
         if int(self.raw.add(f"{prefix}/count", 1)) == world_size:
             self.raw.compare_set(f"{prefix}/decision", "", "join")
         deadline = time.monotonic() + timeout.total_seconds()
+        said = time.monotonic()
         while not self.raw.check([f"{prefix}/decision"]):
+            if self._announced is not None and time.monotonic() - said > READY_AGAIN_S:
+                self.raw.set(*self._announced)  # (someone may have deleted it: the store is open)
+                said = time.monotonic()
             if self.membership_changed(generation):
                 self.raw.compare_set(f"{prefix}/decision", "", "skip")
             elif time.monotonic() > deadline:

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unicron.control.act.rendezvous import Rendezvous
+from unicron.control.act.rendezvous import POSTED_PER_TASK, Rendezvous
 from unicron.control.store.records import WorkerRecord
 from unicron.control.store.store import Store
 from unicron.core.kept import Posted
 from unicron.core.protocol import (
     SPARE_GENERATION,
+    Current,
     DumpStacks,
     ForgetTask,
     LaunchWorker,
@@ -42,11 +43,8 @@ from unicron.core.workerenv import KEYS
 # store key -> value, oldest first): the memberships that followed each old generation and the
 # identities given to hot spares. Kept so that a coordinator starting over posts them again: its
 # new store would lack them, and a member that had not yet read its way to the current generation
-# would neither follow it nor be let commit (``train/fencing.py``: SUPERSEDED, though the task
-# went on with it), and a spare told to join would wait for its identity until the group gave it
-# up.
-# Room for as many memberships as a worker follows (``fencing.MAX_HOPS``, 64) and as many spares.
-POSTED_PER_TASK = 128
+# would neither follow it nor be let commit (``train/fencing.py``), and a spare told to join would
+# wait for its identity until the group gave it up. (As many as ``Rendezvous`` puts back.)
 
 
 @dataclass
@@ -151,6 +149,19 @@ class Isolate:
     grace_s: float
 
 
+@dataclass
+class PutBack:
+    """Values put back in a task's store since its last ``store_values_restored`` event."""
+
+    said_at: float
+    count: int = 0
+    keys: list[str] = field(default_factory=list)
+
+
+PUT_BACK_EVERY_S = 1.0  # how often the tasks' stores are checked for what was deleted or replaced
+PUT_BACK_SAID_EVERY_S = 60.0  # ... and how often, at most, an attack that goes on is recorded again
+
+
 Effect = Record | TaskDown | StopWorker | StopGeneration | Isolate | Switch | Launch
 
 
@@ -179,6 +190,8 @@ class Applier:
         self.end_workers = store.end_workers
         self.keep = store.keep_record  # what a part keeps across a restart (the ladder, measured rates)
         self.close_store = store.close
+        self._put_back_due = 0.0
+        self._put_back: dict[str, PutBack] = {}  # task -> values put back not yet recorded
 
     def record(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
         """Record an event; then tell the listeners (the metrics). Returns the event's id."""
@@ -207,6 +220,28 @@ class Applier:
                     self.switch(effect, now)
                 case Launch():
                     self.launch(effect, now)
+
+    def put_back_posts(self, now: float) -> None:
+        """About once a second, put back what someone deleted or replaced in a live task's
+        rendezvous store (``Rendezvous.restore``). Recorded as ``store_values_restored`` at
+        once, then at most once a minute per task while it goes on (with the count since the
+        last record): an attack does not fill the event log."""
+        if now < self._put_back_due:
+            return
+        self._put_back_due = now + PUT_BACK_EVERY_S
+        for task in self._store.tasks(live_only=True):
+            keys = self.rendezvous.restore(task.name)
+            told = self._put_back.get(task.name)
+            if keys and told is None:
+                told = self._put_back[task.name] = PutBack(said_at=now - PUT_BACK_SAID_EVERY_S)
+            if told is None:
+                continue
+            told.count, told.keys = told.count + len(keys), sorted({*told.keys, *keys})[:8]
+            if told.count and now - told.said_at >= PUT_BACK_SAID_EVERY_S:
+                self.record("store_values_restored", task=task.name, values=told.count, keys=told.keys)
+                told.count, told.keys, told.said_at = 0, [], now
+            elif not told.count and now - told.said_at >= PUT_BACK_SAID_EVERY_S:
+                del self._put_back[task.name]  # quiet for a minute: the next one is said at once
 
     def node_out_of_service(self, node: str, state: NodeState, event: str, **detail: Any) -> None:
         """An admin drained a node or put it back (``control/place/draining.py``)."""
@@ -241,7 +276,10 @@ class Applier:
         """Tell the task's workers which generation is current: only its members commit
         checkpoints (``train/fencing.py``)."""
         self._store.sync()  # what the task's members will read is durable first (journal.py)
-        self.rendezvous.set(task, current_key(task), str(generation))
+        record = self._store.task(task)
+        launched = generation if record is None else min(generation, record.launched_generation)
+        current = Current(generation=generation, launched=launched)
+        self.rendezvous.set(task, current_key(task), current.model_dump_json())
 
     def host_task_stores(self) -> None:
         """A coordinator starting over a kept store hosts each live task's rendezvous store again

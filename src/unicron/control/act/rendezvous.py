@@ -6,6 +6,12 @@ membership left behind. Workers never host a store, so a dead worker cannot take
 with it. A store listens on the coordinator's advertised address only (a socket bound here and
 handed to torch, whose own server would listen on every interface), and every value written to
 steer workers is signed with the task's key (``core.signing``).
+
+Signing stops forgeries, not deletions or replays: the store has no authentication. So the
+coordinator keeps what it posted and puts it back (``restore``, about once a second): a deleted
+or replaced value is the coordinator's again before a worker that found it missing or stale has
+stopped asking (``train/fencing.py``, ``train/taskstore.py``). A store call that finds a key gone
+between asking and reading waits at most ``STORE_CALL_S``, not torch's five minutes.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from unicron.control.store.secret import load_or_create_secret
@@ -21,6 +28,11 @@ from unicron.core.signing import derive, opened, sign
 
 if TYPE_CHECKING:
     from unicron.control.context import CoordinatorSettings
+
+STORE_CALL_S = 2.0  # the coordinator's own calls to a task's store wait at most this long
+# What is kept of each task's posts to put back: as many memberships as a worker follows
+# (``fencing.MAX_HOPS``, 64) and as many hot spares' identities, and the current generation.
+POSTED_PER_TASK = 128
 
 
 def listening(host: str, port: int) -> socket.socket:
@@ -53,6 +65,7 @@ class Rendezvous:
         self.host_address = host
         self.secret = secret
         self._stores: dict[str, Any] = {}
+        self._posted: dict[str, dict[str, str]] = {}  # task -> key -> signed value, oldest first
 
     @classmethod
     def serving(cls, settings: CoordinatorSettings) -> Rendezvous:
@@ -74,7 +87,12 @@ class Rendezvous:
         bound = sock.getsockname()[1]
         # The store takes the socket over (and closes it when it is freed).
         store = dist.TCPStore(  # type: ignore[attr-defined]
-            self.host_address, bound, is_master=True, wait_for_workers=False, master_listen_fd=sock.detach()
+            self.host_address,
+            bound,
+            is_master=True,
+            wait_for_workers=False,
+            master_listen_fd=sock.detach(),
+            timeout=timedelta(seconds=STORE_CALL_S),
         )
         self._stores[task] = store
         return int(store.port)
@@ -84,7 +102,36 @@ class Rendezvous:
         self._stores[task].add(fault_claim_key(task, index), 1)
 
     def set(self, task: str, key: str, value: str) -> None:
-        self._stores[task].set(key, sign(self.key(task), key, value))
+        """Post ``value`` under ``key``, signed, and keep it to put back (``restore``)."""
+        signed = sign(self.key(task), key, value)
+        self._stores[task].set(key, signed)
+        posted = self._posted.setdefault(task, {})
+        posted.pop(key, None)  # (a key written again moves to the newest end)
+        posted[key] = signed
+        while len(posted) > POSTED_PER_TASK + 1:
+            del posted[next(iter(posted))]
+
+    def restore(self, task: str) -> list[str]:
+        """Put back every kept value of the task's that its store lost or holds changed (someone
+        deleted or replaced it: the store takes writes from anyone); returns their keys. Two
+        round trips when nothing changed."""
+        store, posted = self._stores.get(task), self._posted.get(task)
+        if store is None or not posted:
+            return []
+        keys = list(posted)
+        try:
+            values = store.multi_get(keys) if store.check(keys) else [None] * len(keys)
+        except Exception:  # one was deleted between the two calls: look at each
+            values = [None] * len(keys)
+        changed = []
+        for key, value in zip(keys, values, strict=True):
+            if value is None and store.check([key]):
+                with contextlib.suppress(Exception):
+                    value = store.get(key)
+            if value != posted[key].encode():
+                store.set(key, posted[key])
+                changed.append(key)
+        return changed
 
     def ready(self, task: str, keys: list[str]) -> bool:
         """Whether every key holds a value signed by the task's workers (newcomers announce
@@ -97,6 +144,8 @@ class Rendezvous:
 
     def close(self, task: str) -> None:
         self._stores.pop(task, None)
+        self._posted.pop(task, None)
 
     def close_all(self) -> None:
         self._stores.clear()
+        self._posted.clear()
