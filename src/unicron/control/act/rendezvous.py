@@ -92,8 +92,10 @@ class Rendezvous:
             is_master=True,
             wait_for_workers=False,
             master_listen_fd=sock.detach(),
-            timeout=timedelta(seconds=STORE_CALL_S),
         )
+        # (Set once it serves: the timeout also bounds its own first connection, which a loaded
+        # host can take seconds to make.)
+        store.set_timeout(timedelta(seconds=STORE_CALL_S))
         self._stores[task] = store
         return int(store.port)
 
