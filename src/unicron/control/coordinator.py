@@ -503,13 +503,17 @@ class Coordinator:
         self._ended(task.name, TaskState.FINISHED, "task_finished", step=task.step, digest=task.digest)
 
     # ------------------------------------------------------------------ the control loop
-    def tick(self) -> None:
+    def tick(self, late_s: float = 0.0) -> None:
+        """``late_s``: how much later than planned the service's loop came to this tick (its
+        own lateness: not counted against the nodes' silence, ``detect/silence.py``)."""
         now, ran = self.clock(), self.loop_clock()
         stalled = stalled_for(self.last_tick, ran, self.limits)
         self.last_tick = ran
         if stalled is not None:
             self.detector.resumed(now, stalled)
             self.recovery.paused(stalled)  # its deadlines move on by the stall
+        else:
+            self.detector.late(now, late_s)
         for name, silent in self.detector.silent(now):
             self.recovery.node_lost(name, silent)
             self.dirty = True

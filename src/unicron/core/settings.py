@@ -16,6 +16,7 @@ The ordering, checked whenever settings are built (so at start-up), and why it m
     first_step_timeout_s  <  process_group_timeout_s   as hang_cap_s, for a launch's first step
     network_grace_s       <  process_group_timeout_s   a slow network's grace ends before gloo gives up
     heartbeat_deadline_s  <  forget_lost_node_s        a node is forgotten only after it is lost
+    heartbeat_deadline_s  <  mass_silence_hold_s       a mass silence is held longer than a deadline
     process_group_timeout_s < launch_timeout_s ... is not required: they measure different things.
 
 The hang deadline of a task is clamp(hang_multiple x mean recent iteration, floor, cap) once
@@ -85,6 +86,12 @@ ORDERING: tuple[tuple[str, str, bool, str], ...] = (
         "a slow network's grace must end before the collective times out",
     ),
     ("heartbeat_deadline_s", "forget_lost_node_s", False, "a node is forgotten only after it is lost"),
+    (
+        "heartbeat_deadline_s",
+        "mass_silence_hold_s",
+        False,
+        "a mass silence is held for longer than one deadline, or it holds nothing",
+    ),
 )
 
 
@@ -93,7 +100,46 @@ class Settings(BaseModel):
 
     # node health
     heartbeat_interval_s: float = Field(0.5, gt=0, description="agent heartbeat period")
-    heartbeat_deadline_s: float = Field(2.5, gt=0, description="silence after which a node is lost")
+    heartbeat_deadline_s: float = Field(
+        2.5,
+        gt=0,
+        description="silence after which a node is lost (not counting the coordinator's own lateness"
+        " since it was last heard: control/detect/silence.py)",
+    )
+    mass_silence_share: float = Field(
+        0.55,
+        gt=0,
+        le=1,
+        description="more than this share of the nodes in service silent at once is a mass silence"
+        " (the coordinator's or the network's fault, not the nodes'): nobody is declared lost, an alarm"
+        " is raised (Kubernetes' --unhealthy-zone-threshold default)",
+    )
+    mass_silence_min_nodes: int = Field(
+        3,
+        ge=2,
+        le=1_000_000,
+        description="... when at least this many are silent (Kubernetes: more than two), or all of them",
+    )
+    mass_silence_hold_s: float = Field(
+        60.0,
+        gt=0,
+        description="a mass silence longer than this is taken as real: its nodes are judged one by one"
+        " again (at node_loss_rate_per_s); no task trains through it anyway",
+    )
+    node_loss_burst: int = Field(
+        32,
+        ge=1,
+        le=1_000_000,
+        description="node losses declared at once at most (a rack's or a leaf switch's worth), then at"
+        " node_loss_rate_per_s: a coordinator that misjudges many nodes takes them away slowly",
+    )
+    node_loss_rate_per_s: float = Field(
+        1.0,
+        gt=0,
+        description="node losses declared per second once the burst is spent (Kubernetes'"
+        " --node-eviction-rate is 0.1 for evictions after minutes; a training node's loss must be acted"
+        " on in seconds)",
+    )
     # statistical monitoring
     hang_multiple: float = Field(3.0, gt=1, description="k: a step running past k x the recent mean hangs")
     hang_warmup_steps: int = Field(

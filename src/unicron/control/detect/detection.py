@@ -12,7 +12,7 @@ view recovery provides, and imports nothing of recovery.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,6 +20,7 @@ from unicron.control.context import Context
 from unicron.control.detect.hangs import WorkerKey, hang_verdict, unheard
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import PeerCheck, outcome, probe_endpoints
+from unicron.control.detect.silence import Lateness, SilenceJudge
 from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.core.protocol import (
     AGENT_REQUEST_TIMEOUT_S,
@@ -34,6 +35,7 @@ from unicron.core.states import NodeState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind, Scope
 
 GenerationKey = tuple[str, int]  # (task, generation)
+LATENESS_KEPT_S = 600.0  # how far back the coordinator's lateness is looked up
 
 
 class Handled(Protocol):
@@ -74,20 +76,26 @@ class Judged:
 
 
 def silent_nodes(
-    nodes: Sequence[NodeRecord], now: float, listening_since: float, limits: Settings
+    nodes: Sequence[NodeRecord],
+    now: float,
+    listening_since: float,
+    limits: Settings,
+    late_since: Callable[[float], float] = lambda then: 0.0,
 ) -> list[tuple[str, float]]:
     """Nodes not heard within the deadline. A node not heard since the service could hear them
     at all (it started, took over, or resumed from a stall) is counted from then plus the agents'
     longest pause between retries: its agent, failing meanwhile, may be in that pause. So is a
     node heard only within an agent's request timeout of then: what was read may be a request
     its agent gave up on during a stall (read from the listen backlog after the resume; a
-    healthy node was lost 2.6 s after a 20 s SIGSTOP that way), its agent still pausing."""
+    healthy node was lost 2.6 s after a 20 s SIGSTOP that way), its agent still pausing.
+    ``late_since(t)``: the longest the coordinator's own loop was late after ``t``
+    (``silence.Lateness``): the node's heartbeats may have waited that long, not counted against it."""
     out = []
     fresh_from = listening_since + AGENT_REQUEST_TIMEOUT_S
     for node in nodes:
         heard = node.last_seen if node.last_seen >= fresh_from else listening_since + AGENT_RETRY_CAP_S
         heard = max(heard, node.last_seen)
-        silent = now - heard
+        silent = now - heard - late_since(heard)
         if node.state is not NodeState.LOST and silent > limits.heartbeat_deadline_s:
             out.append((node.name, silent))
     return out
@@ -165,6 +173,14 @@ class Detector:
     # task -> the launches (generations) in a row whose first step was found late (each doubles
     # the allowance of the next)
     first_step_late: dict[str, set[int]] = field(default_factory=dict)
+    # Whose fault a silence is (``silence.py``): the coordinator's own lateness, kept for as long
+    # as a node may be unheard before it is forgotten, the mass-silence alarm and the loss rate.
+    lateness: Lateness = field(default_factory=lambda: Lateness(LATENESS_KEPT_S))
+    silence: SilenceJudge = field(init=False)
+    held: set[str] = field(default_factory=set)  # silent nodes not declared lost (said once each)
+
+    def __post_init__(self) -> None:
+        self.silence = SilenceJudge(self.ctx.limits)
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
         key = (name, generation)
@@ -220,11 +236,31 @@ class Detector:
         self.deferred.pop(name, None)
         self.restored.pop(name, None)
 
+    def late(self, now: float, late_s: float) -> None:
+        """The coordinator's loop ran ``late_s`` later than planned (``silence.Lateness``)."""
+        self.lateness.add(now, late_s)
+
     def silent(self, now: float) -> list[tuple[str, float]]:
-        """The nodes silent past their deadline, with how long (``silent_nodes``)."""
+        """The nodes to declare lost now, with how long each was silent: those past their
+        deadline (``silent_nodes``), unless the silence is a mass silence or the loss rate is
+        spent (``silence.SilenceJudge``); what is held, and the alarm, are recorded."""
         if self.listening_since is None:
             self.listening_since = now
-        return silent_nodes(self.ctx.store.nodes(), now, self.listening_since, self.ctx.limits)
+        nodes = self.ctx.store.nodes()
+        past = silent_nodes(nodes, now, self.listening_since, self.ctx.limits, self.lateness.since)
+        in_service = sum(n.state is not NodeState.LOST for n in nodes)
+        verdict = self.silence.judge(past, in_service, now)
+        act = self.ctx.act
+        if verdict.alarm_began:
+            share = round(len(past) / max(1, in_service), 3)
+            act.record("mass_silence", silent=len(past), in_service=in_service, share=share)
+        if verdict.alarm_ended is not None:
+            act.record("mass_silence_over", seconds=round(verdict.alarm_ended, 3), silent=len(past))
+        why = "mass silence" if self.silence.alarm_since is not None else "node loss rate spent"
+        for name in sorted(set(verdict.held) - self.held):
+            act.record("node_loss_held", node=name, why=why)
+        self.held = set(verdict.held)
+        return verdict.lost
 
     def resumed(self, now: float, stalled_s: float) -> None:
         """The coordinator ran again after ``stalled_s`` without: every node gets a full

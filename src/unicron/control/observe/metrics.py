@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -89,6 +89,16 @@ class Metrics:
         )
         for source in PLAN_SOURCES:
             self.plan_seconds.labels(source)
+        self.mass_silence = Gauge(
+            "unicron_mass_silence",
+            "1 while a mass silence holds node losses back (control/detect/silence.py), else 0",
+            registry=r,
+        )
+        self.losses_held = count(
+            "unicron_node_losses_held", "Silent nodes not declared lost, by why", ["why"]
+        )
+        for why in ("mass silence", "node loss rate spent"):
+            self.losses_held.labels(why)
         self.decided_at: dict[int, float] = {}  # open incidents' decision times, for the transition
         self.steps_at: dict[int, tuple[str, int]] = {}  # open incidents' task and step at detection
         self._state = _State(view)
@@ -130,6 +140,10 @@ class Metrics:
             self.lost_micro_batches.labels(task).inc(int(detail.get("micro_batches", 0)))
         elif what == "outcome" and isinstance(incident, int):
             self._closed(task, incident, detail)
+        elif what in ("mass_silence", "mass_silence_over"):
+            self.mass_silence.set(1 if what == "mass_silence" else 0)
+        elif what == "node_loss_held":
+            self.losses_held.labels(str(detail.get("why"))).inc()
         elif what == "plan":
             self.plan_seconds.labels(str(detail.get("source"))).observe(float(detail.get("seconds", 0.0)))
 

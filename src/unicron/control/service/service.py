@@ -149,10 +149,13 @@ class Runtime:
         collector = GcPolicy()
 
         async def loop() -> None:
+            planned = time.monotonic()
             while True:
                 try:
+                    # How late the loop came here: it was busy (heartbeats queued meanwhile)
+                    late_s, planned = max(0.0, time.monotonic() - planned), time.monotonic() + TICK_S
                     collector.step(time.monotonic())
-                    coordinator.tick()
+                    coordinator.tick(late_s)
                 except Fenced as exc:
                     abdicate(str(exc))
                 except Exception as exc:  # keep serving; the failure is recorded

@@ -1,0 +1,121 @@
+"""Whose fault is a silence: the coordinator's own lateness, a mass silence, or the nodes'.
+
+A node is lost when it has not been heard for ``heartbeat_deadline_s``. Two things besides a
+dead node make a node unheard, and neither may cost healthy nodes (each loss shrinks or restarts
+the training tasks on it):
+
+- **The coordinator is late.** Its loop reads heartbeats and ticks on one thread: while it is
+  busy (a burst of heartbeats at scale, a slow request, a loaded host, a collector's pause) the
+  heartbeats wait in its sockets, and the nodes look silent for as long. ``Lateness`` keeps how
+  late the loop came to its ticks (measured by the service's loop: ``service.py``), and a node's
+  silence is counted without the longest the loop was late since the node was last heard: a
+  deadline stretches by the coordinator's own lag, and a node that really stopped is found
+  within the deadline plus that lag. (A stall longer than two heartbeat intervals is a pause,
+  handled as one: ``detection.stalled_for``.)
+- **Many nodes fall silent at once.** A switch, the coordinator's own network, or its host
+  failed, more likely than most of the nodes at once. As Kubernetes' node lifecycle controller
+  does (``--unhealthy-zone-threshold`` 0.55 with more than two nodes unhealthy: a partial
+  disruption; all of a zone: a full one), when more than ``mass_silence_share`` of the nodes
+  in service (at least ``mass_silence_min_nodes``), or every one of them, are silent at once, no
+  node is declared lost: an alarm is raised (``mass_silence``), and nodes are judged one by one
+  again once heartbeats come back, or once the silence has lasted ``mass_silence_hold_s`` (a
+  silence that long is taken as real: the tasks cannot train anyway).
+- **Losses acted on are rate limited** (Kubernetes' ``--node-eviction-rate``): a bucket of
+  ``node_loss_burst`` losses refilled at ``node_loss_rate_per_s``. A rack's worth is declared at
+  once; a coordinator that misjudges a large cluster takes its nodes away slowly, not all in a
+  few seconds.
+
+Pure: the verdict is a function of the silent nodes, the count in service, the time and this
+module's own state; the detector reads the store and carries the verdict out.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from unicron.core.settings import Settings
+
+
+@dataclass
+class Lateness:
+    """How late the coordinator's loop came to its ticks: the longest it was late since a given
+    time, for ``window_s``. Heartbeats wait in the sockets while the loop is busy, so the longest
+    wait since a node was last heard is how much of its silence was the coordinator's.
+
+    Kept as marks whose lateness decreases from the oldest to the newest: a mark followed by a
+    later, longer one is never the longest of a window reaching to now, so it is dropped. The
+    longest since ``then`` is then the first mark after it: O(log n)."""
+
+    window_s: float
+    times: list[float] = field(default_factory=list)  # coordinator clock, increasing
+    lates: list[float] = field(default_factory=list)  # decreasing
+
+    def add(self, now: float, late_s: float) -> None:
+        """The loop came ``late_s`` later than planned to its tick at ``now``."""
+        if late_s <= 0:
+            return
+        while self.lates and self.lates[-1] <= late_s:
+            self.times.pop()
+            self.lates.pop()
+        self.times.append(now)
+        self.lates.append(late_s)
+        drop = bisect.bisect_left(self.times, now - self.window_s)
+        if drop:
+            del self.times[:drop], self.lates[:drop]
+
+    def since(self, then: float) -> float:
+        """The longest the loop was late after ``then`` (within the window)."""
+        at = bisect.bisect_right(self.times, then)
+        return self.lates[at] if at < len(self.lates) else 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do about the nodes silent past their deadline now."""
+
+    lost: list[tuple[str, float]]  # declare these lost (name, how long silent)
+    held: list[str]  # silent, but not declared: a mass silence, or the loss rate
+    alarm_began: bool = False  # a mass silence began now
+    alarm_ended: float | None = None  # a mass silence ended now, after this many seconds
+
+
+@dataclass
+class SilenceJudge:
+    """The judge's state: the alarm, if raised, and the loss bucket."""
+
+    limits: Settings
+    alarm_since: float | None = None
+    tokens: float = -1.0  # losses that may be declared now (filled at the first verdict)
+    filled_at: float = 0.0
+
+    def judge(self, silent: list[tuple[str, float]], in_service: int, now: float) -> Verdict:
+        """``silent``: nodes past their deadline (not yet lost); ``in_service``: nodes not lost."""
+        limits = self.limits
+        mass = len(silent) >= 2 and (
+            len(silent) == in_service
+            or (
+                len(silent) >= limits.mass_silence_min_nodes
+                and len(silent) > limits.mass_silence_share * in_service
+            )
+        )
+        began, ended = False, None
+        if mass and self.alarm_since is None:
+            self.alarm_since, began = now, True
+        elif not mass and self.alarm_since is not None:
+            ended, self.alarm_since = now - self.alarm_since, None
+        holding = self.alarm_since is not None and now - self.alarm_since < limits.mass_silence_hold_s
+        if holding:
+            return Verdict([], [name for name, _ in silent], began, ended)
+        self._refill(now)
+        ordered = sorted(silent, key=lambda s: -s[1])  # the longest silent first
+        take = min(len(ordered), int(self.tokens))
+        self.tokens -= take
+        return Verdict(ordered[:take], [name for name, _ in ordered[take:]], began, ended)
+
+    def _refill(self, now: float) -> None:
+        burst = float(self.limits.node_loss_burst)
+        if self.tokens < 0:
+            self.tokens, self.filled_at = burst, now
+        self.tokens = min(burst, self.tokens + (now - self.filled_at) * self.limits.node_loss_rate_per_s)
+        self.filled_at = now

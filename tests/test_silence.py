@@ -1,0 +1,107 @@
+"""Whose fault a silence is (control/detect/silence.py), as values on hand-built states and a
+fake clock: the coordinator's own lateness is not counted against a node, a mass silence
+declares nobody lost and raises an alarm, and the losses acted on are rate limited. Then through
+the coordinator, stepped by hand (tests/fakecluster.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unicron.control.detect.detection import silent_nodes
+from unicron.control.detect.silence import Lateness, SilenceJudge
+from unicron.control.store.records import NodeRecord
+from unicron.core.settings import Settings
+from unicron.core.states import NodeState
+
+LIMITS = Settings()  # deadline 2.5 s, mass silence past 0.55 of at least 3, burst 32 at 1/s
+
+
+def node(name: str, last_seen: float, state: NodeState = NodeState.HEALTHY) -> NodeRecord:
+    return NodeRecord(id=0, name=name, slots=1, gpus=[], host="127.0.0.1", state=state, last_seen=last_seen)
+
+
+def test_the_longest_lateness_since_a_time_is_looked_up_and_shorter_older_marks_are_dropped() -> None:
+    late = Lateness(window_s=60.0)
+    for now, late_s in [(10.0, 0.3), (11.0, 0.1), (12.0, 0.8), (13.0, 0.2), (14.0, 0.0)]:
+        late.add(now, late_s)
+    assert late.times == [12.0, 13.0]  # 0.3 and 0.1 came before a longer one
+    assert late.since(9.0) == 0.8 and late.since(12.0) == 0.2 and late.since(13.0) == 0.0
+    late.add(100.0, 0.05)
+    assert late.times == [100.0] and late.since(0.0) == 0.05  # out of the window: forgotten
+
+
+def test_a_node_is_not_blamed_for_the_time_the_coordinators_loop_was_late() -> None:
+    late = Lateness(window_s=60.0)
+    late.add(101.0, 0.9)  # the loop came 0.9 s late to a tick after the node was last heard
+    nodes = [node("a", 100.0), node("b", 100.0)]
+    assert silent_nodes(nodes, 103.2, 0.0, LIMITS, late.since) == []  # 3.2 s, 0.9 of them the coordinator's
+    assert silent_nodes(nodes, 103.2, 0.0, LIMITS) != []  # (counted against the nodes before)
+    # A node that really stopped is found within the deadline plus the lag.
+    (found,) = silent_nodes([node("a", 100.0)], 103.5, 0.0, LIMITS, late.since)
+    assert found[0] == "a" and round(found[1], 3) == 2.6
+
+
+def silent(*names: str, for_s: float = 3.0) -> list[tuple[str, float]]:
+    return [(name, for_s) for name in names]
+
+
+def test_a_mass_silence_declares_nobody_lost_until_heartbeats_return_or_it_lasts_too_long() -> None:
+    judge = SilenceJudge(LIMITS)
+    first = judge.judge(silent("a", "b", "c"), in_service=5, now=10.0)  # 3 of 5: past 0.55
+    assert first.lost == [] and first.held == ["a", "b", "c"] and first.alarm_began
+    assert judge.judge(silent("a", "b", "c"), 5, 20.0).lost == []
+    back = judge.judge(silent("c"), 5, 21.0)  # a and b heard again: c is judged alone
+    assert back.alarm_ended == 11.0 and back.lost == [("c", 3.0)]
+    # All the nodes in service silent is a mass silence however few (the coordinator's network).
+    assert judge.judge(silent("x", "y"), 2, 30.0).alarm_began
+    held_on = judge.judge(silent("x", "y", for_s=63.0), 2, 30.0 + LIMITS.mass_silence_hold_s)
+    assert sorted(held_on.lost) == [("x", 63.0), ("y", 63.0)]  # held as long as allowed: real
+    # Fewer than three silent, or not past the share, is not a mass silence.
+    assert SilenceJudge(LIMITS).judge(silent("a", "b"), 3, 0.0).lost == silent("a", "b")
+    assert SilenceJudge(LIMITS).judge(silent("a", "b", "c"), 6, 0.0).lost == silent("a", "b", "c")
+
+
+def test_the_losses_acted_on_are_rate_limited() -> None:
+    judge = SilenceJudge(LIMITS)
+    names = [f"n{i:03d}" for i in range(40)]
+    first = judge.judge([(n, 3.0 + i) for i, n in enumerate(names)], in_service=100, now=0.0)
+    assert len(first.lost) == LIMITS.node_loss_burst and len(first.held) == 8
+    assert first.lost[0][0] == "n039"  # the longest silent first
+    assert len(judge.judge(silent(*first.held), 100, 0.5).lost) == 0  # half a token
+    assert len(judge.judge(silent(*first.held), 100, 3.0).lost) == 3  # one a second
+
+
+def test_the_coordinators_lateness_costs_no_node_and_a_stopped_node_is_found_after_it(make: Any) -> None:
+    cluster = make(nodes=3)
+    for _ in range(5):  # every node heard past an agent's request timeout since the start
+        cluster.step(0.5)
+    for _ in range(4):  # the loop is busy: each tick comes 0.8 s late, no heartbeat read meanwhile
+        cluster.clock.now += 0.9
+        cluster.c.tick(late_s=0.8)
+    assert not cluster.events("node_lost")  # 3.6 s unheard, of which at most 0.8 s at once
+    for _ in range(3):
+        cluster.step(0.5)
+    cluster.nodes = ("n0", "n1")  # n2 stops
+    for _ in range(5):
+        cluster.step(0.5)
+    assert cluster.c.store.node("n2").state is NodeState.HEALTHY  # type: ignore[union-attr]
+    cluster.step(0.5)
+    assert cluster.c.store.node("n2").state is NodeState.LOST  # type: ignore[union-attr]
+
+
+def test_a_mass_silence_through_the_coordinator_raises_an_alarm_and_takes_nobody_out(make: Any) -> None:
+    cluster = make(nodes=4)
+    for _ in range(5):
+        cluster.step(0.5)
+    cluster.nodes = ("n0",)  # three of four fall silent at once (a switch, not three nodes)
+    for _ in range(10):
+        cluster.step(0.5)
+    assert not cluster.events("node_lost")
+    (alarm,) = cluster.events("mass_silence")
+    assert alarm["silent"] == 3 and alarm["in_service"] == 4
+    held = [e.node for e in cluster.c.store.events(task=None) if e.kind == "node_loss_held"]
+    assert sorted(held) == ["n1", "n2", "n3"]  # each said once
+    cluster.nodes = ("n0", "n1", "n2", "n3")  # the switch is back
+    cluster.step(0.5)
+    (over,) = cluster.events("mass_silence_over")
+    assert over["silent"] == 0 and cluster.c.store.get_task("lm").generation == 1  # undisturbed
