@@ -80,12 +80,14 @@ async def agent(
     url: str, name: str, token: str, until: float, silent_at: float | None, out: dict[str, Any]
 ) -> None:
     register = request(url, "/v1/agents/register", token, Registration(node=name, slots=8).model_dump_json())
-    beat = request(
-        url,
-        "/v1/agents/heartbeat",
-        token,
-        Heartbeat(node=name, workers=[], reports=[], acked=0).model_dump_json(),
-    )
+
+    answered_at = time.monotonic()
+
+    def beat() -> bytes:  # the real agent's heartbeat: when it is sent, since the last answer
+        waited = time.monotonic() - answered_at
+        body = Heartbeat(node=name, acked=0, sent=time.time(), waited_s=waited).model_dump_json()
+        return request(url, "/v1/agents/heartbeat", token, body)
+
     connection = Connection(url)
     interval = 0.5
     poller = asyncio.create_task(poll_orders(url, name, token, until, silent_at))
@@ -103,9 +105,10 @@ async def agent(
                     raise ConnectionError(f"registration answered {status}")
                 interval = float(json.loads(body)["heartbeat_interval_s"])
                 registered = True
-            status, body = await connection.post(beat)
+            status, body = await connection.post(beat())
             if status != 200:
                 raise ConnectionError(f"heartbeat answered {status}")
+            answered_at = time.monotonic()
             out["latency"].append([time.time(), time.monotonic() - began])
             registered = b'"registered":false' not in body.replace(b" ", b"")
             if silent_at is not None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from unicron.control.detect.detection import silent_nodes
-from unicron.control.detect.silence import Lateness, SilenceJudge
+from unicron.control.detect.silence import BeatDelays, Lateness, SilenceJudge
 from unicron.control.store.records import NodeRecord
+from unicron.core.protocol import Heartbeat
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState
 
@@ -38,7 +39,7 @@ def test_a_node_is_not_blamed_for_the_time_the_coordinators_loop_was_late() -> N
     assert silent_nodes(nodes, 103.2, 0.0, LIMITS) != []  # (counted against the nodes before)
     # A node that really stopped is found within the deadline plus the lag.
     (found,) = silent_nodes([node("a", 100.0)], 103.5, 0.0, LIMITS, late.since)
-    assert found[0] == "a" and round(found[1], 3) == 2.6
+    assert found[0] == "a" and round(found[1], 3) == 3.5  # its whole silence, as the loss records
 
 
 def silent(*names: str, for_s: float = 3.0) -> list[tuple[str, float]]:
@@ -105,3 +106,53 @@ def test_a_mass_silence_through_the_coordinator_raises_an_alarm_and_takes_nobody
     cluster.step(0.5)
     (over,) = cluster.events("mass_silence_over")
     assert over["silent"] == 0 and cluster.c.store.get_task("lm").generation == 1  # undisturbed
+
+
+def test_heartbeats_that_waited_in_the_coordinators_sockets_say_how_far_behind_it_is() -> None:
+    delays = BeatDelays(kept=6)
+    # Each node's least delay holds its clock's offset (n1's is 5 s ahead) and its network.
+    for t in (0.0, 0.5):
+        delays.heard("n0", 0.010, 0.0, t)
+        delays.heard("n1", -5.0, 0.0, t)
+        delays.heard("n2", 0.020, 0.0, t)
+    assert delays.lag() == 0.0
+    # The coordinator falls behind: the heartbeats it reads now waited about 1.2 s.
+    for t in (2.0, 2.5):
+        for node, floor in (("n0", 0.010), ("n1", -5.0), ("n2", 0.020)):
+            delays.heard(node, floor + 1.2, 0.0, t)
+    assert abs(delays.lag() - 1.2) < 1e-9  # and stays so while it reads nothing more
+    # Caught up; then one heartbeat delayed on its way (a link that came back) says nothing.
+    for t in (4.0, 4.2, 4.4):
+        delays.heard("n0", 0.010, 0.0, t)
+        delays.heard("n2", 0.020, 0.0, t)
+    delays.heard("n1", -5.0 + 9.0, 8.5, 4.5)  # (its agent had no answer for 9 s)
+    assert delays.lag() == 0.0
+
+
+def test_a_coordinator_whose_heartbeats_wait_in_its_sockets_loses_no_node(make: Any) -> None:
+    """Its loop ticks on time, but the heartbeats it reads were sent 2 s before: a backlog, in
+    which one node's are not read for 3 s. Its silence is the coordinator's."""
+    cluster = make(nodes=3)
+    for _ in range(5):
+        cluster.step(0.5)
+
+    def read(node: str, waited_s: float) -> None:
+        sent = cluster.clock.now - waited_s
+        cluster.c.heartbeat(Heartbeat(node=node, acked=cluster.acked.get(node, 0), sent=sent))
+
+    for node in cluster.nodes:
+        read(node, 0.01)  # each node's delay on an idle coordinator
+    for _ in range(6):
+        cluster.clock.now += 0.5
+        read("n0", 2.0)
+        read("n1", 2.0)
+        cluster.c.tick()
+    assert not cluster.events("node_lost")  # n2 unheard for 3 s, the coordinator 2 s behind
+    while not cluster.events("node_lost"):  # the backlog is gone; n2 stays silent
+        assert cluster.clock.now < 1_000_100, "n2 never found lost"
+        cluster.clock.now += 0.1
+        read("n0", 0.01)
+        read("n1", 0.01)
+        cluster.c.tick()
+    (lost,) = cluster.events("node_lost")  # within the deadline plus the coordinator's lag
+    assert LIMITS.heartbeat_deadline_s + 2.0 <= lost["silent_s"] <= LIMITS.heartbeat_deadline_s + 2.0 + 0.11

@@ -284,7 +284,9 @@ class Coordinator:
         if node is None or node.state is NodeState.LOST:
             # Unknown, or declared lost: it must register again (and its stale workers stop).
             return HeartbeatReply(registered=False)
-        self.act.node_seen(hb.node, self.clock())
+        now = self.clock()
+        self.act.node_seen(hb.node, now)
+        self.detector.heard(hb.node, hb.sent, hb.waited_s, now)
         for report in hb.reports:
             try:
                 self.handle_report(report, hb.node)

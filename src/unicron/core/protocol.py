@@ -401,6 +401,12 @@ class Heartbeat(_Message):
     workers: list[WorkerState] = Field(default_factory=list)
     reports: list[WorkerReport] = Field(default_factory=list)
     acked: Int = 0  # the last order number carried out
+    # When the agent sent it (Unix time, each attempt anew): how long heartbeats wait before the
+    # coordinator reads them tells it how far behind it is (``control/detect/silence.py``).
+    sent: UnixTime | None = None
+    # Seconds since the agent's last answered heartbeat: a node whose requests the coordinator
+    # left unanswered (timed out in its backlog) was alive all along, and says so when one is read.
+    waited_s: Seconds | None = None
 
 
 class OrderBatch(_Message):

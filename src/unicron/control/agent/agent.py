@@ -108,6 +108,7 @@ class Agent:
         self.urgent = asyncio.Event()
         self.interval = 0.5
         self.registered = False
+        self.answered_at = time.monotonic()  # the last heartbeat the coordinator answered
         self.stopping = False
         self.acked = 0  # the number of the last order carried out
         # Retries back off while the coordinator does not answer (capped: a node must come back
@@ -330,10 +331,13 @@ class Agent:
             workers=[w.state() for w in self.workers.values()],
             reports=sending,
             acked=self.acked,
+            sent=time.time(),
+            waited_s=time.monotonic() - self.answered_at,
         )
         began = time.monotonic()
         response = await client.post(f"{self.url}/v1/agents/heartbeat", content=hb.model_dump_json())
         response.raise_for_status()
+        self.answered_at = time.monotonic()
         self.metrics.beat(time.monotonic() - began, sending, time.time())
         del self.reports[: len(sending)]
         reply = HeartbeatReply.model_validate_json(response.content)

@@ -20,7 +20,7 @@ from unicron.control.context import Context
 from unicron.control.detect.hangs import WorkerKey, hang_verdict, unheard
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import PeerCheck, outcome, probe_endpoints
-from unicron.control.detect.silence import Lateness, SilenceJudge
+from unicron.control.detect.silence import BeatDelays, Lateness, SilenceJudge
 from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.core.protocol import (
     AGENT_REQUEST_TIMEOUT_S,
@@ -95,8 +95,8 @@ def silent_nodes(
     for node in nodes:
         heard = node.last_seen if node.last_seen >= fresh_from else listening_since + AGENT_RETRY_CAP_S
         heard = max(heard, node.last_seen)
-        silent = now - heard - late_since(heard)
-        if node.state is not NodeState.LOST and silent > limits.heartbeat_deadline_s:
+        silent = now - heard  # (what the loss records: its last heartbeat is when the fault began)
+        if node.state is not NodeState.LOST and silent - late_since(heard) > limits.heartbeat_deadline_s:
             out.append((node.name, silent))
     return out
 
@@ -176,6 +176,7 @@ class Detector:
     # Whose fault a silence is (``silence.py``): the coordinator's own lateness, kept for as long
     # as a node may be unheard before it is forgotten, the mass-silence alarm and the loss rate.
     lateness: Lateness = field(default_factory=lambda: Lateness(LATENESS_KEPT_S))
+    delays: BeatDelays = field(default_factory=BeatDelays)
     silence: SilenceJudge = field(init=False)
     held: set[str] = field(default_factory=set)  # silent nodes not declared lost (said once each)
 
@@ -237,8 +238,16 @@ class Detector:
         self.restored.pop(name, None)
 
     def late(self, now: float, late_s: float) -> None:
-        """The coordinator's loop ran ``late_s`` later than planned (``silence.Lateness``)."""
-        self.lateness.add(now, late_s)
+        """A tick at ``now`` that the loop came to ``late_s`` later than planned: the coordinator
+        is as late as that or as the heartbeats it reads waited, whichever is more."""
+        self.lateness.add(now, max(late_s, self.delays.lag()))
+
+    def heard(self, node: str, sent: float | None, waited_s: float | None, now: float) -> None:
+        """A heartbeat its agent sent at ``sent``, ``waited_s`` after its last answered one (None:
+        it did not say), was read ``now``."""
+        if sent is not None:
+            unanswered = max(0.0, (waited_s or 0.0) - self.ctx.limits.heartbeat_interval_s)
+            self.delays.heard(node, now - sent, unanswered, now)
 
     def silent(self, now: float) -> list[tuple[str, float]]:
         """The nodes to declare lost now, with how long each was silent: those past their

@@ -7,10 +7,12 @@ the training tasks on it):
 - **The coordinator is late.** Its loop reads heartbeats and ticks on one thread: while it is
   busy (a burst of heartbeats at scale, a slow request, a loaded host, a collector's pause) the
   heartbeats wait in its sockets, and the nodes look silent for as long. ``Lateness`` keeps how
-  late the loop came to its ticks (measured by the service's loop: ``service.py``), and a node's
-  silence is counted without the longest the loop was late since the node was last heard: a
-  deadline stretches by the coordinator's own lag, and a node that really stopped is found
-  within the deadline plus that lag. (A stall longer than two heartbeat intervals is a pause,
+  late the coordinator is: the later of how late its loop came to a tick (measured by the
+  service's loop: ``service.py``) and how long the heartbeats it reads waited (``BeatDelays``,
+  from the time each agent says it sent one), and a node's silence is counted without the most
+  the coordinator was late since the node was last heard: a deadline stretches by the
+  coordinator's own lag, and a node that really stopped is found within the deadline plus that
+  lag. (A stall longer than two heartbeat intervals is a pause,
   handled as one: ``detection.stalled_for``.)
 - **Many nodes fall silent at once.** A switch, the coordinator's own network, or its host
   failed, more likely than most of the nodes at once. As Kubernetes' node lifecycle controller
@@ -32,6 +34,7 @@ module's own state; the detector reads the store and carries the verdict out.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from dataclasses import dataclass, field
 
 from unicron.core.settings import Settings
@@ -68,6 +71,50 @@ class Lateness:
         """The longest the loop was late after ``then`` (within the window)."""
         at = bisect.bisect_right(self.times, then)
         return self.lates[at] if at < len(self.lates) else 0.0
+
+
+QUANTILE = 0.9  # of the waits heartbeats tell of: how far behind the coordinator is
+
+
+@dataclass
+class BeatDelays:
+    """How long heartbeats waited before the coordinator read them. Each heartbeat says when its
+    agent sent it; its delay (read time minus that) above the least its node's showed in the last
+    ``floor_kept_s`` (which holds the node's clock offset and its network's floor) is time it
+    spent in the coordinator's sockets; and an agent whose requests timed out unanswered in the
+    coordinator's backlog says, when one is read, how long it has had no answer. The
+    ``QUANTILE`` of these over the last ``kept`` read is how far behind the coordinator is: a
+    backlog that a tick's own lateness does not show (heartbeats wait in sockets, not on the
+    loop), and starved nodes (a loaded coordinator answers some connections late and others not
+    at all). The last ones read, not the last second's: a coordinator too busy to read any keeps
+    the lag it last knew. A quantile, so that a few heartbeats delayed on their way (nodes whose
+    link came back) say nothing of the coordinator."""
+
+    kept: int = 64
+    floor_kept_s: float = 600.0
+    floors: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (least, since)
+    recent: deque[float] = field(default_factory=deque)  # the last ``kept`` excesses read
+
+    def heard(self, node: str, delay_s: float, unanswered_s: float, now: float) -> None:
+        """A heartbeat of ``node`` read ``delay_s`` after it was sent (by the two clocks), whose
+        agent had had no answer for ``unanswered_s`` beyond its heartbeat interval."""
+        floor, since = self.floors.get(node, (delay_s, now))
+        if delay_s < floor or now - since > self.floor_kept_s:
+            floor, since = delay_s, now
+        self.floors[node] = (floor, since)
+        self.recent.append(max(delay_s - floor, unanswered_s))
+        if len(self.recent) > self.kept:
+            self.recent.popleft()
+
+    def lag(self) -> float:
+        """The ``QUANTILE`` of the waits the last heartbeats read tell of."""
+        if not self.recent:
+            return 0.0
+        ordered = sorted(self.recent)
+        return ordered[int(QUANTILE * (len(ordered) - 1))]
+
+    def forget(self, node: str) -> None:
+        self.floors.pop(node, None)
 
 
 @dataclass(frozen=True)
