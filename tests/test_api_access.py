@@ -46,6 +46,8 @@ NEEDS = {
     ("post", "/v1/nodes/{name}/drain"): Need.MANAGE,
     ("post", "/v1/nodes/{name}/resume"): Need.MANAGE,
     ("post", "/v1/tokens/revoked"): Need.MANAGE,
+    ("post", "/v1/node-losses"): Need.MANAGE,
+    ("get", "/v1/node-losses"): Need.READ,
     ("post", "/v1/agents/register"): Need.OWN_NODE,
     ("post", "/v1/agents/heartbeat"): Need.OWN_NODE,
     ("get", "/v1/agents/{node}/orders"): Need.OWN_NODE,
@@ -57,6 +59,7 @@ BODIES = {
     "/v1/agents/register": {"json": {"node": NODE, "slots": 2}},
     "/v1/agents/heartbeat": {"json": {"node": NODE}},
     "/v1/tokens/revoked": {"json": {"jti": "0" * 32}},
+    "/v1/node-losses": {"json": {"held": False}},
     "/v1/agents/{node}/logs": {"json": {"request": "0" * 32}},
 }
 
@@ -253,3 +256,21 @@ def test_a_token_revoked_through_the_api_stays_refused_by_the_next_coordinator(
     assert not (state / "revoked-tokens").exists()  # in the store, not in this host's file
     with TestClient(create_app(settings)) as successor:
         assert successor.get("/v1/tasks", headers=viewer).status_code == 401
+
+
+def test_an_admin_holds_node_losses_and_the_next_coordinator_too(state: Path, tmp_path: Path) -> None:
+    """A planned change of the network: no silent node is declared lost until released."""
+    settings = CoordinatorSettings(state_dir=state, checkpoint_root=tmp_path / "ckpt")
+    admin = auth(state, Role.ADMIN, "ops")
+    with TestClient(create_app(settings)) as app:
+        held = app.post("/v1/node-losses", json={"held": True, "reason": "switch upgrade"}, headers=admin)
+        assert held.json() == {"held": True}
+        assert app.post("/v1/node-losses", json={"held": "maybe"}, headers=admin).status_code == 422
+    with TestClient(create_app(settings)) as successor:
+        hold = successor.get("/v1/node-losses", headers=auth(state, Role.VIEWER, "v")).json()
+        assert hold["held"] and hold["reason"] == "switch upgrade"
+        released = successor.post("/v1/node-losses", json={"held": False}, headers=admin)
+        assert released.json() == {"held": False}
+        assert not successor.get("/v1/node-losses", headers=admin).json()["held"]
+        kinds = [e["kind"] for e in successor.get("/v1/events", headers=admin).json()]
+        assert kinds.count("node_losses_held") == 1 and kinds.count("node_losses_released") == 1

@@ -156,3 +156,11 @@ def test_a_coordinator_whose_heartbeats_wait_in_its_sockets_loses_no_node(make: 
         cluster.c.tick()
     (lost,) = cluster.events("node_lost")  # within the deadline plus the coordinator's lag
     assert LIMITS.heartbeat_deadline_s + 2.0 <= lost["silent_s"] <= LIMITS.heartbeat_deadline_s + 2.0 + 0.11
+
+
+def test_an_admins_hold_declares_no_loss_until_released() -> None:
+    judge = SilenceJudge(LIMITS, by_hand=True)
+    held = judge.judge(silent("a"), in_service=10, now=0.0)
+    assert held.lost == [] and held.held == ["a"]
+    judge.by_hand = False
+    assert judge.judge(silent("a"), 10, 1.0).lost == silent("a")

@@ -295,6 +295,25 @@ def node_resume(
     node_action(Api.of(coordinator, token_file, ca), name, "resume")
 
 
+@node_app.command("hold-losses")
+def node_hold_losses(
+    reason: Annotated[str, typer.Option(help="why (recorded with the event)")] = "",
+    release: Annotated[bool, typer.Option(help="release the hold instead")] = False,
+    coordinator: URL = "http://127.0.0.1:8470",
+    token_file: TOKEN_FILE = None,
+    ca: CA = None,
+) -> None:
+    """Hold every node loss: no silent node is declared lost until released (a planned change of
+    the network); --release lets the coordinator judge silent nodes again."""
+    from unicron.cli.console import console
+    from unicron.cli.live import Api
+
+    answer = Api.of(coordinator, token_file, ca).request(
+        "POST", "/v1/node-losses", json={"held": not release, "reason": reason}
+    )
+    console().print("node losses: held" if answer["held"] else "node losses: judged again")
+
+
 @node_app.command("remove")
 def node_remove(
     name: str, coordinator: URL = "http://127.0.0.1:8470", token_file: TOKEN_FILE = None, ca: CA = None

@@ -54,6 +54,7 @@ from unicron.core.kept import (
     InFlight,
     Isolations,
     LadderCounts,
+    LossesHeld,
     MeasuredRates,
     RevokedToken,
     RevokedTokens,
@@ -161,6 +162,7 @@ class Coordinator:
             t.jti for t in (self.store.kept_record(RevokedTokens) or RevokedTokens()).tokens
         )
         self.detector.restored = dict((self.store.kept_record(StepTimes) or StepTimes()).tasks)
+        self.detector.silence.by_hand = (self.store.kept_record(LossesHeld) or LossesHeld()).held
         self.step_times_kept: tuple[float, dict[str, list[float]]] = (0.0, self.detector.step_times())
 
     def spec(self, name: str) -> LiveTaskSpec:
@@ -216,6 +218,17 @@ class Coordinator:
         resumable(name, self.store.node(name))
         self.act.node_out_of_service(name, NodeState.HEALTHY, "node_resumed")
         self.dirty = True
+
+    def node_losses(self) -> LossesHeld:
+        """An admin's hold on node losses, as kept."""
+        return self.store.kept_record(LossesHeld) or LossesHeld()
+
+    def hold_node_losses(self, held: bool, reason: str) -> None:
+        """An admin holds every node loss (no silent node is declared lost) or releases the
+        hold (``detect/silence.py``); kept, so that a successor holds them too."""
+        self.detector.silence.by_hand = held
+        self.act.keep(LossesHeld(held=held, reason=reason, since=self.clock()))
+        self.act.record("node_losses_held" if held else "node_losses_released", reason=reason)
 
     def _ended(self, name: str, state: TaskState, event: str, **detail: Any) -> None:
         self.act.task_ended(name, state, self.clock())

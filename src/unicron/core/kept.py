@@ -109,6 +109,16 @@ class Isolations(Kept):
     until: dict[str, float] = {}
 
 
+class LossesHeld(Kept):
+    """An admin's hold on node losses (``control/detect/silence.py``): while it is on, no silent
+    node is declared lost (say, through a planned network change); ``reason`` is theirs."""
+
+    NAME: ClassVar[str] = "losses_held"
+    held: bool = False
+    reason: str = ""
+    since: float = 0.0
+
+
 class GrowInFlight(BaseModel):
     """A grow whose newcomers were launched and have not joined yet
     (``control/recover/generations.py:Growth``)."""

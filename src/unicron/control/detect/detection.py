@@ -265,7 +265,13 @@ class Detector:
             act.record("mass_silence", silent=len(past), in_service=in_service, share=share)
         if verdict.alarm_ended is not None:
             act.record("mass_silence_over", seconds=round(verdict.alarm_ended, 3), silent=len(past))
-        why = "mass silence" if self.silence.alarm_since is not None else "node loss rate spent"
+        why = (
+            "held by hand"
+            if self.silence.by_hand
+            else "mass silence"
+            if self.silence.alarm_since is not None
+            else "node loss rate spent"
+        )
         for name in sorted(set(verdict.held) - self.held):
             act.record("node_loss_held", node=name, why=why)
         self.held = set(verdict.held)

@@ -22,6 +22,8 @@ the training tasks on it):
   node is declared lost: an alarm is raised (``mass_silence``), and nodes are judged one by one
   again once heartbeats come back, or once the silence has lasted ``mass_silence_hold_s`` (a
   silence that long is taken as real: the tasks cannot train anyway).
+- **An admin may hold every loss by hand** (``unicron node hold-losses``, say through a planned
+  change of the network), until released; the hold outlives a coordinator's restart.
 - **Losses acted on are rate limited** (Kubernetes' ``--node-eviction-rate``): a bucket of
   ``node_loss_burst`` losses refilled at ``node_loss_rate_per_s``. A rack's worth is declared at
   once; a coordinator that misjudges a large cluster takes its nodes away slowly, not all in a
@@ -132,6 +134,7 @@ class SilenceJudge:
     """The judge's state: the alarm, if raised, and the loss bucket."""
 
     limits: Settings
+    by_hand: bool = False  # an admin holds every loss (``unicron node hold-losses``)
     alarm_since: float | None = None
     tokens: float = -1.0  # losses that may be declared now (filled at the first verdict)
     filled_at: float = 0.0
@@ -152,7 +155,7 @@ class SilenceJudge:
         elif not mass and self.alarm_since is not None:
             ended, self.alarm_since = now - self.alarm_since, None
         holding = self.alarm_since is not None and now - self.alarm_since < limits.mass_silence_hold_s
-        if holding:
+        if holding or self.by_hand:
             return Verdict([], [name for name, _ in silent], began, ended)
         self._refill(now)
         ordered = sorted(silent, key=lambda s: -s[1])  # the longest silent first

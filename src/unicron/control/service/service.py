@@ -230,6 +230,11 @@ class DrainRequest(BaseModel):
     reason: str = Field("", max_length=200, description="why (recorded with the event)")
 
 
+class LossHoldRequest(BaseModel):
+    held: bool = Field(description="true: hold every node loss; false: release the hold")
+    reason: str = Field("", max_length=200, description="why (recorded with the event)")
+
+
 class Problem(BaseModel):
     path: str
     message: str
@@ -400,6 +405,14 @@ def _manage_routes(runtime: Runtime) -> APIRouter:
         await runtime.durable()
         return {"draining": name}
 
+    @router.post("/v1/node-losses")
+    async def hold_node_losses(body: LossHoldRequest) -> dict[str, bool]:
+        """Hold every node loss (no silent node is declared lost: say, through a planned change
+        of the network) or release the hold. It outlives a restart of the coordinator."""
+        runtime.c.hold_node_losses(body.held, body.reason)
+        await runtime.durable()
+        return {"held": body.held}
+
     @router.post("/v1/nodes/{name}/resume")
     async def resume_node(name: str) -> dict[str, str]:
         """Put a drained node back in service."""
@@ -434,6 +447,11 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
     @router.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @router.get("/v1/node-losses")
+    async def node_losses() -> dict[str, Any]:
+        """Whether an admin holds node losses, why and since when."""
+        return runtime.c.node_losses().model_dump(exclude={"NAME"})
 
     @router.get("/v1/nodes")
     async def nodes() -> list[dict[str, Any]]:
