@@ -21,6 +21,7 @@ from unicron.control.service.credentials import Credentials, resolve, write_toke
 from unicron.core.access import Role
 from unicron.core.coordinators import parse_coordinators
 from unicron.core.errors import UnicronError, UsageError
+from unicron.core.limits import MAX_LABEL_CHARS, MAX_SLOTS
 from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, parse_live_cluster
 from unicron.core.names import check_name
 from unicron.core.safeyaml import load_yaml_text
@@ -120,12 +121,25 @@ def run_agent(
 
     name = check_name(node or socket.gethostname(), "--node")
     devices = [g for g in (gpus or "").split(",") if g]
+    check_node_size(slots, devices)
     try:
         where = NodeAddress(address, interface_of(address)) if address else NodeAddress()
     except AddressError as exc:
         raise UsageError(str(exc)) from None
     folder = run_dir or Path(f".unicron/agents/{name}")
     start(url, name, slots, folder, devices, credentials, where, metrics_port)
+
+
+def check_node_size(slots: int, gpus: list[str]) -> None:
+    """Refuse at start what the coordinator would refuse at every registration (``core/limits.py``),
+    rather than let the agent retry for ever."""
+    if not 1 <= slots <= MAX_SLOTS:
+        raise UsageError(f"--slots {slots}: give 1 to {MAX_SLOTS} worker slots (GPUs) for one node")
+    if len(gpus) > MAX_SLOTS:
+        raise UsageError(f"--gpus: {len(gpus)} ids; give at most {MAX_SLOTS} (one per slot)")
+    long = next((g for g in gpus if len(g) > MAX_LABEL_CHARS), None)
+    if long is not None:
+        raise UsageError(f"--gpus: an id of {len(long)} characters; give ids of at most {MAX_LABEL_CHARS}")
 
 
 def create_token(

@@ -19,10 +19,12 @@ from unicron.core.limits import (
     MAX_TASKS_PER_SUBMIT,
     MAX_TEXT_CHARS,
     MAX_WORKERS,
+    Bound,
+    Bounds,
     Seconds,
     Steps,
 )
-from unicron.core.safeyaml import Bound, Bounds, load_yaml_text
+from unicron.core.safeyaml import load_yaml_text
 from unicron.core.specs import (
     FIX_MARK,
     NodeHardware,

@@ -17,12 +17,33 @@ from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, TypeAda
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from unicron.core.limits import MAX_JSON_INT, Int, Seconds, UnixTime, refuse_bool_numbers
+from unicron.core.limits import (
+    MAX_FIELDS,
+    MAX_JSON_INT,
+    MAX_LABEL_CHARS,
+    MAX_LISTED_WORKERS,
+    MAX_NOTE_CHARS,
+    MAX_PEERS,
+    MAX_REPORTS_PER_BEAT,
+    MAX_SKIPPED,
+    MAX_SLOTS,
+    MAX_STACK_CHARS,
+    Bound,
+    EntryBounds,
+    Int,
+    Seconds,
+    UnixTime,
+    refuse_bool_numbers,
+)
 from unicron.core.names import NAME_PATTERN
 
 INT_KEY = "^-?[0-9]{1,18}$"  # a JSON object's keys that are integers (pids, ranks)
 IntKey = Annotated[int, Field(ge=-(10**18 - 1), le=10**18 - 1)]  # the same, as a number
 LOG_TAIL_LINES, LOG_TAIL_CHARS = 20, 2000  # of a worker's output, in an exit before its first step
+# The texts of agents' messages, bounded (``core/limits.py``).
+Label = Annotated[str, Field(max_length=MAX_LABEL_CHARS)]  # a name, an id, a kind
+Note = Annotated[str, Field(max_length=MAX_NOTE_CHARS)]  # a path, a message, a traceback's end
+Stack = Annotated[str, Field(max_length=MAX_STACK_CHARS)]  # one worker's stack dump
 
 
 class _Message(BaseModel):
@@ -50,7 +71,7 @@ class _Message(BaseModel):
 
 class IterationReport(_Message):
     type: Literal["iteration"] = "iteration"
-    task: str
+    task: Label
     generation: Int
     rank: Int
     step: Int  # the step just completed (1-based: after it, `step` optimizer steps are done)
@@ -70,11 +91,11 @@ class FaultReport(_Message):
     """Sent by the fault-injection library just before it injects a fault (for measurements)."""
 
     type: Literal["fault"] = "fault"
-    task: str
+    task: Label
     generation: Int
     rank: Int
     step: Int
-    action: str
+    action: Label
     time: UnixTime
     # Its place in the task's list of faults: a generation-0 fault is claimed once by this
     # index, and the coordinator claims it again in a store it re-creates after a restart.
@@ -83,24 +104,24 @@ class FaultReport(_Message):
 
 class ExceptionReport(_Message):
     type: Literal["exception"] = "exception"
-    task: str
+    task: Label
     generation: Int
     rank: Int
     step: Int
-    error_type: str
-    message: str
-    kind: str = "other"  # an ErrorKind value, classified inside the worker
-    traceback: str = ""
+    error_type: Label
+    message: Note
+    kind: Label = "other"  # an ErrorKind value, classified inside the worker
+    traceback: Note = ""
     time: UnixTime = 0.0  # when it was raised (Unix time)
 
 
 class CheckpointReport(_Message):
     type: Literal["checkpoint"] = "checkpoint"
-    task: str
+    task: Label
     generation: Int
     rank: Int
     step: Int
-    path: str
+    path: Note
 
 
 class RestoredReport(_Message):
@@ -108,13 +129,15 @@ class RestoredReport(_Message):
     over because they were unreadable or did not match their digest."""
 
     type: Literal["restored"] = "restored"
-    task: str
+    task: Label
     generation: Int
     rank: Int
     step: Int
-    source: str  # "host_memory" | "persistent"
-    path: str
-    skipped: list[tuple[str, str]] = Field(default_factory=list)  # (file, why)
+    source: Label  # "host_memory" | "persistent"
+    path: Note
+    skipped: list[tuple[Note, Note]] = Field(  # (file, why)
+        default_factory=list, max_length=MAX_SKIPPED, fail_fast=True
+    )
 
 
 StorageTier = Literal["persistent", "host_memory"]  # where checkpoints are kept
@@ -126,33 +149,33 @@ class StorageReport(_Message):
     writing rank when the tier's state changes, not at every failed save."""
 
     type: Literal["storage"] = "storage"
-    task: str
+    task: Label
     generation: Int
     rank: Int
     step: Int
     tier: StorageTier
     ok: bool
-    error: str = Field(default="", max_length=2000)
+    error: Note = ""  # (the worker sends at most 2,000 characters)
     time: UnixTime = 0.0  # when the tier failed or came back (Unix time)
 
 
 class DoneReport(_Message):
     type: Literal["done"] = "done"
-    task: str
+    task: Label
     generation: Int
     rank: Int
     step: Int
-    digest: str  # parameter checksum at the end, for checking replicas agree
+    digest: Label  # parameter checksum at the end, for checking replicas agree
 
 
 class ExitReport(_Message):
     """Written by the agent when a worker process ends."""
 
     type: Literal["exit"] = "exit"
-    task: str
+    task: Label
     generation: Int
     rank: Int
-    node: str
+    node: Label
     code: Int | None  # exit status, or None when killed by a signal
     signal: Int | None
     time: UnixTime = 0.0  # when the agent saw the exit (Unix time): the detection time starts here
@@ -170,13 +193,16 @@ class StacksReport(_Message):
     from faulthandler), keyed by rank; a stopped process cannot dump and has none."""
 
     type: Literal["stacks"] = "stacks"
-    task: str
+    task: Label
     generation: Int  # the generation the dump was ordered for
-    node: str
-    # pid -> stack
-    stacks: dict[IntKey, str] = Field(json_schema_extra={"propertyNames": {"pattern": INT_KEY}})
+    node: Label
+    # rank -> stack (the agent shares MAX_STACKS_CHARS among them: ``control/agent/stackdump.py``)
+    stacks: dict[IntKey, Stack] = Field(
+        max_length=MAX_LISTED_WORKERS, json_schema_extra={"propertyNames": {"pattern": INT_KEY}}
+    )
     time: UnixTime = 0.0
-    unreachable: list[str] | None = None  # with ``peers`` ordered: the peers this node cannot connect to
+    # with ``peers`` ordered: the peers this node cannot connect to
+    unreachable: Annotated[list[Label], Field(max_length=MAX_PEERS, fail_fast=True)] | None = None
     # with ``peers`` ordered: how many of the task's worker connections here wait on a TCP
     # retransmission (``control/tcpretrans``): a stall on a lossy link, not a hang
     retransmitting: Int | None = None
@@ -187,11 +213,11 @@ class LaunchFailedReport(_Message):
     executable, no memory for a process)."""
 
     type: Literal["launch_failed"] = "launch_failed"
-    task: str
+    task: Label
     generation: Int
     rank: Int
-    node: str
-    error: str
+    node: Label
+    error: Note
     time: UnixTime = 0.0
 
 
@@ -235,7 +261,7 @@ class Progress(_Message):
     generation: Int = 0  # the generation the worker is in (it moves on when it adopts the next)
     step: Int  # the step being trained
     phase: Phase
-    what: str = ""  # e.g. the collective's name
+    what: Label = ""  # e.g. the collective's name
     micro_batch: Int = 0  # micro-batches of the step done so far
     time: UnixTime = 0.0
 
@@ -371,7 +397,7 @@ Order = Annotated[
 
 
 class WorkerState(_Message):
-    task: str
+    task: Label
     generation: Int
     rank: Int
     pid: Int
@@ -381,13 +407,17 @@ class WorkerState(_Message):
     progress: Progress | None = None  # the latest the worker sent (None: it sends none)
 
 
+# What an agent lists of its workers: the running ones and those that exited lately.
+Listed = Annotated[list[WorkerState], Field(max_length=MAX_LISTED_WORKERS, fail_fast=True)]
+
+
 class Registration(_Message):
     node: str = Field(pattern=NAME_PATTERN)
-    slots: Int = Field(gt=0)
-    gpus: list[str] = Field(default_factory=list)  # device ids, empty without GPUs
-    host: str = "127.0.0.1"
+    slots: int = Field(gt=0, le=MAX_SLOTS)  # (Int's own bound would win over this one)
+    gpus: list[Label] = Field(default_factory=list, max_length=MAX_SLOTS)  # device ids, none without GPUs
+    host: Label = "127.0.0.1"
     probe_port: Int = 0  # the agent's peer-probe listener on ``host`` (0: none)
-    workers: list[WorkerState] = Field(default_factory=list)
+    workers: Listed = Field(default_factory=list)
 
 
 class RegistrationReply(_Message):
@@ -398,8 +428,9 @@ class RegistrationReply(_Message):
 
 class Heartbeat(_Message):
     node: str = Field(pattern=NAME_PATTERN)
-    workers: list[WorkerState] = Field(default_factory=list)
-    reports: list[WorkerReport] = Field(default_factory=list)
+    workers: Listed = Field(default_factory=list)
+    # The agent sends more in the heartbeats that follow at once (``control/agent/agent.py``).
+    reports: list[WorkerReport] = Field(default_factory=list, max_length=MAX_REPORTS_PER_BEAT, fail_fast=True)
     acked: Int = 0  # the last order number carried out
     # When the agent sent it (Unix time, each attempt anew): how long heartbeats wait before the
     # coordinator reads them tells it how far behind it is (``control/detect/silence.py``).
@@ -407,6 +438,41 @@ class Heartbeat(_Message):
     # Seconds since the agent's last answered heartbeat: a node whose requests the coordinator
     # left unanswered (timed out in its backlog) was alive all along, and says so when one is read.
     waited_s: Seconds | None = None
+
+
+# What a registration or a heartbeat may hold, checked on its parsed body before either model is
+# built (``control/service/agentchannel.py``), so that the worst body under MAX_BODY_BYTES is
+# refused without validating thousands of entries; the models' fields say the same bounds.
+FIELDS = Bound(MAX_FIELDS, "fields", "send only the message's fields (the OpenAPI schema at /openapi.json)")
+AGENT_BOUNDS = EntryBounds(
+    {
+        (): FIELDS,
+        ("gpus",): Bound(MAX_SLOTS, "GPUs", f"offer at most {MAX_SLOTS} GPUs (and slots) on one node"),
+        ("workers",): Bound(
+            MAX_LISTED_WORKERS,
+            "workers",
+            f"list at most {MAX_LISTED_WORKERS} workers: the running ones and those that exited lately",
+        ),
+        ("workers", "[]"): FIELDS,
+        ("workers", "[]", "progress"): FIELDS,
+        ("reports",): Bound(
+            MAX_REPORTS_PER_BEAT,
+            "reports",
+            f"send at most {MAX_REPORTS_PER_BEAT} reports in one heartbeat, the rest in the next ones",
+        ),
+        ("reports", "[]"): FIELDS,
+        ("reports", "[]", "stacks"): Bound(
+            MAX_LISTED_WORKERS, "stacks", f"report at most {MAX_LISTED_WORKERS} workers' stacks at once"
+        ),
+        ("reports", "[]", "skipped"): Bound(
+            MAX_SKIPPED, "copies passed over", f"name at most {MAX_SKIPPED} checkpoint copies passed over"
+        ),
+        ("reports", "[]", "skipped", "[]"): Bound(2, "entries", "give each copy passed over as [file, why]"),
+        ("reports", "[]", "unreachable"): Bound(
+            MAX_PEERS, "peers", f"name at most {MAX_PEERS} peers this node cannot reach"
+        ),
+    }
+)
 
 
 class OrderBatch(_Message):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -26,24 +26,14 @@ from unicron.core.limits import (
     MAX_SPEC_DEPTH,
     MAX_SPEC_NODES,
     MAX_TEXT_CHARS,
+    Bound,
+    Bounds,
     brief,
 )
 
 Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where PyYAML has it
 
 
-@dataclass(frozen=True)
-class Bound:
-    """At most ``entries`` entries (``what``) in the list or mapping at a field path; ``fix``
-    says what to do instead."""
-
-    entries: int
-    what: str
-    fix: str
-
-
-# A field path: mapping keys, "[]" for any entry of a list (``("tasks", "[]", "run", "env")``).
-Bounds = Mapping[tuple[str, ...], Bound]
 ANY = Bound(MAX_ENTRIES, "entries", f"write at most {MAX_ENTRIES} entries in one list or mapping")
 DEEP = f"nested deeper than {MAX_SPEC_DEPTH} levels"
 

@@ -11,6 +11,7 @@ from collections import deque
 from pydantic import BaseModel
 
 from unicron.core.classify import classify_exception
+from unicron.core.limits import MAX_LABEL_CHARS
 from unicron.core.protocol import ExceptionReport
 
 SEND_TIMEOUT_S = 2.0  # a report sent at once is dropped if the agent takes none for this long
@@ -26,7 +27,7 @@ def exception_report(exc: BaseException, task: str, generation: int, rank: int, 
         generation=generation,
         rank=rank,
         step=step,
-        error_type=type(exc).__name__,
+        error_type=type(exc).__name__[:MAX_LABEL_CHARS],
         message=str(exc)[:2000],
         kind=classify_exception(exc).value,
         traceback="".join(traceback.format_exception(exc))[-4000:],

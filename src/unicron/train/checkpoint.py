@@ -14,6 +14,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from unicron.core.limits import MAX_SKIPPED
 from unicron.core.protocol import RestoredReport
 from unicron.core.workerenv import host_checkpoint_dir
 from unicron.train import dcpfiles
@@ -122,7 +123,7 @@ class Restored:
             step=int(self.state["step"]),
             source=self.source,
             path=str(self.path),
-            skipped=list(self.skipped),
+            skipped=list(self.skipped[:MAX_SKIPPED]),  # the newest (more is a folder of wrecks)
         )
 
 

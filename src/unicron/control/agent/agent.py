@@ -7,6 +7,10 @@
 - Workers send reports as JSON datagrams to the agent's Unix socket; the agent forwards them
   with the next heartbeat, at once for urgent ones (exits, exceptions). Their positions are not
   messages: the agent reads each worker's board when it heartbeats (``control.processes``).
+- A heartbeat holds what the coordinator takes in one (``core/limits.py``): at most
+  ``MAX_REPORTS_PER_BEAT`` reports within the body's limit, the oldest first, the rest in the
+  heartbeats that follow at once (a backlog after a partition); at most ``MAX_LISTED_WORKERS``
+  workers listed, the oldest exited ones let go first once their exits are reported.
 - When the coordinator is unreachable the agent keeps its workers running, keeps their reports,
   and registers again when the coordinator answers.
 - Each worker's output goes to a file in its run folder; the coordinator reads part of one with a
@@ -38,10 +42,12 @@ from unicron.control.agent.processes import Worker, dies_with_parent, log_tail
 from unicron.control.private import private_log
 from unicron.control.service.credentials import Credentials
 from unicron.core.coordinators import Coordinators
+from unicron.core.limits import MAX_BODY_BYTES, MAX_LISTED_WORKERS, MAX_REPORTS_PER_BEAT
 from unicron.core.protocol import (
     AGENT_DATAGRAM,
     AGENT_REQUEST_TIMEOUT_S,
     AGENT_RETRY_CAP_S,
+    WORKER_REPORT,
     DumpStacks,
     ExceptionReport,
     ExitReport,
@@ -59,6 +65,7 @@ from unicron.core.protocol import (
     StacksReport,
     StopWorkers,
     WorkerReport,
+    WorkerState,
 )
 from unicron.core.reachability import Reachability, describe
 from unicron.core.workerenv import WorkerEnv, host_checkpoint_dir
@@ -303,8 +310,23 @@ class Agent:
         await worker.process.wait()
 
     def forget_exited(self) -> None:
-        for key in [k for k, w in self.workers.items() if w.exited and time.time() - w.started > 60]:
-            del self.workers[key]
+        """Let go of exited workers whose exits the coordinator has been sent: each a minute after
+        it started, and at once the oldest past ``MAX_LISTED_WORKERS`` (a node in a crash loop).
+        One whose exit report still waits (a backlog) stays listed: the coordinator takes a
+        running worker that its node's list lacks for one lost (``control/detect/vanished.py``)."""
+        waiting = {(r.task, r.generation, r.rank) for r in self.reports if isinstance(r, ExitReport)}
+        told = [k for k, w in self.workers.items() if w.exited and k not in waiting]
+        excess, now = len(self.workers) - MAX_LISTED_WORKERS, time.time()
+        for index, key in enumerate(told):
+            if index < excess or now - self.workers[key].started > 60:
+                del self.workers[key]
+
+    def listed(self) -> list[WorkerState]:
+        """The workers a registration or heartbeat lists: every one, running or exited, within
+        ``MAX_LISTED_WORKERS`` (running ones first, should exits waiting to be sent ever fill it)."""
+        self.forget_exited()
+        ordered = sorted(self.workers.values(), key=lambda w: w.exited)[:MAX_LISTED_WORKERS]
+        return [w.state() for w in ordered]
 
     # ------------------------------------------------------------------ the coordinator
     async def _register(self, client: httpx.AsyncClient) -> None:
@@ -314,7 +336,7 @@ class Agent:
             gpus=self.gpus,
             host=self.where.address,
             probe_port=self.probe_port,
-            workers=[w.state() for w in self.workers.values()],
+            workers=self.listed(),
         )
         response = await client.post(f"{self.url}/v1/agents/register", content=reg.model_dump_json())
         if response.status_code != 200:
@@ -324,27 +346,31 @@ class Agent:
         self.registered = True
         self._say(registered_line(self.url))
 
-    async def _beat(self, client: httpx.AsyncClient) -> None:
-        sending = list(self.reports)
-        hb = Heartbeat(
-            node=self.node,
-            workers=[w.state() for w in self.workers.values()],
-            reports=sending,
-            acked=self.acked,
-            sent=time.time(),
-            waited_s=time.monotonic() - self.answered_at,
-        )
+    async def _beat(self, client: httpx.AsyncClient) -> bool:
+        """One heartbeat, with as many of the oldest reports as it holds; True when more wait."""
+        workers = self.listed()
+        sent, waited = time.time(), time.monotonic() - self.answered_at
+        bare = Heartbeat(node=self.node, workers=workers, acked=self.acked, sent=sent, waited_s=waited)
+        room = MAX_BODY_BYTES - len(bare.model_dump_json().encode())
+        count = batch_size(self.reports, room)
+        while count == 0 and self.reports:  # one that can never be sent (none is: ``batch_size``)
+            dropped = self.reports.pop(0)
+            self._say(f"a {dropped.type} report of {dropped.task} too large to send was dropped")
+            count = batch_size(self.reports, room)
+        sending = self.reports[:count]
+        hb = bare.model_copy(update={"reports": sending})
         began = time.monotonic()
         response = await client.post(f"{self.url}/v1/agents/heartbeat", content=hb.model_dump_json())
         response.raise_for_status()
         self.answered_at = time.monotonic()
         self.metrics.beat(time.monotonic() - began, sending, time.time())
-        del self.reports[: len(sending)]
+        del self.reports[:count]
         reply = HeartbeatReply.model_validate_json(response.content)
         if not reply.registered:
             self.registered = False
-            return
+            return False
         await self._carry_out(reply.orders, reply.numbers)
+        return bool(self.reports)
 
     async def _carry_out(self, orders: list[Any], numbers: list[int]) -> None:
         """Carry orders out, once each: one sent again (its first answer was lost, or the
@@ -441,7 +467,8 @@ class Agent:
                     try:
                         if not self.registered:
                             await self._register(client)
-                        await self._beat(client)
+                        if await self._beat(client):
+                            wait = 0.0  # a backlog: the next heartbeat at once
                         self.coordinators.answered()
                         self._say(self.link.reached(time.monotonic()))
                     except (httpx.HTTPError, RuntimeError) as exc:
@@ -454,7 +481,6 @@ class Agent:
                             wait = 0.0
                     except Exception as exc:  # the heartbeat must go on whatever one beat hit
                         print(f"agent {self.node}: heartbeat failed: {exc!r}", file=sys.stderr)
-                    self.forget_exited()
                     self.metrics.workers.set(sum(not w.exited for w in self.workers.values()))
                     self.urgent.clear()
                     with contextlib.suppress(TimeoutError):
@@ -468,6 +494,19 @@ class Agent:
     async def shutdown(self, grace_s: float = 5.0) -> None:
         self.stopping = True
         await asyncio.gather(*(self._terminate(w, grace_s) for w in self.workers.values() if not w.exited))
+
+
+def batch_size(reports: list[WorkerReport], room: int) -> int:
+    """How many of the oldest ``reports`` one heartbeat carries: at most MAX_REPORTS_PER_BEAT, in
+    ``room`` bytes of JSON (the body's limit less the rest of the heartbeat). Each report's texts
+    are bounded (``core/protocol.py``), the largest a stacks report of MAX_STACKS_CHARS, so one
+    always fits beside the longest list of workers."""
+    size = 0
+    for count, report in enumerate(reports[:MAX_REPORTS_PER_BEAT]):
+        size += len(WORKER_REPORT.dump_json(report)) + 1  # (and a comma)
+        if size > room:
+            return count
+    return min(len(reports), MAX_REPORTS_PER_BEAT)
 
 
 def run_agent(

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from unicron.core.limits import MAX_STACK_CHARS
 from unicron.core.position import decode
 from unicron.core.protocol import LOG_TAIL_CHARS, LOG_TAIL_LINES, LaunchWorker, Progress, WorkerState
 
@@ -91,7 +92,7 @@ async def read_stack(pid: int, timeout_s: float = 10.0) -> str:
         run.kill()
         await run.wait()
         return f"(stopped; py-spy gave no stack within {timeout_s:g} s)"
-    return out.decode(errors="replace")[:64_000]
+    return out.decode(errors="replace")[:MAX_STACK_CHARS]
 
 
 def dies_with_parent(sig: int) -> Callable[[], None]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from unicron.control.agent import peerprobe, tcpretrans
 from unicron.control.agent.processes import Worker, is_stopped, read_stack
+from unicron.core.limits import MAX_STACK_CHARS, MAX_STACKS_CHARS
 from unicron.core.protocol import DumpStacks, StacksReport
 
 
@@ -68,7 +69,7 @@ async def finish(dump: StackDump) -> StacksReport:
     for rank, w in dump.signalled:
         with contextlib.suppress(OSError), w.stack_file.open("rb") as f:
             f.seek(dump.offsets[w.process.pid])
-            stacks[rank] = f.read(64_000).decode(errors="replace")
+            stacks[rank] = f.read(MAX_STACK_CHARS).decode(errors="replace")
     unreachable = None if dump.probing is None else await dump.probing
     retransmitting = None
     if dump.sockets is not None:
@@ -77,8 +78,21 @@ async def finish(dump: StackDump) -> StacksReport:
         task=dump.order.task,
         generation=dump.order.generation,
         node=dump.node,
-        stacks=stacks,
+        stacks=shared(stacks),
         time=time.time(),
         unreachable=unreachable,
         retransmitting=retransmitting,
     )
+
+
+def shared(stacks: dict[int, str]) -> dict[int, str]:
+    """Each stack within its share of MAX_STACKS_CHARS, so that the report fits in a heartbeat
+    whatever the node's count of workers (8 get 32,000 characters each; a dump is a few
+    thousand). Its start is kept: faulthandler writes the signalled thread first, innermost
+    call first."""
+    share = min(MAX_STACK_CHARS, MAX_STACKS_CHARS // max(1, len(stacks)))
+    mark = "\n(cut to {} characters)"
+    return {
+        rank: text if len(text) <= share else text[: share - len(mark.format(share))] + mark.format(share)
+        for rank, text in stacks.items()
+    }
