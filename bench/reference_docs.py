@@ -1,13 +1,15 @@
 """docs/reference.md: the training library's entry points and the live task YAML, written from
 the code itself (signatures, docstrings, the specs' pydantic fields), so that the reference
-cannot drift from what the code accepts. Run by `make docs` and `make bench`;
-tests/test_reference_docs.py checks that the committed file is current.
+cannot drift from what the code accepts; and docs/security.md's table of what an agent's
+message may hold (between its markers). Run by `make docs` and `make bench`;
+tests/test_reference_docs.py checks that the committed files are current.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import textwrap
 import types
 import typing
 from collections.abc import Callable
@@ -18,8 +20,8 @@ from pydantic import BaseModel
 
 from unicron.core import limits
 from unicron.core.livespecs import FaultSpec, LiveTaskList, LiveTaskSpec, RunSpec
-from unicron.core.protocol import Heartbeat, LogChunk, Registration
-from unicron.core.ranges import NumberRange, number_ranges
+from unicron.core.protocol import AGENT_BOUNDS, Heartbeat, LogChunk, Registration
+from unicron.core.ranges import NumberRange, field_path, number_ranges, size_bounds
 from unicron.core.settings import Settings
 from unicron.core.specs import ModelSpec
 from unicron.core.workerenv import KEYS
@@ -27,6 +29,8 @@ from unicron.train import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "reference.md"
+SECURITY = ROOT / "docs" / "security.md"
+AGENT_MARKERS = ("<!-- agent_bounds -->", "<!-- /agent_bounds -->")
 METHODS = [
     "start",
     "register",
@@ -183,8 +187,56 @@ def render() -> str:
     )
 
 
+def agent_bounds_section() -> str:
+    """What an agent's registration or heartbeat may hold: each list's and mapping's bound (as
+    checked before validation, ``AGENT_BOUNDS``) and each text's, from the models' fields."""
+    sizes = [s for model in (Registration, Heartbeat) for s in size_bounds(model)]
+    slots = next(r for r in number_ranges(Registration) if r.path == "slots")
+    rows = ["| field | at most |", "|---|---|", f"| `slots` | {bound_text(slots.high or 0)} |"]
+    counted: dict[str, str] = {}
+    for s in sizes:
+        if s.kind != "text" and s.most is not None:
+            what = AGENT_BOUNDS.bounds[field_path(s.path)].what
+            counted.setdefault(dotted(field_path(s.path)), f"{s.most:,} {what}")
+    rows += [f"| `{path}` | {most} |" for path, most in counted.items()]
+    fields = [path for path, bound in AGENT_BOUNDS.bounds.items() if bound.what == "fields"]
+    messages = [f"`{dotted(p)}`" if p else "the message" for p in fields]
+    rows.append(f"| {', '.join(messages)} (each) | {limits.MAX_FIELDS} fields |")
+    texts: dict[int, list[str]] = {}
+    for s in sizes:
+        if s.kind == "text" and s.most is not None:
+            named = texts.setdefault(s.most, [])
+            if (path := dotted(field_path(s.path))) not in named:
+                named.append(path)
+    for most, paths in sorted(texts.items()):
+        rows.append(f"| {', '.join(f'`{p}`' for p in paths)} | {most:,} characters |")
+    example = AGENT_BOUNDS.first_excess({"workers": [{}] * (limits.MAX_LISTED_WORKERS + 1)}, "body")
+    assert example is not None
+    intro = (
+        "What an agent's registration or heartbeat may hold, written from the models by "
+        "`bench/reference_docs.py` (`make docs`). A refusal (422) names the field and the limit: "
+        f"`{example.render()}`. The agent sends at most {limits.MAX_REPORTS_PER_BEAT} reports in a "
+        "heartbeat, within the body's limit, and the rest in the heartbeats that follow at once; it "
+        f"shares {limits.MAX_STACKS_CHARS:,} characters among the stacks of one report."
+    )
+    return f"{textwrap.fill(intro, 98, break_long_words=False)}\n\n" + "\n".join(rows) + "\n"
+
+
+def dotted(path: tuple[str, ...]) -> str:
+    """A field path as written: ``reports[].stacks``."""
+    return ".".join(path).replace(".[]", "[]")
+
+
+def with_agent_bounds(page: str) -> str:
+    """``page`` (docs/security.md) with the table between its markers written anew."""
+    start, end = AGENT_MARKERS
+    head, rest = page.split(start)
+    return f"{head}{start}\n{agent_bounds_section()}{end}{rest.split(end)[1]}"
+
+
 def main() -> None:
     OUT.write_text(render())
+    SECURITY.write_text(with_agent_bounds(SECURITY.read_text()))
 
 
 if __name__ == "__main__":

@@ -7,13 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from bench.reference_docs import OUT, PRECEDENCE, render
+from bench.reference_docs import OUT, PRECEDENCE, SECURITY, render, with_agent_bounds
 from unicron.core.workerenv import KEYS
 from unicron.train import Session
 
 
 def test_the_committed_reference_is_current() -> None:
     assert OUT.read_text() == render(), "docs/reference.md is stale: run `make docs`"
+
+
+def test_the_committed_agent_bounds_are_current() -> None:
+    """docs/security.md's table of what an agent's message may hold (between its markers)."""
+    page = SECURITY.read_text()
+    assert page == with_agent_bounds(page), "docs/security.md's agent bounds are stale: run `make docs`"
 
 
 def test_the_agents_environment_wins_over_keywords(
