@@ -160,7 +160,8 @@ def cliff(result: dict[str, Any]) -> str:
         if not failed:
             said.append(f"{backend}: every size measured ({', '.join(str(n) for n, _ in sizes)} agents) met")
         else:
-            below = f"met up to {max((n for n in held if n < failed[0]), default=0)} agents, " if held else ""
+            met_below = [n for n in held if n < failed[0]]
+            below = f"met up to {max(met_below)} agents, " if met_below else ""
             said.append(f"{backend}: {below}not met at {failed[0]} ({dict(sizes)[failed[0]]})")
     return "; ".join(said)
 

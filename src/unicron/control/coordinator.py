@@ -267,6 +267,7 @@ class Coordinator:
                 f"node {reg.node} offers {reg.slots} slots but the cluster's nodes have "
                 f"{other.slots}; start every agent with the same --slots"
             )
+        self.detector.delays.forget(reg.node)  # its next heartbeat sets its clock's floor anew
         lost = known is not None and known.state is NodeState.LOST  # (only then does a drain outlast it)
         drain = self.store.last_node_event(reg.node, DRAIN_EVENTS) if lost else None
         state = returning_state(known, drain, self.recovery.isolated_until.get(reg.node, 0.0), self.clock())

@@ -17,6 +17,7 @@ The ordering, checked whenever settings are built (so at start-up), and why it m
     network_grace_s       <  process_group_timeout_s   a slow network's grace ends before gloo gives up
     heartbeat_deadline_s  <  forget_lost_node_s        a node is forgotten only after it is lost
     heartbeat_deadline_s  <  mass_silence_hold_s       a mass silence is held longer than a deadline
+    mass_silence_hold_s   <  membership_timeout_s      survivors still wait when a held silence is judged
     process_group_timeout_s < launch_timeout_s ... is not required: they measure different things.
 
 The hang deadline of a task is clamp(hang_multiple x mean recent iteration, floor, cap) once
@@ -92,6 +93,12 @@ ORDERING: tuple[tuple[str, str, bool, str], ...] = (
         False,
         "a mass silence is held for longer than one deadline, or it holds nothing",
     ),
+    (
+        "mass_silence_hold_s",
+        "membership_timeout_s",
+        False,
+        "survivors must still be waiting for a membership when a held silence is judged",
+    ),
 )
 
 
@@ -121,7 +128,7 @@ class Settings(BaseModel):
         description="... when at least this many are silent (Kubernetes: more than two), or all of them",
     )
     mass_silence_hold_s: float = Field(
-        60.0,
+        30.0,
         gt=0,
         description="a mass silence longer than this is taken as real: its nodes are judged one by one"
         " again (at node_loss_rate_per_s); no task trains through it anyway",

@@ -236,6 +236,8 @@ class Applier:
         rendezvous store (``Rendezvous.restore``). Recorded as ``store_values_restored`` at
         once, then at most once a minute per task while it goes on (with the count since the
         last record): an attack does not fill the event log."""
+        if now < self._put_back_due - PUT_BACK_EVERY_S:
+            self._put_back_due = now  # the clock was stepped back: do not wait for it to catch up
         if now < self._put_back_due:
             return
         self._put_back_due = now + PUT_BACK_EVERY_S
@@ -274,6 +276,9 @@ class Applier:
 
     def task_ended(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
         self._store.task_ended(name, to, now, reason)
+        told = self._put_back.pop(name, None)
+        if told is not None and told.count:  # what was put back since the last record is said
+            self.record("store_values_restored", task=name, values=told.count, keys=told.keys)
         if self._store.kept_record(Posted, of=name) is not None:
             self._store.drop_record(Posted, of=name)
 

@@ -8,9 +8,9 @@ handed to torch, whose own server would listen on every interface), and every va
 steer workers is signed with the task's key (``core.signing``).
 
 Signing stops forgeries, not deletions or replays: the store has no authentication. So the
-coordinator keeps what it posted and puts it back (``restore``, about once a second): a deleted
-or replaced value is the coordinator's again before a worker that found it missing or stale has
-stopped asking (``train/fencing.py``, ``train/taskstore.py``). A store call that finds a key gone
+coordinator keeps what it posted and writes it again (``restore``, about once a second): a
+deleted or replaced value is the coordinator's again before a worker that found it missing or
+stale has stopped asking (``train/fencing.py``, ``train/taskstore.py``). A store call that finds a key gone
 between asking and reading waits at most ``STORE_CALL_S``, not torch's five minutes.
 """
 
@@ -114,26 +114,17 @@ class Rendezvous:
             del posted[next(iter(posted))]
 
     def restore(self, task: str) -> list[str]:
-        """Put back every kept value of the task's that its store lost or holds changed (someone
-        deleted or replaced it: the store takes writes from anyone); returns their keys. Two
-        round trips when nothing changed."""
+        """Write every kept value of the task's again (someone may have deleted or replaced it:
+        the store takes writes from anyone); returns the keys that were missing. Written blind,
+        never read back: a replaced value may be as large as the store takes (megabytes), and
+        reading it on the coordinator's loop was a way to stall it. Two round trips a task."""
         store, posted = self._stores.get(task), self._posted.get(task)
         if store is None or not posted:
             return []
         keys = list(posted)
-        try:
-            values = store.multi_get(keys) if store.check(keys) else [None] * len(keys)
-        except Exception:  # one was deleted between the two calls: look at each
-            values = [None] * len(keys)
-        changed = []
-        for key, value in zip(keys, values, strict=True):
-            if value is None and store.check([key]):
-                with contextlib.suppress(Exception):
-                    value = store.get(key)
-            if value != posted[key].encode():
-                store.set(key, posted[key])
-                changed.append(key)
-        return changed
+        missing = [] if store.check(keys) else [key for key in keys if not store.check([key])]
+        store.multi_set(keys, [posted[key] for key in keys])
+        return missing
 
     def ready(self, task: str, keys: list[str]) -> bool:
         """Whether every key holds a value signed by the task's workers (newcomers announce

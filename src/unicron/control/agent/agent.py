@@ -344,6 +344,7 @@ class Agent:
         reply = RegistrationReply.model_validate_json(response.content)
         self.interval = reply.heartbeat_interval_s
         self.registered = True
+        self.answered_at = time.monotonic()  # (a registration is an answer)
         self._say(registered_line(self.url))
 
     async def _beat(self, client: httpx.AsyncClient) -> bool:

@@ -35,7 +35,9 @@ from unicron.core.states import NodeState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind, Scope
 
 GenerationKey = tuple[str, int]  # (task, generation)
-LATENESS_KEPT_S = 600.0  # how far back the coordinator's lateness is looked up
+LATENESS_KEPT_S = 600.0  # how far back the coordinator's lateness is looked up (a silence longer
+# than that is judged with the lateness of the last ten minutes only)
+HELD_NAMED = 20  # nodes named in one node_loss_held event (the count says how many)
 
 
 class Handled(Protocol):
@@ -173,15 +175,18 @@ class Detector:
     # task -> the launches (generations) in a row whose first step was found late (each doubles
     # the allowance of the next)
     first_step_late: dict[str, set[int]] = field(default_factory=dict)
-    # Whose fault a silence is (``silence.py``): the coordinator's own lateness, kept for as long
-    # as a node may be unheard before it is forgotten, the mass-silence alarm and the loss rate.
+    # Whose fault a silence is (``silence.py``): the coordinator's own lateness (the longest it
+    # was late, over ``LATENESS_KEPT_S``), its heartbeats' waits, the mass-silence alarm and the
+    # loss rate.
     lateness: Lateness = field(default_factory=lambda: Lateness(LATENESS_KEPT_S))
-    delays: BeatDelays = field(default_factory=BeatDelays)
+    delays: BeatDelays = field(init=False)
     silence: SilenceJudge = field(init=False)
     held: set[str] = field(default_factory=set)  # silent nodes not declared lost (said once each)
 
     def __post_init__(self) -> None:
         self.silence = SilenceJudge(self.ctx.limits)
+        deadline = self.ctx.limits.heartbeat_deadline_s
+        self.delays = BeatDelays(cap_s=deadline, window_s=deadline)
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
         key = (name, generation)
@@ -240,7 +245,7 @@ class Detector:
     def late(self, now: float, late_s: float) -> None:
         """A tick at ``now`` that the loop came to ``late_s`` later than planned: the coordinator
         is as late as that or as the heartbeats it reads waited, whichever is more."""
-        self.lateness.add(now, max(late_s, self.delays.lag()))
+        self.lateness.add(now, max(late_s, self.delays.lag(now)))
 
     def heard(self, node: str, sent: float | None, waited_s: float | None, now: float) -> None:
         """A heartbeat its agent sent at ``sent``, ``waited_s`` after its last answered one (None:
@@ -265,6 +270,8 @@ class Detector:
             act.record("mass_silence", silent=len(past), in_service=in_service, share=share)
         if verdict.alarm_ended is not None:
             act.record("mass_silence_over", seconds=round(verdict.alarm_ended, 3), silent=len(past))
+            # The nodes still silent get a restart's grace (their agents may be backing off).
+            self.listening_since = now
         why = (
             "held by hand"
             if self.silence.by_hand
@@ -272,8 +279,9 @@ class Detector:
             if self.silence.alarm_since is not None
             else "node loss rate spent"
         )
-        for name in sorted(set(verdict.held) - self.held):
-            act.record("node_loss_held", node=name, why=why)
+        newly = sorted(set(verdict.held) - self.held)
+        if newly:  # one event for all held at once (a mass silence holds thousands)
+            act.record("node_loss_held", why=why, nodes=newly[:HELD_NAMED], count=len(newly))
         self.held = set(verdict.held)
         return verdict.lost
 
@@ -283,6 +291,7 @@ class Detector:
         every agent had time to deliver what its workers did meanwhile (they trained on:
         nothing about them needs the coordinator)."""
         self.listening_since = now
+        self.delays.clear()  # (the stall's own grace covers it: not counted twice)
         self.judging_from = now + self.ctx.limits.heartbeat_deadline_s
         self.ctx.act.record("coordinator_stalled", seconds=round(stalled_s, 3), grace_until=self.judging_from)
 

@@ -9,10 +9,10 @@ the training tasks on it):
   heartbeats wait in its sockets, and the nodes look silent for as long. ``Lateness`` keeps how
   late the coordinator is: the later of how late its loop came to a tick (measured by the
   service's loop: ``service.py``) and how long the heartbeats it reads waited (``BeatDelays``,
-  from the time each agent says it sent one), and a node's silence is counted without the most
-  the coordinator was late since the node was last heard: a deadline stretches by the
-  coordinator's own lag, and a node that really stopped is found within the deadline plus that
-  lag. (A stall longer than two heartbeat intervals is a pause,
+  from the time each agent says it sent one, capped at one heartbeat deadline), and a node's
+  silence is counted without the most the coordinator was late since the node was last heard:
+  a deadline stretches by the coordinator's own lag, and a node that really stopped is found
+  within the deadline plus that lag. (A stall longer than two heartbeat intervals is a pause,
   handled as one: ``detection.stalled_for``.)
 - **Many nodes fall silent at once.** A switch, the coordinator's own network, or its host
   failed, more likely than most of the nodes at once. As Kubernetes' node lifecycle controller
@@ -36,7 +36,6 @@ module's own state; the detector reads the store and carries the verdict out.
 from __future__ import annotations
 
 import bisect
-from collections import deque
 from dataclasses import dataclass, field
 
 from unicron.core.settings import Settings
@@ -75,7 +74,7 @@ class Lateness:
         return self.lates[at] if at < len(self.lates) else 0.0
 
 
-QUANTILE = 0.9  # of the waits heartbeats tell of: how far behind the coordinator is
+QUANTILE = 0.9  # across nodes, of the waits their heartbeats tell of: how far behind the coordinator is
 
 
 @dataclass
@@ -84,39 +83,45 @@ class BeatDelays:
     agent sent it; its delay (read time minus that) above the least its node's showed in the last
     ``floor_kept_s`` (which holds the node's clock offset and its network's floor) is time it
     spent in the coordinator's sockets; and an agent whose requests timed out unanswered in the
-    coordinator's backlog says, when one is read, how long it has had no answer. The
-    ``QUANTILE`` of these over the last ``kept`` read is how far behind the coordinator is: a
-    backlog that a tick's own lateness does not show (heartbeats wait in sockets, not on the
-    loop), and starved nodes (a loaded coordinator answers some connections late and others not
-    at all). The last ones read, not the last second's: a coordinator too busy to read any keeps
-    the lag it last knew. A quantile, so that a few heartbeats delayed on their way (nodes whose
-    link came back) say nothing of the coordinator."""
+    coordinator's backlog says, when one is read, how long it has had no answer. Each node's
+    latest such wait, read within ``window_s``, counts once: their ``QUANTILE`` across nodes is
+    how far behind the coordinator is, a backlog that a tick's own lateness does not show
+    (heartbeats wait in sockets, not on the loop), and starved nodes. Bounded so that nobody can
+    hide a dead node for long: one node counts once (its agent's token, or its clock stepped back,
+    cannot set the lag where other nodes say otherwise), each wait counts at most ``cap_s``, and a
+    node's first heartbeat (after a registration, or this coordinator's start) sets its floor only
+    (its agent's wait then is a restart's or a takeover's, which have their own grace)."""
 
-    kept: int = 64
+    cap_s: float
+    window_s: float
     floor_kept_s: float = 600.0
     floors: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (least, since)
-    recent: deque[float] = field(default_factory=deque)  # the last ``kept`` excesses read
+    latest: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (wait, read at)
 
     def heard(self, node: str, delay_s: float, unanswered_s: float, now: float) -> None:
         """A heartbeat of ``node`` read ``delay_s`` after it was sent (by the two clocks), whose
         agent had had no answer for ``unanswered_s`` beyond its heartbeat interval."""
+        first = node not in self.floors
         floor, since = self.floors.get(node, (delay_s, now))
         if delay_s < floor or now - since > self.floor_kept_s:
             floor, since = delay_s, now
         self.floors[node] = (floor, since)
-        self.recent.append(max(delay_s - floor, unanswered_s))
-        if len(self.recent) > self.kept:
-            self.recent.popleft()
+        wait = 0.0 if first else max(delay_s - floor, unanswered_s)
+        self.latest[node] = (min(self.cap_s, max(0.0, wait)), now)
 
-    def lag(self) -> float:
-        """The ``QUANTILE`` of the waits the last heartbeats read tell of."""
-        if not self.recent:
-            return 0.0
-        ordered = sorted(self.recent)
-        return ordered[int(QUANTILE * (len(ordered) - 1))]
+    def lag(self, now: float) -> float:
+        recent = sorted(wait for wait, at in self.latest.values() if now - at <= self.window_s)
+        return recent[int(QUANTILE * (len(recent) - 1))] if recent else 0.0
 
     def forget(self, node: str) -> None:
+        """The node registered again (or was removed): its floor and its wait go."""
         self.floors.pop(node, None)
+        self.latest.pop(node, None)
+
+    def clear(self) -> None:
+        """The coordinator stalled: what was read before says nothing of it now (a stall has a
+        grace of its own)."""
+        self.latest.clear()
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,7 @@ class SilenceJudge:
         elif not mass and self.alarm_since is not None:
             ended, self.alarm_since = now - self.alarm_since, None
         holding = self.alarm_since is not None and now - self.alarm_since < limits.mass_silence_hold_s
-        if holding or self.by_hand:
+        if holding or self.by_hand or ended is not None:  # (ended: the detector gives a grace)
             return Verdict([], [name for name, _ in silent], began, ended)
         self._refill(now)
         ordered = sorted(silent, key=lambda s: -s[1])  # the longest silent first

@@ -143,7 +143,7 @@ class Metrics:
         elif what in ("mass_silence", "mass_silence_over"):
             self.mass_silence.set(1 if what == "mass_silence" else 0)
         elif what == "node_loss_held":
-            self.losses_held.labels(str(detail.get("why"))).inc()
+            self.losses_held.labels(str(detail.get("why"))).inc(int(detail.get("count", 1)))
         elif what == "plan":
             self.plan_seconds.labels(str(detail.get("source"))).observe(float(detail.get("seconds", 0.0)))
 
