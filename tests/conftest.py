@@ -34,7 +34,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Nothing outlives the run: a process, listening port or /dev/shm file left fails it."""
+    """Nothing outlives the run: a process, listening port or /dev/shm file left fails it. A
+    session that only collected started nothing, and its check would take a run beside it for
+    its own (it removed a live test's checkpoint file in /dev/shm mid-write once)."""
+    if session.config.option.collectonly:
+        return
     left = session.config.stash[GUARD].finish()
     if not left:
         return
