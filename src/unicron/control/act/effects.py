@@ -232,10 +232,11 @@ class Applier:
                     self.launch(effect, now)
 
     def put_back_posts(self, now: float) -> None:
-        """About once a second, put back what someone deleted or replaced in a live task's
-        rendezvous store (``Rendezvous.restore``). Recorded as ``store_values_restored`` at
-        once, then at most once a minute per task while it goes on (with the count since the
-        last record): an attack does not fill the event log."""
+        """About once a second, write every live task's kept values again, which puts back
+        what someone deleted or replaced in its rendezvous store (``Rendezvous.restore``). The
+        values found missing are recorded as ``store_values_restored`` at once, then at most once
+        a minute per task while it goes on (with the count since the last record): an attack does
+        not fill the event log. A replaced value is put back but not counted (it is not read)."""
         if now < self._put_back_due - PUT_BACK_EVERY_S:
             self._put_back_due = now  # the clock was stepped back: do not wait for it to catch up
         if now < self._put_back_due:
