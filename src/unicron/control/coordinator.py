@@ -619,5 +619,6 @@ class Coordinator:
 
     def shutdown(self) -> None:
         self.placer.allocator.close()
+        self.act.posts.close()
         self.ctx.act.rendezvous.close_all()
         self.act.close_store()

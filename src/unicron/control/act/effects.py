@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from unicron.control.act.posting import Posts
 from unicron.control.act.rendezvous import POSTED_PER_TASK, Rendezvous
 from unicron.control.store.records import WorkerRecord
 from unicron.control.store.store import Store
@@ -179,6 +180,7 @@ class Applier:
     def __init__(self, store: Store, rendezvous: Rendezvous, orders: Orders) -> None:
         self._store = store
         self.rendezvous = rendezvous
+        self.posts = Posts(rendezvous, store.journal)  # written once durable, off the loop
         self.orders = orders
         # Called with each event recorded: (id, kind, task, detail).
         self.listeners: list[Callable[[int, str, str | None, dict[str, Any]], None]] = []
@@ -291,11 +293,10 @@ class Applier:
     def generation_current(self, task: str, generation: int) -> None:
         """Tell the task's workers which generation is current: only its members commit
         checkpoints (``train/fencing.py``)."""
-        self._store.sync()  # what the task's members will read is durable first (journal.py)
         record = self._store.task(task)
         launched = generation if record is None else min(generation, record.launched_generation)
         current = Current(generation=generation, launched=launched)
-        self.rendezvous.set(task, current_key(task), current.model_dump_json())
+        self.posts.post(task, current_key(task), current.model_dump_json())  # once durable
 
     def host_task_stores(self) -> None:
         """A coordinator starting over a kept store hosts each live task's rendezvous store again
@@ -408,8 +409,7 @@ class Applier:
         posted = self._store.kept_record(Posted, of=task) or Posted()
         mine = {**posted.keys, key: value}  # JSON keeps the order: oldest first
         self._store.keep_record(Posted(keys=dict(list(mine.items())[-POSTED_PER_TASK:])), of=task)
-        self._store.sync()  # journal.py
-        self.rendezvous.set(task, key, value)
+        self.posts.post(task, key, value)  # (written once the record above is durable)
 
     def forget_task(
         self, task: str, checkpoint_dir: Path, env: dict[str, str], only: str | None = None

@@ -66,6 +66,9 @@ class Rendezvous:
         self.secret = secret
         self._stores: dict[str, Any] = {}
         self._posted: dict[str, dict[str, str]] = {}  # task -> key -> signed value, oldest first
+        # Posts are written from their own thread (``posting.py``), the rest on the loop: the
+        # two maps change under this lock (torch's store serialises its own calls).
+        self._lock = threading.Lock()
 
     @classmethod
     def serving(cls, settings: CoordinatorSettings) -> Rendezvous:
@@ -96,7 +99,8 @@ class Rendezvous:
         # (Set once it serves: the timeout also bounds its own first connection, which a loaded
         # host can take seconds to make.)
         store.set_timeout(timedelta(seconds=STORE_CALL_S))
-        self._stores[task] = store
+        with self._lock:
+            self._stores[task] = store
         return int(store.port)
 
     def claim(self, task: str, index: int) -> None:
@@ -104,21 +108,28 @@ class Rendezvous:
         self._stores[task].add(fault_claim_key(task, index), 1)
 
     def set(self, task: str, key: str, value: str) -> None:
-        """Post ``value`` under ``key``, signed, and keep it to put back (``restore``)."""
+        """Post ``value`` under ``key``, signed, and keep it to put back (``restore``): kept
+        first, so that a write that fails is made again. A task whose store is gone (it ended)
+        is posted nothing."""
         signed = sign(self.key(task), key, value)
-        self._stores[task].set(key, signed)
-        posted = self._posted.setdefault(task, {})
-        posted.pop(key, None)  # (a key written again moves to the newest end)
-        posted[key] = signed
-        while len(posted) > POSTED_PER_TASK + 1:
-            del posted[next(iter(posted))]
+        with self._lock:
+            store = self._stores.get(task)
+            if store is None:
+                return
+            posted = self._posted.setdefault(task, {})
+            posted.pop(key, None)  # (a key written again moves to the newest end)
+            posted[key] = signed
+            while len(posted) > POSTED_PER_TASK + 1:
+                del posted[next(iter(posted))]
+        store.set(key, signed)
 
     def restore(self, task: str) -> list[str]:
         """Write every kept value of the task's again (someone may have deleted or replaced it:
         the store takes writes from anyone); returns the keys that were missing. Written blind,
         never read back: a replaced value may be as large as the store takes (megabytes), and
         reading it on the coordinator's loop was a way to stall it. Two round trips a task."""
-        store, posted = self._stores.get(task), self._posted.get(task)
+        with self._lock:
+            store, posted = self._stores.get(task), dict(self._posted.get(task, {}))
         if store is None or not posted:
             return []
         keys = list(posted)
@@ -136,9 +147,11 @@ class Rendezvous:
         return all(opened(secret, key, store.get(key)) is not None for key in keys)
 
     def close(self, task: str) -> None:
-        self._stores.pop(task, None)
-        self._posted.pop(task, None)
+        with self._lock:
+            self._stores.pop(task, None)
+            self._posted.pop(task, None)
 
     def close_all(self) -> None:
-        self._stores.clear()
-        self._posted.clear()
+        with self._lock:
+            self._stores.clear()
+            self._posted.clear()

@@ -11,8 +11,9 @@ one writer, first queued first written.
 
 What must not run ahead of the store (write-ahead): anything that leaves the coordinator. A reply
 that tells a user their task is queued, an order to an agent, a membership written into a task's
-rendezvous store: each waits until what was queued before it is durable (``flush``, or
-``when_durable`` for the event loop). A registration's or a plain heartbeat's answer does not
+rendezvous store: each waits until what was queued before it is durable (``when_durable`` for the
+event loop, ``durable_by`` for the poster of memberships, ``control/act/posting.py``; ``flush``
+blocks). A registration's or a plain heartbeat's answer does not
 wait: lost with a leader that died, it is made again (the agent registers anew).
 
 A write that fails is tried again until it works (etcd's leader changing, a member restarting),
@@ -90,6 +91,12 @@ class Journal:
         with self._changed:
             target = self.queued
             return self._changed.wait_for(lambda: self.durable >= target, timeout_s)
+
+    def durable_by(self, seq: int, timeout_s: float) -> bool:
+        """Wait until entry ``seq`` and every one before it is durable; False if ``timeout_s``
+        ran out first."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.durable >= seq, timeout_s)
 
     def when_durable(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` (from the writer thread, or now) once everything queued so far is

@@ -1,0 +1,100 @@
+"""Posts to a task's rendezvous store wait for the journal off the loop (control/act/posting.py):
+a post returns at once, nothing is written before what it tells is durable, posts are written in
+the order they were made, a post for an ended task is dropped, and a write that failed is put
+back by the next put-back. A real TCPStore on loopback; the journal over a backend whose writes
+are held back (tests/test_journal.py's)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from unicron.control.act.posting import Posts
+from unicron.control.act.rendezvous import Rendezvous
+from unicron.control.store.journal import Journal
+from unicron.core.signing import opened
+
+from .test_journal import Recording, put
+
+
+class Watched(Rendezvous):
+    """A rendezvous whose writes are listed in the order they happen (and can be made to fail)."""
+
+    def __init__(self) -> None:
+        super().__init__("127.0.0.1", os.urandom(64))
+        self.written: list[str] = []
+        self.fail_next = False
+
+    def set(self, task: str, key: str, value: str) -> None:
+        if self.fail_next:  # the store's call times out (its real client is put back after)
+            self.fail_next, real = False, self._stores[task]
+            self._stores[task] = Timeouts()
+            try:
+                super().set(task, key, value)
+            finally:
+                self._stores[task] = real
+        super().set(task, key, value)
+        if task in self._stores:
+            self.written.append(key)
+
+
+class Timeouts:
+    def set(self, key: str, value: str) -> None:
+        raise TimeoutError("the store's call timed out")
+
+
+def read(rendezvous: Rendezvous, task: str, key: str) -> str | None:
+    import torch.distributed as dist
+
+    port = rendezvous.host(task)
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))  # type: ignore[attr-defined]
+    if not client.check([key]):
+        return None
+    return opened(rendezvous.key(task), key, client.get(key))
+
+
+@pytest.fixture
+def held() -> Iterator[tuple[Recording, Journal, Watched, Posts]]:
+    backend = Recording()
+    journal = Journal(backend, on_fenced=lambda exc: None)
+    rendezvous = Watched()
+    rendezvous.host("lm")
+    posts = Posts(rendezvous, journal)
+    yield backend, journal, rendezvous, posts
+    backend.gate.set()
+    posts.close()
+    journal.close()
+    rendezvous.close_all()
+
+
+def test_a_post_waits_for_the_journal_without_holding_the_caller(
+    held: tuple[Recording, Journal, Watched, Posts],
+) -> None:
+    backend, journal, rendezvous, posts = held
+    backend.gate.clear()  # the store's writes are slow
+    journal.put([put("membership row")])
+    posts.post("lm", "lm/membership/1", "gen 2")  # returns at once
+    journal.put([put("current row")])
+    posts.post("lm", "lm/current", "2")
+    assert not posts.drain(0.3), "written before what it tells was durable"
+    assert rendezvous.written == [] and read(rendezvous, "lm", "lm/current") is None
+    backend.gate.set()
+    assert posts.drain(10)
+    assert rendezvous.written == ["lm/membership/1", "lm/current"]  # in the order posted
+    assert read(rendezvous, "lm", "lm/current") == "2"
+
+
+def test_a_post_for_an_ended_task_is_dropped_and_a_failed_one_is_put_back(
+    held: tuple[Recording, Journal, Watched, Posts],
+) -> None:
+    _, _, rendezvous, posts = held
+    rendezvous.fail_next = True
+    posts.post("lm", "lm/current", "3")
+    posts.post("gone", "gone/current", "1")  # no store: the task ended
+    assert posts.drain(10)
+    assert rendezvous.written == [] and read(rendezvous, "lm", "lm/current") is None
+    assert rendezvous.restore("lm") == ["lm/current"]  # the next put-back writes it
+    assert read(rendezvous, "lm", "lm/current") == "3"
