@@ -110,7 +110,9 @@ async def agent(
                 raise ConnectionError(f"heartbeat answered {status}")
             answered_at = time.monotonic()
             out["latency"].append([time.time(), time.monotonic() - began])
-            registered = b'"registered":false' not in body.replace(b" ", b"")
+            answer = json.loads(body)
+            registered = answer.get("registered", True)
+            interval = float(answer.get("heartbeat_interval_s") or interval)  # (core/cadence.py)
             if silent_at is not None:
                 out["silent_last_beat"] = time.time()
         except ConnectionError:

@@ -124,19 +124,21 @@ def test_a_node_not_heard_since_the_coordinator_started_gets_the_agents_retry_pa
     from unicron.core.states import NodeState
 
     limits = Settings()
+    deadline = limits.heartbeat_deadline_s
     away = NodeRecord(1, "away", 1, [], "h", NodeState.HEALTHY, last_seen=90.0)
     heard = NodeRecord(2, "heard", 1, [], "h", NodeState.HEALTHY, last_seen=103.0)
-    edge = 100 + AGENT_RETRY_CAP_S + limits.heartbeat_deadline_s
-    assert silent_nodes([away, heard], edge - 0.1, 100.0, limits) == [("heard", pytest.approx(edge - 103.1))]
-    assert [n for n, _ in silent_nodes([away, heard], edge + 0.1, 100.0, limits)] == ["away", "heard"]
-    assert silent_nodes([heard], 103.0 + limits.heartbeat_deadline_s - 0.1, 100.0, limits) == []
+    edge = 100 + AGENT_RETRY_CAP_S + deadline
+    found = silent_nodes([away, heard], edge - 0.1, 100.0, deadline)
+    assert found == [("heard", pytest.approx(edge - 103.1))]
+    assert [n for n, _ in silent_nodes([away, heard], edge + 0.1, 100.0, deadline)] == ["away", "heard"]
+    assert silent_nodes([heard], 103.0 + limits.heartbeat_deadline_s - 0.1, 100.0, deadline) == []
     # Heard within an agent's request timeout of then: perhaps a request its agent gave up on
     # during a stall, read from the backlog; its agent may still be pausing, so the pause holds.
     stale = NodeRecord(
         3, "stale", 1, [], "h", NodeState.HEALTHY, last_seen=100.0 + AGENT_REQUEST_TIMEOUT_S - 0.1
     )
-    assert silent_nodes([stale], edge - 0.1, 100.0, limits) == []
-    assert [n for n, _ in silent_nodes([stale], edge + 0.1, 100.0, limits)] == ["stale"]
+    assert silent_nodes([stale], edge - 0.1, 100.0, deadline) == []
+    assert [n for n, _ in silent_nodes([stale], edge + 0.1, 100.0, deadline)] == ["stale"]
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,7 @@ def verdict(positions: dict[int, Progress | None], stopped: tuple[int, ...] = ()
         {w.key: w.rank in stopped for w in workers},
         {w.key: positions.get(w.rank) for w in workers},
         NOW,
-        Settings(),
+        Settings().heartbeat_interval_s,
     )
 
 
@@ -133,7 +133,8 @@ def test_a_rank_past_the_step_a_peer_waits_in_is_not_blamed() -> None:
 
 def test_a_silent_node_is_decided_first() -> None:
     workers = [worker(0), worker(2, "n1")]
-    assert hang_verdict(workers, {"n0": NOW, "n1": NOW - 5}, {}, {}, NOW, Settings()) is None
+    interval = Settings().heartbeat_interval_s
+    assert hang_verdict(workers, {"n0": NOW, "n1": NOW - 5}, {}, {}, NOW, interval) is None
 
 
 # The same worker run as ``python -m``: runpy's frames lie below the script's module.

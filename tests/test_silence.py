@@ -15,6 +15,7 @@ from unicron.core.settings import Settings
 from unicron.core.states import NodeState
 
 LIMITS = Settings()  # deadline 2.5 s, mass silence past 0.55 of at least 3, burst 32 at 1/s
+DEADLINE = LIMITS.heartbeat_deadline_s
 
 
 def node(name: str, last_seen: float, state: NodeState = NodeState.HEALTHY) -> NodeRecord:
@@ -35,10 +36,10 @@ def test_a_node_is_not_blamed_for_the_time_the_coordinators_loop_was_late() -> N
     late = Lateness(window_s=60.0)
     late.add(101.0, 0.9)  # the loop came 0.9 s late to a tick after the node was last heard
     nodes = [node("a", 100.0), node("b", 100.0)]
-    assert silent_nodes(nodes, 103.2, 0.0, LIMITS, late.since) == []  # 3.2 s, 0.9 of them the coordinator's
-    assert silent_nodes(nodes, 103.2, 0.0, LIMITS) != []  # (counted against the nodes before)
+    assert silent_nodes(nodes, 103.2, 0.0, DEADLINE, late.since) == []  # 3.2 s, 0.9 of them the coordinator's
+    assert silent_nodes(nodes, 103.2, 0.0, DEADLINE) != []  # (counted against the nodes before)
     # A node that really stopped is found within the deadline plus the lag.
-    (found,) = silent_nodes([node("a", 100.0)], 103.5, 0.0, LIMITS, late.since)
+    (found,) = silent_nodes([node("a", 100.0)], 103.5, 0.0, DEADLINE, late.since)
     assert found[0] == "a" and round(found[1], 3) == 3.5  # its whole silence, as the loss records
 
 
@@ -161,7 +162,7 @@ def test_a_coordinator_whose_heartbeats_wait_in_its_sockets_loses_no_node(make: 
         read("n1", 0.01)
         cluster.c.tick()
     (lost,) = cluster.events("node_lost")  # within the deadline plus the coordinator's lag
-    assert LIMITS.heartbeat_deadline_s + 2.0 <= lost["silent_s"] <= LIMITS.heartbeat_deadline_s + 2.0 + 0.11
+    assert DEADLINE + 2.0 <= lost["silent_s"] <= DEADLINE + 2.0 + 0.11
 
 
 def test_an_admins_hold_declares_no_loss_until_released() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from unicron.control.act.effects import Applier
 from unicron.control.store.snapshot import StoreReads
+from unicron.core.cadence import Pace
 from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, LiveTaskSpec
 from unicron.core.settings import Settings
 from unicron.core.workerenv import WorkerEnv
@@ -41,6 +42,13 @@ class Context:
     clock: Callable[[], float]
     _specs: dict[str, LiveTaskSpec] = field(default_factory=dict)
     _sample_flops: dict[str, float | None] = field(default_factory=dict)
+    # How often agents beat and how long a node may be silent, for the cluster's size
+    # (``core/cadence.py``): set by detection as nodes come and go, read where a heartbeat's
+    # cadence matters.
+    pace: Pace = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pace = Pace.start(self.settings.limits)
 
     @property
     def limits(self) -> Settings:

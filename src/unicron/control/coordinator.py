@@ -15,6 +15,7 @@ only translates requests into these calls. The parts, one concept each:
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -141,6 +142,7 @@ class Coordinator:
         self.placer.rebuild_spares()
         self.dirty = True
         self.last_tick: float | None = None  # when the loop last ran (a long gap: it stalled)
+        self.forgot_at = -math.inf  # when lost nodes were last looked over (to forget)
         self.act.host_task_stores()
         self.generations.orphaned_newcomers()
         gpu = settings.cluster.gpu_type()
@@ -287,10 +289,9 @@ class Coordinator:
                 if not task.state.live and (task.finished or 0) >= known.last_seen:
                     self.ctx.forget_task(task.name, only=reg.node)
         self._reconcile_workers(reg.node, reg.workers)
+        told = self.ctx.pace.told  # (the cluster's size sets it: core/cadence.py)
         return RegistrationReply(
-            node=reg.node,
-            heartbeat_interval_s=self.limits.heartbeat_interval_s,
-            heartbeat_deadline_s=self.limits.heartbeat_deadline_s,
+            node=reg.node, heartbeat_interval_s=told.interval_s, heartbeat_deadline_s=told.deadline_s
         )
 
     def heartbeat(self, hb: Heartbeat) -> HeartbeatReply:
@@ -311,7 +312,10 @@ class Coordinator:
         # no longer lists (the agent may forget an exited worker before it has re-registered).
         self.vanished.listed(hb.node, hb.workers, self.clock())
         batch = self.orders(hb.node, hb.acked)
-        return HeartbeatReply.model_construct(orders=batch.orders, numbers=batch.numbers, registered=True)
+        interval = self.ctx.pace.told.interval_s  # it changes with the cluster's size
+        return HeartbeatReply.model_construct(
+            orders=batch.orders, numbers=batch.numbers, registered=True, heartbeat_interval_s=interval
+        )
 
     def orders(self, node: str, acked: int = 0) -> OrderBatch:
         """Orders for a node not yet acknowledged (the heartbeat's answer, the long poll). Built
@@ -594,8 +598,11 @@ class Coordinator:
             self._failing(found)
 
     def _forget_lost_nodes(self, now: float) -> bool:
-        """Lost nodes silent for ``forget_lost_node_s`` that hold no workers are forgotten."""
-        after_s = self.limits.forget_lost_node_s
+        """Lost nodes silent for ``forget_lost_node_s`` that hold no workers are forgotten
+        (looked for once a second: it reads every node)."""
+        if 0 <= now - self.forgot_at < 1.0:
+            return False
+        self.forgot_at, after_s = now, self.limits.forget_lost_node_s
         old = forgettable(self.store.nodes(), self.store.held_slots, now, after_s)
         for name in old:
             self.act.remove_node(name, why=f"lost for over {after_s:g} s (forget_lost_node_s)")

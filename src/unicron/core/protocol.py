@@ -486,6 +486,9 @@ class HeartbeatReply(_Message):
     orders: list[Order] = Field(default_factory=list)
     numbers: list[Int] = Field(default_factory=list)  # acknowledge the last once carried out
     registered: bool = True  # False: the coordinator does not know this node; register again
+    # How often to beat from now on (it grows and shrinks with the cluster: ``core/cadence.py``);
+    # None: as before.
+    heartbeat_interval_s: Seconds | None = None
 
 
 # ------------------------------------------------------------------ in-process membership changes

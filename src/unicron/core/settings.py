@@ -113,6 +113,14 @@ class Settings(BaseModel):
         description="silence after which a node is lost (not counting the coordinator's own lateness"
         " since it was last heard: control/detect/silence.py)",
     )
+    heartbeat_rate_max: float = Field(
+        1000.0,
+        gt=0,
+        description="heartbeats a second the coordinator asks for at most: past heartbeat_rate_max x"
+        " heartbeat_interval_s nodes the interval and the deadline grow with the node count, up to"
+        " 0.75 of the shortest setting a loss must come before (core/cadence.py; about half a core of"
+        " this machine's coordinator with the agents' long polls: docs/scale.md)",
+    )
     mass_silence_share: float = Field(
         0.55,
         gt=0,

@@ -367,6 +367,8 @@ class Agent:
         self.metrics.beat(time.monotonic() - began, sending, time.time())
         del self.reports[:count]
         reply = HeartbeatReply.model_validate_json(response.content)
+        if reply.heartbeat_interval_s is not None:
+            self.interval = reply.heartbeat_interval_s
         if not reply.registered:
             self.registered = False
             return False

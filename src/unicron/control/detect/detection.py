@@ -11,6 +11,7 @@ view recovery provides, and imports nothing of recovery.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ GenerationKey = tuple[str, int]  # (task, generation)
 LATENESS_KEPT_S = 600.0  # how far back the coordinator's lateness is looked up (a silence longer
 # than that is judged with the lateness of the last ten minutes only)
 HELD_NAMED = 20  # nodes named in one node_loss_held event (the count says how many)
+# How often, per heartbeat interval, the nodes are looked over for silence (and the heartbeats'
+# waits for the coordinator's lag): each look reads every node, which at thousands of nodes ten
+# times a second was a tenth of the coordinator's loop; a loss is found this much later at most.
+SWEEPS_PER_INTERVAL = 5
 
 
 class Handled(Protocol):
@@ -81,12 +86,13 @@ def silent_nodes(
     nodes: Sequence[NodeRecord],
     now: float,
     listening_since: float,
-    limits: Settings,
+    deadline_s: float,
     late_since: Callable[[float], float] = lambda then: 0.0,
 ) -> list[tuple[str, float]]:
-    """Nodes not heard within the deadline. A node not heard since the service could hear them
-    at all (it started, took over, or resumed from a stall) is counted from then plus the agents'
-    longest pause between retries: its agent, failing meanwhile, may be in that pause. So is a
+    """Nodes not heard within ``deadline_s`` (the cluster's now: ``core/cadence.py``). A node
+    not heard since the service could hear them at all (it started, took over, or resumed from
+    a stall) is counted from then plus the agents' longest pause between retries: its agent,
+    failing meanwhile, may be in that pause. So is a
     node heard only within an agent's request timeout of then: what was read may be a request
     its agent gave up on during a stall (read from the listen backlog after the resume; a
     healthy node was lost 2.6 s after a 20 s SIGSTOP that way), its agent still pausing.
@@ -98,7 +104,7 @@ def silent_nodes(
         heard = node.last_seen if node.last_seen >= fresh_from else listening_since + AGENT_RETRY_CAP_S
         heard = max(heard, node.last_seen)
         silent = now - heard  # (what the loss records: its last heartbeat is when the fault began)
-        if node.state is not NodeState.LOST and silent - late_since(heard) > limits.heartbeat_deadline_s:
+        if node.state is not NodeState.LOST and silent - late_since(heard) > deadline_s:
             out.append((node.name, silent))
     return out
 
@@ -182,6 +188,8 @@ class Detector:
     delays: BeatDelays = field(init=False)
     silence: SilenceJudge = field(init=False)
     held: set[str] = field(default_factory=set)  # silent nodes not declared lost (said once each)
+    swept_at: float = -math.inf  # when the nodes were last looked over for silence
+    lag: tuple[float, float] = (-math.inf, 0.0)  # (when, what) the heartbeats' waits last said
 
     def __post_init__(self) -> None:
         self.silence = SilenceJudge(self.ctx.limits)
@@ -245,13 +253,18 @@ class Detector:
     def late(self, now: float, late_s: float) -> None:
         """A tick at ``now`` that the loop came to ``late_s`` later than planned: the coordinator
         is as late as that or as the heartbeats it reads waited, whichever is more."""
-        self.lateness.add(now, max(late_s, self.delays.lag(now)))
+        if now - self.lag[0] >= self._sweep_every(now) or now < self.lag[0]:
+            self.lag = (now, self.delays.lag(now))
+        self.lateness.add(now, max(late_s, self.lag[1]))
+
+    def _sweep_every(self, now: float) -> float:
+        return self.ctx.pace.judged(now).interval_s / SWEEPS_PER_INTERVAL
 
     def heard(self, node: str, sent: float | None, waited_s: float | None, now: float) -> None:
         """A heartbeat its agent sent at ``sent``, ``waited_s`` after its last answered one (None:
         it did not say), was read ``now``."""
         if sent is not None:
-            unanswered = max(0.0, (waited_s or 0.0) - self.ctx.limits.heartbeat_interval_s)
+            unanswered = max(0.0, (waited_s or 0.0) - self.ctx.pace.judged(now).interval_s)
             self.delays.heard(node, now - sent, unanswered, now)
 
     def silent(self, now: float) -> list[tuple[str, float]]:
@@ -260,9 +273,15 @@ class Detector:
         spent (``silence.SilenceJudge``); what is held, and the alarm, are recorded."""
         if self.listening_since is None:
             self.listening_since = now
+        if now - self.swept_at < self._sweep_every(now) and now >= self.swept_at:
+            return []
+        self.swept_at = now
         nodes = self.ctx.store.nodes()
-        past = silent_nodes(nodes, now, self.listening_since, self.ctx.limits, self.lateness.since)
         in_service = sum(n.state is not NodeState.LOST for n in nodes)
+        self.ctx.pace.nodes_in_service(in_service, now)
+        deadline = self.ctx.pace.judged(now).deadline_s
+        self.delays.cap_s = self.delays.window_s = deadline
+        past = silent_nodes(nodes, now, self.listening_since, deadline, self.lateness.since)
         verdict = self.silence.judge(past, in_service, now)
         act = self.ctx.act
         if verdict.alarm_began:
@@ -292,7 +311,7 @@ class Detector:
         nothing about them needs the coordinator)."""
         self.listening_since = now
         self.delays.clear()  # (the stall's own grace covers it: not counted twice)
-        self.judging_from = now + self.ctx.limits.heartbeat_deadline_s
+        self.judging_from = now + self.ctx.pace.judged(now).deadline_s
         self.ctx.act.record("coordinator_stalled", seconds=round(stalled_s, 3), grace_until=self.judging_from)
 
     def check_start(self, task: TaskRecord, now: float) -> Failing | None:
@@ -351,7 +370,7 @@ class Detector:
         if grace is not None and grace.step == monitor.last_step + 1 and now < grace.until:
             return None  # a slow network's grace
         # One heartbeat more: the report of a step that did end may still be on its way.
-        if not monitor.late(now - self.ctx.limits.heartbeat_interval_s):
+        if not monitor.late(now - self.ctx.pace.judged(now).interval_s):
             return None
         return self._hung(task, now, monitor.last_step + 1, monitor.since, monitor.deadline())
 
@@ -385,11 +404,12 @@ class Detector:
         seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
         observed = self.observed(workers)
         stopped = {key: halted for key, (halted, _) in observed.items()}
+        interval = self.ctx.pace.judged(now).interval_s
         verdict = hang_verdict(
-            workers, seen, stopped, {k: at for k, (_, at) in observed.items()}, now, limits
+            workers, seen, stopped, {k: at for k, (_, at) in observed.items()}, now, interval
         )
         if verdict is None:
-            self._deferred(task, step, now - since, unheard(workers, seen, now, limits))
+            self._deferred(task, step, now - since, unheard(workers, seen, now, interval))
             return None
         culprits, grace = verdict.culprits, self.graced.get((task.name, task.generation))
         endpoints = None

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from unicron.control.store.records import WorkerRecord
 from unicron.core.protocol import WAITING_PHASES, Phase, Progress
-from unicron.core.settings import Settings
 
 WorkerKey = tuple[str, int, int]
 
@@ -37,12 +36,12 @@ def position(progress: Progress | None) -> str:
 
 
 def unheard(
-    workers: Sequence[WorkerRecord], last_seen: Mapping[str, float], now: float, limits: Settings
+    workers: Sequence[WorkerRecord], last_seen: Mapping[str, float], now: float, interval_s: float
 ) -> dict[str, float]:
-    """The task's nodes not heard for two heartbeat intervals, with how long: while any is, a late
-    step is not judged (``hang_verdict``)."""
+    """The task's nodes not heard for two heartbeat intervals (``interval_s``: the agents' now,
+    ``core/cadence.py``), with how long: while any is, a late step is not judged (``hang_verdict``)."""
     silence = {h: now - last_seen[h] for h in sorted({w.node for w in workers}) if h in last_seen}
-    return {h: s for h, s in silence.items() if s > 2 * limits.heartbeat_interval_s}
+    return {h: s for h, s in silence.items() if s > 2 * interval_s}
 
 
 def hang_verdict(
@@ -51,13 +50,13 @@ def hang_verdict(
     stopped: Mapping[WorkerKey, bool],
     progress: Mapping[WorkerKey, Progress | None],
     now: float,
-    limits: Settings,
+    interval_s: float,
 ) -> HangVerdict | None:
     """For a task whose step is late: the hung ranks, or None when a node of the task is silent
     (its loss is decided first: lost, or heard again). A stopped process is a culprit; else the
     ranks that are not waiting (in a collective, or for a membership) while others are, and have not
     gone past the oldest step a rank waits in a collective for."""
-    if unheard(workers, last_seen, now, limits):
+    if unheard(workers, last_seen, now, interval_s):
         return None
     where = {w.rank: position(progress.get(w.key)) for w in workers}
     halted = [w for w in workers if stopped.get(w.key)]

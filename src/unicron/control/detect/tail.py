@@ -38,12 +38,12 @@ class Overdue:
     final_saved: bool  # the task is finished whatever became of them
 
 
-def allowed_s(limits: Settings, storage_failing: bool) -> float:
+def allowed_s(limits: Settings, interval_s: float, storage_failing: bool) -> float:
     """How long after its last step a task's workers may take to exit: the longest a step may
     take, one heartbeat for the exit's report to arrive, and the final state's wait for failing
     storage while it fails."""
     wait = limits.storage_wait_s if storage_failing else 0.0
-    return limits.hang_cap_s + limits.heartbeat_interval_s + wait
+    return limits.hang_cap_s + interval_s + wait
 
 
 def overdue(
@@ -82,7 +82,8 @@ class Tail:
         monitor = self.detector.monitor(task.name, task.generation)
         monitor.watch_from(now, task.step)  # a successor counts from its start
         live = self.ctx.store.workers(task.name, task.generation, live=True)
-        allowed = allowed_s(self.ctx.limits, storage_failing)
+        interval = self.ctx.pace.judged(now).interval_s
+        allowed = allowed_s(self.ctx.limits, interval, storage_failing)
         found = overdue(task, live, monitor.since, now, allowed, iterations)
         if found is None:
             return None

@@ -530,7 +530,7 @@ class Recovery:
         errors of a generation the task has left (a grow or a restart moved it on) are dropped:
         answering them would re-form the new generation for nothing, and again at every tick,
         as nothing would ever clear them."""
-        grace = self.ctx.limits.heartbeat_deadline_s + self.ctx.limits.cause_grace_s
+        grace = self.ctx.pace.judged(now).deadline_s + self.ctx.limits.cause_grace_s
         for (name, generation), (since, kind, where) in list(self.awaiting.items()):
             task = self.ctx.store.task(name)
             if task is None or task.generation != generation:
