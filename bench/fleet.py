@@ -28,6 +28,7 @@ import uvloop
 from unicron.control.service.tokens import issue
 from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Role
+from unicron.core.cadence import jittered
 from unicron.core.protocol import Heartbeat, Registration
 
 TIMEOUT_S = 5.0  # an answer slower than this counts as a failure (the connection is made anew)
@@ -117,7 +118,7 @@ async def agent(
                 out["silent_last_beat"] = time.time()
         except ConnectionError:
             out["failures"] += 1
-        next_at += interval
+        next_at += jittered(interval)
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
     poller.cancel()
 

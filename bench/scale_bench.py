@@ -35,6 +35,7 @@ import httpx
 
 from unicron.control.launch.etcdlocal import EtcdCluster, etcd_binary
 from unicron.control.launch.localcluster import LocalCluster
+from unicron.control.store.gcpolicy import GcPolicy
 from unicron.core.cadence import cadence_for
 from unicron.core.settings import Settings
 
@@ -212,6 +213,9 @@ def write_docs(result: dict[str, Any]) -> None:
     text = template.replace("{table}", "\n".join(lines)).replace("{cliff}", cliff(result))
     text = text.replace("{p99_up_to}", f"{result.get('p99_up_to', P99_UP_TO):,}")
     text = text.replace("{cadence}", cadence_text(sorted({r["agents"] for r in result["rows"]})))
+    gc = GcPolicy()
+    text = text.replace("{gc_freeze_s}", f"{gc.freeze_every_s:g}")
+    text = text.replace("{gc_full_s}", f"{gc.full_every_s:,.0f}")
     (ROOT / "docs" / "scale.md").write_text(text.replace("{runs}", str(result.get("runs", 1))))
 
 

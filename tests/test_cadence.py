@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from unicron.core.cadence import Cadence, Pace, cadence_for, widest_scale
+from unicron.core.cadence import Cadence, Pace, cadence_for, jittered, widest_scale
 from unicron.core.protocol import Heartbeat, Registration
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState
@@ -57,3 +57,9 @@ def test_agents_are_told_the_cadence_and_a_silent_node_is_judged_by_it(make: Any
     assert c.store.node("n2").state is NodeState.HEALTHY
     cluster.step(0.5)
     assert c.store.node("n2").state is NodeState.LOST
+
+
+def test_an_agents_wait_is_the_interval_give_or_take_a_tenth() -> None:
+    waits = [jittered(2.0) for _ in range(1000)]
+    assert all(1.8 <= w <= 2.2 for w in waits)
+    assert max(waits) - min(waits) > 0.3  # spread: agents that started together drift apart

@@ -41,6 +41,7 @@ from unicron.control.agent.hostaddress import NodeAddress
 from unicron.control.agent.processes import Worker, dies_with_parent, log_tail
 from unicron.control.private import private_log
 from unicron.control.service.credentials import Credentials
+from unicron.core.cadence import jittered
 from unicron.core.coordinators import Coordinators
 from unicron.core.limits import MAX_BODY_BYTES, MAX_LISTED_WORKERS, MAX_REPORTS_PER_BEAT
 from unicron.core.protocol import (
@@ -466,7 +467,7 @@ class Agent:
                 timeout=AGENT_REQUEST_TIMEOUT_S, headers=headers, verify=self.credentials.verify
             ) as client:
                 while not self.stopping:
-                    wait = self.interval
+                    wait = jittered(self.interval)
                     try:
                         if not self.registered:
                             await self._register(client)
