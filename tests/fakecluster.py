@@ -228,13 +228,15 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
         slots: int = 2,
         spec: str | None = None,
         cluster: str | LiveClusterSpec | None = None,
+        domains: dict[str, str] | None = None,
         **limits: Any,
     ) -> Cluster:
         """``nodes`` nodes of ``slots`` slots. Without ``spec``: task ``lm`` (4 ranks at most,
         ``recovery`` and ``run_extra`` in its ``run:``) launched and at step 1. With ``spec`` (the
         YAML of one task, or of several under ``tasks:``, submitted in one request): submitted,
         and stepped twice (what was placed is launched; the test trains it). ``cluster``: the
-        ``--cluster`` file's text (the planner's hardware)."""
+        ``--cluster`` file's text (the planner's hardware). ``domains``: node -> its failure
+        domain, as its agent registers it."""
         clock = Clock()
         hardware = parse_live_cluster(cluster) if isinstance(cluster, str) else cluster
         settings = CoordinatorSettings(
@@ -248,7 +250,7 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
         built = Cluster(c, clock, settings, nodes=names)
         made.append(built)
         for node in names:
-            c.register(Registration(node=node, slots=slots))
+            c.register(Registration(node=node, slots=slots, domain=(domains or {}).get(node)))
         text = SPEC.format(recovery=recovery, run_extra=run_extra) if spec is None else spec
         c.submit(*parse_live_tasks(text, "test"))
         c.placer.allocator.wait()  # the table that answers the submission (built in the background)

@@ -189,3 +189,61 @@ def test_a_node_still_backing_off_when_a_mass_silence_ends_gets_a_restarts_grace
     for _ in range(30):
         cluster.step(0.5)
     assert len(cluster.events("node_lost")) == 1  # a node that does not come back is lost in the end
+
+
+RACKS = {**{f"a{i}": "rack-a" for i in range(4)}, **{f"b{i}": "rack-b" for i in range(4)}}
+
+
+def test_a_domain_partly_silent_is_held_and_a_whole_one_is_judged() -> None:
+    judge = SilenceJudge(LIMITS)
+    partly = judge.judge(silent("b1", "b2", "b3"), 8, 10.0, RACKS, grace_s=5.0)  # 3 of 4: past 0.55
+    assert partly.lost == [] and sorted(partly.held) == ["b1", "b2", "b3"]
+    assert partly.domains_began == (("rack-b", 3, 4),) and not partly.alarm_began  # 3 of 8: no mass
+    assert judge.judge(silent("b1", "b2", "b3"), 8, 20.0, RACKS).lost == []
+    back = judge.judge(silent("b3"), 8, 21.0, RACKS, grace_s=5.0)  # b1, b2 heard: the alarm ends
+    assert back.domains_ended == (("rack-b", 11.0),) and back.lost == [] and back.held == ["b3"]
+    assert judge.judge(silent("b3"), 8, 25.9, RACKS).lost == []  # a restart's grace
+    assert judge.judge(silent("b3"), 8, 26.0, RACKS).lost == silent("b3")  # then judged alone
+    # A whole domain silent while the rest beat: its switch or its power, a real outage (also
+    # when three of its nodes passed their deadline a moment before the fourth).
+    whole = SilenceJudge(LIMITS).judge(silent("b0", "b1", "b2", "b3"), 8, 0.0, RACKS)
+    assert sorted(name for name, _ in whole.lost) == ["b0", "b1", "b2", "b3"] and not whole.domains_began
+    judge = SilenceJudge(LIMITS)
+    assert judge.judge(silent("b0", "b1", "b2"), 8, 0.0, RACKS, grace_s=5.0).domains_began
+    all_of_it = judge.judge(silent("b0", "b1", "b2", "b3"), 8, 0.1, RACKS, grace_s=5.0)
+    assert len(all_of_it.lost) == 4 and all_of_it.domains_ended == (("rack-b", 0.1),)
+    # Partly silent for longer than the hold: taken as real, judged one by one.
+    judge = SilenceJudge(LIMITS)
+    judge.judge(silent("a0", "a1", "a2"), 8, 0.0, RACKS)
+    late = judge.judge(silent("a0", "a1", "a2", for_s=33.0), 8, LIMITS.mass_silence_hold_s, RACKS)
+    assert sorted(name for name, _ in late.lost) == ["a0", "a1", "a2"]
+    # Nodes that named no domain are judged as before.
+    assert SilenceJudge(LIMITS).judge(silent("x", "y"), 8, 0.0, RACKS).lost == silent("x", "y")
+
+
+def test_a_rack_partly_silent_through_the_coordinator_is_held_with_its_alarm(make: Any) -> None:
+    names = ("a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3")
+    cluster = make(nodes=8, domains={f"n{i}": RACKS[name] for i, name in enumerate(names)})
+    assert cluster.c.store.node("n4").domain == "rack-b"  # type: ignore[union-attr]
+    for _ in range(5):
+        cluster.step(0.5)
+    cluster.nodes = ("n0", "n1", "n2", "n3", "n4")  # rack b's switch drops three of its four
+    for _ in range(10):
+        cluster.step(0.5)
+    assert not cluster.events("node_lost") and not cluster.events("mass_silence")
+    (alarm,) = cluster.events("domain_silence")
+    assert (alarm["domain"], alarm["silent"], alarm["in_service"]) == ("rack-b", 3, 4)
+    (held,) = cluster.events("node_loss_held")
+    assert held["why"] == "domain silence" and held["domains"] == ["rack-b"] and held["count"] == 3
+    assert b'unicron_domain_silence{domain="rack-b"} 1.0' in cluster.c.metrics.exposition()
+    cluster.nodes = tuple(f"n{i}" for i in range(8))  # the switch is back
+    cluster.step(0.5)
+    assert cluster.events("domain_silence_over") and not cluster.events("node_lost")
+    assert b'unicron_domain_silence{domain="rack-b"} 0.0' in cluster.c.metrics.exposition()
+    for _ in range(40):  # (past the grace the rack's nodes got when it was heard again)
+        cluster.step(0.5)
+    cluster.nodes = ("n0", "n1", "n2", "n3")  # now the whole rack goes: its power
+    for _ in range(8):
+        cluster.step(0.5)
+    states = {cluster.c.store.node(f"n{i}").state for i in range(4, 8)}  # type: ignore[union-attr]
+    assert states == {NodeState.LOST} and len(cluster.events("domain_silence")) == 1

@@ -115,11 +115,14 @@ def run_agent(
     credentials: Credentials,
     address: str | None = None,
     metrics_port: int | None = None,
+    domain: str | None = None,
 ) -> None:
     from unicron.control.agent.agent import run_agent as start
     from unicron.control.agent.hostaddress import AddressError, NodeAddress, interface_of
 
     name = check_name(node or socket.gethostname(), "--node")
+    if domain is not None:
+        check_name(domain, "--domain")
     devices = [g for g in (gpus or "").split(",") if g]
     check_node_size(slots, devices)
     try:
@@ -127,7 +130,7 @@ def run_agent(
     except AddressError as exc:
         raise UsageError(str(exc)) from None
     folder = run_dir or Path(f".unicron/agents/{name}")
-    start(url, name, slots, folder, devices, credentials, where, metrics_port)
+    start(url, name, slots, folder, devices, credentials, where, metrics_port, domain)
 
 
 def check_node_size(slots: int, gpus: list[str]) -> None:
@@ -366,15 +369,16 @@ def status_view(api: Api) -> Group:
     nodes = api.request("GET", "/v1/nodes")
     tasks = api.request("GET", "/v1/tasks")
     workers = api.request("GET", "/v1/workers")
-    table = Table(
-        "node", "address", "state", "slots", "used", "heartbeat", title="Nodes", title_justify="left"
-    )
+    domains = any(n.get("domain") for n in nodes)  # a column only where nodes named their domain
+    columns = ["node", "address", *(["domain"] if domains else []), "state", "slots", "used", "heartbeat"]
+    table = Table(*columns, title="Nodes", title_justify="left")
     for n in nodes:
         used = ", ".join(f"{t}:{k}" for t, k in n["used"].items()) or "-"
         age = n["seconds_since_heartbeat"]
         # A lost node's agent cannot reach the coordinator (or is down): say so, not only an age.
         beat = f"none for {age:.1f} s: unreachable" if n["state"] == "lost" else f"{age:.1f} s ago"
-        table.add_row(n["name"], n["host"], n["state"], str(n["slots"]), used, beat)
+        domain = [n.get("domain") or "-"] if domains else []
+        table.add_row(n["name"], n["host"], *domain, n["state"], str(n["slots"]), used, beat)
     shown: list[Table | Text] = [table, task_table(tasks)]
     table = Table(
         "task", "gen", "rank", "node", "local", "state", "pid", "exit", title="Workers", title_justify="left"

@@ -149,13 +149,21 @@ def agent(
     ] = None,
     token_file: TOKEN_FILE = None,
     ca: CA = None,
+    domain: Annotated[
+        str | None,
+        typer.Option(
+            help="the failure domain this node shares with others (its rack, leaf switch or power "
+            "feed): when most of a domain falls silent at once, the coordinator holds its losses"
+        ),
+    ] = None,
 ) -> None:
     """Run a node agent: register, heartbeat, launch and supervise workers (with an agent token
     issued for this node)."""
     from unicron.cli.live import run_agent
     from unicron.control.service.credentials import resolve
 
-    run_agent(coordinator, node, slots, run_dir, gpus, resolve(token_file, ca), address, metrics_port)
+    credentials = resolve(token_file, ca)
+    run_agent(coordinator, node, slots, run_dir, gpus, credentials, address, metrics_port, domain)
 
 
 @app.command()

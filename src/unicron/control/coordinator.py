@@ -273,7 +273,9 @@ class Coordinator:
         lost = known is not None and known.state is NodeState.LOST  # (only then does a drain outlast it)
         drain = self.store.last_node_event(reg.node, DRAIN_EVENTS) if lost else None
         state = returning_state(known, drain, self.recovery.isolated_until.get(reg.node, 0.0), self.clock())
-        self.act.node_registered(reg.node, reg.slots, reg.gpus, reg.host, state, self.clock(), reg.probe_port)
+        self.act.node_registered(
+            reg.node, reg.slots, reg.gpus, reg.host, state, self.clock(), reg.probe_port, reg.domain
+        )
         if known is None or known.state is NodeState.LOST:
             self.act.record(
                 "node_joined" if known is None else "node_back",

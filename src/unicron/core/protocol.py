@@ -418,6 +418,9 @@ class Registration(_Message):
     host: Label = "127.0.0.1"
     probe_port: Int = 0  # the agent's peer-probe listener on ``host`` (0: none)
     workers: Listed = Field(default_factory=list)
+    # The failure domain the node shares with others (a rack, a leaf switch, a power feed: the
+    # agent's ``--domain``): their silence is judged together (``control/detect/silence.py``).
+    domain: str | None = Field(None, pattern=NAME_PATTERN)
 
 
 class RegistrationReply(_Message):

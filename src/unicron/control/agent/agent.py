@@ -100,8 +100,10 @@ class Agent:
         where: NodeAddress | None = None,
         credentials: Credentials | None = None,
         metrics: AgentMetrics | None = None,
+        domain: str | None = None,
     ) -> None:
         self.coordinators = Coordinators.of(coordinator)
+        self.domain = domain  # the failure domain it shares with other nodes (``--domain``)
         self.metrics = metrics or AgentMetrics()  # served only when asked (``run_agent``)
         self.credentials = credentials or Credentials()  # an agent token for this node, the CA
         self.node = node
@@ -338,6 +340,7 @@ class Agent:
             host=self.where.address,
             probe_port=self.probe_port,
             workers=self.listed(),
+            domain=self.domain,
         )
         response = await client.post(f"{self.url}/v1/agents/register", content=reg.model_dump_json())
         if response.status_code != 200:
@@ -522,15 +525,18 @@ def run_agent(
     credentials: Credentials | None = None,
     where: NodeAddress | None = None,
     metrics_port: int | None = None,
+    domain: str | None = None,
 ) -> None:
     """Run the agent until SIGTERM or SIGINT (exit 0), or until its loop fails (exit 1), saying
     what it is, where it reports, and when and why it stops."""
     metrics, where = AgentMetrics(), where or NodeAddress()
 
     async def main() -> str | None:
-        agent = Agent(coordinator, node, slots, run_dir, gpus, where, credentials, metrics)
+        agent = Agent(coordinator, node, slots, run_dir, gpus, where, credentials, metrics, domain)
         for line in started_lines(node, slots, gpus or [], str(agent.coordinators), where, run_dir):
             agent._say(line)
+        if domain is not None:
+            agent._say(f"failure domain {domain}")
         if metrics_port is not None:  # on the node's address (loopback without one)
             try:
                 port = metrics.serve(where.address, metrics_port)

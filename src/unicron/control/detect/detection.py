@@ -21,7 +21,7 @@ from unicron.control.context import Context
 from unicron.control.detect.hangs import WorkerKey, hang_verdict, unheard
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import PeerCheck, outcome, probe_endpoints
-from unicron.control.detect.silence import BeatDelays, Lateness, SilenceJudge
+from unicron.control.detect.silence import BeatDelays, Lateness, SilenceJudge, Verdict
 from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.core.protocol import (
     AGENT_REQUEST_TIMEOUT_S,
@@ -269,8 +269,9 @@ class Detector:
 
     def silent(self, now: float) -> list[tuple[str, float]]:
         """The nodes to declare lost now, with how long each was silent: those past their
-        deadline (``silent_nodes``), unless the silence is a mass silence or the loss rate is
-        spent (``silence.SilenceJudge``); what is held, and the alarm, are recorded."""
+        deadline (``silent_nodes``), unless the silence is a mass silence, a failure domain's
+        partial silence, or the loss rate is spent (``silence.SilenceJudge``); what is held,
+        and the alarms, are recorded."""
         if self.listening_since is None:
             self.listening_since = now
         if now - self.swept_at < self._sweep_every(now) and now >= self.swept_at:
@@ -282,7 +283,9 @@ class Detector:
         deadline = self.ctx.pace.judged(now).deadline_s
         self.delays.cap_s = self.delays.window_s = deadline
         past = silent_nodes(nodes, now, self.listening_since, deadline, self.lateness.since)
-        verdict = self.silence.judge(past, in_service, now)
+        domains = {n.name: n.domain for n in nodes if n.domain and n.state is not NodeState.LOST}
+        verdict = self.silence.judge(past, in_service, now, domains, AGENT_RETRY_CAP_S + deadline)
+        self._domain_alarms(verdict)
         act = self.ctx.act
         if verdict.alarm_began:
             share = round(len(past) / max(1, in_service), 3)
@@ -291,18 +294,30 @@ class Detector:
             act.record("mass_silence_over", seconds=round(verdict.alarm_ended, 3), silent=len(past))
             # The nodes still silent get a restart's grace (their agents may be backing off).
             self.listening_since = now
-        why = (
+        whole = (
             "held by hand"
             if self.silence.by_hand
             else "mass silence"
             if self.silence.alarm_since is not None
-            else "node loss rate spent"
+            else None
         )
-        newly = sorted(set(verdict.held) - self.held)
-        if newly:  # one event for all held at once (a mass silence holds thousands)
-            act.record("node_loss_held", why=why, nodes=newly[:HELD_NAMED], count=len(newly))
+        newly: dict[str, list[str]] = {}  # why -> nodes held from now
+        for name in sorted(set(verdict.held) - self.held):
+            in_held_domain = domains.get(name) in verdict.domains_held
+            why = whole or ("domain silence" if in_held_domain else "node loss rate spent")
+            newly.setdefault(why, []).append(name)
+        for why, names in newly.items():  # one event for all held at once (a mass silence holds thousands)
+            where = sorted({domains[n] for n in names if n in domains}) if why == "domain silence" else None
+            act.record("node_loss_held", why=why, nodes=names[:HELD_NAMED], count=len(names), domains=where)
         self.held = set(verdict.held)
         return verdict.lost
+
+    def _domain_alarms(self, verdict: Verdict) -> None:
+        """A failure domain partly silent, and heard again: recorded (``silence.py``)."""
+        for domain, silent, members in verdict.domains_began:
+            self.ctx.act.record("domain_silence", domain=domain, silent=silent, in_service=members)
+        for domain, seconds in verdict.domains_ended:
+            self.ctx.act.record("domain_silence_over", domain=domain, seconds=round(seconds, 3))
 
     def resumed(self, now: float, stalled_s: float) -> None:
         """The coordinator ran again after ``stalled_s`` without: every node gets a full

@@ -22,6 +22,14 @@ the training tasks on it):
   node is declared lost: an alarm is raised (``mass_silence``), and nodes are judged one by one
   again once heartbeats come back, or once the silence has lasted ``mass_silence_hold_s`` (a
   silence that long is taken as real: the tasks cannot train anyway).
+- **A failure domain partly silent is held too.** Nodes may name the domain they share (a rack, a
+  leaf switch, a power feed: the agent's ``--domain``). As Kubernetes judges each zone: when more
+  than ``mass_silence_share`` of a domain's nodes in service (at least ``mass_silence_min_nodes``),
+  but not all, are silent at once, the domain's switch or uplink is flapping more likely than most
+  of its nodes died: its silent nodes are held (a ``domain_silence`` alarm, per domain) until
+  they are heard, or for ``mass_silence_hold_s``; nodes still silent when the others came back
+  get a restart's grace (their agents may be backing off). A whole domain silent while the rest of
+  the cluster beats is a real outage (its switch, its power): its nodes are judged as usual.
 - **An admin may hold every loss by hand** (``unicron node hold-losses``, say through a planned
   change of the network), until released; the hold outlives a coordinator's restart.
 - **Losses acted on are rate limited** (Kubernetes' ``--node-eviction-rate``): a bucket of
@@ -36,6 +44,8 @@ module's own state; the detector reads the store and carries the verdict out.
 from __future__ import annotations
 
 import bisect
+import collections
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from unicron.core.settings import Settings
@@ -132,6 +142,11 @@ class Verdict:
     held: list[str]  # silent, but not declared: a mass silence, or the loss rate
     alarm_began: bool = False  # a mass silence began now
     alarm_ended: float | None = None  # a mass silence ended now, after this many seconds
+    # Domains partly silent from now (domain, silent, in service), and those heard again now
+    # (domain, after how many seconds).
+    domains_began: tuple[tuple[str, int, int], ...] = ()
+    domains_ended: tuple[tuple[str, float], ...] = ()
+    domains_held: frozenset[str] = frozenset()  # the domains whose silent nodes are held now
 
 
 @dataclass
@@ -143,30 +158,68 @@ class SilenceJudge:
     alarm_since: float | None = None
     tokens: float = -1.0  # losses that may be declared now (filled at the first verdict)
     filled_at: float = 0.0
+    domain_alarms: dict[str, float] = field(default_factory=dict)  # domain -> partly silent since
+    domain_grace: dict[str, float] = field(default_factory=dict)  # domain -> its nodes held until
 
-    def judge(self, silent: list[tuple[str, float]], in_service: int, now: float) -> Verdict:
-        """``silent``: nodes past their deadline (not yet lost); ``in_service``: nodes not lost."""
+    def _mass(self, silent: int, in_service: int) -> bool:
+        """More than the share of at least the least number, or all of them (two or more)."""
         limits = self.limits
-        mass = len(silent) >= 2 and (
-            len(silent) == in_service
-            or (
-                len(silent) >= limits.mass_silence_min_nodes
-                and len(silent) > limits.mass_silence_share * in_service
-            )
+        return silent >= 2 and (
+            silent == in_service
+            or (silent >= limits.mass_silence_min_nodes and silent > limits.mass_silence_share * in_service)
         )
+
+    def judge(
+        self,
+        silent: list[tuple[str, float]],
+        in_service: int,
+        now: float,
+        domains: Mapping[str, str] | None = None,
+        grace_s: float = 0.0,
+    ) -> Verdict:
+        """``silent``: nodes past their deadline (not yet lost); ``in_service``: nodes not lost;
+        ``domains``: the failure domain of each node in service that named one; ``grace_s``: how
+        long the nodes of a domain heard again may still be silent (a restart's grace)."""
+        limits = self.limits
+        mass = self._mass(len(silent), in_service)
         began, ended = False, None
         if mass and self.alarm_since is None:
             self.alarm_since, began = now, True
         elif not mass and self.alarm_since is not None:
             ended, self.alarm_since = now - self.alarm_since, None
         holding = self.alarm_since is not None and now - self.alarm_since < limits.mass_silence_hold_s
+        part = self._domains(silent, domains or {}, now, grace_s)
         if holding or self.by_hand or ended is not None:  # (ended: the detector gives a grace)
-            return Verdict([], [name for name, _ in silent], began, ended)
+            return Verdict([], [name for name, _ in silent], began, ended, *part)
+        held = [name for name, _ in silent if (domains or {}).get(name) in part[2]]
+        judged = [s for s in silent if (domains or {}).get(s[0]) not in part[2]]
         self._refill(now)
-        ordered = sorted(silent, key=lambda s: -s[1])  # the longest silent first
+        ordered = sorted(judged, key=lambda s: -s[1])  # the longest silent first
         take = min(len(ordered), int(self.tokens))
         self.tokens -= take
-        return Verdict(ordered[:take], [name for name, _ in ordered[take:]], began, ended)
+        return Verdict(ordered[:take], held + [name for name, _ in ordered[take:]], began, ended, *part)
+
+    def _domains(
+        self, silent: list[tuple[str, float]], domains: Mapping[str, str], now: float, grace_s: float
+    ) -> tuple[tuple[tuple[str, int, int], ...], tuple[tuple[str, float], ...], frozenset[str]]:
+        """The domains partly silent now (their alarms begun and ended) and the domains whose
+        silent nodes are held: partly silent for less than ``mass_silence_hold_s``, or heard
+        again less than ``grace_s`` ago."""
+        members = collections.Counter(domains.values())
+        quiet = collections.Counter(domains[name] for name, _ in silent if name in domains)
+        partly = {d for d, n in quiet.items() if n < members[d] and self._mass(n, members[d])}
+        began = tuple((d, quiet[d], members[d]) for d in sorted(partly - set(self.domain_alarms)))
+        for d, _, _ in began:
+            self.domain_alarms[d] = now
+        ended = tuple((d, now - t) for d, t in sorted(self.domain_alarms.items()) if d not in partly)
+        for d, _ in ended:
+            del self.domain_alarms[d]
+            if quiet[d] < members[d]:  # heard again (all of it silent now: a real outage, no grace)
+                self.domain_grace[d] = now + grace_s
+        self.domain_grace = {d: until for d, until in self.domain_grace.items() if until > now}
+        hold_s = self.limits.mass_silence_hold_s
+        held = {d for d, t in self.domain_alarms.items() if now - t < hold_s} | set(self.domain_grace)
+        return began, ended, frozenset(held)
 
     def _refill(self, now: float) -> None:
         burst = float(self.limits.node_loss_burst)

@@ -94,10 +94,16 @@ class Metrics:
             "1 while a mass silence holds node losses back (control/detect/silence.py), else 0",
             registry=r,
         )
+        self.domain_silence = Gauge(
+            "unicron_domain_silence",
+            "1 while a failure domain is partly silent and its nodes' losses are held, by domain",
+            ["domain"],
+            registry=r,
+        )
         self.losses_held = count(
             "unicron_node_losses_held", "Silent nodes not declared lost, by why", ["why"]
         )
-        for why in ("mass silence", "node loss rate spent"):
+        for why in ("mass silence", "domain silence", "node loss rate spent"):
             self.losses_held.labels(why)
         self.decided_at: dict[int, float] = {}  # open incidents' decision times, for the transition
         self.steps_at: dict[int, tuple[str, int]] = {}  # open incidents' task and step at detection
@@ -142,6 +148,8 @@ class Metrics:
             self._closed(task, incident, detail)
         elif what in ("mass_silence", "mass_silence_over"):
             self.mass_silence.set(1 if what == "mass_silence" else 0)
+        elif what in ("domain_silence", "domain_silence_over"):
+            self.domain_silence.labels(str(detail.get("domain"))).set(1 if what == "domain_silence" else 0)
         elif what == "node_loss_held":
             self.losses_held.labels(str(detail.get("why"))).inc(int(detail.get("count", 1)))
         elif what == "plan":

@@ -466,6 +466,7 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
                 "state": n.state.value,
                 "seconds_since_heartbeat": round(time.time() - n.last_seen, 3),
                 "used": held.get(n.name, {}),
+                "domain": n.domain,
             }
             for n in runtime.c.store.nodes()
         ]

@@ -73,6 +73,7 @@ class NodeRecord:
     state: NodeState
     last_seen: float
     probe_port: int = 0  # its agent's peer-probe listener on ``host`` (0: none)
+    domain: str | None = None  # its failure domain (a rack, a switch), if its agent named one
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> NodeRecord:

@@ -88,6 +88,7 @@ ADDED_COLUMNS = (
     ("tasks", "first_generation", "INTEGER NOT NULL DEFAULT 1"),
     ("tasks", "down_from", "REAL"),
     ("nodes", "probe_port", "INTEGER NOT NULL DEFAULT 0"),
+    ("nodes", "domain", "TEXT"),
 )
 
 

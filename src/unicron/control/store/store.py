@@ -311,11 +311,14 @@ class Store:
         state: NodeState,
         now: float,
         probe_port: int = 0,
+        domain: str | None = None,
     ) -> None:
         with self._lock:
             known = self.node(name)
             if known is None:
-                node = NodeRecord(self._next_node_id, name, slots, list(gpus), host, state, now, probe_port)
+                node = NodeRecord(
+                    self._next_node_id, name, slots, list(gpus), host, state, now, probe_port, domain
+                )
                 self._next_node_id += 1
             else:
                 check(f"node {name}", NODE_TRANSITIONS, known.state, state)
@@ -327,6 +330,7 @@ class Store:
                     state=state,
                     last_seen=now,
                     probe_port=probe_port,
+                    domain=domain,
                 )
             self._commit(_Batch(nodes=[node]))
 
