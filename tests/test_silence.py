@@ -5,6 +5,7 @@ the coordinator, stepped by hand (tests/fakecluster.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from unicron.control.detect.detection import silent_nodes
@@ -136,10 +137,10 @@ def test_heartbeats_that_waited_in_the_coordinators_sockets_say_how_far_behind_i
     assert delays.lag(7.0) == 0.0  # (and only while it is recent)
 
 
-def test_a_coordinator_whose_heartbeats_wait_in_its_sockets_loses_no_node(make: Any) -> None:
-    """Its loop ticks on time, but the heartbeats it reads were sent 2 s before: a backlog, in
-    which one node's are not read for 3 s. Its silence is the coordinator's."""
-    cluster = make(nodes=3)
+def backlogged(make: Any, nodes: int) -> tuple[Any, Callable[[str, float], None]]:
+    """A cluster of ``nodes`` settled, and ``read(node, waited_s)``: a heartbeat of ``node``
+    read now that was sent ``waited_s`` before (it waited in the coordinator's sockets)."""
+    cluster = make(nodes=nodes)
     for _ in range(5):
         cluster.step(0.5)
 
@@ -149,6 +150,13 @@ def test_a_coordinator_whose_heartbeats_wait_in_its_sockets_loses_no_node(make: 
 
     for node in cluster.nodes:
         read(node, 0.01)  # each node's delay on an idle coordinator
+    return cluster, read
+
+
+def test_a_coordinator_whose_heartbeats_wait_in_its_sockets_loses_no_node(make: Any) -> None:
+    """Its loop ticks on time, but the heartbeats it reads were sent 2 s before: a backlog, in
+    which one node's are not read for 3 s. Its silence is the coordinator's."""
+    cluster, read = backlogged(make, 3)
     for _ in range(6):
         cluster.clock.now += 0.5
         read("n0", 2.0)
@@ -247,3 +255,38 @@ def test_a_rack_partly_silent_through_the_coordinator_is_held_with_its_alarm(mak
         cluster.step(0.5)
     states = {cluster.c.store.node(f"n{i}").state for i in range(4, 8)}  # type: ignore[union-attr]
     assert states == {NodeState.LOST} and len(cluster.events("domain_silence")) == 1
+
+
+def test_a_coordinator_far_behind_holds_every_loss_and_says_why() -> None:
+    judge = SilenceJudge(LIMITS)
+    held = judge.judge(silent("a"), 10, 0.0, behind=True)  # one of ten: no mass silence
+    assert held.lost == [] and held.held == ["a"] and held.alarm_began
+    assert held.alarm_why == "coordinator behind"
+    assert judge.judge(silent("a"), 10, 1.0, behind=False).alarm_ended == 1.0  # caught up
+    assert judge.judge(silent("a"), 10, 2.0).lost == silent("a")
+    assert SilenceJudge(LIMITS).judge([], 10, 0.0, behind=True).alarm_began is False  # nobody silent
+
+
+def test_heartbeats_waiting_a_whole_deadline_hold_the_losses_until_the_coordinator_caught_up(
+    make: Any,
+) -> None:
+    """A backlog so long that the beats read waited a deadline or more (the lag's cap): n2's are
+    not read at all for 6 s. Held as the coordinator's own fault, then found once it caught up."""
+    cluster, read = backlogged(make, 4)
+    for _ in range(12):
+        cluster.clock.now += 0.5
+        for node in ("n0", "n1", "n3"):
+            read(node, 4.0)
+        cluster.c.tick()
+    assert not cluster.events("node_lost")
+    (alarm,) = cluster.events("mass_silence")
+    assert alarm["why"] == "coordinator behind" and alarm["lag_s"] == DEADLINE
+    (held,) = cluster.events("node_loss_held")
+    assert held["why"] == "coordinator behind" and held["nodes"] == ["n2"]
+    while not cluster.events("node_lost"):  # caught up; n2 stays silent
+        assert cluster.clock.now < 1_000_100, "n2 never found lost"
+        cluster.clock.now += 0.1
+        for node in ("n0", "n1", "n3"):
+            read(node, 0.01)
+        cluster.c.tick()
+    assert cluster.events("mass_silence_over")

@@ -15,13 +15,13 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from unicron.control.context import Context
 from unicron.control.detect.hangs import WorkerKey, hang_verdict, unheard
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import PeerCheck, outcome, probe_endpoints
-from unicron.control.detect.silence import BeatDelays, Lateness, SilenceJudge, Verdict
+from unicron.control.detect.silence import BEHIND_SHARE, BeatDelays, Lateness, SilenceJudge, Verdict
 from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.core.protocol import (
     AGENT_REQUEST_TIMEOUT_S,
@@ -284,12 +284,14 @@ class Detector:
         self.delays.cap_s = self.delays.window_s = deadline
         past = silent_nodes(nodes, now, self.listening_since, deadline, self.lateness.since)
         domains = {n.name: n.domain for n in nodes if n.domain and n.state is not NodeState.LOST}
-        verdict = self.silence.judge(past, in_service, now, domains, AGENT_RETRY_CAP_S + deadline)
+        behind = self.lag[1] >= BEHIND_SHARE * deadline  # (the heartbeats' waits: ``late``)
+        verdict = self.silence.judge(past, in_service, now, domains, AGENT_RETRY_CAP_S + deadline, behind)
         self._domain_alarms(verdict)
         act = self.ctx.act
         if verdict.alarm_began:
-            share = round(len(past) / max(1, in_service), 3)
-            act.record("mass_silence", silent=len(past), in_service=in_service, share=share)
+            share, lag = round(len(past) / max(1, in_service), 3), round(self.lag[1], 3)
+            said: dict[str, Any] = {"share": share, "why": verdict.alarm_why, "lag_s": lag}
+            act.record("mass_silence", silent=len(past), in_service=in_service, **said)
         if verdict.alarm_ended is not None:
             act.record("mass_silence_over", seconds=round(verdict.alarm_ended, 3), silent=len(past))
             # The nodes still silent get a restart's grace (their agents may be backing off).
@@ -297,7 +299,7 @@ class Detector:
         whole = (
             "held by hand"
             if self.silence.by_hand
-            else "mass silence"
+            else self.silence.alarm_why
             if self.silence.alarm_since is not None
             else None
         )

@@ -14,6 +14,14 @@ the training tasks on it):
   a deadline stretches by the coordinator's own lag, and a node that really stopped is found
   within the deadline plus that lag. (A stall longer than two heartbeat intervals is a pause,
   handled as one: ``detection.stalled_for``.)
+- **The coordinator is far behind.** Its lag (the heartbeats' waits, above) stretches a deadline
+  by at most one deadline, so that nobody can hide a dead node for long; a coordinator so loaded
+  that its heartbeats wait that long or longer (thousands of agents on a host it shares, a burst
+  of recoveries) would still blame nodes whose requests it never read (2,048 agents every 0.5 s
+  here: dozens of healthy nodes lost). So while the lag is at its cap, the silent nodes are held
+  as in a mass silence (the alarm says why), for at most ``mass_silence_hold_s``; those still
+  silent when it has caught up get a restart's grace (their agents' requests timed out, and they
+  back off).
 - **Many nodes fall silent at once.** A switch, the coordinator's own network, or its host
   failed, more likely than most of the nodes at once. As Kubernetes' node lifecycle controller
   does (``--unhealthy-zone-threshold`` 0.55 with more than two nodes unhealthy: a partial
@@ -49,6 +57,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from unicron.core.settings import Settings
+
+BEHIND_SHARE = 1.0  # a heartbeat lag of this share of a deadline (its cap): the coordinator is behind
+MASS, BEHIND = "mass silence", "coordinator behind"  # why the alarm holds the losses
 
 
 @dataclass
@@ -142,6 +153,7 @@ class Verdict:
     held: list[str]  # silent, but not declared: a mass silence, or the loss rate
     alarm_began: bool = False  # a mass silence began now
     alarm_ended: float | None = None  # a mass silence ended now, after this many seconds
+    alarm_why: str | None = None  # while the alarm holds: MASS or BEHIND
     # Domains partly silent from now (domain, silent, in service), and those heard again now
     # (domain, after how many seconds).
     domains_began: tuple[tuple[str, int, int], ...] = ()
@@ -156,6 +168,7 @@ class SilenceJudge:
     limits: Settings
     by_hand: bool = False  # an admin holds every loss (``unicron node hold-losses``)
     alarm_since: float | None = None
+    alarm_why: str | None = None  # MASS, or BEHIND (the coordinator's heartbeat lag)
     tokens: float = -1.0  # losses that may be declared now (filled at the first verdict)
     filled_at: float = 0.0
     domain_alarms: dict[str, float] = field(default_factory=dict)  # domain -> partly silent since
@@ -176,12 +189,17 @@ class SilenceJudge:
         now: float,
         domains: Mapping[str, str] | None = None,
         grace_s: float = 0.0,
+        behind: bool = False,
     ) -> Verdict:
         """``silent``: nodes past their deadline (not yet lost); ``in_service``: nodes not lost;
         ``domains``: the failure domain of each node in service that named one; ``grace_s``: how
-        long the nodes of a domain heard again may still be silent (a restart's grace)."""
+        long the nodes of a domain heard again may still be silent (a restart's grace);
+        ``behind``: the coordinator's heartbeat lag is ``BEHIND_SHARE`` of a deadline or more."""
         limits = self.limits
-        mass = self._mass(len(silent), in_service)
+        many = self._mass(len(silent), in_service)
+        mass = many or (behind and bool(silent))
+        if mass:
+            self.alarm_why = MASS if many else BEHIND
         began, ended = False, None
         if mass and self.alarm_since is None:
             self.alarm_since, began = now, True
@@ -190,14 +208,18 @@ class SilenceJudge:
         holding = self.alarm_since is not None and now - self.alarm_since < limits.mass_silence_hold_s
         part = self._domains(silent, domains or {}, now, grace_s)
         if holding or self.by_hand or ended is not None:  # (ended: the detector gives a grace)
-            return Verdict([], [name for name, _ in silent], began, ended, *part)
+            return Verdict([], [name for name, _ in silent], began, ended, self._why(), *part)
         held = [name for name, _ in silent if (domains or {}).get(name) in part[2]]
         judged = [s for s in silent if (domains or {}).get(s[0]) not in part[2]]
         self._refill(now)
         ordered = sorted(judged, key=lambda s: -s[1])  # the longest silent first
         take = min(len(ordered), int(self.tokens))
         self.tokens -= take
-        return Verdict(ordered[:take], held + [name for name, _ in ordered[take:]], began, ended, *part)
+        lost, rest = ordered[:take], [name for name, _ in ordered[take:]]
+        return Verdict(lost, held + rest, began, ended, self._why(), *part)
+
+    def _why(self) -> str | None:
+        return self.alarm_why if self.alarm_since is not None else None
 
     def _domains(
         self, silent: list[tuple[str, float]], domains: Mapping[str, str], now: float, grace_s: float

@@ -91,7 +91,8 @@ class Metrics:
             self.plan_seconds.labels(source)
         self.mass_silence = Gauge(
             "unicron_mass_silence",
-            "1 while a mass silence holds node losses back (control/detect/silence.py), else 0",
+            "1 while a mass silence, or the coordinator's own heartbeat lag, holds node losses back"
+            " (control/detect/silence.py), else 0",
             registry=r,
         )
         self.domain_silence = Gauge(
@@ -103,7 +104,7 @@ class Metrics:
         self.losses_held = count(
             "unicron_node_losses_held", "Silent nodes not declared lost, by why", ["why"]
         )
-        for why in ("mass silence", "domain silence", "node loss rate spent"):
+        for why in ("mass silence", "coordinator behind", "domain silence", "node loss rate spent"):
             self.losses_held.labels(why)
         self.decided_at: dict[int, float] = {}  # open incidents' decision times, for the transition
         self.steps_at: dict[int, tuple[str, int]] = {}  # open incidents' task and step at detection
