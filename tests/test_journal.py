@@ -5,7 +5,7 @@ journal over real SQLite and etcd runs in tests/test_store.py's contract suite).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from unicron.control.store.backend import Change, Fenced, Loaded, Put, Table
 from unicron.control.store.journal import Entry, Journal, batches
@@ -42,9 +42,6 @@ class Recording:
         self, since_id: int, task: str | None, limit: int, kinds: frozenset[str], newest: bool
     ) -> list[EventRecord]:
         return []
-
-    def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None:
-        return None
 
     def close(self) -> None:
         pass

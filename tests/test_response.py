@@ -11,7 +11,7 @@ from unicron.control.act.effects import Isolate, StopGeneration, StopWorker, Swi
 from unicron.control.place.draining import returning_state
 from unicron.control.place.placing import Move, MoveKind, move_for
 from unicron.control.recover.response import Failure, Stalled, escalate, in_place, regrouped, respond
-from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
+from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord, drained_across
 from unicron.control.store.snapshot import Snapshot
 from unicron.core.ladder import Decision
 from unicron.core.settings import Settings
@@ -258,13 +258,16 @@ def test_members_on_a_drained_node_move_off_without_a_restart() -> None:
 
 def test_isolation_and_drain_outlast_a_node_lost_and_back() -> None:
     node = NodeRecord(id=1, name="a", slots=2, gpus=[], host="h", state=NodeState.LOST, last_seen=0.0)
-    assert returning_state(node, None, isolated_until=100.0, now=50.0) is NodeState.ISOLATED
-    assert returning_state(node, None, isolated_until=100.0, now=150.0) is NodeState.HEALTHY
-    assert returning_state(node, "node_draining", isolated_until=0.0, now=150.0) is NodeState.DRAINING
-    assert returning_state(node, "node_resumed", isolated_until=0.0, now=150.0) is NodeState.HEALTHY
-    draining = replace(node, state=NodeState.DRAINING)
-    assert returning_state(draining, "node_draining", isolated_until=0.0, now=1.0) is NodeState.DRAINING
-    assert returning_state(None, "node_draining", isolated_until=0.0, now=1.0) is NodeState.HEALTHY
+    assert returning_state(node, isolated_until=100.0, now=50.0) is NodeState.ISOLATED
+    assert returning_state(node, isolated_until=100.0, now=150.0) is NodeState.HEALTHY
+    drained = replace(node, drained=True)  # lost while an admin's drain held
+    assert returning_state(drained, isolated_until=0.0, now=150.0) is NodeState.DRAINING
+    draining = replace(node, state=NodeState.DRAINING, drained=True)
+    assert returning_state(draining, isolated_until=0.0, now=1.0) is NodeState.DRAINING
+    assert returning_state(None, isolated_until=0.0, now=1.0) is NodeState.HEALTHY
+    # The drain begins with the drain, outlasts a loss, ends with the resume.
+    assert drained_across(node, NodeState.DRAINING) and drained_across(drained, NodeState.LOST)
+    assert not drained_across(node, NodeState.LOST) and not drained_across(drained, NodeState.HEALTHY)
 
 
 def test_a_stalled_recovery_escalates_one_tier_acting_on_the_members_stuck_on_the_way() -> None:

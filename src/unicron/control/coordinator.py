@@ -31,7 +31,7 @@ from unicron.control.detect.vanished import Vanished
 from unicron.control.observe.clusterview import Viewer
 from unicron.control.observe.metrics import Metrics
 from unicron.control.observe.wafhistory import WafHistory
-from unicron.control.place.draining import DRAIN_EVENTS, drainable, resumable, returning_state
+from unicron.control.place.draining import drainable, resumable, returning_state
 from unicron.control.place.placing import Placer
 from unicron.control.place.rates import RateMeter
 from unicron.control.place.removal import forgettable, removable
@@ -270,9 +270,7 @@ class Coordinator:
                 f"{other.slots}; start every agent with the same --slots"
             )
         self.detector.delays.forget(reg.node)  # its next heartbeat sets its clock's floor anew
-        lost = known is not None and known.state is NodeState.LOST  # (only then does a drain outlast it)
-        drain = self.store.last_node_event(reg.node, DRAIN_EVENTS) if lost else None
-        state = returning_state(known, drain, self.recovery.isolated_until.get(reg.node, 0.0), self.clock())
+        state = returning_state(known, self.recovery.isolated_until.get(reg.node, 0.0), self.clock())
         self.act.node_registered(
             reg.node, reg.slots, reg.gpus, reg.host, state, self.clock(), reg.probe_port, reg.domain
         )

@@ -35,23 +35,19 @@ def resumable(name: str, node: NodeRecord | None) -> None:
         raise Conflict(f"node {name!r} is {node.state.value}, not draining: there is nothing to resume")
 
 
-DRAIN_EVENTS = ("node_draining", "node_resumed")  # the event log remembers a drain across a loss
-
-
-def returning_state(
-    known: NodeRecord | None, last_drain_event: str | None, isolated_until: float, now: float
-) -> NodeState:
+def returning_state(known: NodeRecord | None, isolated_until: float, now: float) -> NodeState:
     """The state a node registering (again) takes.
 
     An admin's drain and the ladder's isolation outlast the agent: a node isolated or drained
     stays so when its agent re-registers, and also when it was lost meanwhile (a drained node
     rebooted for its maintenance comes back drained, as Slurm keeps ``state=drain`` across a
-    reboot), until resumed or until its isolation runs out."""
+    reboot: the node's row keeps the drain, ``records.drained_across``), until resumed or until its
+    isolation runs out."""
     if known is None:
         return NodeState.HEALTHY
     if known.state in (NodeState.ISOLATED, NodeState.DRAINING):
         return known.state
-    if known.state is NodeState.LOST and last_drain_event == "node_draining":
+    if known.state is NodeState.LOST and known.drained:
         return NodeState.DRAINING
     if known.state is NodeState.LOST and now < isolated_until:
         return NodeState.ISOLATED

@@ -12,7 +12,7 @@ backend a store location names.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -76,8 +76,6 @@ class Backend(Protocol):
     def events(
         self, since_id: int, task: str | None, limit: int, kinds: frozenset[str], newest: bool
     ) -> list[EventRecord]: ...
-
-    def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None: ...
 
     def close(self) -> None: ...
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -199,13 +199,6 @@ class EtcdBackend:
                 if len(found) >= limit:
                     break
         return found[::-1] if newest else found
-
-    def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None:
-        wanted = set(kinds)
-        for event in self._scan(0, descending=True):
-            if event.node == node and event.kind in wanted:
-                return event.kind
-        return None
 
     def close(self) -> None:
         for client in self.clients.clients:

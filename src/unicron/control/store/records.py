@@ -74,12 +74,22 @@ class NodeRecord:
     last_seen: float
     probe_port: int = 0  # its agent's peer-probe listener on ``host`` (0: none)
     domain: str | None = None  # its failure domain (a rack, a switch), if its agent named one
+    # An admin's drain holds (it outlasts a loss: the node comes back draining, ``drained_across``).
+    drained: bool = False
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> NodeRecord:
         gpus = row["gpus"]  # JSON text in SQLite, a list in etcd's JSON value
         listed = json.loads(gpus) if isinstance(gpus, str) else list(gpus)
-        return cls(**{**dict(row), "state": NodeState(row["state"]), "gpus": listed})
+        state, drained = NodeState(row["state"]), bool(row.get("drained", False))  # (SQLite: 0 or 1)
+        return cls(**{**dict(row), "state": state, "gpus": listed, "drained": drained})
+
+
+def drained_across(node: NodeRecord, to: NodeState) -> bool:
+    """Whether an admin's drain still holds once ``node`` moves to ``to``: it begins with the drain,
+    lasts while the node is lost (a drained node rebooted for its maintenance comes back drained,
+    as Slurm keeps ``state=drain`` across a reboot), and ends when it is resumed."""
+    return to is NodeState.DRAINING or (to is NodeState.LOST and node.drained)
 
 
 @dataclass(frozen=True)

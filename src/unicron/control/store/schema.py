@@ -89,6 +89,7 @@ ADDED_COLUMNS = (
     ("tasks", "down_from", "REAL"),
     ("nodes", "probe_port", "INTEGER NOT NULL DEFAULT 0"),
     ("nodes", "domain", "TEXT"),
+    ("nodes", "drained", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 

@@ -115,15 +115,6 @@ class SqliteBackend:
         found = [EventRecord.of(dict(r)) for r in self._rows(sql, *args, limit)]
         return found[::-1] if newest else found
 
-    def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None:
-        marks, values = placeholders(kinds)
-        rows = self._rows(
-            f"SELECT kind FROM events WHERE node = ? AND kind IN ({marks}) ORDER BY id DESC LIMIT 1",
-            node,
-            *values,
-        )
-        return str(rows[0]["kind"]) if rows else None
-
     def close(self) -> None:
         with self._lock:
             self._db.close()

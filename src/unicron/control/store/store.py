@@ -25,7 +25,14 @@ from typing import Any
 
 from unicron.control.store.backend import Backend, Change, Delete, Put, Table, WorkerKey
 from unicron.control.store.journal import Journal
-from unicron.control.store.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord, row
+from unicron.control.store.records import (
+    EventRecord,
+    NodeRecord,
+    TaskRecord,
+    WorkerRecord,
+    drained_across,
+    row,
+)
 from unicron.control.store.snapshot import Snapshot
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.kept import K, Kept, kept_name, read_kept
@@ -331,6 +338,7 @@ class Store:
                     last_seen=now,
                     probe_port=probe_port,
                     domain=domain,
+                    drained=drained_across(known, state),
                 )
             self._commit(_Batch(nodes=[node]))
 
@@ -350,7 +358,7 @@ class Store:
             if node is None:
                 raise NotFound(f"no node named {name!r}")
             check(f"node {name}", NODE_TRANSITIONS, node.state, to)
-            self._commit(_Batch(nodes=[replace(node, state=to)]))
+            self._commit(_Batch(nodes=[replace(node, state=to, drained=drained_across(node, to))]))
 
     # ------------------------------------------------------------ workers
     def workers(self, task: str, generation: int | None = None, live: bool = False) -> list[WorkerRecord]:
@@ -566,11 +574,6 @@ class Store:
         mine = [e for e in plans if task in (e.detail.get("changes") or {})]
         merged = sorted([*found, *mine], key=lambda e: e.id)
         return merged[-limit:] if newest else merged[:limit]
-
-    def last_node_event(self, node: str, kinds: Iterable[str]) -> str | None:
-        """The kind of the newest of ``kinds`` recorded on ``node``, or None."""
-        self.sync()
-        return self.backend.last_node_event(node, kinds)
 
     def close(self) -> None:
         if self.journal is not None:
