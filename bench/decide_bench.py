@@ -51,9 +51,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
+from unicron.control.detect.detection import SWEEPS_PER_INTERVAL
 from unicron.control.place.allocator import Decided
 from unicron.control.service.service import TICK_S
 from unicron.control.store.gcpolicy import GcPolicy
+from unicron.core.cadence import cadence_for
 from unicron.core.events import named
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import (
@@ -78,7 +80,9 @@ LOSS_SHARE = 0.05  # of the failures, node losses (at least one); the rest are w
 TARGETS = {"decision_p99_s": 1e-3, "burst_s": 1.0}
 BUILD_LIMIT_S = 300.0  # a plan table slower than this to build: the cluster is scaled down
 SLOT_S = 0.01  # the fake clock's step: heartbeats and failures land on these
-WARM_S = 5.0  # routine heartbeats and ticks before the burst (the lost nodes' silence begins in it)
+# Routine heartbeats and ticks before the burst: at least this, and long enough that the lost
+# nodes' silence (their heartbeat deadline, which grows with the cluster) begins in it.
+WARM_S = 5.0
 SETTLE_S = 5.0  # at most this much fake time after the burst for its effects to be issued
 LIMITS = Settings()
 KEY = tuple[str, int, int]  # (task, generation, rank)
@@ -411,15 +415,22 @@ class Timeline:
     burst: Burst
     rng: random.Random
     base: float = 0.0
+    warm_s: float = WARM_S
     last_beat: dict[str, int] = field(default_factory=dict)  # a node to be lost: its last beat's slot
 
     def __post_init__(self) -> None:
-        self.base = self.agents.clock.now + WARM_S
-        deadline = round(LIMITS.heartbeat_deadline_s / SLOT_S)
+        nodes = sorted(n.name for n in self.agents.c.store.nodes())
+        cadence = cadence_for(len(nodes), LIMITS)  # as the coordinator tells its agents
+        self.warm_s = max(WARM_S, cadence.deadline_s + 2 * cadence.interval_s)
+        self.base = self.agents.clock.now + self.warm_s
+        deadline = round(cadence.deadline_s / SLOT_S)
         self.last_beat = {f.node: f.slot - deadline - 1 for f in self.failures if f.node is not None}
-        period = round(LIMITS.heartbeat_interval_s / SLOT_S)
+        # The nodes are looked over for silence a few times an interval (``detection.py``).
+        self.sweep = round(cadence.interval_s / SWEEPS_PER_INTERVAL / SLOT_S) + round(TICK_S / SLOT_S)
+        self.due: dict[str, int] = {}  # a node past its deadline, not yet found: its slot
+        period = round(cadence.interval_s / SLOT_S)
         self.phases: list[list[str]] = [[] for _ in range(period)]
-        for i, node in enumerate(sorted(n.name for n in self.agents.c.store.nodes())):
+        for i, node in enumerate(nodes):
             self.phases[i % period].append(node)
 
     def beats(self, k: int) -> None:
@@ -450,18 +461,22 @@ class Timeline:
         return True
 
     def tick(self, k: int) -> None:
-        """The coordinator's tick; a node past its deadline now is lost in it (the decision)."""
+        """The coordinator's tick; a node past its deadline is lost in the first tick that looks
+        the nodes over (the decision)."""
         agents, burst = self.agents, self.burst
-        lost = [f.node for f in self.failures if f.node is not None and f.slot == k]
-        if lost:
+        self.due |= {f.node: k for f in self.failures if f.node is not None and f.slot == k}
+        if self.due:
             burst.start(agents.meter)
         waiting, before, plans = burst.unanswered(), agents.meter.orders, len(burst.plans)
         took = agents.tick()
+        store = agents.c.store
+        lost = [n for n in self.due if (r := store.node(n)) is not None and r.state is NodeState.LOST]
         for node in lost:
-            if (record := agents.c.store.node(node)) is None or record.state is not NodeState.LOST:
-                raise RuntimeError(f"{node} was not found lost on the tick past its deadline")
+            del self.due[node]
             burst.lost_at[node] = agents.clock.now
             self.record("node_lost", k, took, agents.meter.orders - before, node=node)
+        if late := [n for n, since in self.due.items() if k - since > self.sweep]:
+            raise RuntimeError(f"{late[0]} was not found lost within a sweep past its deadline")
         if lost or (waiting and len(burst.plans) > plans):
             burst.effect(agents.meter)  # the losses' incidents, and the plans that answer them
 
@@ -477,8 +492,8 @@ class Timeline:
         that finds no worker running waits for one (only small clusters run out)."""
         per_tick, burst_slots = round(TICK_S / SLOT_S), round(1.0 / SLOT_S)
         crashes = [f for f in self.failures if f.task is not None]
-        for k in range(-round(WARM_S / SLOT_S), burst_slots + round(SETTLE_S / SLOT_S)):
-            if k >= burst_slots and not crashes and not self.burst.unanswered():
+        for k in range(-round(self.warm_s / SLOT_S), burst_slots + round(SETTLE_S / SLOT_S)):
+            if k >= burst_slots and not crashes and not self.due and not self.burst.unanswered():
                 return
             self.agents.clock.now = self.base + k * SLOT_S
             self.beats(k)
