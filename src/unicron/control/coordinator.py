@@ -158,6 +158,9 @@ class Coordinator:
         self.rates.restore(self.store.kept_record(MeasuredRates) or MeasuredRates())
         self.signs.restore(self.store.kept_record(FaultSigns) or FaultSigns())
         self.recovery.isolated_until = dict((self.store.kept_record(Isolations) or Isolations()).until)
+        for node in self.store.nodes():  # isolated with no end kept (a crash between the writes): over
+            if node.state is NodeState.ISOLATED:
+                self.recovery.isolated_until.setdefault(node.name, 0.0)
         self.generations.restore(self.store.kept_record(InFlight) or InFlight())
         self.storage.restore(self.store.kept_record(StorageIncidents) or StorageIncidents())
         self.revoked = frozenset(

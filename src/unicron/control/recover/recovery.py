@@ -508,10 +508,12 @@ class Recovery:
         self.incident(found.task, found.kind, found.node, found.why, failed, found.seen_at, found.scope)
 
     def isolations_over(self, now: float) -> bool:
-        """Nodes whose isolation ran out are back in service; True when any was."""
+        """Nodes whose isolation ran out are back in service; True when any was. (Looked up by
+        the isolations' ends, not by reading every node: this runs on every tick.)"""
         over = False
-        for node in self.ctx.store.nodes():
-            if node.state is NodeState.ISOLATED and now >= self.isolated_until.get(node.name, 0):
+        for name in [n for n, until in self.isolated_until.items() if now >= until]:
+            node = self.ctx.store.node(name)
+            if node is not None and node.state is NodeState.ISOLATED:
                 self.ctx.act.node_state(node.name, NodeState.HEALTHY)
                 self.ctx.act.record("node_back", node=node.name, why="isolation over")
                 over = True
