@@ -405,10 +405,10 @@ def watch_plans(agents: Agents, burst: Burst) -> None:
 
 @dataclass
 class Timeline:
-    """Fake time in ``SLOT_S`` slots (slot 0: the burst's start): every node heartbeats every
-    ``heartbeat_interval_s`` (its phase by its index), the coordinator ticks every ``TICK_S``,
-    the agents' long polls answer at the end of each slot. A node lost at a tick fell silent
-    just over the heartbeat deadline before it."""
+    """Fake time in ``SLOT_S`` slots (slot 0: the burst's start): every node heartbeats at the
+    interval the coordinator gives a cluster of its size (its phase by its index), the
+    coordinator ticks every ``TICK_S``, the agents' long polls answer at the end of each slot. A
+    node lost at a tick fell silent just over the heartbeat deadline before it."""
 
     agents: Agents
     failures: list[Failure]
@@ -764,6 +764,7 @@ def section(r: dict[str, Any]) -> str:
         for run in r["runs"]
     )
     verdict = {k: "met" if ok else "**missed**" for k, ok in r["met"].items()}
+    beat = cadence_for(r["nodes"], LIMITS)
     spots = "; ".join(f"`{h['where']}` {h['self_share'] * 100:.0f}%" for h in r["hot_spots"])
     setup = {k: statistics.median(run["setup_s"][k] for run in r["runs"]) for k in r["runs"][0]["setup_s"]}
     scaled = (
@@ -779,9 +780,10 @@ def section(r: dict[str, Any]) -> str:
         f"{r['failures']} failures within one second of fake time: {r['crashes']} worker crashes (an exit "
         f"report on the node's heartbeat, one task each) and {r['node_losses']} nodes silent past the "
         "heartbeat deadline (decided on a tick, planned from the plan table where it holds the event), "
-        "while every node heartbeats every 0.5 s and the coordinator ticks every 0.1 s (its garbage "
-        f"collector stepped before each tick, as the service does). {len(r['runs'])} runs on this "
-        f"{r['machine']['cpus']}-core machine.{scaled}"
+        f"while every node heartbeats every {beat.interval_s:g} s (the cadence the coordinator gives "
+        f"{r['nodes']} nodes, deadline {beat.deadline_s:g} s) and the coordinator ticks every 0.1 s "
+        "(its garbage collector stepped before each tick, as the service does). "
+        f"{len(r['runs'])} runs on this {r['machine']['cpus']}-core machine.{scaled}"
     )
     notes = [
         f"Targets (issue 50): p99 under 1 ms per decision: {verdict['decision_p99_s']}; the whole burst "
