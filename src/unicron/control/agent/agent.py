@@ -432,17 +432,17 @@ class Agent:
         """Long poll: the coordinator answers as soon as it has an order for this node, so a
         stop reaches the survivors of a failure at once rather than at the next heartbeat."""
         own = self.credentials
-        async with httpx.AsyncClient(
-            timeout=self.interval * 4 + 2, headers=own.headers, verify=own.verify
-        ) as client:
+        async with httpx.AsyncClient(headers=own.headers, verify=own.verify) as client:
             while not self.stopping:
                 if not self.registered:
                     await asyncio.sleep(self.interval / 2)
                     continue
                 try:
+                    wait = self.interval * 4  # (the interval grows with the cluster: core/cadence.py)
                     response = await client.get(
                         f"{self.url}/v1/agents/{self.node}/orders",
-                        params={"wait": self.interval * 4, "acked": self.acked},
+                        params={"wait": wait, "acked": self.acked},
+                        timeout=wait + 2,
                     )
                     response.raise_for_status()
                     batch = OrderBatch.model_validate_json(response.content)
