@@ -33,7 +33,8 @@ DURABLE_WAIT_S = 1.0  # how long the poster waits at a time for the journal (the
 class Posts:
     def __init__(self, rendezvous: Rendezvous, journal: Journal | None) -> None:
         self._rendezvous, self._journal = rendezvous, journal
-        self._queue: queue.SimpleQueue[tuple[int, str, str, str] | None] = queue.SimpleQueue()
+        # (the journal's position, the task, the number of its store, the key, the value)
+        self._queue: queue.SimpleQueue[tuple[int, str, int | None, str, str] | None] = queue.SimpleQueue()
         self._pending = 0  # posts queued and not yet written (or given up)
         self._changed = threading.Condition()
         self._closing = False
@@ -50,7 +51,7 @@ class Posts:
             return
         with self._changed:
             self._pending += 1
-        self._queue.put((self._journal.queued, task, key, value))
+        self._queue.put((self._journal.queued, task, self._rendezvous.epoch(task), key, value))
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every post queued so far is written; False if ``timeout_s`` ran out."""
@@ -70,12 +71,12 @@ class Posts:
     def _run(self) -> None:
         assert self._journal is not None
         while (item := self._queue.get()) is not None:
-            durable_by, task, key, value = item
+            durable_by, task, epoch, key, value = item
             while not self._journal.durable_by(durable_by, DURABLE_WAIT_S):
                 if self._closing:
                     return  # the journal stopped (fenced, closed): nothing more is posted
             try:
-                self._rendezvous.set(task, key, value)
+                self._rendezvous.set(task, key, value, epoch)  # (not into a later task's store)
             except Exception as exc:  # the put-back writes it again (it was kept first)
                 print(f"unicron: posting {key!r} for task {task!r} failed: {exc!r}", file=sys.stderr)
             with self._changed:

@@ -66,9 +66,15 @@ class Rendezvous:
         self.secret = secret
         self._stores: dict[str, Any] = {}
         self._posted: dict[str, dict[str, str]] = {}  # task -> key -> signed value, oldest first
+        self._unwritten: dict[str, set[str]] = {}  # task -> kept keys whose write failed
+        self._hosted = 0  # stores hosted so far: each one's number tells it from a later one
+        self._epochs: dict[str, int] = {}  # task -> the number of the store it has now
         # Posts are written from their own thread (``posting.py``), the rest on the loop: the
-        # two maps change under this lock (torch's store serialises its own calls).
+        # maps change under ``_lock`` (torch's store serialises its own calls), and the writes
+        # of kept values are made one at a time (``_writing``), so that a put-back never writes
+        # a value older than one a post has just written over it.
         self._lock = threading.Lock()
+        self._writing = threading.Lock()
 
     @classmethod
     def serving(cls, settings: CoordinatorSettings) -> Rendezvous:
@@ -101,41 +107,56 @@ class Rendezvous:
         store.set_timeout(timedelta(seconds=STORE_CALL_S))
         with self._lock:
             self._stores[task] = store
+            self._hosted += 1
+            self._epochs[task] = self._hosted
         return int(store.port)
+
+    def epoch(self, task: str) -> int | None:
+        """The number of the store the task has now (None: none): a post made for it must not
+        land in a later task's of the same name (``posting.py``)."""
+        with self._lock:
+            return self._epochs.get(task)
 
     def claim(self, task: str, index: int) -> None:
         """Mark the task's generation-0 fault ``index`` as claimed (``train.faults``)."""
         self._stores[task].add(fault_claim_key(task, index), 1)
 
-    def set(self, task: str, key: str, value: str) -> None:
+    def set(self, task: str, key: str, value: str, epoch: int | None = None) -> None:
         """Post ``value`` under ``key``, signed, and keep it to put back (``restore``): kept
-        first, so that a write that fails is made again. A task whose store is gone (it ended)
-        is posted nothing."""
+        first, so that a write that fails is made again. A task whose store is gone (it ended),
+        or is not the one numbered ``epoch`` (a later task of the name), is posted nothing."""
         signed = sign(self.key(task), key, value)
-        with self._lock:
-            store = self._stores.get(task)
-            if store is None:
-                return
-            posted = self._posted.setdefault(task, {})
-            posted.pop(key, None)  # (a key written again moves to the newest end)
-            posted[key] = signed
-            while len(posted) > POSTED_PER_TASK + 1:
-                del posted[next(iter(posted))]
-        store.set(key, signed)
+        with self._writing:
+            with self._lock:
+                store = self._stores.get(task)
+                if store is None or epoch not in (None, self._epochs.get(task)):
+                    return
+                posted = self._posted.setdefault(task, {})
+                posted.pop(key, None)  # (a key written again moves to the newest end)
+                posted[key] = signed
+                while len(posted) > POSTED_PER_TASK + 1:
+                    del posted[next(iter(posted))]
+                self._unwritten.setdefault(task, set()).add(key)
+            store.set(key, signed)
+            with self._lock:
+                self._unwritten.get(task, set()).discard(key)
 
     def restore(self, task: str) -> list[str]:
         """Write every kept value of the task's again (someone may have deleted or replaced it:
         the store takes writes from anyone); returns the keys that were missing. Written blind,
         never read back: a replaced value may be as large as the store takes (megabytes), and
         reading it on the coordinator's loop was a way to stall it. Two round trips a task."""
-        with self._lock:
-            store, posted = self._stores.get(task), dict(self._posted.get(task, {}))
-        if store is None or not posted:
-            return []
-        keys = list(posted)
-        missing = [] if store.check(keys) else [key for key in keys if not store.check([key])]
-        store.multi_set(keys, [posted[key] for key in keys])
-        return missing
+        with self._writing:
+            with self._lock:
+                store, posted = self._stores.get(task), dict(self._posted.get(task, {}))
+                unwritten = set(self._unwritten.pop(task, set()))
+            if store is None or not posted:
+                return []
+            keys = list(posted)
+            missing = [] if store.check(keys) else [key for key in keys if not store.check([key])]
+            store.multi_set(keys, [posted[key] for key in keys])
+        # (a value whose own write failed was never there: written now, not counted as deleted)
+        return [key for key in missing if key not in unwritten]
 
     def ready(self, task: str, keys: list[str]) -> bool:
         """Whether every key holds a value signed by the task's workers (newcomers announce
@@ -150,8 +171,12 @@ class Rendezvous:
         with self._lock:
             self._stores.pop(task, None)
             self._posted.pop(task, None)
+            self._unwritten.pop(task, None)
+            self._epochs.pop(task, None)
 
     def close_all(self) -> None:
         with self._lock:
             self._stores.clear()
             self._posted.clear()
+            self._unwritten.clear()
+            self._epochs.clear()
