@@ -268,6 +268,7 @@ def test_isolation_and_drain_outlast_a_node_lost_and_back() -> None:
     # The drain begins with the drain, outlasts a loss, ends with the resume.
     assert drained_across(node, NodeState.DRAINING) and drained_across(drained, NodeState.LOST)
     assert not drained_across(node, NodeState.LOST) and not drained_across(drained, NodeState.HEALTHY)
+    assert drained_across(replace(node, state=NodeState.DRAINING), NodeState.LOST)  # (a row without the flag)
 
 
 def test_a_stalled_recovery_escalates_one_tier_acting_on_the_members_stuck_on_the_way() -> None:

@@ -89,7 +89,8 @@ def drained_across(node: NodeRecord, to: NodeState) -> bool:
     """Whether an admin's drain still holds once ``node`` moves to ``to``: it begins with the drain,
     lasts while the node is lost (a drained node rebooted for its maintenance comes back drained,
     as Slurm keeps ``state=drain`` across a reboot), and ends when it is resumed."""
-    return to is NodeState.DRAINING or (to is NodeState.LOST and node.drained)
+    held = node.drained or node.state is NodeState.DRAINING
+    return to is NodeState.DRAINING or (to is NodeState.LOST and held)
 
 
 @dataclass(frozen=True)
