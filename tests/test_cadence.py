@@ -39,6 +39,9 @@ def test_after_the_interval_shrinks_nodes_are_judged_by_the_longer_one_until_eve
     assert pace.judged(5.0 + 3.0 + 15.0) == Cadence(0.5, 2.5)
     pace.nodes_in_service(4096, 30.0)  # growing takes effect at once (agents beat faster meanwhile)
     assert pace.judged(30.0) == Cadence(3.0, 15.0)
+    pace.nodes_in_service(2048, 40.0)  # shrinks, then grows past it within the wider one's time
+    pace.nodes_in_service(100_000, 41.0)
+    assert pace.judged(41.0) == Cadence(3.0, 15.0)
 
 
 def test_agents_are_told_the_cadence_and_a_silent_node_is_judged_by_it(make: Any) -> None:

@@ -109,6 +109,6 @@ class Pace:
 
     def judged(self, now: float) -> Cadence:
         if self.wider is not None and now < self.wider_until:
-            return self.wider
+            return max(self.wider, self.told, key=lambda c: c.interval_s)  # (it may have grown again)
         self.wider = None
         return self.told

@@ -21,8 +21,17 @@ from unicron.control.context import Context
 from unicron.control.detect.hangs import WorkerKey, hang_verdict, unheard
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import PeerCheck, outcome, probe_endpoints
-from unicron.control.detect.silence import BEHIND_SHARE, BeatDelays, Lateness, SilenceJudge, Verdict
+from unicron.control.detect.silence import (
+    BEHIND,
+    BEHIND_SHARE,
+    CAUGHT_UP_SHARE,
+    BeatDelays,
+    Lateness,
+    SilenceJudge,
+    Verdict,
+)
 from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
+from unicron.core.cadence import JITTER
 from unicron.core.protocol import (
     AGENT_REQUEST_TIMEOUT_S,
     AGENT_RETRY_CAP_S,
@@ -258,13 +267,16 @@ class Detector:
         self.lateness.add(now, max(late_s, self.lag[1]))
 
     def _sweep_every(self, now: float) -> float:
-        return self.ctx.pace.judged(now).interval_s / SWEEPS_PER_INTERVAL
+        # (less a millisecond: ticks a tenth of a second apart on a float clock are not skipped)
+        return self.ctx.pace.judged(now).interval_s / SWEEPS_PER_INTERVAL - 1e-3
 
     def heard(self, node: str, sent: float | None, waited_s: float | None, now: float) -> None:
         """A heartbeat its agent sent at ``sent``, ``waited_s`` after its last answered one (None:
         it did not say), was read ``now``."""
         if sent is not None:
-            unanswered = max(0.0, (waited_s or 0.0) - self.ctx.pace.judged(now).interval_s)
+            # (an agent's wait is its interval give or take its jitter: not the coordinator's lag)
+            longest = self.ctx.pace.judged(now).interval_s * (1 + JITTER)
+            unanswered = max(0.0, (waited_s or 0.0) - longest)
             self.delays.heard(node, now - sent, unanswered, now)
 
     def silent(self, now: float) -> list[tuple[str, float]]:
@@ -284,7 +296,9 @@ class Detector:
         self.delays.cap_s = self.delays.window_s = deadline
         past = silent_nodes(nodes, now, self.listening_since, deadline, self.lateness.since)
         domains = {n.name: n.domain for n in nodes if n.domain and n.state is not NodeState.LOST}
-        behind = self.lag[1] >= BEHIND_SHARE * deadline  # (the heartbeats' waits: ``late``)
+        lag, alarm = self.lag[1], self.silence  # (the heartbeats' waits: ``late``)
+        holding = alarm.alarm_since is not None and alarm.alarm_why == BEHIND
+        behind = lag >= BEHIND_SHARE * deadline or (holding and lag >= CAUGHT_UP_SHARE * deadline)
         verdict = self.silence.judge(past, in_service, now, domains, AGENT_RETRY_CAP_S + deadline, behind)
         self._domain_alarms(verdict)
         act = self.ctx.act

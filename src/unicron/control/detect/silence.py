@@ -19,9 +19,10 @@ the training tasks on it):
   that its heartbeats wait that long or longer (thousands of agents on a host it shares, a burst
   of recoveries) would still blame nodes whose requests it never read (2,048 agents every 0.5 s
   here: dozens of healthy nodes lost). So while the lag is at its cap, the silent nodes are held
-  as in a mass silence (the alarm says why), for at most ``mass_silence_hold_s``; those still
-  silent when it has caught up get a restart's grace (their agents' requests timed out, and they
-  back off).
+  as in a mass silence (the alarm says why), for at most ``mass_silence_hold_s``; it has caught
+  up once the lag is under ``CAUGHT_UP_SHARE`` of a deadline (a lag hovering at the cap would
+  otherwise end and raise the hold again and again), and those still silent then get a
+  restart's grace (their agents' requests timed out, and they back off).
 - **Many nodes fall silent at once.** A switch, the coordinator's own network, or its host
   failed, more likely than most of the nodes at once. As Kubernetes' node lifecycle controller
   does (``--unhealthy-zone-threshold`` 0.55 with more than two nodes unhealthy: a partial
@@ -59,6 +60,7 @@ from dataclasses import dataclass, field
 from unicron.core.settings import Settings
 
 BEHIND_SHARE = 1.0  # a heartbeat lag of this share of a deadline (its cap): the coordinator is behind
+CAUGHT_UP_SHARE = 0.5  # ... and it has caught up once the lag is under this share (not at the cap's edge)
 MASS, BEHIND = "mass silence", "coordinator behind"  # why the alarm holds the losses
 
 
@@ -234,12 +236,14 @@ class SilenceJudge:
         for d, _, _ in began:
             self.domain_alarms[d] = now
         ended = tuple((d, now - t) for d, t in sorted(self.domain_alarms.items()) if d not in partly)
-        for d, _ in ended:
+        hold_s = self.limits.mass_silence_hold_s
+        for d, seconds in ended:
             del self.domain_alarms[d]
-            if quiet[d] < members[d]:  # heard again (all of it silent now: a real outage, no grace)
+            # Heard again: a grace for those still silent. Not when all of it is silent now (a
+            # real outage), nor when its hold ran out and its silent nodes were taken as lost.
+            if quiet[d] < members[d] and seconds < hold_s:
                 self.domain_grace[d] = now + grace_s
         self.domain_grace = {d: until for d, until in self.domain_grace.items() if until > now}
-        hold_s = self.limits.mass_silence_hold_s
         held = {d for d, t in self.domain_alarms.items() if now - t < hold_s} | set(self.domain_grace)
         return began, ended, frozenset(held)
 
