@@ -557,6 +557,8 @@ def one_run(
         assert burst.began is not None and c.journal is not None
         with stopwatch(setup_s, "journal_flush_s"):  # the orders' release waits for their writes
             c.journal.flush()
+        with stopwatch(setup_s, "posts_drain_s"):  # the memberships posted once their rows are durable
+            c.act.posts.drain(60.0)
         answered(c, since, burst.decisions)
         seconds = [d["seconds"] for d in burst.decisions]
         crashes = [d["seconds"] for d in burst.decisions if d["kind"] == "crash"]
@@ -570,6 +572,7 @@ def one_run(
             "burst_s": burst.ended[0] - burst.began[0],
             "burst_elapsed_s": burst.ended[1] - burst.began[1],
             "flush_after_burst_s": setup_s.pop("journal_flush_s"),
+            "posts_after_flush_s": setup_s.pop("posts_drain_s"),  # (off the loop: posting.py)
             "setup_s": setup_s,
             "loss_plans": loss_plans(burst, c),
             "plans": {k: sum(d.source == k for _, d in burst.plans) for k in ("table", "solved")},
