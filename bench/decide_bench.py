@@ -395,8 +395,8 @@ def watch_plans(agents: Agents, burst: Burst) -> None:
     allocator = agents.c.placer.allocator
     decide = allocator.decide
 
-    def logged(state: Any, curves_version: int, drained: frozenset[int] = frozenset()) -> Decided:
-        decided = decide(state, curves_version, drained)
+    def logged(state: Any, curves_version: int) -> Decided:
+        decided = decide(state, curves_version)
         burst.plans.append((agents.clock.now, decided))
         return decided
 
@@ -533,7 +533,7 @@ def loss_plans(burst: Burst, c: Coordinator) -> list[dict[str, Any]]:
             {
                 "node": node,
                 "source": d.source,
-                "answers": None if d.event is None else named(d.event, names),
+                "answers": ", ".join(named(e, names) for e in d.events) or None,
                 "why": d.why,
                 "plan_s": round(d.seconds, 6),
                 "after_loss_s": round(when - at, 3),

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from unicron.control.act.happened import Happened, net
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
-from unicron.control.place.allocator import Allocator, event_between
+from unicron.control.place.allocator import Allocator
 from unicron.control.place.rates import RateMeter
 from unicron.core.events import NodeBack, NodeLost, TaskDone, TasksArrived, named
 from unicron.core.gpus import lookup_gpu
 from unicron.core.livespecs import LiveClusterSpec, parse_live_tasks
 from unicron.core.protocol import Heartbeat, IterationReport, Registration
 from unicron.core.specs import ClusterSpec, TaskSpec
+from unicron.core.states import NodeState
 from unicron.planning.gpt import flops_per_sample
 from unicron.planning.placement import place
 from unicron.planning.planner import ClusterState, plan
@@ -69,6 +71,7 @@ def test_node_loss_is_answered_from_the_table(allocator: Allocator) -> None:
     settle(allocator, state)
     gamma_node = next(n for n, a in state.assignment.items() if "gamma" in a)
     now = after_loss(state, gamma_node)
+    allocator.happened.note(NodeLost(gamma_node))  # (as the actuator notes it)
     decided = allocator.decide(now, 0)
     assert decided.source == "table" and decided.event == NodeLost(gamma_node)
     assert decided.plan.allocation() == plan(state, NodeLost(gamma_node)).allocation()
@@ -88,6 +91,7 @@ def test_a_node_loss_is_looked_up_also_when_a_recovery_moved_workers_first(alloc
     now = replace(
         now, assignment={n: {t: c for t, c in a.items() if t != "alpha"} for n, a in now.assignment.items()}
     )
+    allocator.happened.note(NodeLost(alpha_node))
     decided = allocator.decide(now, 0)
     assert decided.source == "table" and decided.event == NodeLost(alpha_node)
     assert decided.plan.allocation() == plan(state, NodeLost(alpha_node)).allocation()
@@ -113,6 +117,7 @@ def test_node_back_and_task_done_are_answered_from_the_table(allocator: Allocato
     assert shrunk is not None
     expected = shrunk.state
     back = replace(expected, healthy=(*expected.healthy, 3))
+    allocator.happened.note(NodeBack(3))
     decided = allocator.decide(back, 0)
     assert decided.source == "table" and decided.event == NodeBack(3)
     assert decided.plan.allocation() == {"alpha": 4, "beta": 2, "gamma": 2}
@@ -122,8 +127,11 @@ def test_node_back_and_task_done_are_answered_from_the_table(allocator: Allocato
         assignment={n: {t: c for t, c in a.items() if t != "beta"} for n, a in expected.assignment.items()},
         curves={k: v for k, v in expected.curves.items() if k != "beta"},
     )
+    allocator.happened.note(NodeLost(3))  # (back and lost again before any plan: no change)
+    allocator.happened.note(TaskDone("beta"))
     decided = allocator.decide(done, 0)
     assert decided.source == "table" and decided.event == TaskDone("beta")
+    assert decided.events == (TaskDone("beta"),)
 
 
 def test_what_the_table_does_not_hold_is_solved_and_says_why(allocator: Allocator) -> None:
@@ -136,20 +144,58 @@ def test_what_the_table_does_not_hold_is_solved_and_says_why(allocator: Allocato
         tasks=(*state.tasks, newcomer),
         curves={**state.curves, "delta": curve_for(newcomer, state.gpu, 2)},
     )
-    decided = allocator.decide(arrived, 0)
-    assert decided.source == "solved" and "arrived: delta" in decided.why
+    decided = allocator.decide(arrived, 0)  # a task the actuator never told of
+    assert decided.source == "solved" and "tasks changed beyond no event" in decided.why
     assert decided.plan.allocation()["delta"] == 2
+    allocator.happened.note(TasksArrived(("delta",)))  # told, but not queued when the table was built
+    decided = allocator.decide(arrived, 0)
+    assert decided.source == "solved" and "no queued submission of delta" in decided.why
     shrunk = {n: dict(a) for n, a in state.assignment.items()}
     node = next(n for n, a in shrunk.items() if "alpha" in a)
     shrunk[node]["alpha"] -= 1  # a failure took one of alpha's workers
-    decided = allocator.decide(replace(state, assignment=shrunk), 0)
-    assert decided.source == "solved" and "failure" in decided.why
+    allocator.happened.note(TaskDone("delta"))  # (delta cancelled before any plan: no event)
+    decided = allocator.decide(replace(state, assignment=shrunk), 0)  # no cluster event: the table's plan
+    assert (decided.source, decided.event, decided.events) == ("table", None, ())
+    assert "laid out anew" in decided.why and decided.plan.allocation() == plan(state).allocation()
     decided = allocator.decide(state, 1)
     assert decided.source == "solved" and "measurements changed" in decided.why
     assert decided.rebalance  # only the curves changed: the coordinator asks for a clear gain
     assert not allocator.decide(arrived, 1).rebalance
-    two_lost = after_loss(after_loss(state, 0), 1)
-    assert event_between(state, two_lost) == "2 events at once"
+    allocator.happened.note(NodeLost(0))
+    allocator.happened.note(NodeLost(1))
+    decided = allocator.decide(after_loss(after_loss(state, 0), 1), 0)
+    assert decided.source == "solved" and decided.why == "2 events at once: node-lost:0, node-lost:1"
+    assert decided.events == (NodeLost(0), NodeLost(1))
+
+
+def test_a_resubmitted_name_is_not_answered_by_the_table_of_its_previous_run(allocator: Allocator) -> None:
+    """beta ended and a new beta was submitted before any plan: the same names, but two events
+    (the state alone cannot tell them; the table's beta is the old one)."""
+    state = demo_state()
+    settle(allocator, state)
+    allocator.happened.note(TaskDone("beta"))
+    allocator.happened.note(TasksArrived(("beta",)))
+    decided = allocator.decide(state, 0)
+    assert decided.source == "solved" and decided.why.startswith("2 events at once")
+
+
+def test_the_events_told_are_what_changed() -> None:
+    """Lost and back (either way round) before a plan is no change; a submission whose tasks all
+    ended before it was planned is none either; a node is in service only while healthy."""
+    assert net([NodeLost(1), NodeBack(1), TaskDone("a")]) == (TaskDone("a"),)
+    assert net([NodeBack(4), NodeLost(4)]) == ()
+    assert net([NodeLost(1), NodeLost(1)]) == (NodeLost(1),)
+    assert net([TasksArrived(("a", "b")), TaskDone("a"), TaskDone("b")]) == ()
+    arrived_one_ended = net([TasksArrived(("a", "b")), TaskDone("a")])
+    assert arrived_one_ended == (TasksArrived(("a", "b")), TaskDone("a"))
+    log = Happened()
+    log.node_moved(3, NodeState.HEALTHY, NodeState.DRAINING)
+    log.node_moved(3, NodeState.DRAINING, NodeState.LOST)  # out of service already: nothing
+    log.node_moved(5, None, NodeState.HEALTHY)  # a new node
+    log.node_moved(6, None, NodeState.ISOLATED)  # registered while its isolation runs: not in service
+    log.node_moved(7, NodeState.ISOLATED, NodeState.HEALTHY)
+    assert log.since(0) == (NodeLost(3, drained=True), NodeBack(5), NodeBack(7))
+    assert log.since(2) == (NodeBack(7),) and log.last == 3
 
 
 def with_delta(state: ClusterState) -> tuple[ClusterState, ClusterState]:
@@ -166,6 +212,7 @@ def test_a_queued_submission_is_answered_from_the_table_built_for_it(allocator: 
     settle(allocator, state)
     queued, arrived = with_delta(state)
     allocator.rebuild(queued, 0)
+    allocator.happened.note(TasksArrived(("delta",)))  # (as the placer notes it: after the rebuild)
     allocator.wait()
     assert allocator.poll() and not allocator.poll()  # once: the coordinator plans now
     decided = allocator.decide(arrived, 0)
@@ -176,8 +223,10 @@ def test_a_queued_submission_is_answered_from_the_table_built_for_it(allocator: 
     # The submission waited for its arrival's plan only, not a full table: another event is solved.
     table = allocator.table
     assert table is not None and table.node_back is None and not table.node_lost
+    allocator.happened.note(NodeLost(0))
     assert allocator.decide(after_loss(arrived, 0), 0).source == "solved"
     # delta cancelled before it was planned, then a node lost: not in this table, solved.
+    allocator.happened.note(TaskDone("delta"))
     decided = allocator.decide(after_loss(state, 0), 0)
     assert decided.source == "solved" and "arrival only" in decided.why, decided.why
     # The full table of the state the arrival's plan leads to no longer holds the arrival.
@@ -195,12 +244,14 @@ def test_while_new_measurements_are_built_in_the_previous_table_answers(allocato
     allocator.rebuild(state, 1)  # measurements changed: version 1
     assert not allocator.poll()
     node = next(iter(state.healthy))
+    allocator.happened.note(NodeLost(node))
     decided = allocator.decide(after_loss(state, node), 1)
     assert decided.source == "table" and decided.event == NodeLost(node)
     assert "previous measurements" in decided.why
     gate.set()
     allocator.wait()
     assert allocator.poll()
+    allocator.happened.note(NodeBack(node))  # (back: the new table's state has it)
     decided = allocator.decide(state, 1)
     assert (decided.source, decided.why, decided.rebalance) == ("table", "", True)
 

@@ -197,7 +197,7 @@ def plans_table(cluster: LocalCluster, t0: float) -> Table:
 def plan_row(plan: dict[str, Any], at_s: float) -> list[str]:
     """A plan event as a row: when, table or solved (and why), the event it answers, the changes
     (the demo's report and docs/live-cluster.md)."""
-    changes = ", ".join(f"{t} {a}->{b}" for t, (a, b) in sorted(plan["changes"].items()))
+    changes = ", ".join(f"{t} {a}->{b}" for t, (a, b) in sorted(plan["changes"].items())) or "no change"
     where = plan["source"] if plan["source"] == "table" else f"solved ({plan['why']})"
     return [f"{round(at_s)} s", where, plan["answers"] or "-", changes]
 

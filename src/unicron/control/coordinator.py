@@ -274,9 +274,7 @@ class Coordinator:
             )
         self.detector.delays.forget(reg.node)  # its next heartbeat sets its clock's floor anew
         state = returning_state(known, self.recovery.isolated_until.get(reg.node, 0.0), self.clock())
-        self.act.node_registered(
-            reg.node, reg.slots, reg.gpus, reg.host, state, self.clock(), reg.probe_port, reg.domain
-        )
+        self.act.node_registered(reg, state, self.clock())
         if known is None or known.state is NodeState.LOST:
             self.act.record(
                 "node_joined" if known is None else "node_back",

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from unicron.control.act.happened import Happened
 from unicron.control.act.posting import Posts
 from unicron.control.act.rendezvous import POSTED_PER_TASK, Rendezvous
 from unicron.control.store.records import WorkerRecord
 from unicron.control.store.store import Store
+from unicron.core.events import TaskDone
 from unicron.core.kept import Posted
 from unicron.core.protocol import (
     SPARE_GENERATION,
@@ -31,6 +33,7 @@ from unicron.core.protocol import (
     LaunchWorker,
     Membership,
     Order,
+    Registration,
     RenameWorker,
     StopWorkers,
     current_key,
@@ -182,6 +185,7 @@ class Applier:
         self.rendezvous = rendezvous
         self.posts = Posts(rendezvous, store.journal)  # written once durable, off the loop
         self.orders = orders
+        self.happened = Happened()  # the cluster events carried out, for the planner
         # Called with each event recorded: (id, kind, task, detail).
         self.listeners: list[Callable[[int, str, str | None, dict[str, Any]], None]] = []
         # Facts reported from outside, recorded as they come (the store's own operations).
@@ -195,9 +199,7 @@ class Applier:
         self.task_checkpointed = store.task_checkpointed
         self.task_done = store.task_done
         self.count_iteration = store.count_iteration
-        self.node_registered = store.node_registered
         self.node_seen = store.node_seen
-        self.node_state = store.node_state
         self.worker_phase = store.worker_phase
         self.end_workers = store.end_workers
         self.keep = store.keep_record  # what a part keeps across a restart (the ladder, measured rates)
@@ -220,12 +222,14 @@ class Applier:
                     self.record(kind, task=task, node=node, **detail)
                 case TaskDown(task, to, reason, began):
                     self._store.task_down(task, to, now, reason=reason, began=began)
+                    if not to.live:
+                        self.happened.note(TaskDone(task))
                 case StopWorker(worker, grace_s):
                     self.stop_worker(worker, grace_s)
                 case StopGeneration(task, generation, grace_s):
                     self.stop_generation(task, generation, grace_s)
                 case Isolate(node, why, until, grace_s):
-                    self._store.node_state(node, NodeState.ISOLATED)
+                    self.node_state(node, NodeState.ISOLATED)
                     self.record("node_isolated", node=node, why=why, until=until)
                     self.stop_node(node, grace_s)
                 case Switch():
@@ -258,9 +262,26 @@ class Applier:
             elif not told.count and now - told.said_at >= PUT_BACK_SAID_EVERY_S:
                 del self._put_back[task.name]  # quiet for a minute: the next one is said at once
 
+    def node_registered(self, reg: Registration, state: NodeState, now: float) -> None:
+        """A node registered (anew, or again after a loss or a restart of its agent) in ``state``."""
+        known = self._store.node(reg.node)
+        self._store.node_registered(
+            reg.node, reg.slots, reg.gpus, reg.host, state, now, reg.probe_port, reg.domain
+        )
+        row = self._store.node(reg.node)
+        assert row is not None  # (just written)
+        self.happened.node_moved(row.id, None if known is None else known.state, state)
+
+    def node_state(self, node: str, to: NodeState) -> None:
+        """Move a node to ``to``; its leaving service or coming back is a cluster event."""
+        row = self._store.node(node)
+        self._store.node_state(node, to)
+        if row is not None:
+            self.happened.node_moved(row.id, row.state, to)
+
     def node_out_of_service(self, node: str, state: NodeState, event: str, **detail: Any) -> None:
         """An admin drained a node or put it back (``control/place/draining.py``)."""
-        self._store.node_state(node, state)
+        self.node_state(node, state)
         self.record(event, node=node, **detail)
 
     def remove_node(self, node: str, why: str = "an admin removed it") -> None:
@@ -272,13 +293,14 @@ class Applier:
     def node_lost(self, node: str, silent_s: float) -> list[WorkerRecord]:
         """A node went silent: it is lost, with its live workers (returned as they were), and
         its unsent orders mean nothing any more."""
-        self._store.node_state(node, NodeState.LOST)
+        self.node_state(node, NodeState.LOST)
         self.record("node_lost", node=node, silent_s=round(silent_s, 3))
         self.orders.take(node)
         return self._store.lose_node_workers(node)
 
     def task_ended(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
         self._store.task_ended(name, to, now, reason)
+        self.happened.note(TaskDone(name))
         told = self._put_back.pop(name, None)
         if told is not None and told.count:  # what was put back since the last record is said
             self.record("store_values_restored", task=name, values=told.count, keys=told.keys)

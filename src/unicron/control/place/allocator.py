@@ -6,11 +6,13 @@ a node back, each task finishing, each queued submission arriving:
 to. It is also rebuilt when its inputs change without an event: a submission (queued until the
 table that holds its arrival is ready, :meth:`Allocator.rebuild` and :meth:`Allocator.poll`) and
 new throughput measurements (until the new table is ready, events are answered from the one
-built with the previous measurements). When a reconcile finds the cluster changed by exactly one
-such event since the table was built, the answer is a lookup, whatever a recovery did to the
-workers meanwhile (its plan is laid out over the workers as they are). Anything else (several
-events at once, a failure that shrank a task with no cluster event, a submission the table does
-not hold) is solved on the spot, and the reason is recorded.
+built with the previous measurements). The events are told, not guessed: the actuator notes each
+as it carries it out (``control/act/happened.py``), and a plan answers those since the state its
+table was built for. One event (or none: the table's own plan) is a lookup, whatever a recovery
+did to the workers meanwhile (a task stopped to relaunch, survivors re-formed: the plan is laid
+out over the workers as they are). Anything else (several events at once, a submission the table
+does not hold, a table not ready) is solved on the spot, and the plan event says which events
+and why.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from unicron.control.act.happened import Happened, net
 from unicron.core.errors import UsageError
 from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone, TasksArrived
 from unicron.planning.placement import Assignment, place
@@ -36,6 +39,7 @@ class Decided:
     why: str  # why it was solved rather than looked up (or what the table it came from lacks)
     seconds: float  # lookup or solve time
     rebalance: bool = False  # the cluster is as the previous plan left it: only curves changed
+    events: tuple[PlanEvent, ...] = ()  # the cluster events it answers (several: solved)
 
 
 def _state_key(state: ClusterState) -> tuple[object, ...]:
@@ -51,40 +55,33 @@ def _normal(assignment: Mapping[int, Mapping[str, int]]) -> dict[int, dict[str, 
     return {n: {t: c for t, c in per.items() if c} for n, per in assignment.items() if any(per.values())}
 
 
-def event_between(before: ClusterState, after: ClusterState) -> PlanEvent | str | None:
-    """The single plan event that turns ``before`` (what the table was built for) into ``after``
-    (the cluster now): a node out of service or back, a task ended or arrived, told by the sets
-    of healthy nodes and of tasks, which change only by such events. None when neither changed;
-    a string saying why when the change is not one event the table holds. Workers that a
-    recovery moved meanwhile do not hide the event (see :func:`moved_beyond`): a recovery acts
-    at once, before the plan, and a task that recovers by relaunching has none left running."""
-    lost = set(before.healthy) - set(after.healthy)
-    back = set(after.healthy) - set(before.healthy)
-    names_before = {t.name for t in before.tasks}
-    names_after = {t.name for t in after.tasks}
-    done, arrived = names_before - names_after, names_after - names_before
-    queued = {frozenset(t.name for t in g): tuple(t.name for t in g) for g in before.arriving}
-    if arrived and frozenset(arrived) not in queued:
-        return f"task(s) arrived: {', '.join(sorted(arrived))}"
-    changes = len(lost) + len(back) + len(done) + (1 if arrived else 0)
-    if changes > 1:
-        return f"{changes} events at once"
-    if lost:
-        return NodeLost(next(iter(lost)))
-    if back:
-        return NodeBack(next(iter(back)))
-    if done:
-        return TaskDone(next(iter(done)))
-    if arrived:
-        return TasksArrived(queued[frozenset(arrived)])  # the newcomers hold no workers yet
-    if _normal(after.assignment) != _normal(before.assignment):
-        return "workers changed with no cluster event (a failure shrank a task)"
+def unexplained(before: ClusterState, after: ClusterState, event: PlanEvent | None) -> str | None:
+    """Why ``after`` (the cluster now) is not ``before`` (what the table was built for) changed by
+    ``event`` (None: by nothing) alone, if it is not: the sets of nodes in service and of tasks
+    change only by events the actuator notes (``act/happened.py``), so a difference there means
+    one went untold, and the table's state is not the one to answer from. Workers that a recovery
+    moved meanwhile do not count (see :func:`moved_beyond`): a recovery acts at once, before the
+    plan, and a task that recovers by relaunching has none left running."""
+    healthy, names = set(before.healthy), {t.name for t in before.tasks}
+    if isinstance(event, NodeLost):
+        healthy.discard(event.node)
+    elif isinstance(event, NodeBack) and event.node is not None:
+        healthy.add(event.node)
+    elif isinstance(event, TaskDone):
+        names.discard(event.task)
+    elif isinstance(event, TasksArrived):
+        names.update(event.tasks)
+    said = "no event" if event is None else str(event)
+    if healthy != set(after.healthy):
+        return f"the nodes in service changed beyond {said} (the table's state is not the cluster's)"
+    if names != {t.name for t in after.tasks}:
+        return f"the tasks changed beyond {said} (the table's state is not the cluster's)"
     return None
 
 
-def moved_beyond(before: ClusterState, after: ClusterState, event: PlanEvent) -> bool:
-    """Whether the workers changed beyond what ``event`` itself took away (a recovery moved
-    them: survivors re-formed, a task stopped to relaunch)."""
+def moved_beyond(before: ClusterState, after: ClusterState, event: PlanEvent | None) -> bool:
+    """Whether the workers changed beyond what ``event`` (None: nothing) itself took away (a
+    recovery moved them: survivors re-formed, a task stopped to relaunch)."""
     expected = _normal(before.assignment)
     if isinstance(event, NodeLost):
         expected.pop(event.node, None)
@@ -95,62 +92,83 @@ def moved_beyond(before: ClusterState, after: ClusterState, event: PlanEvent) ->
     return _normal(after.assignment) != expected
 
 
+def laid_out(chosen: Plan, state: ClusterState) -> Assignment:
+    """The plan's allocation placed over the nodes in service, moving as few workers as it can."""
+    allocation = chosen.allocation()
+    return place(allocation, state.healthy, state.gpus_per_node, state.assignment, state.replica_sizes)
+
+
 class Allocator:
     """Plans for the coordinator: lookups in a precomputed table, refreshed after each plan and
     whenever the planner's inputs change."""
 
-    def __init__(self, builder: Callable[[ClusterState], PlanTable] = build) -> None:
+    def __init__(
+        self, builder: Callable[[ClusterState], PlanTable] = build, happened: Happened | None = None
+    ) -> None:
         self._builder = builder  # tests slow it down to see what is answered meanwhile
+        self.happened = happened or Happened()  # the cluster events, as the actuator noted them
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan-table")
         self._building: Future[PlanTable] | None = None
         self._building_version = -1
+        self._building_after = 0  # the last event the state of the table being built had seen
         self._refreshed_for: tuple[object, ...] | None = None
         self._wake = False  # the build under way was asked for by new inputs: plan once it is ready
         self.table: PlanTable | None = None
         self.table_version = -1  # the curves version the table was built with
+        self.table_after = 0  # the last event its state had seen: it answers the ones after
         # Plans decided by source ("table": a lookup, "solved": on the spot) and tables started
         # ("rebuilds"), since start-up: what an operator watches (``metrics.py``).
         self.counts: dict[str, int] = {"table": 0, "solved": 0, "rebuilds": 0}
 
-    def decide(
-        self, state: ClusterState, curves_version: int, drained: frozenset[int] = frozenset()
-    ) -> Decided:
-        """The plan for ``state``: looked up when the table answers it, else solved. ``drained``:
-        nodes out of service by an admin's drain (their leaving is said as such)."""
+    def decide(self, state: ClusterState, curves_version: int) -> Decided:
+        """The plan for ``state``: the table's answer to the cluster events since it was built
+        (one event, or none: the table's own plan), else solved, with why."""
         started = time.perf_counter()
         rebalance = self._refreshed_for is not None and self._refreshed_for[:-1] == _state_key(state)
-        table, why = self._ready_table(curves_version)
+        table, why = self._ready_table(curves_version)  # (it may take up a table just built)
+        told = self.happened.since(self.table_after)
+        events = () if told is None else net(told)
         if table is not None:
-            found = event_between(table.state, state)
-            if isinstance(found, NodeLost) and found.node in drained:
-                found = replace(found, drained=True)
-            if isinstance(found, str):
-                why = found
+            answer = self._answer(table, state, events if told is not None else None)
+            if isinstance(answer, str):
+                why = answer
             else:
-                chosen: Plan | None = None
-                try:
-                    chosen = table.now if found is None else table.lookup(found)
-                except UsageError as exc:  # a table of arrivals only: the event is not in it
-                    why = str(exc)
-                if found is not None and moved_beyond(table.state, state, found):
-                    why = "workers moved by a recovery since: the table's plan for the event, laid out anew"
-                if chosen is not None:
-                    layout = place(
-                        chosen.allocation(),
-                        state.healthy,
-                        state.gpus_per_node,
-                        state.assignment,
-                        state.replica_sizes,
-                    )
-                    seconds = time.perf_counter() - started
-                    self.counts["table"] += 1
-                    return Decided(chosen, layout, "table", found, why, seconds, rebalance)
+                chosen, event, laid = answer
+                why = "; ".join(w for w in (why, laid) if w)  # the table's caveat and the layout's
+                layout = laid_out(chosen, state)
+                self.counts["table"] += 1
+                seconds = time.perf_counter() - started
+                return Decided(chosen, layout, "table", event, why, seconds, rebalance, events)
         best = plan(state)
-        layout = place(
-            best.allocation(), state.healthy, state.gpus_per_node, state.assignment, state.replica_sizes
-        )
+        layout = laid_out(best, state)
         self.counts["solved"] += 1
-        return Decided(best, layout, "solved", None, why, time.perf_counter() - started, rebalance)
+        seconds = time.perf_counter() - started
+        return Decided(best, layout, "solved", None, why, seconds, rebalance, events)
+
+    def _answer(
+        self, table: PlanTable, state: ClusterState, events: tuple[PlanEvent, ...] | None
+    ) -> tuple[Plan, PlanEvent | None, str] | str:
+        """The table's plan for ``events`` (its plan, why it was laid out anew), or why it has
+        none: several events at once, an event it does not hold, a state it was not built for."""
+        if events is None:
+            return "more cluster events since the table was built than are kept"
+        if len(events) > 1:
+            return f"{len(events)} events at once: {', '.join(map(str, events))}"
+        event = events[0] if events else None
+        beyond = unexplained(table.state, state, event)
+        if beyond is not None:
+            return beyond
+        try:
+            chosen = table.now if event is None else table.lookup(event)
+        except UsageError as exc:  # a table of arrivals only: the event is not in it
+            return str(exc)
+        why = ""
+        if moved_beyond(table.state, state, event):
+            # A recovery stopped or shrank a task (no cluster event: the nodes and tasks are the
+            # table's): the same cluster has the same best plan, laid over the workers as they are.
+            said = "no cluster event" if event is None else "the event"
+            why = f"workers moved by a recovery since: the table's plan for {said}, laid out anew"
+        return chosen, event, why
 
     def refresh(self, state: ClusterState, decided: Decided, curves_version: int) -> None:
         """Precompute the next table (in the background) from the state ``decided`` leads to."""
@@ -169,13 +187,20 @@ class Allocator:
     ) -> None:
         key = (*_state_key(state), curves_version)
         if key == self._refreshed_for:
-            return  # the table (built or being built) already answers from this state
+            # The table (built or being built) is of this state already: the events so far led
+            # to it (a plan answered them), so it answers the ones after.
+            if self._building is not None:
+                self._building_after = self.happened.last
+            else:
+                self.table_after = self.happened.last
+            return
         self._refreshed_for = key
         if self._building is not None:
             self._building.cancel()
         self._building = self._pool.submit(build_arrivals if arrivals_only else self._builder, state)
         self.counts["rebuilds"] += 1
         self._building_version = curves_version
+        self._building_after = self.happened.last
         self._wake = wake
 
     def poll(self) -> bool:
@@ -190,6 +215,7 @@ class Allocator:
             building, self._building = self._building, None
             try:
                 self.table, self.table_version = building.result(), self._building_version
+                self.table_after = self._building_after
             except Exception as exc:  # a table is an optimisation: solve instead
                 self.table = None
                 return None, f"the plan table could not be built: {exc}"

@@ -24,7 +24,7 @@ from unicron.control.recover.generations import Generations, Shrink, new_process
 from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.control.store.snapshot import Snapshot
 from unicron.control.store.store import PLAN_EVENT
-from unicron.core.events import named
+from unicron.core.events import TasksArrived, named
 from unicron.core.protocol import SPARE_GENERATION
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.planning.placement import Assignment
@@ -127,7 +127,7 @@ class Placer:
     ctx: Context
     generations: Generations
     rates: RateMeter
-    allocator: Allocator = field(default_factory=Allocator)
+    allocator: Allocator = field(init=False)  # answers the events the actuator notes
     spares: dict[tuple[str, int], Spare] = field(default_factory=dict)
     last_plan: dict[str, int] | None = None
     last_decided: Plan | None = None  # the plan carried out last (its expected WAF, per task too)
@@ -136,6 +136,9 @@ class Placer:
     # A plan whose launches or grows wait for slots that processes still hold (``slots.py``):
     # the coordinator carries it out again until they are gone (``carry_out_held``).
     held: HeldPlan | None = None
+
+    def __post_init__(self) -> None:
+        self.allocator = Allocator(happened=self.ctx.act.happened)
 
     def cluster_state(self, snapshot: Snapshot) -> tuple[ClusterState, dict[int, str]]:
         """The planner's view of the snapshot: healthy nodes (by id) and where the active tasks'
@@ -193,6 +196,8 @@ class Placer:
         settled = tuple(t for t in state.tasks if t.name not in queued)
         arriving = (group,) if group else ()
         self.allocator.rebuild(replace(state, tasks=settled, arriving=arriving), self.rates.version)
+        if group:  # (noted after the table's start: its state holds the submission as queued)
+            self.ctx.act.happened.note(TasksArrived(tuple(t.name for t in group)))
 
     def reconcile(self) -> None:
         """Divide the healthy slots with the planner and carry the plan out."""
@@ -201,8 +206,7 @@ class Placer:
         if not state.tasks:
             self.keep_spares(snapshot, state, names, {})  # no task left: no spare has a purpose
             return
-        draining = frozenset(n.id for n in snapshot.nodes.values() if n.state is NodeState.DRAINING)
-        decided = self.allocator.decide(state, self.rates.version, draining)
+        decided = self.allocator.decide(state, self.rates.version)
         self.pending.clear()  # every live task is in this plan
         best, layout = decided.plan, decided.layout
         if decided.rebalance and not stranded(snapshot):
@@ -295,22 +299,23 @@ class Placer:
                 s.used = now
 
     def _record_plan(self, decided: Decided, snapshot: Snapshot) -> None:
-        """A plan event whenever the plan changes a task: where it came from, the event it
-        answers (a node by its name, any state: a lost node is no longer among the healthy),
-        and what it does."""
+        """A plan event for every cluster event answered, and whenever the plan changes a task:
+        where it came from, the events it answers (a node by its name, any state: a lost node is
+        no longer among the healthy), and what it does (a recovery may have done it already)."""
         tasks = snapshot.tasks
         changes = {
             d.task: [tasks[d.task].workers, d.after]
             for d in decided.plan.decisions
             if d.task in tasks and d.after != tasks[d.task].workers
         }
-        if not changes or decided.plan.allocation() == self.last_plan:
-            return  # nothing to change, or a change already under way
+        unchanged = not changes or decided.plan.allocation() == self.last_plan
+        if unchanged and not decided.events:
+            return  # nothing to change, or a change already under way, and no event to answer
         self.last_plan = decided.plan.allocation()
         self.ctx.act.record(
             PLAN_EVENT,
             source=decided.source,
-            answers=None if decided.event is None else named(decided.event, _node_names(snapshot)),
+            answers=", ".join(named(e, _node_names(snapshot)) for e in decided.events) or None,
             why=decided.why or None,
             seconds=round(decided.seconds, 6),
             allocation=decided.plan.allocation(),
