@@ -748,7 +748,8 @@ def decisions_text(runs: list[dict[str, Any]]) -> str:
     crash = statistics.median(run["crash_p50_s"] for run in runs)
     lost = sorted(s for run in runs for s in run["node_lost_s"])
     plans = [p for run in runs for p in run["loss_plans"]]
-    solved = Counter(p["why"] for p in plans if p["source"] == "solved")
+    # "3 events at once: node-lost:1881, ..." counted as "3 events at once" (which nodes, not why).
+    solved = Counter(p["why"].split(": ")[0] for p in plans if p["source"] == "solved")
     why = "; ".join(f"{why!r} ({n})" for why, n in solved.most_common())
     return (
         f"By kind: a crash's decision {ms(crash)} (median of the runs' medians); a node loss's tick "
