@@ -139,6 +139,13 @@ class Agent:
         if line is not None:
             print(f"agent {self.node}: {line}", file=sys.stderr, flush=True)
 
+    def _paced(self, interval_s: float) -> None:
+        """Beat every ``interval_s`` from now on: the coordinator's pace for the cluster's size
+        (``core/cadence.py``), said when it changes."""
+        if interval_s != self.interval:
+            self._say(f"heartbeat every {interval_s:g} s (the coordinator's pace for the cluster's size)")
+        self.interval = interval_s
+
     def _spawn(self, coroutine: Any) -> asyncio.Task[None]:
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
@@ -346,7 +353,7 @@ class Agent:
         if response.status_code != 200:
             raise RuntimeError(f"registration refused: {response.text}")
         reply = RegistrationReply.model_validate_json(response.content)
-        self.interval = reply.heartbeat_interval_s
+        self._paced(reply.heartbeat_interval_s)
         self.registered = True
         self.answered_at = time.monotonic()  # (a registration is an answer)
         self._say(registered_line(self.url))
@@ -372,7 +379,7 @@ class Agent:
         del self.reports[:count]
         reply = HeartbeatReply.model_validate_json(response.content)
         if reply.heartbeat_interval_s is not None:
-            self.interval = reply.heartbeat_interval_s
+            self._paced(reply.heartbeat_interval_s)
         if not reply.registered:
             self.registered = False
             return False

@@ -69,8 +69,10 @@ class LocalCluster:
         store: str | None = None,
         coordinators: int = 1,
         gpus: list[str] | None = None,
+        domains: dict[str, str] | None = None,
     ) -> None:
         self.root = root
+        self.domains = domains or {}  # node -> its agent's --domain (a rack, a switch)
         self.gpus = gpus or []  # each agent's --gpus (one id per slot; a GPU machine's)
         self.tls = tls
         self.settings = settings or {}
@@ -259,6 +261,7 @@ class LocalCluster:
                 *(["--address", self.host_of[name].address] if self.hosts is not None else []),
                 *(["--metrics-port", str(self.agent_metrics[name])] if name in self.agent_metrics else []),
                 *(["--gpus", ",".join(self.gpus)] if self.gpus else []),
+                *(["--domain", self.domains[name]] if name in self.domains else []),
             ],
             self.root / "logs" / f"agent-{name}.log",
             name if self.hosts is not None else None,
