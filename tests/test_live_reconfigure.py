@@ -47,13 +47,26 @@ TASKS = {  # name -> (weight, throughput table, seed)
 
 
 def spec_yaml(name: str, trace: Path) -> str:
+    """``name``'s spec; its steps pause as ``pace_file(trace)`` says (STEP_DELAY_S until it is written)."""
     weight, table, seed = TASKS[name]
-    program = ", ".join(["python", str(TRAIN), *ARGS, "--seed", str(seed), "--step-delay", str(STEP_DELAY_S)])
+    delay = ["--step-delay", str(STEP_DELAY_S), "--step-delay-file", str(pace_file(trace))]
+    program = ", ".join(["python", str(TRAIN), *ARGS, "--seed", str(seed), *delay])
     return (
         f"name: {name}\nweight: {weight}\nthroughput: {json.dumps(table)}\nrun:\n"
         f"  program: [{program}]\n  iterations: {ITERATIONS_OF[name]}\n  checkpoint_every: 10\n"
         f"  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
     )
+
+
+def pace_file(trace: Path) -> Path:
+    return trace.parent / "step-delay"
+
+
+def full_speed(trace: Path) -> None:
+    """Every task's steps stop pausing (what the pause was for has been seen)."""
+    written = pace_file(trace).with_suffix(".new")
+    written.write_text("0")
+    written.replace(pace_file(trace))
 
 
 def optimum(nodes: int) -> dict[str, int]:
@@ -121,6 +134,7 @@ def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) 
         # returned. Not "all three run at it at once": gamma's relaunch took 13 s here on a slow
         # day, and alpha (or beta) may have finished meanwhile, as the plan then allows.
         cluster.wait(lambda: returned(cluster, lost, full), 300, f"the optimum for 4 nodes again {full}")
+        full_speed(traces["alpha"])  # the rest is training to the end, compared with a failure-free run
         cluster.wait(
             lambda: all(cluster.task(n)["state"] == "finished" for n in TASKS), 600, "every task to finish"
         )

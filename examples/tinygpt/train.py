@@ -48,6 +48,13 @@ def parse(doc: str | None = __doc__, **defaults: object) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (to slow a demo)")
     p.add_argument(
+        "--step-delay-file",
+        type=Path,
+        default=None,
+        help="a file holding the extra seconds per step, read at every step (where it is missing: "
+        "--step-delay): a test that has seen what it waited for lets the run go at full speed",
+    )
+    p.add_argument(
         "--device-seconds-per-sample",
         type=float,
         default=0.0,
@@ -103,11 +110,21 @@ def train(
             scaler.step(optimizer)  # optimizer.step(), unless the gradients overflowed
             scaler.update()
             optimizer.zero_grad()
-            if args.step_delay:
-                time.sleep(args.step_delay)
+            if delay := step_delay(args):
+                time.sleep(delay)
         if session.rank == 0:
             done = "finished" if session.step >= session.iterations else "stopped at"
             print(f"{done} step {session.step}, parameters {session.digest}")
+
+
+def step_delay(args: argparse.Namespace) -> float:
+    """This step's pause: the file's number where it holds one, else ``--step-delay``."""
+    if args.step_delay_file is not None:
+        try:
+            return max(0.0, float(args.step_delay_file.read_text()))
+        except (OSError, ValueError):  # not written yet, or being written
+            pass
+    return float(args.step_delay)
 
 
 if __name__ == "__main__":
