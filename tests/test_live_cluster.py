@@ -60,8 +60,10 @@ def traced_task(
     checkpoint_every: int = 10,
 ) -> str:
     """The spec of a task of weight 1 running the example trainer (or ``program``) with its trace
-    written to ``trace``; ``run_lines``: more lines of its ``run:`` section (faults, recovery)."""
-    argv = ", ".join(program or ["python", str(TRAIN), *ARGS, "--step-delay", str(delay)])
+    written to ``trace``; ``run_lines``: more lines of its ``run:`` section (faults, recovery). Its
+    steps pause ``delay`` until :func:`full_speed` lifts the pause."""
+    paced = ["--step-delay", str(delay), "--step-delay-file", str(delay_file(trace))]
+    argv = ", ".join(program or ["python", str(TRAIN), *ARGS, *paced])
     if not program:
         prefetch_reference(iterations)
     return (
@@ -69,6 +71,18 @@ def traced_task(
         f"  iterations: {iterations}\n  checkpoint_every: {checkpoint_every}\n"
         f"  env: {{UNICRON_TRACE_FILE: {trace}}}\n" + run_lines
     )
+
+
+def delay_file(trace: Path) -> Path:
+    return trace.with_suffix(".step-delay")
+
+
+def full_speed(trace: Path) -> None:
+    """The task traced to ``trace`` trains on without pausing between steps: the test has seen what
+    the pause gave it time for, and the rest is training to the end (a pause changes no number)."""
+    written = delay_file(trace).with_suffix(".new")
+    written.write_text("0")
+    written.replace(delay_file(trace))
 
 
 def assert_status_shows(cluster: LocalCluster, *words: str) -> None:

@@ -15,7 +15,14 @@ import pytest
 
 from unicron.control.launch.localcluster import LocalCluster
 
-from .test_live_cluster import assert_ends_exact, assert_ledger_exact, read_trace, story_of, traced_task
+from .test_live_cluster import (
+    assert_ends_exact,
+    assert_ledger_exact,
+    full_speed,
+    read_trace,
+    story_of,
+    traced_task,
+)
 
 
 def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -46,6 +53,7 @@ def test_a_drained_node_is_emptied_without_losing_a_step(tmp_path: Path) -> None
             return len(live) == 4 and drained not in {w["node"] for w in live}
 
         cluster.wait(moved, 240, f"the task to move off {drained}")
+        full_speed(trace)
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
         nodes = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
         assert nodes[drained] == "draining"  # out of service until resumed

@@ -30,6 +30,7 @@ from .test_live_cluster import (
     assert_every_incident_closed,
     assert_ledger_exact,
     finish_and_settle,
+    full_speed,
     latest_generation,
     traced_task,
 )
@@ -90,6 +91,8 @@ def test_a_standby_takes_over_from_a_killed_leader_and_training_goes_on(
             120,
             "the new leader to handle b's failure",
         )
+        for name in TASKS:
+            full_speed(tmp_path / f"trace-{name}.jsonl")
         events: list[dict[str, object]] = []
         traces: dict[str, list[dict[str, object]]] = {}
         for name in TASKS:

@@ -34,6 +34,7 @@ from .test_live_cluster import (
     assert_ends_exact,
     assert_ledger_exact,
     finish_and_settle,
+    full_speed,
     read_rows,
     story_of,
     traced_task,
@@ -192,6 +193,7 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(tmp
         # A newcomer may join before its agent's next heartbeat says it runs.
         cluster.wait(lambda: bool(back_on_host()), 30, "the newcomer to be seen running")
         back = back_on_host()
+        full_speed(trace)
         events, rows = finish_and_settle(cluster, trace)
     # The cut-off agent said once that it could not reach the coordinator, and when it could.
     said = (tmp_path / "cluster" / "logs" / f"agent-{lost}.log").read_text()
@@ -260,6 +262,7 @@ def test_a_host_that_reaches_the_coordinator_but_not_its_peers_is_found_and_take
         at_mend = cluster.task("lm")["step"]
         hosts.mend()
         cluster.wait(lambda: cluster.task("lm")["workers"] == 3, 120, "the task to grow back onto it")
+        full_speed(trace)
         events, rows = finish_and_settle(cluster, trace)
     story = story_of(events)
     checks = [e["detail"] for e in events if e["kind"] == "peer_check"]
@@ -327,6 +330,7 @@ def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path
         cluster.wait(lambda: cluster.task("lm")["step"] >= began + 15, 240, "15 steps through the delay")
         assert cluster.task("lm")["step"] < iterations, "the task ended before the delay was shown"
         hosts.delay(slow, 0)
+        full_speed(trace)
         events, rows = finish_and_settle(cluster, trace)
     story = story_of(events)
     assert not [e for e in events if e["kind"] == "incident"], story
@@ -360,6 +364,7 @@ def test_a_collective_stalled_past_its_grace_by_retransmissions_is_no_hang(tmp_p
         hosts.stall(cluster.host_of["node-1"], sparing=None)
         cluster.wait(lambda: cluster.task("lm")["step"] >= began + 10, 120, "10 steps after the stall")
         assert cluster.task("lm")["step"] < iterations, "the task ended before the stall was shown"
+        full_speed(trace)
         events, rows = finish_and_settle(cluster, trace)
     story = story_of(events)
     assert not [e for e in events if e["kind"] == "incident"], story

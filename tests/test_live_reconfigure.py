@@ -26,6 +26,8 @@ from .test_live_cluster import (
     TRAIN,
     assert_ends_exact,
     assert_ledger_exact,
+    delay_file,
+    full_speed,
     prefetch_reference,
     read_trace,
 )
@@ -47,26 +49,15 @@ TASKS = {  # name -> (weight, throughput table, seed)
 
 
 def spec_yaml(name: str, trace: Path) -> str:
-    """``name``'s spec; its steps pause as ``pace_file(trace)`` says (STEP_DELAY_S until it is written)."""
+    """``name``'s spec; its steps pause STEP_DELAY_S until :func:`full_speed` lifts the pause."""
     weight, table, seed = TASKS[name]
-    delay = ["--step-delay", str(STEP_DELAY_S), "--step-delay-file", str(pace_file(trace))]
+    delay = ["--step-delay", str(STEP_DELAY_S), "--step-delay-file", str(delay_file(trace))]
     program = ", ".join(["python", str(TRAIN), *ARGS, "--seed", str(seed), *delay])
     return (
         f"name: {name}\nweight: {weight}\nthroughput: {json.dumps(table)}\nrun:\n"
         f"  program: [{program}]\n  iterations: {ITERATIONS_OF[name]}\n  checkpoint_every: 10\n"
         f"  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
     )
-
-
-def pace_file(trace: Path) -> Path:
-    return trace.parent / "step-delay"
-
-
-def full_speed(trace: Path) -> None:
-    """Every task's steps stop pausing (what the pause was for has been seen)."""
-    written = pace_file(trace).with_suffix(".new")
-    written.write_text("0")
-    written.replace(pace_file(trace))
 
 
 def optimum(nodes: int) -> dict[str, int]:
@@ -134,7 +125,8 @@ def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) 
         # returned. Not "all three run at it at once": gamma's relaunch took 13 s here on a slow
         # day, and alpha (or beta) may have finished meanwhile, as the plan then allows.
         cluster.wait(lambda: returned(cluster, lost, full), 300, f"the optimum for 4 nodes again {full}")
-        full_speed(traces["alpha"])  # the rest is training to the end, compared with a failure-free run
+        for trace in traces.values():  # the rest is training to the end, compared with a failure-free run
+            full_speed(trace)
         cluster.wait(
             lambda: all(cluster.task(n)["state"] == "finished" for n in TASKS), 600, "every task to finish"
         )

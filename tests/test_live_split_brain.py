@@ -23,6 +23,7 @@ from .test_live_cluster import (
     assert_ends_exact,
     assert_ledger_exact,
     finish_and_settle,
+    full_speed,
     latest_generation,
     read_rows,
     story_of,
@@ -96,6 +97,7 @@ def test_a_task_cut_off_whole_trains_on_there_but_commits_nothing(tmp_path: Path
         trained_cut_off = stepped()
         hosts.mend()
         cluster.wait(lambda: node_state(cluster, node) == "healthy", 60, f"{node} to register again")
+        full_speed(trace)
         events, rows = finish_and_settle(cluster, trace)
         watcher.halt.set()
     story = story_of(events)
