@@ -39,9 +39,19 @@ ITERATIONS = 120
 STALL_S = 7.5  # a pause of the coordinator: three heartbeat deadlines (2.5 s)
 
 
-def task_yaml(name: str, weight: float, table: str, iterations: int, delay: float, extra: str = "") -> str:
-    """A task running the example trainer, with a throughput ``table`` and 1e7 FLOPs per sample."""
-    program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", str(delay)])
+def task_yaml(
+    name: str,
+    weight: float,
+    table: str,
+    iterations: int,
+    delay: float,
+    extra: str = "",
+    paced: Path | None = None,
+) -> str:
+    """A task running the example trainer, with a throughput ``table`` and 1e7 FLOPs per sample;
+    ``paced``: a file whose number replaces ``delay`` once written (:func:`full_speed`)."""
+    lifted = [] if paced is None else ["--step-delay-file", str(paced)]
+    program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", str(delay), *lifted])
     return (
         f"name: {name}\nweight: {weight}\nthroughput: {table}\n{extra}"
         f"run: {{program: [{program}], iterations: {iterations}, checkpoint_every: 10, "
@@ -287,8 +297,9 @@ def assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
 @pytest.mark.timeout(600)
 def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> None:
     prefetch_reference(ITERATIONS)  # compared with at the end
+    pace = tmp_path / "lm"  # (its step-delay file: :func:`delay_file`)
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
-        cluster.submit(task_yaml("lm", 1, "{2: 2.0e9, 4: 3.6e9}", ITERATIONS, 0.15))
+        cluster.submit(task_yaml("lm", 1, "{2: 2.0e9, 4: 3.6e9}", ITERATIONS, 0.15, paced=delay_file(pace)))
 
         def at(step: int, generation: int = 0, workers: int = 0) -> bool:
             t = cluster.task("lm")
@@ -320,6 +331,7 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
         assert "incident" not in after and "task_launch" not in after, after
         assert_a_pause_loses_nothing(cluster, at)
         cluster.start_agent("node-1")
+        full_speed(pace)  # the rest is training to the end, compared with a failure-free run
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
 
         task = cluster.task("lm")
