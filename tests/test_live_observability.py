@@ -34,6 +34,7 @@ from .test_live_cluster import (
     assert_every_incident_closed,
     assert_ledger_exact,
     finish_and_settle,
+    full_speed,
     story_of,
     traced_task,
 )
@@ -126,6 +127,7 @@ def test_a_failure_is_counted_broken_down_and_shown_live(tmp_path: Path) -> None
         pages = {n: httpx.get(f"http://127.0.0.1:{p}/metrics").text for n, p in cluster.agent_metrics.items()}
         agent = {n: samples(page) for n, page in pages.items()}
         watched, followed = interrupted(watch), interrupted(follow)
+        full_speed(trace)  # all is seen: the rest is training to the end, compared with a failure-free run
         events, rows = finish_and_settle(cluster, trace)
     story = story_of(events)
     assert incident["outcome"] == "recovered" and incident["fault_source"] == "injected", story
