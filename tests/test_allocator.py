@@ -127,11 +127,12 @@ def test_node_back_and_task_done_are_answered_from_the_table(allocator: Allocato
         assignment={n: {t: c for t, c in a.items() if t != "beta"} for n, a in expected.assignment.items()},
         curves={k: v for k, v in expected.curves.items() if k != "beta"},
     )
-    allocator.happened.note(NodeLost(3))  # (back and lost again before any plan: no change)
+    allocator.happened.note(NodeLost(3))  # (back and lost again: to the table, no change)
     allocator.happened.note(TaskDone("beta"))
     decided = allocator.decide(done, 0)
     assert decided.source == "table" and decided.event == TaskDone("beta")
-    assert decided.events == (TaskDone("beta"),)
+    # The record names what no plan answered yet: the return was answered above, the loss not.
+    assert decided.events == (NodeLost(3), TaskDone("beta"))
 
 
 def test_what_the_table_does_not_hold_is_solved_and_says_why(allocator: Allocator) -> None:
@@ -155,7 +156,7 @@ def test_what_the_table_does_not_hold_is_solved_and_says_why(allocator: Allocato
     shrunk[node]["alpha"] -= 1  # a failure took one of alpha's workers
     allocator.happened.note(TaskDone("delta"))  # (delta cancelled before any plan: no event)
     decided = allocator.decide(replace(state, assignment=shrunk), 0)  # no cluster event: the table's plan
-    assert (decided.source, decided.event, decided.events) == ("table", None, ())
+    assert (decided.source, decided.event, decided.events) == ("table", None, (TaskDone("delta"),))
     assert "laid out anew" in decided.why and decided.plan.allocation() == plan(state).allocation()
     decided = allocator.decide(state, 1)
     assert decided.source == "solved" and "measurements changed" in decided.why
@@ -179,6 +180,49 @@ def test_a_resubmitted_name_is_not_answered_by_the_table_of_its_previous_run(all
     assert decided.source == "solved" and decided.why.startswith("2 events at once")
 
 
+def test_a_plan_names_each_event_once_whichever_table_answers_it(allocator: Allocator) -> None:
+    """The events a plan answered are not named again while the next table is being built, and
+    events a table's state already held (a rebuild for new measurements, before any plan) are
+    named by the plan that table answers, though its lookup is its own plan."""
+    state = demo_state()
+    settle(allocator, state)
+    allocator.happened.note(NodeLost(0))
+    first = allocator.decide(after_loss(state, 0), 0)
+    assert (first.source, first.events) == ("table", (NodeLost(0),))
+    gate = threading.Event()
+    allocator._builder = lambda s: (gate.wait(10), build(s))[1]
+    allocator.refresh(after_loss(state, 0), first, 0)  # the next table, held back
+    again = allocator.decide(after_loss(state, 0), 0)
+    assert again.events == () and "being built" in again.why
+    allocator.happened.note(NodeLost(1))
+    both = after_loss(after_loss(state, 0), 1)
+    assert allocator.decide(both, 0).events == (NodeLost(1),)
+    gate.set()
+    allocator.wait()
+    # New measurements while node 2's loss waits for its plan: the table built for them holds it.
+    allocator._builder = build
+    allocator.happened.note(NodeLost(2))
+    three = after_loss(both, 2)
+    allocator.rebuild(three, 1)
+    allocator.wait()
+    decided = allocator.decide(three, 1)
+    assert (decided.source, decided.event, decided.events) == ("table", None, (NodeLost(2),))
+
+
+def test_a_burst_is_named_in_short_and_solved() -> None:
+    state = demo_state()
+    allocator = Allocator()
+    try:
+        settle(allocator, state)
+        for node in range(2_000):  # (far more than a cluster has: the record stays short)
+            allocator.happened.note(NodeLost(node))
+        decided = allocator.decide(after_loss(after_loss(state, 0), 1), 0)
+        assert decided.source == "solved" and len(decided.events) == 2_000
+        assert decided.why.endswith("and 1994 more"), decided.why
+    finally:
+        allocator.close()
+
+
 def test_the_events_told_are_what_changed() -> None:
     """Lost and back (either way round) before a plan is no change; a submission whose tasks all
     ended before it was planned is none either; a node is in service only while healthy."""
@@ -188,6 +232,11 @@ def test_the_events_told_are_what_changed() -> None:
     assert net([TasksArrived(("a", "b")), TaskDone("a"), TaskDone("b")]) == ()
     arrived_one_ended = net([TasksArrived(("a", "b")), TaskDone("a")])
     assert arrived_one_ended == (TasksArrived(("a", "b")), TaskDone("a"))
+    # The name's old run ended, a new one came and went: its old run's end is what changed.
+    assert net([TaskDone("a"), TasksArrived(("a",)), TaskDone("a")]) == (TaskDone("a"),)
+    # A submission told again with the next one queued beside it: the later arrival stands.
+    assert net([TasksArrived(("x",)), TasksArrived(("x", "y"))]) == (TasksArrived(("x", "y")),)
+    assert net([TasksArrived(("x",)), TasksArrived(("x", "y")), TaskDone("x"), TaskDone("y")]) == ()
     log = Happened()
     log.node_moved(3, NodeState.HEALTHY, NodeState.DRAINING)
     log.node_moved(3, NodeState.DRAINING, NodeState.LOST)  # out of service already: nothing

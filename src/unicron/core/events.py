@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from unicron.core.errors import UsageError
@@ -62,6 +62,13 @@ def named(event: PlanEvent, names: Mapping[int, str]) -> str:
     if isinstance(event, NodeLost | NodeBack) and event.node is not None and event.node in names:
         return f"{str(event).split(':')[0]}:{names[event.node]}"
     return str(event)
+
+
+def listed(texts: Sequence[str], shown: int = 6) -> str:
+    """Events as a plan's record names them: the first ``shown``, then how many more (a mass
+    loss answered by one solve names a handful, not thousands)."""
+    more = len(texts) - shown
+    return ", ".join(texts[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 EVENT_FORMS = "node-lost:N, node-back[:N], task-done:NAME"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from unicron.control.act.happened import Happened, net
 from unicron.core.errors import UsageError
-from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone, TasksArrived
+from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone, TasksArrived, listed
 from unicron.planning.placement import Assignment, place
 from unicron.planning.planner import ClusterState, Plan, plan
 from unicron.planning.plantable import PlanTable, build, build_arrivals
@@ -116,6 +116,7 @@ class Allocator:
         self.table: PlanTable | None = None
         self.table_version = -1  # the curves version the table was built with
         self.table_after = 0  # the last event its state had seen: it answers the ones after
+        self.answered = 0  # the last event a decision answered: a plan names those after
         # Plans decided by source ("table": a lookup, "solved": on the spot) and tables started
         # ("rebuilds"), since start-up: what an operator watches (``metrics.py``).
         self.counts: dict[str, int] = {"table": 0, "solved": 0, "rebuilds": 0}
@@ -126,10 +127,15 @@ class Allocator:
         started = time.perf_counter()
         rebalance = self._refreshed_for is not None and self._refreshed_for[:-1] == _state_key(state)
         table, why = self._ready_table(curves_version)  # (it may take up a table just built)
-        told = self.happened.since(self.table_after)
-        events = () if told is None else net(told)
+        told = self.happened.since(self.table_after)  # what the table must answer
+        # What this plan answers that no plan did: the table may be older (a plan answered some
+        # of its events, its successor is being built) or newer (built from a state that already
+        # held events no plan had answered: new measurements, a submission).
+        unanswered = self.happened.since(self.answered)
+        self.answered = self.happened.last
+        events = () if unanswered is None else net(unanswered)
         if table is not None:
-            answer = self._answer(table, state, events if told is not None else None)
+            answer = self._answer(table, state, None if told is None else net(told))
             if isinstance(answer, str):
                 why = answer
             else:
@@ -153,7 +159,7 @@ class Allocator:
         if events is None:
             return "more cluster events since the table was built than are kept"
         if len(events) > 1:
-            return f"{len(events)} events at once: {', '.join(map(str, events))}"
+            return f"{len(events)} events at once: {listed([str(e) for e in events])}"
         event = events[0] if events else None
         beyond = unexplained(table.state, state, event)
         if beyond is not None:

@@ -24,7 +24,7 @@ from unicron.control.recover.generations import Generations, Shrink, new_process
 from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.control.store.snapshot import Snapshot
 from unicron.control.store.store import PLAN_EVENT
-from unicron.core.events import TasksArrived, named
+from unicron.core.events import TasksArrived, listed, named
 from unicron.core.protocol import SPARE_GENERATION
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.planning.placement import Assignment
@@ -315,7 +315,7 @@ class Placer:
         self.ctx.act.record(
             PLAN_EVENT,
             source=decided.source,
-            answers=", ".join(named(e, _node_names(snapshot)) for e in decided.events) or None,
+            answers=listed([named(e, _node_names(snapshot)) for e in decided.events]) or None,
             why=decided.why or None,
             seconds=round(decided.seconds, 6),
             allocation=decided.plan.allocation(),
