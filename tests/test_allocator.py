@@ -22,7 +22,7 @@ from unicron.core.states import NodeState
 from unicron.planning.gpt import flops_per_sample
 from unicron.planning.placement import place
 from unicron.planning.planner import ClusterState, plan
-from unicron.planning.plantable import build
+from unicron.planning.plantable import PlanTable, build
 from unicron.planning.throughput import curve_for
 
 
@@ -207,6 +207,24 @@ def test_a_plan_names_each_event_once_whichever_table_answers_it(allocator: Allo
     allocator.wait()
     decided = allocator.decide(three, 1)
     assert (decided.source, decided.event, decided.events) == ("table", None, (NodeLost(2),))
+
+
+def test_a_table_that_failed_to_build_is_built_again(allocator: Allocator) -> None:
+    state = demo_state()
+
+    def broken(s: ClusterState) -> PlanTable:
+        raise RuntimeError("out of memory")
+
+    allocator._builder = broken
+    allocator.refresh(state, allocator.decide(state, 0), 0)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        allocator.wait()
+    decided = allocator.decide(state, 0)
+    assert decided.source == "solved" and "could not be built: out of memory" in decided.why
+    allocator._builder = build
+    allocator.refresh(state, decided, 0)  # the same state as the build that failed
+    allocator.wait()
+    assert allocator.decide(state, 0).source == "table"
 
 
 def test_a_burst_is_named_in_short_and_solved() -> None:

@@ -224,6 +224,7 @@ class Allocator:
                 self.table_after = self._building_after
             except Exception as exc:  # a table is an optimisation: solve instead
                 self.table = None
+                self._refreshed_for = None  # and build it again at the next plan, not never
                 return None, f"the plan table could not be built: {exc}"
         if self._building is not None:
             if self.table is not None and self.table_version != curves_version == self._building_version:
