@@ -84,6 +84,8 @@ def test_the_coordinators_lateness_costs_no_node_and_a_stopped_node_is_found_aft
         cluster.c.tick(late_s=0.8)
     assert not cluster.events("node_lost")  # 2.7 s unheard, 0.8 s of it waiting in the sockets
     assert not cluster.events("mass_silence")  # (the lateness, not the alarm, kept them)
+    assert cluster.c.viewer.view().late_s == 0.8  # what operators see (the metrics' gauge)
+    assert b"unicron_coordinator_late_seconds 0.8" in cluster.c.metrics.exposition()
     for _ in range(3):
         cluster.step(0.5)
     cluster.nodes = ("n0", "n1")  # n2 stops
@@ -92,6 +94,9 @@ def test_the_coordinators_lateness_costs_no_node_and_a_stopped_node_is_found_aft
     assert cluster.c.store.node("n2").state is NodeState.HEALTHY  # type: ignore[union-attr]
     cluster.step(0.5)
     assert cluster.c.store.node("n2").state is NodeState.LOST  # type: ignore[union-attr]
+    (lost,) = cluster.events("node_lost")  # its silence, the lateness not counted, the deadline
+    assert lost["silent_s"] > DEADLINE and lost["deadline_s"] == DEADLINE
+    assert lost["late_s"] == 0.0  # (the loop was late before n2 was last heard)
 
 
 def test_a_mass_silence_through_the_coordinator_raises_an_alarm_and_takes_nobody_out(make: Any) -> None:

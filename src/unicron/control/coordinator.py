@@ -130,7 +130,12 @@ class Coordinator:
         # What operators watch (nothing decides on it): the WAF over time, metrics, the view.
         self.history = WafHistory()
         self.viewer = Viewer(
-            self.ctx, self.placer, self.rates, self.history, lambda: len(self.recovery.incidents)
+            self.ctx,
+            self.placer,
+            self.rates,
+            self.history,
+            lambda: len(self.recovery.incidents),
+            self.detector.late_s,
         )
         self.metrics = Metrics(self.viewer.view)
         self.act.listeners.append(self.metrics.on_event)
@@ -535,8 +540,8 @@ class Coordinator:
             self.recovery.paused(stalled)  # its deadlines move on by the stall
         else:
             self.detector.late(now, late_s)
-        for name, silent in self.detector.silent(now):
-            self.recovery.node_lost(name, silent)
+        for silent in self.detector.silent(now):
+            self.recovery.node_lost(silent)
             self.dirty = True
         if self._forget_lost_nodes(now) or self.recovery.isolations_over(now):
             self.dirty = True

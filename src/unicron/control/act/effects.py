@@ -290,11 +290,14 @@ class Applier:
         self.orders.take(node)
         self.record("node_removed", node=node, why=why)
 
-    def node_lost(self, node: str, silent_s: float) -> list[WorkerRecord]:
+    def node_lost(self, node: str, silent_s: float, late_s: float, deadline_s: float) -> list[WorkerRecord]:
         """A node went silent: it is lost, with its live workers (returned as they were), and
-        its unsent orders mean nothing any more."""
+        its unsent orders mean nothing any more. The record says how long it was silent, how
+        much of that was the coordinator's own lateness, and the deadline it was judged by
+        (``detect/detection.py:Silent``)."""
         self.node_state(node, NodeState.LOST)
-        self.record("node_lost", node=node, silent_s=round(silent_s, 3))
+        late, deadline = round(late_s, 3), round(deadline_s, 3)
+        self.record("node_lost", node=node, silent_s=round(silent_s, 3), late_s=late, deadline_s=deadline)
         self.orders.take(node)
         return self._store.lose_node_workers(node)
 

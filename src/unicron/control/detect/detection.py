@@ -82,6 +82,19 @@ class Failing:
 
 
 @dataclass(frozen=True)
+class Silent:
+    """A node to declare lost: silent ``silent_s`` since it was last heard, of which ``late_s``
+    was the coordinator's own lateness (``silence.Lateness``: not counted against it), judged by
+    a deadline of ``deadline_s`` (the cluster's, ``core/cadence.py``). The loss records all three,
+    so that it says why the node, and not the coordinator, was at fault."""
+
+    node: str
+    silent_s: float
+    late_s: float
+    deadline_s: float
+
+
+@dataclass(frozen=True)
 class Judged:
     """A peer check complete: the failure it found (None: graced, or handled meanwhile), and
     the stacks the check gathered, recorded with the incident once it is open."""
@@ -266,6 +279,12 @@ class Detector:
             self.lag = (now, self.delays.lag(now))
         self.lateness.add(now, max(late_s, self.lag[1]))
 
+    def late_s(self, now: float) -> float:
+        """How late the coordinator has been over the last heartbeat deadline: what a node's
+        silence is not counted against it for, were it last heard a deadline ago (operators
+        watch it: ``unicron_coordinator_late_seconds``)."""
+        return self.lateness.since(now - self.ctx.pace.judged(now).deadline_s)
+
     def _sweep_every(self, now: float) -> float:
         # (less a millisecond: ticks a tenth of a second apart on a float clock are not skipped)
         return self.ctx.pace.judged(now).interval_s / SWEEPS_PER_INTERVAL - 1e-3
@@ -279,7 +298,7 @@ class Detector:
             unanswered = max(0.0, (waited_s or 0.0) - longest)
             self.delays.heard(node, now - sent, unanswered, now)
 
-    def silent(self, now: float) -> list[tuple[str, float]]:
+    def silent(self, now: float) -> list[Silent]:
         """The nodes to declare lost now, with how long each was silent: those past their
         deadline (``silent_nodes``), unless the silence is a mass silence, a failure domain's
         partial silence, or the loss rate is spent (``silence.SilenceJudge``); what is held,
@@ -326,7 +345,7 @@ class Detector:
             where = sorted({domains[n] for n in names if n in domains}) if why == "domain silence" else None
             act.record("node_loss_held", why=why, nodes=names[:HELD_NAMED], count=len(names), domains=where)
         self.held = set(verdict.held)
-        return verdict.lost
+        return [Silent(name, s, self.lateness.since(now - s), deadline) for name, s in verdict.lost]
 
     def _domain_alarms(self, verdict: Verdict) -> None:
         """A failure domain partly silent, and heard again: recorded (``silence.py``)."""

@@ -51,6 +51,7 @@ class ClusterView:
     optimum_waf: float | None  # the plan's with every registered node healthy
     open_incidents: int
     plan_counts: dict[str, int] = field(default_factory=dict)  # "table", "solved", "rebuilds"
+    late_s: float = 0.0  # how late the coordinator itself has been over a heartbeat deadline
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Viewer:
     rates: RateMeter
     history: WafHistory
     open_incidents: Callable[[], int]
+    late_s: Callable[[float], float] = lambda now: 0.0  # the coordinator's own lateness at ``now``
     _optimum: tuple[tuple[Any, ...], float | None] | None = None
 
     def view(self) -> ClusterView:
@@ -92,6 +94,7 @@ class Viewer:
             optimum_waf=self._optimum_waf(),
             open_incidents=self.open_incidents(),
             plan_counts=dict(self.placer.allocator.counts),
+            late_s=self.late_s(now),
         )
 
     def _slots(self, nodes: tuple[NodeRecord, ...]) -> dict[str, tuple[Slot, ...]]:

@@ -264,6 +264,14 @@ def _cluster_gauges(v: ClusterView) -> Iterator[Metric]:
         [([], optimum)],
     )
     yield _gauge("unicron_incidents_open", "Incidents not yet recovered", [], [([], v.open_incidents)])
+    yield _gauge(
+        "unicron_coordinator_late_seconds",
+        "How late the coordinator itself has been over the last heartbeat deadline (its loop's"
+        " ticks, or the heartbeats' waits in its sockets): not counted against a node's silence"
+        " (control/detect/silence.py)",
+        [],
+        [([], v.late_s)],
+    )
     plans = CounterMetricFamily(
         "unicron_plan_table",
         "Plans looked up in the table, solved on the spot, tables rebuilt",

@@ -18,7 +18,7 @@ from typing import Any
 
 from unicron.control.act.effects import Effect, Isolate, TaskDown
 from unicron.control.context import Context
-from unicron.control.detect.detection import Failing
+from unicron.control.detect.detection import Failing, Silent
 from unicron.control.detect.hangs import WorkerKey, not_arrived
 from unicron.control.recover.attribution import Attribution, Sign
 from unicron.control.recover.generations import Generations
@@ -545,11 +545,11 @@ class Recovery:
         self.awaiting = {k: v for k, v in self.awaiting.items() if k[0] != name}
         self.awaiting_ranks = {k: v for k, v in self.awaiting_ranks.items() if k[0] != name}
 
-    def node_lost(self, node: str, silent_s: float) -> None:
-        store = self.ctx.store
+    def node_lost(self, silent: Silent) -> None:
+        store, node, silent_s = self.ctx.store, silent.node, silent.silent_s
         current = {t.name: t.generation for t in store.tasks(live_only=True)}
         gone: dict[str, set[int]] = {}
-        for w in self.ctx.act.node_lost(node, silent_s):
+        for w in self.ctx.act.node_lost(node, silent_s, silent.late_s, silent.deadline_s):
             ranks = gone.setdefault(w.task, set())
             if current.get(w.task) == w.generation:
                 ranks.add(w.rank)  # ranks of the task's current generation
