@@ -312,15 +312,15 @@ def test_the_largest_heartbeats_a_real_agent_sends_are_taken_and_a_backlog_is_sp
     worker stopped once: the answers that follow repeat those orders and add none."""
     agent = Agent("http://coordinator", "n", limits.MAX_SLOTS, tmp_path / "agent")
     for index in range(limits.MAX_LISTED_WORKERS):
-        agent.workers[(TASK, 1, index)] = worker(index, index >= limits.MAX_SLOTS, tmp_path)
+        agent.supervisor.workers[(TASK, 1, index)] = worker(index, index >= limits.MAX_SLOTS, tmp_path)
     sent = backlog()
-    agent.reports = list(sent)
+    agent.backlog.reports = list(sent)
     took, numbers = asyncio.run(deliver(tmp_path, agent))
     assert [len(hb.workers) for hb in took] == [limits.MAX_LISTED_WORKERS] * len(took)
     assert all(0 < len(hb.reports) <= limits.MAX_REPORTS_PER_BEAT for hb in took)
     assert len(took) > len(sent) // limits.MAX_REPORTS_PER_BEAT  # the byte limit split some too
     assert [r for hb in took for r in hb.reports] == sent
-    assert agent.reports == [] and "dropped" not in capsys.readouterr().err
+    assert agent.backlog.reports == [] and "dropped" not in capsys.readouterr().err
     assert len(numbers[0]) == limits.MAX_SLOTS and all(n == numbers[0] for n in numbers)
 
 
@@ -331,14 +331,14 @@ def test_a_worker_is_listed_until_its_exit_is_sent_and_the_oldest_told_ones_go_f
     agent = Agent("http://coordinator", "n", 2, tmp_path / "agent")
     old = worker(0, True, tmp_path)
     old.started -= 120  # a minute past the agent's keeping
-    agent.workers[(TASK, 1, 0)] = old
-    agent.queue(ExitReport(task=TASK, generation=1, rank=0, node="n", code=1, signal=None))
-    assert [w.rank for w in agent.listed()] == [0]  # its exit waits: still listed
-    agent.reports.clear()  # sent
-    assert agent.listed() == []
+    agent.supervisor.workers[(TASK, 1, 0)] = old
+    agent.supervisor.heard(ExitReport(task=TASK, generation=1, rank=0, node="n", code=1, signal=None))
+    assert [w.rank for w in agent.supervisor.listed()] == [0]  # its exit waits: still listed
+    agent.backlog.reports.clear()  # sent
+    assert agent.supervisor.listed() == []
     most = limits.MAX_LISTED_WORKERS
-    agent.workers = {(TASK, 1, i): worker(i, i >= 2, tmp_path) for i in range(most + 10)}
-    assert [w.rank for w in agent.listed()] == [0, 1, *range(12, most + 10)]
+    agent.supervisor.workers = {(TASK, 1, i): worker(i, i >= 2, tmp_path) for i in range(most + 10)}
+    assert [w.rank for w in agent.supervisor.listed()] == [0, 1, *range(12, most + 10)]
 
 
 def test_stacks_are_shared_so_that_a_report_fits_a_heartbeat() -> None:

@@ -43,13 +43,14 @@ def run_worker(tmp_path: Path, code: str, step: bool = False, stop: bool = False
     )
 
     async def main() -> ExitReport:
-        await agent.launch(order)
+        await agent.supervisor.launch(order)
         if step:
-            agent.queue(IterationReport(task="t", generation=3, rank=0, step=1, duration_s=0.1, samples=1))
+            stepped = IterationReport(task="t", generation=3, rank=0, step=1, duration_s=0.1, samples=1)
+            agent.supervisor.heard(stepped)
         if stop:
-            await agent.stop(StopWorkers(task="t", grace_s=5.0))
+            await agent.supervisor.stop(StopWorkers(task="t", grace_s=5.0))
         for _ in range(3000):  # the exit is reported at once: a deadline of 30 s, polled
-            exits = [r for r in agent.reports if isinstance(r, ExitReport)]
+            exits = [r for r in agent.backlog.reports if isinstance(r, ExitReport)]
             if exits:
                 return exits[0]
             await asyncio.sleep(0.01)
