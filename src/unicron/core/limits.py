@@ -48,7 +48,7 @@ MAX_TEXT_CHARS = 65_536  # any string in a spec (an argument, a variable's value
 # reports, each validated and handled on the coordinator's loop (12,000 stray workers held it
 # 268 s; issue 53). Each bound is beyond what a real agent sends: it lists its running workers
 # (at most its slots, with those still stopping) and those that exited lately, and splits its
-# reports across heartbeats (``control/agent/agent.py``).
+# reports across heartbeats (``control/agent/agent.py``, ``control/agent/backlog.py``).
 MAX_SLOTS = 256  # worker slots (GPUs) of one node: 8 on today's GPU nodes, 16 on the largest
 MAX_LISTED_WORKERS = 4 * MAX_SLOTS  # workers one message lists, exited ones included
 MAX_REPORTS_PER_BEAT = 500  # reports in one heartbeat: the agent sends more in the next ones

@@ -432,7 +432,7 @@ class RegistrationReply(_Message):
 class Heartbeat(_Message):
     node: str = Field(pattern=NAME_PATTERN)
     workers: Listed = Field(default_factory=list)
-    # The agent sends more in the heartbeats that follow at once (``control/agent/agent.py``).
+    # The agent sends more in the heartbeats that follow at once (``control/agent/backlog.py``).
     reports: list[WorkerReport] = Field(default_factory=list, max_length=MAX_REPORTS_PER_BEAT, fail_fast=True)
     acked: Int = 0  # the last order number carried out
     # When the agent sent it (Unix time, each attempt anew): how long heartbeats wait before the
