@@ -65,6 +65,39 @@ def test_a_mass_silence_declares_nobody_lost_until_heartbeats_return_or_it_lasts
     assert SilenceJudge(LIMITS).judge(silent("a", "b", "c"), 6, 0.0).lost == silent("a", "b", "c")
 
 
+def test_a_silence_rising_across_the_cluster_is_held_before_most_nodes_pass_their_deadline() -> None:
+    """Nodes gone quiet together pass their deadline over a sweep or two: the first few past it
+    are held when most of the cluster is quiet (unheard for half a deadline), not lost; a rack's
+    worth quiet is judged as usual, and in a small cluster one dead node beside one late
+    heartbeat is not a mass silence."""
+    tide = SilenceJudge(LIMITS).judge(silent(*[f"n{i}" for i in range(30)]), 100, 10.0, quiet=80)
+    assert tide.lost == [] and len(tide.held) == 30 and tide.alarm_began and tide.alarm_why == "mass silence"
+    rack = SilenceJudge(LIMITS).judge(silent(*[f"n{i}" for i in range(30)]), 100, 10.0, quiet=35)
+    assert len(rack.lost) == 30 and not rack.alarm_began
+    assert SilenceJudge(LIMITS).judge(silent("a"), 2, 10.0, quiet=2).lost == silent("a")
+    assert not SilenceJudge(LIMITS).judge([], 100, 10.0, quiet=100).alarm_began  # none past: no alarm
+
+
+def test_a_rising_silence_through_the_coordinator_declares_nobody_lost(make: Any) -> None:
+    """Six of eight nodes stop beating 0.3 s apart (a switch failing port by port, a swamped
+    coordinator): when the first passes its deadline only one or two are past it, five quiet;
+    every one is held as the mass silence it becomes, none is lost."""
+    cluster = make(nodes=8)
+    for _ in range(5):
+        cluster.step(0.5)
+    beating = [f"n{i}" for i in range(8)]
+    while len(beating) > 2:
+        beating.pop()
+        cluster.nodes = tuple(beating)
+        for _ in range(3):
+            cluster.step(0.1)
+    for _ in range(30):
+        cluster.step(0.1)
+    assert not cluster.events("node_lost")
+    (alarm,) = cluster.events("mass_silence")
+    assert alarm["why"] == "mass silence" and alarm["silent"] < 5 <= alarm["quiet"], alarm
+
+
 def test_the_losses_acted_on_are_rate_limited() -> None:
     judge = SilenceJudge(LIMITS)
     names = [f"n{i:03d}" for i in range(40)]

@@ -25,6 +25,7 @@ from unicron.control.detect.silence import (
     BEHIND,
     BEHIND_SHARE,
     CAUGHT_UP_SHARE,
+    QUIET_SHARE,
     BeatDelays,
     Lateness,
     SilenceJudge,
@@ -313,17 +314,22 @@ class Detector:
         self.ctx.pace.nodes_in_service(in_service, now)
         deadline = self.ctx.pace.judged(now).deadline_s
         self.delays.cap_s = self.delays.window_s = deadline
-        past = silent_nodes(nodes, now, self.listening_since, deadline, self.lateness.since)
+        since, late = self.listening_since, self.lateness.since
+        past = silent_nodes(nodes, now, since, deadline, late)
+        # A rising silence (``silence.py``): counted only while a node is past its deadline.
+        quiet = len(silent_nodes(nodes, now, since, QUIET_SHARE * deadline, late)) if past else 0
         domains = {n.name: n.domain for n in nodes if n.domain and n.state is not NodeState.LOST}
         lag, alarm = self.lag[1], self.silence  # (the heartbeats' waits: ``late``)
         holding = alarm.alarm_since is not None and alarm.alarm_why == BEHIND
         behind = lag >= BEHIND_SHARE * deadline or (holding and lag >= CAUGHT_UP_SHARE * deadline)
-        verdict = self.silence.judge(past, in_service, now, domains, AGENT_RETRY_CAP_S + deadline, behind)
+        grace_s = AGENT_RETRY_CAP_S + deadline
+        verdict = self.silence.judge(past, in_service, now, domains, grace_s, behind, quiet)
         self._domain_alarms(verdict)
         act = self.ctx.act
         if verdict.alarm_began:
             share, lag = round(len(past) / max(1, in_service), 3), round(self.lag[1], 3)
             said: dict[str, Any] = {"share": share, "why": verdict.alarm_why, "lag_s": lag}
+            said["quiet"] = quiet  # unheard for QUIET_SHARE of a deadline, the silent among them
             act.record("mass_silence", silent=len(past), in_service=in_service, **said)
         if verdict.alarm_ended is not None:
             act.record("mass_silence_over", seconds=round(verdict.alarm_ended, 3), silent=len(past))

@@ -31,6 +31,18 @@ the training tasks on it):
   node is declared lost: an alarm is raised (``mass_silence``), and nodes are judged one by one
   again once heartbeats come back, or once the silence has lasted ``mass_silence_hold_s`` (a
   silence that long is taken as real: the tasks cannot train anyway).
+- **A silence rising across the cluster is judged as the mass silence it becomes.** Nodes that
+  went quiet together (a switch, or the coordinator swamped: a registration storm of 16,384
+  agents on a host whose other processes left it a quarter of a core) pass their deadline over a
+  second or two, not at once: judged on the first sweep, the few past it would be lost (a loss
+  rate's burst of healthy nodes, measured so) before the share crossed the threshold. (A
+  coordinator that answers most agents and starves a minority is not seen so: docs/detection.md.) So the
+  share also counts the nodes *quiet*, unheard for ``QUIET_SHARE`` of a deadline less the
+  coordinator's lateness (two missed heartbeats and more: a healthy node is heard every
+  interval): when more than ``mass_silence_share`` of the nodes in service (at least
+  ``mass_silence_min_nodes``) are quiet, a node past its deadline is held as in a mass silence.
+  (The count of all nodes quiet is not used: in a small cluster one dead node and one whose
+  heartbeat is late are all of it.)
 - **A failure domain partly silent is held too.** Nodes may name the domain they share (a rack, a
   leaf switch, a power feed: the agent's ``--domain``). As Kubernetes judges each zone: when more
   than ``mass_silence_share`` of a domain's nodes in service (at least ``mass_silence_min_nodes``),
@@ -59,6 +71,7 @@ from dataclasses import dataclass, field
 
 from unicron.core.settings import Settings
 
+QUIET_SHARE = 0.5  # of a deadline unheard (less the coordinator's lateness): a node is quiet
 BEHIND_SHARE = 1.0  # a heartbeat lag of this share of a deadline (its cap): the coordinator is behind
 CAUGHT_UP_SHARE = 0.5  # ... and it has caught up once the lag is under this share (not at the cap's edge)
 MASS, BEHIND = "mass silence", "coordinator behind"  # why the alarm holds the losses
@@ -178,11 +191,11 @@ class SilenceJudge:
 
     def _mass(self, silent: int, in_service: int) -> bool:
         """More than the share of at least the least number, or all of them (two or more)."""
+        return silent >= 2 and (silent == in_service or self._share(silent, in_service))
+
+    def _share(self, count: int, in_service: int) -> bool:
         limits = self.limits
-        return silent >= 2 and (
-            silent == in_service
-            or (silent >= limits.mass_silence_min_nodes and silent > limits.mass_silence_share * in_service)
-        )
+        return count >= limits.mass_silence_min_nodes and count > limits.mass_silence_share * in_service
 
     def judge(
         self,
@@ -192,13 +205,16 @@ class SilenceJudge:
         domains: Mapping[str, str] | None = None,
         grace_s: float = 0.0,
         behind: bool = False,
+        quiet: int = 0,
     ) -> Verdict:
         """``silent``: nodes past their deadline (not yet lost); ``in_service``: nodes not lost;
         ``domains``: the failure domain of each node in service that named one; ``grace_s``: how
         long the nodes of a domain heard again may still be silent (a restart's grace);
-        ``behind``: the coordinator's heartbeat lag is ``BEHIND_SHARE`` of a deadline or more."""
+        ``behind``: the coordinator's heartbeat lag is ``BEHIND_SHARE`` of a deadline or more;
+        ``quiet``: the nodes in service unheard for ``QUIET_SHARE`` of a deadline (a rising
+        silence), ``silent`` among them."""
         limits = self.limits
-        many = self._mass(len(silent), in_service)
+        many = self._mass(len(silent), in_service) or (bool(silent) and self._share(quiet, in_service))
         mass = many or (behind and bool(silent))
         if mass:
             self.alarm_why = MASS if many else BEHIND
