@@ -4,7 +4,9 @@ what is kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from unicron.control.launch.etcdlocal import EtcdCluster
 from unicron.control.store import etcdbackend
 from unicron.control.store.backend import Fenced, open_backend
 from unicron.control.store.journal import Journal
+from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.store.store import Store
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.kept import Posted
@@ -314,3 +317,14 @@ def test_a_client_given_several_coordinators_moves_on_and_backs_off_after_a_roun
     assert not many.failed()  # counting starts again once one answered
     with pytest.raises(UsageError, match="http"):
         Coordinators.of("a:1")
+
+
+def test_a_records_state_is_its_one_field_that_a_row_turns_into_a_plain_value() -> None:
+    """``records.row`` turns only ``state`` into its value: every other field of every record kept
+    as a row is a plain value (a new enum field would be stored as the enum, not its value)."""
+    plain = (str, int, float, bool, type(None))
+    for kind in (TaskRecord, NodeRecord, WorkerRecord):
+        hints = typing.get_type_hints(kind)
+        types = {f.name: typing.get_args(hints[f.name]) or (hints[f.name],) for f in dataclasses.fields(kind)}
+        enums = [name for name, union in types.items() if not all(t in plain for t in union)]
+        assert enums == ["state"], (kind.__name__, enums)
