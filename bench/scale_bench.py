@@ -20,6 +20,7 @@ Writes docs/bench/scale.json and docs/scale.md (``python -m bench.scale_bench [N
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -139,6 +140,16 @@ def one(root: Path, backend: str, count: int) -> dict[str, Any]:
     }
 
 
+def commit() -> str:
+    """The commit measured (``+`` when the working tree's code differs from it)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    changed = git("status", "--porcelain", "--", "src", "bench")
+    return git("rev-parse", "--short", "HEAD") + ("+" if changed else "")
+
+
 def misses(row: dict[str, Any]) -> list[str]:
     """The targets one run missed (p99 only up to ``P99_UP_TO`` agents)."""
     targets = {k: v for k, v in TARGETS.items() if k != "p99_s" or row["agents"] <= P99_UP_TO}
@@ -176,6 +187,46 @@ def cliff(result: dict[str, Any]) -> str:
     return "; ".join(said)
 
 
+def spread(rows: list[dict[str, Any]], key: str, scale: float = 1.0, digits: int = 2) -> str:
+    """A figure over a cell's runs: one value, or its least and most."""
+    values = [r[key] * scale for r in rows if r.get(key) is not None]
+    if not values:
+        return "none"
+    low, high = round(min(values), digits), round(max(values), digits)
+    return f"{low:g}" if low == high else f"{low:g}-{high:g}"
+
+
+def measured_at(result: dict[str, Any]) -> str:
+    """Which commit measured which sizes (cells measured again later keep their own)."""
+    sizes: dict[str, set[int]] = {}
+    for r in result["rows"]:
+        sizes.setdefault(r.get("commit", "unrecorded"), set()).add(r["agents"])
+    listed = {c: ", ".join(f"{n:,}" for n in sorted(ns)) for c, ns in sorted(sizes.items())}
+    return "; ".join(f"{c}: {ns} agents" for c, ns in listed.items())
+
+
+def past_cliff(result: dict[str, Any]) -> str:
+    """What happened at the first size each backend missed its targets, as the runs measured."""
+    said = []
+    for backend in sorted({r["backend"] for r in result["rows"]}):
+        cells = sorted((n, rows) for (b, n), rows in cells_of(result).items() if b == backend)
+        missed = [(n, rows) for n, rows in cells if verdict(rows) != "met"]
+        if not missed:
+            continue
+        n, rows = missed[0]
+        found = [r for r in rows if r.get("detection_s") is not None and r["detection_s"] >= 0]
+        said.append(
+            f"{backend}, {n:,} agents ({len(rows)} runs): the agents' own processes took"
+            f" {spread(rows, 'agent_cores')} of the machine's cores and the coordinator"
+            f" {spread(rows, 'cores')}; heartbeats took {spread(rows, 'p50_s', 1000, 0)} ms at the median and"
+            f" {spread(rows, 'p99_s', 1000, 0)} ms at the 99th percentile, {spread(rows, 'failures')} failed;"
+            f" {spread(rows, 'false_losses')} healthy nodes declared lost, {spread(rows, 'held')} held,"
+            f" {spread(rows, 'mass_silences')} mass-silence alarms; the silent agent was found in"
+            f" {len(found)} of {len(rows)} runs"
+        )
+    return "; ".join(said) + "." if said else "no size measured missed its targets."
+
+
 def cadence_text(counts: list[int]) -> str:
     """The heartbeat cadence for each size measured, as ``core/cadence.py`` sets it."""
     limits = Settings()
@@ -211,6 +262,7 @@ def write_docs(result: dict[str, Any]) -> None:
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     template = (Path(__file__).parent / "templates" / "scale.md").read_text()
     text = template.replace("{table}", "\n".join(lines)).replace("{cliff}", cliff(result))
+    text = text.replace("{past_cliff}", past_cliff(result)).replace("{commits}", measured_at(result))
     text = text.replace("{p99_up_to}", f"{result.get('p99_up_to', P99_UP_TO):,}")
     text = text.replace("{cadence}", cadence_text(sorted({r["agents"] for r in result["rows"]})))
     gc = GcPolicy()
@@ -219,14 +271,23 @@ def write_docs(result: dict[str, Any]) -> None:
     (ROOT / "docs" / "scale.md").write_text(text.replace("{runs}", str(result.get("runs", 1))))
 
 
-def main(counts: tuple[int, ...] = COUNTS, runs: int = RUNS) -> dict[str, Any]:
-    backends = ["sqlite"] + (["etcd"] if etcd_binary() else [])
+def main(
+    counts: tuple[int, ...] = COUNTS, runs: int = RUNS, keep: bool = False, backends: list[str] | None = None
+) -> dict[str, Any]:
+    """Measure ``counts`` on ``backends`` (both where etcd is installed); ``keep``: the rows of
+    the other cells in docs/bench/scale.json stay (one size measured again, or one added)."""
+    backends = backends or ["sqlite"] + (["etcd"] if etcd_binary() else [])
+    measured = {(b, n) for b in backends for n in counts}
     rows = []
+    if keep:
+        before = json.loads((ROOT / "docs" / "bench" / "scale.json").read_text())["rows"]
+        rows = [r for r in before if (r["backend"], r["agents"]) not in measured]
     with tempfile.TemporaryDirectory(prefix="unicron-scale-") as tmp:
         for count in counts:
             for backend in backends:
                 for run in range(1, runs + 1):
-                    rows.append({"run": run, **one(Path(tmp) / f"{backend}-{count}-{run}", backend, count)})
+                    measured_row = one(Path(tmp) / f"{backend}-{count}-{run}", backend, count)
+                    rows.append({"run": run, "commit": commit(), **measured_row})
                     print(json.dumps(rows[-1]), flush=True)
     result = {"window_s": WINDOW_S, "processes": PROCESSES, "runs": runs, "targets": TARGETS, "rows": rows}
     result["p99_up_to"] = P99_UP_TO
@@ -239,7 +300,10 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--docs"]:  # the page again from the last measured figures (a text change)
         write_docs(json.loads((ROOT / "docs" / "bench" / "scale.json").read_text()))
     else:
-        args = sys.argv[1:]
-        runs = int(args[args.index("--runs") + 1]) if "--runs" in args else RUNS
-        sizes = [a for i, a in enumerate(args) if a != "--runs" and (i == 0 or args[i - 1] != "--runs")]
-        main(tuple(int(a) for a in sizes) or COUNTS, runs)
+        parser = argparse.ArgumentParser(prog="python -m bench.scale_bench")
+        parser.add_argument("sizes", nargs="*", type=int, help=f"agents per cell (default {COUNTS})")
+        parser.add_argument("--runs", type=int, default=RUNS)
+        parser.add_argument("--backend", action="append", choices=["sqlite", "etcd"], help="(default: both)")
+        parser.add_argument("--keep", action="store_true", help="keep the JSON's rows of other cells")
+        args = parser.parse_args()
+        main(tuple(args.sizes) or COUNTS, args.runs, args.keep, args.backend)
