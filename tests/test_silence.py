@@ -98,6 +98,31 @@ def test_a_rising_silence_through_the_coordinator_declares_nobody_lost(make: Any
     assert alarm["why"] == "mass silence" and alarm["silent"] < 5 <= alarm["quiet"], alarm
 
 
+def test_a_rising_alarm_that_ends_gives_no_grace_and_a_short_deadline_counts_no_quiet_node(make: Any) -> None:
+    """An alarm raised on the quiet count alone ends without a restart's grace (the cluster was
+    being heard): a node still silent is judged at once. With a deadline under two heartbeat
+    intervals past half of it, a healthy node is quiet between its beats: no quiet count there."""
+    judge = SilenceJudge(LIMITS)
+    assert judge.judge(silent("a"), 10, 10.0, quiet=7).alarm_began  # one past, seven quiet
+    ended = judge.judge(silent("a"), 10, 11.0, quiet=1)  # the others heard again
+    assert ended.alarm_ended == 1.0 and not ended.grace and ended.lost == []
+    assert judge.judge(silent("a"), 10, 11.5, quiet=1).lost == silent("a")
+    counted = SilenceJudge(LIMITS)  # a mass silence by the count past the deadline keeps its grace
+    assert counted.judge(silent("a", "b", "c", "d"), 5, 10.0, quiet=4).alarm_began
+    assert counted.judge(silent("a"), 5, 11.0, quiet=1).grace
+
+    cluster = make(nodes=5, heartbeat_interval_s=1.0, heartbeat_deadline_s=1.5)
+    for _ in range(10):
+        cluster.step(0.5)
+    cluster.nodes = ("n0", "n1", "n2", "n3")  # n4 dies; the others beat every second, together
+    for _ in range(4):
+        cluster.clock.now += 0.9
+        cluster.c.tick()  # every node unheard for 0.9 s: more than half the deadline
+        cluster.step(0.1)
+    assert cluster.c.store.node("n4").state is NodeState.LOST  # type: ignore[union-attr]
+    assert not cluster.events("mass_silence")
+
+
 def test_the_losses_acted_on_are_rate_limited() -> None:
     judge = SilenceJudge(LIMITS)
     names = [f"n{i:03d}" for i in range(40)]

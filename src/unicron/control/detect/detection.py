@@ -25,6 +25,7 @@ from unicron.control.detect.silence import (
     BEHIND,
     BEHIND_SHARE,
     CAUGHT_UP_SHARE,
+    QUIET_INTERVALS,
     QUIET_SHARE,
     BeatDelays,
     Lateness,
@@ -317,7 +318,8 @@ class Detector:
         since, late = self.listening_since, self.lateness.since
         past = silent_nodes(nodes, now, since, deadline, late)
         # A rising silence (``silence.py``): counted only while a node is past its deadline.
-        quiet = len(silent_nodes(nodes, now, since, QUIET_SHARE * deadline, late)) if past else 0
+        quiet_s = max(QUIET_SHARE * deadline, QUIET_INTERVALS * self.ctx.pace.judged(now).interval_s)
+        quiet = len(silent_nodes(nodes, now, since, quiet_s, late)) if past and quiet_s < deadline else 0
         domains = {n.name: n.domain for n in nodes if n.domain and n.state is not NodeState.LOST}
         lag, alarm = self.lag[1], self.silence  # (the heartbeats' waits: ``late``)
         holding = alarm.alarm_since is not None and alarm.alarm_why == BEHIND
@@ -333,8 +335,8 @@ class Detector:
             act.record("mass_silence", silent=len(past), in_service=in_service, **said)
         if verdict.alarm_ended is not None:
             act.record("mass_silence_over", seconds=round(verdict.alarm_ended, 3), silent=len(past))
-            # The nodes still silent get a restart's grace (their agents may be backing off).
-            self.listening_since = now
+            if verdict.grace:  # the nodes still silent get a restart's grace (their agents may back off)
+                self.listening_since = now
         whole = (
             "held by hand"
             if self.silence.by_hand

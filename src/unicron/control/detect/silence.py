@@ -39,10 +39,14 @@ the training tasks on it):
   coordinator that answers most agents and starves a minority is not seen so: docs/detection.md.) So the
   share also counts the nodes *quiet*, unheard for ``QUIET_SHARE`` of a deadline less the
   coordinator's lateness (two missed heartbeats and more: a healthy node is heard every
-  interval): when more than ``mass_silence_share`` of the nodes in service (at least
-  ``mass_silence_min_nodes``) are quiet, a node past its deadline is held as in a mass silence.
-  (The count of all nodes quiet is not used: in a small cluster one dead node and one whose
-  heartbeat is late are all of it.)
+  interval; with a deadline of fewer than four intervals, at least ``QUIET_INTERVALS``, and no
+  quiet count where that reaches the deadline): when more than ``mass_silence_share`` of the
+  nodes in service (at least ``mass_silence_min_nodes``) are quiet, a node past its deadline is
+  held as in a mass silence. ("All of them", which makes a mass silence of two silent nodes in a
+  cluster of two, is not applied to the quiet count: one dead node and one whose heartbeat is
+  late would be all of it.) Such an alarm, raised on the quiet count alone, gives no restart's
+  grace when it ends: the cluster was being heard, and a node still silent is judged at once.
+  The count is the whole cluster's: a failure domain is judged by its nodes past their deadline.
 - **A failure domain partly silent is held too.** Nodes may name the domain they share (a rack, a
   leaf switch, a power feed: the agent's ``--domain``). As Kubernetes judges each zone: when more
   than ``mass_silence_share`` of a domain's nodes in service (at least ``mass_silence_min_nodes``),
@@ -72,6 +76,7 @@ from dataclasses import dataclass, field
 from unicron.core.settings import Settings
 
 QUIET_SHARE = 0.5  # of a deadline unheard (less the coordinator's lateness): a node is quiet
+QUIET_INTERVALS = 2.0  # ... and at least this many heartbeat intervals (two missed beats)
 BEHIND_SHARE = 1.0  # a heartbeat lag of this share of a deadline (its cap): the coordinator is behind
 CAUGHT_UP_SHARE = 0.5  # ... and it has caught up once the lag is under this share (not at the cap's edge)
 MASS, BEHIND = "mass silence", "coordinator behind"  # why the alarm holds the losses
@@ -169,6 +174,7 @@ class Verdict:
     alarm_began: bool = False  # a mass silence began now
     alarm_ended: float | None = None  # a mass silence ended now, after this many seconds
     alarm_why: str | None = None  # while the alarm holds: MASS or BEHIND
+    grace: bool = True  # an alarm that ended: the nodes still silent get a restart's grace
     # Domains partly silent from now (domain, silent, in service), and those heard again now
     # (domain, after how many seconds).
     domains_began: tuple[tuple[str, int, int], ...] = ()
@@ -184,6 +190,7 @@ class SilenceJudge:
     by_hand: bool = False  # an admin holds every loss (``unicron node hold-losses``)
     alarm_since: float | None = None
     alarm_why: str | None = None  # MASS, or BEHIND (the coordinator's heartbeat lag)
+    alarm_rising: bool = False  # raised on the quiet count alone, and only so since (``judge``)
     tokens: float = -1.0  # losses that may be declared now (filled at the first verdict)
     filled_at: float = 0.0
     domain_alarms: dict[str, float] = field(default_factory=dict)  # domain -> partly silent since
@@ -214,19 +221,24 @@ class SilenceJudge:
         ``quiet``: the nodes in service unheard for ``QUIET_SHARE`` of a deadline (a rising
         silence), ``silent`` among them."""
         limits = self.limits
-        many = self._mass(len(silent), in_service) or (bool(silent) and self._share(quiet, in_service))
-        mass = many or (behind and bool(silent))
+        counted = self._mass(len(silent), in_service)
+        rising = not counted and not behind and bool(silent) and self._share(quiet, in_service)
+        mass = counted or rising or (behind and bool(silent))
         if mass:
-            self.alarm_why = MASS if many else BEHIND
+            self.alarm_why = MASS if counted or rising else BEHIND
         began, ended = False, None
         if mass and self.alarm_since is None:
-            self.alarm_since, began = now, True
-        elif not mass and self.alarm_since is not None:
+            self.alarm_since, began, self.alarm_rising = now, True, rising
+        elif mass:
+            self.alarm_rising = self.alarm_rising and rising
+        elif self.alarm_since is not None:
             ended, self.alarm_since = now - self.alarm_since, None
         holding = self.alarm_since is not None and now - self.alarm_since < limits.mass_silence_hold_s
         part = self._domains(silent, domains or {}, now, grace_s)
-        if holding or self.by_hand or ended is not None:  # (ended: the detector gives a grace)
-            return Verdict([], [name for name, _ in silent], began, ended, self._why(), *part)
+        if holding or self.by_hand or ended is not None:  # (ended: the detector may give a grace)
+            held = [name for name, _ in silent]
+            grace = ended is None or not self.alarm_rising
+            return Verdict([], held, began, ended, self._why(), grace, *part)
         held = [name for name, _ in silent if (domains or {}).get(name) in part[2]]
         judged = [s for s in silent if (domains or {}).get(s[0]) not in part[2]]
         self._refill(now)
@@ -234,7 +246,7 @@ class SilenceJudge:
         take = min(len(ordered), int(self.tokens))
         self.tokens -= take
         lost, rest = ordered[:take], [name for name, _ in ordered[take:]]
-        return Verdict(lost, held + rest, began, ended, self._why(), *part)
+        return Verdict(lost, held + rest, began, ended, self._why(), True, *part)
 
     def _why(self) -> str | None:
         return self.alarm_why if self.alarm_since is not None else None
