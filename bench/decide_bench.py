@@ -137,7 +137,7 @@ class Meter:
 
 
 def stops(order: StopWorkers, key: KEY) -> bool:
-    """Whether the agent's stop order ends the worker ``key`` (``agent.Agent.stop``'s choice)."""
+    """Whether the agent's stop order ends the worker ``key`` (``supervisor.Supervisor.stop``'s choice)."""
     task, generation, rank = key
     if task != order.task or (order.rank is not None and rank != order.rank):
         return False

@@ -286,8 +286,9 @@ def main(
         for count in counts:
             for backend in backends:
                 for run in range(1, runs + 1):
+                    measuring = commit()  # (the processes import the code as they start)
                     measured_row = one(Path(tmp) / f"{backend}-{count}-{run}", backend, count)
-                    rows.append({"run": run, "commit": commit(), **measured_row})
+                    rows.append({"run": run, "commit": measuring, **measured_row})
                     print(json.dumps(rows[-1]), flush=True)
     result = {"window_s": WINDOW_S, "processes": PROCESSES, "runs": runs, "targets": TARGETS, "rows": rows}
     result["p99_up_to"] = P99_UP_TO

@@ -11,7 +11,7 @@ the invariants below are checked; a restart also compares the state before and a
 The agents are those of ``fakecluster.Cluster`` with three changes, so that the agents' side
 stays faithful over long random runs: a silent node neither sends nor receives anything (the
 harness's long polls would carry its orders out meanwhile); a stop order stops what a real
-agent's ``Agent.stop`` stops (a generation-wide one too: every generation up to the one named)
+agent's ``Supervisor.stop`` stops (a generation-wide one too: every generation up to the one named)
 and the exits follow, marked ``stop_ordered``, with the node's next heartbeat; and nothing
 depends on the machine's timing, which hypothesis would call flaky: the plan table being built
 in the background is waited for before each tick, and the coordinator's own loop is timed by
@@ -84,7 +84,7 @@ class Agents(Cluster):
             super()._follow(node, batch)
 
     def _stopped(self, node: str, order: StopWorkers) -> None:
-        """What ``Agent.stop`` chooses, terminated at once; its exits go with the next beat."""
+        """What ``Supervisor.stop`` chooses, terminated at once; its exits go with the next beat."""
         for (t, g, r), (where, _) in sorted(self.running.items()):
             if where != node or t != order.task:
                 continue

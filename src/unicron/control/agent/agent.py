@@ -160,13 +160,12 @@ class Agent:
         sent, waited = time.time(), time.monotonic() - self.answered_at
         bare = Heartbeat(node=self.node, workers=workers, acked=self.acked, sent=sent, waited_s=waited)
         room = MAX_BODY_BYTES - len(bare.model_dump_json().encode())
-        reports = self.backlog.reports
         count = self.backlog.batch(room)
-        while count == 0 and reports:  # one that can never be sent (none is: ``batch_size``)
-            dropped = reports.pop(0)
+        while count == 0 and self.backlog.reports:  # one that can never be sent
+            dropped = self.backlog.drop_oldest()
             self._say(f"a {dropped.type} report of {dropped.task} too large to send was dropped")
             count = self.backlog.batch(room)
-        sending = reports[:count]
+        sending = self.backlog.reports[:count]
         hb = bare.model_copy(update={"reports": sending})
         began = time.monotonic()
         response = await client.post(f"{self.url}/v1/agents/heartbeat", content=hb.model_dump_json())

@@ -42,6 +42,10 @@ class Backlog:
         """How many of the oldest reports the next heartbeat carries (``batch_size``)."""
         return batch_size(self.reports, room)
 
+    def drop_oldest(self) -> WorkerReport:
+        """Let the oldest go unsent (one too large for any heartbeat: none is, ``batch_size``)."""
+        return self.reports.pop(0)
+
     def sent(self, count: int) -> None:
         """The oldest ``count`` reached the coordinator."""
         del self.reports[:count]

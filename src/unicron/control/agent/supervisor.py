@@ -64,10 +64,11 @@ class Supervisor:
     gpus: list[str] = field(default_factory=list)
     where: NodeAddress = field(default_factory=NodeAddress)
     metrics: AgentMetrics = field(default_factory=AgentMetrics)
-    workers: dict[tuple[str, int, int], Worker] = field(default_factory=dict)
-    forgotten: dict[str, ForgetTask] = field(default_factory=dict)  # ended tasks whose workers here still run
-    dumps: set[asyncio.Task[None]] = field(default_factory=set)  # stacks being read: a stop waits for them
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    workers: dict[tuple[str, int, int], Worker] = field(init=False, default_factory=dict)
+    # ended tasks whose workers here still run
+    forgotten: dict[str, ForgetTask] = field(init=False, default_factory=dict)
+    dumps: set[asyncio.Task[None]] = field(init=False, default_factory=set)  # stacks being read: a stop waits
+    _tasks: set[asyncio.Task[None]] = field(init=False, default_factory=set)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coroutine)
