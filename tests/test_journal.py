@@ -5,6 +5,7 @@ journal over real SQLite and etcd runs in tests/test_store.py's contract suite).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
 from unicron.control.store.backend import Change, Fenced, Loaded, Put, Table
@@ -72,6 +73,22 @@ def test_writes_are_in_order_and_a_wait_ends_once_they_are_durable() -> None:
     assert (keys, ids) == (["a", "b"], [1, 2])
     journal.when_durable(lambda: called.append(-1))  # nothing pending: at once
     assert called[-1] == -1
+    journal.close()
+
+
+def test_how_far_behind_the_writes_are_is_the_oldest_waiting_changes_age() -> None:
+    """The store's write lag (``unicron_store_write_lag_seconds``): the age of the oldest change
+    not yet durable, 0 once everything queued is written."""
+    backend = Recording()
+    journal = Journal(backend, on_fenced=lambda exc: None)
+    assert journal.behind_s() == 0.0
+    backend.gate.clear()  # the backend is slow
+    first = time.monotonic()
+    journal.put([put("a")])
+    journal.put([put("b")])
+    assert journal.behind_s(first + 5.0) >= 5.0 - 0.5  # (put a moment after ``first``)
+    backend.gate.set()
+    assert journal.flush(timeout_s=10) and journal.behind_s(first + 5.0) == 0.0
     journal.close()
 
 

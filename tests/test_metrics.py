@@ -66,6 +66,8 @@ def view() -> ClusterView:
         optimum_waf=2.0e9,
         open_incidents=0,
         plan_counts={"table": 3, "solved": 1, "rebuilds": 4},
+        late_s=0.8,
+        store_behind_s=1.5,
     )
 
 
@@ -152,6 +154,8 @@ def test_the_gauges_read_the_view_at_each_scrape() -> None:
     assert found[("unicron_node_heartbeat_age_seconds", node)] == 2.0
     assert found[("unicron_node_slots_used", node | {("use", "spare")})] == 1
     assert found[("unicron_plan_table_total", frozenset({("outcome", "lookup")}))] == 3
+    assert found[("unicron_coordinator_late_seconds", frozenset())] == 0.8
+    assert found[("unicron_store_write_lag_seconds", frozenset())] == 1.5
 
 
 def test_the_documented_metrics_are_the_ones_defined() -> None:

@@ -136,6 +136,7 @@ class Coordinator:
             self.history,
             lambda: len(self.recovery.incidents),
             self.detector.late_s,
+            self.journal.behind_s if self.journal is not None else lambda: 0.0,
         )
         self.metrics = Metrics(self.viewer.view)
         self.act.listeners.append(self.metrics.on_event)

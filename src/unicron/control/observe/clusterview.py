@@ -52,6 +52,7 @@ class ClusterView:
     open_incidents: int
     plan_counts: dict[str, int] = field(default_factory=dict)  # "table", "solved", "rebuilds"
     late_s: float = 0.0  # how late the coordinator itself has been over a heartbeat deadline
+    store_behind_s: float = 0.0  # how long the oldest change not yet durable has waited
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Viewer:
     history: WafHistory
     open_incidents: Callable[[], int]
     late_s: Callable[[float], float] = lambda now: 0.0  # the coordinator's own lateness at ``now``
+    store_behind_s: Callable[[], float] = lambda: 0.0  # its store's write lag (``journal.py``)
     _optimum: tuple[tuple[Any, ...], float | None] | None = None
 
     def view(self) -> ClusterView:
@@ -95,6 +97,7 @@ class Viewer:
             open_incidents=self.open_incidents(),
             plan_counts=dict(self.placer.allocator.counts),
             late_s=self.late_s(now),
+            store_behind_s=self.store_behind_s(),
         )
 
     def _slots(self, nodes: tuple[NodeRecord, ...]) -> dict[str, tuple[Slot, ...]]:

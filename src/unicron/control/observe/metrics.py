@@ -272,6 +272,13 @@ def _cluster_gauges(v: ClusterView) -> Iterator[Metric]:
         [],
         [([], v.late_s)],
     )
+    yield _gauge(
+        "unicron_store_write_lag_seconds",
+        "How long the oldest change not yet durable in the store has waited (control/store/journal.py):"
+        " orders, memberships and replies wait for it; heartbeats do not",
+        [],
+        [([], v.store_behind_s)],
+    )
     plans = CounterMetricFamily(
         "unicron_plan_table",
         "Plans looked up in the table, solved on the spot, tables rebuilt",

@@ -16,6 +16,10 @@ event loop, ``durable_by`` for the poster of memberships, ``control/act/posting.
 blocks). A registration's or a plain heartbeat's answer does not
 wait: lost with a leader that died, it is made again (the agent registers anew).
 
+How far behind the writes are (``behind_s``: how long the oldest change not yet durable has
+waited) is what operators watch (``unicron_store_write_lag_seconds``); it is the coordinator's own
+lag, but no node's silence is judged by it: no heartbeat is read later for it.
+
 A write that fails is tried again until it works (etcd's leader changing, a member restarting),
 except a fenced one (this coordinator no longer leads: ``on_fenced``, which exits) or an event id
 another writer took (the same: two coordinators write one store).
@@ -74,6 +78,7 @@ class Journal:
         self._queue: deque[Entry] = deque()
         self._changed = threading.Condition()
         self._callbacks: list[tuple[int, Callable[[], object]]] = []
+        self._waiting: deque[tuple[int, float]] = deque()  # (entry, when queued) not yet durable
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="store-journal", daemon=True)
         self._thread.start()
@@ -83,6 +88,7 @@ class Journal:
         with self._changed:
             self.queued += 1
             self._queue.append(Entry(self.queued, changes, events))
+            self._waiting.append((self.queued, time.monotonic()))
             self._changed.notify_all()
             return self.queued
 
@@ -97,6 +103,14 @@ class Journal:
         ran out first."""
         with self._changed:
             return self._changed.wait_for(lambda: self.durable >= seq, timeout_s)
+
+    def behind_s(self, now: float | None = None) -> float:
+        """How long the oldest change not yet durable has waited (``time.monotonic``); 0 when
+        everything queued is written."""
+        with self._changed:
+            if not self._waiting:
+                return 0.0
+            return max(0.0, (time.monotonic() if now is None else now) - self._waiting[0][1])
 
     def when_durable(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` (from the writer thread, or now) once everything queued so far is
@@ -159,6 +173,8 @@ class Journal:
     def _done(self, seq: int) -> None:
         with self._changed:
             self.durable = seq
+            while self._waiting and self._waiting[0][0] <= seq:
+                self._waiting.popleft()
             ready = [cb for upto, cb in self._callbacks if upto <= seq]
             self._callbacks = [(upto, cb) for upto, cb in self._callbacks if upto > seq]
             self._changed.notify_all()
