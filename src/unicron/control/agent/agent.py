@@ -255,7 +255,7 @@ class Agent:
                         self.coordinators.answered()
                         self._say(self.link.reached(time.monotonic()))
                     except (httpx.HTTPError, RuntimeError) as exc:
-                        self.registered = False
+                        self.registered = self.registered and not registers_again(exc)
                         self.metrics.reachable.set(0)
                         if self.coordinators.failed():  # every address failed: back off
                             wait, line = self.link.failed(time.monotonic(), exc)
@@ -277,6 +277,19 @@ class Agent:
     async def shutdown(self, grace_s: float = 5.0) -> None:
         self.stopping = True
         await self.supervisor.shutdown(grace_s)
+
+
+def registers_again(error: BaseException) -> bool:
+    """Whether a failed request makes the agent register again before its next heartbeat.
+
+    A timeout is a coordinator too busy to answer in time (or a slow link): registering again
+    would add to its load and make the next heartbeat a first one, whose wait tells the
+    coordinator nothing of its lag, so that the agents it starves are the ones whose waits it
+    never learns (docs/scale.md, past the cliff). The heartbeat is sent again instead, saying how
+    long the agent has had no answer. Anything else (refused, reset, a refused registration):
+    register again. (A coordinator that has forgotten the node, or declared it lost, answers a
+    heartbeat with ``registered: false``, and the agent registers then.)"""
+    return not isinstance(error, httpx.TimeoutException)
 
 
 def run_agent(

@@ -1,0 +1,70 @@
+"""The agent's channel to the coordinator (``control/agent/agent.py``) against a coordinator
+played here through httpx's mock transport: what it sends after a request that failed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from unicron.control.agent.agent import Agent, registers_again
+from unicron.core.protocol import Heartbeat, HeartbeatReply, OrderBatch, RegistrationReply
+
+INTERVAL_S = 0.05
+
+
+def test_only_a_request_that_did_not_time_out_makes_the_agent_register_again() -> None:
+    request = httpx.Request("POST", "http://coordinator/v1/agents/heartbeat")
+    assert not registers_again(httpx.ReadTimeout("busy", request=request))
+    assert not registers_again(httpx.ConnectTimeout("busy", request=request))
+    assert registers_again(httpx.ConnectError("refused", request=request))
+    assert registers_again(RuntimeError("registration refused: ..."))
+
+
+def test_a_heartbeat_that_timed_out_is_sent_again_saying_how_long_it_had_no_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coordinator too busy to answer one heartbeat in time: the agent sends a heartbeat again
+    (registering again would add to its load and make that heartbeat's wait tell nothing of the
+    coordinator's lag: docs/scale.md), and it says how long it has had no answer."""
+    paths: list[str] = []
+    beats: list[Heartbeat] = []
+
+    async def coordinator(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.endswith("/orders"):
+            await asyncio.sleep(INTERVAL_S)
+            return httpx.Response(200, content=OrderBatch().model_dump_json())
+        paths.append(path.rsplit("/", 1)[-1])
+        if path.endswith("/register"):
+            reply = RegistrationReply(node="n", heartbeat_interval_s=INTERVAL_S, heartbeat_deadline_s=1.0)
+            return httpx.Response(200, content=reply.model_dump_json())
+        beats.append(Heartbeat.model_validate_json(request.content))
+        if len(beats) == 2:
+            await asyncio.sleep(0.3)  # the time it took to read it, then the agent gave up
+            raise httpx.ReadTimeout("the coordinator is too busy", request=request)
+        return httpx.Response(200, content=HeartbeatReply(registered=True).model_dump_json())
+
+    real = httpx.AsyncClient
+
+    def client(**kwargs: Any) -> httpx.AsyncClient:
+        return real(transport=httpx.MockTransport(coordinator), **kwargs)
+
+    monkeypatch.setattr(httpx, "AsyncClient", client)
+    agent = Agent("http://coordinator", "n", 1, tmp_path / "agent")
+
+    async def main() -> None:
+        running = asyncio.create_task(agent.run())
+        for _ in range(1000):  # a deadline of 10 s, polled
+            if len(beats) >= 4 or running.done():
+                break
+            await asyncio.sleep(0.01)
+        agent.stopping = True
+        await asyncio.wait_for(running, 10)
+
+    asyncio.run(main())
+    assert paths[:5] == ["register", "heartbeat", "heartbeat", "heartbeat", "heartbeat"], paths
+    assert beats[2].waited_s is not None and beats[2].waited_s >= 0.3  # no answer since the first
