@@ -21,6 +21,7 @@ Writes docs/bench/scale.json and docs/scale.md (``python -m bench.scale_bench [N
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -133,6 +134,10 @@ def one(root: Path, backend: str, count: int) -> dict[str, Any]:
         "cores": round(cores, 3),
         "agent_cores": round(sum(r["cores"] for r in results), 3),  # the simulated agents' (whole run)
         "false_losses": None if lost is None else len([e for e in lost if e["node"] != silent]),
+        # ... by the simulated agents' process that ran them (its name's prefix, ``a0-``, ``a1-``)
+        "false_losses_by_process": None
+        if lost is None
+        else dict(collections.Counter(e["node"].split("-", 1)[0] for e in lost if e["node"] != silent)),
         "held": None if held is None else len(held),
         "mass_silences": None if mass is None else len(mass),
         "detection_s": round(found[0] - last_beat, 3) if found and last_beat else None,
@@ -205,6 +210,18 @@ def measured_at(result: dict[str, Any]) -> str:
     return "; ".join(f"{c}: {ns} agents" for c, ns in listed.items())
 
 
+def by_process(rows: list[dict[str, Any]]) -> str:
+    """Each run's false losses by the simulated agents' process (``bench/fleet.py``) that ran them."""
+    said = []
+    for r in rows:
+        counts = r.get("false_losses_by_process")
+        if counts is None:
+            said.append("not recorded")
+        else:
+            said.append(", ".join(f"{p} {n}" for p, n in sorted(counts.items())) or "none")
+    return "; ".join(f"run {i}: {text}" for i, text in enumerate(said, 1))
+
+
 def past_cliff(result: dict[str, Any]) -> str:
     """What happened at the first size each backend missed its targets, as the runs measured."""
     said = []
@@ -222,7 +239,8 @@ def past_cliff(result: dict[str, Any]) -> str:
             f" {spread(rows, 'p99_s', 1000, 0)} ms at the 99th percentile, {spread(rows, 'failures')} failed;"
             f" {spread(rows, 'false_losses')} healthy nodes declared lost, {spread(rows, 'held')} held,"
             f" {spread(rows, 'mass_silences')} mass-silence alarms; the silent agent was found in"
-            f" {len(found)} of {len(rows)} runs"
+            f" {len(found)} of {len(rows)} runs; the nodes lost, by the agents' process that simulated"
+            f" them: {by_process(rows)}"
         )
     return "; ".join(said) + "." if said else "no size measured missed its targets."
 
