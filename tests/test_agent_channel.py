@@ -10,31 +10,35 @@ from typing import Any
 import httpx
 import pytest
 
-from unicron.control.agent.agent import Agent, registers_again
+from unicron.control.agent.agent import Agent, busy
 from unicron.core.protocol import Heartbeat, HeartbeatReply, OrderBatch, RegistrationReply
 
 INTERVAL_S = 0.05
 
 
-def test_only_a_request_that_did_not_time_out_makes_the_agent_register_again() -> None:
+def test_only_a_coordinator_reached_but_late_is_asked_again_without_a_registration() -> None:
     request = httpx.Request("POST", "http://coordinator/v1/agents/heartbeat")
-    assert not registers_again(httpx.ReadTimeout("busy", request=request))
-    assert not registers_again(httpx.ConnectTimeout("busy", request=request))
-    assert registers_again(httpx.ConnectError("refused", request=request))
-    assert registers_again(RuntimeError("registration refused: ..."))
+    assert busy(httpx.ReadTimeout("busy", request=request))
+    assert busy(httpx.WriteTimeout("busy", request=request))
+    assert not busy(httpx.ConnectTimeout("unreachable", request=request))
+    assert not busy(httpx.ConnectError("refused", request=request))
+    assert not busy(RuntimeError("registration refused: ..."))
 
 
 def test_a_heartbeat_that_timed_out_is_sent_again_saying_how_long_it_had_no_answer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A coordinator too busy to answer one heartbeat in time: the agent sends a heartbeat again
-    (registering again would add to its load and make that heartbeat's wait tell nothing of the
-    coordinator's lag: docs/scale.md), and it says how long it has had no answer."""
+    to the same coordinator, not to the next address (a standby here, which refuses), and not
+    after a registration (which would add to its load and make that heartbeat's wait tell it
+    nothing of its lag); the heartbeat says how long the agent has had no answer."""
     paths: list[str] = []
     beats: list[Heartbeat] = []
 
     async def coordinator(request: httpx.Request) -> httpx.Response:
         path = request.url.path
+        if request.url.host == "standby":
+            raise httpx.ConnectError("connection refused", request=request)
         if path.endswith("/orders"):
             await asyncio.sleep(INTERVAL_S)
             return httpx.Response(200, content=OrderBatch().model_dump_json())
@@ -54,7 +58,7 @@ def test_a_heartbeat_that_timed_out_is_sent_again_saying_how_long_it_had_no_answ
         return real(transport=httpx.MockTransport(coordinator), **kwargs)
 
     monkeypatch.setattr(httpx, "AsyncClient", client)
-    agent = Agent("http://coordinator", "n", 1, tmp_path / "agent")
+    agent = Agent("http://coordinator,http://standby", "n", 1, tmp_path / "agent")
 
     async def main() -> None:
         running = asyncio.create_task(agent.run())

@@ -255,13 +255,16 @@ class Agent:
                         self.coordinators.answered()
                         self._say(self.link.reached(time.monotonic()))
                     except (httpx.HTTPError, RuntimeError) as exc:
-                        self.registered = self.registered and not registers_again(exc)
                         self.metrics.reachable.set(0)
-                        if self.coordinators.failed():  # every address failed: back off
+                        if busy(exc):  # reached, too busy to answer in time: the same one, later
+                            wait, line = self.link.failed(time.monotonic(), exc)
+                            self._say(line)
+                        elif self.coordinators.failed():  # every address failed: back off
+                            self.registered = False
                             wait, line = self.link.failed(time.monotonic(), exc)
                             self._say(line)
                         else:
-                            wait = 0.0
+                            self.registered, wait = False, 0.0
                     except Exception as exc:  # the heartbeat must go on whatever one beat hit
                         print(f"agent {self.node}: heartbeat failed: {exc!r}", file=sys.stderr)
                     self.metrics.workers.set(self.supervisor.running())
@@ -279,17 +282,17 @@ class Agent:
         await self.supervisor.shutdown(grace_s)
 
 
-def registers_again(error: BaseException) -> bool:
-    """Whether a failed request makes the agent register again before its next heartbeat.
-
-    A timeout is a coordinator too busy to answer in time (or a slow link): registering again
-    would add to its load and make the next heartbeat a first one, whose wait tells the
-    coordinator nothing of its lag, so that the agents it starves are the ones whose waits it
-    never learns (docs/scale.md, past the cliff). The heartbeat is sent again instead, saying how
-    long the agent has had no answer. Anything else (refused, reset, a refused registration):
-    register again. (A coordinator that has forgotten the node, or declared it lost, answers a
-    heartbeat with ``registered: false``, and the agent registers then.)"""
-    return not isinstance(error, httpx.TimeoutException)
+def busy(error: BaseException) -> bool:
+    """Whether a failed request reached a coordinator that did not answer in time (a read or a
+    write that timed out, not a connection that could not be made): the agent asks the same
+    coordinator again, after the link's back-off, with a heartbeat that says how long it has had
+    no answer, and does not register again (registering would cost a coordinator that is already
+    late more than a heartbeat, and make the next heartbeat a first one, whose wait tells it
+    nothing of its lag). Any other failure (refused, reset, a connection that timed out, a refused
+    registration): the next address, and a registration. (A coordinator that has forgotten the
+    node, or declared it lost, answers a heartbeat with ``registered: false``, and the agent
+    registers then.)"""
+    return isinstance(error, httpx.ReadTimeout | httpx.WriteTimeout)
 
 
 def run_agent(
