@@ -32,11 +32,10 @@ the training tasks on it):
   again once heartbeats come back, or once the silence has lasted ``mass_silence_hold_s`` (a
   silence that long is taken as real: the tasks cannot train anyway).
 - **A silence rising across the cluster is judged as the mass silence it becomes.** Nodes that
-  went quiet together (a switch, or the coordinator swamped: a registration storm of 16,384
-  agents on a host whose other processes left it a quarter of a core) pass their deadline over a
-  second or two, not at once: judged on the first sweep, the few past it would be lost (a loss
-  rate's burst of healthy nodes, measured so) before the share crossed the threshold. (A
-  coordinator that answers most agents and starves a minority is not seen so: docs/detection.md.) So the
+  went quiet together (a switch failing port by port, a swamped coordinator or network) pass
+  their deadline over a second or two, not at once: judged on the first sweep, the few past it
+  would be lost (a loss rate's burst of them, seen so past the scale bench's cliff) before the
+  share crossed the threshold. So the
   share also counts the nodes *quiet*, unheard for ``QUIET_SHARE`` of a deadline less the
   coordinator's lateness (two missed heartbeats and more: a healthy node is heard every
   interval; with a deadline of fewer than four intervals, at least ``QUIET_INTERVALS``, and no

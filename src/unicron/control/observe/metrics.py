@@ -275,7 +275,7 @@ def _cluster_gauges(v: ClusterView) -> Iterator[Metric]:
     yield _gauge(
         "unicron_store_write_lag_seconds",
         "How long the oldest change not yet durable in the store has waited (control/store/journal.py):"
-        " orders, memberships and replies wait for it; heartbeats do not",
+        " orders, memberships and replies wait for it; heartbeats are read at once",
         [],
         [([], v.store_behind_s)],
     )

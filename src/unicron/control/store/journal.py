@@ -18,7 +18,9 @@ wait: lost with a leader that died, it is made again (the agent registers anew).
 
 How far behind the writes are (``behind_s``: how long the oldest change not yet durable has
 waited) is what operators watch (``unicron_store_write_lag_seconds``); it is the coordinator's own
-lag, but no node's silence is judged by it: no heartbeat is read later for it.
+lag, not counted against a node's silence itself: every heartbeat is read at once (an answer
+that carries orders waits for them to be durable; an agent whose answer came too late says so in
+its next heartbeat, and that wait counts as the coordinator's lag).
 
 A write that fails is tried again until it works (etcd's leader changing, a member restarting),
 except a fenced one (this coordinator no longer leads: ``on_fenced``, which exits) or an event id
