@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -222,6 +223,30 @@ def by_process(rows: list[dict[str, Any]]) -> str:
     return "; ".join(f"run {i}: {text}" for i, text in enumerate(said, 1))
 
 
+def sizes_text(result: dict[str, Any]) -> str:
+    """The sizes measured, by backend."""
+    by_backend: dict[str, set[int]] = {}
+    for r in result["rows"]:
+        by_backend.setdefault(r["backend"], set()).add(r["agents"])
+    return "; ".join(
+        f"{b}: {', '.join(f'{n:,}' for n in sorted(ns))} agents" for b, ns in sorted(by_backend.items())
+    )
+
+
+def over_budget() -> int:
+    """The least node count whose heartbeats the cadence cannot keep within ``heartbeat_rate_max``
+    (its interval at its cap: ``core/cadence.py``), to the nearest hundred."""
+    limits = Settings()
+    widest = cadence_for(10**9, limits).interval_s
+    return math.ceil(limits.heartbeat_rate_max * widest / 100) * 100
+
+
+def past_cores(result: dict[str, Any]) -> str:
+    """The simulated agents' cores at the first size any backend missed (``spread``)."""
+    missed = sorted((n, rows) for (_, n), rows in cells_of(result).items() if verdict(rows) != "met")
+    return spread(missed[0][1], "agent_cores") if missed else "none"
+
+
 def past_cliff(result: dict[str, Any]) -> str:
     """What happened at the first size each backend missed its targets, as the runs measured."""
     said = []
@@ -281,6 +306,9 @@ def write_docs(result: dict[str, Any]) -> None:
     template = (Path(__file__).parent / "templates" / "scale.md").read_text()
     text = template.replace("{table}", "\n".join(lines)).replace("{cliff}", cliff(result))
     text = text.replace("{past_cliff}", past_cliff(result)).replace("{commits}", measured_at(result))
+    text = text.replace("{sizes}", sizes_text(result)).replace("{processes}", str(result.get("processes", 2)))
+    text = text.replace("{over_budget:,}", f"{over_budget():,}")
+    text = text.replace("{past_agent_cores}", past_cores(result))
     text = text.replace("{p99_up_to}", f"{result.get('p99_up_to', P99_UP_TO):,}")
     text = text.replace("{cadence}", cadence_text(sorted({r["agents"] for r in result["rows"]})))
     gc = GcPolicy()
@@ -298,8 +326,11 @@ def main(
     measured = {(b, n) for b in backends for n in counts}
     rows = []
     if keep:
-        before = json.loads((ROOT / "docs" / "bench" / "scale.json").read_text())["rows"]
-        rows = [r for r in before if (r["backend"], r["agents"]) not in measured]
+        kept = json.loads((ROOT / "docs" / "bench" / "scale.json").read_text())
+        same = (kept.get("runs"), kept.get("window_s"), kept.get("processes")) == (runs, WINDOW_S, PROCESSES)
+        if not same:
+            sys.exit("--keep: the JSON's cells were measured with other runs, window or agent processes")
+        rows = [r for r in kept["rows"] if (r["backend"], r["agents"]) not in measured]
     with tempfile.TemporaryDirectory(prefix="unicron-scale-") as tmp:
         for count in counts:
             for backend in backends:
