@@ -55,6 +55,7 @@ from .fakecluster import SPEC, Clock, Cluster
 
 NODES = ("n0", "n1")
 TASK = "lm"
+RESTART_S = 0.5  # how long a coordinator's restart takes here
 LAST_STEP = 90  # the spec's 100 iterations are never reached: the task does not finish here
 LABELS = {t.label: t for t in Tier}
 LIMITS: dict[str, Any] = {
@@ -335,8 +336,10 @@ def act(cluster: Agents, model: Model, action: Action, compare: bool) -> None:
             model.durable = max(model.durable, model.position)
             cluster.beat(zero[0], saved)
     elif isinstance(action, Restart):
-        before = restored(cluster)
-        cluster.clock.now += 0.5  # the new coordinator takes a while to start
+        # The new coordinator takes a while to start: an isolation that ends meanwhile has ended
+        # for both (the state before is read for when the successor starts).
+        before = restored(cluster, at=cluster.clock.now + RESTART_S)
+        cluster.clock.now += RESTART_S
         cluster.restart()
         if compare:
             check_restored(before, restored(cluster))
@@ -453,15 +456,15 @@ def check(cluster: Agents, model: Model) -> None:
     check_steps(cluster, model, log)
 
 
-def restored(cluster: Agents) -> dict[str, Any]:
+def restored(cluster: Agents, at: float | None = None) -> dict[str, Any]:
     """6. What a coordinator's decisions go by, for comparison across a restart. Ignored, as
     legitimately its own process's: a node's ``last_seen`` (held in memory between its other
     changes; a new coordinator gives every node a full deadline, ``store.py``), an incident's
     ``deadline`` (given afresh on a restart, ``Recovery.rebuild``). Compared: the open
     incidents (every other field), the ladder's history, the tasks, the nodes, the workers
     (a grow's newcomers included), the grows and shrinks under way, the isolations still
-    running, the spares and the storage's open incidents."""
-    c, now = cluster.c, cluster.clock.now
+    running at ``at`` (default: now), the spares and the storage's open incidents."""
+    c, now = cluster.c, cluster.clock.now if at is None else at
     tasks = c.store.tasks()
     return {
         "incidents": {
@@ -556,6 +559,21 @@ FOUND: dict[str, tuple[str, list[Action]]] = {
     "an isolation survives a restart": (
         "in_process",
         [Exit(0, False), Train(1), Exit(0, False), Restart()],
+    ),
+    # An isolation ending while the coordinator restarts ran out for the successor too: the
+    # comparison counted it running before (when the old one stopped) and not after (when the
+    # new one started). The test's own boundary, not the coordinator's (found 12-02).
+    "an isolation that ends during a restart": (
+        "in_process",
+        [
+            Raise(0, ErrorKind.NODE_LOST, False),
+            *[Silent("n0", ticks, False) for ticks in (1, 1, 2, 2, 8, 13)],
+            Train(3),
+            Silent("n0", 16, False),
+            Train(3),
+            Train(3),
+            Restart(),
+        ],
     ),
     # The task restarting from its checkpoint loses n0: ``root_cause`` makes the open
     # incident's kind node_lost, in memory only (not kept), so the successor restores it as
