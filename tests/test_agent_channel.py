@@ -11,7 +11,15 @@ import httpx
 import pytest
 
 from unicron.control.agent.agent import Agent, busy
-from unicron.core.protocol import Heartbeat, HeartbeatReply, OrderBatch, RegistrationReply
+from unicron.control.agent.backlog import Backlog
+from unicron.core.protocol import (
+    CheckpointReport,
+    FaultReport,
+    Heartbeat,
+    HeartbeatReply,
+    OrderBatch,
+    RegistrationReply,
+)
 
 INTERVAL_S = 0.05
 
@@ -72,3 +80,13 @@ def test_a_heartbeat_that_timed_out_is_sent_again_saying_how_long_it_had_no_answ
     asyncio.run(main())
     assert paths[:5] == ["register", "heartbeat", "heartbeat", "heartbeat", "heartbeat"], paths
     assert beats[2].waited_s is not None and beats[2].waited_s >= 0.3  # no answer since the first
+
+
+def test_an_injected_faults_record_wakes_the_channel_and_a_checkpoint_waits_for_the_beat() -> None:
+    """A fault may take its agent down with the record before the next beat (a hang then a kill,
+    a node lost): its record goes at once, as an exit's does; a checkpoint's waits its turn."""
+    backlog = Backlog()
+    backlog.add(CheckpointReport(task="t", generation=1, rank=0, step=10, path="step-10"))
+    assert not backlog.urgent.is_set()
+    backlog.add(FaultReport(task="t", generation=1, rank=0, step=10, action="hang", time=1.0))
+    assert backlog.urgent.is_set() and len(backlog.reports) == 2

@@ -3,8 +3,10 @@ held in order until a heartbeat carries them.
 
 The supervision (``supervisor.py``) adds to it; the channel to the coordinator (``agent.py``)
 takes the oldest in each heartbeat and drops them once answered. An urgent report (an exit, an
-exception, a failed launch, stacks) wakes the channel to beat at once. While the coordinator is
-unreachable the reports are kept, up to ``MAX_BUFFERED_REPORTS`` (the newest), and sent in the
+exception, a failed launch, stacks, an injected fault) wakes the channel to beat at once: an
+injected fault's record is what detection times are measured from, and the fault (a hang, a node
+lost with its agent) may otherwise take the record down with it before the next beat. While the
+coordinator is unreachable the reports are kept, up to ``MAX_BUFFERED_REPORTS`` (the newest), and sent in the
 heartbeats that follow one another at once when it answers again.
 """
 
@@ -18,13 +20,14 @@ from unicron.core.protocol import (
     WORKER_REPORT,
     ExceptionReport,
     ExitReport,
+    FaultReport,
     LaunchFailedReport,
     StacksReport,
     WorkerReport,
 )
 
 MAX_BUFFERED_REPORTS = 10_000
-URGENT = (ExitReport, ExceptionReport, LaunchFailedReport, StacksReport)
+URGENT = (ExitReport, ExceptionReport, LaunchFailedReport, StacksReport, FaultReport)
 
 
 @dataclass

@@ -2,11 +2,9 @@
 and running tasks' workers.
 
 A row in a slot-holding phase (launching, running, spare) keeps its slot until the process's
-exit is recorded (``slots.py``). An exit can go unrecorded: a heartbeat's answer does not wait
-for its reports to be durable (``journal.py``), so a coordinator killed just after answering
-loses them, and the agent, having delivered them, does not send them again; an agent that dies
-with its workers and is back before its node is declared lost reports no exits at all; a spare
-of a task that ended just before a restart is not among the spares a successor restores
+exit is recorded (``slots.py``). An exit can go unrecorded: an agent that dies with its workers
+and is back before its node is declared lost reports no exits at all; a spare of a task that
+ended just before a restart is not among the spares a successor restores
 (``Placer.rebuild_spares``), so its exit is not matched to it. A task that runs has its own
 guards (launch timeouts, hang detection); an ended task has none, and its rows would hold their
 slots for good: a plan that gives them to another task waits for them for ever.

@@ -102,7 +102,10 @@ class AgentChannel:
                 beat = await _message(receive, Heartbeat)
                 own_node(principal, beat.node)
                 answer = self.agents.c.heartbeat(beat)
-                if answer.orders:  # an order leaves only once what it follows from is durable
+                # An order leaves only once what it follows from is durable; reports are
+                # dropped by the agent once answered, so what they wrote must be durable first
+                # (a leader killed just after answering would lose an exit, a fault, an error).
+                if answer.orders or beat.reports:
                     await self.agents.durable()
             else:
                 registration = await _message(receive, Registration)

@@ -13,8 +13,10 @@ What must not run ahead of the store (write-ahead): anything that leaves the coo
 that tells a user their task is queued, an order to an agent, a membership written into a task's
 rendezvous store: each waits until what was queued before it is durable (``when_durable`` for the
 event loop, ``durable_by`` for the poster of memberships, ``control/act/posting.py``; ``flush``
-blocks). A registration's or a plain heartbeat's answer does not
-wait: lost with a leader that died, it is made again (the agent registers anew).
+blocks). A heartbeat's answer that carries reports waits too: the agent drops them once answered,
+so a leader killed just after answering would otherwise lose an exit, an error or a fault's
+record. A registration's or a plain heartbeat's answer does not wait: lost with a leader that
+died, it is made again (the agent registers anew).
 
 How far behind the writes are (``behind_s``: how long the oldest change not yet durable has
 waited) is what operators watch (``unicron_store_write_lag_seconds``); it is the coordinator's own
