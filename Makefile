@@ -60,8 +60,12 @@ browser:
 bytecode: $(STAMP)
 	@$(PY) -m compileall -q src examples bench tests >/dev/null
 
+# Two processes run the tests (pytest-xdist): most live tests wait on their workers' steps and
+# deadlines as much as they compute, so two at once fill both cores (tests/conftest.py puts the
+# longest first). TEST_PROCESSES=1 runs them one after another.
+TEST_PROCESSES ?= 2
 test: lint system bytecode
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(if $(filter 1,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist worksteal)
 
 # The demo's run writes docs/live-cluster.md's demo section and its figures (bench/demo_docs.py).
 DEMO_RUN := .unicron/demo
