@@ -61,11 +61,12 @@ bytecode: $(STAMP)
 	@$(PY) -m compileall -q src examples bench tests >/dev/null
 
 # Two processes run the tests (pytest-xdist): most live tests wait on their workers' steps and
-# deadlines as much as they compute, so two at once fill both cores (tests/conftest.py puts the
-# longest first). TEST_PROCESSES=1 runs them one after another.
+# deadlines as much as they compute, so two at once fill both cores. Each process is handed one
+# test at a time as it is free, in the order tests/conftest.py sets (the longest first).
+# TEST_PROCESSES=1 runs them one after another.
 TEST_PROCESSES ?= 2
 test: lint system bytecode
-	$(VENV)/bin/pytest -q $(if $(filter 1,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist worksteal)
+	$(VENV)/bin/pytest -q $(if $(filter 1,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist load --maxschedchunk 1)
 
 # The demo's run writes docs/live-cluster.md's demo section and its figures (bench/demo_docs.py).
 DEMO_RUN := .unicron/demo

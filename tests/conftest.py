@@ -30,10 +30,9 @@ GUARD = pytest.StashKey[RunGuard]()
 
 # The files whose tests start processes and take longest (seconds each file took, measured in
 # one serial run on 2 cores), longest first. `make test` runs the suite on two processes
-# (pytest-xdist, ``--dist worksteal``): each begins with its half of the list and takes from the
-# other's when its own is done; a long test started last would keep the run waiting alone at its
-# end. These go first; every other test keeps its place after them (a file missing here only
-# runs later: nothing is left out).
+# (pytest-xdist), each handed the next test in this order as it is free: the longest start
+# first, and the run does not end waiting on a long test started last. Every other test keeps
+# its place after them (a file missing here only runs later: nothing is left out).
 LONGEST_FIRST = (
     "test_chaos.py",  # 78 s, in one test: the longest
     "test_live_hosts.py",  # 120
@@ -50,6 +49,24 @@ LONGEST_FIRST = (
     "test_live_split_brain.py",  # 30
     "test_live_failover.py",  # 27
     "test_live_escalation.py",  # 25
+    "test_brain_properties.py",  # 26
+    "test_api_fuzz.py",  # 24
+    "test_live_drain.py",  # 22
+    "test_live_observability.py",  # 21
+    "test_live_tail.py",  # 20
+    "test_live_replicas.py",  # 20
+    "test_live_lagging_coordinator.py",  # 20
+    "test_api_access.py",  # 19
+    "test_live_stop.py",  # 18
+    "test_live_store_tamper.py",  # 16
+    "test_live_vanished.py",  # 16
+    "test_readme_recipe.py",  # 15
+    "test_live_spares.py",  # 15
+    "test_torchrun_mode.py",  # 13
+    "test_live_pace.py",  # 12
+    "test_cluster_ports.py",  # 12
+    "test_live_fallback.py",  # 11
+    "test_bench_side_by_side.py",  # 11
 )
 
 

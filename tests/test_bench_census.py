@@ -34,11 +34,12 @@ def test_a_worker_sharing_its_core_is_seen_waiting_and_the_other_named() -> None
             p.wait()
     (only,) = seen["workers"].values()
     _, ran, waited = only["threads"][str(worker.pid)]
-    # Two busy processes on one core: each runs about half the time and waits the other half.
-    assert waited > 0.25 * only["seconds"] and ran > 0.25 * only["seconds"], only
+    # Two busy processes on one core: each runs about half the time and waits the other half
+    # (less and more where the suite's other tests run there too: `make test` runs two at once).
+    assert waited > 0.25 * only["seconds"] and ran > 0.05 * only["seconds"], only
     assert only["cpus"] == [core] and only["involuntary"] > 0
     assert only["memory_kb"]["Rss"] > 1000  # an interpreter's resident memory, in kB
-    assert seen["others"].get(f"sh[{other.pid}]/sh", 0.0) > 0.25 * only["seconds"], seen["others"]
+    assert seen["others"].get(f"sh[{other.pid}]/sh", 0.0) > 0.05 * only["seconds"], seen["others"]
     first, last = only["busiest"][0], only["busiest"][-1]
     assert last[0] > first[0] and last[2] > first[2]  # the timeline: time, ran, waited (cumulative)
     # Within a window that ends before the second sample, one sample: nothing to difference.
