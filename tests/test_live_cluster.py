@@ -90,8 +90,15 @@ def delay_file(trace: Path) -> Path:
 def full_speed(trace: Path) -> None:
     """The task traced to ``trace`` trains on without pausing between steps: the test has seen what
     the pause gave it time for, and the rest is training to the end (a pause changes no number)."""
+    pace(trace, 0.0)
+
+
+def pace(trace: Path, seconds: float) -> None:
+    """The task traced to ``trace`` pauses ``seconds`` between steps from its next step on: long
+    enough for what the test waits to see (a replacement's start on a loaded machine) to happen
+    before the steps run out."""
     written = delay_file(trace).with_suffix(".new")
-    written.write_text("0")
+    written.write_text(str(seconds))
     written.replace(delay_file(trace))
 
 

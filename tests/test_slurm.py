@@ -38,7 +38,17 @@ from unicron.core.errors import UsageError
 from .conftest import ROOT
 from .slurmharness import SlurmCluster
 from .slurmharness import unavailable as slurm_unavailable
-from .test_live_cluster import TRAIN, alive, assert_ends_exact, assert_ledger_exact, read_trace, traced_task
+from .test_live_cluster import (
+    TRAIN,
+    alive,
+    assert_ends_exact,
+    assert_ledger_exact,
+    full_speed,
+    pace,
+    read_rows,
+    read_trace,
+    traced_task,
+)
 
 SBATCH = ROOT / "deploy" / "slurm" / "unicron.sbatch"
 SINGLE_MACHINE = ROOT / "deploy" / "slurm" / "single-machine.sh"
@@ -202,7 +212,10 @@ def test_the_sbatch_script_runs_tinygpt_on_slurm_nodes_and_recovers_a_killed_wor
                 wait(lambda: steps(trace) >= 8 and len(running(api)) == 3, 240, "3 workers training")
                 registered = {n["name"]: (n["host"], n["slots"], n["gpus"]) for n in api("/v1/nodes")}
                 killed = next(w for w in running(api) if w["rank"] == 1)
+                pace(trace, 1.0)  # the survivors go on slowly until the killed worker's replacement runs
                 os.kill(killed["pid"], signal.SIGKILL)
+                wait(lambda: len(started(trace)) >= 4, 240, "a worker replacing the killed one to start")
+                full_speed(trace)
             finally:
                 api.close()
             finished = wait_for_job(slurm, job)
@@ -222,10 +235,10 @@ def test_the_sbatch_script_runs_tinygpt_on_slurm_nodes_and_recovers_a_killed_wor
         assert f"{name} 1 slot (GPUs 0)" in said, said
         assert f"{name} 1 slot (no GPU named)" in said_again, said_again  # the fallback: a CPU worker
     rows = read_trace(trace)
-    started = {r["pid"] for r in rows if r["what"] == "started"}
-    assert killed["pid"] in started and len(started) == 4  # 3 + the one that replaced the killed worker
+    pids = started(trace)
+    assert killed["pid"] in pids and len(pids) == 4  # 3 + the one that replaced the killed worker
     # (and the second job trained nothing again)
-    assert not any(alive(pid, trace) for pid in started)  # the job's end stopped everything
+    assert not any(alive(pid, trace) for pid in pids)  # the job's end stopped everything
     assert_ledger_exact(rows, iterations, frozen=frozenset({killed["rank"]}), world=3)
     assert_ends_exact(tmp_path, "lm", iterations)
 
@@ -237,6 +250,11 @@ def wait_for_job(slurm: SlurmCluster, job: str) -> dict[str, str]:
 
 def running(api: AdminClient) -> list[dict[str, Any]]:
     return [w for w in api("/v1/workers") if w["state"] == "running"]
+
+
+def started(trace: Path) -> set[int]:
+    """The pids of the workers that wrote ``trace`` (each writes a row as it starts)."""
+    return {r["pid"] for r in read_rows(trace) if r["what"] == "started"} if trace.exists() else set()
 
 
 def steps(trace: Path) -> int:
