@@ -1,7 +1,8 @@
 """The agents' lean path answers a heartbeat only once what it must not run ahead of is durable:
 the orders it carries, and the reports it brought (the agent drops them once answered, so a
 leader killed between answering and writing would lose an exit, an error or a fault's record).
-A plain heartbeat is answered at once. In process, through the ASGI layer, with a runtime whose
+A plain heartbeat, or one with steps' reports only (the next step's supersedes each), is
+answered at once. In process, through the ASGI layer, with a runtime whose
 store never catches up until told to."""
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from unicron.control.service.revocation import Revocations
 from unicron.control.service.tokens import issue
 from unicron.core.access import Role
 from unicron.core.errors import UnicronError
-from unicron.core.protocol import ExitReport, Heartbeat, HeartbeatReply, Order, StopWorkers
+from unicron.core.protocol import (
+    ExitReport,
+    Heartbeat,
+    HeartbeatReply,
+    IterationReport,
+    Order,
+    StopWorkers,
+    WorkerReport,
+)
 
 SECRET = b"s" * 32
 
@@ -67,15 +76,23 @@ async def answered(runtime: Behind, beat: Heartbeat, tmp_path: Path) -> bool:
 
 EXIT = ExitReport(task="t", generation=1, rank=0, node="node-0", code=1, signal=None)
 STOP = StopWorkers(task="t", generation=1)
+STEP = IterationReport(task="t", generation=1, rank=0, step=5, duration_s=0.1, samples=8)
 
 
 @pytest.mark.parametrize(
     ("reports", "orders", "at_once"),
-    [([], [], True), ([EXIT], [], False), ([], [STOP], False), ([EXIT], [STOP], False)],
-    ids=["plain", "reports", "orders", "both"],
+    [
+        ([], [], True),
+        ([STEP], [], True),
+        ([EXIT], [], False),
+        ([STEP, EXIT], [], False),
+        ([], [STOP], False),
+        ([EXIT], [STOP], False),
+    ],
+    ids=["plain", "steps", "reports", "a-step-and-an-exit", "orders", "both"],
 )
 def test_a_heartbeat_is_answered_once_what_it_carries_is_durable(
-    reports: list[ExitReport], orders: list[Order], at_once: bool, tmp_path: Path
+    reports: list[WorkerReport], orders: list[Order], at_once: bool, tmp_path: Path
 ) -> None:
     runtime = Behind(orders)
     beat = Heartbeat(node="node-0", reports=reports)

@@ -172,13 +172,15 @@ class Agent:
         response.raise_for_status()
         self.answered_at = time.monotonic()
         self.metrics.beat(time.monotonic() - began, sending, time.time())
-        self.backlog.sent(count)
         reply = HeartbeatReply.model_validate_json(response.content)
         if reply.heartbeat_interval_s is not None:
             self._paced(reply.heartbeat_interval_s)
         if not reply.registered:
+            # The coordinator does not know this node (a new leader, or it was declared lost):
+            # it read none of the reports; they go again once the node has registered.
             self.registered = False
             return False
+        self.backlog.sent(count)
         await self._carry_out(reply.orders, reply.numbers)
         return bool(self.backlog.reports)
 

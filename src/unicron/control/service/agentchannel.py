@@ -32,7 +32,7 @@ from unicron.control.service.guard import Guard, enforce, own_node
 from unicron.core.access import Need, Principal
 from unicron.core.errors import UnicronError
 from unicron.core.limits import MAX_BODY_BYTES, MAX_INT
-from unicron.core.protocol import AGENT_BOUNDS, Heartbeat, OrderBatch, Registration
+from unicron.core.protocol import AGENT_BOUNDS, Heartbeat, IterationReport, OrderBatch, Registration
 
 if TYPE_CHECKING:
     from unicron.control.coordinator import Coordinator
@@ -102,10 +102,12 @@ class AgentChannel:
                 beat = await _message(receive, Heartbeat)
                 own_node(principal, beat.node)
                 answer = self.agents.c.heartbeat(beat)
-                # An order leaves only once what it follows from is durable; reports are
-                # dropped by the agent once answered, so what they wrote must be durable first
-                # (a leader killed just after answering would lose an exit, a fault, an error).
-                if answer.orders or beat.reports:
+                # An answer leaves once what it follows from is durable: its orders, and the
+                # reports it answers, which the agent then drops (a leader killed between
+                # answering and writing lost an exit, an error, a fault's record). Not a step's
+                # report: the next one says as much (a count that only grows), and nearly every
+                # beat of a training node carries one.
+                if answer.orders or any(not isinstance(r, IterationReport) for r in beat.reports):
                     await self.agents.durable()
             else:
                 registration = await _message(receive, Registration)

@@ -13,16 +13,17 @@ What must not run ahead of the store (write-ahead): anything that leaves the coo
 that tells a user their task is queued, an order to an agent, a membership written into a task's
 rendezvous store: each waits until what was queued before it is durable (``when_durable`` for the
 event loop, ``durable_by`` for the poster of memberships, ``control/act/posting.py``; ``flush``
-blocks). A heartbeat's answer that carries reports waits too: the agent drops them once answered,
-so a leader killed just after answering would otherwise lose an exit, an error or a fault's
-record. A registration's or a plain heartbeat's answer does not wait: lost with a leader that
-died, it is made again (the agent registers anew).
+blocks). A heartbeat's answer to reports other than steps' waits too: the agent drops them once
+answered, so a leader killed just after answering would otherwise lose an exit, an error or a
+fault's record (a step's report is superseded by the next). A registration's or a plain
+heartbeat's answer does not wait: lost with a leader that died, it is made again (the agent
+registers anew).
 
 How far behind the writes are (``behind_s``: how long the oldest change not yet durable has
 waited) is what operators watch (``unicron_store_write_lag_seconds``); it is the coordinator's own
 lag, not counted against a node's silence itself: every heartbeat is read at once (an answer
-that carries orders waits for them to be durable; an agent whose answer came too late says so in
-its next heartbeat, and that wait counts as the coordinator's lag).
+that carries orders or answers reports waits for them to be durable; an agent whose answer came
+too late says so in its next heartbeat, and that wait counts as the coordinator's lag).
 
 A write that fails is tried again until it works (etcd's leader changing, a member restarting),
 except a fenced one (this coordinator no longer leads: ``on_fenced``, which exits) or an event id
