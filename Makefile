@@ -61,8 +61,9 @@ bytecode: $(STAMP)
 	@$(PY) -m compileall -q src examples bench tests >/dev/null
 
 # Two processes run the tests (pytest-xdist): most live tests wait on their workers' steps and
-# deadlines as much as they compute, so two at once fill both cores. Each process is handed one
-# test at a time as it is free, in the order tests/conftest.py sets (the longest first).
+# deadlines as much as they compute, so two at once fill both cores. Each process is handed the
+# next test as it takes one up (one queued behind the one it runs), in the order tests/conftest.py
+# sets (the longest first).
 # TEST_PROCESSES=1 runs them one after another.
 TEST_PROCESSES ?= 2
 test: lint system bytecode

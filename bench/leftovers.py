@@ -64,10 +64,16 @@ def sockets_of(pids: Collection[int]) -> set[int]:
     inodes = set()
     for pid in pids:
         try:
-            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
-            continue
-        inodes |= {int(link[8:-1]) for link in links if link.startswith("socket:[")}
+            continue  # the process ended
+        for fd in fds:
+            # Each on its own: a descriptor closed meanwhile (the listing's own, when ``pid`` is
+            # this process) must not hide the others (it did: no port of this process was seen).
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(int(link[8:-1]))
     return inodes
 
 

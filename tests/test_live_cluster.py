@@ -8,6 +8,8 @@ over the same global batches (up to float summation order).
 from __future__ import annotations
 
 import atexit
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -31,7 +33,7 @@ from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream, shard
 from unicron.train.replicas import Layout, micro_batches, replica_share
 
-from .conftest import ROOT
+from .conftest import REFERENCES_VARIABLE, ROOT
 
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 ARGS = ["--dtype", "float64", "--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512"]
@@ -120,10 +122,11 @@ def without_tokens() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("UNICRON_TOKEN")}
 
 
-# Failure-free runs, by (iterations, trainer arguments): each trained once per test session, in
+# Failure-free runs, by (iterations, trainer arguments): each trained once per test run, in
 # the background and niced from the moment a test builds its task's spec (``traced_task``, the
 # spec most tests compare with one) or asks for it (``prefetch_reference``), so that it trains
 # beside the live cluster on the CPU it leaves (a third of this 2-core machine; 7-10 s each).
+# The run's test processes share them (:func:`shared_reference`).
 REFERENCES: dict[tuple[int, tuple[str, ...]], Future[dict[str, Any]]] = {}
 TRAINER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference")
 MAX_REFERENCE_ITERATIONS = 1000
@@ -136,9 +139,32 @@ def prefetch_reference(iterations: int, extra: Sequence[str] = ()) -> None:
     assert iterations <= MAX_REFERENCE_ITERATIONS, "compare a shorter task, or build its spec with task_yaml"
     key = (iterations, tuple(extra))
     if key not in REFERENCES:
+        REFERENCES[key] = TRAINER.submit(shared_reference, iterations, tuple(extra))
+
+
+def shared_reference(iterations: int, extra: tuple[str, ...]) -> dict[str, Any]:
+    """The failure-free run of ``iterations`` with ``extra``, trained by whichever of the run's
+    test processes asks first, in the folder they share (``REFERENCES_VARIABLE``, made by
+    conftest.py), under a lock the others wait on; then read. Outside a pytest run, a folder of
+    this process's own."""
+    shared = os.environ.get(REFERENCES_VARIABLE)
+    if shared is None:
         out = Path(tempfile.mkdtemp(prefix=f"unicron-reference-{iterations}-"))
         atexit.register(shutil.rmtree, out, True)
-        REFERENCES[key] = TRAINER.submit(chaos_check.reference, out, iterations, extra, True)
+        return chaos_check.reference(out, iterations, extra, True)
+    key = hashlib.sha256(json.dumps([iterations, *extra]).encode()).hexdigest()[:16]
+    folder = Path(shared) / f"{iterations}-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the process ends, however it ends
+        if (folder / "done").exists():
+            state = load_latest(folder / "run")
+            assert state is not None and state["step"] == iterations, folder
+            return state
+        # (a run left half-way by a process that died resumes from its checkpoints: exact)
+        state = chaos_check.reference(folder / "run", iterations, extra, True)
+        (folder / "done").touch()
+        return state
 
 
 def reference(iterations: int, extra: Sequence[str] = ()) -> dict[str, Any]:
