@@ -257,17 +257,24 @@ def assert_ledger_exact(
 
 def superseded(rows: list[dict[str, Any]], frozen: frozenset[int]) -> tuple[list[dict[str, Any]], int]:
     """The ledger lines that stand, and the step (0: none) whose lines from an earlier generation
-    a later one superseded. In place, a step is recorded by two generations only when a frozen
-    rank's all-reduce ended before the survivors' broke: its line stays although the survivors
-    redid the step whole. Only frozen ranks' lines of one step may be superseded so."""
+    a later one superseded. In place, a step is recorded by two generations in two ways. A rank
+    whose all-reduce ended before the others' broke has a line of the older generation: if the
+    others redid the step whole (they recorded its samples again), that line is superseded, and
+    only a frozen rank's may be so (a survivor takes part in the redo); if instead they took its
+    state, the step done (``state_from_replica``), they record their own shares in the newer
+    generation, and its line stands beside theirs. Only one step may be superseded."""
     samples = [r for r in rows if r["what"] == "samples"]
     newest: dict[int, int] = {}
     for r in samples:
         newest[r["step"]] = max(newest.get(r["step"], 0), r["generation"])
-    old = [r for r in samples if r["generation"] < newest[r["step"]]]
+    redone: dict[int, set[int]] = {}  # step -> the samples its newest generation recorded
+    for r in samples:
+        if r["generation"] == newest[r["step"]]:
+            redone.setdefault(r["step"], set()).update(r["ids"])
+    old = [r for r in samples if r["generation"] < newest[r["step"]] and redone[r["step"]] & set(r["ids"])]
     assert {r["rank"] for r in old} <= frozen, old
     assert len({r["step"] for r in old}) <= 1, old
-    kept = [r for r in samples if r["generation"] == newest[r["step"]]]
+    kept = [r for r in samples if r not in old]
     return kept, old[0]["step"] if old else 0
 
 
