@@ -2,12 +2,13 @@
 held in order until a heartbeat carries them.
 
 The supervision (``supervisor.py``) adds to it; the channel to the coordinator (``agent.py``)
-takes the oldest in each heartbeat and drops them once answered. An urgent report (an exit, an
+takes the oldest in each heartbeat and drops them once a coordinator that knows the node answered
+(one that does not read none: they go again after the registration). An urgent report (an exit, an
 exception, a failed launch, stacks, an injected fault) wakes the channel to beat at once: an
 injected fault's record is what detection times are measured from, and the fault (a hang, a node
-lost with its agent) may otherwise take the record down with it before the next beat. While the
-coordinator is unreachable the reports are kept, up to ``MAX_BUFFERED_REPORTS`` (the newest), and sent in the
-heartbeats that follow one another at once when it answers again.
+lost with its agent) may otherwise take the record down with it before the next beat. While
+the coordinator is unreachable the reports are kept, up to ``MAX_BUFFERED_REPORTS`` (the newest),
+and sent in the heartbeats that follow one another at once when it answers again.
 """
 
 from __future__ import annotations
