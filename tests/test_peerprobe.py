@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from unicron.control.agent.peerprobe import listen, unreachable
-from unicron.control.detect.peercheck import PeerCheck, outcome, partition_verdict
-from unicron.core.taxonomy import ErrorKind
+from unicron.control.agent.peerprobe import listen, reachable, unreachable
+from unicron.control.detect.peercheck import STUCK, PeerCheck, outcome, partition_verdict
+from unicron.core.taxonomy import TAXONOMY, ErrorKind
+from unicron.core.tiers import Tier
 
 NODES = {"a", "b", "c", "d", "e"}
 
@@ -51,6 +52,24 @@ def test_the_probe_reaches_a_listener_and_not_a_closed_port() -> None:
     assert asyncio.run(probe()) == ["down"]
 
 
+def test_the_probe_keeps_trying_until_its_time_is_up() -> None:
+    """A handshake lost now and then (a lossy link) makes one attempt fail: new attempts start
+    every STAGGER_S until one succeeds. Here the listener opens only after a second: attempts
+    refused before it, one after it connects."""
+
+    async def probe() -> tuple[bool, float]:
+        with socket.socket() as late:
+            late.bind(("127.0.0.1", 0))
+            port = late.getsockname()[1]
+            began = asyncio.get_running_loop().time()
+            asyncio.get_running_loop().call_later(1.0, late.listen)
+            found = await reachable(f"127.0.0.1:{port}", 3.0)
+            return found, asyncio.get_running_loop().time() - began
+
+    found, took = asyncio.run(probe())
+    assert found and took >= 1.0
+
+
 def check(unreachable: dict[str, list[str]]) -> PeerCheck:
     ranks = {"a": {0, 1}, "b": {2, 3}, "c": {4, 5}}
     return PeerCheck("lm", 3, 12, 100.0, "every rank waits", 105.0, ranks, unreachable)
@@ -70,4 +89,8 @@ def test_a_whole_network_gets_the_grace_once_every_node_answered() -> None:
     assert (unanswered.grace_s, unanswered.kind, unanswered.failed) == (0.0, ErrorKind.TASK_HANG, None)
     tie = outcome(check({"a": ["b"], "b": ["a"], "c": []}), 10.0)  # a and b: either could be cut off
     assert (tie.grace_s, tie.kind, tie.failed) == (0.0, ErrorKind.TASK_HANG, None)
-    assert outcome(check({"a": [], "b": [], "c": []}), 0.0).grace_s == 0.0  # the grace turned off
+    # With the grace turned off, a whole network's stall is stuck: every rank alive, none to
+    # blame, no node: the cheapest tier (a reattempt in place) is asked for.
+    stuck = outcome(check({"a": [], "b": [], "c": []}), 0.0)
+    assert (stuck.grace_s, stuck.kind, stuck.failed, stuck.node) == (0.0, STUCK, frozenset(), None)
+    assert TAXONOMY[STUCK].tier is Tier.REATTEMPT
