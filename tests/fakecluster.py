@@ -229,6 +229,7 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
         spec: str | None = None,
         cluster: str | LiveClusterSpec | None = None,
         domains: dict[str, str] | None = None,
+        probes: bool = False,
         **limits: Any,
     ) -> Cluster:
         """``nodes`` nodes of ``slots`` slots. Without ``spec``: task ``lm`` (4 ranks at most,
@@ -236,7 +237,8 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
         YAML of one task, or of several under ``tasks:``, submitted in one request): submitted,
         and stepped twice (what was placed is launched; the test trains it). ``cluster``: the
         ``--cluster`` file's text (the planner's hardware). ``domains``: node -> its failure
-        domain, as its agent registers it."""
+        domain, as its agent registers it. ``probes``: each agent says it listens for peer
+        probes (a no-culprit hang across nodes is then checked: ``control/detect/peercheck.py``)."""
         clock = Clock()
         hardware = parse_live_cluster(cluster) if isinstance(cluster, str) else cluster
         settings = CoordinatorSettings(
@@ -249,8 +251,11 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
         names = tuple(f"n{i}" for i in range(nodes))
         built = Cluster(c, clock, settings, nodes=names)
         made.append(built)
-        for node in names:
-            c.register(Registration(node=node, slots=slots, domain=(domains or {}).get(node)))
+        for i, node in enumerate(names):
+            port = 7000 + i if probes else 0
+            c.register(
+                Registration(node=node, slots=slots, domain=(domains or {}).get(node), probe_port=port)
+            )
         text = SPEC.format(recovery=recovery, run_extra=run_extra) if spec is None else spec
         c.submit(*parse_live_tasks(text, "test"))
         c.placer.allocator.wait()  # the table that answers the submission (built in the background)

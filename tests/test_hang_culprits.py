@@ -366,3 +366,50 @@ def test_a_rank_hung_before_the_warm_up_ends_is_found_at_the_cap(make: Any) -> N
         cluster.step(0.5)
     assert len(cluster.events("hang_detected")) == 1
     assert [i["kind"] for i in cluster.events("incident")] == ["task_hang"]
+
+
+def test_a_collective_stalled_past_its_graces_is_reattempted_in_place_by_every_rank(make: Any) -> None:
+    """Every rank waits in the all-reduce on two nodes that reach each other, their connections
+    retransmitting: a lossy link's stall, graced and renewed (``network_grace_renewals``), then
+    checked no more. Still late, it is stuck: every rank is alive and none to blame, so it is
+    reattempted in place: no process stopped or started, every member in the next generation,
+    and the membership posted abandons the step in progress."""
+    cluster = make(
+        hang_warmup_steps=2, hang_floor_s=1.0, heartbeat_interval_s=0.5,
+        network_grace_s=2.0, network_grace_renewals=1, probes=True,
+    )  # fmt: skip
+    for step in range(2, 6):
+        cluster.clock.now += 0.5
+        cluster.train(step)
+    task = cluster.c.store.get_task("lm")
+    for _, g, r in list(cluster.running):
+        cluster.positions[("lm", g, r)] = at(Phase.COLLECTIVE, "all_reduce", step=6)
+    pids = dict(cluster.running)
+    launches = len(cluster.launched())
+    for check in range(2):
+        cluster.c.placer.allocator.wait()
+        for _ in range(30):
+            cluster.step(0.5)
+            if len(cluster.events("hang_detected")) > check:
+                break
+        assert cluster.events("hang_detected")[-1]["peer_check"], cluster.events("hang_detected")
+        for node in cluster.nodes:  # every node reaches the other; some connection retransmits
+            report = StacksReport(
+                task="lm", generation=task.generation, node=node, stacks={}, unreachable=[], retransmitting=1
+            )
+            cluster.beat(node, report)
+        cluster.step(0.5)
+        (*_, judged) = cluster.events("peer_check")
+        assert judged["grace_s"] == 2.0 and not cluster.events("incident"), judged
+    for _ in range(30):
+        cluster.step(0.5)
+        if cluster.events("incident"):
+            break
+    (incident,) = cluster.events("incident")
+    assert (incident["kind"], incident["action"]) == ("other_network_error", "reattempt in place"), incident
+    assert len(cluster.events("hang_detected")) == 3 and len(cluster.events("peer_check")) == 2
+    assert not [o for _, o in cluster.orders if isinstance(o, StopWorkers)]
+    assert len(cluster.launched()) == launches
+    after = cluster.c.store.get_task("lm")
+    assert after.generation == task.generation + 1 and after.workers == 4
+    assert sorted(pid for _, pid in cluster.running.values()) == sorted(pid for _, pid in pids.values())

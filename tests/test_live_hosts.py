@@ -315,7 +315,10 @@ def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path
     retransmits (timeouts backing off from 200 ms), heartbeats (every 0.5 s, a 2.5 s deadline)
     still arrive, so no node is declared lost. Then every packet of another host waits 20 ms for
     15 steps (each collective's round trips through it 40 ms longer): slower steps, nothing
-    broken. The task ends exact, with an exact ledger, and no incident."""
+    broken. The task ends exact, with an exact ledger, no process restarted and no node lost. A
+    collective at a tenth lost may be stuck for good (once, 215 s with every rank waiting in
+    it): past its graces (~50 s) that is reattempted in place, which no process survives
+    otherwise; so the only incident allowed is such a reattempt."""
     trace, iterations = tmp_path / "trace.jsonl", 160
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
     with on_three_hosts(tmp_path) as (hosts, cluster):
@@ -333,46 +336,72 @@ def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path
         full_speed(trace)
         events, rows = finish_and_settle(cluster, trace)
     story = story_of(events)
-    assert not [e for e in events if e["kind"] == "incident"], story
+    handled = {(e["detail"]["kind"], e["detail"]["action"]) for e in events if e["kind"] == "incident"}
+    assert handled <= {("other_network_error", "reattempt in place")}, story
+    assert [e["kind"] for e in events].count("task_launch") == 1, story
+    assert len({r["pid"] for r in rows if r["what"] == "started"}) == 3, story
     assert_ledger_exact(rows, iterations, world=3)
     assert_ends_exact(tmp_path, "lm", iterations)
 
 
 @NEEDS_NFT
-@pytest.mark.timeout(300)
-def test_a_collective_stalled_past_its_grace_by_retransmissions_is_no_hang(tmp_path: Path) -> None:
+@pytest.mark.timeout(360)
+def test_a_collective_stalled_by_retransmissions_is_graced_and_one_stuck_past_its_graces_reattempted(
+    tmp_path: Path,
+) -> None:
     """For 4 s every data packet to and from one host is dropped, while connections still open
     (the peer probe reaches every node) and the coordinator hears every agent. The all-reduce
     waits on TCP's retransmissions, backing off (0.2, 0.4, ..., 3.2 s), well past the hang
     deadline and the 2 s grace it was given: without more, a hang. The agents see the
     connections retransmitting, so the grace is renewed; the collective ends by itself once a
-    retransmission gets through. No incident, no restart, and the task ends exact. The stall
-    holds the step right after a checkpoint, which was once given 30 s more: the
-    stall went unjudged (no hang, no check) in about one run in ten (the one it fell in)."""
-    trace, iterations = tmp_path / "trace.jsonl", 90
+    retransmission gets through: no incident. The stall holds the step right after a
+    checkpoint, which was once given 30 s more: the stall went unjudged (no hang, no check) in
+    about one run in ten (the one it fell in).
+
+    Then the same host's data is dropped until the step has outlasted its graces (renewed
+    twice): the collective is stuck, not slow. Every rank is alive and none is to blame, so it
+    is reattempted in place: one incident, no process ends or starts, every rank leaves the
+    collective and re-forms, and the task ends exact."""
+    trace, iterations = tmp_path / "trace.jsonl", 110
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
-    settings = {"network_grace_s": 2.0}
+    settings = {"network_grace_s": 2.0, "network_grace_renewals": 2}
     with on_three_hosts(tmp_path, settings) as (hosts, cluster):
+        lossy = cluster.host_of["node-1"]
         train_on_three(cluster, spec)
         # A step checkpointed at its end (every 10), a few steps ahead of the one reported.
         aim = ((cluster.task("lm")["step"] + 3) // 10 + 1) * 10
         reduced = lambda: any(r["what"] == "samples" and r["step"] == aim for r in read_rows(trace))  # noqa: E731
         cluster.wait(reduced, 60, f"step {aim} reduced (its checkpoint follows)", poll=0.005)
         began = aim
-        hosts.stall(cluster.host_of["node-1"], sparing=cluster.coordinator_host)
+        hosts.stall(lossy, sparing=cluster.coordinator_host)
         time.sleep(4.0)
-        hosts.stall(cluster.host_of["node-1"], sparing=None)
+        hosts.stall(lossy, sparing=None)
         cluster.wait(lambda: cluster.task("lm")["step"] >= began + 10, 120, "10 steps after the stall")
+        assert not incidents(cluster), story_of(cluster.get("/v1/events", task="lm"))
+        hosts.stall(lossy, sparing=cluster.coordinator_host)
+        cluster.wait(lambda: bool(incidents(cluster)), 120, "the stuck collective's incident")
+        hosts.stall(lossy, sparing=None)
+        stuck_at = cluster.task("lm")["step"]
+        cluster.wait(lambda: cluster.task("lm")["step"] >= stuck_at + 5, 120, "5 steps after the reattempt")
         assert cluster.task("lm")["step"] < iterations, "the task ended before the stall was shown"
         full_speed(trace)
         events, rows = finish_and_settle(cluster, trace)
     story = story_of(events)
-    assert not [e for e in events if e["kind"] == "incident"], story
     checks = [e["detail"] for e in events if e["kind"] == "peer_check"]
     renewed = [c for c in checks if sum(c["retransmitting"].values()) > 0]
     assert renewed, story  # the stall was seen as retransmissions...
     assert renewed[0]["step"] == began + 1, story  # ...in the step after the checkpoint...
     # ...and the step was checked, and graced, again.
     assert any(sum(1 for c in checks if c["step"] == r["step"]) > 1 for r in renewed), story
+    (incident,) = [e["detail"] for e in events if e["kind"] == "incident"]
+    assert (incident["kind"], incident["action"]) == ("other_network_error", "reattempt in place"), story
+    assert [e["kind"] for e in events].count("task_launch") == 1, story
+    started = {r["pid"] for r in rows if r["what"] == "started"}
+    assert len(started) == 3, story  # no process started after the first three...
+    assert {r["pid"] for r in rows if r["what"] == "rejoined"} == started, story  # ...each re-formed
     assert_ledger_exact(rows, iterations, world=3)
     assert_ends_exact(tmp_path, "lm", iterations)
+
+
+def incidents(cluster: LocalCluster) -> list[dict[str, Any]]:
+    return [e for e in cluster.get("/v1/events", task="lm") if e["kind"] == "incident"]

@@ -80,6 +80,8 @@ def test_a_reattempt_re_forms_every_member_and_stops_nobody() -> None:
     assert (response.tier, response.escalations) == (Tier.REATTEMPT, ())
     (switch,) = [e for e in response.effects if isinstance(e, Switch)]
     assert switch.membership.ranks == {0: 0, 1: 1, 2: 2, 3: 3} and switch.membership.generation == 6
+    # Nobody failed, and still every member leaves the step in progress (a stuck collective).
+    assert switch.membership.failed == [] and switch.membership.abandon
     assert not any(isinstance(e, (StopWorker, StopGeneration, Isolate)) for e in response.effects)
 
 

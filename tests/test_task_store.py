@@ -80,10 +80,14 @@ def test_forged_replayed_and_unsigned_values_are_ignored() -> None:
     assert not member.membership_changed(3)
     genuine_for_5 = sign(derive(SECRET, "lm"), membership_key("lm", 5), shrink.model_dump_json())
     served.raw.set(name, genuine_for_5)  # the coordinator's, replayed under another generation
-    assert not member.membership_changed(3) and not member.peers_failed(3)
+    assert not member.membership_changed(3) and not member.abandons_step(3)
     real = Membership(generation=4, world_size=2, ranks={0: 0, 1: 1}, failed=[])
     served.set(name, real.model_dump_json())
     assert member.membership_changed(3) and member.posted(3) == real
+    assert not member.abandons_step(3)  # a planned change: the step is finished first
+    reattempt = Membership(generation=4, world_size=2, ranks={0: 0, 1: 1}, failed=[], abandon=True)
+    served.set(name, reattempt.model_dump_json())
+    assert member.abandons_step(3)  # every rank alive, the step abandoned all the same
     # Readiness: a forged announcement does not count; the worker's own does.
     served.raw.set(ready_key("lm", 4, 1), "1")
     assert not served.rendezvous.ready("lm", [ready_key("lm", 4, 1)])

@@ -21,6 +21,7 @@ from unicron.control.detect.detection import Grace
 from unicron.control.detect.peercheck import PeerCheck, outcome
 from unicron.control.launch.testhosts import TestHosts, unavailable
 from unicron.core.protocol import StacksReport
+from unicron.core.settings import Settings
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
 ROW = (
@@ -57,12 +58,18 @@ def test_a_socket_waits_on_the_network_with_data_unacknowledged_at_both_reads_or
     assert stalled(before, Waiting.parse(HEADER + "   0: garbled\n", {101})) == 0
 
 
-def test_a_grace_is_renewed_only_for_a_stall_seen_retransmitting_and_under_the_cap() -> None:
+def test_a_grace_is_renewed_only_for_a_stall_seen_retransmitting_a_few_times_under_the_cap() -> None:
+    limits = Settings(network_grace_renewals=2)
     once, renewable = Grace(12, 130.0, False), Grace(12, 130.0, True)
-    assert once.again(13, 2.0, 300.0) and renewable.again(13, 2.0, 300.0)  # a later step: checked anew
-    assert not once.again(12, 15.0, 300.0)  # graced once: now the hang is handled
-    assert renewable.again(12, 15.0, 300.0)
-    assert not renewable.again(12, 300.0, 300.0)  # a stall as long as the cap is a hang all the same
+    assert once.again(13, 2.0, limits) and renewable.again(13, 2.0, limits)  # a later step: checked anew
+    assert not once.again(12, 15.0, limits)  # graced once: now the stall is handled
+    assert renewable.again(12, 15.0, limits)
+    assert not renewable.again(12, 300.0, limits)  # a stall as long as the cap is stuck all the same
+    # Renewed twice: the third grace for the same step is not given; a later step starts afresh.
+    renewed = renewable.following(12, 140.0, True).following(12, 150.0, True)
+    assert renewed.renewals == 2 and not renewed.again(12, 40.0, limits)
+    assert renewed.again(13, 2.0, limits) and renewed.following(13, 160.0, True).renewals == 0
+    assert not renewable.again(12, 15.0, Settings(network_grace_renewals=0))
 
 
 def check(retransmitting: dict[str, int]) -> PeerCheck:

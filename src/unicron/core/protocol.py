@@ -506,9 +506,12 @@ class Membership(_Message):
     ranks: dict[int, int] = Field(
         json_schema_extra={"propertyNames": {"pattern": INT_KEY}}
     )  # rank in the old generation -> rank in the new one (absent: leave)
-    # Ranks declared failed: a collective waiting for them will never finish, so members abandon
-    # it. Without any (a planned grow or shrink), members finish the step first.
+    # Ranks declared failed: a collective waiting for them will never finish.
     failed: list[Int] = []
+    # A recovery (ranks failed, or a reattempt of a collective stuck with every rank alive):
+    # members abandon the step in progress and retry it in the new group. Otherwise (a planned
+    # grow or shrink) members finish the step first.
+    abandon: bool = False
 
 
 def fault_claim_key(task: str, index: int) -> str:

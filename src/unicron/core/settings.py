@@ -182,8 +182,16 @@ class Settings(BaseModel):
         ge=0,
         description="a hang where every rank waits in a collective while every node reaches every"
         " other waits this much longer, once per step, or again while a worker's TCP connection waits"
-        " on a retransmission (up to hang_cap_s): a lossy network is slow, not broken, and a restart"
-        " would not mend it",
+        " on a retransmission (network_grace_renewals times at most): a lossy network is slow, not"
+        " broken, and a restart would not mend it; past its grace, the step is reattempted in place",
+    )
+    network_grace_renewals: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="how often a late step's grace is renewed while retransmissions are seen; with the"
+        " defaults the step then waited ~50 s, which a lost segment's backoff (0.2 s doubling) reaches"
+        " only after 8 losses of it in a row (1 in 10^8 at a tenth lost): a stall that long is stuck",
     )
     straggler_ratio: float = Field(1.5, gt=1, description="slower than this x its peers' median")
     straggler_window: int = Field(10, ge=2, description="for this many consecutive steps")

@@ -383,7 +383,7 @@ class StepLoop:
         a new membership (a peer was declared dead or hung), when this rank recovers in place."""
         session = self.session
         store, generation = session.store, session.generation
-        watch = None if not session.in_process or store is None else lambda: store.peers_failed(generation)
+        watch = None if not session.in_process or store is None else lambda: store.abandons_step(generation)
         groups = session.groups
         # The metrics' sums (a copy: a failed attempt leaves this rank's own for the next one).
         sums = metric.sums(self.metrics, session.device)

@@ -122,10 +122,14 @@ class TaskStore:
                 self.raw, self.address = raw, address
                 return
 
-    def peers_failed(self, generation: int) -> bool:
-        """Whether the posted membership declares ranks failed (a collective waiting for them
-        will never finish)."""
-        return self.membership_changed(generation) and bool(self.posted(generation).failed)
+    def abandons_step(self, generation: int) -> bool:
+        """Whether the posted membership abandons the step in progress: a recovery, of ranks
+        declared failed (a collective waiting for them will never finish) or of a collective
+        stuck with every rank alive (a reattempt in place)."""
+        if not self.membership_changed(generation):
+            return False
+        posted = self.posted(generation)
+        return posted.abandon or bool(posted.failed)
 
     def declared_failed(self, generation: int, rank: int) -> bool:
         """Whether the memberships posted after ``generation`` declare this worker (``rank`` in

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from unicron.control.context import Context
 from unicron.control.detect.hangs import WorkerKey, hang_verdict, unheard
 from unicron.control.detect.monitor import TaskMonitor
-from unicron.control.detect.peercheck import PeerCheck, outcome, probe_endpoints
+from unicron.control.detect.peercheck import STUCK, PeerCheck, outcome, probe_endpoints
 from unicron.control.detect.silence import (
     BEHIND,
     BEHIND_SHARE,
@@ -151,13 +151,41 @@ class Grace:
     step: int
     until: float
     renewable: bool  # TCP was seen retransmitting: the peers are checked again when it runs out
+    renewals: int = 0  # graces given to the step before this one
 
-    def again(self, late_step: int, waited_by_then_s: float, cap_s: float) -> bool:
+    def again(self, late_step: int, waited_by_then_s: float, limits: Settings) -> bool:
         """Whether a late step is to be checked (and graced) again: a step not graced yet, or
-        one whose stall was a lossy link's backoff, while the step would have waited less than
-        the hang cap by the end of another grace (so a renewed grace ends before the collective
-        times out: hang_cap_s < process_group_timeout_s). Otherwise the hang is handled."""
-        return late_step != self.step or (self.renewable and waited_by_then_s < cap_s)
+        one whose stall was a lossy link's backoff, renewed fewer than
+        ``network_grace_renewals`` times, while the step would have waited less than the hang
+        cap by the end of another grace (so a renewed grace ends before the collective times
+        out: hang_cap_s < process_group_timeout_s). Otherwise the stall is handled."""
+        if late_step != self.step:
+            return True
+        renewals_left = self.renewals < limits.network_grace_renewals
+        return self.renewable and renewals_left and waited_by_then_s < limits.hang_cap_s
+
+    def following(self, step: int, until: float, renewable: bool) -> Grace:
+        """The grace given next: a renewal when it is for the same step."""
+        return Grace(step, until, renewable, self.renewals + 1 if step == self.step else 0)
+
+
+def stuck(task: TaskRecord, step: int, since: float, grace: Grace, why: str) -> Failing:
+    """A late step whose every rank waits in a collective, still late after its graces while
+    every node reached every other: stuck, not slow (``peercheck.STUCK``). Every rank is alive
+    and none is to blame (``failed`` empty, no node): the cheapest tier that may mend it is a
+    reattempt in place, every rank leaving the collective and re-forming."""
+    graces = grace.renewals + 1
+    return Failing(
+        task.name,
+        task.generation,
+        STUCK,
+        None,
+        f"step {step} late after {graces} grace(s) of a network every node reaches: a collective"
+        f" stuck, not slow ({why})",
+        failed=frozenset(),
+        seen_at=since,
+        hang=True,
+    )
 
 
 def launch_began(workers: Sequence[WorkerRecord]) -> float:
@@ -472,7 +500,7 @@ class Detector:
         culprits, grace = verdict.culprits, self.graced.get((task.name, task.generation))
         endpoints = None
         by_then_s = now - since + limits.network_grace_s
-        if not culprits and (grace is None or grace.again(step, by_then_s, limits.hang_cap_s)):
+        if not culprits and (grace is None or grace.again(step, by_then_s, limits)):
             endpoints = probe_endpoints(self.ctx.store.nodes(), {w.node for w in workers})
         # Every rank's stack first (the agents carry this out before the stop that follows).
         self.ctx.act.dump_stacks(task.name, task.generation, endpoints)
@@ -492,6 +520,8 @@ class Detector:
         if endpoints is not None:
             self.checks[(task.name, task.generation)] = PeerCheck.of(workers, step, since, verdict.why, now)
             return None
+        if not culprits and grace is not None and grace.step == step:
+            return stuck(task, step, since, grace, verdict.why)
         # Kill the hung worker(s) at once: the hang becomes an ordinary death.
         for w in culprits:
             self.ctx.act.stop_worker(w, 0.0)
@@ -543,7 +573,13 @@ class Detector:
         task = self.ctx.store.task(check.task)
         failing = None
         if decided.grace_s > 0:
-            self.graced[key] = Grace(check.step, now + decided.grace_s, decided.renewable)
+            given = self.graced.get(key)
+            until = now + decided.grace_s
+            self.graced[key] = (
+                Grace(check.step, until, decided.renewable)
+                if given is None
+                else given.following(check.step, until, decided.renewable)
+            )
         elif task is not None and task.generation == check.generation and not self.handled.has_incident(key):
             failed = None if decided.failed is None else frozenset(decided.failed)
             kind, node = decided.kind, decided.node

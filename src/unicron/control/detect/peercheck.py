@@ -12,7 +12,10 @@ detection, and nothing when the network is whole but the probe's connects (milli
 When every node reaches every other the network is slow rather than broken, and the step gets a
 grace. If some worker connection was then waiting on a TCP retransmission (``tcpretrans``), the
 stall is a lossy link's backoff, which ends by itself: the grace is renewable, and the detector
-checks again when it runs out. Without that evidence the grace is given once per step.
+checks again when it runs out (``network_grace_renewals`` times at most). Without that evidence
+the grace is given once per step. A step still late after its graces is stuck, not slow
+(``STUCK``): every rank is alive and none to blame, so it is reattempted in place, every rank
+leaving the collective and re-forming; a reattempt that does not mend it escalates.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from dataclasses import dataclass, field
 from unicron.control.store.records import NodeRecord, WorkerRecord
 from unicron.core.protocol import PROBE_TIMEOUT_S, StacksReport
 from unicron.core.taxonomy import ErrorKind
+
+# What a collective that no rank can be blamed for is, once it outlasts its graces while every
+# node reaches every other: a network fault (SEV3), so the cheapest tier, a reattempt in place.
+STUCK = ErrorKind.OTHER_NETWORK_ERROR
 
 # Dump (0.5 s) and probe in parallel, then one heartbeat or two for the report to arrive.
 PEER_CHECK_S = PROBE_TIMEOUT_S + 3.0
@@ -127,7 +134,8 @@ def outcome(check: PeerCheck, grace_s: float) -> CheckOutcome:
     """A node its peers cannot reach fails (its ranks) and is taken out. If every node answered
     and reaches every other, the network is slow rather than broken (a lossy link's
     retransmissions): the step gets ``grace_s`` more, renewable when a worker connection was
-    seen retransmitting. Otherwise the hang is what it was."""
+    seen retransmitting (with no grace to give, it is ``STUCK``). Otherwise the hang is what it
+    was."""
     verdict = check.verdict()
     late = f"step {check.step} late"
     if verdict.culprits:
@@ -137,6 +145,13 @@ def outcome(check: PeerCheck, grace_s: float) -> CheckOutcome:
         )
     whole = set(check.unreachable) >= set(check.ranks) and not any(check.unreachable.values())
     why = f"{late}; hung rank(s) unknown: {check.why}; {verdict.why}"
-    if not whole or grace_s <= 0:
+    if not whole:
         return CheckOutcome(verdict, why=why)
+    if grace_s <= 0:  # no grace for a slow network: stuck
+        return CheckOutcome(
+            verdict,
+            kind=STUCK,
+            failed=frozenset(),
+            why=f"{late}; every node reaches every other: {check.why}",
+        )
     return CheckOutcome(verdict, grace_s, renewable=sum(check.retransmitting.values()) > 0, why=why)

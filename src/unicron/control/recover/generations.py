@@ -72,6 +72,7 @@ def survivors(
         world_size=keep,
         ranks={w.rank: i for i, w in enumerate(kept)},
         failed=sorted(gone),
+        abandon=True,
     )
     staying = {w.key for w in kept}
     return Shrink(membership, kept, [w for w in live if w.key not in staying])
