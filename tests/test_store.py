@@ -14,8 +14,9 @@ import pytest
 
 from unicron.control.launch.etcdlocal import EtcdCluster
 from unicron.control.store import etcdbackend
-from unicron.control.store.backend import Fenced, open_backend
+from unicron.control.store.backend import Fenced
 from unicron.control.store.journal import Journal
+from unicron.control.store.location import open_backend
 from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.store.store import Store
 from unicron.core.errors import Conflict, NotFound

@@ -169,9 +169,10 @@ def create_token(
 
 
 def revoke_token(state_dir: Path, token_file: Path | None, ident: str | None, api: Api | None = None) -> None:
-    from unicron.control.service.revocation import check_token_id, revoke
+    from unicron.control.service.revocation import revoke
     from unicron.control.service.tokens import token_id, unverified_id
     from unicron.control.store.secret import read_secret
+    from unicron.core.access import check_token_id
 
     if (token_file is None) == (ident is None):
         raise UsageError("name the token to revoke: --token-file FILE or --id ID (one of them)")

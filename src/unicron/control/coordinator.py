@@ -42,13 +42,15 @@ from unicron.control.recover.exits import ExitMeans, exit_means
 from unicron.control.recover.generations import Generations
 from unicron.control.recover.recovery import CONSEQUENCES, Recovery
 from unicron.control.recover.storagewatch import StorageWatch
-from unicron.control.service.revocation import check_token_id
 from unicron.control.stepping import Steps
-from unicron.control.store.backend import Backend, open_backend
+from unicron.control.store.backend import Backend
 from unicron.control.store.journal import Journal
+from unicron.control.store.location import open_backend
 from unicron.control.store.records import TaskRecord
+from unicron.control.store.secret import load_or_create_secret
 from unicron.control.store.snapshot import StoreReads
 from unicron.control.store.store import Store
+from unicron.core.access import check_token_id
 from unicron.core.errors import Conflict
 from unicron.core.kept import (
     FaultSigns,
@@ -116,7 +118,9 @@ class Coordinator:
         self.journal = store.journal
         self.store: StoreReads = store  # writes go through the applier (self.act)
         self.orders_out = Orders(next_seq=int(clock() * 1e6))
-        self.act = Applier(store, Rendezvous.serving(settings), self.orders_out)
+        # The tasks' stores: on the advertised address, keys derived from the cluster secret.
+        rendezvous = Rendezvous(settings.advertise_host, load_or_create_secret(settings.state_dir))
+        self.act = Applier(store, rendezvous, self.orders_out)
         self.ctx = Context(settings, store, self.act, clock)
         self.clock = clock
         self.generations = Generations(self.ctx)

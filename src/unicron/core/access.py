@@ -15,7 +15,17 @@ asks the same question and the table of who-may-do-what is tested without a serv
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
+
+from unicron.core.errors import UsageError
+
+TOKEN_ID = re.compile(r"^[0-9a-f]{32}$")  # a token's id, its jti (control/service/tokens.py: uuid4().hex)
+
+
+def check_token_id(jti: str) -> None:
+    if not TOKEN_ID.match(jti):
+        raise UsageError(f"--id {jti!r} is not a token id (32 hex digits, as `token create` prints)")
 
 
 class Role(enum.StrEnum):

@@ -20,14 +20,10 @@ import contextlib
 import socket
 import threading
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from unicron.control.store.secret import load_or_create_secret
 from unicron.core.protocol import fault_claim_key
 from unicron.core.signing import derive, opened, sign
-
-if TYPE_CHECKING:
-    from unicron.control.context import CoordinatorSettings
 
 STORE_CALL_S = 2.0  # the coordinator's own calls to a task's store wait at most this long
 # What is kept of each task's posts to put back: as many memberships as a worker follows
@@ -75,11 +71,6 @@ class Rendezvous:
         # a value older than one a post has just written over it.
         self._lock = threading.Lock()
         self._writing = threading.Lock()
-
-    @classmethod
-    def serving(cls, settings: CoordinatorSettings) -> Rendezvous:
-        """The coordinator's: on its advertised address, keys derived from the cluster secret."""
-        return cls(settings.advertise_host, load_or_create_secret(settings.state_dir))
 
     def key(self, task: str) -> str:
         """The task's store key, for its workers' environment."""

@@ -17,26 +17,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from unicron.control.private import private_file
+from unicron.core.access import check_token_id
 from unicron.core.errors import UsageError
 
 REVOKED_FILE = "revoked-tokens"
-_TOKEN_ID = re.compile(r"^[0-9a-f]{32}$")  # tokens.issue: uuid4().hex
 
 
 def revoked_path(state_dir: Path) -> Path:
     return state_dir / REVOKED_FILE
-
-
-def check_token_id(jti: str) -> None:
-    if not _TOKEN_ID.match(jti):
-        raise UsageError(f"--id {jti!r} is not a token id (32 hex digits, as `token create` prints)")
 
 
 def revoke(state_dir: Path, record: dict[str, str]) -> None:

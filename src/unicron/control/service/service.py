@@ -31,9 +31,10 @@ from unicron.control.service.agentchannel import AgentChannel
 from unicron.control.service.bodylimit import BodyLimit
 from unicron.control.service.guard import Guard, own_node
 from unicron.control.service.revocation import Revocations
-from unicron.control.store.backend import Fenced, open_backend
+from unicron.control.store.backend import Fenced
 from unicron.control.store.gcpolicy import GcPolicy
 from unicron.control.store.leadership import abdicate, lead
+from unicron.control.store.location import open_backend
 from unicron.control.store.records import TaskRecord
 from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Need, Principal

@@ -6,7 +6,7 @@ only loads the rows once and writes each change's rows atomically. So both backe
 same decisions, and the contract suite (``tests/test_store.py``) runs against both.
 
 A write that a backend refuses because this coordinator no longer leads raises
-:class:`Fenced`: nothing was written, and the caller must step down. ``open_backend`` picks the
+:class:`Fenced`: nothing was written, and the caller must step down. ``location.py`` picks the
 backend a store location names.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import Any, Protocol
 
 from unicron.control.store.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
@@ -78,15 +77,3 @@ class Backend(Protocol):
     ) -> list[EventRecord]: ...
 
     def close(self) -> None: ...
-
-
-def open_backend(location: str | Path) -> Backend:
-    """``etcd://host:port,host:port[/prefix]``, or a SQLite file's path."""
-    text = str(location)
-    if text.startswith("etcd://"):
-        from unicron.control.store.etcdbackend import EtcdBackend
-
-        return EtcdBackend.from_url(text)
-    from unicron.control.store.sqlitebackend import SqliteBackend
-
-    return SqliteBackend(Path(text))
