@@ -145,7 +145,7 @@ class Coordinator:
         self.metrics = Metrics(self.viewer.view)
         self.act.listeners.append(self.metrics.on_event)
         self.storage = StorageWatch(self.ctx)
-        self.vanished = Vanished(self.ctx, self.handle_report)  # rows whose processes are gone unreported
+        self.vanished = Vanished(self.ctx)  # rows whose processes are gone unreported
         self.tail = Tail(self.ctx, self.detector)
         self.recovery.rebuild()
         self._restore_kept()
@@ -556,7 +556,10 @@ class Coordinator:
             if self.generations.check_growth(name, now):
                 self.dirty = True  # idle slots may want a new spare
         self.generations.forget_left(now)
-        if self.vanished.sweep(now):
+        swept = self.vanished.sweep(now)
+        for exit_report, node in swept.exits:  # as if its agent had reported it
+            self.handle_report(exit_report, node)
+        if swept.freed:
             self.dirty = True  # a held plan's launches may fit now
         if self.placer.allocator.poll():
             self.dirty = True  # a table for new inputs (a submission, measurements) is ready

@@ -33,7 +33,7 @@ the survivors go on without the rank, as for any worker's death.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from unicron.control.context import Context
@@ -108,24 +108,32 @@ def gone_while_running(
     return found
 
 
+@dataclass(frozen=True)
+class Swept:
+    """What a sweep found: whether a slot was freed, and the exits of running tasks' workers
+    gone unreported (each with its node), for the coordinator to handle as its agent's."""
+
+    freed: bool = False
+    exits: tuple[tuple[ExitReport, str], ...] = ()
+
+
 @dataclass
 class Vanished:
     """The agents' latest lists, and the rows of ended tasks ended by them (once a heartbeat
     interval: a list comes no more often, and the pass reads every slot-holding row)."""
 
     ctx: Context
-    reported: Callable[[ExitReport, str], None]  # the coordinator's handling of a node's report
     listings: dict[str, Listing] = field(default_factory=dict)
     swept: float = 0.0
 
     def listed(self, node: str, reported: Iterable[WorkerState], now: float) -> None:
         self.listings[node] = Listing.of(reported, now)
 
-    def sweep(self, now: float) -> bool:
-        """End the rows whose processes are gone; True when a slot was freed."""
+    def sweep(self, now: float) -> Swept:
+        """End the rows whose processes are gone; return the exits to handle."""
         limits = self.ctx.limits
         if now - self.swept < limits.heartbeat_interval_s:
-            return False
+            return Swept()
         self.swept = now
         rows = self.ctx.store.workers_in(SLOT_HOLDING_PHASES)
         tasks = {name: self.ctx.store.task(name) for name in {w.task for w in rows}}
@@ -137,14 +145,15 @@ class Vanished:
         # must not take the others for survivors (their exits then belong to a generation left).
         for row, _ in running:
             self._ended(row, WorkerPhase.LOST, "its task runs and its node's agent no longer has it")
+        exits = []
         for row, task in running:
             key = {"task": row.task, "generation": row.generation, "rank": row.rank, "node": row.node}
             # Past the last step taken as a clean exit: what decides is whether the final state is
             # known saved, whatever its status was. Before it, a failure of unknown status (none
             # is made up).
             last = task.step >= self.ctx.spec(row.task).run.iterations
-            self.reported(ExitReport(**key, code=0 if last else None, signal=None, time=now), row.node)
-        return bool(found or running)
+            exits.append((ExitReport(**key, code=0 if last else None, signal=None, time=now), row.node))
+        return Swept(bool(found or running), tuple(exits))
 
     def _ended(self, row: WorkerRecord, to: WorkerPhase, why: str) -> None:
         self.ctx.act.worker_phase(row.key, to)
