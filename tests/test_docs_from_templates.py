@@ -2,7 +2,13 @@
 page edited by hand, and not in its template, loses the edit at the next `make bench` (four
 passages of docs/detection.md and docs/multi-host.md, and five metrics of
 docs/observability.md, once were). Each benchmark's ``--docs`` mode writes its page again from
-its last figures (``docs/bench/*.json``), here into a copy of ``bench/`` and ``docs/``."""
+its last figures (``docs/bench/*.json``), here into a copy of ``bench/`` and ``docs/``.
+
+Checked: the six pages a benchmark writes alone from its own JSON. Not here: performance.md
+(two benchmarks write it in turn: the overhead's page, then the decisions' section), gpu.md
+(written from a device run's output folder), and live-cluster.md, reference.md, reliability.md
+and simulation.md (written from a demo, a chaos soak or a simulation run, not from a JSON kept
+under docs/bench)."""
 
 from __future__ import annotations
 

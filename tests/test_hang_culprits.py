@@ -16,13 +16,16 @@ from unicron.control.agent import stackdump
 from unicron.control.agent.processes import Worker, is_stopped, read_stack
 from unicron.control.detect.hangs import hang_verdict, innermost_frame
 from unicron.control.store.records import WorkerRecord
+from unicron.core.kept import Posted
 from unicron.core.protocol import (
     DumpStacks,
     LaunchWorker,
+    Membership,
     Phase,
     Progress,
     StacksReport,
     StopWorkers,
+    membership_key,
 )
 from unicron.core.settings import Settings
 from unicron.core.states import TaskState, WorkerPhase
@@ -413,3 +416,9 @@ def test_a_collective_stalled_past_its_graces_is_reattempted_in_place_by_every_r
     after = cluster.c.store.get_task("lm")
     assert after.generation == task.generation + 1 and after.workers == 4
     assert sorted(pid for _, pid in cluster.running.values()) == sorted(pid for _, pid in pids.values())
+    # The membership posted for the workers: nobody failed, and the step in progress is abandoned.
+    posted = (cluster.c.store.kept_record(Posted, of="lm") or Posted()).keys[
+        membership_key("lm", task.generation)
+    ]
+    membership = Membership.model_validate_json(posted)
+    assert membership.failed == [] and membership.abandon and membership.ranks == {0: 0, 1: 1, 2: 2, 3: 3}

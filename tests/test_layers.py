@@ -74,6 +74,8 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
 
 
 def test_the_coordinators_parts_import_only_those_below_them() -> None:
+    parts = {part(m, 2) for m in MODULES if part(m, 1) == "control"} - {""}
+    assert parts == set(CONTROL), f"place {sorted(parts - set(CONTROL))} in CONTROL's order"
     rank = {name: i for i, name in enumerate(CONTROL)}
     wrong = [
         f"{a} -> {b}"

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from unicron.control.recover.recovery import CONSEQUENCES
 from unicron.core.classify import classify, classify_exception
 from unicron.core.taxonomy import ErrorKind
+from unicron.train import gradsync
 from unicron.train.data import DataStream, shard, unclaimed_share
 from unicron.train.iteration import PeerLostError
 from unicron.train.loader import step_data
@@ -143,7 +144,7 @@ def test_classification_of_real_messages(error: str, message: str, kind: ErrorKi
     "message",
     [
         "another shard of this replica lost its peers: the step is redone",  # replicas.all_or_none
-        "a peer was declared failed: the pending collective is abandoned",  # gradsync.wait_or_abandon
+        gradsync.ABANDONED + "abandoned",  # gradsync.wait_or_abandon
         "this worker was declared failed during the step",  # steploop (the coordinator moved on)
     ],
 )

@@ -1,6 +1,6 @@
 """Gradient synchronisation: the sum of every rank's gradients, overlapped with the step's last
 backward pass (``Buckets``) or as one flat buffer (after a recovery), and a collective that can
-be abandoned when a peer is declared failed.
+be abandoned when the coordinator posts a recovery (a peer declared failed, or a reattempt).
 
 Both take a ``scale``: the factor that turns what each rank accumulated (the sum of its
 micro-batches' gradients) into its share of the step's global mean. It is applied once, to the
@@ -22,6 +22,7 @@ from unicron.train.iteration import PeerLostError
 from unicron.train.peers import Peers
 
 POLL = timedelta(milliseconds=100)  # how often a pending collective asks whether a peer failed
+ABANDONED = "a recovery was posted (a peer failed, or a reattempt): the pending collective is "
 GPU_POLL_S = 0.0002  # between looks at a pending NCCL collective (a CUDA event query each)
 
 
@@ -48,20 +49,21 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 def all_reduce_gradients(
     model: torch.nn.Module,
     peers: Peers | None,
-    peers_failed: Callable[[], bool] | None,
+    abandoned: Callable[[], bool] | None,
     scale: float = 1.0,
     extra: torch.Tensor | None = None,
 ) -> None:
     """Sum the gradients (this rank's shards of them, in a sharded replica) times ``scale`` over
-    the peers, as one flat buffer. ``peers_failed``: polled while the collective is pending
-    (None: wait for it, however long). ``extra`` (the step's metrics: ``metric.py``) is summed
+    the peers, as one flat buffer. ``abandoned``: polled while the collective is pending
+    (whether the coordinator posted a recovery that abandons the step; None: wait for it,
+    however long). ``extra`` (the step's metrics: ``metric.py``) is summed
     in place beside them, and the gradients are written back only once both are."""
     if peers is None or not peers.usable:
         raise ConnectionResetError("the process group is gone: connection to peers broken")
     grads, flat = flat_gradients(model, scale)
     works = [peers.all_reduce_async(flat), *([] if extra is None else [peers.all_reduce_async(extra)])]
     for work in works:
-        wait_or_abandon(work, peers, peers_failed)
+        wait_or_abandon(work, peers, abandoned)
     write_back(grads, flat)
 
 
@@ -85,9 +87,10 @@ def write_back(grads: list[torch.Tensor], flat: torch.Tensor) -> None:
     torch._foreach_copy_(grads, unflatten_dense_tensors(flat, grads))
 
 
-def wait_or_abandon(work: Any, peers: Peers, peers_failed: Callable[[], bool] | None) -> None:
-    """Wait for a collective, but abandon it once ``peers_failed`` says so: a peer was declared
-    dead or hung. A peer whose node went silent without closing its connections (powered off,
+def wait_or_abandon(work: Any, peers: Peers, abandoned: Callable[[], bool] | None) -> None:
+    """Wait for a collective, but abandon it once ``abandoned`` says so: the coordinator posted
+    a recovery (a peer declared dead or hung, or a reattempt of a collective stuck with every
+    rank alive). A peer whose node went silent without closing its connections (powered off,
     partitioned) would otherwise keep the collective waiting until the process-group timeout,
     many minutes. Only gloo's collectives can be left this way.
 
@@ -98,11 +101,11 @@ def wait_or_abandon(work: Any, peers: Peers, peers_failed: Callable[[], bool] | 
     CPU from peers still computing on the same cores. On an NCCL group (``peers.nccl``: CUDA
     tensors), ``wait`` does not block the host (``_poll_gpu``); a standalone gloo group blocks
     as above, whatever device its tensors are on."""
-    if peers_failed is None:
+    if abandoned is None:
         work.wait()
         return
     if peers.nccl:
-        _poll_gpu(work, peers, peers_failed)
+        _poll_gpu(work, peers, abandoned)
         return
     while True:
         try:
@@ -111,13 +114,13 @@ def wait_or_abandon(work: Any, peers: Peers, peers_failed: Callable[[], bool] | 
         except RuntimeError:
             if work.is_completed():
                 break  # done (a timeout that raced completion) or failed: the wait below says
-        if peers_failed():
+        if abandoned():
             peers.abandon()
-            raise PeerLostError("a peer was declared failed: the pending collective is abandoned")
+            raise PeerLostError(ABANDONED + "abandoned")
     work.wait()  # raises the collective's own error, if it failed
 
 
-def _poll_gpu(work: Any, peers: Peers, peers_failed: Callable[[], bool]) -> None:
+def _poll_gpu(work: Any, peers: Peers, abandoned: Callable[[], bool]) -> None:
     """An NCCL collective: ``wait`` only orders the current CUDA stream after it and returns at
     once, and a kernel whose peer died stays pending on the GPU, so its completion is polled
     (``is_completed`` reads a CUDA event, no synchronisation) while the store is asked about
@@ -125,9 +128,9 @@ def _poll_gpu(work: Any, peers: Peers, peers_failed: Callable[[], bool]) -> None
     ask_at = time.monotonic() + POLL.total_seconds()  # the store is asked as often as for gloo
     while not work.is_completed():
         if time.monotonic() >= ask_at:
-            if peers_failed():
+            if abandoned():
                 peers.abandon()
-                raise PeerLostError("a peer was declared failed: the pending collective is aborted")
+                raise PeerLostError(ABANDONED + "aborted")
             ask_at = time.monotonic() + POLL.total_seconds()
         time.sleep(GPU_POLL_S)
     work.wait()
@@ -209,7 +212,7 @@ class Buckets:
         assert self.peers is not None  # armed
         self.flights.append((self.peers.all_reduce_async(buffer), buffer))
 
-    def finish(self, peers_failed: Callable[[], bool] | None, extra: torch.Tensor | None = None) -> None:
+    def finish(self, abandoned: Callable[[], bool] | None, extra: torch.Tensor | None = None) -> None:
         """Launch the buckets backward did not fill (unused parameters, or a rank with no
         samples), then ``extra`` (summed in place: the step's metrics), wait for all, and write
         the sums back into the gradients."""
@@ -224,7 +227,7 @@ class Buckets:
             if extra is not None:
                 works.append(peers.all_reduce_async(extra))
             for work in works:
-                wait_or_abandon(work, peers, peers_failed)
+                wait_or_abandon(work, peers, abandoned)
             for bucket, (_, buffer) in zip(self.buckets, self.flights, strict=True):
                 for p in bucket:
                     if p.grad is None:  # backward never reached it: its gradient is the sum alone

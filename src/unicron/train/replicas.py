@@ -105,7 +105,7 @@ def reduce(
     sharded: bool,
     replica: Peers,
     peers: Peers,
-    peers_failed: Callable[[], bool] | None,
+    abandoned: Callable[[], bool] | None,
     scale: float,
 ) -> None:
     """Sum the step's gradients: over the replica (FSDP's reduce-scatter did it already for a
@@ -122,7 +122,7 @@ def reduce(
         wait_or_abandon(replica.all_reduce_async(flat), replica, None)
     failure: Exception | None = None
     try:
-        wait_or_abandon(peers.all_reduce_async(flat), peers, peers_failed)
+        wait_or_abandon(peers.all_reduce_async(flat), peers, abandoned)
     except Exception as exc:  # told to the replica first
         failure = exc
     all_or_none(replica, failure)

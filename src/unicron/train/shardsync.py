@@ -75,7 +75,7 @@ class UnitSums:
         except Exception as exc:  # raised again by finish, where recovery handles it
             self.error = exc
 
-    def finish(self, replica: Peers, peers_failed: Callable[[], bool] | None) -> None:
+    def finish(self, replica: Peers, abandoned: Callable[[], bool] | None) -> None:
         """Wait for every unit's sum; write them back once the whole replica has its own."""
         assert self.peers is not None
         try:
@@ -84,7 +84,7 @@ class UnitSums:
                 failure = RuntimeError(f"{len(self.flights)} of {len(self.units)} units were reduced")
             for _, _, work in self.flights if failure is None else ():
                 try:
-                    wait_or_abandon(work, self.peers, peers_failed)
+                    wait_or_abandon(work, self.peers, abandoned)
                 except Exception as exc:  # told to the replica first
                     failure = exc
                     break

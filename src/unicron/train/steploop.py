@@ -380,7 +380,8 @@ class StepLoop:
 
     def _reduce(self) -> None:
         """Sum the gradients over the ranks (``gradsync``); abandoned once the coordinator posts
-        a new membership (a peer was declared dead or hung), when this rank recovers in place."""
+        a recovery's membership (a peer declared dead or hung, or a reattempt), when this rank
+        recovers in place."""
         session = self.session
         store, generation = session.store, session.generation
         watch = None if not session.in_process or store is None else lambda: store.abandons_step(generation)

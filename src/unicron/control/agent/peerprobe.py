@@ -24,9 +24,10 @@ from unicron.core.protocol import PROBE_TIMEOUT_S
 # A lossy link loses a probe's handshake now and then (at a tenth lost each way, about one
 # connection in five loses its SYN or SYN-ACK, and the kernel sends the SYN again only after
 # 1 s, then 3 s). So a new attempt starts every STAGGER_S beside those still waiting, until one
-# succeeds or the time is up: six at 3 s, each with its own SYN retries, so that loss alone
-# makes a reachable peer look cut off about once in 0.2^6 (two in a row, as before: 1 in 25;
-# a `make test` run once took a lost probe for a cut link and restarted the task).
+# succeeds or the time is up: six within 3 s, the earlier ones with a SYN retry of their own
+# (two attempts in a row, as before, failed about once in 25 at a tenth lost, and a `make test`
+# run once took such a lost probe for a cut link and restarted the task). A refused connection
+# (nothing listens) is tried again too, until the time is up: it may be a listener restarting.
 STAGGER_S = 0.5
 
 

@@ -500,7 +500,8 @@ class Detector:
         culprits, grace = verdict.culprits, self.graced.get((task.name, task.generation))
         endpoints = None
         by_then_s = now - since + limits.network_grace_s
-        if not culprits and (grace is None or grace.again(step, by_then_s, limits)):
+        graces_spent = grace is not None and not grace.again(step, by_then_s, limits)
+        if not culprits and not graces_spent:
             endpoints = probe_endpoints(self.ctx.store.nodes(), {w.node for w in workers})
         # Every rank's stack first (the agents carry this out before the stop that follows).
         self.ctx.act.dump_stacks(task.name, task.generation, endpoints)
@@ -520,7 +521,7 @@ class Detector:
         if endpoints is not None:
             self.checks[(task.name, task.generation)] = PeerCheck.of(workers, step, since, verdict.why, now)
             return None
-        if not culprits and grace is not None and grace.step == step:
+        if not culprits and graces_spent and grace is not None:
             return stuck(task, step, since, grace, verdict.why)
         # Kill the hung worker(s) at once: the hang becomes an ordinary death.
         for w in culprits:

@@ -119,7 +119,7 @@ class PeerCheck:
 class CheckOutcome:
     """What a complete peer check decides: more time (``grace_s`` > 0, no incident; ``renewable``
     when TCP was seen retransmitting), or the incident to open: its kind, node, failed ranks
-    (None: no rank can be blamed) and why."""
+    (None: which ones is not known; empty: every rank is alive, none to blame) and why."""
 
     verdict: PartitionVerdict
     grace_s: float = 0.0
