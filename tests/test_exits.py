@@ -9,7 +9,7 @@ from typing import Any
 
 from unicron.control.recover.exits import ExitMeans, exit_means
 from unicron.control.store.records import TaskRecord
-from unicron.core.protocol import ExitReport
+from unicron.core.protocol import DoneReport, ExitReport
 from unicron.core.states import TaskState
 
 TASK = TaskRecord(
@@ -35,6 +35,11 @@ def test_a_clean_exit_finishes_the_task_only_once_the_final_state_is_known_saved
 
 def test_failures_early_exits_and_exits_of_an_ended_task() -> None:
     assert means(report=CLEAN.model_copy(update={"code": 1})) is ExitMeans.FAILED
+    # Once the final state is saved, a worker dying on its way out fails nothing: finished, said.
+    aborted = CLEAN.model_copy(update={"code": None, "signal": 6})
+    decision = exit_means(replace(TASK, digest="d"), aborted, 100, True, False)
+    assert decision.means is ExitMeans.FINISHED and "signal 6 after the final state was saved" in decision.why
+    assert means(replace(TASK, step=50, digest="d"), aborted) is ExitMeans.FAILED  # not at the end yet
     assert means(replace(TASK, step=50)) is ExitMeans.LEFT_EARLY
     ended = replace(TASK, state=TaskState.FINISHED)
     assert means(ended, CLEAN.model_copy(update={"code": 1}), open_=True) is ExitMeans.SCOPE
@@ -58,3 +63,19 @@ def test_a_generation_that_leaves_without_the_final_state_is_trained_again_not_f
         cluster.step()
     assert cluster.c.store.get_task("lm").generation > 1  # launched again from the checkpoint
     assert [e["resume_from"] for e in cluster.events("task_launch")][-1] == 0
+
+
+def test_a_worker_dying_on_its_way_out_after_the_final_state_is_saved_fails_nothing(make: Any) -> None:
+    """Rank 0 reports the final state saved, then dies of a signal in its teardown (seen once:
+    SIGABRT after a reattempt in place): the task is finished, the others stopped, the death said
+    in a ``late_failure`` event; no incident, no generation re-formed."""
+    cluster = make()
+    cluster.train(100)
+    generation = cluster.c.store.get_task("lm").generation
+    cluster.beat("n0", DoneReport(task="lm", generation=generation, rank=0, step=100, digest="d"))
+    cluster.exit(0, code=None, signal=6)
+    task = cluster.c.store.get_task("lm")
+    assert task.state is TaskState.FINISHED and task.generation == generation
+    assert not cluster.events("incident")
+    (late,) = cluster.events("late_failure")
+    assert late["rank"] == 0 and "signal 6 after the final state was saved" in late["why"]

@@ -526,6 +526,8 @@ class Coordinator:
                 task.name, EXITED, report.node, why, ranks, seen, Scope.TASK, detail=output
             )
         elif means is ExitMeans.FINISHED:
+            if decision.why:  # a failure after the final state was saved: said, not recovered from
+                self.act.record("late_failure", task=task.name, node=report.node, rank=report.rank, why=why)
             self._finished(task)
 
     def _finished(self, task: TaskRecord) -> None:

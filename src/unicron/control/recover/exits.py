@@ -43,6 +43,12 @@ def exit_means(
         caused = report.stop_ordered and (report.signal is not None or ok)
         scope = not ok and not caused and incident_open
         return ExitDecision(ExitMeans.SCOPE if scope else ExitMeans.NOTHING, "")
+    if not ok and task.step >= iterations and task.final_state_saved(iterations):
+        # The result is saved: a worker that dies on its way out (its teardown aborted: once, a
+        # gloo group left behind by a recovery) fails nothing; there is nothing left to recover.
+        return ExitDecision(
+            ExitMeans.FINISHED, f"{where} {_how_it_ended(report)} after the final state was saved"
+        )
     if not ok:
         return ExitDecision(ExitMeans.FAILED, f"{where} {_how_it_ended(report)}")
     if task.step < iterations:
