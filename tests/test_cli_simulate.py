@@ -171,3 +171,26 @@ def test_the_trace_kinds_are_in_the_help_and_the_docs() -> None:
     for kind in ErrorKind:
         assert kind.value in result.output, kind
         assert f"| `{kind.value}` |" in page, kind
+
+
+def test_a_trace_longer_than_the_scenario_is_refused_or_spanned_never_cut(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace's row past the scenario's end was dropped in silence (a 348-day public trace on a
+    7-day scenario replayed nothing, and the JSON still said ``failures: 32``). Now the row is
+    refused, named, with the fix; ``--span-trace`` lengthens the scenario to the trace instead,
+    and ``failures`` counts the faults replayed."""
+    scenario = wide(tmp_path)  # one day
+    trace = tmp_path / "long.csv"
+    trace.write_text("time_hours,node,kind,repair_hours\n2,0,node_lost,1\n30.5,1,node_lost,1\n")
+    code, _, err = cli(capsys, "simulate", scenario, "--trace", str(trace))
+    assert code == 2 and "Traceback" not in err
+    assert "line 3" in err and "past the scenario's end (24 h" in err and "days to 2 or more" in err
+    code, out, err = cli(capsys, "simulate", scenario, "--trace", str(trace), "--span-trace", "--json")
+    assert code == 0, err
+    assert json.loads(out)["failures"] == 2
+    # A trace the scenario spans: every fault replayed and counted, as given.
+    short = tmp_path / "short.csv"
+    short.write_text("time_hours,node,kind,repair_hours\n2,0,node_lost,1\n")
+    code, out, err = cli(capsys, "simulate", scenario, "--trace", str(short), "--json")
+    assert code == 0 and json.loads(out)["failures"] == 1, err

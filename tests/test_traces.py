@@ -10,7 +10,7 @@ import pytest
 from unicron.core.errors import SpecError
 from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.sim.mixes import LLAMA3_COUNTS, NAMED_MIXES, UNICRON_TERMINATION_MIX
-from unicron.sim.traces import Failure, generate, parse_trace, to_csv
+from unicron.sim.traces import MAX_HOURS, Failure, generate, parse_trace, spanned_days, to_csv
 
 from .conftest import DATA
 
@@ -115,3 +115,17 @@ def test_embedded_mixes_match_the_data_files() -> None:
     assert {k.value: v for k, v in UNICRON_TERMINATION_MIX.items()} == shares
     counts = {r["component"]: int(r["count"]) for r in _data_rows("llama3_interruptions.csv")}
     assert counts == LLAMA3_COUNTS and sum(counts.values()) == 419
+
+
+def test_a_row_past_the_scenarios_end_is_refused_with_the_days_that_hold_it() -> None:
+    rows = [{"time_hours": 1, "node": 0, "kind": "ecc_error", "repair_hours": 1},
+            {"time_hours": 50, "node": 0, "kind": "ecc_error", "repair_hours": 1}]  # fmt: skip
+    with pytest.raises(SpecError) as info:
+        parse_trace(json.dumps(rows), "t.json", hours=48.0)
+    (problem,) = info.value.problems
+    assert problem.path == "failures[1]" and "past the scenario's end (48 h" in problem.message
+    assert "days to 3 or more" in problem.fix
+    failures = parse_trace(json.dumps(rows), "t.json")
+    assert spanned_days(failures, 1.0) == 3 and spanned_days(failures, 7.0) == 7.0
+    with pytest.raises(SpecError):  # ten years at most
+        parse_trace(HEADER + f"{MAX_HOURS},0,ecc_error,0\n", "t.csv")

@@ -61,12 +61,26 @@ def simulate(
     json_output: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     plot: Annotated[Path | None, typer.Option(help="write WAF-over-time and lost-WAF plots (PNG)")] = None,
     save_trace: Annotated[Path | None, typer.Option(help="write the trace used, as CSV")] = None,
+    span_trace: Annotated[
+        bool,
+        typer.Option(
+            help="lengthen the scenario to the trace's last failure (whole days); without it a failure"
+            " past the scenario's end is an error"
+        ),
+    ] = False,
 ) -> None:
     """Replay a failure trace against Unicron and the baselines (docs/simulation.md). A run
     longer than a few seconds says on stderr where it is: the policy and the simulated day."""
     from unicron.cli.simulate_view import run_simulate
 
-    run_simulate(scenario, trace=trace, json_output=json_output, plot_path=plot, save_trace=save_trace)
+    run_simulate(
+        scenario,
+        trace=trace,
+        json_output=json_output,
+        plot_path=plot,
+        save_trace=save_trace,
+        span_trace=span_trace,
+    )
 
 
 URL = Annotated[str, typer.Option("--coordinator", envvar="UNICRON_COORDINATOR", help="coordinator URL")]

@@ -25,7 +25,7 @@ from unicron.sim.report import (
 )
 from unicron.sim.runner import simulate
 from unicron.sim.scenario import ScenarioSpec, parse_scenario
-from unicron.sim.traces import parse_trace, to_csv
+from unicron.sim.traces import parse_trace, spanned_days, to_csv
 
 PROGRESS_EVERY_S = 3.0  # a run shorter than this prints no progress
 
@@ -66,11 +66,17 @@ def run_simulate(
     json_output: bool,
     plot_path: Path | None,
     save_trace: Path | None,
+    span_trace: bool = False,
 ) -> None:
     scenario = parse_scenario(read_text(scenario_path), str(scenario_path))
     failures = None
     if trace is not None:
-        failures = parse_trace(read_text(trace), str(trace), nodes=scenario.cluster.nodes)
+        # Every row is replayed or refused, never dropped: past the scenario's end, a row is an
+        # error naming it, unless the scenario is told to span the trace.
+        hours = None if span_trace else scenario.days * 24
+        failures = parse_trace(read_text(trace), str(trace), nodes=scenario.cluster.nodes, hours=hours)
+        if span_trace:
+            scenario = scenario.model_copy(update={"days": spanned_days(failures, scenario.days)})
     report = simulate(scenario, failures, progress=ProgressLine(scenario))
     if save_trace is not None:
         save_trace.write_text(to_csv(report.failures))

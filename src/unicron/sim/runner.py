@@ -49,6 +49,9 @@ def simulate(
 ) -> SimulationReport:
     started = time.perf_counter()
     trace = scenario_trace(scenario) if failures is None else failures
+    # What the scenario's length replays, and what the report counts (a given trace is checked
+    # against it when read: ``parse_trace(hours=...)``, or spanned by ``spanned_days``).
+    trace = [f for f in trace if f.time_hours < scenario.days * 24]
     results = []
     for name in scenario.policies:
         policy = make_policy(name, scenario.policy_settings.get(name))

@@ -12,6 +12,7 @@ from unicron.core.specs import FIX_MARK, ClusterSpec, TaskSpec, validate_spec
 from unicron.core.taxonomy import ErrorKind
 from unicron.sim.mixes import NAMED_MIXES
 from unicron.sim.policies import POLICY_NAMES, make_policy
+from unicron.sim.traces import MAX_DAYS
 
 
 class TraceSettings(BaseModel):
@@ -54,7 +55,7 @@ class ScenarioSpec(BaseModel):
 
     name: str
     description: str = ""
-    days: float = Field(gt=0)
+    days: float = Field(gt=0, le=MAX_DAYS, description="how long the scenario runs (ten years at most)")
     cluster: ClusterSpec
     tasks: list[TaskSpec] = Field(min_length=1)
     trace: TraceSettings = TraceSettings()

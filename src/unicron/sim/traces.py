@@ -27,6 +27,9 @@ from unicron.core.errors import SpecError, SpecProblem
 from unicron.core.taxonomy import TAXONOMY, ErrorKind
 
 FIELDS = ("time_hours", "node", "kind", "repair_hours")
+MAX_DAYS = 3660  # a scenario's length at most: ten years, far beyond any published fault trace (348 days)
+# A day less: a trace spanned by whole days (``spanned_days``) still fits a scenario.
+MAX_HOURS = (MAX_DAYS - 1) * 24
 KIND_NAMES = ", ".join(k.value for k in ErrorKind)
 
 
@@ -38,7 +41,21 @@ class Failure:
     repair_hours: float
 
 
-def _row(values: Mapping[str, Any], nodes: int | None) -> Failure:
+class RowProblem(ValueError):
+    """A row the trace cannot hold, with the fix to say beside it."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(what)
+        self.fix = fix
+
+
+def _fix(exc: ValueError, default: str) -> str:
+    return exc.fix if isinstance(exc, RowProblem) else default
+
+
+def _row(values: Mapping[str, Any], nodes: int | None, hours: float | None = None) -> Failure:
+    """One failure; ``hours``: the scenario's length (a row at or past it would never be
+    replayed: refused, not dropped)."""
     missing = [f for f in FIELDS if values.get(f) in (None, "")]
     if missing:
         raise ValueError(f"missing {', '.join(missing)}; give all of {', '.join(FIELDS)}")
@@ -47,10 +64,17 @@ def _row(values: Mapping[str, Any], nodes: int | None) -> Failure:
         repair = float(values["repair_hours"])
     except (TypeError, ValueError):
         raise ValueError("time_hours and repair_hours must be numbers") from None
-    if not (math.isfinite(time) and time >= 0):
-        raise ValueError(f"time_hours {values['time_hours']!r} must be a number >= 0")
+    if not (math.isfinite(time) and 0 <= time < MAX_HOURS):
+        raise ValueError(f"time_hours {values['time_hours']!r} must be a number >= 0 and under {MAX_HOURS:g}")
     if not (math.isfinite(repair) and repair >= 0):
         raise ValueError(f"repair_hours {values['repair_hours']!r} must be a number >= 0")
+    if hours is not None and time >= hours:
+        days = math.floor(time / 24) + 1
+        raise RowProblem(
+            f"time_hours {time:g} is past the scenario's end ({hours:g} h: its days x 24), so it would"
+            " never be replayed",
+            f"set the scenario's days to {days} or more, pass --span-trace, or remove the row",
+        )
     raw_node = str(values["node"]).strip()
     if not raw_node.isdigit():
         raise ValueError(f"node {values['node']!r} must be a whole number >= 0")
@@ -64,7 +88,7 @@ def _row(values: Mapping[str, Any], nodes: int | None) -> Failure:
     return Failure(time, node, kind, repair)
 
 
-def parse_csv(text: str, source: str, nodes: int | None = None) -> list[Failure]:
+def parse_csv(text: str, source: str, nodes: int | None = None, hours: float | None = None) -> list[Failure]:
     lines = [
         (n, line)
         for n, line in enumerate(text.splitlines(), 1)
@@ -96,15 +120,15 @@ def parse_csv(text: str, source: str, nodes: int | None = None) -> list[Failure]
             )
             continue
         try:
-            failures.append(_row(dict(zip(names, cells, strict=True)), nodes))
+            failures.append(_row(dict(zip(names, cells, strict=True)), nodes, hours))
         except ValueError as exc:
-            problems.append(SpecProblem(f"line {number}", str(exc), "correct or remove the row"))
+            problems.append(SpecProblem(f"line {number}", str(exc), _fix(exc, "correct or remove the row")))
     if problems:
         raise SpecError(source, problems)
     return sorted(failures)
 
 
-def parse_json(text: str, source: str, nodes: int | None = None) -> list[Failure]:
+def parse_json(text: str, source: str, nodes: int | None = None, hours: float | None = None) -> list[Failure]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -134,19 +158,30 @@ def parse_json(text: str, source: str, nodes: int | None = None) -> list[Failure
             )
             continue
         try:
-            failures.append(_row(row, nodes))
+            failures.append(_row(row, nodes, hours))
         except ValueError as exc:
-            problems.append(SpecProblem(f"failures[{index}]", str(exc), "correct or remove the entry"))
+            problems.append(
+                SpecProblem(f"failures[{index}]", str(exc), _fix(exc, "correct or remove the entry"))
+            )
     if problems:
         raise SpecError(source, problems)
     return sorted(failures)
 
 
-def parse_trace(text: str, source: str, nodes: int | None = None) -> list[Failure]:
-    """Parse CSV or JSON (by the file name's ending, else by its first character)."""
+def parse_trace(
+    text: str, source: str, nodes: int | None = None, hours: float | None = None
+) -> list[Failure]:
+    """Parse CSV or JSON (by the file name's ending, else by its first character); ``hours``:
+    the scenario's length, which every row must fall within."""
     if source.endswith(".json") or (not source.endswith(".csv") and text.lstrip()[:1] in "[{"):
-        return parse_json(text, source, nodes)
-    return parse_csv(text, source, nodes)
+        return parse_json(text, source, nodes, hours)
+    return parse_csv(text, source, nodes, hours)
+
+
+def spanned_days(failures: list[Failure], days: float) -> float:
+    """A scenario's days lengthened, if need be, to replay every failure (whole days)."""
+    last = max((f.time_hours for f in failures), default=0.0)
+    return max(days, math.floor(last / 24) + 1)
 
 
 def to_csv(failures: list[Failure]) -> str:
