@@ -48,6 +48,29 @@ def torchft_measured() -> dict[str, float]:
     }
 
 
+MEASURED = ROOT / "src" / "unicron" / "sim" / "measured.py"
+
+
+def measured_module(torchft: dict[str, float]) -> str:
+    """The text of ``src/unicron/sim/measured.py``: the torchft policy's defaults, as measured,
+    so that ``unicron simulate`` replays torchft with what these pages report."""
+    body = "\n".join(f'    "{key}": {value!r},' for key, value in sorted(torchft.items()))
+    return (
+        '"""torchft\'s costs as this repository\'s benchmarks measured them with torchft itself: the\n'
+        "detection of a crash and of a hang and the crashed group's heal (docs/bench/recovery.json,\n"
+        "bench/torchft_recovery.py) and its failure-free efficiency (docs/bench/overhead.json, gpt-10m at\n"
+        "its most workers). Written by bench/simulation_docs.py from those files (`make bench`); not\n"
+        'edited by hand: tests/test_sim_measured.py checks it against them."""\n\n'
+        f"TORCHFT: dict[str, float] = {{\n{body}\n}}\n"
+    )
+
+
+def write_measured() -> dict[str, float]:
+    torchft = torchft_measured()
+    MEASURED.write_text(measured_module(torchft))
+    return torchft
+
+
 def run(name: str, overrides: dict[str, dict[str, object]] | None = None) -> SimulationReport:
     path = ROOT / "examples" / "scenarios" / f"{name}.yaml"
     scenario = parse_scenario(read_text(path), str(path))
@@ -135,7 +158,7 @@ def main() -> dict[str, object]:
     }
     varied, found = sensitivity()
     bench["sensitivity"] = {"efficiency": list(SENSITIVITY), "unicron_over": found}
-    torchft = torchft_measured()
+    torchft = write_measured()  # the CLI's torchft defaults, as these runs use them
     bench["torchft_settings"] = torchft
     (docs / "bench" / "simulator.json").write_text(json.dumps(bench, indent=2) + "\n")
     megatron_llama = reports["llama3"].result("megatron").ratio_to_oracle

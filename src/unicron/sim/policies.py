@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+from unicron.sim import measured
 from unicron.sim.engine import Simulation, TaskRun
 from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, allocation, held, iteration_s
 from unicron.sim.traces import Failure
@@ -161,19 +162,16 @@ ELASTIC_DEFAULTS: dict[str, dict[str, Any]] = {
         "rejoin_pause_s": 60.0,
     },
     # torchft: per-step quorum; survivors go on after the lighthouse notices, the failed step is
-    # dropped, the failed replica group restarts and heals from a peer. These defaults are round
-    # figures for a scenario that gives none; docs/simulation.md's runs replace the detection,
-    # heal and efficiency with what bench/torchft_recovery.py and bench/overhead_bench.py measured
-    # with torchft itself (bench/simulation_docs.py:torchft_measured).
+    # dropped, the failed replica group restarts and heals from a peer. Its detection, heal and
+    # efficiency are what bench/torchft_recovery.py and bench/overhead_bench.py measured with
+    # torchft itself (``measured.py``, written from docs/bench), as docs/simulation.md reports.
     "torchft": {
         "tensor_parallel": True,
-        "crash_detection_s": 2.0,
-        "hang_detection_s": 60.0,
         "failure_pause_s": 0.0,
         "lost_work": "iteration",
         "survivors_continue": True,
-        "heal_s": 30.0,
         "rejoin_pause_s": 0.0,
+        **measured.TORCHFT,
     },
 }
 
