@@ -102,17 +102,17 @@ def _place(
     previous: Mapping[int, Mapping[str, int]],
     units: Mapping[str, int],
 ) -> Assignment:
-    kept: Assignment = {
-        n: {
-            t: _whole(g, units[t])
-            for t, g in previous.get(n, {}).items()
-            if counts.get(t, 0) > 0 and g >= units[t]
-        }
-        for n in nodes
-    }
+    kept: Assignment = {n: {} for n in nodes}
+    for n, held in previous.items():  # (nodes out of service are no longer in ``nodes``)
+        if n in kept:
+            kept[n] = {
+                t: _whole(g, units[t]) for t, g in held.items() if counts.get(t, 0) > 0 and g >= units[t]
+            }
     layout = _Layout(kept, gpus_per_node)
     for task in sorted(counts):  # surplus workers leave the nodes where the task has the fewest
         surplus = layout.placed(task) - counts[task]
+        if surplus <= 0:
+            continue
         for node in sorted((n for n in nodes if kept[n].get(task)), key=lambda n: (kept[n][task], -n)):
             if surplus <= 0:
                 break
@@ -137,13 +137,15 @@ def _grow(layout: _Layout, nodes: Sequence[int], task: str, need: int, unit: int
         return 0
     result, size = layout.result, layout.size
     own = sorted((n for n in nodes if result[n].get(task)), key=lambda n: (-result[n][task], n))
-    empty = [n for n in nodes if layout.free(n) == size]
     for node in own:
-        need -= layout.put(node, task, _whole(min(need, layout.free(node)), unit))
-    for node in empty:
-        if need < size:
+        if need <= 0:
             break
-        need -= layout.put(node, task, size)
+        need -= layout.put(node, task, _whole(min(need, layout.free(node)), unit))
+    if need >= size:
+        for node in [n for n in nodes if layout.free(n) == size]:
+            if need < size:
+                break
+            need -= layout.put(node, task, size)
     if need > 0:
         for node in sorted(nodes, key=lambda n: (-layout.free(n), n)):
             if need <= 0:

@@ -89,7 +89,7 @@ class MegatronPolicy:
                 sim.pause(name, [(detect, "detection"), *self._restart()])
             elif self.s.on_node_loss == "shrink":
                 budget = survivors + sim.free_gpus()
-                smaller = max((c for c in range(budget, 0, -1) if sim.usable(name, c)), default=0)
+                smaller = sim.largest_usable(name, budget)
                 sim.set_allocation(allocation(sim, {name: smaller}))
                 sim.pause(name, [(detect, "detection"), *self._restart()])
             else:

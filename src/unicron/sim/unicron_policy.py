@@ -292,7 +292,7 @@ class UnicronPolicy:
         replica = self._replica(sim, name, before)
         failed_replicas = math.ceil(lost_gpus / replica) if lost_gpus else 1
         survivors = max(before - failed_replicas * replica, 0)
-        keep = max((c for c in range(min(survivors, target), 0, -1) if sim.usable(name, c)), default=0)
+        keep = sim.largest_usable(name, min(survivors, target))
         return survivors, keep
 
     @staticmethod
