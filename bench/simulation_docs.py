@@ -8,6 +8,7 @@ from pathlib import Path
 
 from unicron.cli.files import read_text
 from unicron.core.taxonomy import TAXONOMY
+from unicron.sim import interruptions
 from unicron.sim.report import (
     CAUSE_COLUMNS,
     COLUMNS,
@@ -69,6 +70,15 @@ def write_measured() -> dict[str, float]:
     torchft = torchft_measured()
     MEASURED.write_text(measured_module(torchft))
     return torchft
+
+
+def interruption_table() -> str:
+    """The published mean times between job interruptions against the fitted power law."""
+    rows = ["| GPUs in the job | published | fitted | fitted / published |", "|---|---|---|---|"]
+    for gpus, hours in interruptions.PUBLISHED:
+        fitted = interruptions.job_mtbi_hours(gpus)
+        rows.append(f"| {gpus:,} | {hours:.1f} h | {fitted:.1f} h | {fitted / hours:.2f} |")
+    return "\n".join(rows)
 
 
 def run(name: str, overrides: dict[str, dict[str, object]] | None = None) -> SimulationReport:
@@ -171,6 +181,8 @@ def main() -> dict[str, object]:
         sensitivity=varied,
         megatron_llama_loss=1 - megatron_llama,
         trace_kinds=trace_kinds(),
+        interruptions=interruption_table(),
+        fit=f"mtbi = {interruptions.FIT.scale:.0f} h x gpus^-{interruptions.FIT.exponent:.3f}",
         legend=LEGEND,
         ours_megatron=ours(reports, "megatron"),
         ours_oobleck=ours(reports, "oobleck"),

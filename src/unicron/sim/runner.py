@@ -29,7 +29,7 @@ def scenario_trace(scenario: ScenarioSpec) -> list[Failure]:
     return generate(
         nodes=scenario.cluster.nodes,
         hours=scenario.days * 24,
-        node_mtbf_hours=t.node_mtbf_hours or scenario.cluster.node_mtbf_hours,
+        node_mtbf_hours=t.node_mtbf(scenario.cluster),
         mix=t.kind_mix(),
         seed=t.seed,
         distribution=t.distribution,

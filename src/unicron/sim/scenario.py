@@ -10,6 +10,7 @@ from unicron.core.errors import SpecError, SpecProblem
 from unicron.core.safeyaml import load_yaml_text
 from unicron.core.specs import FIX_MARK, ClusterSpec, TaskSpec, validate_spec
 from unicron.core.taxonomy import ErrorKind
+from unicron.sim import interruptions
 from unicron.sim.mixes import NAMED_MIXES
 from unicron.sim.policies import POLICY_NAMES, make_policy
 from unicron.sim.traces import MAX_DAYS
@@ -21,6 +22,12 @@ class TraceSettings(BaseModel):
     distribution: Literal["exponential", "weibull"] = "exponential"
     weibull_shape: float = Field(0.7, gt=0, le=1)
     node_mtbf_hours: float | None = Field(None, gt=0, description="defaults to the cluster's")
+    rate: Literal["node_mtbf", "published"] = Field(
+        "node_mtbf",
+        description="node_mtbf: each node fails every node_mtbf_hours; published: at the rate that"
+        " interrupts a job on the whole cluster as often as published figures say a job that large"
+        " is (sim/interruptions.py)",
+    )
     mix: str | dict[str, float] = "unicron"
     repair_median_hours: float = Field(4.0, gt=0)
     repair_sigma: float = Field(1.0, ge=0)
@@ -43,6 +50,21 @@ class TraceSettings(BaseModel):
         if not any(w > 0 for w in value.values()):
             raise ValueError(f"the mix has no positive weight{FIX_MARK}give at least one kind a weight")
         return value
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> TraceSettings:
+        if self.rate == "published" and self.node_mtbf_hours is not None:
+            raise ValueError(
+                f"rate: published sets each node's rate from the cluster's size{FIX_MARK}drop"
+                " node_mtbf_hours, or drop rate: published"
+            )
+        return self
+
+    def node_mtbf(self, cluster: ClusterSpec) -> float:
+        """Each node's mean hours between failures for this trace."""
+        if self.rate == "published":
+            return interruptions.node_mtbf_hours(cluster.nodes, cluster.gpus_per_node)
+        return self.node_mtbf_hours or cluster.node_mtbf_hours
 
     def kind_mix(self) -> dict[ErrorKind, float]:
         if isinstance(self.mix, str):
