@@ -47,11 +47,28 @@ class OraclePolicy:
 
 
 class MegatronSettings(PolicySettings):
-    collective_timeout_s: float = Field(1800.0, ge=0, description="NCCL/gloo timeout seen by peers")
-    exit_detection_s: float = Field(60.0, ge=0, description="job fails once a rank exits")
-    resubmit_s: float = Field(540.0, ge=0, description="waiting for the job to be rescheduled")
-    setup_s: float = Field(840.0, ge=0, description="start-up, initialisation, checkpoint load")
-    checkpoint_interval_s: float = Field(1800.0, gt=0)
+    """Each default says where it comes from, or that it is an assumption."""
+
+    collective_timeout_s: float = Field(
+        1800.0,
+        ge=0,
+        description="the timeout peers wait in a collective: torch.distributed's default for gloo",
+    )
+    exit_detection_s: float = Field(
+        60.0, ge=0, description="the job fails once a rank exits: an assumption (no published figure)"
+    )
+    resubmit_s: float = Field(
+        540.0,
+        ge=0,
+        description="waiting for the job to be rescheduled: the ~68 min breakdown in docs/design.md"
+        " (not traced to a figure of the paper)",
+    )
+    setup_s: float = Field(
+        840.0, ge=0, description="start-up, initialisation, checkpoint load: the same breakdown"
+    )
+    checkpoint_interval_s: float = Field(
+        1800.0, gt=0, description="half of it is redone after a restart: an assumption (30 min)"
+    )
     on_node_loss: Literal["shrink", "wait"] = "shrink"
 
 
