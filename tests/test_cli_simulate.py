@@ -19,6 +19,7 @@ from unicron.core.taxonomy import ErrorKind
 from unicron.sim.report import CAUSE_COLUMNS, COLUMNS
 from unicron.sim.runner import simulate
 from unicron.sim.scenario import parse_scenario
+from unicron.sim.traces import parse_trace
 
 from .conftest import ROOT
 from .test_cli_plan import cli, unicron
@@ -188,7 +189,12 @@ def test_a_trace_longer_than_the_scenario_is_refused_or_spanned_never_cut(
     assert "line 3" in err and "past the scenario's end (24 h" in err and "days to 2 or more" in err
     code, out, err = cli(capsys, "simulate", scenario, "--trace", str(trace), "--span-trace", "--json")
     assert code == 0, err
-    assert json.loads(out)["failures"] == 2
+    assert (json.loads(out)["failures"], json.loads(out)["days"]) == (2, 2.0)
+    code, _, err = cli(capsys, "simulate", scenario, "--span-trace")  # nothing to span
+    assert code == 2 and "pass --trace FILE too" in err
+    scenario_spec = parse_scenario(read_text(Path(scenario)), scenario)
+    with pytest.raises(ValueError, match="past the scenario's end"):  # given whole, or refused
+        simulate(scenario_spec, parse_trace(read_text(trace), str(trace)))
     # A trace the scenario spans: every fault replayed and counted, as given.
     short = tmp_path / "short.csv"
     short.write_text("time_hours,node,kind,repair_hours\n2,0,node_lost,1\n")

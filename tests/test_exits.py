@@ -9,7 +9,7 @@ from typing import Any
 
 from unicron.control.recover.exits import ExitMeans, exit_means
 from unicron.control.store.records import TaskRecord
-from unicron.core.protocol import DoneReport, ExitReport
+from unicron.core.protocol import DoneReport, ExitReport, StopWorkers
 from unicron.core.states import TaskState
 
 TASK = TaskRecord(
@@ -77,5 +77,7 @@ def test_a_worker_dying_on_its_way_out_after_the_final_state_is_saved_fails_noth
     task = cluster.c.store.get_task("lm")
     assert task.state is TaskState.FINISHED and task.generation == generation
     assert not cluster.events("incident")
+    stops = [o for _, o in cluster.orders if isinstance(o, StopWorkers) and o.generation == generation]
+    assert stops  # the others, still on their way out, are stopped
     (late,) = cluster.events("late_failure")
     assert late["rank"] == 0 and "signal 6 after the final state was saved" in late["why"]

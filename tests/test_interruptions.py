@@ -35,7 +35,10 @@ def test_a_published_rate_fails_a_cluster_as_often_as_a_job_its_size_is_interrup
     assert 0.7 * expected <= len(scenario_trace(scenario)) <= 1.3 * expected
 
 
-def test_a_published_rate_and_a_node_mtbf_together_are_refused_by_name() -> None:
+def test_a_published_rate_and_a_node_mtbf_or_a_count_together_are_refused_by_name() -> None:
     with pytest.raises(SpecError) as info:
         parse_scenario(SCENARIO.format(days=1, extra=", node_mtbf_hours: 500"), "t.yaml")
     assert any("rate: published" in p.message and "drop" in p.fix for p in info.value.problems), info.value
+    with pytest.raises(SpecError) as info:
+        parse_scenario(SCENARIO.format(days=1, extra=", count: 3"), "t.yaml")
+    assert any("count places exactly" in p.message for p in info.value.problems), info.value

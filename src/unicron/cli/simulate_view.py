@@ -13,6 +13,7 @@ from rich.table import Table
 
 from unicron.cli.console import console as make_console
 from unicron.cli.files import read_text
+from unicron.core.errors import UsageError
 from unicron.sim.report import (
     CAUSE_COLUMNS,
     COLUMNS,
@@ -68,6 +69,8 @@ def run_simulate(
     save_trace: Path | None,
     span_trace: bool = False,
 ) -> None:
+    if span_trace and trace is None:
+        raise UsageError("--span-trace lengthens the scenario to a given trace: pass --trace FILE too")
     scenario = parse_scenario(read_text(scenario_path), str(scenario_path))
     failures = None
     if trace is not None:

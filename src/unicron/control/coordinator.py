@@ -526,7 +526,7 @@ class Coordinator:
                 task.name, EXITED, report.node, why, ranks, seen, Scope.TASK, detail=output
             )
         elif means is ExitMeans.FINISHED:
-            if decision.why:  # a failure after the final state was saved: said, not recovered from
+            if decision.why and not report.stop_ordered:  # a failure after the final state was saved
                 self.act.record("late_failure", task=task.name, node=report.node, rank=report.rank, why=why)
             self._finished(task)
 

@@ -48,10 +48,12 @@ def simulate(
     scenario: ScenarioSpec, failures: list[Failure] | None = None, progress: Progress | None = None
 ) -> SimulationReport:
     started = time.perf_counter()
-    trace = scenario_trace(scenario) if failures is None else failures
-    # What the scenario's length replays, and what the report counts (a given trace is checked
-    # against it when read: ``parse_trace(hours=...)``, or spanned by ``spanned_days``).
-    trace = [f for f in trace if f.time_hours < scenario.days * 24]
+    hours = scenario.days * 24
+    # A generated trace may draw a failure past the end (a renewal process's last gap): not
+    # replayed, not counted. A given one is replayed whole, or refused (``parse_trace(hours=)``).
+    trace = [f for f in scenario_trace(scenario) if f.time_hours < hours] if failures is None else failures
+    if (late := next((f for f in trace if f.time_hours >= hours), None)) is not None:
+        raise ValueError(f"a failure at {late.time_hours:g} h is past the scenario's end ({hours:g} h)")
     results = []
     for name in scenario.policies:
         policy = make_policy(name, scenario.policy_settings.get(name))

@@ -53,6 +53,11 @@ class TraceSettings(BaseModel):
 
     @model_validator(mode="after")
     def _one_rate(self) -> TraceSettings:
+        if self.rate == "published" and self.count is not None:
+            raise ValueError(
+                f"count places exactly that many failures, whatever the rate{FIX_MARK}drop count,"
+                " or drop rate: published"
+            )
         if self.rate == "published" and self.node_mtbf_hours is not None:
             raise ValueError(
                 f"rate: published sets each node's rate from the cluster's size{FIX_MARK}drop"

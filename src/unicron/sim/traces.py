@@ -181,7 +181,7 @@ def parse_trace(
 def spanned_days(failures: list[Failure], days: float) -> float:
     """A scenario's days lengthened, if need be, to replay every failure (whole days)."""
     last = max((f.time_hours for f in failures), default=0.0)
-    return max(days, math.floor(last / 24) + 1)
+    return float(max(days, math.floor(last / 24) + 1))
 
 
 def to_csv(failures: list[Failure]) -> str:

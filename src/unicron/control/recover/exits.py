@@ -28,7 +28,7 @@ class ExitMeans(Enum):
 @dataclass(frozen=True)
 class ExitDecision:
     means: ExitMeans
-    why: str  # the incident's words, where it opens one
+    why: str  # the incident's words, where it opens one (FINISHED: a death on the way out)
 
 
 def exit_means(
