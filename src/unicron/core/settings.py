@@ -191,7 +191,8 @@ class Settings(BaseModel):
         le=100,
         description="how often a late step's grace is renewed while retransmissions are seen; with the"
         " defaults the step then waited ~50 s, which a lost segment's backoff (0.2 s doubling) reaches"
-        " only after 8 losses of it in a row (1 in 10^8 at a tenth lost): a stall that long is stuck",
+        " only after 8 failed tries in a row; past that a reattempt in place (fresh connections, their"
+        " backoff reset) is faster than waiting on",
     )
     straggler_ratio: float = Field(1.5, gt=1, description="slower than this x its peers' median")
     straggler_window: int = Field(10, ge=2, description="for this many consecutive steps")
