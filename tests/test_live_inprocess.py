@@ -89,7 +89,11 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
     # a killed source below, the hot-spare test, the sharded replacement, test_nearest_state).
     grown = [e["detail"]["generation"] for e in events if e["kind"] == "task_grown"]
     agreed = {r["generation"] for r in rows if r["what"] == "rejoined"}
-    assert set(grown) <= agreed
+    # A grow committed as a member fails (the second kill, in a loaded make test, came as the
+    # newcomer joined) is re-formed at once by the recovery: the members pass from the generation
+    # before it straight to the recovery's, and agree there.
+    recovered = {e["detail"]["generation"] for e in events if e["kind"] == "in_process_recovery"}
+    assert all(g in agreed or (g + 1 in recovered and g + 1 in agreed) for g in grown), (grown, agreed)
     assert_ledger_exact(rows, ITERATIONS, frozen=on_node)
     assert_ends_exact(tmp_path, "lm", ITERATIONS)
 

@@ -24,6 +24,8 @@ from .test_live_cluster import (
     ROOT,
     assert_ends_exact,
     assert_ledger_exact,
+    delay_file,
+    pace,
     read_trace,
     story_of,
     traced_task,
@@ -39,7 +41,8 @@ SMALL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--sequence", "32", 
 def test_a_sharded_replica_fails_whole_and_a_replacement_takes_shards_from_a_live_one(tmp_path: Path) -> None:
     trace, iterations = tmp_path / "trace.jsonl", 60
     fault = [{"action": "kill_in_backward", "rank": 1, "step": 12, "generation": 0}]
-    program = ["python", str(FSDP), *ARGS, *SMALL, "--step-delay", "0.1"]
+    paced = ["--step-delay", "0.1", "--step-delay-file", str(delay_file(trace))]
+    program = ["python", str(FSDP), *ARGS, *SMALL, *paced]
     lines = f"  replica_size: 2\n  faults: {json.dumps(fault)}\n"
     # No checkpoint before the end: a replacement replica can only take its state from a live one.
     table = "{2: 1.9e9, 4: 3.5e9, 6: 5.0e9}"
@@ -49,12 +52,18 @@ def test_a_sharded_replica_fails_whole_and_a_replacement_takes_shards_from_a_liv
         cluster.wait(lambda: cluster.task("lm")["step"] >= 3, 240, "the task to train")
         first = cluster.get("/v1/workers")
         assert len(first) == 6 and whole(replicas_per_node(first)), first
+        # The survivors go on slowly until the replacement replica has joined: under a loaded
+        # make test its two workers once took longer to start than the steps left at 0.1 s lasted
+        # (the grow given up as "training ended").
+        cluster.wait(lambda: cluster.task("lm")["generation"] >= 2, 120, "the killed replica's recovery")
+        pace(trace, 1.0)
 
         def regrown() -> bool:
             task = cluster.task("lm")
             return task["workers"] == 6 and task["generation"] > 2 and task["state"] == "running"
 
         cluster.wait(regrown, 300, "the task to grow back to three replicas")
+        pace(trace, 0.1)
         step = cluster.task("lm")["step"]
         cluster.wait(lambda: cluster.task("lm")["step"] >= step + 3, 120, "training on six again")
         running = [w for w in cluster.get("/v1/workers") if w["state"] == "running"]
