@@ -126,7 +126,7 @@ class Coordinator:
         self.generations = Generations(self.ctx)
         ladder = Ladder(self.limits)
         self.signs = Attribution(self.ctx, ladder)
-        self.recovery = Recovery(self.ctx, self.generations, ladder, self.signs, released=self._release)
+        self.recovery = Recovery(self.ctx, self.generations, ladder, self.signs)
         self.detector = Detector(self.ctx, self.recovery)
         self.rates = RateMeter(window_s=self.limits.measure_window_s, change=self.limits.measure_change)
         self.placer = Placer(self.ctx, self.generations, self.rates)
@@ -248,10 +248,16 @@ class Coordinator:
     def _ended(self, name: str, state: TaskState, event: str, **detail: Any) -> None:
         self.act.task_ended(name, state, self.clock())
         self.act.record(event, task=name, **detail)
-        self._release(name)
+        self._release_ended()
+
+    def _release_ended(self) -> None:
+        """Tasks ended (finished, cancelled, or failed by a recovery tier): nothing of them
+        stays, here or on the nodes. Taken from the applier, which ended them, after every step
+        that may end one, so that no part acts on an ended task's leftovers."""
+        for name in self.act.take_ended():
+            self._release(name)
 
     def _release(self, name: str) -> None:
-        """A task ended (finished, cancelled or failed): nothing of it stays, here or on the nodes."""
         self.ctx.act.rendezvous.close(name)
         self.recovery.forget(name)
         self.recovery.ladder.forget(name)
@@ -377,9 +383,17 @@ class Coordinator:
                     time=now,
                 )
                 self._exit(task, exit_report)
+                self._release_ended()
 
     # ------------------------------------------------------------------ reports
     def handle_report(self, report: WorkerReport, node: str) -> None:
+        """A report from ``node``'s agent about one of its workers."""
+        try:
+            self._report(report, node)
+        finally:
+            self._release_ended()
+
+    def _report(self, report: WorkerReport, node: str) -> None:
         if not self._admitted(report, node):
             return
         if isinstance(report, ExitReport) and report.generation == SPARE_GENERATION:
@@ -550,10 +564,13 @@ class Coordinator:
         for silent in self.detector.silent(now):
             self.recovery.node_lost(silent)
             self.dirty = True
+        self._release_ended()
         if self._forget_lost_nodes(now) or self.recovery.isolations_over(now):
             self.dirty = True
         self.recovery.expire_awaiting(now)
+        self._release_ended()
         self._judged(self.detector.judge_checks(now))
+        self._release_ended()
         for name in list(self.generations.growing):
             if self.generations.check_growth(name, now):
                 self.dirty = True  # idle slots may want a new spare
@@ -574,6 +591,7 @@ class Coordinator:
             elif task.state is TaskState.RUNNING:
                 self._failing(self.detector.check_hang(task, now))  # a step that is late
                 self._tail(task, now)  # past the last step: exits that are late
+            self._release_ended()
         self._keep_step_times(now)
         self.act.put_back_posts(now)
         live = self.store.tasks(live_only=True)

@@ -186,6 +186,9 @@ class Applier:
         self.posts = Posts(rendezvous, store.journal)  # written once durable, off the loop
         self.orders = orders
         self.happened = Happened()  # the cluster events carried out, for the planner
+        # Tasks ended since the coordinator last took them (``take_ended``): it frees what it
+        # and its parts hold of each, whichever part's effects ended it.
+        self._ended: list[str] = []
         # Called with each event recorded: (id, kind, task, detail).
         self.listeners: list[Callable[[int, str, str | None, dict[str, Any]], None]] = []
         # Facts reported from outside, recorded as they come (the store's own operations).
@@ -223,7 +226,7 @@ class Applier:
                 case TaskDown(task, to, reason, began):
                     self._store.task_down(task, to, now, reason=reason, began=began)
                     if not to.live:
-                        self.happened.note(TaskDone(task))
+                        self._noted_end(task)
                 case StopWorker(worker, grace_s):
                     self.stop_worker(worker, grace_s)
                 case StopGeneration(task, generation, grace_s):
@@ -236,6 +239,15 @@ class Applier:
                     self.switch(effect, now)
                 case Launch():
                     self.launch(effect, now)
+
+    def _noted_end(self, task: str) -> None:
+        self.happened.note(TaskDone(task))
+        self._ended.append(task)
+
+    def take_ended(self) -> list[str]:
+        """The tasks ended since the last call, in the order they ended."""
+        ended, self._ended = self._ended, []
+        return ended
 
     def put_back_posts(self, now: float) -> None:
         """About once a second, write every live task's kept values again, which puts back
@@ -303,7 +315,7 @@ class Applier:
 
     def task_ended(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
         self._store.task_ended(name, to, now, reason)
-        self.happened.note(TaskDone(name))
+        self._noted_end(name)
         told = self._put_back.pop(name, None)
         if told is not None and told.count:  # what was put back since the last record is said
             self.record("store_values_restored", task=name, values=told.count, keys=told.keys)

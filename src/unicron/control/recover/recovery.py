@@ -79,7 +79,6 @@ class Recovery:
     generations: Generations
     ladder: Ladder
     signs: Attribution  # whose fault each sign is
-    released: Callable[[str], None]  # the coordinator frees everything of an ended task
     incidents: dict[tuple[str, int], Incident] = field(default_factory=dict)  # the open one per generation
     faults: dict[tuple[str, int], float] = field(default_factory=dict)  # injection time per generation
     # (task, generation) -> (since, kind, node): a survivor saw a peer fail; the cause is due
@@ -258,8 +257,7 @@ class Recovery:
         if response.tier is Tier.FAIL_TASK:
             why = self.ctx.store.get_task(name).reason or ""
             self.ctx.act.record("outcome", task=name, incident=incident.id, outcome="task failed", why=why)
-            del self.incidents[(name, incident.generation)]
-            self.released(name)
+            del self.incidents[(name, incident.generation)]  # the rest once the coordinator frees it
         if not response.tier.in_place:
             self._stop_awaiting(name)  # the relaunch answers every peer error of the generation
         self._keep_incidents()
