@@ -26,6 +26,7 @@ CONTROL = (
     "service",
     "coordinator",
     "observe",
+    "reports",
     "stepping",
     "place",
     "recover",

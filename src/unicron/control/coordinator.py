@@ -8,6 +8,7 @@ only translates requests into these calls. The parts, one concept each:
 - ``response.py``: that decision as effects, a pure function of a ``snapshot.py`` snapshot;
 - ``generations.py``: in-place shrinks and grows (membership arithmetic);
 - ``placing.py``: the planner's answer carried out, hot spares;
+- ``reports.py``: the workers' reports and detection's verdicts, routed to the part that acts;
 - ``stepping.py``: what each completed step changes (counts, rates, statistics, recovery);
 - ``effects.py``: the applier, the only code that writes the store, the rendezvous stores and
   the agents' order queues (the rest hold the store as ``StoreReads``); ``store.py``: the only SQL.
@@ -16,16 +17,13 @@ only translates requests into these calls. The parts, one concept each:
 from __future__ import annotations
 
 import math
-import signal
 import time
 from collections.abc import Callable
-from typing import Any
 
 from unicron.control.act.effects import Applier, Orders
 from unicron.control.act.rendezvous import Rendezvous
 from unicron.control.context import Context, CoordinatorSettings
-from unicron.control.detect import reported
-from unicron.control.detect.detection import Detector, Failing, Judged, stalled_for
+from unicron.control.detect.detection import Detector, stalled_for
 from unicron.control.detect.tail import Finished, Tail
 from unicron.control.detect.vanished import Vanished
 from unicron.control.observe.clusterview import Viewer
@@ -36,12 +34,11 @@ from unicron.control.place.placing import Placer
 from unicron.control.place.rates import RateMeter
 from unicron.control.place.removal import forgettable, removable
 from unicron.control.place.resubmission import reusable
-from unicron.control.recover.admission import refusal
-from unicron.control.recover.attribution import Attribution, Sign
-from unicron.control.recover.exits import ExitMeans, exit_means
+from unicron.control.recover.attribution import Attribution
 from unicron.control.recover.generations import Generations
-from unicron.control.recover.recovery import CONSEQUENCES, Recovery
+from unicron.control.recover.recovery import Recovery
 from unicron.control.recover.storagewatch import StorageWatch
+from unicron.control.reports import Reports, end_task
 from unicron.control.stepping import Steps
 from unicron.control.store.backend import Backend
 from unicron.control.store.journal import Journal
@@ -65,36 +62,22 @@ from unicron.core.kept import (
     StorageIncidents,
 )
 from unicron.core.ladder import Ladder
-from unicron.core.livespecs import NOT_FAILURES, LiveTaskSpec, replica_misfit
+from unicron.core.livespecs import LiveTaskSpec, replica_misfit
 from unicron.core.protocol import (
     SPARE_GENERATION,
-    CheckpointReport,
-    DoneReport,
-    ExceptionReport,
     ExitReport,
-    FaultReport,
     Heartbeat,
     HeartbeatReply,
-    IterationReport,
-    LaunchFailedReport,
     OrderBatch,
     Registration,
     RegistrationReply,
-    RestoredReport,
-    StacksReport,
-    StorageReport,
     WorkerReport,
     WorkerState,
 )
 from unicron.core.states import SLOT_HOLDING_PHASES, NodeState, TaskState, WorkerPhase
-from unicron.core.taxonomy import ErrorKind, Scope, error_kind
 
 __all__ = ["Coordinator", "CoordinatorSettings"]
 
-EXITED = ErrorKind.EXITED_ABNORMALLY
-# Signals a program does not die of by its own doing (it is killed: the OOM killer, an operator,
-# a peer's agent): a fresh launch's worker killed by one is no sign of the program's fault.
-KILLED_FROM_OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM})
 KEEP_STEP_TIMES_S = 10.0
 
 
@@ -131,6 +114,17 @@ class Coordinator:
         self.rates = RateMeter(window_s=self.limits.measure_window_s, change=self.limits.measure_change)
         self.placer = Placer(self.ctx, self.generations, self.rates)
         self.steps = Steps(self.ctx, self.detector, self.recovery, self.placer, self.rates)
+        self.storage = StorageWatch(self.ctx)
+        self.reports = Reports(
+            self.ctx,
+            self.detector,
+            self.recovery,
+            self.generations,
+            self.placer,
+            self.steps,
+            self.storage,
+            self.signs,
+        )
         # What operators watch (nothing decides on it): the WAF over time, metrics, the view.
         self.history = WafHistory()
         self.viewer = Viewer(
@@ -144,7 +138,6 @@ class Coordinator:
         )
         self.metrics = Metrics(self.viewer.view)
         self.act.listeners.append(self.metrics.on_event)
-        self.storage = StorageWatch(self.ctx)
         self.vanished = Vanished(self.ctx)  # rows whose processes are gone unreported
         self.tail = Tail(self.ctx, self.detector)
         self.recovery.rebuild()
@@ -217,7 +210,8 @@ class Coordinator:
         if not task.state.live:
             return False
         self.ctx.act.stop_generation(name, task.generation, self.limits.stop_grace_s)
-        self._ended(name, TaskState.CANCELLED, "task_cancelled")
+        end_task(self.ctx, name, TaskState.CANCELLED, "task_cancelled")
+        self._release_ended()
         return True
 
     def remove_node(self, name: str) -> None:  # an admin forgets a lost node (a stale registration)
@@ -244,11 +238,6 @@ class Coordinator:
         self.detector.silence.by_hand = held
         self.act.keep(LossesHeld(held=held, reason=reason, since=self.clock()))
         self.act.record("node_losses_held" if held else "node_losses_released", reason=reason)
-
-    def _ended(self, name: str, state: TaskState, event: str, **detail: Any) -> None:
-        self.act.task_ended(name, state, self.clock())
-        self.act.record(event, task=name, **detail)
-        self._release_ended()
 
     def _release_ended(self) -> None:
         """Tasks ended (finished, cancelled, or failed by a recovery tier): nothing of them
@@ -382,172 +371,17 @@ class Coordinator:
                     signal=-code if code is not None and code < 0 else None,
                     time=now,
                 )
-                self._exit(task, exit_report)
+                self.reports.exit(task, exit_report)
                 self._release_ended()
 
     # ------------------------------------------------------------------ reports
     def handle_report(self, report: WorkerReport, node: str) -> None:
         """A report from ``node``'s agent about one of its workers."""
         try:
-            self._report(report, node)
+            if self.reports.handle(report, node):
+                self.dirty = True  # the plan may want the task larger or smaller, or a slot is free
         finally:
             self._release_ended()
-
-    def _report(self, report: WorkerReport, node: str) -> None:
-        if not self._admitted(report, node):
-            return
-        if isinstance(report, ExitReport) and report.generation == SPARE_GENERATION:
-            self.placer.drop_spare((report.task, report.rank), stop=False)
-            return
-        task = self.store.task(report.task)
-        if task is None:
-            return
-        if isinstance(report, StacksReport):
-            if self.detector.stacks_reported(report):
-                self._judged(self.detector.judge_checks(self.clock()))
-                return  # it answers a peer check, which records it with its verdict
-            incident = self.detector.hang_incidents.get((report.task, report.generation))
-            reported.stacks(self.act, report, incident)  # ordered for a generation now usually gone
-            return
-        if isinstance(report, StorageReport):
-            self.storage.report(task, report, node)
-            return
-        if isinstance(report, ExitReport) and self.generations.newcomer_exited(task.name, report):
-            self.dirty = True  # its slot is free for the next plan
-            return
-        if isinstance(report, ExitReport) and report.generation != task.generation:
-            report = self._successor(task, report)  # it died while being renamed in place
-        if isinstance(report, IterationReport) and report.generation < task.generation:
-            self.steps.kept(task, report)
-            return
-        if (
-            isinstance(report, DoneReport)
-            and report.rank == 0
-            and report.step >= self.spec(task.name).run.iterations
-        ):
-            # The final state is saved, whichever generation saved it (the members may have
-            # finished before a grow they never saw was committed).
-            self.act.task_done(report.task, report.step, report.digest)
-            return
-        if report.generation != task.generation:
-            return  # stale: from a generation that is gone
-        if isinstance(report, IterationReport):
-            if self.steps.completed(task, report):
-                self.dirty = True  # the plan may want the task larger or smaller now
-        elif isinstance(report, FaultReport):
-            if report.action not in NOT_FAILURES:
-                self.recovery.faults[(report.task, report.generation)] = report.time
-            reported.injected(self.act, report, node)
-        elif isinstance(report, ExceptionReport):
-            self._exception(task, report, node)
-        elif isinstance(report, LaunchFailedReport):
-            self.act.worker_phase((report.task, report.generation, report.rank), WorkerPhase.FAILED)
-            if task.state.active:
-                why = f"rank {report.rank} on {node} could not be started: {report.error}"
-                self.recovery.incident(
-                    task.name, ErrorKind.USER_ERROR, node, why, seen_at=report.time or None
-                )
-        elif isinstance(report, CheckpointReport):
-            if report.rank == 0:
-                self.act.task_checkpointed(report.task, report.step)
-                self.storage.persisted(report.task, report.step)
-        elif isinstance(report, RestoredReport):
-            reported.restored(self.act, report, node)
-        elif isinstance(report, ExitReport):
-            self._exit(task, report)
-
-    def _admitted(self, report: WorkerReport, node: str) -> bool:
-        """Only the node that hosts a report's worker may report about it (``admission.py``);
-        a refused report is recorded, with why, and changes nothing else."""
-        why = refusal(report, node, self.store)
-        if why is not None:
-            rank = None if isinstance(report, StacksReport) else report.rank
-            self.act.record(
-                "report_rejected", task=report.task, node=node, report=report.type, rank=rank, why=why
-            )
-        return why is None
-
-    def _successor(self, task: TaskRecord, report: ExitReport) -> ExitReport:
-        """An exit reported under a generation the worker had been moved out of belongs to the
-        identity it was moved into (same node, same process)."""
-        row = self.store.worker(report.task, report.generation, report.rank)
-        if row is None or row.state is not WorkerPhase.MOVED or row.pid is None:
-            return report
-        for w in self.store.workers(task.name, task.generation, live=True):
-            if w.node == row.node and w.pid == row.pid:
-                return report.model_copy(update={"generation": w.generation, "rank": w.rank})
-        return report
-
-    def _exception(self, task: TaskRecord, report: ExceptionReport, node: str) -> None:
-        kind = error_kind(report.kind)
-        self.act.record(
-            "exception",
-            task=report.task,
-            node=node,
-            rank=report.rank,
-            step=report.step,
-            kind=kind.value,
-            error=f"{report.error_type}: {report.message}"[:500],
-        )
-        if not task.state.active:
-            if (task.name, task.generation) in self.recovery.incidents and kind not in CONSEQUENCES:
-                sign = Sign(self.clock(), kind, node, report.generation)
-                self.signs.note(task.name, sign)  # the same fault elsewhere
-            return
-        if kind in CONSEQUENCES and self.spec(task.name).run.recovery == "in_process":
-            self.recovery.peer_error(task.name, task.generation, kind, node, report.rank, report.time or None)
-        else:
-            why, seen = f"rank {report.rank} raised {report.error_type}", report.time or None
-            failed, gen = {report.rank}, report.generation
-            self.recovery.incident(task.name, kind, node, why, failed, seen, generation=gen)
-
-    def _exit(self, task: TaskRecord, report: ExitReport) -> None:
-        key = (report.task, report.generation, report.rank)
-        ok = report.code == 0
-        # Ended by a signal our own stop order sent (a worker of a finished task still exiting,
-        # a generation stopped by the plan): stopped, not failed, as the agent counts it.
-        stopped = report.stop_ordered and report.signal is not None
-        phase = WorkerPhase.EXITED if ok else WorkerPhase.STOPPED if stopped else WorkerPhase.FAILED
-        self.act.worker_phase(key, phase, code=report.code, signal=report.signal)
-        running = bool(self.store.workers(report.task, report.generation, live=True))
-        open_ = (task.name, task.generation) in self.recovery.incidents
-        decision = exit_means(task, report, self.spec(task.name).run.iterations, running, open_)
-        means, seen, why = decision.means, report.time or None, decision.why
-        # Ended before its first step (the agent then sends its output's end): the incident,
-        # its event and `unicron status` say where its output is and how it ended.
-        output = None if report.log is None else {"log": report.log, "log_tail": report.log_tail or ""}
-        if output is not None:
-            why += f"; it completed no step (its output: {report.node}:{report.log})"
-        if means is ExitMeans.SCOPE:  # the same failure striking more ranks
-            self.signs.note(task.name, Sign(self.clock(), EXITED, report.node, report.reached or None))
-        elif means is ExitMeans.FAILED:
-            gone, killed = report.reached or None, report.signal in KILLED_FROM_OUTSIDE
-            self.recovery.incident(
-                task.name,
-                EXITED,
-                report.node,
-                why,
-                {report.rank},
-                seen,
-                generation=gone,
-                killed=killed,
-                detail=output,
-            )
-        elif means in (ExitMeans.LEFT_EARLY, ExitMeans.STATE_LOST):
-            # The program chose to end (or was ended from outside): no node's fault.
-            ranks = {report.rank} if means is ExitMeans.LEFT_EARLY else None
-            self.recovery.incident(
-                task.name, EXITED, report.node, why, ranks, seen, Scope.TASK, detail=output
-            )
-        elif means is ExitMeans.FINISHED:
-            if decision.why and not report.stop_ordered:  # a failure after the final state was saved
-                self.act.record("late_failure", task=task.name, node=report.node, rank=report.rank, why=why)
-            self._finished(task)
-
-    def _finished(self, task: TaskRecord) -> None:
-        """The final state is saved: what still runs of the task is stopped, and it ends."""
-        self.ctx.act.stop_generation(task.name, task.generation, self.limits.stop_grace_s)
-        self._ended(task.name, TaskState.FINISHED, "task_finished", step=task.step, digest=task.digest)
 
     # ------------------------------------------------------------------ the control loop
     def tick(self, late_s: float = 0.0) -> None:
@@ -569,7 +403,7 @@ class Coordinator:
             self.dirty = True
         self.recovery.expire_awaiting(now)
         self._release_ended()
-        self._judged(self.detector.judge_checks(now))
+        self.reports.judged(self.detector.judge_checks(now))
         self._release_ended()
         for name in list(self.generations.growing):
             if self.generations.check_growth(name, now):
@@ -586,10 +420,10 @@ class Coordinator:
             if task.state is TaskState.RESTARTING:
                 self._finish_stopping(task, now)
             elif task.state is TaskState.STARTING:
-                self._failing(self.detector.check_start(task, now))
+                self.reports.failing(self.detector.check_start(task, now))
                 self.recovery.check_deadline(task.name, task.generation, now, self.detector.positions)
             elif task.state is TaskState.RUNNING:
-                self._failing(self.detector.check_hang(task, now))  # a step that is late
+                self.reports.failing(self.detector.check_hang(task, now))  # a step that is late
                 self._tail(task, now)  # past the last step: exits that are late
             self._release_ended()
         self._keep_step_times(now)
@@ -603,33 +437,13 @@ class Coordinator:
             elif self.placer.held is not None:
                 self.placer.carry_out_held()  # launches wait for slots still held: again
 
-    def _failing(self, found: Failing | None) -> None:
-        """Detection found a generation failing: recovery opens its incident; a hang's stacks,
-        reported later, are that incident's."""
-        if found is None:
-            return
-        self.recovery.failing(found)
-        key = (found.task, found.generation)
-        if found.hang and (incident := self.recovery.open_incident(key)) is not None:
-            self.detector.opened(key, incident)
-
-    def _judged(self, judged: list[Judged]) -> None:
-        """Peer checks complete: the failure each found is recovered from, and the stacks it
-        gathered are recorded with the generation's incident."""
-        for check in judged:
-            self._failing(check.failing)
-            if (incident := self.recovery.open_incident(check.key)) is not None:
-                self.detector.opened(check.key, incident)
-            for report in check.stacks:
-                reported.stacks(self.act, report, self.detector.hang_incidents.get(check.key))
-
     def _tail(self, task: TaskRecord, now: float) -> None:
         storage_failing = any(name == task.name for name, _ in self.storage.open)
         found = self.tail.check(task, now, storage_failing)
         if isinstance(found, Finished):
-            self._finished(task)
+            self.reports.finished(task)
         else:
-            self._failing(found)
+            self.reports.failing(found)
 
     def _forget_lost_nodes(self, now: float) -> bool:
         """Lost nodes silent for ``forget_lost_node_s`` that hold no workers are forgotten

@@ -16,9 +16,9 @@ deleted and every identity a process takes is written before the process can rep
 - a hot spare used by a grow keeps its ``USED`` row and its new identity gets one, on the same
   node, before the agent is told to rename it;
 - a survivor renamed in place keeps its ``MOVED`` row (the agent reports its exit under the
-  identity it has not left yet: ``Coordinator._successor``) beside its new one, on the same node;
+  identity it has not left yet: ``Reports._successor``) beside its new one, on the same node;
 - a worker of a generation that is gone still has its row: its report is admitted and then
-  ignored as stale by ``Coordinator.handle_report``, as before (a final ``DoneReport`` of an
+  ignored as stale by ``Reports.handle``, as before (a final ``DoneReport`` of an
   older generation counts there on purpose).
 
 A report naming a worker that has no row (an unknown task, generation or rank) names nothing the

@@ -1,5 +1,5 @@
 """What a worker's exit means for its task: a pure decision over the task's record and the
-agent's report, carried out by the coordinator (``Coordinator._exit``).
+agent's report, carried out by the coordinator (``Reports.exit``).
 
 A clean exit is no proof of a finished task: a worker whose final commit was refused leaves with
 status 0 too. So a task is finished only once the final state is known saved (rank 0's digest,

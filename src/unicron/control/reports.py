@@ -1,0 +1,255 @@
+"""What the workers report, and what detection finds, handed to the parts that act on it.
+
+A report comes in a node's heartbeat (``Coordinator.heartbeat``) or, for a worker whose process is
+gone unreported, from the sweep (``detect/vanished.py``). It is admitted only from the node that
+hosts its worker (``recover/admission.py``), then routed by what it is and whose generation it
+belongs to: a step to ``stepping.py``, a failure (an exception, an exit, a launch that failed) to
+``recover/recovery.py`` as an incident, a checkpoint or a storage fault to the storage watch, a
+peer check's stacks to detection. Detection's verdicts (``Failing``, ``Judged``) go to recovery the
+same way. What ends a task is carried out by the applier, which hands the ended task to the
+coordinator to free (``Applier.take_ended``).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from unicron.control.context import Context
+from unicron.control.detect import reported
+from unicron.control.detect.detection import Detector, Failing, Judged
+from unicron.control.place.placing import Placer
+from unicron.control.recover.admission import refusal
+from unicron.control.recover.attribution import Attribution, Sign
+from unicron.control.recover.exits import ExitMeans, exit_means
+from unicron.control.recover.generations import Generations
+from unicron.control.recover.recovery import CONSEQUENCES, Recovery
+from unicron.control.recover.storagewatch import StorageWatch
+from unicron.control.stepping import Steps
+from unicron.control.store.records import TaskRecord
+from unicron.core.livespecs import NOT_FAILURES
+from unicron.core.protocol import (
+    SPARE_GENERATION,
+    CheckpointReport,
+    DoneReport,
+    ExceptionReport,
+    ExitReport,
+    FaultReport,
+    IterationReport,
+    LaunchFailedReport,
+    RestoredReport,
+    StacksReport,
+    StorageReport,
+    WorkerReport,
+)
+from unicron.core.states import TaskState, WorkerPhase
+from unicron.core.taxonomy import ErrorKind, Scope, error_kind
+
+EXITED = ErrorKind.EXITED_ABNORMALLY
+# Signals a program does not die of by its own doing (it is killed: the OOM killer, an operator,
+# a peer's agent): a fresh launch's worker killed by one is no sign of the program's fault.
+KILLED_FROM_OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM})
+
+
+def end_task(ctx: Context, name: str, state: TaskState, event: str, **detail: Any) -> None:
+    """End a task (finished or cancelled) and record why; the coordinator then frees it."""
+    ctx.act.task_ended(name, state, ctx.clock())
+    ctx.act.record(event, task=name, **detail)
+
+
+@dataclass
+class Reports:
+    ctx: Context
+    detector: Detector
+    recovery: Recovery
+    generations: Generations
+    placer: Placer
+    steps: Steps
+    storage: StorageWatch
+    signs: Attribution
+
+    def __post_init__(self) -> None:
+        self.store, self.act, self.clock = self.ctx.store, self.ctx.act, self.ctx.clock
+        self.limits, self.spec = self.ctx.limits, self.ctx.spec
+
+    def handle(self, report: WorkerReport, node: str) -> bool:
+        """A report from ``node``'s agent about one of its workers: whether the plan should be
+        looked at again (a slot freed, a task that started training or grew back)."""
+        if not self._admitted(report, node):
+            return False
+        if isinstance(report, ExitReport) and report.generation == SPARE_GENERATION:
+            self.placer.drop_spare((report.task, report.rank), stop=False)
+            return False
+        task = self.store.task(report.task)
+        if task is None:
+            return False
+        if isinstance(report, StacksReport):
+            if self.detector.stacks_reported(report):
+                self.judged(self.detector.judge_checks(self.clock()))
+                return False  # it answers a peer check, which records it with its verdict
+            incident = self.detector.hang_incidents.get((report.task, report.generation))
+            reported.stacks(self.act, report, incident)  # ordered for a generation now usually gone
+            return False
+        if isinstance(report, StorageReport):
+            self.storage.report(task, report, node)
+            return False
+        if isinstance(report, ExitReport) and self.generations.newcomer_exited(task.name, report):
+            return True  # its slot is free for the next plan
+        if isinstance(report, ExitReport) and report.generation != task.generation:
+            report = self._successor(task, report)  # it died while being renamed in place
+        if isinstance(report, IterationReport) and report.generation < task.generation:
+            self.steps.kept(task, report)
+            return False
+        if (
+            isinstance(report, DoneReport)
+            and report.rank == 0
+            and report.step >= self.spec(task.name).run.iterations
+        ):
+            # The final state is saved, whichever generation saved it (the members may have
+            # finished before a grow they never saw was committed).
+            self.act.task_done(report.task, report.step, report.digest)
+            return False
+        if report.generation != task.generation:
+            return False  # stale: from a generation that is gone
+        return self._current(task, report, node)
+
+    def _current(self, task: TaskRecord, report: WorkerReport, node: str) -> bool:
+        """A report of the task's current generation."""
+        if isinstance(report, IterationReport):
+            return self.steps.completed(task, report)  # the plan may want the task larger or smaller now
+        if isinstance(report, FaultReport):
+            if report.action not in NOT_FAILURES:
+                self.recovery.faults[(report.task, report.generation)] = report.time
+            reported.injected(self.act, report, node)
+        elif isinstance(report, ExceptionReport):
+            self._exception(task, report, node)
+        elif isinstance(report, LaunchFailedReport):
+            self.act.worker_phase((report.task, report.generation, report.rank), WorkerPhase.FAILED)
+            if task.state.active:
+                why = f"rank {report.rank} on {node} could not be started: {report.error}"
+                self.recovery.incident(
+                    task.name, ErrorKind.USER_ERROR, node, why, seen_at=report.time or None
+                )
+        elif isinstance(report, CheckpointReport):
+            if report.rank == 0:
+                self.act.task_checkpointed(report.task, report.step)
+                self.storage.persisted(report.task, report.step)
+        elif isinstance(report, RestoredReport):
+            reported.restored(self.act, report, node)
+        elif isinstance(report, ExitReport):
+            self.exit(task, report)
+        return False
+
+    def _admitted(self, report: WorkerReport, node: str) -> bool:
+        """Only the node that hosts a report's worker may report about it (``admission.py``);
+        a refused report is recorded, with why, and changes nothing else."""
+        why = refusal(report, node, self.store)
+        if why is not None:
+            rank = None if isinstance(report, StacksReport) else report.rank
+            self.act.record(
+                "report_rejected", task=report.task, node=node, report=report.type, rank=rank, why=why
+            )
+        return why is None
+
+    def _successor(self, task: TaskRecord, report: ExitReport) -> ExitReport:
+        """An exit reported under a generation the worker had been moved out of belongs to the
+        identity it was moved into (same node, same process)."""
+        row = self.store.worker(report.task, report.generation, report.rank)
+        if row is None or row.state is not WorkerPhase.MOVED or row.pid is None:
+            return report
+        for w in self.store.workers(task.name, task.generation, live=True):
+            if w.node == row.node and w.pid == row.pid:
+                return report.model_copy(update={"generation": w.generation, "rank": w.rank})
+        return report
+
+    def _exception(self, task: TaskRecord, report: ExceptionReport, node: str) -> None:
+        kind = error_kind(report.kind)
+        self.act.record(
+            "exception",
+            task=report.task,
+            node=node,
+            rank=report.rank,
+            step=report.step,
+            kind=kind.value,
+            error=f"{report.error_type}: {report.message}"[:500],
+        )
+        if not task.state.active:
+            if (task.name, task.generation) in self.recovery.incidents and kind not in CONSEQUENCES:
+                sign = Sign(self.clock(), kind, node, report.generation)
+                self.signs.note(task.name, sign)  # the same fault elsewhere
+            return
+        if kind in CONSEQUENCES and self.spec(task.name).run.recovery == "in_process":
+            self.recovery.peer_error(task.name, task.generation, kind, node, report.rank, report.time or None)
+        else:
+            why, seen = f"rank {report.rank} raised {report.error_type}", report.time or None
+            failed, gen = {report.rank}, report.generation
+            self.recovery.incident(task.name, kind, node, why, failed, seen, generation=gen)
+
+    def exit(self, task: TaskRecord, report: ExitReport) -> None:
+        key = (report.task, report.generation, report.rank)
+        ok = report.code == 0
+        # Ended by a signal our own stop order sent (a worker of a finished task still exiting,
+        # a generation stopped by the plan): stopped, not failed, as the agent counts it.
+        stopped = report.stop_ordered and report.signal is not None
+        phase = WorkerPhase.EXITED if ok else WorkerPhase.STOPPED if stopped else WorkerPhase.FAILED
+        self.act.worker_phase(key, phase, code=report.code, signal=report.signal)
+        running = bool(self.store.workers(report.task, report.generation, live=True))
+        open_ = (task.name, task.generation) in self.recovery.incidents
+        decision = exit_means(task, report, self.spec(task.name).run.iterations, running, open_)
+        means, seen, why = decision.means, report.time or None, decision.why
+        # Ended before its first step (the agent then sends its output's end): the incident,
+        # its event and `unicron status` say where its output is and how it ended.
+        output = None if report.log is None else {"log": report.log, "log_tail": report.log_tail or ""}
+        if output is not None:
+            why += f"; it completed no step (its output: {report.node}:{report.log})"
+        if means is ExitMeans.SCOPE:  # the same failure striking more ranks
+            self.signs.note(task.name, Sign(self.clock(), EXITED, report.node, report.reached or None))
+        elif means is ExitMeans.FAILED:
+            gone, killed = report.reached or None, report.signal in KILLED_FROM_OUTSIDE
+            self.recovery.incident(
+                task.name,
+                EXITED,
+                report.node,
+                why,
+                {report.rank},
+                seen,
+                generation=gone,
+                killed=killed,
+                detail=output,
+            )
+        elif means in (ExitMeans.LEFT_EARLY, ExitMeans.STATE_LOST):
+            # The program chose to end (or was ended from outside): no node's fault.
+            ranks = {report.rank} if means is ExitMeans.LEFT_EARLY else None
+            self.recovery.incident(
+                task.name, EXITED, report.node, why, ranks, seen, Scope.TASK, detail=output
+            )
+        elif means is ExitMeans.FINISHED:
+            if decision.why and not report.stop_ordered:  # a failure after the final state was saved
+                self.act.record("late_failure", task=task.name, node=report.node, rank=report.rank, why=why)
+            self.finished(task)
+
+    def finished(self, task: TaskRecord) -> None:
+        """The final state is saved: what still runs of the task is stopped, and it ends."""
+        self.ctx.act.stop_generation(task.name, task.generation, self.limits.stop_grace_s)
+        end_task(self.ctx, task.name, TaskState.FINISHED, "task_finished", step=task.step, digest=task.digest)
+
+    def failing(self, found: Failing | None) -> None:
+        """Detection found a generation failing: recovery opens its incident; a hang's stacks,
+        reported later, are that incident's."""
+        if found is None:
+            return
+        self.recovery.failing(found)
+        key = (found.task, found.generation)
+        if found.hang and (incident := self.recovery.open_incident(key)) is not None:
+            self.detector.opened(key, incident)
+
+    def judged(self, judged: list[Judged]) -> None:
+        """Peer checks complete: the failure each found is recovered from, and the stacks it
+        gathered are recorded with the generation's incident."""
+        for check in judged:
+            self.failing(check.failing)
+            if (incident := self.recovery.open_incident(check.key)) is not None:
+                self.detector.opened(check.key, incident)
+            for report in check.stacks:
+                reported.stacks(self.act, report, self.detector.hang_incidents.get(check.key))
