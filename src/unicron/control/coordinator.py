@@ -132,7 +132,7 @@ class Coordinator:
             self.placer,
             self.rates,
             self.history,
-            lambda: len(self.recovery.incidents),
+            self.recovery.open_count,
             self.detector.late_s,
             self.journal.behind_s if self.journal is not None else lambda: 0.0,
         )
@@ -160,17 +160,15 @@ class Coordinator:
         self.recovery.ladder.restore(self.store.kept_record(LadderCounts) or LadderCounts())
         self.rates.restore(self.store.kept_record(MeasuredRates) or MeasuredRates())
         self.signs.restore(self.store.kept_record(FaultSigns) or FaultSigns())
-        self.recovery.isolated_until = dict((self.store.kept_record(Isolations) or Isolations()).until)
-        for node in self.store.nodes():  # isolated with no end kept (a crash between the writes): over
-            if node.state is NodeState.ISOLATED:
-                self.recovery.isolated_until.setdefault(node.name, 0.0)
+        isolated = [node.name for node in self.store.nodes() if node.state is NodeState.ISOLATED]
+        self.recovery.restore_isolations(self.store.kept_record(Isolations) or Isolations(), isolated)
         self.generations.restore(self.store.kept_record(InFlight) or InFlight())
         self.storage.restore(self.store.kept_record(StorageIncidents) or StorageIncidents())
         self.revoked = frozenset(
             t.jti for t in (self.store.kept_record(RevokedTokens) or RevokedTokens()).tokens
         )
-        self.detector.restored = dict((self.store.kept_record(StepTimes) or StepTimes()).tasks)
-        self.detector.silence.by_hand = (self.store.kept_record(LossesHeld) or LossesHeld()).held
+        self.detector.restore_step_times(self.store.kept_record(StepTimes) or StepTimes())
+        self.detector.hold_losses((self.store.kept_record(LossesHeld) or LossesHeld()).held)
         self.step_times_kept: tuple[float, dict[str, list[float]]] = (0.0, self.detector.step_times())
 
     def spec(self, name: str) -> LiveTaskSpec:
@@ -235,7 +233,7 @@ class Coordinator:
     def hold_node_losses(self, held: bool, reason: str) -> None:
         """An admin holds every node loss (no silent node is declared lost) or releases the
         hold (``detect/silence.py``); kept, so that a successor holds them too."""
-        self.detector.silence.by_hand = held
+        self.detector.hold_losses(held)
         self.act.keep(LossesHeld(held=held, reason=reason, since=self.clock()))
         self.act.record("node_losses_held" if held else "node_losses_released", reason=reason)
 
@@ -277,8 +275,8 @@ class Coordinator:
                 f"node {reg.node} offers {reg.slots} slots but the cluster's nodes have "
                 f"{other.slots}; start every agent with the same --slots"
             )
-        self.detector.delays.forget(reg.node)  # its next heartbeat sets its clock's floor anew
-        state = returning_state(known, self.recovery.isolated_until.get(reg.node, 0.0), self.clock())
+        self.detector.registered(reg.node)
+        state = returning_state(known, self.recovery.isolated_until_of(reg.node), self.clock())
         self.act.node_registered(reg, state, self.clock())
         if known is None or known.state is NodeState.LOST:
             self.act.record(
@@ -337,11 +335,11 @@ class Coordinator:
         for w in reported:
             key = (w.task, w.generation, w.rank)
             self.detector.worker_seen(w, now)
-            if w.generation == SPARE_GENERATION and (w.task, w.rank) in self.placer.spares:
+            if w.generation == SPARE_GENERATION and self.placer.is_spare((w.task, w.rank)):
                 continue  # a hot spare waiting to be used (or being renamed into its new identity)
             task = tasks[w.task]
             current = task is not None and task.state.live and task.generation == w.generation
-            growth = self.generations.growing.get(w.task)
+            growth = self.generations.growth(w.task)
             if growth is not None and w.generation == growth.generation:
                 current = True  # a newcomer waiting to join its live peers
             row = self.store.worker(*key)
@@ -405,7 +403,7 @@ class Coordinator:
         self._release_ended()
         self.reports.judged(self.detector.judge_checks(now))
         self._release_ended()
-        for name in list(self.generations.growing):
+        for name in self.generations.growing_tasks():
             if self.generations.check_growth(name, now):
                 self.dirty = True  # idle slots may want a new spare
         self.generations.forget_left(now)
@@ -438,8 +436,7 @@ class Coordinator:
                 self.placer.carry_out_held()  # launches wait for slots still held: again
 
     def _tail(self, task: TaskRecord, now: float) -> None:
-        storage_failing = any(name == task.name for name, _ in self.storage.open)
-        found = self.tail.check(task, now, storage_failing)
+        found = self.tail.check(task, now, self.storage.failing(task.name))
         if isinstance(found, Finished):
             self.reports.finished(task)
         else:

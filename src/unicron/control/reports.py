@@ -88,7 +88,7 @@ class Reports:
             if self.detector.stacks_reported(report):
                 self.judged(self.detector.judge_checks(self.clock()))
                 return False  # it answers a peer check, which records it with its verdict
-            incident = self.detector.hang_incidents.get((report.task, report.generation))
+            incident = self.detector.hang_incident((report.task, report.generation))
             reported.stacks(self.act, report, incident)  # ordered for a generation now usually gone
             return False
         if isinstance(report, StorageReport):
@@ -120,7 +120,7 @@ class Reports:
             return self.steps.completed(task, report)  # the plan may want the task larger or smaller now
         if isinstance(report, FaultReport):
             if report.action not in NOT_FAILURES:
-                self.recovery.faults[(report.task, report.generation)] = report.time
+                self.recovery.injected((report.task, report.generation), report.time)
             reported.injected(self.act, report, node)
         elif isinstance(report, ExceptionReport):
             self._exception(task, report, node)
@@ -175,7 +175,7 @@ class Reports:
             error=f"{report.error_type}: {report.message}"[:500],
         )
         if not task.state.active:
-            if (task.name, task.generation) in self.recovery.incidents and kind not in CONSEQUENCES:
+            if self.recovery.has_incident((task.name, task.generation)) and kind not in CONSEQUENCES:
                 sign = Sign(self.clock(), kind, node, report.generation)
                 self.signs.note(task.name, sign)  # the same fault elsewhere
             return
@@ -195,7 +195,7 @@ class Reports:
         phase = WorkerPhase.EXITED if ok else WorkerPhase.STOPPED if stopped else WorkerPhase.FAILED
         self.act.worker_phase(key, phase, code=report.code, signal=report.signal)
         running = bool(self.store.workers(report.task, report.generation, live=True))
-        open_ = (task.name, task.generation) in self.recovery.incidents
+        open_ = self.recovery.has_incident((task.name, task.generation))
         decision = exit_means(task, report, self.spec(task.name).run.iterations, running, open_)
         means, seen, why = decision.means, report.time or None, decision.why
         # Ended before its first step (the agent then sends its output's end): the incident,
@@ -252,4 +252,4 @@ class Reports:
             if (incident := self.recovery.open_incident(check.key)) is not None:
                 self.detector.opened(check.key, incident)
             for report in check.stacks:
-                reported.stacks(self.act, report, self.detector.hang_incidents.get(check.key))
+                reported.stacks(self.act, report, self.detector.hang_incident(check.key))

@@ -34,6 +34,7 @@ from unicron.control.detect.silence import (
 )
 from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.core.cadence import JITTER
+from unicron.core.kept import StepTimes
 from unicron.core.protocol import (
     AGENT_REQUEST_TIMEOUT_S,
     AGENT_RETRY_CAP_S,
@@ -459,6 +460,22 @@ class Detector:
         if not monitor.late(now - self.ctx.pace.judged(now).interval_s):
             return None
         return self._hung(task, now, monitor.last_step + 1, monitor.since, monitor.deadline())
+
+    def registered(self, node: str) -> None:
+        """The node (re)registered: its next heartbeat sets its clock's floor anew."""
+        self.delays.forget(node)
+
+    def hold_losses(self, held: bool) -> None:
+        """An admin holds every node loss, or releases the hold (``silence.py``)."""
+        self.silence.by_hand = held
+
+    def hang_incident(self, key: GenerationKey) -> int | None:
+        """The incident opened for the generation's hang, if any."""
+        return self.hang_incidents.get(key)
+
+    def restore_step_times(self, kept: StepTimes) -> None:
+        """The step times a predecessor measured: hangs are judged from a task's first steps."""
+        self.restored = dict(kept.tasks)
 
     def opened(self, key: GenerationKey, incident: int) -> None:
         """Recovery opened ``incident`` for the generation's hang: stacks reported for the

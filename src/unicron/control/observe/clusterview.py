@@ -103,7 +103,7 @@ class Viewer:
     def _slots(self, nodes: tuple[NodeRecord, ...]) -> dict[str, tuple[Slot, ...]]:
         held = self.ctx.store.held_slots()
         spares: dict[str, list[str]] = {}
-        for spare in self.placer.spares.values():
+        for spare in self.placer.spare_list():
             if spare.used is None:
                 spares.setdefault(spare.node, []).append(spare.task)
         slots = {}

@@ -178,7 +178,7 @@ class Placer:
 
     def _newcomers(self, name: str) -> list[WorkerRecord]:
         """The live newcomers of the task's grow under way, if it has one."""
-        growth = self.generations.growing.get(name)
+        growth = self.generations.growth(name)
         return [] if growth is None else self.ctx.store.workers(name, growth.generation, live=True)
 
     def submitted(self, names: tuple[str, ...]) -> None:
@@ -256,7 +256,7 @@ class Placer:
             wanted,
             snapshot.live(name),
             in_place=spec.run.recovery == "in_process",
-            growing=name in self.generations.growing,
+            growing=self.generations.growth(name) is not None,
             usable=spec.is_usable,
             generation=snapshot.next_generation[name],
             in_service=snapshot.healthy(),
@@ -376,7 +376,7 @@ class Placer:
         running = {
             n: t.workers
             for n, t in snapshot.tasks.items()
-            if t.state is TaskState.RUNNING and n not in self.generations.growing
+            if t.state is TaskState.RUNNING and self.generations.growth(n) is None
         }
         gains = spare_gains([self.ctx.spec(n) for n in running], running, state.curves)
         have: dict[str, int] = {}
@@ -426,6 +426,12 @@ class Placer:
         (added,) = self.ctx.act.launch(launch, now)
         self.spares[(name, rank)] = Spare(name, rank, node, added.local_rank, now)
         self.ctx.act.record("spare_launched", task=name, node=node, rank=rank)
+
+    def spare_list(self) -> list[Spare]:
+        return list(self.spares.values())
+
+    def is_spare(self, key: tuple[str, int]) -> bool:
+        return key in self.spares
 
     def drop_spare(self, key: tuple[str, int], stop: bool) -> None:
         spare = self.spares.pop(key, None)

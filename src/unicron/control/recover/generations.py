@@ -163,6 +163,13 @@ class Generations:
         if self.growing.pop(name, None) is not None:
             self._keep()
 
+    def growth(self, name: str) -> Growth | None:
+        """The task's grow under way (newcomers not yet joined), if any."""
+        return self.growing.get(name)
+
+    def growing_tasks(self) -> list[str]:
+        return list(self.growing)
+
     def in_place(self, name: str) -> bool:
         """Whether the task's membership may change in place now."""
         return self.ctx.spec(name).run.recovery == "in_process" and name not in self.growing

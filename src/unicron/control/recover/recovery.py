@@ -495,6 +495,24 @@ class Recovery:
     def awaiting_cause(self, key: tuple[str, int]) -> bool:
         return key in self.awaiting
 
+    def open_count(self) -> int:
+        return len(self.incidents)
+
+    def injected(self, key: tuple[str, int], at: float) -> None:
+        """The fault library injected a fault in the generation at ``at``: its failure began then."""
+        self.faults[key] = at
+
+    def isolated_until_of(self, node: str) -> float:
+        """When the node's isolation ends (0: it is not isolated)."""
+        return self.isolated_until.get(node, 0.0)
+
+    def restore_isolations(self, kept: Isolations, isolated: Sequence[str]) -> None:
+        """The predecessor's isolations; a node isolated with no end kept (a crash between the
+        writes) is over."""
+        self.isolated_until = dict(kept.until)
+        for name in isolated:
+            self.isolated_until.setdefault(name, 0.0)
+
     def open_incident(self, key: tuple[str, int]) -> int | None:
         """The id of the generation's open incident, if any."""
         incident = self.incidents.get(key)

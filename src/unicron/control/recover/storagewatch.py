@@ -61,6 +61,10 @@ class StorageWatch:
         elif key not in self.open:
             self._open(task, report, node)
 
+    def failing(self, name: str) -> bool:
+        """Whether the task's checkpoint storage has an open incident."""
+        return any(task == name for task, _ in self.open)
+
     def persisted(self, name: str, step: int) -> None:
         """Rank 0 reported a persisted checkpoint: the persistent tier takes them again."""
         self._close((name, PERSISTENT), step)
