@@ -329,3 +329,11 @@ def test_a_records_state_is_its_one_field_that_a_row_turns_into_a_plain_value() 
         types = {f.name: typing.get_args(hints[f.name]) or (hints[f.name],) for f in dataclasses.fields(kind)}
         enums = [name for name, union in types.items() if not all(t in plain for t in union)]
         assert enums == ["state"], (kind.__name__, enums)
+
+
+def test_a_worker_in_another_phase_keeps_every_other_field() -> None:
+    """``WorkerRecord.in_state`` builds the record field by field (faster than ``replace``): every
+    field but the phase is kept, and a field added to the record without it fails here."""
+    values = {f.name: f"v{i}" for i, f in enumerate(dataclasses.fields(WorkerRecord))}
+    worker = WorkerRecord(**{**values, "state": WorkerPhase.RUNNING})
+    assert worker.in_state(WorkerPhase.MOVED) == dataclasses.replace(worker, state=WorkerPhase.MOVED)

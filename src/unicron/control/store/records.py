@@ -113,6 +113,14 @@ class WorkerRecord:
     def key(self) -> tuple[str, int, int]:
         return (self.task, self.generation, self.rank)
 
+    def in_state(self, to: WorkerPhase) -> WorkerRecord:
+        """The same worker in phase ``to``. (``dataclasses.replace`` looks the fields up each call:
+        a generation's switch ends a row per worker, hundreds in a large task, on the loop.)"""
+        return WorkerRecord(
+            self.task, self.generation, self.rank, self.node, self.local_rank, to, self.pid,
+            self.exit_code, self.exit_signal, self.launched,
+        )  # fmt: skip
+
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "state": self.state.value}
 

@@ -109,6 +109,7 @@ class Store:
         self._counted = dict(loaded.counted)
         self._kept = dict(loaded.kept)
         self._next_node_id = max((n.id for n in loaded.nodes), default=0) + 1
+        self._healthy: frozenset[str] | None = None  # the healthy nodes' names, until a node changes
 
     def _commit(self, batch: _Batch) -> None:
         """Write ``batch`` through the backend, then (only if that worked) hold it in memory;
@@ -121,6 +122,8 @@ class Store:
             self._tasks[t.name] = t
         for n in batch.nodes:
             self._nodes[n.name] = n
+        if batch.nodes or batch.removed_nodes:
+            self._healthy = None
         for w in batch.workers:
             self._hold(w)
         self._counted.update(batch.counted)
@@ -141,7 +144,15 @@ class Store:
                 nodes=dict(self._nodes),
                 members={t.name: tuple(self.workers(t.name, t.generation, live=True)) for t in tasks},
                 next_generation={t.name: max(t.generation, self.max_generation(t.name)) + 1 for t in tasks},
+                healthy_names=self._healthy_names(),
             )
+
+    def _healthy_names(self) -> frozenset[str]:
+        """Read once between node changes (a heartbeat changes only a node's ``last_seen``): at
+        2,048 nodes, finding them took a tenth of a crash's decision."""
+        if self._healthy is None:
+            self._healthy = frozenset(n.name for n in self._nodes.values() if n.state is NodeState.HEALTHY)
+        return self._healthy
 
     # ------------------------------------------------------------ tasks
     def task(self, name: str) -> TaskRecord | None:
@@ -462,7 +473,7 @@ class Store:
             return True
 
     def _ended(self, workers: Iterable[WorkerRecord], to: WorkerPhase) -> list[WorkerRecord]:
-        return [replace(w, state=to) for w in workers]
+        return [w.in_state(to) for w in workers]
 
     def end_workers(self, task: str, generation: int, to: WorkerPhase) -> None:
         """Every live worker of a generation becomes ``to`` (stopped, or moved to the next one)."""
