@@ -269,6 +269,9 @@ def test_an_admin_holds_node_losses_and_the_next_coordinator_too(state: Path, tm
     with TestClient(create_app(settings)) as successor:
         hold = successor.get("/v1/node-losses", headers=auth(state, Role.VIEWER, "v")).json()
         assert hold["held"] and hold["reason"] == "switch upgrade"
+        # In force at the successor (not only kept), and shown: the gauge, `unicron status`.
+        assert hold["now"] == {"by_hand": True, "alarm": None, "domains": [], "nodes": 0}
+        assert "unicron_node_losses_held_by_hand 1.0" in successor.get("/metrics", headers=admin).text
         released = successor.post("/v1/node-losses", json={"held": False}, headers=admin)
         assert released.json() == {"held": False}
         assert not successor.get("/v1/node-losses", headers=admin).json()["held"]

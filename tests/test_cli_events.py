@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from unicron.cli.live import event_cells, plain
+from unicron.cli.live import event_cells, losses_held, plain
 
 
 def test_an_events_time_and_details_read_plainly() -> None:
@@ -44,3 +44,26 @@ def test_a_tasks_events_include_the_plans_that_changed_it(make: Any) -> None:
     assert plans and all("lm" in e.detail["changes"] for e in plans)
     assert [e.id for e in mine] == sorted(e.id for e in mine)
     assert not [e for e in cluster.c.store.events(task="other") if e.kind == "plan"]
+
+
+class Losses:
+    """The API's answer to GET /v1/node-losses, played (``losses_held`` asks for nothing else)."""
+
+    def __init__(self, reason: str = "", **now: Any) -> None:
+        self.answer = {"held": now.get("by_hand", False), "reason": reason, "since": 0.0, "now": now}
+
+    def request(self, method: str, path: str) -> dict[str, Any]:
+        assert (method, path) == ("GET", "/v1/node-losses")
+        return self.answer
+
+
+def test_unicron_status_says_when_node_losses_are_held_and_why() -> None:
+    quiet = {"by_hand": False, "alarm": None, "domains": [], "nodes": 0}
+    assert losses_held(Losses(**quiet)) == []  # type: ignore[arg-type]
+    (line,) = losses_held(Losses(**{**quiet, "alarm": "mass silence", "nodes": 3}))  # type: ignore[arg-type]
+    assert line.plain == "Node losses held: mass silence: 3 silent node(s) not declared lost"
+    by_hand = Losses("switch upgrade", **{**quiet, "by_hand": True, "domains": ["rack-b"]})
+    (line,) = losses_held(by_hand)  # type: ignore[arg-type]
+    assert line.plain == (
+        "Node losses held: by hand (switch upgrade); failure domain rack-b partly silent: no silent node yet"
+    )

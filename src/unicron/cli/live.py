@@ -380,7 +380,7 @@ def status_view(api: Api) -> Group:
         beat = f"none for {age:.1f} s: unreachable" if n["state"] == "lost" else f"{age:.1f} s ago"
         domain = [n.get("domain") or "-"] if domains else []
         table.add_row(n["name"], n["host"], *domain, n["state"], str(n["slots"]), used, beat)
-    shown: list[Table | Text] = [table, task_table(tasks)]
+    shown: list[Table | Text] = [*losses_held(api), table, task_table(tasks)]
     table = Table(
         "task", "gen", "rank", "node", "local", "state", "pid", "exit", title="Workers", title_justify="left"
     )
@@ -403,6 +403,20 @@ def status_view(api: Api) -> Group:
     incidents = api.request("GET", "/v1/incidents", params={"last": 10})
     shown += [table, incident_table(incidents), *worker_output(incidents, tasks)]
     return Group(*shown)
+
+
+def losses_held(api: Api) -> list[Text]:
+    """A line above the nodes while node losses are held back (``docs/detection.md``): silent
+    nodes are not declared lost, so an operator must know."""
+    losses = api.request("GET", "/v1/node-losses")
+    now = losses["now"]
+    why = [f"by hand ({losses['reason'] or 'no reason given'})"] if now["by_hand"] else []
+    why += [now["alarm"]] if now["alarm"] else []
+    why += [f"failure domain {d} partly silent" for d in now["domains"]]
+    if not why and not now["nodes"]:
+        return []
+    held = f"{now['nodes']} silent node(s) not declared lost" if now["nodes"] else "no silent node yet"
+    return [Text(f"Node losses held: {'; '.join(why) or 'the node loss rate spent'}: {held}", style="bold")]
 
 
 def worker_output(incidents: list[dict[str, Any]], tasks: list[dict[str, Any]]) -> list[Text]:

@@ -135,6 +135,7 @@ class Coordinator:
             self.recovery.open_count,
             self.detector.late_s,
             self.journal.behind_s if self.journal is not None else lambda: 0.0,
+            self.detector.holding,
         )
         self.metrics = Metrics(self.viewer.view)
         self.act.listeners.append(self.metrics.on_event)

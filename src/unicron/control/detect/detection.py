@@ -98,6 +98,20 @@ class Silent:
 
 
 @dataclass(frozen=True)
+class Holding:
+    """What holds node losses back now (``silence.py``): what operators are shown."""
+
+    by_hand: bool  # an admin holds every loss
+    alarm: str | None  # a mass silence or the coordinator far behind, while its alarm holds
+    domains: tuple[str, ...]  # failure domains partly silent, whose silent nodes are held
+    nodes: int  # silent nodes held at the last look
+
+    @property
+    def any(self) -> bool:
+        return self.by_hand or self.alarm is not None or bool(self.domains) or self.nodes > 0
+
+
+@dataclass(frozen=True)
 class Judged:
     """A peer check complete: the failure it found (None: graced, or handled meanwhile), and
     the stacks the check gathered, recorded with the incident once it is open."""
@@ -468,6 +482,11 @@ class Detector:
     def hold_losses(self, held: bool) -> None:
         """An admin holds every node loss, or releases the hold (``silence.py``)."""
         self.silence.by_hand = held
+
+    def holding(self) -> Holding:
+        judge = self.silence
+        alarm = judge.alarm_why if judge.alarm_since is not None else None
+        return Holding(judge.by_hand, alarm, tuple(sorted(judge.domain_alarms)), len(self.held))
 
     def hang_incident(self, key: GenerationKey) -> int | None:
         """The incident opened for the generation's hang, if any."""

@@ -13,12 +13,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from unicron.control.context import Context
+from unicron.control.detect.detection import Holding
 from unicron.control.observe.wafhistory import WafHistory, WafPoint
 from unicron.control.place.placing import Placer
 from unicron.control.place.rates import RateMeter
 from unicron.control.store.records import NodeRecord, TaskRecord
 from unicron.core.livespecs import LiveTaskSpec
 from unicron.planning.planner import plan
+
+NOT_HOLDING = Holding(by_hand=False, alarm=None, domains=(), nodes=0)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class ClusterView:
     plan_counts: dict[str, int] = field(default_factory=dict)  # "table", "solved", "rebuilds"
     late_s: float = 0.0  # how late the coordinator itself has been over a heartbeat deadline
     store_behind_s: float = 0.0  # how long the oldest change not yet durable has waited
+    holding: Holding = NOT_HOLDING  # what holds node losses back now
 
 
 @dataclass
@@ -67,6 +71,7 @@ class Viewer:
     open_incidents: Callable[[], int]
     late_s: Callable[[float], float] = lambda now: 0.0  # the coordinator's own lateness at ``now``
     store_behind_s: Callable[[], float] = lambda: 0.0  # its store's write lag (``journal.py``)
+    holding: Callable[[], Holding] = lambda: NOT_HOLDING  # what holds node losses back
     _optimum: tuple[tuple[Any, ...], float | None] | None = None
 
     def view(self) -> ClusterView:
@@ -98,6 +103,7 @@ class Viewer:
             plan_counts=dict(self.placer.allocator.counts),
             late_s=self.late_s(now),
             store_behind_s=self.store_behind_s(),
+            holding=self.holding(),
         )
 
     def _slots(self, nodes: tuple[NodeRecord, ...]) -> dict[str, tuple[Slot, ...]]:

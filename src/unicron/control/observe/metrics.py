@@ -104,7 +104,13 @@ class Metrics:
         self.losses_held = count(
             "unicron_node_losses_held", "Silent nodes not declared lost, by why", ["why"]
         )
-        for why in ("mass silence", "coordinator behind", "domain silence", "node loss rate spent"):
+        for why in (
+            "mass silence",
+            "coordinator behind",
+            "domain silence",
+            "node loss rate spent",
+            "held by hand",
+        ):
             self.losses_held.labels(why)
         self.decided_at: dict[int, float] = {}  # open incidents' decision times, for the transition
         self.steps_at: dict[int, tuple[str, int]] = {}  # open incidents' task and step at detection
@@ -271,6 +277,19 @@ def _cluster_gauges(v: ClusterView) -> Iterator[Metric]:
         " (control/detect/silence.py)",
         [],
         [([], v.late_s)],
+    )
+    yield _gauge(
+        "unicron_node_losses_held_by_hand",
+        "1 while an admin holds every node loss (unicron node hold-losses), else 0",
+        [],
+        [([], float(v.holding.by_hand))],
+    )
+    yield _gauge(
+        "unicron_node_losses_held_now",
+        "Silent nodes whose loss is held back now (a mass silence, a domain partly silent, the"
+        " coordinator behind, the loss rate spent, or an admin's hold)",
+        [],
+        [([], v.holding.nodes)],
     )
     yield _gauge(
         "unicron_store_write_lag_seconds",

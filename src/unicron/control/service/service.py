@@ -451,8 +451,11 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
 
     @router.get("/v1/node-losses")
     async def node_losses() -> dict[str, Any]:
-        """Whether an admin holds node losses, why and since when."""
-        return runtime.c.node_losses().model_dump(exclude={"NAME"})
+        """Whether an admin holds node losses, why and since when; and what holds them back
+        now (``now``: the hold, an alarm, failure domains partly silent, how many nodes)."""
+        now = runtime.c.detector.holding()
+        held = {"by_hand": now.by_hand, "alarm": now.alarm, "domains": list(now.domains), "nodes": now.nodes}
+        return {**runtime.c.node_losses().model_dump(exclude={"NAME"}), "now": held}
 
     @router.get("/v1/nodes")
     async def nodes() -> list[dict[str, Any]]:
