@@ -32,6 +32,7 @@ from unicron.core.cadence import jittered
 from unicron.core.protocol import Heartbeat, Registration
 
 TIMEOUT_S = 5.0  # an answer slower than this counts as a failure (the connection is made anew)
+POLL_WAIT_S = 2.0  # how long the coordinator holds each long poll for orders
 
 
 class Connection:
@@ -127,7 +128,7 @@ async def poll_orders(url: str, name: str, token: str, until: float, silent_at: 
     """The agent's long poll for orders, on a connection of its own, as the real agent keeps it
     (``control/agent/agent.py``: ``wait`` four heartbeat intervals); no orders come to these nodes."""
     where = urlsplit(url)
-    head = f"GET /v1/agents/{name}/orders?wait=2.0&acked=0 HTTP/1.1\r\nHost: {where.netloc}\r\n"
+    head = f"GET /v1/agents/{name}/orders?wait={POLL_WAIT_S}&acked=0 HTTP/1.1\r\nHost: {where.netloc}\r\n"
     poll = (head + f"Authorization: Bearer {token}\r\n\r\n").encode()
     connection = Connection(url)
     await asyncio.sleep(random.uniform(0, 2.0))  # agents start at different times

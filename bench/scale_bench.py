@@ -1,6 +1,6 @@
 """The control plane at cluster scale: N simulated agents (``bench/fleet.py``: the real agent
-protocol over HTTP, no workers) heartbeating at the default interval against one coordinator,
-with its state in SQLite and in etcd (a one-member etcd on loopback).
+protocol over HTTP, no workers) heartbeating at the interval the coordinator gives them,
+against one coordinator, with its state in SQLite and in etcd (a one-member etcd on loopback).
 
 Per N and backend, ``RUNS`` runs each, every run reported: heartbeat latency p50/p99 (measured by
 the agents, over a window after every agent registered), the coordinator's CPU over that window
@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from bench import fleet
 from unicron.control.launch.etcdlocal import EtcdCluster, etcd_binary
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.control.store.gcpolicy import GcPolicy
@@ -50,10 +51,10 @@ PROCESSES = 2  # agent processes (one event loop each)
 SETTLE_S = 15.0  # after the last registration, before the window (the registrations' plans)
 WINDOW_S = 20.0
 SILENT_EXTRA_S = 5.0  # after the window, past the silent agent's deadline: its detection
-TARGETS = {"p99_s": 0.1, "cores": 1.0, "detection_s": 3.0, "false_losses": 0}
 # A silent node is found within its deadline (which grows with the node count: core/cadence.py)
 # and this: the coordinator's tick, and a heartbeat's worth of the loop's lateness.
 DETECTION_MARGIN_S = 1.0
+TARGETS = {"p99_s": 0.1, "cores": 1.0, "detection_margin_s": DETECTION_MARGIN_S, "false_losses": 0}
 
 
 def quantile(values: list[float], q: float) -> float | None:
@@ -158,9 +159,10 @@ def commit() -> str:
 
 def misses(row: dict[str, Any]) -> list[str]:
     """The targets one run missed (p99 only up to ``P99_UP_TO`` agents)."""
-    targets = {k: v for k, v in TARGETS.items() if k != "p99_s" or row["agents"] <= P99_UP_TO}
-    if "deadline_s" in row:
-        targets["detection_s"] = row["deadline_s"] + DETECTION_MARGIN_S
+    targets = {k: v for k, v in TARGETS.items() if k not in ("p99_s", "detection_margin_s")}
+    if row["agents"] <= P99_UP_TO:
+        targets["p99_s"] = TARGETS["p99_s"]
+    targets["detection_s"] = row["deadline_s"] + DETECTION_MARGIN_S
     return [k for k, limit in targets.items() if row.get(k) is None or not 0 <= row[k] <= limit]
 
 
@@ -314,6 +316,14 @@ def write_docs(result: dict[str, Any]) -> None:
     gc = GcPolicy()
     text = text.replace("{gc_freeze_s}", f"{gc.freeze_every_s:g}")
     text = text.replace("{gc_full_s}", f"{gc.full_every_s:,.0f}")
+    text = text.replace("{window_s}", f"{result.get('window_s', WINDOW_S):g}")
+    text = text.replace("{margin_s}", f"{DETECTION_MARGIN_S:g}").replace("{cores}", f"{TARGETS['cores']:g}")
+    text = text.replace("{p99_ms}", f"{TARGETS['p99_s'] * 1000:g}").replace(
+        "{poll_s}", f"{fleet.POLL_WAIT_S:g}"
+    )
+    text = text.replace("{timeout_s}", f"{fleet.TIMEOUT_S:g}").replace(
+        "{cpus}", str(result.get("cpus", os.cpu_count()))
+    )
     (ROOT / "docs" / "scale.md").write_text(text.replace("{runs}", str(result.get("runs", 1))))
 
 
@@ -340,6 +350,7 @@ def main(
                     rows.append({"run": run, "commit": measuring, **measured_row})
                     print(json.dumps(rows[-1]), flush=True)
     result = {"window_s": WINDOW_S, "processes": PROCESSES, "runs": runs, "targets": TARGETS, "rows": rows}
+    result["cpus"] = os.cpu_count()
     result["p99_up_to"] = P99_UP_TO
     (ROOT / "docs" / "bench" / "scale.json").write_text(json.dumps(result, indent=2) + "\n")
     write_docs(result)

@@ -853,3 +853,23 @@ def test_values_deleted_from_a_tasks_store_are_put_back_and_said_once_a_minute(m
     said = cluster.events("store_values_restored")
     assert [e["values"] for e in said] == [1, 3]  # at once, then the three since a minute later
     assert said[0]["keys"] == [current_key("lm")]
+
+
+def test_a_heartbeat_that_changes_nothing_writes_nothing(make: Any) -> None:
+    """A training node's plain heartbeat (its workers listed, no report) is held in memory: it
+    writes nothing to the store, so thousands of nodes beating cost no disk or etcd writes
+    (docs/scale.md); when the node was last heard is still known."""
+    cluster = make()
+    writes: list[int] = []
+    backend = cluster.c.store.backend
+    write = backend.write
+    backend.write = lambda changes, events=(): (
+        writes.append(len(changes) + len(events)),
+        write(changes, events),
+    )
+    for _ in range(3):
+        cluster.clock.now += 0.5
+        for node in cluster.nodes:
+            cluster.beat(node)
+    assert writes == []
+    assert cluster.c.store.node("n0").last_seen == cluster.clock.now
