@@ -401,9 +401,7 @@ class Applier:
         self._store.switch_generation(switch.task, switch.old, switch.membership.generation, switch.kept, now)
         new = switch.membership.generation
         for w, rank in switch.kept.items():
-            # Built unvalidated: every field is a row's (validated when it was written) or the
-            # membership's, and a recovery at 2,048 nodes renames ~160 workers on the loop.
-            order = RenameWorker.model_construct(
+            order = RenameWorker(
                 task=switch.task, generation=w.generation, rank=w.rank, new_generation=new, new_rank=rank
             )
             self.orders.add(w.node, order)
