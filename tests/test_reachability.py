@@ -40,3 +40,15 @@ def test_an_outage_of_hours_keeps_retrying_at_the_cap() -> None:
     for attempt in range(30_000):
         delay, _ = link.failed(float(attempt) * 4, TimeoutError())
     assert 2.0 <= delay <= 4.0
+
+
+def test_a_request_that_timed_out_is_asked_again_at_once_the_first_time_then_backs_off() -> None:
+    """A heartbeat whose answer was lost (a lossy link) already waited its timeout: asked again at
+    once; a second timeout in a row backs off as any failure does, and an answer starts over."""
+    link = Reachability("the coordinator", base_s=0.5, cap_s=4.0)
+    first, line = link.timed_out(100.0, TimeoutError())
+    assert first == 0.0 and line is not None and "retrying" in line
+    second, _ = link.timed_out(102.0, TimeoutError())
+    assert 0.5 <= second <= 1.0  # (the second failure's ceiling, jittered)
+    link.reached(103.0)
+    assert link.timed_out(110.0, TimeoutError())[0] == 0.0

@@ -50,6 +50,17 @@ class Reachability:
             return delay, f"still cannot reach {self.what} after {away:.0f} s ({describe(error)})"
         return delay, None
 
+    def timed_out(self, now: float, error: BaseException) -> tuple[float, str | None]:
+        """An attempt that reached the other side and had no answer within its timeout: as
+        :meth:`failed`, except that the first in a row is retried at once. Its timeout has spaced
+        the attempts out already, and a lone lost answer (a lossy link: one segment lost a few
+        times in a row) is mended by asking again on a fresh connection, where a back-off on top
+        of the timeout outlasts the time the other side gives us (an agent's heartbeat that timed
+        out after 2 s, then waited up to 0.5 s more, left its node silent past a 2.5 s deadline at
+        a tenth of its packets lost). Further failures back off as usual."""
+        delay, line = self.failed(now, error)
+        return (0.0 if self.failures == 1 else delay), line
+
     def reached(self, now: float) -> str | None:
         """A successful attempt: the line to log if the other side had been away."""
         away, self.since, self.failures = self.since, None, 0

@@ -258,8 +258,8 @@ class Agent:
                         self._say(self.link.reached(time.monotonic()))
                     except (httpx.HTTPError, RuntimeError) as exc:
                         self.metrics.reachable.set(0)
-                        if busy(exc):  # reached, too busy to answer in time: the same one, later
-                            wait, line = self.link.failed(time.monotonic(), exc)
+                        if busy(exc):  # reached, no answer in time: the same one, at once, then later
+                            wait, line = self.link.timed_out(time.monotonic(), exc)
                             self._say(line)
                         elif self.coordinators.failed():  # every address failed: back off
                             self.registered = False
@@ -287,7 +287,8 @@ class Agent:
 def busy(error: BaseException) -> bool:
     """Whether a failed request reached a coordinator that did not answer in time (a read or a
     write that timed out, not a connection that could not be made): the agent asks the same
-    coordinator again, after the link's back-off, with a heartbeat that says how long it has had
+    coordinator again (at once the first time: an answer lost on a lossy link; then after the
+    link's back-off: ``Reachability.timed_out``), with a heartbeat that says how long it has had
     no answer, and does not register again (registering would cost a coordinator that is already
     late more than a heartbeat, and make the next heartbeat a first one, whose wait tells it
     nothing of its lag). Any other failure (refused, reset, a connection that timed out, a refused
