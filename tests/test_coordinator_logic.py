@@ -224,6 +224,8 @@ def test_the_same_fault_on_every_node_blames_no_node_and_fails_the_task(make: An
             cluster.train(1)
     task = cluster.c.store.get_task("lm")
     assert task.state is TaskState.FAILED and "restarting cannot mend it" in (task.reason or "")
+    # Freed by the call that failed it, not at a later one: nothing of it is left to act on.
+    assert cluster.c.act.next_ended() is None and "lm" not in cluster.c.recovery.ladder.actions
     assert all(n.state is NodeState.HEALTHY for n in cluster.c.store.nodes())
     assert cluster.events("node_isolated") == []
     assert {i["scope"] for i in cluster.events("incident")[1:]} == {"task"}
@@ -241,6 +243,7 @@ def test_a_launch_failure_is_an_incident_on_the_task(make: Any) -> None:
     cluster.beat("n0", report)
     task = cluster.c.store.get_task("lm")
     assert task.state is TaskState.FAILED and "no-such-program" in (task.reason or "")
+    assert cluster.c.act.next_ended() is None and cluster.c.recovery.incidents == {}  # freed at once
 
 
 def test_an_unknown_error_kind_is_handled_as_other(make: Any) -> None:

@@ -51,7 +51,7 @@ def silent(*names: str, for_s: float = 3.0) -> list[tuple[str, float]]:
 def test_a_mass_silence_declares_nobody_lost_until_heartbeats_return_or_it_lasts_too_long() -> None:
     judge = SilenceJudge(LIMITS)
     first = judge.judge(silent("a", "b", "c"), in_service=5, now=10.0)  # 3 of 5: past 0.55
-    assert first.lost == [] and first.held == ["a", "b", "c"] and first.alarm_began
+    assert first.lost == [] and first.held == ["a", "b", "c"] and first.alarm_began and first.alarm_holds
     assert judge.judge(silent("a", "b", "c"), 5, 20.0).lost == []
     back = judge.judge(silent("c"), 5, 21.0)  # a and b heard again: the alarm ends
     assert back.alarm_ended == 11.0 and back.lost == []  # (the detector gives c a restart's grace)
@@ -60,6 +60,7 @@ def test_a_mass_silence_declares_nobody_lost_until_heartbeats_return_or_it_lasts
     assert judge.judge(silent("x", "y"), 2, 30.0).alarm_began
     held_on = judge.judge(silent("x", "y", for_s=63.0), 2, 30.0 + LIMITS.mass_silence_hold_s)
     assert sorted(held_on.lost) == [("x", 63.0), ("y", 63.0)]  # held as long as allowed: real
+    assert held_on.alarm_why == "mass silence" and not held_on.alarm_holds  # (shown as not holding)
     # Fewer than three silent, or not past the share, is not a mass silence.
     assert SilenceJudge(LIMITS).judge(silent("a", "b"), 3, 0.0).lost == silent("a", "b")
     assert SilenceJudge(LIMITS).judge(silent("a", "b", "c"), 6, 0.0).lost == silent("a", "b", "c")

@@ -409,7 +409,9 @@ def losses_held(api: Api) -> list[Text]:
     """A line above the nodes while node losses are held back (``docs/detection.md``): silent
     nodes are not declared lost, so an operator must know."""
     losses = api.request("GET", "/v1/node-losses")
-    now = losses["now"]
+    now = losses.get("now")
+    if now is None:  # a coordinator that does not say
+        return []
     why = [f"by hand ({losses['reason'] or 'no reason given'})"] if now["by_hand"] else []
     why += [now["alarm"]] if now["alarm"] else []
     why += [f"failure domain {d} partly silent" for d in now["domains"]]

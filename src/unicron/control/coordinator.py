@@ -242,7 +242,7 @@ class Coordinator:
         """Tasks ended (finished, cancelled, or failed by a recovery tier): nothing of them
         stays, here or on the nodes. Taken from the applier, which ended them, after every step
         that may end one, so that no part acts on an ended task's leftovers."""
-        for name in self.act.take_ended():
+        while (name := self.act.next_ended()) is not None:
             self._release(name)
 
     def _release(self, name: str) -> None:

@@ -7,7 +7,7 @@ belongs to: a step to ``stepping.py``, a failure (an exception, an exit, a launc
 ``recover/recovery.py`` as an incident, a checkpoint or a storage fault to the storage watch, a
 peer check's stacks to detection. Detection's verdicts (``Failing``, ``Judged``) go to recovery the
 same way. What ends a task is carried out by the applier, which hands the ended task to the
-coordinator to free (``Applier.take_ended``).
+coordinator to free (``Applier.next_ended``).
 """
 
 from __future__ import annotations

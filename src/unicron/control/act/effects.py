@@ -186,7 +186,7 @@ class Applier:
         self.posts = Posts(rendezvous, store.journal)  # written once durable, off the loop
         self.orders = orders
         self.happened = Happened()  # the cluster events carried out, for the planner
-        # Tasks ended since the coordinator last took them (``take_ended``): it frees what it
+        # Tasks ended that the coordinator has not taken yet (``next_ended``): it frees what it
         # and its parts hold of each, whichever part's effects ended it.
         self._ended: list[str] = []
         # Called with each event recorded: (id, kind, task, detail).
@@ -244,10 +244,10 @@ class Applier:
         self.happened.note(TaskDone(task))
         self._ended.append(task)
 
-    def take_ended(self) -> list[str]:
-        """The tasks ended since the last call, in the order they ended."""
-        ended, self._ended = self._ended, []
-        return ended
+    def next_ended(self) -> str | None:
+        """The task that ended first of those not yet taken (None: none): taken one at a time, so
+        that one whose freeing fails leaves the others to be taken."""
+        return self._ended.pop(0) if self._ended else None
 
     def put_back_posts(self, now: float) -> None:
         """About once a second, write every live task's kept values again, which puts back

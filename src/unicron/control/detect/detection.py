@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from unicron.control.context import Context
@@ -255,6 +255,7 @@ class Detector:
     delays: BeatDelays = field(init=False)
     silence: SilenceJudge = field(init=False)
     held: set[str] = field(default_factory=set)  # silent nodes not declared lost (said once each)
+    _holding: Holding = field(default=Holding(False, None, (), 0), repr=False)  # as of the last look
     swept_at: float = -math.inf  # when the nodes were last looked over for silence
     lag: tuple[float, float] = (-math.inf, 0.0)  # (when, what) the heartbeats' waits last said
 
@@ -380,13 +381,8 @@ class Detector:
             act.record("mass_silence_over", seconds=round(verdict.alarm_ended, 3), silent=len(past))
             if verdict.grace:  # the nodes still silent get a restart's grace (their agents may back off)
                 self.listening_since = now
-        whole = (
-            "held by hand"
-            if self.silence.by_hand
-            else self.silence.alarm_why
-            if self.silence.alarm_since is not None
-            else None
-        )
+        alarm_held = verdict.alarm_why if verdict.alarm_holds else None  # (not once past its hold)
+        whole = "held by hand" if self.silence.by_hand else alarm_held
         newly: dict[str, list[str]] = {}  # why -> nodes held from now
         for name in sorted(set(verdict.held) - self.held):
             in_held_domain = domains.get(name) in verdict.domains_held
@@ -396,6 +392,7 @@ class Detector:
             where = sorted({domains[n] for n in names if n in domains}) if why == "domain silence" else None
             act.record("node_loss_held", why=why, nodes=names[:HELD_NAMED], count=len(names), domains=where)
         self.held = set(verdict.held)
+        self._holding = Holding(False, alarm_held, tuple(sorted(verdict.domains_held)), len(self.held))
         return [Silent(name, s, self.lateness.since(now - s), deadline) for name, s in verdict.lost]
 
     def _domain_alarms(self, verdict: Verdict) -> None:
@@ -484,9 +481,8 @@ class Detector:
         self.silence.by_hand = held
 
     def holding(self) -> Holding:
-        judge = self.silence
-        alarm = judge.alarm_why if judge.alarm_since is not None else None
-        return Holding(judge.by_hand, alarm, tuple(sorted(judge.domain_alarms)), len(self.held))
+        """What held node losses back at the last look over the nodes (an admin's hold: now)."""
+        return replace(self._holding, by_hand=self.silence.by_hand)
 
     def hang_incident(self, key: GenerationKey) -> int | None:
         """The incident opened for the generation's hang, if any."""

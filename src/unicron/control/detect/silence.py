@@ -179,6 +179,7 @@ class Verdict:
     domains_began: tuple[tuple[str, int, int], ...] = ()
     domains_ended: tuple[tuple[str, float], ...] = ()
     domains_held: frozenset[str] = frozenset()  # the domains whose silent nodes are held now
+    alarm_holds: bool = False  # the alarm holds every loss now (raised, and not past its hold)
 
 
 @dataclass
@@ -237,7 +238,7 @@ class SilenceJudge:
         if holding or self.by_hand or ended is not None:  # (ended: the detector may give a grace)
             held = [name for name, _ in silent]
             grace = ended is None or not self.alarm_rising
-            return Verdict([], held, began, ended, self._why(), grace, *part)
+            return Verdict([], held, began, ended, self._why(), grace, *part, alarm_holds=holding)
         held = [name for name, _ in silent if (domains or {}).get(name) in part[2]]
         judged = [s for s in silent if (domains or {}).get(s[0]) not in part[2]]
         self._refill(now)

@@ -30,9 +30,9 @@ class Snapshot:
     next_generation: Mapping[str, int]  # task -> a generation number it never used
     # node -> until when its isolation runs (also while it is lost: it comes back isolated)
     isolated_until: Mapping[str, float] = field(default_factory=dict)
-    # The healthy nodes' names, when the store knows them already (it keeps them between node
-    # changes); else found from ``nodes`` when first asked.
-    healthy_names: frozenset[str] | None = field(default=None, repr=False, compare=False)
+    # The healthy nodes' names: set by the store, which keeps them between node changes; else
+    # (a snapshot built or replaced by hand) found from ``nodes`` when first asked.
+    healthy_names: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def task(self, name: str) -> TaskRecord:
         if name not in self.tasks:
@@ -44,7 +44,7 @@ class Snapshot:
 
     def healthy(self) -> frozenset[str]:
         """The healthy nodes, read once (deciders ask many times a decision; at 2,048 nodes
-        a read is a millisecond) and only when asked (most snapshots are not asked)."""
+        a read is a millisecond)."""
         if self.healthy_names is None:
             healthy = frozenset(n.name for n in self.nodes.values() if n.state is NodeState.HEALTHY)
             object.__setattr__(self, "healthy_names", healthy)

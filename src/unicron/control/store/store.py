@@ -139,13 +139,14 @@ class Store:
         them were most of a recovery's time."""
         with self._lock:
             tasks = [t for t in self.tasks(live_only=True) if only is None or t.name == only]
-            return Snapshot(
+            snapshot = Snapshot(
                 tasks={t.name: t for t in tasks},
                 nodes=dict(self._nodes),
                 members={t.name: tuple(self.workers(t.name, t.generation, live=True)) for t in tasks},
                 next_generation={t.name: max(t.generation, self.max_generation(t.name)) + 1 for t in tasks},
-                healthy_names=self._healthy_names(),
             )
+            object.__setattr__(snapshot, "healthy_names", self._healthy_names())
+            return snapshot
 
     def _healthy_names(self) -> frozenset[str]:
         """Read once between node changes (a heartbeat changes only a node's ``last_seen``): at
