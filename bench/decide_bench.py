@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
-from unicron.control.detect.detection import SWEEPS_PER_INTERVAL
+from unicron.control.detect.nodewatch import SWEEPS_PER_INTERVAL
 from unicron.control.place.allocator import Decided
 from unicron.control.service.service import TICK_S
 from unicron.control.store.gcpolicy import GcPolicy

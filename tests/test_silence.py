@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from unicron.control.detect.detection import Holding, silent_nodes
+from unicron.control.detect.nodewatch import Holding, silent_nodes
 from unicron.control.detect.silence import BeatDelays, Lateness, SilenceJudge
 from unicron.control.store.records import NodeRecord
 from unicron.core.protocol import Heartbeat
@@ -171,12 +171,12 @@ def test_a_mass_silence_through_the_coordinator_raises_an_alarm_and_takes_nobody
     (held,) = cluster.events("node_loss_held")  # one event for all of them, each named once
     assert held["nodes"] == ["n1", "n2", "n3"] and held["count"] == 3 and held["why"] == "mass silence"
     # What operators are shown (the metrics, `unicron status` through /v1/node-losses).
-    assert cluster.c.detector.holding() == Holding(by_hand=False, alarm="mass silence", domains=(), nodes=3)
+    assert cluster.c.nodes.holding() == Holding(by_hand=False, alarm="mass silence", domains=(), nodes=3)
     shown = cluster.c.metrics.exposition()
     assert b"unicron_mass_silence 1.0" in shown and b"unicron_node_losses_held_now 3.0" in shown
     cluster.nodes = ("n0", "n1", "n2", "n3")  # the switch is back
     cluster.step(0.5)
-    assert not cluster.c.detector.holding().any
+    assert not cluster.c.nodes.holding().any
     (over,) = cluster.events("mass_silence_over")
     assert over["silent"] == 0 and cluster.c.store.get_task("lm").generation == 1  # undisturbed
 
@@ -316,7 +316,7 @@ def test_a_rack_partly_silent_through_the_coordinator_is_held_with_its_alarm(mak
     (held,) = cluster.events("node_loss_held")
     assert held["why"] == "domain silence" and held["domains"] == ["rack-b"] and held["count"] == 3
     assert b'unicron_domain_silence{domain="rack-b"} 1.0' in cluster.c.metrics.exposition()
-    assert cluster.c.detector.holding() == Holding(by_hand=False, alarm=None, domains=("rack-b",), nodes=3)
+    assert cluster.c.nodes.holding() == Holding(by_hand=False, alarm=None, domains=("rack-b",), nodes=3)
     cluster.nodes = tuple(f"n{i}" for i in range(8))  # the switch is back
     cluster.step(0.5)
     assert cluster.events("domain_silence_over") and not cluster.events("node_lost")

@@ -3,7 +3,8 @@
 Synchronous, on the service's event loop, one call at a time (no races); ``control.service``
 only translates requests into these calls. The parts, one concept each:
 
-- ``detection.py``: silent nodes, hangs, workers that never started (judged on the tick);
+- ``detection.py``: hangs, workers that never started (judged on the tick); ``nodewatch.py``:
+  silent nodes, and the coordinator's own lateness;
 - ``recovery.py``: incidents, fault scope, the severity ladder's decision;
 - ``response.py``: that decision as effects, a pure function of a ``snapshot.py`` snapshot;
 - ``generations.py``: in-place shrinks and grows (membership arithmetic);
@@ -23,7 +24,8 @@ from collections.abc import Callable
 from unicron.control.act.effects import Applier, Orders
 from unicron.control.act.rendezvous import Rendezvous
 from unicron.control.context import Context, CoordinatorSettings
-from unicron.control.detect.detection import Detector, stalled_for
+from unicron.control.detect.detection import Detector
+from unicron.control.detect.nodewatch import NodeWatch, stalled_for
 from unicron.control.detect.tail import Finished, Tail
 from unicron.control.detect.vanished import Vanished
 from unicron.control.observe.clusterview import Viewer
@@ -110,7 +112,8 @@ class Coordinator:
         ladder = Ladder(self.limits)
         self.signs = Attribution(self.ctx, ladder)
         self.recovery = Recovery(self.ctx, self.generations, ladder, self.signs)
-        self.detector = Detector(self.ctx, self.recovery)
+        self.detector = Detector(self.ctx, self.recovery)  # the generations' health
+        self.nodes = NodeWatch(self.ctx)  # the nodes' silence
         self.rates = RateMeter(window_s=self.limits.measure_window_s, change=self.limits.measure_change)
         self.placer = Placer(self.ctx, self.generations, self.rates)
         self.steps = Steps(self.ctx, self.detector, self.recovery, self.placer, self.rates)
@@ -133,9 +136,9 @@ class Coordinator:
             self.rates,
             self.history,
             self.recovery.open_count,
-            self.detector.late_s,
+            self.nodes.late_s,
             self.journal.behind_s if self.journal is not None else lambda: 0.0,
-            self.detector.holding,
+            self.nodes.holding,
         )
         self.metrics = Metrics(self.viewer.view)
         self.act.listeners.append(self.metrics.on_event)
@@ -169,7 +172,7 @@ class Coordinator:
             t.jti for t in (self.store.kept_record(RevokedTokens) or RevokedTokens()).tokens
         )
         self.detector.restore_step_times(self.store.kept_record(StepTimes) or StepTimes())
-        self.detector.hold_losses((self.store.kept_record(LossesHeld) or LossesHeld()).held)
+        self.nodes.hold_losses((self.store.kept_record(LossesHeld) or LossesHeld()).held)
         self.step_times_kept: tuple[float, dict[str, list[float]]] = (0.0, self.detector.step_times())
 
     def spec(self, name: str) -> LiveTaskSpec:
@@ -234,7 +237,7 @@ class Coordinator:
     def hold_node_losses(self, held: bool, reason: str) -> None:
         """An admin holds every node loss (no silent node is declared lost) or releases the
         hold (``detect/silence.py``); kept, so that a successor holds them too."""
-        self.detector.hold_losses(held)
+        self.nodes.hold_losses(held)
         self.act.keep(LossesHeld(held=held, reason=reason, since=self.clock()))
         self.act.record("node_losses_held" if held else "node_losses_released", reason=reason)
 
@@ -276,7 +279,7 @@ class Coordinator:
                 f"node {reg.node} offers {reg.slots} slots but the cluster's nodes have "
                 f"{other.slots}; start every agent with the same --slots"
             )
-        self.detector.registered(reg.node)
+        self.nodes.registered(reg.node)
         state = returning_state(known, self.recovery.isolated_until_of(reg.node), self.clock())
         self.act.node_registered(reg, state, self.clock())
         if known is None or known.state is NodeState.LOST:
@@ -306,7 +309,7 @@ class Coordinator:
             return HeartbeatReply(registered=False)
         now = self.clock()
         self.act.node_seen(hb.node, now)
-        self.detector.heard(hb.node, hb.sent, hb.waited_s, now)
+        self.nodes.heard(hb.node, hb.sent, hb.waited_s, now)
         for report in hb.reports:
             try:
                 self.handle_report(report, hb.node)
@@ -390,11 +393,12 @@ class Coordinator:
         stalled = stalled_for(self.last_tick, ran, self.limits)
         self.last_tick = ran
         if stalled is not None:
+            self.nodes.resumed(now)
             self.detector.resumed(now, stalled)
             self.recovery.paused(stalled)  # its deadlines move on by the stall
         else:
-            self.detector.late(now, late_s)
-        for silent in self.detector.silent(now):
+            self.nodes.late(now, late_s)
+        for silent in self.nodes.silent(now):
             self.recovery.node_lost(silent)
             self.dirty = True
         self._release_ended()

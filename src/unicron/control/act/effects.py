@@ -306,7 +306,7 @@ class Applier:
         """A node went silent: it is lost, with its live workers (returned as they were), and
         its unsent orders mean nothing any more. The record says how long it was silent, how
         much of that was the coordinator's own lateness, and the deadline it was judged by
-        (``detect/detection.py:Silent``)."""
+        (``detect/nodewatch.py:Silent``)."""
         self.node_state(node, NodeState.LOST)
         late, deadline = round(late_s, 3), round(deadline_s, 3)
         self.record("node_lost", node=node, silent_s=round(silent_s, 3), late_s=late, deadline_s=deadline)

@@ -1,9 +1,9 @@
-"""Detection signals judged on the coordinator's tick: silent nodes, late steps (hangs), workers
-that never started, isolation that has run out.
+"""The generations' health judged on the coordinator's tick: late steps (hangs), workers that
+never started, peer checks of a stall with no culprit. (Silent nodes: ``nodewatch.py``.)
 
 Exits, exceptions and iteration reports arrive with heartbeats (``coordinator.py``); this module
 judges what only time can tell. Each judgement is a pure function of records and ``now``; the
-``Detector`` returns what it finds (silent nodes, :class:`Failing` generations), and the
+``Detector`` returns what it finds (:class:`Failing` generations, :class:`Judged` checks), and the
 coordinator hands that to recovery: detection decides what failed, recovery what to do about it.
 Detection reads whether a generation is being handled through :class:`Handled`, a read-only
 view recovery provides, and imports nothing of recovery.
@@ -11,50 +11,28 @@ view recovery provides, and imports nothing of recovery.
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from unicron.control.context import Context
 from unicron.control.detect.hangs import WorkerKey, hang_verdict, unheard
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import STUCK, PeerCheck, outcome, probe_endpoints
-from unicron.control.detect.silence import (
-    BEHIND,
-    BEHIND_SHARE,
-    CAUGHT_UP_SHARE,
-    QUIET_INTERVALS,
-    QUIET_SHARE,
-    BeatDelays,
-    Lateness,
-    SilenceJudge,
-    Verdict,
-)
-from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
-from unicron.core.cadence import JITTER
+from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.core.kept import StepTimes
 from unicron.core.protocol import (
-    AGENT_REQUEST_TIMEOUT_S,
-    AGENT_RETRY_CAP_S,
     Phase,
     Progress,
     StacksReport,
     WorkerState,
 )
 from unicron.core.settings import Settings
-from unicron.core.states import NodeState, WorkerPhase
+from unicron.core.states import WorkerPhase
 from unicron.core.taxonomy import ErrorKind, Scope
 
 GenerationKey = tuple[str, int]  # (task, generation)
-LATENESS_KEPT_S = 600.0  # how far back the coordinator's lateness is looked up (a silence longer
-# than that is judged with the lateness of the last ten minutes only)
-HELD_NAMED = 20  # nodes named in one node_loss_held event (the count says how many)
-# How often, per heartbeat interval, the nodes are looked over for silence (and the heartbeats'
-# waits for the coordinator's lag): each look reads every node, which at thousands of nodes ten
-# times a second was a tenth of the coordinator's loop; a loss is found this much later at most.
-SWEEPS_PER_INTERVAL = 5
 
 
 class Handled(Protocol):
@@ -85,33 +63,6 @@ class Failing:
 
 
 @dataclass(frozen=True)
-class Silent:
-    """A node to declare lost: silent ``silent_s`` since it was last heard, of which ``late_s``
-    was the coordinator's own lateness (``silence.Lateness``: not counted against it), judged by
-    a deadline of ``deadline_s`` (the cluster's, ``core/cadence.py``). The loss records all three,
-    so that it says why the node, and not the coordinator, was at fault."""
-
-    node: str
-    silent_s: float
-    late_s: float
-    deadline_s: float
-
-
-@dataclass(frozen=True)
-class Holding:
-    """What holds node losses back now (``silence.py``): what operators are shown."""
-
-    by_hand: bool  # an admin holds every loss
-    alarm: str | None  # a mass silence or the coordinator far behind, while its alarm holds
-    domains: tuple[str, ...]  # failure domains partly silent, whose silent nodes are held
-    nodes: int  # silent nodes held at the last look
-
-    @property
-    def any(self) -> bool:
-        return self.by_hand or self.alarm is not None or bool(self.domains) or self.nodes > 0
-
-
-@dataclass(frozen=True)
 class Judged:
     """A peer check complete: the failure it found (None: graced, or handled meanwhile), and
     the stacks the check gathered, recorded with the incident once it is open."""
@@ -119,44 +70,6 @@ class Judged:
     key: GenerationKey
     failing: Failing | None
     stacks: tuple[StacksReport, ...]
-
-
-def silent_nodes(
-    nodes: Sequence[NodeRecord],
-    now: float,
-    listening_since: float,
-    deadline_s: float,
-    late_since: Callable[[float], float] = lambda then: 0.0,
-) -> list[tuple[str, float]]:
-    """Nodes not heard within ``deadline_s`` (the cluster's now: ``core/cadence.py``). A node
-    not heard since the service could hear them at all (it started, took over, or resumed from
-    a stall) is counted from then plus the agents' longest pause between retries: its agent,
-    failing meanwhile, may be in that pause. So is a
-    node heard only within an agent's request timeout of then: what was read may be a request
-    its agent gave up on during a stall (read from the listen backlog after the resume; a
-    healthy node was lost 2.6 s after a 20 s SIGSTOP that way), its agent still pausing.
-    ``late_since(t)``: the longest the coordinator's own loop was late after ``t``
-    (``silence.Lateness``): the node's heartbeats may have waited that long, not counted against it."""
-    out = []
-    fresh_from = listening_since + AGENT_REQUEST_TIMEOUT_S
-    for node in nodes:
-        heard = node.last_seen if node.last_seen >= fresh_from else listening_since + AGENT_RETRY_CAP_S
-        heard = max(heard, node.last_seen)
-        silent = now - heard  # (what the loss records: its last heartbeat is when the fault began)
-        if node.state is not NodeState.LOST and silent - late_since(heard) > deadline_s:
-            out.append((node.name, silent))
-    return out
-
-
-def stalled_for(last_tick: float | None, now: float, limits: Settings) -> float | None:
-    """How long the coordinator itself did not run (a SIGSTOP, a long pause of its process, an
-    overloaded host, a request that blocked its loop), when that is longer than two heartbeat
-    intervals (its loop ticks ten times a second); else None. Heartbeats could not be read
-    meanwhile, so what went silent during it says nothing of the nodes."""
-    if last_tick is None:
-        return None
-    gap = now - last_tick
-    return gap if gap > 2 * limits.heartbeat_interval_s else None
 
 
 @dataclass(frozen=True)
@@ -238,7 +151,6 @@ class Detector:
     hang_incidents: dict[tuple[str, int], int] = field(default_factory=dict)  # (task, gen) -> incident
     checks: dict[tuple[str, int], PeerCheck] = field(default_factory=dict)  # hangs awaiting a peer probe
     graced: dict[tuple[str, int], Grace] = field(default_factory=dict)
-    listening_since: float | None = None
     judging_from: float = 0.0  # after a stall of the coordinator, hangs are judged from then
     deferred: dict[str, tuple[int, int]] = field(default_factory=dict)  # task -> (gen, step) said deferred
     restored: dict[str, list[float]] = field(default_factory=dict)  # step times kept by a predecessor
@@ -248,21 +160,6 @@ class Detector:
     # task -> the launches (generations) in a row whose first step was found late (each doubles
     # the allowance of the next)
     first_step_late: dict[str, set[int]] = field(default_factory=dict)
-    # Whose fault a silence is (``silence.py``): the coordinator's own lateness (the longest it
-    # was late, over ``LATENESS_KEPT_S``), its heartbeats' waits, the mass-silence alarm and the
-    # loss rate.
-    lateness: Lateness = field(default_factory=lambda: Lateness(LATENESS_KEPT_S))
-    delays: BeatDelays = field(init=False)
-    silence: SilenceJudge = field(init=False)
-    held: set[str] = field(default_factory=set)  # silent nodes not declared lost (said once each)
-    _holding: Holding = field(default=Holding(False, None, (), 0), repr=False)  # as of the last look
-    swept_at: float = -math.inf  # when the nodes were last looked over for silence
-    lag: tuple[float, float] = (-math.inf, 0.0)  # (when, what) the heartbeats' waits last said
-
-    def __post_init__(self) -> None:
-        self.silence = SilenceJudge(self.ctx.limits)
-        deadline = self.ctx.limits.heartbeat_deadline_s
-        self.delays = BeatDelays(cap_s=deadline, window_s=deadline)
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
         key = (name, generation)
@@ -318,97 +215,11 @@ class Detector:
         self.deferred.pop(name, None)
         self.restored.pop(name, None)
 
-    def late(self, now: float, late_s: float) -> None:
-        """A tick at ``now`` that the loop came to ``late_s`` later than planned: the coordinator
-        is as late as that or as the heartbeats it reads waited, whichever is more."""
-        if now - self.lag[0] >= self._sweep_every(now) or now < self.lag[0]:
-            self.lag = (now, self.delays.lag(now))
-        self.lateness.add(now, max(late_s, self.lag[1]))
-
-    def late_s(self, now: float) -> float:
-        """How late the coordinator has been over the last heartbeat deadline: what a node's
-        silence is not counted against it for, were it last heard a deadline ago (operators
-        watch it: ``unicron_coordinator_late_seconds``)."""
-        return self.lateness.since(now - self.ctx.pace.judged(now).deadline_s)
-
-    def _sweep_every(self, now: float) -> float:
-        # (less a millisecond: ticks a tenth of a second apart on a float clock are not skipped)
-        return self.ctx.pace.judged(now).interval_s / SWEEPS_PER_INTERVAL - 1e-3
-
-    def heard(self, node: str, sent: float | None, waited_s: float | None, now: float) -> None:
-        """A heartbeat its agent sent at ``sent``, ``waited_s`` after its last answered one (None:
-        it did not say), was read ``now``."""
-        if sent is not None:
-            # (an agent's wait is its interval give or take its jitter: not the coordinator's lag)
-            longest = self.ctx.pace.judged(now).interval_s * (1 + JITTER)
-            unanswered = max(0.0, (waited_s or 0.0) - longest)
-            self.delays.heard(node, now - sent, unanswered, now)
-
-    def silent(self, now: float) -> list[Silent]:
-        """The nodes to declare lost now, with how long each was silent: those past their
-        deadline (``silent_nodes``), unless the silence is a mass silence, a failure domain's
-        partial silence, or the loss rate is spent (``silence.SilenceJudge``); what is held,
-        and the alarms, are recorded."""
-        if self.listening_since is None:
-            self.listening_since = now
-        if now - self.swept_at < self._sweep_every(now) and now >= self.swept_at:
-            return []
-        self.swept_at = now
-        nodes = self.ctx.store.nodes()
-        in_service = sum(n.state is not NodeState.LOST for n in nodes)
-        self.ctx.pace.nodes_in_service(in_service, now)
-        deadline = self.ctx.pace.judged(now).deadline_s
-        self.delays.cap_s = self.delays.window_s = deadline
-        since, late = self.listening_since, self.lateness.since
-        past = silent_nodes(nodes, now, since, deadline, late)
-        # A rising silence (``silence.py``): counted only while a node is past its deadline.
-        quiet_s = max(QUIET_SHARE * deadline, QUIET_INTERVALS * self.ctx.pace.judged(now).interval_s)
-        quiet = len(silent_nodes(nodes, now, since, quiet_s, late)) if past and quiet_s < deadline else 0
-        domains = {n.name: n.domain for n in nodes if n.domain and n.state is not NodeState.LOST}
-        lag, alarm = self.lag[1], self.silence  # (the heartbeats' waits: ``late``)
-        holding = alarm.alarm_since is not None and alarm.alarm_why == BEHIND
-        behind = lag >= BEHIND_SHARE * deadline or (holding and lag >= CAUGHT_UP_SHARE * deadline)
-        grace_s = AGENT_RETRY_CAP_S + deadline
-        verdict = self.silence.judge(past, in_service, now, domains, grace_s, behind, quiet)
-        self._domain_alarms(verdict)
-        act = self.ctx.act
-        if verdict.alarm_began:
-            share, lag = round(len(past) / max(1, in_service), 3), round(self.lag[1], 3)
-            said: dict[str, Any] = {"share": share, "why": verdict.alarm_why, "lag_s": lag}
-            said["quiet"] = quiet  # unheard for QUIET_SHARE of a deadline, the silent among them
-            act.record("mass_silence", silent=len(past), in_service=in_service, **said)
-        if verdict.alarm_ended is not None:
-            act.record("mass_silence_over", seconds=round(verdict.alarm_ended, 3), silent=len(past))
-            if verdict.grace:  # the nodes still silent get a restart's grace (their agents may back off)
-                self.listening_since = now
-        alarm_held = verdict.alarm_why if verdict.alarm_holds else None  # (not once past its hold)
-        whole = "held by hand" if self.silence.by_hand else alarm_held
-        newly: dict[str, list[str]] = {}  # why -> nodes held from now
-        for name in sorted(set(verdict.held) - self.held):
-            in_held_domain = domains.get(name) in verdict.domains_held
-            why = whole or ("domain silence" if in_held_domain else "node loss rate spent")
-            newly.setdefault(why, []).append(name)
-        for why, names in newly.items():  # one event for all held at once (a mass silence holds thousands)
-            where = sorted({domains[n] for n in names if n in domains}) if why == "domain silence" else None
-            act.record("node_loss_held", why=why, nodes=names[:HELD_NAMED], count=len(names), domains=where)
-        self.held = set(verdict.held)
-        self._holding = Holding(False, alarm_held, tuple(sorted(verdict.domains_held)), len(self.held))
-        return [Silent(name, s, self.lateness.since(now - s), deadline) for name, s in verdict.lost]
-
-    def _domain_alarms(self, verdict: Verdict) -> None:
-        """A failure domain partly silent, and heard again: recorded (``silence.py``)."""
-        for domain, silent, members in verdict.domains_began:
-            self.ctx.act.record("domain_silence", domain=domain, silent=silent, in_service=members)
-        for domain, seconds in verdict.domains_ended:
-            self.ctx.act.record("domain_silence_over", domain=domain, seconds=round(seconds, 3))
-
     def resumed(self, now: float, stalled_s: float) -> None:
         """The coordinator ran again after ``stalled_s`` without: every node gets a full
         heartbeat deadline from now (as after a restart), and steps are judged late only once
         every agent had time to deliver what its workers did meanwhile (they trained on:
         nothing about them needs the coordinator)."""
-        self.listening_since = now
-        self.delays.clear()  # (the stall's own grace covers it: not counted twice)
         self.judging_from = now + self.ctx.pace.judged(now).deadline_s
         self.ctx.act.record("coordinator_stalled", seconds=round(stalled_s, 3), grace_until=self.judging_from)
 
@@ -471,18 +282,6 @@ class Detector:
         if not monitor.late(now - self.ctx.pace.judged(now).interval_s):
             return None
         return self._hung(task, now, monitor.last_step + 1, monitor.since, monitor.deadline())
-
-    def registered(self, node: str) -> None:
-        """The node (re)registered: its next heartbeat sets its clock's floor anew."""
-        self.delays.forget(node)
-
-    def hold_losses(self, held: bool) -> None:
-        """An admin holds every node loss, or releases the hold (``silence.py``)."""
-        self.silence.by_hand = held
-
-    def holding(self) -> Holding:
-        """What held node losses back at the last look over the nodes (an admin's hold: now)."""
-        return replace(self._holding, by_hand=self.silence.by_hand)
 
     def hang_incident(self, key: GenerationKey) -> int | None:
         """The incident opened for the generation's hang, if any."""

@@ -13,7 +13,7 @@ the training tasks on it):
   silence is counted without the most the coordinator was late since the node was last heard:
   a deadline stretches by the coordinator's own lag, and a node that really stopped is found
   within the deadline plus that lag. (A stall longer than two heartbeat intervals is a pause,
-  handled as one: ``detection.stalled_for``.)
+  handled as one: ``nodewatch.stalled_for``.)
 - **The coordinator is far behind.** Its lag (the heartbeats' waits, above) stretches a deadline
   by at most one deadline, so that nobody can hide a dead node for long; a coordinator so loaded
   that its heartbeats wait that long or longer (thousands of agents on a host it shares, a burst

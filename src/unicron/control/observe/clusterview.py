@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from unicron.control.context import Context
-from unicron.control.detect.detection import Holding
+from unicron.control.detect.nodewatch import Holding
 from unicron.control.observe.wafhistory import WafHistory, WafPoint
 from unicron.control.place.placing import Placer
 from unicron.control.place.rates import RateMeter

@@ -18,8 +18,9 @@ from typing import Any
 
 from unicron.control.act.effects import Effect, Isolate, TaskDown
 from unicron.control.context import Context
-from unicron.control.detect.detection import Failing, Silent
+from unicron.control.detect.detection import Failing
 from unicron.control.detect.hangs import WorkerKey, not_arrived
+from unicron.control.detect.nodewatch import Silent
 from unicron.control.recover.attribution import Attribution, Sign
 from unicron.control.recover.generations import Generations
 from unicron.control.recover.response import (

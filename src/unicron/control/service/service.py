@@ -453,7 +453,7 @@ def _cluster_routes(runtime: Runtime) -> APIRouter:
     async def node_losses() -> dict[str, Any]:
         """Whether an admin holds node losses, why and since when; and what holds them back
         now (``now``: the hold, an alarm, failure domains partly silent, how many nodes)."""
-        now = runtime.c.detector.holding()
+        now = runtime.c.nodes.holding()
         held = {"by_hand": now.by_hand, "alarm": now.alarm, "domains": list(now.domains), "nodes": now.nodes}
         return {**runtime.c.node_losses().model_dump(exclude={"NAME"}), "now": held}
 
