@@ -65,10 +65,6 @@ class Holding:
     domains: tuple[str, ...]  # failure domains partly silent, whose silent nodes are held
     nodes: int  # silent nodes held at the last look
 
-    @property
-    def any(self) -> bool:
-        return self.by_hand or self.alarm is not None or bool(self.domains) or self.nodes > 0
-
 
 def silent_nodes(
     nodes: Sequence[NodeRecord],
