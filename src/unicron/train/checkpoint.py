@@ -17,7 +17,6 @@ import torch
 from unicron.core.limits import MAX_SKIPPED
 from unicron.core.protocol import RestoredReport
 from unicron.core.workerenv import host_checkpoint_dir
-from unicron.train import dcpfiles
 from unicron.train.rowdigest import layout_digest
 from unicron.train.state import TrainState, digest_of, digest_parts
 
@@ -182,21 +181,21 @@ def candidates(persistent: Path, host: Path | None) -> list[tuple[int, int, str,
         (_step_of(path), order, source, path)
         for order, (source, folder) in enumerate(tiers)
         if folder is not None and folder.is_dir()
-        for path in [*folder.glob("step-*.pt"), *filter(dcpfiles.is_checkpoint, folder.glob("step-*.dcp"))]
+        for path in [*folder.glob("step-*.pt"), *filter(_committed, folder.glob("step-*.dcp"))]
         if path.stem.removeprefix("step-").isdigit()
     ]
     return sorted(found, key=lambda f: (-f[0], f[1]))
 
 
+def _committed(folder: Path) -> bool:
+    """A sharded checkpoint's folder that was committed: DCP writes its metadata last."""
+    return (folder / ".metadata").is_file()
+
+
 def read_checked(path: Path) -> tuple[dict[str, Any] | None, str]:
     """The state saved at ``path`` if it is intact, else None and why not."""
     if path.is_dir():
-        try:
-            return dcpfiles.read_whole(path), ""
-        except dcpfiles.CheckpointCorrupt as exc:
-            return None, str(exc)[:200]
-        except Exception as exc:  # a DCP folder that is not a checkpoint of ours
-            return None, f"unreadable: {type(exc).__name__}"
+        return _read_sharded_checked(path)
     try:
         state = read(path)
     except Exception as exc:  # torn, truncated, foreign, or carrying code: not a usable copy
@@ -204,6 +203,20 @@ def read_checked(path: Path) -> tuple[dict[str, Any] | None, str]:
     if not _intact(state):
         return None, "does not match its digest"
     return state, ""
+
+
+def _read_sharded_checked(path: Path) -> tuple[dict[str, Any] | None, str]:
+    # Its reader is imported on first use, here and in ``load_latest``: it loads
+    # torch.distributed.checkpoint and DTensor, about a second of every worker's start here, which
+    # the workers of a model that is not sharded never need.
+    from unicron.train import dcpfiles
+
+    try:
+        return dcpfiles.read_whole(path), ""
+    except dcpfiles.CheckpointCorrupt as exc:
+        return None, str(exc)[:200]
+    except Exception as exc:  # a DCP folder that is not a checkpoint of ours
+        return None, f"unreadable: {type(exc).__name__}"
 
 
 def _step_of(path: Path) -> int:
@@ -226,7 +239,11 @@ def load_latest(directory: Path) -> dict[str, Any] | None:
     if not pointer.exists():
         return None
     path = directory / pointer.read_text().strip()
-    return dcpfiles.read_whole(path) if path.is_dir() else read(path)
+    if not path.is_dir():
+        return read(path)
+    from unicron.train import dcpfiles  # see _read_sharded_checked
+
+    return dcpfiles.read_whole(path)
 
 
 def digest(module: torch.nn.Module) -> str:

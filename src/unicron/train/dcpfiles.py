@@ -36,11 +36,6 @@ def path_for(directory: Path, step: int) -> Path:
     return directory / f"step-{step:08d}{SUFFIX}"
 
 
-def is_checkpoint(path: Path) -> bool:
-    """A committed checkpoint of this format (a folder with DCP's metadata in it)."""
-    return path.name.endswith(SUFFIX) and (path / ".metadata").is_file()
-
-
 def read_whole(path: Path) -> dict[str, Any]:
     """The checkpoint at ``path`` with every tensor whole, in the form a whole-state checkpoint
     (``checkpoint.save``) has: optimizer state keyed by parameter index. Read by one process, no

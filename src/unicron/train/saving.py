@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unicron.core.protocol import CheckpointReport, Phase, StorageReport, StorageTier
-from unicron.train import checkpoint, shardedcheckpoint
-from unicron.train.backgroundsave import BackgroundSave
+from unicron.train import checkpoint
 from unicron.train.fencing import CommitRefused, Standing
 from unicron.train.persisting import Persisting
 from unicron.train.state import TrainState
 
 if TYPE_CHECKING:
+    from unicron.train.backgroundsave import BackgroundSave
     from unicron.train.session import Session
 
 
@@ -110,7 +110,11 @@ class Saving:
             self._persist(lambda: checkpoint.save(directory, step, state, confirm=confirm), final, step)
 
     def _replica(self, train: TrainState, final: bool) -> None:
-        """A sharded replica's checkpoint: its ranks write their shards together."""
+        """A sharded replica's checkpoint: its ranks write their shards together. Its writers load
+        torch.distributed.checkpoint, imported here on first use (``sharded.py`` says why)."""
+        from unicron.train import shardedcheckpoint
+        from unicron.train.backgroundsave import BackgroundSave
+
         session = self.session
         layout, directory = session.groups.layout, session.checkpoint_dir
         if layout is None or directory is None:

@@ -33,7 +33,7 @@ from unicron.core.protocol import (
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
-from unicron.train import checkpoint, devices, membership, porting, sharded, shardedcheckpoint
+from unicron.train import checkpoint, devices, membership, porting, sharded
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
 from unicron.train.fencing import Fence
@@ -309,7 +309,9 @@ class Session:
         (``shardedcheckpoint.restore_nearest``), else each rank on its own."""
         if self.checkpoint_dir is None:
             return None
-        if train.sharded:
+        if train.sharded:  # its reader is imported on first use (sharded.py says why)
+            from unicron.train import shardedcheckpoint
+
             return shardedcheckpoint.restore_nearest(train, self.checkpoint_dir, self.host_dir)
         found = checkpoint.load_nearest(self.checkpoint_dir, self.host_dir)
         if found is not None:
@@ -432,7 +434,11 @@ class Session:
         depend on sharding (``rowdigest.py``): a sharded run and an unsharded one that reach the
         same parameters report the same digest, and no rank gathers the model to compute it."""
         self.maybe_checkpoint(model, optimizer, final=True)
-        gather = shardedcheckpoint.gather_over_replica if sharded.is_sharded(model) else None
+        gather = None
+        if sharded.is_sharded(model):
+            from unicron.train.shardedcheckpoint import gather_over_replica  # as in _load_checkpoint
+
+            gather = gather_over_replica
         value = layout_digest(model.state_dict(), gather)
         self.channel.send(DoneReport(**self.identity(), step=self.step, digest=value))
         self.faults.exiting()
