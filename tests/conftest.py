@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import os
 import shutil
 import sys
@@ -32,9 +34,38 @@ def make(tmp_path: Path) -> Iterator[Any]:
 GUARD = pytest.StashKey[RunGuard]()
 OWN_PORTS = pytest.StashKey[set[int]]()  # a worker's: what it listened on as it started
 WORKERS_LEFT = pytest.StashKey[list[str]]()  # the controller's: what the workers left listening
+REFERENCES = pytest.StashKey[Path]()  # the controller's: where the failure-free runs are
 # Where the run's test processes share the failure-free runs they compare with
-# (tests/test_live_cluster.py:shared_reference); made by the controlling process, removed at its end.
+# (tests/test_live_cluster.py:shared_reference), set by the controlling process: in pytest's cache
+# folder, under the digest of everything a run's numbers depend on (``reference_inputs``), so the
+# next run trains only what changed; a run without the cache plugin trains them in a folder of
+# its own, removed at its end.
 REFERENCES_VARIABLE = "UNICRON_TEST_REFERENCES"
+
+
+def reference_inputs() -> str:
+    """The digest of what a failure-free run's final state depends on besides its arguments: the
+    example trainer, the library, the checker's arguments, torch's and Python's versions."""
+    trainer, library = ROOT / "examples" / "tinygpt", ROOT / "src" / "unicron"
+    sources = sorted([*trainer.glob("*.py"), *library.rglob("*.py")])
+    digest = hashlib.sha256(f"{importlib.metadata.version('torch')} {sys.version}".encode())
+    for path in [*sources, ROOT / "bench" / "chaos" / "check.py"]:
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def references_folder(config: pytest.Config) -> Path:
+    """This run's folder of failure-free runs; the cache's folders of other inputs are removed."""
+    cache = getattr(config, "cache", None)
+    if cache is None:
+        return Path(tempfile.mkdtemp(prefix="unicron-references-"))
+    every = cache.mkdir("unicron-references")
+    current = every / reference_inputs()
+    for other in every.iterdir():
+        if other != current:
+            shutil.rmtree(other, ignore_errors=True)
+    current.mkdir(exist_ok=True)
+    return current
 
 
 # The files whose tests start processes and take longest (seconds each file took, measured in
@@ -96,7 +127,15 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         config.stash[GUARD] = RunGuard()
         config.stash[WORKERS_LEFT] = []
-        os.environ[REFERENCES_VARIABLE] = tempfile.mkdtemp(prefix="unicron-references-")
+        config.stash[REFERENCES] = references_folder(config)
+        os.environ[REFERENCES_VARIABLE] = str(config.stash[REFERENCES])
+
+
+def forget_references(config: pytest.Config) -> None:
+    """The run's folder of failure-free runs, removed unless it is the cache's."""
+    os.environ.pop(REFERENCES_VARIABLE, None)
+    if getattr(config, "cache", None) is None:
+        shutil.rmtree(config.stash[REFERENCES], ignore_errors=True)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -119,11 +158,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         config.workeroutput["left_listening"] = [f"port {port} (in a test process)" for port in left]
         return
     if session.config.option.collectonly:
-        shutil.rmtree(os.environ.pop(REFERENCES_VARIABLE), ignore_errors=True)
+        forget_references(config)
         return
     stop_references()
     left = config.stash[GUARD].finish()
-    shutil.rmtree(os.environ.pop(REFERENCES_VARIABLE), ignore_errors=True)  # nothing trains there now
+    forget_references(config)  # nothing trains there now
     lines = [*left.lines(), *(f"left listening: {p}" for p in config.stash[WORKERS_LEFT])]
     if not lines:
         return

@@ -22,6 +22,7 @@ from .test_live_cluster import (
     assert_every_incident_closed,
     assert_same_state,
     assert_status_shows,
+    prefetch_reference,
     reference,
 )
 
@@ -52,6 +53,7 @@ def test_injected_faults_are_detected_classified_and_handled(tmp_path: Path) -> 
         "straggler_ratio": 1.5,
         "isolate_after": 10,
     }
+    prefetch_reference(ITERATIONS)  # compared with at the end
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
         cluster.wait(lambda: cluster.task("lm")["state"] in ("finished", "failed"), 420, "the task to end")

@@ -26,6 +26,7 @@ from .test_live_cluster import (
     assert_ledger_exact,
     delay_file,
     pace,
+    prefetch_reference,
     read_trace,
     story_of,
     traced_task,
@@ -47,6 +48,7 @@ def test_a_sharded_replica_fails_whole_and_a_replacement_takes_shards_from_a_liv
     # No checkpoint before the end: a replacement replica can only take its state from a live one.
     table = "{2: 1.9e9, 4: 3.5e9, 6: 5.0e9}"
     spec = traced_task(trace, table, iterations, 0.1, lines, program=program, checkpoint_every=1000)
+    prefetch_reference(iterations)  # compared with at the end
     with LocalCluster(tmp_path / "cluster", nodes=3, slots=2) as cluster:
         cluster.submit(spec)
         cluster.wait(lambda: cluster.task("lm")["step"] >= 3, 240, "the task to train")
@@ -97,6 +99,7 @@ def test_a_checkpoint_saved_by_three_sharded_replicas_resumes_at_two(tmp_path: P
     first, second, iterations = tmp_path / "first.jsonl", tmp_path / "second.jsonl", 32
     program = ["python", str(FSDP), *ARGS, *SMALL, "--step-delay", "0.05"]
     table = "{2: 1.9e9, 4: 3.5e9, 6: 5.0e9}"
+    prefetch_reference(iterations)  # compared with at the end
     with LocalCluster(tmp_path / "first", nodes=3, slots=2) as cluster:
         # Its periodic checkpoints written in the background (on CPUs they are not by default).
         lines = "  replica_size: 2\n  checkpoint_async: true\n"

@@ -47,6 +47,7 @@ from .test_live_cluster import (
     pace,
     read_rows,
     read_trace,
+    task_yaml,
     traced_task,
 )
 
@@ -163,7 +164,7 @@ def test_the_sbatch_script_asks_for_whole_nodes_with_their_gpus_and_the_recipe_s
 
 def test_slurm_run_outside_an_allocation_says_how_to_submit_it(tmp_path: Path) -> None:
     spec = tmp_path / "task.yaml"
-    spec.write_text(traced_task(tmp_path / "trace.jsonl", "{1: 1.0e9}", 10, 0.0))
+    spec.write_text(task_yaml("lm", 1, "{1: 1.0e9}", 10, 0.0))  # never run: compared with nothing
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nweight: -1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}

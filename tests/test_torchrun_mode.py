@@ -11,11 +11,14 @@ import pytest
 
 from unicron.train.checkpoint import load_latest
 
-from .test_live_cluster import ARGS, TRAIN, assert_same_state, reference
+from .test_live_cluster import ARGS, TRAIN, assert_same_state, prefetch_reference, reference
+
+ITERATIONS = 20  # as many as test_live_tail's: one failure-free run for both
 
 
 @pytest.mark.timeout(300)
 def test_torchrun_run_matches_a_single_process(tmp_path: Path) -> None:
+    prefetch_reference(ITERATIONS)  # trained beside the ranks
     out = tmp_path / "torchrun"
     run = subprocess.run(
         [
@@ -28,7 +31,7 @@ def test_torchrun_run_matches_a_single_process(tmp_path: Path) -> None:
             str(TRAIN),
             *ARGS,
             "--iterations",
-            "12",
+            str(ITERATIONS),
             "--checkpoint-dir",
             str(out),
         ],
@@ -38,8 +41,8 @@ def test_torchrun_run_matches_a_single_process(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr[-3000:]
     state = load_latest(out)
-    assert state is not None and state["step"] == 12 and state["world_size"] == 4
-    assert_same_state(state, reference(12))
+    assert state is not None and state["step"] == ITERATIONS and state["world_size"] == 4
+    assert_same_state(state, reference(ITERATIONS))
 
 
 CLOSE_PROBE = """

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,18 +147,22 @@ def measure(
     mean_gap_s: float = 10.0,
     ladder: str = "soak",
     short: bool = False,
+    reference: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run the soak under ``root``; returns the record that docs/bench/chaos.json holds (with
     ``ladder="defaults"``, docs/bench/chaos-defaults.json). ``short``: the short soak (the
-    module's docstring), ``minutes`` its bound. What it left behind is counted for this cluster
-    alone (its processes, the ports they or this process hold, its in-memory checkpoint folders
-    and files named after its workers), so that it may run beside other clusters."""
+    module's docstring), ``minutes`` its bound; ``reference``: the failure-free run of ITERATIONS
+    steps that every task must end equal to, where the caller has one (else trained here). What
+    it left behind is counted for this cluster alone (its processes, the ports they or this
+    process hold, its in-memory checkpoint folders and files named after its workers), so that it
+    may run beside other clusters."""
     settings = settings_for(ladder, short)
     home = root / "cluster"
     ports = leftovers.listening_ports()
     # The failure-free run trains beside the soak, niced: on the CPU the cluster leaves.
     trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference")
-    wanted = trainer.submit(check.reference, root / "reference", ITERATIONS, (), True)
+    train = reference or (lambda: check.reference(root / "reference", ITERATIONS, (), True))
+    wanted = trainer.submit(train)
     soak = Soak(root, minutes, seed, mean_gap_s, short)
 
     def in_memory() -> set[str]:  # the cluster's files in /dev/shm
