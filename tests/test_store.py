@@ -337,3 +337,21 @@ def test_a_worker_in_another_phase_keeps_every_other_field() -> None:
     values = {f.name: f"v{i}" for i, f in enumerate(dataclasses.fields(WorkerRecord))}
     worker = WorkerRecord(**{**values, "state": WorkerPhase.RUNNING})
     assert worker.in_state(WorkerPhase.MOVED) == dataclasses.replace(worker, state=WorkerPhase.MOVED)
+
+
+def test_the_healthy_names_are_found_again_only_when_a_node_changes_state(reopen: Opener) -> None:
+    """Deciders ask a snapshot for the healthy nodes many times a decision; the store finds them
+    once between node state changes (at 2,048 nodes, a tenth of a crash's decision), and the copy
+    recovery reads (with its isolations) keeps them."""
+    store = reopen()
+    for i, name in enumerate(["n1", "n2"]):
+        store.node_registered(name, 2, [], f"h{i}", NodeState.HEALTHY, now=1.0, probe_port=7000 + i)
+    first = store.snapshot()
+    assert first.healthy() == {"n1", "n2"}
+    store.node_registered("n1", 2, [], "h0", NodeState.HEALTHY, now=2.0, probe_port=7000)  # again, as it was
+    store.node_seen("n2", now=3.0)
+    assert store.snapshot().healthy() is first.healthy()  # not found again
+    copy = first.with_isolations({"n2": 9.0})
+    assert copy.isolated_until == {"n2": 9.0} and copy.healthy_names is first.healthy_names
+    store.node_state("n1", NodeState.LOST)
+    assert store.snapshot().healthy() == {"n2"}

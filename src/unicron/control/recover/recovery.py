@@ -265,7 +265,7 @@ class Recovery:
 
     def _snapshot(self, name: str) -> Snapshot:
         """What a decision about ``name`` reads: its task, every node, the isolations running."""
-        return replace(self.ctx.store.snapshot(only=name), isolated_until=dict(self.isolated_until))
+        return self.ctx.store.snapshot(only=name).with_isolations(dict(self.isolated_until))
 
     def _apply(self, effects: Sequence[Effect], now: float) -> None:
         self.ctx.act.apply(effects, now)

@@ -10,7 +10,7 @@ store only as :class:`StoreReads` (mypy rejects a write through it). The applier
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from unicron.control.store.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
@@ -50,6 +50,14 @@ class Snapshot:
             object.__setattr__(self, "healthy_names", healthy)
             return healthy
         return self.healthy_names
+
+    def with_isolations(self, isolated_until: Mapping[str, float]) -> Snapshot:
+        """The same read with the isolations recovery keeps; the healthy names go with it (the
+        nodes are the same; ``dataclasses.replace`` alone would drop them, and every decision
+        on the copy found them again from every node)."""
+        copy = replace(self, isolated_until=isolated_until)
+        object.__setattr__(copy, "healthy_names", self.healthy_names)
+        return copy
 
     def node_state(self, name: str) -> NodeState | None:
         node = self.nodes.get(name)

@@ -121,8 +121,11 @@ class Store:
         for t in batch.tasks:
             self._tasks[t.name] = t
         for n in batch.nodes:
+            before = self._nodes.get(n.name)
+            if before is None or before.state is not n.state:  # (a node heard only changes its times)
+                self._healthy = None
             self._nodes[n.name] = n
-        if batch.nodes or batch.removed_nodes:
+        if batch.removed_nodes:
             self._healthy = None
         for w in batch.workers:
             self._hold(w)
