@@ -66,7 +66,7 @@ from unicron.core.protocol import (
     LaunchWorker,
     OrderBatch,
     Registration,
-    RenameWorker,
+    RenameWorkers,
     StopWorkers,
     WorkerReport,
     WorkerState,
@@ -181,9 +181,10 @@ class Agents:
             if isinstance(order, LaunchWorker):
                 self.pids += 1
                 here[(order.task, order.generation, order.rank)] = self.pids
-            elif isinstance(order, RenameWorker):
-                if (pid := here.pop((order.task, order.generation, order.rank), None)) is not None:
-                    here[(order.task, order.new_generation, order.new_rank)] = pid
+            elif isinstance(order, RenameWorkers):
+                for rank, new_rank in order.ranks.items():
+                    if (pid := here.pop((order.task, order.generation, rank), None)) is not None:
+                        here[(order.task, order.new_generation, new_rank)] = pid
             elif isinstance(order, StopWorkers):
                 for key in [k for k in here if stops(order, k)]:
                     del here[key]

@@ -25,7 +25,7 @@ from unicron.core.protocol import (
     OrderBatch,
     Progress,
     Registration,
-    RenameWorker,
+    RenameWorkers,
     StopWorkers,
     WorkerReport,
     WorkerState,
@@ -90,10 +90,11 @@ class Cluster:
             if isinstance(order, LaunchWorker):
                 self.pids += 1
                 self.running[(order.task, order.generation, order.rank)] = (node, self.pids)
-            elif isinstance(order, RenameWorker) and node not in self.late_renames:
-                entry = self.running.pop((order.task, order.generation, order.rank), None)
-                if entry is not None:
-                    self.running[(order.task, order.new_generation, order.new_rank)] = entry
+            elif isinstance(order, RenameWorkers) and node not in self.late_renames:
+                for rank, new_rank in order.ranks.items():
+                    entry = self.running.pop((order.task, order.generation, rank), None)
+                    if entry is not None:
+                        self.running[(order.task, order.new_generation, new_rank)] = entry
             elif isinstance(order, StopWorkers):
                 self._stopped(node, order)
 

@@ -55,7 +55,7 @@ def test_the_grow_back_takes_the_spare_in_the_slot_it_grows_into(make: Any) -> N
     """Rank 3 fails; a spare of the task is started in its freed slot (where the plan will grow
     the task back) while the survivors recover in place. The grow takes the spare, renamed to
     the newcomer's identity, instead of stopping it to start a new process in its slot."""
-    from unicron.core.protocol import LaunchWorker, RenameWorker
+    from unicron.core.protocol import LaunchWorker, RenameWorkers
 
     cluster = make(hot_spares=1)
     cluster.exit(3)
@@ -67,7 +67,7 @@ def test_the_grow_back_takes_the_spare_in_the_slot_it_grows_into(make: Any) -> N
     (growth,) = cluster.events("task_grow")
     assert growth["spares_used"] == [1000] and growth["new_processes"] == {}
     assert growth["placement"] == {"n1": 1}  # where the newcomer is: the spare, there
-    renamed = [o for _, o in cluster.orders if isinstance(o, RenameWorker) and o.rank == 1000]
-    assert [(o.new_generation, o.new_rank) for o in renamed] == [(growth["generation"], 3)]
+    renamed = [o for _, o in cluster.orders if isinstance(o, RenameWorkers) and 1000 in o.ranks]
+    assert [(o.new_generation, o.ranks) for o in renamed] == [(growth["generation"], {1000: 3})]
     launched = [o for _, o in cluster.orders if isinstance(o, LaunchWorker)]
     assert len(launched) == 5  # the first generation's four and the spare: no new process

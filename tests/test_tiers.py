@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from unicron.core.protocol import ExceptionReport, LaunchWorker, RenameWorker, StopWorkers
+from unicron.core.protocol import ExceptionReport, LaunchWorker, RenameWorkers, StopWorkers
 from unicron.core.states import NodeState, TaskState
 from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Escalation, Tier, first_applicable, precondition
@@ -49,7 +49,8 @@ def observed(cluster: Any, since: int, generation: int) -> Tier:
     if task.state is TaskState.RESTARTING and whole:
         return Tier.FROM_CHECKPOINT
     assert not [o for o in orders if isinstance(o, LaunchWorker)], orders  # nothing relaunched
-    renamed = {o.rank for o in orders if isinstance(o, RenameWorker) and o.generation == generation}
+    renames = [o for o in orders if isinstance(o, RenameWorkers) and o.generation == generation]
+    renamed = {rank for o in renames for rank in o.ranks}
     stopped = {o.rank for o in orders if isinstance(o, StopWorkers) and o.generation == generation}
     if cluster.c.store.node("n0").state is NodeState.ISOLATED:
         assert renamed == {2, 3}, (renamed, orders)  # n0's ranks left with it

@@ -317,16 +317,19 @@ class StopWorkers(_Message):
     grace_s: Seconds = 5.0
 
 
-class RenameWorker(_Message):
-    """A surviving worker now belongs to a new generation, under a new rank (it rebuilt its
-    process group in place; nothing restarts)."""
+class RenameWorkers(_Message):
+    """Surviving workers of one task on one node now belong to a new generation, each under a new
+    rank (they rebuilt their process group in place; nothing restarts). One order per node, not
+    per worker: a generation's switch of a large task renames hundreds."""
 
     type: Literal["rename"] = "rename"
     task: str
     generation: Int
-    rank: Int
     new_generation: Int
-    new_rank: Int
+    # rank in ``generation`` -> rank in ``new_generation``
+    ranks: dict[IntKey, Int] = Field(
+        max_length=MAX_LISTED_WORKERS, json_schema_extra={"propertyNames": {"pattern": INT_KEY}}
+    )
 
 
 class DumpStacks(_Message):
@@ -388,7 +391,7 @@ class LogChunk(_Message):
 
 
 Order = Annotated[
-    LaunchWorker | StopWorkers | RenameWorker | ForgetTask | DumpStacks | ReadLog,
+    LaunchWorker | StopWorkers | RenameWorkers | ForgetTask | DumpStacks | ReadLog,
     Field(discriminator="type"),
 ]
 

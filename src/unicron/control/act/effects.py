@@ -13,6 +13,7 @@ operations, which are the store's own.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from unicron.core.protocol import (
     Membership,
     Order,
     Registration,
-    RenameWorker,
+    RenameWorkers,
     StopWorkers,
     current_key,
     membership_key,
@@ -399,12 +400,12 @@ class Applier:
 
     def switch(self, switch: Switch, now: float) -> None:
         self._store.switch_generation(switch.task, switch.old, switch.membership.generation, switch.kept, now)
-        new = switch.membership.generation
+        new, renamed = switch.membership.generation, defaultdict[tuple[str, int], dict[int, int]](dict)
         for w, rank in switch.kept.items():
-            order = RenameWorker(
-                task=switch.task, generation=w.generation, rank=w.rank, new_generation=new, new_rank=rank
-            )
-            self.orders.add(w.node, order)
+            renamed[w.node, w.generation][w.rank] = rank
+        for (node, generation), ranks in renamed.items():  # one order per node
+            order = RenameWorkers(task=switch.task, generation=generation, new_generation=new, ranks=ranks)
+            self.orders.add(node, order)
         payload = switch.membership.model_dump_json()
         self._post(switch.task, membership_key(switch.task, switch.old), payload)
         self.generation_current(switch.task, switch.membership.generation)  # after the path to it
@@ -424,12 +425,8 @@ class Applier:
         self._store.spare_used(task, spare_rank, generation, rank, node, local, now)
         self.orders.add(
             node,
-            RenameWorker(
-                task=task,
-                generation=SPARE_GENERATION,
-                rank=spare_rank,
-                new_generation=generation,
-                new_rank=rank,
+            RenameWorkers(
+                task=task, generation=SPARE_GENERATION, new_generation=generation, ranks={spare_rank: rank}
             ),
         )
         identity = {"generation": generation, "rank": rank, "world_size": world}

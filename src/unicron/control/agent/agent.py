@@ -54,7 +54,7 @@ from unicron.core.protocol import (
     ReadLog,
     Registration,
     RegistrationReply,
-    RenameWorker,
+    RenameWorkers,
 )
 from unicron.core.reachability import Reachability, describe
 
@@ -192,7 +192,7 @@ class Agent:
         for order in fresh:
             if isinstance(order, LaunchWorker):
                 await self.supervisor.launch(order)
-            elif isinstance(order, RenameWorker):
+            elif isinstance(order, RenameWorkers):
                 self.supervisor.rename(order)
             elif isinstance(order, ForgetTask):
                 self.supervisor.forget_task(order)

@@ -46,7 +46,7 @@ from unicron.core.protocol import (
     IterationReport,
     LaunchFailedReport,
     LaunchWorker,
-    RenameWorker,
+    RenameWorkers,
     StopWorkers,
     WorkerReport,
     WorkerState,
@@ -286,14 +286,15 @@ class Supervisor:
         if live:
             self.forgotten[order.task] = order
 
-    def rename(self, order: RenameWorker) -> None:
-        worker = self.workers.pop((order.task, order.generation, order.rank), None)
-        if worker is not None:
-            worker.order = worker.order.model_copy(
-                update={"generation": order.new_generation, "rank": order.new_rank}
-            )
-            self.workers[(order.task, order.new_generation, order.new_rank)] = worker
-            logfiles.link_renamed(worker.log, self.run_dir, order.task, order.new_generation, order.new_rank)
+    def rename(self, order: RenameWorkers) -> None:
+        for rank, new_rank in order.ranks.items():
+            worker = self.workers.pop((order.task, order.generation, rank), None)
+            if worker is None:
+                continue
+            renamed = {"generation": order.new_generation, "rank": new_rank}
+            worker.order = worker.order.model_copy(update=renamed)
+            self.workers[(order.task, order.new_generation, new_rank)] = worker
+            logfiles.link_renamed(worker.log, self.run_dir, order.task, order.new_generation, new_rank)
 
     async def shutdown(self, grace_s: float = 5.0) -> None:
         """Stop every worker still running (the agent is stopping)."""
