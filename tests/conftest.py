@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import os
@@ -8,7 +9,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 
@@ -34,7 +35,8 @@ def make(tmp_path: Path) -> Iterator[Any]:
 GUARD = pytest.StashKey[RunGuard]()
 OWN_PORTS = pytest.StashKey[set[int]]()  # a worker's: what it listened on as it started
 WORKERS_LEFT = pytest.StashKey[list[str]]()  # the controller's: what the workers left listening
-REFERENCES = pytest.StashKey[Path]()  # the controller's: where the failure-free runs are
+# The controller's: where the failure-free runs are, and its hold on them (none: its own folder).
+REFERENCES = pytest.StashKey[tuple[Path, TextIO | None]]()
 # Where the run's test processes share the failure-free runs they compare with
 # (tests/test_live_cluster.py:shared_reference), set by the controlling process: in pytest's cache
 # folder, under the digest of everything a run's numbers depend on (``reference_inputs``), so the
@@ -45,27 +47,47 @@ REFERENCES_VARIABLE = "UNICRON_TEST_REFERENCES"
 
 def reference_inputs() -> str:
     """The digest of what a failure-free run's final state depends on besides its arguments: the
-    example trainer, the library, the checker's arguments, torch's and Python's versions."""
+    example trainer (its corpus drawn with numpy's generator), the library, the checker's
+    arguments, torch's, numpy's and Python's versions."""
     trainer, library = ROOT / "examples" / "tinygpt", ROOT / "src" / "unicron"
     sources = sorted([*trainer.glob("*.py"), *library.rglob("*.py")])
-    digest = hashlib.sha256(f"{importlib.metadata.version('torch')} {sys.version}".encode())
+    versions = [importlib.metadata.version(package) for package in ("torch", "numpy")]
+    digest = hashlib.sha256(f"{versions} {sys.version}".encode())
     for path in [*sources, ROOT / "bench" / "chaos" / "check.py"]:
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def references_folder(config: pytest.Config) -> Path:
-    """This run's folder of failure-free runs; the cache's folders of other inputs are removed."""
+IN_USE = "in-use"  # a run using a folder of failure-free runs holds a shared lock on this file in it
+
+
+def references_folder(config: pytest.Config) -> tuple[Path, TextIO | None]:
+    """This run's folder of failure-free runs, and the lock that says it is in use (held until
+    the run ends: :func:`forget_references`). The cache's folders of other inputs are removed
+    unless another run uses them (a run beside this one, of an older checkout)."""
     cache = getattr(config, "cache", None)
     if cache is None:
-        return Path(tempfile.mkdtemp(prefix="unicron-references-"))
+        return Path(tempfile.mkdtemp(prefix="unicron-references-")), None
     every = cache.mkdir("unicron-references")
     current = every / reference_inputs()
-    for other in every.iterdir():
-        if other != current:
-            shutil.rmtree(other, ignore_errors=True)
     current.mkdir(exist_ok=True)
-    return current
+    in_use = (current / IN_USE).open("a")
+    fcntl.flock(in_use, fcntl.LOCK_SH)
+    if not config.option.collectonly:  # (an editor's test discovery collects on every save)
+        for other in every.iterdir():
+            if other != current and unused(other):
+                shutil.rmtree(other, ignore_errors=True)
+    return current, in_use
+
+
+def unused(folder: Path) -> bool:
+    """Whether no run holds ``folder`` in use (checked by taking its lock, then let go)."""
+    with (folder / IN_USE).open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
 
 
 # The files whose tests start processes and take longest (seconds each file took, measured in
@@ -128,14 +150,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[GUARD] = RunGuard()
         config.stash[WORKERS_LEFT] = []
         config.stash[REFERENCES] = references_folder(config)
-        os.environ[REFERENCES_VARIABLE] = str(config.stash[REFERENCES])
+        os.environ[REFERENCES_VARIABLE] = str(config.stash[REFERENCES][0])
 
 
 def forget_references(config: pytest.Config) -> None:
-    """The run's folder of failure-free runs, removed unless it is the cache's."""
+    """The run lets go of its folder of failure-free runs: the cache's is kept, its own removed."""
     os.environ.pop(REFERENCES_VARIABLE, None)
-    if getattr(config, "cache", None) is None:
-        shutil.rmtree(config.stash[REFERENCES], ignore_errors=True)
+    folder, in_use = config.stash[REFERENCES]
+    if in_use is None:
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        in_use.close()
 
 
 @pytest.hookimpl(optionalhook=True)

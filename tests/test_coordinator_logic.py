@@ -45,8 +45,9 @@ def test_a_dead_worker_is_measured_from_its_exit_and_survivors_go_on_in_place(ma
     assert incident["kind"] == "exited_abnormally" and incident["detection_s"] == pytest.approx(0.05)
     task = cluster.c.store.get_task("lm")
     assert task.generation == 2 and task.workers == 3 and task.state is TaskState.STARTING
-    renames = [o for _, o in cluster.orders if isinstance(o, RenameWorkers)]
-    assert sorted(pair for o in renames for pair in o.ranks.items()) == [(0, 0), (2, 1), (3, 2)]
+    # One rename order per node, naming its survivors (old rank -> new rank).
+    renames = [(node, o.ranks) for node, o in cluster.orders if isinstance(o, RenameWorkers)]
+    assert sorted(renames) == [("n0", {0: 0}), ("n1", {2: 1, 3: 2})], renames
     # Nothing was launched or stopped besides the dead rank: the survivors go on.
     assert len([o for _, o in cluster.orders if isinstance(o, LaunchWorker)]) == 4
     cluster.train(2)

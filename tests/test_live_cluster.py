@@ -8,6 +8,7 @@ over the same global batches (up to float summation order).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -156,13 +157,18 @@ def shared_reference(iterations: int, extra: tuple[str, ...]) -> dict[str, Any]:
     folder = Path(shared) / f"{iterations}-{key}"
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / "lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the process ends, however it ends
+        # Released when this process and the training one it starts have both ended, however.
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if (folder / "done").exists():
-            state = load_latest(folder / "run")
-            assert state is not None and state["step"] == iterations, folder
-            return state
+            with contextlib.suppress(Exception):  # (unreadable: trained again, below)
+                state = load_latest(folder / "run")
+                if state is not None and state["step"] == iterations:
+                    return state
+            # A run kept in the cache that lost its files: trained again.
+            (folder / "done").unlink()
+            shutil.rmtree(folder / "run", ignore_errors=True)
         # (a run left half-way by a process that died resumes from its checkpoints: exact)
-        state = chaos_check.reference(folder / "run", iterations, extra, True)
+        state = chaos_check.reference(folder / "run", iterations, extra, True, hold=lock.fileno())
         (folder / "done").touch()
         return state
 

@@ -31,13 +31,17 @@ ARGS = ["--dtype", "float64", "--global-batch", str(GLOBAL_BATCH), "--micro-batc
 ARGS += ["--dataset-size", str(DATASET)]
 
 
-def reference(out: Path, iterations: int, extra: Sequence[str] = (), niced: bool = False) -> dict[str, Any]:
+def reference(
+    out: Path, iterations: int, extra: Sequence[str] = (), niced: bool = False, hold: int | None = None
+) -> dict[str, Any]:
     """The final checkpoint of the same training without failures, in one process (``extra``:
     more arguments of the example trainer; ``niced``: at the lowest CPU priority, to train beside
-    a live cluster on the cycles it leaves)."""
+    a live cluster on the cycles it leaves; ``hold``: a file descriptor the training process
+    keeps open, such as the lock on ``out``, held until it ends even if the caller ends first)."""
     argv = [*ARGS, *extra, "--iterations", str(iterations), "--checkpoint-dir", str(out)]
     command = ["nice", "-n", "19"] * niced + [sys.executable, str(TRAIN), *argv]
-    subprocess.run(command, check=True, capture_output=True, timeout=900)
+    kept = () if hold is None else (hold,)
+    subprocess.run(command, check=True, capture_output=True, timeout=900, pass_fds=kept)
     state = load_latest(out)
     assert state is not None and state["step"] == iterations
     return state
