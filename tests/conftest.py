@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -45,17 +45,23 @@ REFERENCES = pytest.StashKey[tuple[Path, TextIO | None]]()
 REFERENCES_VARIABLE = "UNICRON_TEST_REFERENCES"
 
 
-def reference_inputs() -> str:
-    """The digest of what a failure-free run's final state depends on besides its arguments: the
-    example trainer (its corpus drawn with numpy's generator), the library, the checker's
-    arguments, torch's, numpy's and Python's versions."""
-    trainer, library = ROOT / "examples" / "tinygpt", ROOT / "src" / "unicron"
-    sources = sorted([*trainer.glob("*.py"), *library.rglob("*.py")])
+def inputs_digest(sources: Iterable[Path], *values: object) -> str:
+    """The digest of what a failure-free run's final state depends on: the ``sources`` it runs
+    (the trainer, its corpus drawn with numpy's generator, the library), ``values`` (its
+    arguments), and torch's, numpy's and Python's versions. The key of the cached runs here and of
+    the DDP originals (``test_ddp_port.py``)."""
     versions = [importlib.metadata.version(package) for package in ("torch", "numpy")]
-    digest = hashlib.sha256(f"{versions} {sys.version}".encode())
-    for path in [*sources, ROOT / "bench" / "chaos" / "check.py"]:
+    digest = hashlib.sha256(repr((versions, sys.version, values)).encode())
+    for path in sources:
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def reference_inputs() -> str:
+    """The digest of the example trainer's failure-free runs' inputs but their arguments."""
+    trainer, library = ROOT / "examples" / "tinygpt", ROOT / "src" / "unicron"
+    sources = sorted([*trainer.glob("*.py"), *library.rglob("*.py")])
+    return inputs_digest([*sources, ROOT / "bench" / "chaos" / "check.py"])
 
 
 IN_USE = "in-use"  # a run using a folder of failure-free runs holds a shared lock on this file in it
@@ -75,18 +81,20 @@ def references_folder(config: pytest.Config) -> tuple[Path, TextIO | None]:
     fcntl.flock(in_use, fcntl.LOCK_SH)
     if not config.option.collectonly:  # (an editor's test discovery collects on every save)
         for other in every.iterdir():
-            if other != current and unused(other):
-                shutil.rmtree(other, ignore_errors=True)
+            if other != current:
+                remove_unused(other)
     return current, in_use
 
 
-def unused(folder: Path) -> bool:
-    """Whether no run holds ``folder`` in use (checked by taking its lock, then let go)."""
+def remove_unused(folder: Path) -> bool:
+    """Remove ``folder`` unless a run holds it in use; whether it was removed. Its lock is held
+    while it is removed, so no run takes it up meanwhile."""
     with (folder / IN_USE).open("a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
+        shutil.rmtree(folder, ignore_errors=True)
         return True
 
 

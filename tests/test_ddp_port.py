@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import fcntl
 import functools
-import hashlib
 import json
 import os
 import subprocess
@@ -24,7 +23,7 @@ import torch
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 
-from .conftest import ROOT
+from .conftest import ROOT, inputs_digest
 from .test_live_cluster import (
     assert_every_incident_closed,
     assert_ledger_exact,
@@ -68,10 +67,7 @@ def ddp(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., dict[st
 
 def ddp_state(folder: Path, workers: int, iterations: int, *precision: str) -> dict[str, Any]:
     precision = precision or ("--dtype", "float64")
-    digest = hashlib.sha256(repr((workers, iterations, precision, torch.__version__)).encode())
-    for source in DDP_INPUTS:
-        digest.update(source.read_bytes())
-    key = digest.hexdigest()[:24]
+    key = inputs_digest(DDP_INPUTS, workers, iterations, precision)
     if key not in DDP_STATES:
         path = folder / f"ddp-{key}.pt"
         with (folder / f"ddp-{key}.lock").open("w") as lock:
