@@ -52,7 +52,7 @@ import unicron.train as ut
 session = ut.init(iterations=1).start()
 torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())  # a script's optimizer imports torch._dynamo
 import sys
-# (a model that is not sharded never needs it: about a second of every worker's start)
+# (a model that is not sharded never needs it: checkpoint._read_sharded_checked)
 print(f"checkpoint module loaded: {'torch.distributed.checkpoint' in sys.modules}", flush=True)
 session.close()
 sockets = 0
@@ -78,4 +78,4 @@ def test_close_releases_the_process_group_under_torchrun(tmp_path: Path) -> None
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("sockets after close: 0") == 2, run.stdout
-    assert run.stdout.count("checkpoint module loaded: False") == 2, run.stdout  # (sharded.py)
+    assert run.stdout.count("checkpoint module loaded: False") == 2, run.stdout

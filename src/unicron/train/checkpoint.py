@@ -206,9 +206,11 @@ def read_checked(path: Path) -> tuple[dict[str, Any] | None, str]:
 
 
 def _read_sharded_checked(path: Path) -> tuple[dict[str, Any] | None, str]:
-    # Its reader is imported on first use, here and in ``load_latest``: it loads
-    # torch.distributed.checkpoint and DTensor, about a second of every worker's start here, which
-    # the workers of a model that is not sharded never need.
+    # The readers and writers of sharded checkpoints (``dcpfiles``, ``shardedcheckpoint``,
+    # ``backgroundsave``) are imported where a sharded replica first uses them, here and in
+    # ``load_latest``, ``saving.py`` and ``session.py``: they load torch.distributed.checkpoint,
+    # which the workers of a model that is not sharded never need (a third of a CPU-second of each
+    # worker's start here).
     from unicron.train import dcpfiles
 
     try:

@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-from unicron.train.sharded import is_dtensor
-
-if TYPE_CHECKING:
-    from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 # One rank's view of a state: (leaf path with its type and shape, whether its rows are split
 # over the ranks, the hashes of the rows this rank holds).
@@ -47,8 +43,8 @@ def local_leaves(state: Any) -> Leaves:
     leaves: Leaves = []
     for path, value in _walk(state, ""):
         if isinstance(value, torch.Tensor):
-            split = is_dtensor(value) and _split_rows(value)
-            local = value.to_local() if is_dtensor(value) else value
+            split = isinstance(value, DTensor) and _split_rows(value)
+            local = value.to_local() if isinstance(value, DTensor) else value
             header = f"{path}|{value.dtype}|{tuple(value.shape)}"
             leaves.append((header, split, _row_hashes(local)))
         else:
@@ -59,8 +55,6 @@ def local_leaves(state: Any) -> Leaves:
 def _split_rows(value: DTensor) -> bool:
     """Whether the tensor's rows are split over the mesh's ranks, in rank order (FSDP2's
     ``Shard(0)`` on a one-dimensional mesh); otherwise every rank holds it whole."""
-    from torch.distributed.tensor import Shard  # loaded: ``value`` is a DTensor (sharded.py)
-
     placements = value.placements
     if value.device_mesh.ndim != 1 or len(placements) != 1:
         raise ValueError(f"a tensor placed {placements} on a {value.device_mesh.ndim}-D mesh: only FSDP2's")

@@ -111,7 +111,7 @@ class Saving:
 
     def _replica(self, train: TrainState, final: bool) -> None:
         """A sharded replica's checkpoint: its ranks write their shards together. Its writers load
-        torch.distributed.checkpoint, imported here on first use (``sharded.py`` says why)."""
+        torch.distributed.checkpoint: imported here on first use (``checkpoint.py`` says why)."""
         from unicron.train import shardedcheckpoint
         from unicron.train.backgroundsave import BackgroundSave
 

@@ -309,7 +309,7 @@ class Session:
         (``shardedcheckpoint.restore_nearest``), else each rank on its own."""
         if self.checkpoint_dir is None:
             return None
-        if train.sharded:  # its reader is imported on first use (sharded.py says why)
+        if train.sharded:  # its reader is imported on first use (checkpoint.py says why)
             from unicron.train import shardedcheckpoint
 
             return shardedcheckpoint.restore_nearest(train, self.checkpoint_dir, self.host_dir)

@@ -15,44 +15,28 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils._pytree import tree_map
-
-if TYPE_CHECKING:
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-
-# FSDP's and DTensor's modules are not imported here: a sharded model's parameters are DTensors
-# and its units FSDPModules, so whoever sharded it (``fully_shard``) loaded both; the workers of
-# a model that is not sharded never need them (with torch.distributed.checkpoint, which loads them
-# too, about a second of every worker's start here). Code that runs only on a sharded model
-# imports them where it uses them, at no cost then.
-
-
-def is_dtensor(value: object) -> TypeGuard[DTensor]:
-    """Whether ``value`` is a sharded tensor, without loading DTensor's module."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(value, module.DTensor)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
-    return any(is_dtensor(p) for p in model.parameters())
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def sizes(model: torch.nn.Module) -> tuple[int, int]:
     """How many parameter elements this rank holds, and the model's."""
     params = list(model.parameters())
-    held = sum(p.to_local().numel() if is_dtensor(p) else p.numel() for p in params)
+    held = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in params)
     return held, sum(p.numel() for p in params)
 
 
 def fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    return [] if fsdp is None else [m for m in model.modules() if isinstance(m, fsdp.FSDPModule)]
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
 def prepare(model: torch.nn.Module) -> None:
@@ -96,22 +80,18 @@ class OutputWeight:
 
 def localized(tree: Any) -> Any:
     """``tree`` with each sharded tensor replaced by this rank's shard."""
-    return tree_map(lambda v: v.to_local() if is_dtensor(v) else v, tree)
+    return tree_map(lambda v: v.to_local() if isinstance(v, DTensor) else v, tree)
 
 
-Rebuild = Callable[[torch.Tensor, "DTensor"], torch.Tensor]
+Rebuild = Callable[[torch.Tensor, DTensor], torch.Tensor]
 
 
 def _from_shard(value: torch.Tensor, like: DTensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
     mesh, placements = like.device_mesh, like.placements
     return DTensor.from_local(value, mesh, placements, shape=like.shape, stride=like.stride())
 
 
 def _from_whole(value: torch.Tensor, like: DTensor) -> torch.Tensor:
-    from torch.distributed.tensor import distribute_tensor
-
     return distribute_tensor(value, like.device_mesh, like.placements)
 
 
@@ -123,7 +103,8 @@ def restored(
     rebuild: Rebuild = _from_whole if whole else _from_shard
     current = model.state_dict()
     model_part = {
-        k: rebuild(v, like) if is_dtensor(like := current.get(k)) else v for k, v in parts["model"].items()
+        k: rebuild(v, current[k]) if isinstance(current.get(k), DTensor) else v
+        for k, v in parts["model"].items()
     }
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state: dict[Any, Any] = {}
@@ -137,6 +118,6 @@ def restored(
 
 def _like_param(value: Any, param: torch.Tensor, whole: bool) -> bool:
     """An optimizer state tensor sharded as its parameter is (a moment, not the step count)."""
-    if not is_dtensor(param) or not isinstance(value, torch.Tensor) or value.dim() == 0:
+    if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor) or value.dim() == 0:
         return False
     return tuple(value.shape) == (tuple(param.shape) if whole else tuple(param.to_local().shape))
