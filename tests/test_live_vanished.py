@@ -15,7 +15,15 @@ import pytest
 
 from unicron.control.launch.localcluster import LocalCluster
 
-from .test_live_cluster import assert_ends_exact, assert_ledger_exact, read_trace, traced_task
+from .test_live_cluster import (
+    assert_ends_exact,
+    assert_ledger_exact,
+    full_speed,
+    pace,
+    read_trace,
+    story_of,
+    traced_task,
+)
 
 # Long enough that the restarted agent is back before its node is declared lost (the rows are
 # then not ended as lost with it, which is another path).
@@ -38,8 +46,14 @@ def test_workers_that_die_with_their_agent_mid_training_are_left_behind_in_place
         cluster.wait(lambda: cluster.task("lm")["step"] >= 10, 120, "lm to train")
         node = "node-1"
         on_node = frozenset(w["rank"] for w in cluster.get("/v1/workers") if w["node"] == node)
+        # The survivors' steps slow down until the task has grown back: on a loaded machine the
+        # newcomers' start took longer than the steps left (it finished without them, on CI).
+        pace(trace, 1.0)
         cluster.kill_node(node)  # the agent and its workers, at once: no exit is reported
         cluster.start_agent(node)
+        grown = lambda: any(e["kind"] == "task_grown" for e in cluster.get("/v1/events", task="lm"))  # noqa: E731
+        cluster.wait(grown, 180, "the task to grow back onto the node")
+        full_speed(trace)
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 240, "the task to finish")
         events = cluster.get("/v1/events", limit=100_000)
     kinds = [e["kind"] for e in events]
@@ -47,7 +61,7 @@ def test_workers_that_die_with_their_agent_mid_training_are_left_behind_in_place
     gone = sorted(e["detail"]["rank"] for e in events if e["kind"] == "worker_gone")
     assert gone == sorted(on_node)
     assert kinds.count("task_launch") == 1  # nothing relaunched from a checkpoint
-    assert "in_process_recovery" in kinds and "task_grown" in kinds
+    assert "in_process_recovery" in kinds and "task_grown" in kinds, story_of(events)
     rows = read_trace(trace)
     # No survivor was restarted (before, they re-formed with the dead ranks, waited for them and
     # were restarted as stuck): the four launched and two newcomers on the node's slots.
