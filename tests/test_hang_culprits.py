@@ -14,7 +14,8 @@ from typing import Any
 
 from unicron.control.agent import stackdump
 from unicron.control.agent.processes import Worker, is_stopped, read_stack
-from unicron.control.detect.hangs import hang_verdict, innermost_frame
+from unicron.control.detect.hangs import hang_verdict, innermost_frame, trained_past
+from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.store.records import WorkerRecord
 from unicron.core.kept import Posted
 from unicron.core.protocol import (
@@ -422,3 +423,24 @@ def test_a_collective_stalled_past_its_graces_is_reattempted_in_place_by_every_r
     ]
     membership = Membership.model_validate_json(posted)
     assert membership.failed == [] and membership.abandon and membership.ranks == {0: 0, 1: 1, 2: 2, 3: 3}
+
+
+def test_a_step_every_rank_is_past_is_no_hang_and_the_next_one_is_timed_from_then() -> None:
+    """Seen in make test: a coordinator started over had stored its predecessor's step 19 while
+    the ranks trained step 59; the first heartbeat showed them there, before their next step's
+    report, and step 20 was judged hung ("none to blame") and the task relaunched."""
+    workers = [worker(r) for r in range(2)]
+    positions = {w.key: at(Phase.COMPUTE, step=59, generation=1) for w in workers}
+    assert trained_past(workers, positions, generation=1) == 58
+    positions[workers[1].key] = at(Phase.COLLECTIVE, step=20, generation=1)  # one rank still at 20
+    assert trained_past(workers, positions, generation=1) == 19
+    positions[workers[1].key] = at(Phase.COMPUTE, step=59, generation=0)  # not in this generation yet
+    assert trained_past(workers, positions, generation=1) is None
+    assert trained_past(workers, {workers[0].key: positions[workers[0].key]}, generation=1) is None
+    monitor = TaskMonitor(Settings())
+    monitor.watch_from(100.0, 19)
+    monitor.seen_past(58, 102.5)
+    assert (monitor.last_step, monitor.since) == (58, 102.5)  # step 59 is timed from what was seen
+    assert not monitor.late(102.5 + monitor.deadline() - 0.01) and monitor.late(
+        102.5 + monitor.deadline() + 0.01
+    )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from unicron.control.context import Context
-from unicron.control.detect.hangs import WorkerKey, hang_verdict, unheard
+from unicron.control.detect.hangs import WorkerKey, hang_verdict, trained_past, unheard
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import STUCK, PeerCheck, outcome, probe_endpoints
 from unicron.control.store.records import TaskRecord, WorkerRecord
@@ -321,10 +321,13 @@ class Detector:
         seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
         observed = self.observed(workers)
         stopped = {key: halted for key, (halted, _) in observed.items()}
+        where = {k: at for k, (_, at) in observed.items()}
+        passed = trained_past(workers, where, task.generation)
+        if passed is not None and passed >= step:
+            self.monitor(task.name, task.generation).seen_past(passed, now)
+            return None
         interval = self.ctx.pace.judged(now).interval_s
-        verdict = hang_verdict(
-            workers, seen, stopped, {k: at for k, (_, at) in observed.items()}, now, interval
-        )
+        verdict = hang_verdict(workers, seen, stopped, where, now, interval)
         if verdict is None:
             self._deferred(task, step, now - since, unheard(workers, seen, now, interval))
             return None

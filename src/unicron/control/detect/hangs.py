@@ -79,6 +79,18 @@ def hang_verdict(
     return HangVerdict([], "every rank waits in a collective or is past it: none to blame", where)
 
 
+def trained_past(
+    workers: Sequence[WorkerRecord], progress: Mapping[WorkerKey, Progress | None], generation: int
+) -> int | None:
+    """The last step every rank of ``generation`` has ended, by where each reports it is (a rank
+    training step s has ended s - 1); None if a rank reports no position in it. A step the
+    coordinator waits for that every rank is past has ended: its report was lost (a coordinator
+    that started over had not stored its predecessor's last steps) or is on its way, and it is
+    no hang."""
+    at = [p.step for w in workers if (p := progress.get(w.key)) is not None and p.generation == generation]
+    return min(at) - 1 if workers and len(at) == len(workers) else None
+
+
 def not_arrived(
     workers: Sequence[WorkerRecord], progress: Mapping[WorkerKey, Progress | None], generation: int
 ) -> list[WorkerRecord]:

@@ -83,6 +83,11 @@ class TaskMonitor:
         if not self.last_time and not self.watching_since:
             self.watching_since, self.last_step = now, step
 
+    def seen_past(self, step: int, now: float) -> None:
+        """Every rank was seen at ``now`` training past ``step``, whose end was not heard
+        (``hangs.trained_past``): the next step's lateness counts from then."""
+        self.last_step, self.watching_since = max(self.last_step, step), now
+
     @property
     def since(self) -> float:
         """What the next step's lateness counts from: the last step's end, else the watch's
