@@ -343,9 +343,9 @@ def assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
 @pytest.mark.timeout(600)
 def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> None:
     prefetch_reference(ITERATIONS)  # compared with at the end
-    pace = tmp_path / "lm"  # (its step-delay file: :func:`delay_file`)
+    paced = tmp_path / "lm"  # (its step-delay file: :func:`delay_file`)
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
-        cluster.submit(task_yaml("lm", 1, "{2: 2.0e9, 4: 3.6e9}", ITERATIONS, 0.15, paced=delay_file(pace)))
+        cluster.submit(task_yaml("lm", 1, "{2: 2.0e9, 4: 3.6e9}", ITERATIONS, 0.15, paced=delay_file(paced)))
 
         def at(step: int, generation: int = 0, workers: int = 0) -> bool:
             t = cluster.task("lm")
@@ -367,6 +367,9 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
         cluster.wait(
             lambda: cluster.task("lm")["generation"] >= 3 and at(0), 120, "a restart on the remaining node"
         )
+        # The steps slow down until the coordinator's restart and pause are seen through: on a
+        # loaded machine both could outlast the steps left at full pace.
+        pace(paced, 1.0)
         cluster.kill_coordinator()
         cluster.start_coordinator()
         before = cluster.task("lm")
@@ -377,7 +380,7 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
         assert "incident" not in after and "task_launch" not in after, after
         assert_a_pause_loses_nothing(cluster, at)
         cluster.start_agent("node-1")
-        full_speed(pace)  # the rest is training to the end, compared with a failure-free run
+        full_speed(paced)  # the rest is training to the end, compared with a failure-free run
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
 
         task = cluster.task("lm")

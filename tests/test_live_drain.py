@@ -19,6 +19,7 @@ from .test_live_cluster import (
     assert_ends_exact,
     assert_ledger_exact,
     full_speed,
+    pace,
     read_trace,
     story_of,
     traced_task,
@@ -41,6 +42,9 @@ def test_a_drained_node_is_emptied_without_losing_a_step(tmp_path: Path) -> None
         cluster.wait(
             lambda: cluster.task("lm")["step"] >= 10 and cluster.task("lm")["workers"] == 4, 240, "4 workers"
         )
+        # The steps slow down until the task has moved: on a loaded machine the newcomers' start on
+        # the free node could outlast the steps left at full pace.
+        pace(trace, 1.0)
         before = {w["pid"]: w["node"] for w in cluster.get("/v1/workers") if w["state"] == "running"}
         drained = sorted(set(before.values()))[0]
         done = cli(cluster, "drain", drained, "--reason", "maintenance")

@@ -22,6 +22,8 @@ from .test_live_cluster import (
     assert_ends_exact,
     assert_every_incident_closed,
     assert_ledger_exact,
+    full_speed,
+    pace,
     read_trace,
     story_of,
     traced_task,
@@ -52,6 +54,10 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
         def task() -> dict:  # type: ignore[type-arg]
             return cluster.task("lm")
 
+        # The steps slow down until the frozen node's survivors have recovered: on a loaded
+        # machine a regrow's start, or the node's loss, could outlast the steps left at full pace.
+        cluster.wait(lambda: task()["step"] >= 10, 240, "the task to train")
+        pace(trace, 0.5)
         cluster.wait(
             lambda: task()["step"] >= 45 and task()["workers"] == 4 and task()["state"] == "running",
             300,
@@ -62,7 +68,14 @@ def test_survivors_recover_in_place_and_stay_exact(tmp_path: Path) -> None:
         on_node = frozenset(w["rank"] for w in cluster.get("/v1/workers") if w["node"] == "node-1")
         frozen_at = max(e["id"] for e in cluster.get("/v1/events", task="lm"))
         cluster.freeze_node("node-1")
+
+        def recovered_after_freeze() -> bool:
+            after = cluster.get("/v1/events", task="lm")
+            return any(e["kind"] == "in_process_recovery" and e["id"] > frozen_at for e in after)
+
         # Far sooner than the 900 s process-group timeout, or the test's own timeout ends it.
+        cluster.wait(recovered_after_freeze, 300, "the survivors of the frozen node to recover")
+        full_speed(trace)
         cluster.wait(lambda: task()["state"] == "finished", 300, "the task to finish")
         events = cluster.get("/v1/events", task="lm")
     kinds = [e["kind"] for e in events]
@@ -151,6 +164,24 @@ def test_members_lost_while_the_group_reforms_are_recovered_in_place(tmp_path: P
     settings = {"isolate_after": 100, "max_restarts": 100}
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
+        # The steps slow down until the group has re-formed after the member that died sending
+        # its state: on a loaded machine the newcomers' start outlasted the steps left.
+        cluster.wait(lambda: cluster.task("lm")["step"] >= 10, 240, "the task to train")
+        pace(trace, 1.0)
+
+        def reformed_after_transfer_kill() -> bool:
+            seen = cluster.get("/v1/events", task="lm")
+            killed = [
+                e["id"]
+                for e in seen
+                if e["kind"] == "fault_injected" and e["detail"]["action"] == "kill_in_transfer"
+            ]
+            return bool(killed) and any(
+                e["kind"] == "in_process_recovery" and e["id"] > killed[0] for e in seen
+            )
+
+        cluster.wait(reformed_after_transfer_kill, 360, "the group to re-form after a killed state source")
+        full_speed(trace)
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 420, "the task to finish")
         events = cluster.get("/v1/events", task="lm")
     story = story_of(events)

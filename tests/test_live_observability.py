@@ -35,6 +35,7 @@ from .test_live_cluster import (
     assert_ledger_exact,
     finish_and_settle,
     full_speed,
+    pace,
     story_of,
     traced_task,
 )
@@ -113,11 +114,16 @@ def test_a_failure_is_counted_broken_down_and_shown_live(tmp_path: Path) -> None
         cluster.wait(
             lambda: cluster.task("lm")["workers"] == 4 and cluster.task("lm")["step"] > 10, 120, "4 workers"
         )
+        # What is shown before the fault (step 40) is looked at with the steps slowed down (on a
+        # loaded machine the browser's look outlasted the steps left at full pace), then on to it.
+        pace(trace, 1.0)
         running = scrape(cluster)
         if page is not None:
             page.shows_the_task_on(4)
+        pace(trace, 0.1)
         cluster.wait(lambda: bool(cluster.get("/v1/incidents")), 120, "the incident")
         cluster.wait(lambda: cluster.get("/v1/incidents")[0]["outcome"] == "recovered", 60, "its recovery")
+        pace(trace, 0.5)  # time for the watch's start and its first screens within the 10 steps below
         watch = cli(cluster, "status", "--watch", "--interval", "0.5")
         at = cluster.task("lm")["step"]  # every rank's report of the recovered step is in by then:
         cluster.wait(lambda: cluster.task("lm")["step"] > at + 10, 120, "more steps")

@@ -13,7 +13,15 @@ import pytest
 
 from unicron.control.launch.localcluster import LocalCluster
 
-from .test_live_cluster import assert_ends_exact, assert_ledger_exact, read_trace, story_of, traced_task
+from .test_live_cluster import (
+    assert_ends_exact,
+    assert_ledger_exact,
+    full_speed,
+    pace,
+    read_trace,
+    story_of,
+    traced_task,
+)
 
 
 def replicas_per_node(workers: list[dict[str, object]]) -> dict[str, list[int]]:
@@ -48,8 +56,13 @@ def test_a_dead_rank_takes_its_replica_out_and_a_whole_one_comes_back(tmp_path: 
             task = cluster.task("lm")
             return task["workers"] == 4 and task["generation"] > 2 and task["state"] == "running"
 
+        # Near the kill (step 20), the steps slow down until the whole replica is back: on a
+        # loaded machine its two processes' start outlasted the 6 s of steps left at full pace.
+        cluster.wait(lambda: cluster.task("lm")["step"] >= 15, 240, "the task to near its fault")
+        pace(trace, 1.0)
         cluster.wait(regrown, 300, "the task to grow back to two replicas")
         again = cluster.get("/v1/workers")
+        full_speed(trace)
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
         events = cluster.get("/v1/events", task="lm", limit=100_000)
     story = story_of(events)

@@ -98,12 +98,17 @@ def test_a_checkpoint_saved_by_three_sharded_replicas_resumes_at_two(tmp_path: P
     interrupted."""
     first, second, iterations = tmp_path / "first.jsonl", tmp_path / "second.jsonl", 32
     program = ["python", str(FSDP), *ARGS, *SMALL, "--step-delay", "0.05"]
+    paced = [*program, "--step-delay-file", str(delay_file(first))]
     table = "{2: 1.9e9, 4: 3.5e9, 6: 5.0e9}"
     prefetch_reference(iterations)  # compared with at the end
     with LocalCluster(tmp_path / "first", nodes=3, slots=2) as cluster:
         # Its periodic checkpoints written in the background (on CPUs they are not by default).
         lines = "  replica_size: 2\n  checkpoint_async: true\n"
-        cluster.submit(traced_task(first, table, iterations, 0.05, lines, program=program))
+        cluster.submit(traced_task(first, table, iterations, 0.05, lines, program=paced))
+        # Slower steps before the checkpoint of step 10: the cluster must stop before the last
+        # step (at full pace on a loaded machine, the steps left could run out first).
+        cluster.wait(lambda: cluster.task("lm")["step"] >= 5, 300, "the task to train")
+        pace(first, 1.0)
         cluster.wait(lambda: cluster.task("lm")["checkpoint_step"] >= 10, 300, "a checkpoint")
     # The newest checkpoint the three replicas saved (as the cluster shut down, the replicas that
     # stopped last may have gone on alone for a step and saved one at world 2).

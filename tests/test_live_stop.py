@@ -24,7 +24,8 @@ from .test_live_cluster import (
     TRAIN,
     assert_ends_exact,
     assert_ledger_exact,
-    prefetch_reference,
+    full_speed,
+    pace,
     read_trace,
     traced_task,
 )
@@ -44,19 +45,21 @@ def test_a_rank_that_takes_a_planned_stop_a_step_late_abandons_that_step_and_sav
     # Rank 0 (the one that writes the persistent checkpoint) takes its stop 2 s late: rank 1 has
     # stopped by then, and rank 0 is in the next step's all-reduce or waiting to rejoin.
     late = "  faults: [{action: late_stop, rank: 0, step: 1, generation: 1, seconds: 2}]\n"
-    argv = ["python", str(TRAIN), *ARGS, "--step-delay", "0.1"]
-    low = traced_task(trace, "{2: 2.0e9}", ITERATIONS, 0.1, late, name="low", program=argv)
+    low = traced_task(trace, "{2: 2.0e9}", ITERATIONS, 0.1, late, name="low")
     program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", "0.05"])
     high = f"name: high\nweight: 5\nthroughput: {{2: 6.0e9}}\nrun:\n  program: [{program}]\n"
     high += "  iterations: 10\n"
     # Stops get 10 s before SIGKILL: the late rank must stop on its own, not be killed.
     settings = {"stop_grace_s": 10.0, "restart_stop_wait_s": 12.0}
-    prefetch_reference(ITERATIONS)  # compared with at the end
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=1, settings=settings) as cluster:
         cluster.submit(low)
         cluster.wait(lambda: cluster.task("low")["step"] >= 13, 300, "low to train past a checkpoint")
+        # Slower steps (still shorter than rank 0's 2 s delay) until low is stopped: on a loaded
+        # machine the plan's stop could come after the steps left at full pace.
+        pace(trace, 0.5)
         cluster.submit(high)  # it takes both slots: low is stopped, and relaunched when high ends
         cluster.wait(lambda: cluster.task("low")["state"] == "waiting", 60, "low to be stopped")
+        full_speed(trace)
         # Each rank saved the stop checkpoint in its node's memory: rank 1 at the boundary where it
         # stopped, rank 0 after abandoning the step after it. The same step, the same state (the
         # model, the optimizer, the scheduler).

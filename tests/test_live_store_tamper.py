@@ -29,6 +29,8 @@ from .test_live_cluster import (
     assert_ends_exact,
     assert_ledger_exact,
     finish_and_settle,
+    full_speed,
+    pace,
     read_trace,
     story_of,
     traced_task,
@@ -98,8 +100,13 @@ def test_a_task_finishes_exact_and_on_time_while_its_store_is_tampered_with(tmp_
         cluster.wait(lambda: intruder.copied(current_key("lm")), 30, "generation 1 to be posted current")
         cluster.wait(lambda: intruder.copied(membership_key("lm", 1)), 120, "the injected fault's generation")
         attacking = threading.Thread(target=intruder.attack, daemon=True)
+        # The steps slow down while the attack's first rounds run: on a loaded machine the steps
+        # left at full pace ended the task (and its store) before them.
+        pace(trace, 1.0)
         attacking.start()
         try:
+            cluster.wait(lambda: intruder.rounds > 5 or not attacking.is_alive(), 120, "six rounds of attack")
+            full_speed(trace)
             events, rows = finish_and_settle(cluster, trace)
         finally:
             intruder.stop.set()

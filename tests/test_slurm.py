@@ -211,9 +211,9 @@ def test_the_sbatch_script_runs_tinygpt_on_slurm_nodes_and_recovers_a_killed_wor
             api = AdminClient(hosts, root, job, nodes["n1"].address)
             try:
                 wait(lambda: steps(trace) >= 8 and len(running(api)) == 3, 240, "3 workers training")
+                pace(trace, 1.0)  # the survivors go on slowly until the killed worker's replacement runs
                 registered = {n["name"]: (n["host"], n["slots"], n["gpus"]) for n in api("/v1/nodes")}
                 killed = next(w for w in running(api) if w["rank"] == 1)
-                pace(trace, 1.0)  # the survivors go on slowly until the killed worker's replacement runs
                 os.kill(killed["pid"], signal.SIGKILL)
                 wait(lambda: len(started(trace)) >= 4, 240, "a worker replacing the killed one to start")
                 full_speed(trace)
