@@ -99,6 +99,37 @@ def test_a_node_loss_is_looked_up_also_when_a_recovery_moved_workers_first(alloc
     assert sum(per.get("alpha", 0) for per in decided.layout.values()) == decided.plan.allocation()["alpha"]
 
 
+def test_a_plan_laid_out_anew_says_what_it_does_to_the_workers_as_they_are(allocator: Allocator) -> None:
+    """A crash left alpha on 2 of its 4 workers (survivors re-formed in place): the table's plan
+    (alpha on 4) grows it back, and says so; it is not "unchanged" (the table's state had 4).
+    A task the event itself hit keeps the event's words."""
+    state = demo_state()
+    settle(allocator, state)
+    crashed = {n: dict(a) for n, a in state.assignment.items()}
+    node = next(n for n, a in crashed.items() if "alpha" in a)
+    del crashed[node]["alpha"]
+    decided = allocator.decide(replace(state, assignment=crashed), 0)
+    assert decided.source == "table" and "laid out anew" in decided.why
+    said = {d.task: d for d in decided.plan.decisions}
+    assert (said["alpha"].before, said["alpha"].after) == (2, 4)
+    assert said["alpha"].reason.startswith("grows by 2 GPUs (+")
+    assert said["alpha"].waf_after > said["alpha"].waf_before > 0
+    assert said["beta"].reason == said["gamma"].reason == "unchanged"
+    settle(allocator, state)
+    alpha_node = next(n for n, a in state.assignment.items() if "alpha" in a)
+    relaunching = after_loss(state, alpha_node)  # alpha stopped whole to relaunch: none left
+    relaunching = replace(
+        relaunching,
+        assignment={
+            n: {t: c for t, c in a.items() if t != "alpha"} for n, a in relaunching.assignment.items()
+        },
+    )
+    allocator.happened.note(NodeLost(alpha_node))
+    decided = allocator.decide(relaunching, 0)
+    hit = next(d for d in decided.plan.decisions if d.task == "alpha")
+    assert decided.source == "table" and hit.hit and hit.reason.startswith("lost 2 GPUs with the node")
+
+
 def test_a_live_event_names_the_node_not_the_planners_id() -> None:
     # The planner numbers nodes by registration order: node 3 may be any host.
     names = {0: "gpu-b", 3: "gpu-a"}

@@ -394,6 +394,34 @@ def explained(chosen: Plan, state: ClusterState, event: PlanEvent) -> Plan:
     return replace(chosen, event=sit.event, decisions=tuple(decisions))
 
 
+def restated(chosen: Plan, state: ClusterState) -> Plan:
+    """``chosen`` (a table's plan, for the state the table was built from) with the decisions of
+    the tasks a recovery resized since said anew from the workers they hold now in ``state``: a
+    task that survived a crash on fewer workers and gets its count back grows, it is not
+    "unchanged". The event's own decisions (a task it hit, one it finished) keep their words."""
+    names = {t.name for t in state.tasks}
+    moved = {
+        d.task
+        for d in chosen.decisions
+        if d.task in names and d.task in state.curves and not d.hit and d.before != state.workers(d.task)
+    }
+    if not moved:
+        return chosen
+    now = [_from_now(d, state) if d.task in moved else d for d in chosen.decisions]
+    unsaid = [replace(d, reason="") for d in now]
+    said = _explain(unsaid, _situation(state, None), chosen.capacity_gpus, state)
+    kept = tuple(s if s.task in moved else d for s, d in zip(said, now, strict=True))
+    return replace(chosen, decisions=kept)
+
+
+def _from_now(decision: Decision, state: ClusterState) -> Decision:
+    """``decision`` from the workers its task holds in ``state``, at their weighted rate."""
+    held = state.workers(decision.task)
+    rate = state.curves[decision.task].evaluate(np.array([held], dtype=np.int64)).rate
+    waf_now = float(waf(decision.weight, rate)[0]) if held else 0.0
+    return replace(decision, before=held, waf_before=waf_now)
+
+
 def feasible_allocations(state: ClusterState, event: PlanEvent | None = None) -> list[list[int]]:
     """Per task (in order), every count it may take after ``event``: for checks and baselines."""
     return [[int(g) for g in c.points.gpus] for c in _problem(state, event).choices]

@@ -26,7 +26,7 @@ from unicron.control.act.happened import Happened, net
 from unicron.core.errors import UsageError
 from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone, TasksArrived, listed
 from unicron.planning.placement import Assignment, place
-from unicron.planning.planner import ClusterState, Plan, plan
+from unicron.planning.planner import ClusterState, Plan, plan, restated
 from unicron.planning.plantable import PlanTable, build, build_arrivals
 
 
@@ -174,6 +174,7 @@ class Allocator:
             # table's): the same cluster has the same best plan, laid over the workers as they are.
             said = "no cluster event" if event is None else "the event"
             why = f"workers moved by a recovery since: the table's plan for {said}, laid out anew"
+            chosen = restated(chosen, state)  # (its reasons said from the workers as they are)
         return chosen, event, why
 
     def refresh(self, state: ClusterState, decided: Decided, curves_version: int) -> None:
