@@ -61,6 +61,7 @@ DETAILS = (
     "generation",
     "resume_from",
     "why",
+    "reason",  # what the plan said of a task it launched, resized or grew (a stop's comparison)
     "after",
     "silent_s",
     "step",
