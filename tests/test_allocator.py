@@ -115,6 +115,19 @@ def test_a_plan_laid_out_anew_says_what_it_does_to_the_workers_as_they_are(alloc
     assert said["alpha"].reason.startswith("grows by 2 GPUs (+")
     assert said["alpha"].waf_after > said["alpha"].waf_before > 0
     assert said["beta"].reason == said["gamma"].reason == "unchanged"
+    # The same crash, and beta finished meanwhile: the table's plan for beta's end holds beta,
+    # the cluster no longer does (nor its curve); alpha is said anew, beta keeps "finished".
+    done = replace(
+        state,
+        tasks=tuple(t for t in state.tasks if t.name != "beta"),
+        assignment={n: {t: c for t, c in a.items() if t != "beta"} for n, a in crashed.items()},
+        curves={k: v for k, v in state.curves.items() if k != "beta"},
+    )
+    allocator.happened.note(TaskDone("beta"))
+    decided = allocator.decide(done, 0)
+    said = {d.task: d for d in decided.plan.decisions}
+    assert decided.source == "table" and decided.event == TaskDone("beta")
+    assert said["alpha"].reason.startswith("grows by 2 GPUs") and said["beta"].reason.startswith("finished")
     settle(allocator, state)
     alpha_node = next(n for n, a in state.assignment.items() if "alpha" in a)
     relaunching = after_loss(state, alpha_node)  # alpha stopped whole to relaunch: none left

@@ -408,10 +408,11 @@ def restated(chosen: Plan, state: ClusterState) -> Plan:
     if not moved:
         return chosen
     now = [_from_now(d, state) if d.task in moved else d for d in chosen.decisions]
-    unsaid = [replace(d, reason="") for d in now]
-    said = _explain(unsaid, _situation(state, None), chosen.capacity_gpus, state)
-    kept = tuple(s if s.task in moved else d for s, d in zip(said, now, strict=True))
-    return replace(chosen, decisions=kept)
+    # Said among the tasks the cluster has now (whose GPUs serve whom): a task the event
+    # finished is in the plan, but no longer in ``state`` (nor its curve).
+    unsaid = [replace(d, reason="") for d in now if d.task in names and d.task in state.curves]
+    said = {d.task: d for d in _explain(unsaid, _situation(state, None), chosen.capacity_gpus, state)}
+    return replace(chosen, decisions=tuple(said[d.task] if d.task in moved else d for d in now))
 
 
 def _from_now(decision: Decision, state: ClusterState) -> Decision:
