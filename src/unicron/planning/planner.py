@@ -399,18 +399,18 @@ def restated(chosen: Plan, state: ClusterState) -> Plan:
     the tasks a recovery resized since said anew from the workers they hold now in ``state``: a
     task that survived a crash on fewer workers and gets its count back grows, it is not
     "unchanged". The event's own decisions (a task it hit, one it finished) keep their words."""
-    names = {t.name for t in state.tasks}
+    # Said among the tasks the cluster has now (whose GPUs serve whom): a task the event
+    # finished is in the plan, but no longer in ``state`` (nor its curve).
+    names = {t.name for t in state.tasks} & set(state.curves)
     moved = {
         d.task
         for d in chosen.decisions
-        if d.task in names and d.task in state.curves and not d.hit and d.before != state.workers(d.task)
+        if d.task in names and not d.hit and d.before != state.workers(d.task)
     }
     if not moved:
         return chosen
     now = [_from_now(d, state) if d.task in moved else d for d in chosen.decisions]
-    # Said among the tasks the cluster has now (whose GPUs serve whom): a task the event
-    # finished is in the plan, but no longer in ``state`` (nor its curve).
-    unsaid = [replace(d, reason="") for d in now if d.task in names and d.task in state.curves]
+    unsaid = [replace(d, reason="") for d in now if d.task in names]
     said = {d.task: d for d in _explain(unsaid, _situation(state, None), chosen.capacity_gpus, state)}
     return replace(chosen, decisions=tuple(said[d.task] if d.task in moved else d for d in now))
 
