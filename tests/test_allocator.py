@@ -271,6 +271,26 @@ def test_a_table_that_failed_to_build_is_built_again(allocator: Allocator) -> No
     assert allocator.decide(state, 0).source == "table"
 
 
+def test_a_table_whose_answer_fails_is_solved_around_and_says_why(
+    allocator: Allocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault in the table's answer (a defect: a plan naming a task the state no longer has)
+    does not leave the event unplanned: the plan is solved, and the plan says why."""
+    state = demo_state()
+    settle(allocator, state)
+
+    def broken(table: PlanTable, event: object) -> object:
+        raise KeyError("out")
+
+    monkeypatch.setattr(PlanTable, "lookup", broken)
+    gamma_node = next(n for n, a in state.assignment.items() if "gamma" in a)
+    allocator.happened.note(NodeLost(gamma_node))
+    decided = allocator.decide(after_loss(state, gamma_node), 0)
+    assert decided.source == "solved" and decided.events == (NodeLost(gamma_node),)
+    assert decided.why == "the table's answer failed: KeyError('out')"
+    assert decided.plan.allocation() == plan(state, NodeLost(gamma_node)).allocation()
+
+
 def test_a_burst_is_named_in_short_and_solved() -> None:
     state = demo_state()
     allocator = Allocator()
