@@ -96,6 +96,14 @@ def full_speed(trace: Path) -> None:
     pace(trace, 0.0)
 
 
+# A test that paces its steps at 1 s (``pace``) while its task trains on one node: the hang
+# deadline, for the steps after the pause begins, is still the fast steps' (3 x 0.3 s, floored at
+# 1.5 s, plus a heartbeat for the report's way), which a paced step on a loaded machine came within
+# 0.2-0.4 s of; on one node (no peer to probe) a late step is a hang, and a relaunch. Such a test
+# checks no hang: it raises the floor.
+PACED_HANG_FLOOR_S = 5.0
+
+
 def pace(trace: Path, seconds: float) -> None:
     """The task traced to ``trace`` pauses ``seconds`` between steps from its next step on: long
     enough for what the test waits to see (a replacement's start on a loaded machine) to happen
@@ -344,7 +352,8 @@ def assert_same_state(got: dict[str, Any], want: dict[str, Any]) -> None:
 def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> None:
     prefetch_reference(ITERATIONS)  # compared with at the end
     paced = tmp_path / "lm"  # (its step-delay file: :func:`delay_file`)
-    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+    settings = {"hang_floor_s": PACED_HANG_FLOOR_S}  # (the steps are paced at 1 s below: see its note)
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
         cluster.submit(task_yaml("lm", 1, "{2: 2.0e9, 4: 3.6e9}", ITERATIONS, 0.15, paced=delay_file(paced)))
 
         def at(step: int, generation: int = 0, workers: int = 0) -> bool:

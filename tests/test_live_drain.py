@@ -16,6 +16,7 @@ import pytest
 from unicron.control.launch.localcluster import LocalCluster
 
 from .test_live_cluster import (
+    PACED_HANG_FLOOR_S,
     assert_ends_exact,
     assert_ledger_exact,
     full_speed,
@@ -37,7 +38,8 @@ def cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_drained_node_is_emptied_without_losing_a_step(tmp_path: Path) -> None:
     trace, iterations = tmp_path / "trace.jsonl", 150
     spec = traced_task(trace, "{2: 1.9e9, 4: 3.5e9}", iterations, 0.1)
-    with LocalCluster(tmp_path / "cluster", nodes=3, slots=2) as cluster:
+    settings = {"hang_floor_s": PACED_HANG_FLOOR_S}  # (the steps are paced at 1 s below)
+    with LocalCluster(tmp_path / "cluster", nodes=3, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
         cluster.wait(
             lambda: cluster.task("lm")["step"] >= 10 and cluster.task("lm")["workers"] == 4, 240, "4 workers"

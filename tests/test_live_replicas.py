@@ -14,6 +14,7 @@ import pytest
 from unicron.control.launch.localcluster import LocalCluster
 
 from .test_live_cluster import (
+    PACED_HANG_FLOOR_S,
     assert_ends_exact,
     assert_ledger_exact,
     full_speed,
@@ -45,7 +46,8 @@ def test_a_dead_rank_takes_its_replica_out_and_a_whole_one_comes_back(tmp_path: 
     fault = [{"action": "kill_in_backward", "rank": 1, "step": 20, "generation": 0}]
     lines = f"  replica_size: 2\n  faults: {json.dumps(fault)}\n"
     spec = traced_task(trace, "{2: 1.9e9, 4: 3.5e9}", iterations, 0.1, lines)
-    with LocalCluster(tmp_path / "cluster", nodes=3, slots=2) as cluster:
+    settings = {"hang_floor_s": PACED_HANG_FLOOR_S}  # (the steps are paced at 1 s below)
+    with LocalCluster(tmp_path / "cluster", nodes=3, slots=2, settings=settings) as cluster:
         cluster.submit(spec)
         cluster.wait(lambda: cluster.task("lm")["step"] >= 5, 240, "the task to train")
         first = cluster.get("/v1/workers")

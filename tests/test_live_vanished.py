@@ -16,6 +16,7 @@ import pytest
 from unicron.control.launch.localcluster import LocalCluster
 
 from .test_live_cluster import (
+    PACED_HANG_FLOOR_S,
     assert_ends_exact,
     assert_ledger_exact,
     full_speed,
@@ -27,7 +28,7 @@ from .test_live_cluster import (
 
 # Long enough that the restarted agent is back before its node is declared lost (the rows are
 # then not ended as lost with it, which is another path).
-SETTINGS = {"heartbeat_deadline_s": 15.0, "hot_spares": 0}
+SETTINGS = {"heartbeat_deadline_s": 15.0, "hot_spares": 0, "hang_floor_s": PACED_HANG_FLOOR_S}
 
 
 @pytest.mark.timeout(300)
