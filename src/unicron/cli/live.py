@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import socket
 import sys
@@ -90,6 +91,8 @@ def run_coordinator(
     from unicron.control.coordinator import CoordinatorSettings
     from unicron.control.service.service import create_app
 
+    faulthandler.enable()  # a native crash (torch's store, SQLite) leaves its stacks in the log
+
     listen = serving.uvicorn_args()
     host = serving.host
     reachable = advertise or (host if host not in ("0.0.0.0", "::") else socket.gethostname())
@@ -118,6 +121,8 @@ def run_agent(
     domain: str | None = None,
 ) -> None:
     from unicron.control.agent.agent import run_agent as start
+
+    faulthandler.enable()  # a native crash leaves its stacks in the log
     from unicron.control.agent.hostaddress import AddressError, NodeAddress, interface_of
 
     name = check_name(node or socket.gethostname(), "--node")

@@ -245,13 +245,11 @@ class Supervisor:
         # The dumps under way first: the hung worker's stack is the one that matters.
         await asyncio.gather(*self.dumps, return_exceptions=True)
         if grace_s > 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker.process.pid, signal.SIGTERM)
+            _signal_group(worker, signal.SIGTERM)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(worker.process.wait(), grace_s)
                 return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.process.pid, signal.SIGKILL)
+        _signal_group(worker, signal.SIGKILL)
         await worker.process.wait()
 
     def forget_exited(self) -> None:
@@ -299,3 +297,13 @@ class Supervisor:
     async def shutdown(self, grace_s: float = 5.0) -> None:
         """Stop every worker still running (the agent is stopping)."""
         await asyncio.gather(*(self._terminate(w, grace_s) for w in self.workers.values() if not w.exited))
+
+
+def _signal_group(worker: Worker, sig: int) -> None:
+    """Signal the worker's process group unless the worker is known to have ended: it may have
+    ended while the stack dumps were awaited, and its id, once reaped, is free for any process
+    of the machine to lead a group with."""
+    if worker.exited or worker.process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.process.pid, sig)

@@ -395,12 +395,32 @@ class LocalCluster:
                 if predicate():
                     return
             time.sleep(poll)
-        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}{self._ended()}")
+
+    def _ended(self) -> str:
+        """Which of the cluster's own processes have ended, and how (a coordinator that vanished
+        left a test waiting on events that never came, with nothing said of why)."""
+        processes = {f"coordinator {i}": p for i, p in self.coordinators.items()}
+        processes |= {f"agent {name}": p for name, p in self.agents.items()}
+        ended = [f"{who} ({_status(code)})" for who, p in processes.items() if (code := p.poll()) is not None]
+        return f"; ended meanwhile: {', '.join(ended)}" if ended else ""
+
+
+def _status(code: int) -> str:
+    """A process's exit code as said: a signal by its name (Popen's -N)."""
+    if code >= 0:
+        return f"exit code {code}"
+    with contextlib.suppress(ValueError):
+        return f"killed by {signal.Signals(-code).name}"
+    return f"killed by signal {-code}"
 
 
 def _kill_group(process: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)
+    """Signal the process's group, only while the process is not yet reaped (``poll``): a reaped
+    leader's id is free, and may since lead another process group, another test's included."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
     if sig == signal.SIGKILL:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(5)
