@@ -1,9 +1,11 @@
-"""An agent's stop of its workers signals only processes that are still its own."""
+"""Processes are signalled only while they are still the signaller's own (an agent's workers, a
+local cluster's agents), and a local cluster says which of its processes ended and how."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from unicron.control.agent.agent import Agent
 from unicron.control.agent.processes import Worker
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.protocol import LaunchWorker, StopWorkers
 
 
@@ -44,3 +47,21 @@ def test_a_worker_that_ended_while_its_stop_waited_for_the_stack_dumps_is_not_si
     monkeypatch.setattr(os, "killpg", killpg)
     pid = asyncio.run(scenario())
     assert [s for s in signalled if s[0] == pid] == []
+
+
+def test_a_local_clusters_wait_that_times_out_says_which_of_its_processes_ended_and_how(
+    tmp_path: Path,
+) -> None:
+    """A test waiting on a cluster whose coordinator vanished is told so, and by what signal
+    (before: only "timed out", a coordinator gone without a word left nothing to go on)."""
+    cluster = LocalCluster(tmp_path / "cluster", nodes=1)  # not started: its processes are set here
+    gone = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    gone.wait(60)
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    cluster.coordinators, cluster.agents = {0: gone}, {"node-0": running}
+    try:
+        with pytest.raises(TimeoutError, match=r"ended meanwhile: coordinator 0 \(killed by SIGKILL\)$"):
+            cluster.wait(lambda: False, 0.2, "nothing")
+    finally:
+        running.kill()
+        running.wait(60)

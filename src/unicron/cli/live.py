@@ -121,9 +121,9 @@ def run_agent(
     domain: str | None = None,
 ) -> None:
     from unicron.control.agent.agent import run_agent as start
+    from unicron.control.agent.hostaddress import AddressError, NodeAddress, interface_of
 
     faulthandler.enable()  # a native crash leaves its stacks in the log
-    from unicron.control.agent.hostaddress import AddressError, NodeAddress, interface_of
 
     name = check_name(node or socket.gethostname(), "--node")
     if domain is not None:
