@@ -76,7 +76,13 @@ class Cluster:
             for (t, g, r), (n, pid) in self.running.items()
             if n == node
         ]
-        hb = Heartbeat(node=node, workers=workers, reports=list(reports), acked=self.acked.get(node, 0))
+        hb = Heartbeat(
+            node=node,
+            workers=workers,
+            reports=list(reports),
+            acked=self.acked.get(node, 0),
+            sent=self.clock.now,
+        )
         reply = self.c.heartbeat(hb)
         self._follow(node, OrderBatch(orders=reply.orders, numbers=reply.numbers))
         for other in self.nodes:  # the other agents' long polls

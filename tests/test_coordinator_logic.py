@@ -512,6 +512,32 @@ def test_a_launch_whose_first_step_never_ends_is_a_hang(make: Any) -> None:
     assert [i["generation"] for i in incidents] == [task.generation]
 
 
+def test_a_launch_none_of_whose_ranks_reaches_its_session_is_relaunched_at_once(make: Any) -> None:
+    """A task recovering in place whose launch never gets going (every worker runs, none has
+    reported a position by the first step's deadline: stuck importing or loading) is not the
+    network's and cannot re-form in place: no peer check, no grace, no reattempt in place (it
+    ended in a relaunch ~20 s later before); it is relaunched from its checkpoint at once."""
+    spec = "name: lm\nweight: 1\nthroughput: {1: 1.0e9, 2: 2.0e9, 3: 2.7e9, 4: 3.6e9}\n"
+    spec += "run: {program: [python, train.py], iterations: 100, recovery: in_process}\n"
+    cluster = make(spec=spec, probes=True, first_step_timeout_s=30.0)
+    task = cluster.c.store.get_task("lm")
+    assert task.launched_generation == task.generation and task.step == 0
+    for _ in range(40):
+        cluster.step(1.0)
+        if cluster.events("incident"):
+            break
+    (hang,) = cluster.events("hang_detected")
+    assert hang["why"] == "no rank has reached its training session: stuck starting up", hang
+    assert hang["peer_check"] is False and hang["culprits"] == []
+    (incident,) = cluster.events("incident")
+    assert incident["kind"] == "task_hang" and incident["action"] == "restart from checkpoint", incident
+    for _ in range(10):
+        cluster.step(1.0)
+    again = cluster.c.store.get_task("lm")
+    assert again.launched_generation == again.generation > task.generation
+    assert cluster.events("in_process_recovery") == [] and cluster.events("peer_check") == []
+
+
 def test_a_peer_error_of_a_generation_left_behind_starts_no_recovery(make: Any) -> None:
     """A survivor's peer error still waiting for its cause when the task moved on to a new
     generation (a grow switched it meanwhile) belongs to a group that is gone: it is dropped,

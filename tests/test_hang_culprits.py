@@ -14,7 +14,14 @@ from typing import Any
 
 from unicron.control.agent import stackdump
 from unicron.control.agent.processes import Worker, is_stopped, read_stack
-from unicron.control.detect.hangs import hang_verdict, innermost_frame, trained_past
+from unicron.control.detect.hangs import (
+    HangVerdict,
+    NotYet,
+    Sighting,
+    hang_verdict,
+    innermost_frame,
+    trained_past,
+)
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.store.records import WorkerRecord
 from unicron.core.kept import Posted
@@ -64,15 +71,21 @@ def at(phase: Phase, what: str = "", step: int = 7, generation: int = 0) -> Prog
     return Progress(pid=1, generation=generation, step=step, phase=phase, what=what, micro_batch=3, time=NOW)
 
 
-def verdict(positions: dict[int, Progress | None], stopped: tuple[int, ...] = ()) -> Any:
+def verdict(
+    positions: dict[int, Progress | None],
+    stopped: tuple[int, ...] = (),
+    held_s: dict[int, float] | None = None,
+    settled_s: float = 0.0,
+) -> Any:
     workers = [worker(r, "n0" if r < 2 else "n1") for r in range(4)]
+    held = held_s or {}
     return hang_verdict(
         workers,
         {"n0": NOW, "n1": NOW},
-        {w.key: w.rank in stopped for w in workers},
-        {w.key: positions.get(w.rank) for w in workers},
+        {w.key: Sighting(w.rank in stopped, positions.get(w.rank), held.get(w.rank)) for w in workers},
         NOW,
         Settings().heartbeat_interval_s,
+        settled_s,
     )
 
 
@@ -98,6 +111,11 @@ def test_no_rank_is_blamed_when_all_wait_or_none_reports() -> None:
     assert verdict({r: waiting for r in range(4)}).culprits == []
     assert verdict({}).culprits == []
     assert verdict({r: at(Phase.COMPUTE) for r in range(4)}).culprits == []
+    # No rank reporting at a launch's first step: stuck starting up, not a network's stall.
+    assert not verdict({}).starting
+    workers = [worker(r) for r in range(2)]
+    starting = hang_verdict(workers, {"n0": NOW}, {}, NOW, 0.5, launching=True)
+    assert isinstance(starting, HangVerdict) and starting.starting and starting.culprits == []
 
 
 def test_a_rank_past_the_step_a_peer_waits_in_is_not_blamed() -> None:
@@ -138,7 +156,28 @@ def test_a_rank_past_the_step_a_peer_waits_in_is_not_blamed() -> None:
 def test_a_silent_node_is_decided_first() -> None:
     workers = [worker(0), worker(2, "n1")]
     interval = Settings().heartbeat_interval_s
-    assert hang_verdict(workers, {"n0": NOW, "n1": NOW - 5}, {}, {}, NOW, interval) is None
+    not_yet = hang_verdict(workers, {"n0": NOW, "n1": NOW - 5}, {}, NOW, interval)
+    assert isinstance(not_yet, NotYet) and list(not_yet.silent_s) == ["n1"], not_yet
+
+
+def test_a_rank_read_outside_the_collective_just_after_it_got_there_is_not_blamed_yet() -> None:
+    """Its node read its position 0.1 s after it began its micro-batch (a heartbeat old when the
+    step is judged, more on a lossy link: seen in CI, a rank restarted for the compute it had
+    left for the collective its peers waited in). Not blamed until read there for a mean step
+    (0.4 s here); one read there that long is, and so is one whose reading time is unknown."""
+    waiting = at(Phase.COLLECTIVE, "all_reduce")
+    positions = {0: waiting, 1: waiting, 2: at(Phase.COMPUTE), 3: waiting}
+    not_yet = verdict(positions, held_s={r: 0.1 for r in range(4)}, settled_s=0.4)
+    assert isinstance(not_yet, NotYet) and "2 (0.10 s)" in not_yet.why and not not_yet.silent_s, not_yet
+    found = verdict(positions, held_s={2: 0.4}, settled_s=0.4)
+    assert [w.rank for w in found.culprits] == [2]
+    assert [w.rank for w in verdict(positions, settled_s=0.4).culprits] == [2]
+    # Of two outside it, the one read there long enough is blamed; the other waits its turn.
+    found = verdict({**positions, 1: at(Phase.COMPUTE)}, held_s={1: 2.0, 2: 0.1}, settled_s=0.4)
+    assert [w.rank for w in found.culprits] == [1]
+    # A stopped process is blamed however briefly it was seen.
+    found = verdict(positions, stopped=(3,), held_s={3: 0.0}, settled_s=0.4)
+    assert [w.rank for w in found.culprits] == [3]
 
 
 # The same worker run as ``python -m``: runpy's frames lie below the script's module.
@@ -185,6 +224,28 @@ def test_a_running_culprit_is_found_from_positions_and_stopped_after_the_stacks(
     cluster.beat(culprit_node, report)
     (stacks,) = cluster.events("stacks")
     assert stacks["incident"] == incident["id"] and stacks["where"] == {"2": "_spin (faults.py:171)"}
+
+
+def test_a_rank_seen_moving_outside_the_collective_is_blamed_once_it_stays(make: Any) -> None:
+    """Each heartbeat reads rank 2 in a micro-batch begun 0.1 s before (it moves, or its reading
+    is late): past the deadline the step is said deferred, and nobody is stopped. Once a
+    reading finds it in one micro-batch for a mean step (0.5 s), it is the culprit."""
+    cluster = make(hang_warmup_steps=2, hang_floor_s=1.0, heartbeat_interval_s=0.5)
+    for step in range(2, 6):
+        cluster.clock.now += 0.5
+        cluster.train(step)
+    for _, g, r in list(cluster.running):
+        cluster.positions[("lm", g, r)] = at(Phase.COLLECTIVE, "all_reduce", step=6)
+    for _ in range(6):  # 3 s: past 3 x 0.5 s plus one heartbeat
+        moving = at(Phase.COMPUTE, step=6).model_copy(update={"time": cluster.clock.now + 0.4})
+        cluster.positions[("lm", 1, 2)] = moving
+        cluster.step(0.5)
+    assert cluster.events("hang_detected") == [] and cluster.events("incident") == []
+    (deferred,) = cluster.events("hang_deferred")
+    assert "2 (0.10 s)" in deferred["why"] and deferred["silent_s"] == {}, deferred
+    cluster.step(0.5)  # read in the same micro-batch 0.6 s after it began
+    (hang,) = cluster.events("hang_detected")
+    assert hang["culprits"] == [2] and hang["held_s"]["2"] == 0.6, hang
 
 
 def test_a_survivor_its_agent_has_not_renamed_yet_is_judged_where_its_process_is(make: Any) -> None:

@@ -315,7 +315,7 @@ class Coordinator:
                 self.handle_report(report, hb.node)
             except Exception as exc:  # one bad report must not silence the node's heartbeats
                 self.act.record("report_rejected", node=hb.node, report=report.type, error=repr(exc)[:300])
-        self._reconcile_workers(hb.node, hb.workers)
+        self._reconcile_workers(hb.node, hb.workers, hb.sent)
         # A heartbeat's list, not a registration's: it comes with the reports of the exits it
         # no longer lists (the agent may forget an exited worker before it has re-registered).
         self.vanished.listed(hb.node, hb.workers, self.clock())
@@ -332,13 +332,16 @@ class Coordinator:
         pending = self.orders_out.pending(node, acked)
         return OrderBatch.model_construct(orders=[o for _, o in pending], numbers=[n for n, _ in pending])
 
-    def _reconcile_workers(self, node: str, reported: list[WorkerState]) -> None:
-        """Track worker processes; stop those that belong to no live generation."""
+    def _reconcile_workers(
+        self, node: str, reported: list[WorkerState], read_at: float | None = None
+    ) -> None:
+        """Track worker processes (as the node read them at ``read_at``, its clock); stop those
+        that belong to no live generation."""
         now = self.clock()
         tasks = {name: self.store.task(name) for name in {w.task for w in reported}}  # once per beat
         for w in reported:
             key = (w.task, w.generation, w.rank)
-            self.detector.worker_seen(w, now)
+            self.detector.worker_seen(w, now, read_at)
             if w.generation == SPARE_GENERATION and self.placer.is_spare((w.task, w.rank)):
                 continue  # a hot spare waiting to be used (or being renamed into its new identity)
             task = tasks[w.task]

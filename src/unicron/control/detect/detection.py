@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from unicron.control.context import Context
-from unicron.control.detect.hangs import WorkerKey, hang_verdict, trained_past, unheard
+from unicron.control.detect.hangs import HangVerdict, NotYet, Sighting, WorkerKey, hang_verdict, trained_past
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import STUCK, PeerCheck, outcome, probe_endpoints
 from unicron.control.store.records import TaskRecord, WorkerRecord
@@ -144,10 +144,10 @@ class Detector:
     ctx: Context
     handled: Handled
     monitors: dict[tuple[str, int], TaskMonitor] = field(default_factory=dict)
-    # What each worker process last reported, by (task, pid): whether it is stopped (SIGSTOP), and
-    # where it is. By process, not by rank: a survivor renamed into a new generation is reported
-    # under its old identity until its agent has carried the rename out.
-    processes: dict[tuple[str, int], tuple[bool, Progress | None]] = field(default_factory=dict)
+    # What each worker process last reported, by (task, pid): whether it is stopped (SIGSTOP),
+    # where it is and since when. By process, not by rank: a survivor renamed into a new generation
+    # is reported under its old identity until its agent has carried the rename out.
+    processes: dict[tuple[str, int], Sighting] = field(default_factory=dict)
     hang_incidents: dict[tuple[str, int], int] = field(default_factory=dict)  # (task, gen) -> incident
     checks: dict[tuple[str, int], PeerCheck] = field(default_factory=dict)  # hangs awaiting a peer probe
     graced: dict[tuple[str, int], Grace] = field(default_factory=dict)
@@ -187,25 +187,27 @@ class Detector:
             if not any(k[0] == name for k in self.monitors)
         }
 
-    def worker_seen(self, state: WorkerState, now: float) -> None:
-        """What a heartbeat says of a worker process: whether it is stopped, and where it is
-        (saving a checkpoint: the step after it is late counted from now, ``TaskMonitor.since``)."""
+    def worker_seen(self, state: WorkerState, now: float, read_at: float | None = None) -> None:
+        """What a heartbeat its agent sent at ``read_at`` (the node's clock, as the position's)
+        says of a worker process: whether it is stopped, where it is and for how long (saving a
+        checkpoint: the step after it is late counted from now, ``TaskMonitor.since``)."""
         where = state.progress
-        self.processes[(state.task, state.pid)] = (state.stopped and state.running, where)
+        held_s = (
+            None if where is None or read_at is None or not where.time else max(0.0, read_at - where.time)
+        )
+        self.processes[(state.task, state.pid)] = Sighting(state.stopped and state.running, where, held_s)
         if where is not None and where.phase is Phase.CHECKPOINT:
             monitor = self.monitors.get((state.task, where.generation))
             if monitor is not None:
                 monitor.saving(where.step, now)
 
-    def observed(self, workers: Sequence[WorkerRecord]) -> dict[WorkerKey, tuple[bool, Progress | None]]:
+    def observed(self, workers: Sequence[WorkerRecord]) -> dict[WorkerKey, Sighting]:
         """Whether each worker is stopped, and where it is, as its process last reported (under
         whichever identity its agent knew it by)."""
-        return {
-            w.key: self.processes.get((w.task, w.pid), (False, None)) for w in workers if w.pid is not None
-        }
+        return {w.key: self.processes.get((w.task, w.pid), Sighting()) for w in workers if w.pid is not None}
 
     def positions(self, workers: Sequence[WorkerRecord]) -> dict[WorkerKey, Progress | None]:
-        return {key: where for key, (_, where) in self.observed(workers).items()}
+        return {key: seen.at for key, seen in self.observed(workers).items()}
 
     def forget(self, name: str) -> None:
         self.monitors = {k: v for k, v in self.monitors.items() if k[0] != name}
@@ -248,7 +250,7 @@ class Detector:
             late_launches.add(task.generation)
             # The late step is the one after the checkpoint the launch resumed from (the task's own
             # step is the furthest any generation reached: a relaunch trains some steps again).
-            return self._hung(task, now, task.checkpoint_step + 1, since, allowed_s)
+            return self._hung(task, now, task.checkpoint_step + 1, since, allowed_s, launching=True)
         return None
 
     def first_step_done(self, task: TaskRecord, ended: float) -> None:
@@ -296,9 +298,8 @@ class Detector:
         generation from now on are that incident's."""
         self.hang_incidents[key] = incident
 
-    def _deferred(self, task: TaskRecord, step: int, waited_s: float, silent: dict[str, float]) -> None:
-        """Say once per late step that it is not judged yet: a node of the task is silent, and
-        whether it is lost is decided first (``hang_verdict``)."""
+    def _deferred(self, task: TaskRecord, step: int, waited_s: float, not_yet: NotYet) -> None:
+        """Say once per late step that it is not judged yet, and why (``hang_verdict``)."""
         if self.deferred.get(task.name) == (task.generation, step):
             return
         self.deferred[task.name] = (task.generation, step)
@@ -307,55 +308,51 @@ class Detector:
             task=task.name,
             step=step,
             waited_s=round(waited_s, 3),
-            silent_s={h: round(s, 3) for h, s in silent.items()},
+            why=not_yet.why,
+            silent_s={h: round(s, 3) for h, s in not_yet.silent_s.items()},
             generation=task.generation,
         )
 
     def _hung(
-        self, task: TaskRecord, now: float, step: int, since: float, deadline_s: float
+        self,
+        task: TaskRecord,
+        now: float,
+        step: int,
+        since: float,
+        deadline_s: float,
+        launching: bool = False,
     ) -> Failing | None:
-        """``step`` is late (nothing since ``since``): name the hung ranks, record every rank's
-        stack, kill the culprits and say what failed. With no culprit and several nodes, the
-        agents probe each other first (``peercheck``): the verdict waits for their answer."""
+        """``step`` is late (nothing since ``since``; ``launching``: a launch's first): name the
+        hung ranks, record every rank's stack, kill the culprits and say what failed. With no
+        culprit and several nodes, the agents probe each other first (``peercheck``): the verdict
+        waits for their answer; a launch stuck starting up fails with its ranks unknown (a
+        relaunch)."""
         workers, limits = self.ctx.store.workers(task.name, task.generation, live=True), self.ctx.limits
         seen = {n.name: n.last_seen for n in self.ctx.store.nodes()}
         observed = self.observed(workers)
-        stopped = {key: halted for key, (halted, _) in observed.items()}
-        where = {k: at for k, (_, at) in observed.items()}
-        passed = trained_past(workers, where, task.generation)
+        passed = trained_past(workers, {k: seen.at for k, seen in observed.items()}, task.generation)
         if passed is not None and passed >= step:
             self.monitor(task.name, task.generation).seen_past(passed, now)
             return None
         interval = self.ctx.pace.judged(now).interval_s
-        verdict = hang_verdict(workers, seen, stopped, where, now, interval)
-        if verdict is None:
-            self._deferred(task, step, now - since, unheard(workers, seen, now, interval))
+        mean_s = self.monitor(task.name, task.generation).mean_interval() or 0.0
+        verdict = hang_verdict(workers, seen, observed, now, interval, mean_s, launching)
+        if isinstance(verdict, NotYet):
+            self._deferred(task, step, now - since, verdict)
             return None
         culprits, grace = verdict.culprits, self.graced.get((task.name, task.generation))
         endpoints = None
         by_then_s = now - since + limits.network_grace_s
         graces_spent = grace is not None and not grace.again(step, by_then_s, limits)
-        if not culprits and not graces_spent:
+        if not culprits and not graces_spent and not verdict.starting:
             endpoints = probe_endpoints(self.ctx.store.nodes(), {w.node for w in workers})
         # Every rank's stack first (the agents carry this out before the stop that follows).
         self.ctx.act.dump_stacks(task.name, task.generation, endpoints)
-        self.ctx.act.record(
-            "hang_detected",
-            task=task.name,
-            step=step,
-            mean_s=round(self.monitor(task.name, task.generation).mean_interval() or 0.0, 4),
-            waited_s=round(now - since, 3),
-            deadline_s=round(deadline_s, 3),
-            culprits=[w.rank for w in culprits],
-            why=verdict.why,
-            where=verdict.where,
-            generation=task.generation,
-            peer_check=endpoints is not None,
-        )
+        self._said_hung(task, step, since, now, deadline_s, mean_s, verdict, endpoints is not None)
         if endpoints is not None:
             self.checks[(task.name, task.generation)] = PeerCheck.of(workers, step, since, verdict.why, now)
             return None
-        if not culprits and graces_spent and grace is not None:
+        if not culprits and graces_spent and grace is not None and not verdict.starting:
             return stuck(task, step, since, grace, verdict.why)
         # Kill the hung worker(s) at once: the hang becomes an ordinary death.
         for w in culprits:
@@ -369,6 +366,34 @@ class Detector:
             failed=frozenset(w.rank for w in culprits) or None,
             seen_at=since,
             hang=True,
+        )
+
+    def _said_hung(
+        self,
+        task: TaskRecord,
+        step: int,
+        since: float,
+        now: float,
+        deadline_s: float,
+        mean_s: float,
+        verdict: HangVerdict,
+        peer_check: bool,
+    ) -> None:
+        """Record a late step judged: how late, against what, who is blamed and why, where each
+        rank was and for how long when last read."""
+        self.ctx.act.record(
+            "hang_detected",
+            task=task.name,
+            step=step,
+            mean_s=round(mean_s, 4),
+            waited_s=round(now - since, 3),
+            deadline_s=round(deadline_s, 3),
+            culprits=[w.rank for w in verdict.culprits],
+            why=verdict.why,
+            where=verdict.where,
+            held_s={rank: round(h, 3) for rank, h in verdict.held_s.items()},
+            generation=task.generation,
+            peer_check=peer_check,
         )
 
     # ------------------------------------------------------------------ peer checks

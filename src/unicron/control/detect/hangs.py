@@ -24,6 +24,31 @@ class HangVerdict:
     culprits: list[WorkerRecord]  # empty: the culprit could not be told apart
     why: str
     where: dict[int, str] = field(default_factory=dict)  # rank -> its last reported position
+    held_s: dict[int, float] = field(default_factory=dict)  # rank -> how long it was there when read
+    # A launch stuck starting up: no rank has reached its training session (not the network's:
+    # nobody waits in a collective, and a membership posted in place reaches none of them).
+    starting: bool = False
+
+
+@dataclass(frozen=True)
+class NotYet:
+    """A late step not judged yet, and why: a node of the task is silent (whether it is lost is
+    decided first), or the ranks outside the collective were read there too soon after they got
+    there to be blamed (the node's next heartbeat may find them inside)."""
+
+    why: str
+    silent_s: dict[str, float] = field(default_factory=dict)  # node -> how long it has been silent
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """A worker as its agent last read it: whether its process is stopped, its position, and how
+    long it had held that position when read (the node's own clock: the heartbeat's send time
+    minus the position's; None: not known)."""
+
+    stopped: bool = False
+    at: Progress | None = None
+    held_s: float | None = None
 
 
 def position(progress: Progress | None) -> str:
@@ -47,36 +72,54 @@ def unheard(
 def hang_verdict(
     workers: Sequence[WorkerRecord],
     last_seen: Mapping[str, float],
-    stopped: Mapping[WorkerKey, bool],
-    progress: Mapping[WorkerKey, Progress | None],
+    seen: Mapping[WorkerKey, Sighting],
     now: float,
     interval_s: float,
-) -> HangVerdict | None:
-    """For a task whose step is late: the hung ranks, or None when a node of the task is silent
-    (its loss is decided first: lost, or heard again). A stopped process is a culprit; else the
-    ranks that are not waiting (in a collective, or for a membership) while others are, and have not
-    gone past the oldest step a rank waits in a collective for."""
-    if unheard(workers, last_seen, now, interval_s):
-        return None
-    where = {w.rank: position(progress.get(w.key)) for w in workers}
-    halted = [w for w in workers if stopped.get(w.key)]
+    settled_s: float = 0.0,
+    launching: bool = False,
+) -> HangVerdict | NotYet:
+    """For a task whose step is late: the hung ranks, or not yet while a node of the task is
+    silent. A stopped process is a culprit; else the ranks that are not waiting (in a collective,
+    or for a membership) while others are, and have not gone past the oldest step a rank waits in
+    a collective for, once read holding that position for ``settled_s`` (the task's mean step):
+    a position read just after a move is a heartbeat old when judged, more when the node's link
+    retransmits (10% of packets lost: a rank blamed for the micro-batch it had left for the
+    collective, its process restarted). ``launching``: the step is a launch's first."""
+    if silent := unheard(workers, last_seen, now, interval_s):
+        return NotYet("a node of the task is silent: its loss is decided first", silent)
+    sightings = {w.key: seen.get(w.key, Sighting()) for w in workers}
+    where = {w.rank: position(sightings[w.key].at) for w in workers}
+    held = {w.rank: h for w in workers if (h := sightings[w.key].held_s) is not None}
+    halted = [w for w in workers if sightings[w.key].stopped]
     if halted:
-        return HangVerdict(halted, "its process is stopped (SIGSTOP or traced)", where)
-    reported = [(w, p) for w in workers if (p := progress.get(w.key)) is not None]
+        return HangVerdict(halted, "its process is stopped (SIGSTOP or traced)", where, held)
+    reported = [(w, p, sightings[w.key].held_s) for w in workers if (p := sightings[w.key].at) is not None]
+    if not reported and launching:
+        return HangVerdict(
+            [], "no rank has reached its training session: stuck starting up", where, held, True
+        )
     if not reported:
-        return HangVerdict([], "no rank reports its position: no rank can be blamed", where)
-    if not any(p.phase in WAITING_PHASES for _, p in reported):
-        return HangVerdict([], "no rank waits, in a collective or to join: none to blame", where)
+        return HangVerdict([], "no rank reports its position: no rank can be blamed", where, held)
+    if not any(p.phase in WAITING_PHASES for _, p, _ in reported):
+        return HangVerdict([], "no rank waits, in a collective or to join: none to blame", where, held)
     # A rank past the oldest step a peer waits in a collective for has left that collective: the
     # peer still in it waits on the network (a slow ring's last hops), not on that rank. (A
     # newcomer waiting for a membership has no step of the task's yet: it bounds nothing.)
-    oldest = min((p.step for _, p in reported if p.phase is Phase.COLLECTIVE), default=None)
+    oldest = min((p.step for _, p, _ in reported if p.phase is Phase.COLLECTIVE), default=None)
     behind = [
-        w for w, p in reported if p.phase not in WAITING_PHASES and (oldest is None or p.step <= oldest)
+        (w, held)
+        for w, p, held in reported
+        if p.phase not in WAITING_PHASES and (oldest is None or p.step <= oldest)
     ]
+    settled = [w for w, held in behind if held is None or held >= settled_s]
+    if settled:
+        return HangVerdict(settled, "not in the collective its peers wait in", where, held)
     if behind:
-        return HangVerdict(behind, "not in the collective its peers wait in", where)
-    return HangVerdict([], "every rank waits in a collective or is past it: none to blame", where)
+        brief = ", ".join(f"{w.rank} ({held or 0.0:.2f} s)" for w, held in behind)
+        return NotYet(
+            f"rank(s) outside the collective read there under {settled_s:.2f} s after they got there: {brief}"
+        )
+    return HangVerdict([], "every rank waits in a collective or is past it: none to blame", where, held)
 
 
 def trained_past(
