@@ -527,7 +527,9 @@ def test_a_launch_none_of_whose_ranks_reaches_its_session_is_relaunched_at_once(
         if cluster.events("incident"):
             break
     (hang,) = cluster.events("hang_detected")
-    assert hang["why"] == "no rank has reached its training session: stuck starting up", hang
+    assert hang["why"] == "rank(s) [0, 1, 2, 3] have not reached the training session: stuck starting up", (
+        hang
+    )
     assert hang["peer_check"] is False and hang["culprits"] == []
     (incident,) = cluster.events("incident")
     assert incident["kind"] == "task_hang" and incident["action"] == "restart from checkpoint", incident

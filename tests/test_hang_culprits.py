@@ -14,6 +14,7 @@ from typing import Any
 
 from unicron.control.agent import stackdump
 from unicron.control.agent.processes import Worker, is_stopped, read_stack
+from unicron.control.detect.detection import settled_for
 from unicron.control.detect.hangs import (
     HangVerdict,
     NotYet,
@@ -76,6 +77,7 @@ def verdict(
     stopped: tuple[int, ...] = (),
     held_s: dict[int, float] | None = None,
     settled_s: float = 0.0,
+    launching: bool = False,
 ) -> Any:
     workers = [worker(r, "n0" if r < 2 else "n1") for r in range(4)]
     held = held_s or {}
@@ -86,6 +88,7 @@ def verdict(
         NOW,
         Settings().heartbeat_interval_s,
         settled_s,
+        launching,
     )
 
 
@@ -116,6 +119,21 @@ def test_no_rank_is_blamed_when_all_wait_or_none_reports() -> None:
     workers = [worker(r) for r in range(2)]
     starting = hang_verdict(workers, {"n0": NOW}, {}, NOW, 0.5, launching=True)
     assert isinstance(starting, HangVerdict) and starting.starting and starting.culprits == []
+    # Nor when the ranks that report wait to join (or in the first collective) for one that never
+    # reached the session: rank 3 is stuck starting up, the others wait for it.
+    joining = {r: at(Phase.REJOIN, "join", step=1) for r in range(3)}
+    assert verdict(joining, launching=True).starting
+    assert "[3] have not reached" in verdict(joining, launching=True).why
+    assert not verdict(joining).starting  # a step later than a launch's first: judged as before
+    assert not verdict({**joining, 2: at(Phase.COMPUTE, step=1)}, launching=True).starting
+
+
+def test_a_rank_is_settled_where_it_is_read_for_a_mean_step_within_the_deadline() -> None:
+    assert settled_for(mean_s=0.4, deadline_s=1.5, interval_s=0.25) == 0.4
+    assert settled_for(mean_s=0.0, deadline_s=300.0, interval_s=0.5) == 0.5  # before step times
+    # The cap binds (a step of 250 s, capped at 300 s): a rank hung early in the step is blamed
+    # by the deadline, not a mean step after it.
+    assert settled_for(mean_s=250.0, deadline_s=300.0, interval_s=0.5) == 50.0
 
 
 def test_a_rank_past_the_step_a_peer_waits_in_is_not_blamed() -> None:

@@ -116,6 +116,15 @@ def stuck(task: TaskRecord, step: int, since: float, grace: Grace, why: str) -> 
     )
 
 
+def settled_for(mean_s: float, deadline_s: float, interval_s: float) -> float:
+    """How long a rank must have been read outside the collective its peers wait in to be blamed
+    (``hangs.hang_verdict``): a mean step (a rank that moves on within one is working), but no
+    longer than the deadline leaves after a step's start (where the cap binds, a rank hung early
+    in a long step is blamed by the deadline plus a heartbeat, before the collective times out),
+    and at least a heartbeat (before the first step times, ``mean_s`` 0)."""
+    return max(interval_s, min(mean_s, deadline_s - mean_s))
+
+
 def launch_began(workers: Sequence[WorkerRecord]) -> float:
     """When a launch's last worker was ordered: a first step is timed from then."""
     return max(w.launched for w in workers)
@@ -336,7 +345,8 @@ class Detector:
             return None
         interval = self.ctx.pace.judged(now).interval_s
         mean_s = self.monitor(task.name, task.generation).mean_interval() or 0.0
-        verdict = hang_verdict(workers, seen, observed, now, interval, mean_s, launching)
+        settled_s = settled_for(mean_s, deadline_s, interval)
+        verdict = hang_verdict(workers, seen, observed, now, interval, settled_s, launching)
         if isinstance(verdict, NotYet):
             self._deferred(task, step, now - since, verdict)
             return None

@@ -94,10 +94,12 @@ def hang_verdict(
     if halted:
         return HangVerdict(halted, "its process is stopped (SIGSTOP or traced)", where, held)
     reported = [(w, p, sightings[w.key].held_s) for w in workers if (p := sightings[w.key].at) is not None]
-    if not reported and launching:
-        return HangVerdict(
-            [], "no rank has reached its training session: stuck starting up", where, held, True
-        )
+    unstarted = [w.rank for w in workers if sightings[w.key].at is None]
+    if launching and unstarted and all(p.phase in WAITING_PHASES for _, p, _ in reported):
+        # The ranks that report wait (to join, or in the first collective) for those that never
+        # reached the session: stuck importing or loading, no network's stall.
+        why = f"rank(s) {unstarted} have not reached the training session: stuck starting up"
+        return HangVerdict([], why, where, held, starting=True)
     if not reported:
         return HangVerdict([], "no rank reports its position: no rank can be blamed", where, held)
     if not any(p.phase in WAITING_PHASES for _, p, _ in reported):
@@ -107,15 +109,15 @@ def hang_verdict(
     # newcomer waiting for a membership has no step of the task's yet: it bounds nothing.)
     oldest = min((p.step for _, p, _ in reported if p.phase is Phase.COLLECTIVE), default=None)
     behind = [
-        (w, held)
-        for w, p, held in reported
+        (w, there_s)
+        for w, p, there_s in reported
         if p.phase not in WAITING_PHASES and (oldest is None or p.step <= oldest)
     ]
-    settled = [w for w, held in behind if held is None or held >= settled_s]
+    settled = [w for w, there_s in behind if there_s is None or there_s >= settled_s]
     if settled:
         return HangVerdict(settled, "not in the collective its peers wait in", where, held)
     if behind:
-        brief = ", ".join(f"{w.rank} ({held or 0.0:.2f} s)" for w, held in behind)
+        brief = ", ".join(f"{w.rank} ({held[w.rank]:.2f} s)" for w, _ in behind)
         return NotYet(
             f"rank(s) outside the collective read there under {settled_s:.2f} s after they got there: {brief}"
         )
