@@ -32,8 +32,10 @@ from unicron.core.protocol import (
     Membership,
     Phase,
     Progress,
+    Registration,
     StacksReport,
     StopWorkers,
+    WorkerState,
     membership_key,
 )
 from unicron.core.settings import Settings
@@ -264,6 +266,22 @@ def test_a_rank_seen_moving_outside_the_collective_is_blamed_once_it_stays(make:
     cluster.step(0.5)  # read in the same micro-batch 0.6 s after it began
     (hang,) = cluster.events("hang_detected")
     assert hang["culprits"] == [2] and hang["held_s"]["2"] == 0.6, hang
+
+
+def test_a_registration_says_how_long_its_workers_were_where_they_are(make: Any) -> None:
+    """A node registering again (after a failed request) lists its workers as a heartbeat does,
+    with the time it read them: a rank it read just after a move is not taken as settled there."""
+    cluster = make()
+    listed = [
+        WorkerState(task=t, generation=g, rank=r, pid=pid, running=True, progress=at(Phase.COMPUTE, step=2))
+        for (t, g, r), (n, pid) in cluster.running.items()
+        if n == "n1"
+    ]
+    cluster.c.register(Registration(node="n1", slots=2, workers=listed, sent=NOW + 0.2))
+    workers = cluster.c.store.workers("lm", 1, live=True)
+    seen = cluster.c.detector.observed(workers)
+    held = {w.rank: round(seen[w.key].held_s or 0.0, 6) for w in workers if w.node == "n1"}
+    assert held and set(held.values()) == {0.2}, held
 
 
 def test_a_survivor_its_agent_has_not_renamed_yet_is_judged_where_its_process_is(make: Any) -> None:

@@ -296,7 +296,7 @@ class Coordinator:
             for task in self.store.tasks():
                 if not task.state.live and (task.finished or 0) >= known.last_seen:
                     self.ctx.forget_task(task.name, only=reg.node)
-        self._reconcile_workers(reg.node, reg.workers)
+        self._reconcile_workers(reg.node, reg.workers, reg.sent)
         told = self.ctx.pace.told  # (the cluster's size sets it: core/cadence.py)
         return RegistrationReply(
             node=reg.node, heartbeat_interval_s=told.interval_s, heartbeat_deadline_s=told.deadline_s

@@ -424,6 +424,9 @@ class Registration(_Message):
     # The failure domain the node shares with others (a rack, a leaf switch, a power feed: the
     # agent's ``--domain``): their silence is judged together (``control/detect/silence.py``).
     domain: str | None = Field(None, pattern=NAME_PATTERN)
+    # When the agent read its workers' states (Unix time, the node's clock, as a heartbeat's):
+    # how long each had been where it was (``control/detect/hangs.py``).
+    sent: UnixTime | None = None
 
 
 class RegistrationReply(_Message):

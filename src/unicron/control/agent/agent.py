@@ -144,6 +144,7 @@ class Agent:
             probe_port=self.probe_port,
             workers=self.supervisor.listed(),
             domain=self.domain,
+            sent=time.time(),
         )
         response = await client.post(f"{self.url}/v1/agents/register", content=reg.model_dump_json())
         if response.status_code != 200:
