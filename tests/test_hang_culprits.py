@@ -130,12 +130,15 @@ def test_no_rank_is_blamed_when_all_wait_or_none_reports() -> None:
     assert not verdict({**joining, 2: at(Phase.COMPUTE, step=1)}, launching=True).starting
 
 
-def test_a_rank_is_settled_where_it_is_read_for_a_mean_step_within_the_deadline() -> None:
-    assert settled_for(mean_s=0.4, deadline_s=1.5, interval_s=0.25) == 0.4
+def test_a_rank_is_settled_where_it_was_read_for_nearly_the_whole_deadline() -> None:
+    assert settled_for(mean_s=0.4, deadline_s=1.5, interval_s=0.25) == 1.1
+    assert settled_for(mean_s=0.1, deadline_s=1.5, interval_s=0.5) == 1.4
     assert settled_for(mean_s=0.0, deadline_s=300.0, interval_s=0.5) == 0.5  # before step times
+    assert settled_for(mean_s=0.4, deadline_s=60.0, interval_s=0.5, launching=True) == 0.5
     # The cap binds (a step of 250 s, capped at 300 s): a rank hung early in the step is blamed
-    # by the deadline, not a mean step after it.
+    # by the deadline; one of steps past the cap (every step late) at a heartbeat.
     assert settled_for(mean_s=250.0, deadline_s=300.0, interval_s=0.5) == 50.0
+    assert settled_for(mean_s=400.0, deadline_s=300.0, interval_s=0.5) == 0.5
 
 
 def test_a_rank_past_the_step_a_peer_waits_in_is_not_blamed() -> None:
@@ -249,7 +252,8 @@ def test_a_running_culprit_is_found_from_positions_and_stopped_after_the_stacks(
 def test_a_rank_seen_moving_outside_the_collective_is_blamed_once_it_stays(make: Any) -> None:
     """Each heartbeat reads rank 2 in a micro-batch begun 0.1 s before (it moves, or its reading
     is late): past the deadline the step is said deferred, and nobody is stopped. Once a
-    reading finds it in one micro-batch for a mean step (0.5 s), it is the culprit."""
+    reading finds it in one micro-batch for nearly the whole deadline (1.5 s less a mean step of
+    0.5 s), it is the culprit."""
     cluster = make(hang_warmup_steps=2, hang_floor_s=1.0, heartbeat_interval_s=0.5)
     for step in range(2, 6):
         cluster.clock.now += 0.5
@@ -263,9 +267,11 @@ def test_a_rank_seen_moving_outside_the_collective_is_blamed_once_it_stays(make:
     assert cluster.events("hang_detected") == [] and cluster.events("incident") == []
     (deferred,) = cluster.events("hang_deferred")
     assert "2 (0.10 s)" in deferred["why"] and deferred["silent_s"] == {}, deferred
-    cluster.step(0.5)  # read in the same micro-batch 0.6 s after it began
+    cluster.step(0.5)  # read in the same micro-batch 0.6 s after it began: not yet
+    assert cluster.events("hang_detected") == []
+    cluster.step(0.5)  # 1.1 s
     (hang,) = cluster.events("hang_detected")
-    assert hang["culprits"] == [2] and hang["held_s"]["2"] == 0.6, hang
+    assert hang["culprits"] == [2] and hang["held_s"]["2"] == 1.1, hang
 
 
 def test_a_registration_says_how_long_its_workers_were_where_they_are(make: Any) -> None:

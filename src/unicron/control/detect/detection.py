@@ -116,13 +116,18 @@ def stuck(task: TaskRecord, step: int, since: float, grace: Grace, why: str) -> 
     )
 
 
-def settled_for(mean_s: float, deadline_s: float, interval_s: float) -> float:
+def settled_for(mean_s: float, deadline_s: float, interval_s: float, launching: bool = False) -> float:
     """How long a rank must have been read outside the collective its peers wait in to be blamed
-    (``hangs.hang_verdict``): a mean step (a rank that moves on within one is working), but no
-    longer than the deadline leaves after a step's start (where the cap binds, a rank hung early
-    in a long step is blamed by the deadline plus a heartbeat, before the collective times out),
-    and at least a heartbeat (before the first step times, ``mean_s`` 0)."""
-    return max(interval_s, min(mean_s, deadline_s - mean_s))
+    (``hangs.hang_verdict``): nearly the whole deadline, the deadline less a mean step (what of
+    the step a rank may spend before it stops), at least a heartbeat. A rank hung there has been
+    for that long when the step is judged (the deadline and a heartbeat after the last step
+    ended), give or take its reading's way; one read there briefly, or for a slow micro-batch on a
+    loaded host, had moved on when a delayed heartbeat brought the reading (a tenth of packets
+    lost, CI). A heartbeat before any step time (``mean_s`` 0) and at a launch's first step,
+    whose deadline counts the workers' start-up (no rank is there that long)."""
+    if launching or mean_s <= 0:
+        return interval_s
+    return max(interval_s, deadline_s - mean_s)
 
 
 def launch_began(workers: Sequence[WorkerRecord]) -> float:
@@ -345,7 +350,7 @@ class Detector:
             return None
         interval = self.ctx.pace.judged(now).interval_s
         mean_s = self.monitor(task.name, task.generation).mean_interval() or 0.0
-        settled_s = settled_for(mean_s, deadline_s, interval)
+        settled_s = settled_for(mean_s, deadline_s, interval, launching)
         verdict = hang_verdict(workers, seen, observed, now, interval, settled_s, launching)
         if isinstance(verdict, NotYet):
             self._deferred(task, step, now - since, verdict)
