@@ -332,11 +332,9 @@ class Coordinator:
         pending = self.orders_out.pending(node, acked)
         return OrderBatch.model_construct(orders=[o for _, o in pending], numbers=[n for n, _ in pending])
 
-    def _reconcile_workers(
-        self, node: str, reported: list[WorkerState], read_at: float | None = None
-    ) -> None:
-        """Track worker processes (as the node read them at ``read_at``, its clock); stop those
-        that belong to no live generation."""
+    def _reconcile_workers(self, node: str, reported: list[WorkerState], read_at: float | None) -> None:
+        """Track worker processes (as the node read them at ``read_at``, its clock; None: an agent
+        that does not say); stop those that belong to no live generation."""
         now = self.clock()
         tasks = {name: self.store.task(name) for name in {w.task for w in reported}}  # once per beat
         for w in reported:

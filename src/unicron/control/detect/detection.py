@@ -201,7 +201,7 @@ class Detector:
             if not any(k[0] == name for k in self.monitors)
         }
 
-    def worker_seen(self, state: WorkerState, now: float, read_at: float | None = None) -> None:
+    def worker_seen(self, state: WorkerState, now: float, read_at: float | None) -> None:
         """What a heartbeat its agent sent at ``read_at`` (the node's clock, as the position's)
         says of a worker process: whether it is stopped, where it is and for how long (saving a
         checkpoint: the step after it is late counted from now, ``TaskMonitor.since``)."""

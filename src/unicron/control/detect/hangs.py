@@ -25,8 +25,8 @@ class HangVerdict:
     why: str
     where: dict[int, str] = field(default_factory=dict)  # rank -> its last reported position
     held_s: dict[int, float] = field(default_factory=dict)  # rank -> how long it was there when read
-    # A launch stuck starting up: no rank has reached its training session (not the network's:
-    # nobody waits in a collective, and a membership posted in place reaches none of them).
+    # A launch stuck starting up: ranks that never reached their training session, the others
+    # waiting for them (not the network's, and a membership posted in place reaches none of them).
     starting: bool = False
 
 
@@ -40,7 +40,7 @@ class NotYet:
     silent_s: dict[str, float] = field(default_factory=dict)  # node -> how long it has been silent
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sighting:
     """A worker as its agent last read it: whether its process is stopped, its position, and how
     long it had held that position when read (the node's own clock: the heartbeat's send time
@@ -81,10 +81,11 @@ def hang_verdict(
     """For a task whose step is late: the hung ranks, or not yet while a node of the task is
     silent. A stopped process is a culprit; else the ranks that are not waiting (in a collective,
     or for a membership) while others are, and have not gone past the oldest step a rank waits in
-    a collective for, once read holding that position for ``settled_s`` (the task's mean step):
-    a position read just after a move is a heartbeat old when judged, more when the node's link
-    retransmits (10% of packets lost: a rank blamed for the micro-batch it had left for the
-    collective, its process restarted). ``launching``: the step is a launch's first."""
+    a collective for, once read holding that position for ``settled_s`` (``detection.settled_for``:
+    nearly the whole deadline): a position read just after a move is a heartbeat old when judged,
+    more when the node's link retransmits (10% of packets lost: a rank blamed for the micro-batch
+    it had left for the collective, its process restarted). ``launching``: the step is a launch's
+    first, whose ranks that never reached their session are stuck starting up."""
     if silent := unheard(workers, last_seen, now, interval_s):
         return NotYet("a node of the task is silent: its loss is decided first", silent)
     sightings = {w.key: seen.get(w.key, Sighting()) for w in workers}
