@@ -102,8 +102,11 @@ class Store:
         # The same rows by task and generation (rank -> row): a generation's members are read on
         # every decision, and a task's rows of all its generations grow with every recovery.
         self._generations: dict[str, dict[int, dict[int, WorkerRecord]]] = {}
-        # The rows holding a slot, by key (slot checks read them; ``_workers`` keeps every row).
+        # The rows holding a slot, by key (slot checks read them; ``_workers`` keeps every row),
+        # and by node: a launch's free devices and a lost node's workers are read per node, and
+        # reading all 16,384 rows of a large cluster for each was most of a node loss's time.
         self._holding: dict[WorkerKey, WorkerRecord] = {}
+        self._holding_on: dict[str, dict[WorkerKey, WorkerRecord]] = {}
         for w in loaded.workers:
             self._hold(w)
         self._counted = dict(loaded.counted)
@@ -390,10 +393,14 @@ class Store:
     def _hold(self, w: WorkerRecord) -> None:
         self._workers.setdefault(w.task, {})[(w.generation, w.rank)] = w
         self._generations.setdefault(w.task, {}).setdefault(w.generation, {})[w.rank] = w
+        before = self._holding.get(w.key)
+        if before is not None and (before.node != w.node or w.state not in SLOT_HOLDING_PHASES):
+            del self._holding_on[before.node][w.key]
         if w.state in SLOT_HOLDING_PHASES:
             self._holding[w.key] = w
-        else:
-            self._holding.pop(w.key, None)
+            self._holding_on.setdefault(w.node, {})[w.key] = w
+        elif before is not None:
+            del self._holding[w.key]
 
     def workers_in(self, phases: Iterable[WorkerPhase]) -> list[WorkerRecord]:
         """Rows in ``phases``, slot-holding ones only: read from their index, not every row."""
@@ -402,8 +409,14 @@ class Store:
         with self._lock:
             return [w for w in self._holding.values() if w.state in wanted]
 
+    def holding_on(self, node: str) -> list[WorkerRecord]:
+        """The rows holding a slot on ``node`` (any task's workers, spares), from their index."""
+        with self._lock:
+            return list(self._holding_on.get(node, {}).values())
+
     def live_workers_on(self, node: str) -> list[WorkerRecord]:
-        return sorted((w for w in self.workers_in(LIVE_WORKER_PHASES) if w.node == node), key=lambda w: w.key)
+        live = set(LIVE_WORKER_PHASES)
+        return sorted((w for w in self.holding_on(node) if w.state in live), key=lambda w: w.key)
 
     def slots_in_use(self) -> dict[str, int]:
         """node -> processes holding a local slot there (workers of any task, hot spares)."""
@@ -436,11 +449,10 @@ class Store:
         """Record workers for ``placement`` (node -> count), ranks from ``first_rank`` on, each on
         a local slot (device) that no worker or spare of any task holds on its node."""
         with self._lock:
-            holding = self.workers_in(SLOT_HOLDING_PHASES)
             added: list[WorkerRecord] = []
             rank = first_rank
             for node, count in placement.items():
-                taken = {w.local_rank for w in holding if w.node == node}
+                taken = {w.local_rank for w in self.holding_on(node)}
                 for local in [i for i in range(len(taken) + count) if i not in taken][:count]:
                     added.append(
                         WorkerRecord(task, generation, rank, node, local, phase, None, None, None, now)
