@@ -107,3 +107,29 @@ def test_a_post_for_an_ended_task_is_dropped_and_a_failed_one_is_put_back(
     backend.gate.set()
     assert posts.drain(10)
     assert read(rendezvous, "lm", "lm/current") is None
+
+
+def test_a_put_back_is_made_off_the_caller_after_the_posts_before_it_and_says_what_was_missing(
+    held: tuple[Recording, Journal, Watched, Posts],
+) -> None:
+    """The put-back's round trips are the poster's, not the loop's: ``put_back`` returns at once,
+    it is made after the posts queued before it (their durable waits included), and the keys it
+    found missing come back through ``restored``."""
+    import torch.distributed as dist
+
+    backend, journal, rendezvous, posts = held
+    posts.post("lm", "lm/current", "1")
+    assert posts.drain(10)
+    port = rendezvous.host("lm")
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))  # type: ignore[attr-defined]
+    client.delete_key("lm/current")  # someone deletes it
+    backend.gate.clear()
+    journal.put([put("membership row")])
+    posts.post("lm", "lm/membership/2", "gen 2")  # waits for the journal
+    posts.put_back(("lm", "gone"))  # returns at once; "gone" has no store
+    assert not posts.drain(0.3) and posts.restored() == []  # queued behind the held post
+    backend.gate.set()
+    assert posts.drain(10)
+    assert posts.restored() == [("lm", ["lm/current"]), ("gone", [])]
+    assert read(rendezvous, "lm", "lm/current") == "1"
+    assert posts.restored() == []

@@ -255,25 +255,34 @@ class Applier:
         what someone deleted or replaced in its rendezvous store (``Rendezvous.restore``). The
         values found missing are recorded as ``store_values_restored`` at once, then at most once
         a minute per task while it goes on (with the count since the last record): an attack does
-        not fill the event log. A replaced value is put back but not counted (it is not read)."""
+        not fill the event log. A replaced value is put back but not counted (it is not read).
+        The writes are the poster's (off the loop); what they found is recorded on the next call."""
+        self._said_put_back(now)
         if now < self._put_back_due - PUT_BACK_EVERY_S:
             self._put_back_due = now  # the clock was stepped back: do not wait for it to catch up
         if now < self._put_back_due:
             return
         self._put_back_due = now + PUT_BACK_EVERY_S
-        for task in self._store.tasks(live_only=True):
-            keys = self.rendezvous.restore(task.name)
-            told = self._put_back.get(task.name)
+        self.posts.put_back(tuple(t.name for t in self._store.tasks(live_only=True)))
+        self._said_put_back(now)  # (made at once without a journal: a store stepped by hand)
+
+    def _said_put_back(self, now: float) -> None:
+        """Record what the put-backs made since the last call found missing (the poster's thread
+        makes them, ``posting.py``), as ``put_back_posts`` says."""
+        for name, keys in self.posts.restored():
+            if (task := self._store.task(name)) is None or not task.state.live:
+                continue  # (said when it ended)
+            told = self._put_back.get(name)
             if keys and told is None:
-                told = self._put_back[task.name] = PutBack(said_at=now - PUT_BACK_SAID_EVERY_S)
+                told = self._put_back[name] = PutBack(said_at=now - PUT_BACK_SAID_EVERY_S)
             if told is None:
                 continue
             told.count, told.keys = told.count + len(keys), sorted({*told.keys, *keys})[:8]
             if told.count and now - told.said_at >= PUT_BACK_SAID_EVERY_S:
-                self.record("store_values_restored", task=task.name, values=told.count, keys=told.keys)
+                self.record("store_values_restored", task=name, values=told.count, keys=told.keys)
                 told.count, told.keys, told.said_at = 0, [], now
             elif not told.count and now - told.said_at >= PUT_BACK_SAID_EVERY_S:
-                del self._put_back[task.name]  # quiet for a minute: the next one is said at once
+                del self._put_back[name]  # quiet for a minute: the next one is said at once
 
     def node_registered(self, reg: Registration, state: NodeState, now: float) -> None:
         """A node registered (anew, or again after a loss or a restart of its agent) in ``state``."""

@@ -14,8 +14,11 @@ in the order they were made (a current generation is never posted before the mem
 leads to it).
 
 The value is kept for the put-back (``Rendezvous.restore``) before it is written, so a write that
-fails (the store's call timed out) is made again within a second. Without a journal (the stores
-of tests stepped by hand) a post is written at once.
+fails (the store's call timed out) is made again within a second. The put-back itself (every
+live task's values written again, two round trips a task) is made by the same thread: on the
+loop it took 50-130 ms each second at 100 tasks, waiting on sockets while no heartbeat was read.
+What it found missing is handed back (``restored``) for the loop to record. Without a journal
+(the stores of tests stepped by hand) a post and a put-back are written at once.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+from collections import deque
+from dataclasses import dataclass
 
 from unicron.control.act.rendezvous import Rendezvous
 from unicron.control.store.journal import Journal
@@ -30,12 +35,26 @@ from unicron.control.store.journal import Journal
 DURABLE_WAIT_S = 1.0  # how long the poster waits at a time for the journal (then checks for close)
 
 
+@dataclass(frozen=True)
+class _Post:
+    durable_by: int  # the journal's position when it was made
+    task: str
+    epoch: int | None  # the number of the task's store (not posted into a later task's)
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
+class _PutBack:
+    tasks: tuple[str, ...]
+
+
 class Posts:
     def __init__(self, rendezvous: Rendezvous, journal: Journal | None) -> None:
         self._rendezvous, self._journal = rendezvous, journal
-        # (the journal's position, the task, the number of its store, the key, the value)
-        self._queue: queue.SimpleQueue[tuple[int, str, int | None, str, str] | None] = queue.SimpleQueue()
-        self._pending = 0  # posts queued and not yet written (or given up)
+        self._queue: queue.SimpleQueue[_Post | _PutBack | None] = queue.SimpleQueue()
+        self._pending = 0  # posts and put-backs queued and not yet made (or given up)
+        self._restored: deque[tuple[str, list[str]]] = deque()  # (task, keys found missing)
         self._changed = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -49,9 +68,27 @@ class Posts:
         if self._journal is None:
             self._rendezvous.set(task, key, value)
             return
+        self._queue_up(_Post(self._journal.queued, task, self._rendezvous.epoch(task), key, value))
+
+    def put_back(self, tasks: tuple[str, ...]) -> None:
+        """Write every kept value of ``tasks`` again (after the posts queued before); what was
+        found missing is handed back by ``restored``."""
+        if self._journal is None:
+            self._put_back(_PutBack(tasks))
+        else:
+            self._queue_up(_PutBack(tasks))
+
+    def restored(self) -> list[tuple[str, list[str]]]:
+        """The put-backs made since the last call: each task's keys that were found missing."""
+        out = []
+        while self._restored:
+            out.append(self._restored.popleft())
+        return out
+
+    def _queue_up(self, item: _Post | _PutBack) -> None:
         with self._changed:
             self._pending += 1
-        self._queue.put((self._journal.queued, task, self._rendezvous.epoch(task), key, value))
+        self._queue.put(item)
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every post queued so far is written; False if ``timeout_s`` ran out."""
@@ -71,14 +108,29 @@ class Posts:
     def _run(self) -> None:
         assert self._journal is not None
         while (item := self._queue.get()) is not None:
-            durable_by, task, epoch, key, value = item
-            while not self._journal.durable_by(durable_by, DURABLE_WAIT_S):
-                if self._closing:
-                    return  # the journal stopped (fenced, closed): nothing more is posted
-            try:
-                self._rendezvous.set(task, key, value, epoch)  # (not into a later task's store)
-            except Exception as exc:  # the put-back writes it again (it was kept first)
-                print(f"unicron: posting {key!r} for task {task!r} failed: {exc!r}", file=sys.stderr)
+            if isinstance(item, _PutBack):
+                self._put_back(item)
+            elif not self._posted(item):
+                return  # the journal stopped (fenced, closed): nothing more is posted
             with self._changed:
                 self._pending -= 1
                 self._changed.notify_all()
+
+    def _posted(self, post: _Post) -> bool:
+        """Write ``post`` once the journal is durable up to it; False: the journal stopped."""
+        assert self._journal is not None
+        while not self._journal.durable_by(post.durable_by, DURABLE_WAIT_S):
+            if self._closing:
+                return False
+        try:
+            self._rendezvous.set(post.task, post.key, post.value, post.epoch)
+        except Exception as exc:  # the put-back writes it again (it was kept first)
+            print(f"unicron: posting {post.key!r} for task {post.task!r} failed: {exc!r}", file=sys.stderr)
+        return True
+
+    def _put_back(self, put_back: _PutBack) -> None:
+        for task in put_back.tasks:
+            try:
+                self._restored.append((task, self._rendezvous.restore(task)))
+            except Exception as exc:  # (the store's call timed out) the next put-back tries again
+                print(f"unicron: putting back task {task!r}'s values failed: {exc!r}", file=sys.stderr)
