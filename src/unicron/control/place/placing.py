@@ -10,6 +10,7 @@ live replicas), else by a restart from the checkpoint. Idle slots hold hot spare
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -232,13 +233,16 @@ class Placer:
         """Each task's part of the plan; the plan is held while any of it waits for slots."""
         snapshot = self.ctx.store.snapshot()
         in_use = self.ctx.store.slots_in_use()
-        waiting, layout = False, sorted(carried.layout.items())
+        waiting, by_task = False, dict[str, dict[str, int]]()  # task -> node -> workers wanted there
+        for n, per in sorted(carried.layout.items()):
+            for name, count in per.items():
+                if count:
+                    by_task.setdefault(name, {})[carried.names[n]] = count
         for decision in carried.plan.decisions:
             name = decision.task
             if name not in snapshot.tasks:
                 continue  # a table's answer to a task's end still names it (with no workers)
-            wanted = {carried.names[n]: per[name] for n, per in layout if per.get(name)}
-            waiting |= not self._carry_out(snapshot, decision, wanted, in_use)
+            waiting |= not self._carry_out(snapshot, decision, by_task.get(name, {}), in_use)
         self.held = carried if waiting else None
         self.keep_spares(self.ctx.store.snapshot(), carried.state, carried.names, carried.layout)
 
@@ -369,10 +373,8 @@ class Placer:
         if self.ctx.limits.hot_spares == 0 or not state.tasks:
             return
         kept = [(s, sat) for s, sat in zip(waiting, sits, strict=True) if (s.task, s.rank) in self.spares]
-        free = {  # a spare in one of the plan's seats is counted in ``planned`` already
-            n: state.gpus_per_node - planned.get(n, 0) - sum(1 for s, sat in kept if s.node == n and not sat)
-            for n in healthy
-        }
+        unseated = Counter(s.node for s, sat in kept if not sat)  # (one seated is counted in ``planned``)
+        free = {n: state.gpus_per_node - planned.get(n, 0) - unseated[n] for n in healthy}
         running = {
             n: t.workers
             for n, t in snapshot.tasks.items()
@@ -405,15 +407,17 @@ class Placer:
         """(task, node) -> the newcomers the plan will grow a running task by on that node in
         place (more workers there than it has live): seats its own spares may fill."""
         seats: dict[tuple[str, str], int] = {}
+        live_on: dict[str, Counter[str]] = {}  # task -> node -> its live workers there
         for n, per in layout.items():
             for name, count in per.items():
                 task, spec = snapshot.tasks.get(name), self.ctx.spec(name)
                 if task is None or not task.state.active or spec.run.recovery != "in_process":
                     continue
-                live = snapshot.live(name)
-                here = sum(1 for w in live if w.node == names[n])
-                if live and count > here:
-                    seats[(name, names[n])] = count - here
+                if name not in live_on:
+                    live_on[name] = Counter(w.node for w in snapshot.live(name))
+                here = live_on[name]
+                if here and count > here[names[n]]:
+                    seats[(name, names[n])] = count - here[names[n]]
         return seats
 
     def _launch_spare(self, name: str, node: str, now: float) -> None:
