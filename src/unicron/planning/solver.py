@@ -49,25 +49,28 @@ def _step(
     score: FloatArray, changes: IntArray, task: TaskOptions, capacity: int
 ) -> tuple[FloatArray, IntArray, IntArray]:
     """One task added to the best scores (and changes) of others using at most j units, j =
-    0..capacity: the new arrays and, per j, the task's option chosen."""
-    rows = np.arange(capacity + 1)
+    0..capacity: the new arrays and, per j, the task's option chosen. One row per option, each
+    the others' arrays shifted by the option's units (slices, not a gather per cell: a plan
+    table's build and a solve on the spot are a hundred of these at 2,048 units)."""
     fits = np.flatnonzero(task.units <= capacity)
     if len(fits) == 0:
         raise ValueError("every task needs an option that fits, e.g. 0 units")
-    units = task.units[fits]
-    source = rows[:, None] - units[None, :]
-    valid = source >= 0
-    source = np.maximum(source, 0)
-    cand_score = np.where(valid, score[source] + task.score[fits][None, :], -np.inf)
-    cand_changes = changes[source] + task.changed[fits][None, :].astype(np.int64)
-    # Lexicographic best per row: highest score (within tolerance), then fewest changes, then
+    width = capacity + 1
+    cand_score = np.full((len(fits), width), -np.inf)
+    cand_changes = np.empty((len(fits), width), dtype=np.int64)
+    for row, option in enumerate(fits):
+        units, changed = int(task.units[option]), int(task.changed[option])
+        cand_score[row, units:] = score[: width - units] + task.score[option]
+        cand_changes[row, units:] = changes[: width - units] + changed
+        cand_changes[row, :units] = changes[0] + changed  # (j too small: -inf, a best only if none fits)
+    # Lexicographic best per j: highest score (within tolerance), then fewest changes, then
     # the option listed first.
-    top = cand_score.max(axis=1)
+    top = cand_score.max(axis=0)
     tolerance = RELATIVE_TOLERANCE * np.maximum(np.abs(top), 1.0)
-    near = cand_score >= (top - tolerance)[:, None]
-    fewest = np.where(near, cand_changes, np.iinfo(np.int64).max).min(axis=1)
-    pick = np.argmax(near & (cand_changes == fewest[:, None]), axis=1)
-    return cand_score[rows, pick], fewest, fits[pick]
+    near = cand_score >= top - tolerance
+    fewest = np.where(near, cand_changes, np.iinfo(np.int64).max).min(axis=0)
+    pick = np.argmax(near & (cand_changes == fewest), axis=0)
+    return cand_score[pick, np.arange(width)], fewest, fits[pick]
 
 
 def solve(tasks: Sequence[TaskOptions], capacity: int) -> Solution:
