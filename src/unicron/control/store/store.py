@@ -19,9 +19,9 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 from unicron.control.store.backend import Backend, Change, Delete, Put, Table, WorkerKey
 from unicron.control.store.journal import Journal
@@ -50,6 +50,7 @@ from unicron.core.states import (
     sources,
 )
 
+_HOLDING = frozenset(SLOT_HOLDING_PHASES)
 PLAN_EVENT = "plan"  # the planner's answer, recorded by ``control/place/placing.py``
 
 
@@ -64,8 +65,11 @@ def _new_task(name: str, spec_json: str, now: float) -> TaskRecord:
 
 
 @dataclass
-class _Batch:
-    """The records one operation changes, written together."""
+class _Batch(Sequence[Change]):
+    """The records one operation changes, written together: as the backend's changes, made
+    into rows only when read. Queued in the journal as it is, they are made by the writer's
+    thread, not on the loop (a generation's switch is two rows per worker, hundreds in a large
+    task). Not changed once committed (its records are frozen)."""
 
     tasks: list[TaskRecord] = field(default_factory=list)
     nodes: list[NodeRecord] = field(default_factory=list)
@@ -74,8 +78,30 @@ class _Batch:
     kept: dict[str, Any] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)  # kept entries that go
     removed_nodes: list[str] = field(default_factory=list)
+    _made: list[Change] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        rows = len(self.tasks) + len(self.nodes) + len(self.workers) + len(self.counted) + len(self.kept)
+        return rows + len(self.dropped) + len(self.removed_nodes)
+
+    @overload
+    def __getitem__(self, index: int) -> Change: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Change]: ...
+
+    def __getitem__(self, index: int | slice) -> Change | Sequence[Change]:
+        return self.changes()[index]
+
+    def __iter__(self) -> Iterator[Change]:
+        return iter(self.changes())
 
     def changes(self) -> list[Change]:
+        if self._made is None:
+            self._made = self._rows()
+        return self._made
+
+    def _rows(self) -> list[Change]:
         out: list[Change] = [Put(Table.TASKS, (t.name,), row(t)) for t in self.tasks]
         out += [Put(Table.NODES, (n.name,), row(n)) for n in self.nodes]
         out += [Put(Table.WORKERS, w.key, row(w)) for w in self.workers]
@@ -120,7 +146,7 @@ class Store:
         if self.journal is None:
             self.backend.write(batch.changes())
         else:
-            self.journal.put(batch.changes())
+            self.journal.put(batch)  # (its rows made by the journal's writer)
         for t in batch.tasks:
             self._tasks[t.name] = t
         for n in batch.nodes:
@@ -391,16 +417,18 @@ class Store:
         return self._workers.get(task, {}).get((generation, rank))
 
     def _hold(self, w: WorkerRecord) -> None:
-        self._workers.setdefault(w.task, {})[(w.generation, w.rank)] = w
-        self._generations.setdefault(w.task, {}).setdefault(w.generation, {})[w.rank] = w
-        before = self._holding.get(w.key)
-        if before is not None and (before.node != w.node or w.state not in SLOT_HOLDING_PHASES):
-            del self._holding_on[before.node][w.key]
-        if w.state in SLOT_HOLDING_PHASES:
-            self._holding[w.key] = w
-            self._holding_on.setdefault(w.node, {})[w.key] = w
+        task, generation, rank = w.task, w.generation, w.rank
+        key, holds = (task, generation, rank), w.state in _HOLDING
+        self._workers.setdefault(task, {})[(generation, rank)] = w
+        self._generations.setdefault(task, {}).setdefault(generation, {})[rank] = w
+        before = self._holding.get(key)
+        if before is not None and (before.node != w.node or not holds):
+            del self._holding_on[before.node][key]
+        if holds:
+            self._holding[key] = w
+            self._holding_on.setdefault(w.node, {})[key] = w
         elif before is not None:
-            del self._holding[w.key]
+            del self._holding[key]
 
     def workers_in(self, phases: Iterable[WorkerPhase]) -> list[WorkerRecord]:
         """Rows in ``phases``, slot-holding ones only: read from their index, not every row."""
