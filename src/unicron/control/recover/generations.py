@@ -62,7 +62,7 @@ def survivors(
     there is none."""
     alive = [w for w in live if w.rank not in failed and w.node in healthy]
     alive = whole_replicas(alive, replica_size)
-    keep = max((k for k in range(len(alive), 0, -1) if usable(k)), default=0)
+    keep = next((k for k in range(len(alive), 0, -1) if usable(k)), 0)  # the largest usable
     if keep == 0:
         return f"{len(alive)} survivor(s), no usable size"
     kept = alive[:keep]
