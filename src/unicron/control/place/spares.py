@@ -34,7 +34,7 @@ def spare_gains(
         n = workers.get(spec.name, 0)
         if n == 0 or spec.run.recovery != "in_process" or spec.run.replica_size > 1:
             continue  # (a sharded replica comes back whole: single-rank spares do not help it)
-        shrunk = max((k for k in range(n - 1, 0, -1) if spec.is_usable(k)), default=0)
+        shrunk = next((k for k in range(n - 1, 0, -1) if spec.is_usable(k)), 0)  # the largest below n
         if shrunk == 0:
             continue
         rate = curves[spec.name].evaluate(np.array([n, shrunk], dtype=np.int64)).rate
