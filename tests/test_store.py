@@ -355,3 +355,23 @@ def test_the_healthy_names_are_found_again_only_when_a_node_changes_state(reopen
     assert copy.isolated_until == {"n2": 9.0} and copy.healthy_names is first.healthy_names
     store.node_state("n1", NodeState.LOST)
     assert store.snapshot().healthy() == {"n2"}
+
+
+def test_a_whole_snapshot_is_read_again_only_after_a_change(reopen: Opener) -> None:
+    """A plan's tick reads the whole cluster several times with nothing changed between: the
+    same snapshot is given back; any change (a worker's phase, a node heard, a task moved) makes
+    the next one new, and it shows the change. A snapshot of one task is always read anew."""
+    store = reopen()
+    store.node_registered("n1", 2, [], "h", NodeState.HEALTHY, now=1.0)
+    store.add_task("a", "{}", 1.0)
+    store.add_workers("a", 1, {"n1": 2}, 0, WorkerPhase.RUNNING, now=2.0)
+    store.task_membership("a", 1, 2)
+    first = store.snapshot()
+    assert store.snapshot() is first and store.snapshot(only="a") is not store.snapshot(only="a")
+    assert [w.rank for w in first.live("a")] == [0, 1]
+    store.worker_phase(("a", 1, 1), WorkerPhase.FAILED, code=1)
+    second = store.snapshot()
+    assert second is not first and [w.rank for w in second.live("a")] == [0]
+    assert [w.rank for w in first.live("a")] == [0, 1]  # (what was read stays as it was read)
+    store.node_seen("n1", now=5.0)
+    assert store.snapshot() is not second and store.snapshot().nodes["n1"].last_seen == 5.0

@@ -139,10 +139,16 @@ class Store:
         self._kept = dict(loaded.kept)
         self._next_node_id = max((n.id for n in loaded.nodes), default=0) + 1
         self._healthy: frozenset[str] | None = None  # the healthy nodes' names, until a node changes
+        # Every change to what is held counts one (a heartbeat's ``last_seen`` too): a snapshot
+        # of the whole cluster is read again only after one (a plan's tick read three alike, at
+        # 100 tasks the members of all of them each time). A snapshot is never changed.
+        self._version = 0
+        self._whole: tuple[int, Snapshot] | None = None
 
     def _commit(self, batch: _Batch) -> None:
         """Write ``batch`` through the backend, then (only if that worked) hold it in memory;
         with a journal, hold it and queue its write."""
+        self._version += 1
         if self.journal is None:
             self.backend.write(batch.changes())
         else:
@@ -170,6 +176,8 @@ class Store:
         one read. A decision about one task reads only it: at 100 tasks, the members of all of
         them were most of a recovery's time."""
         with self._lock:
+            if only is None and self._whole is not None and self._whole[0] == self._version:
+                return self._whole[1]
             tasks = [t for t in self.tasks(live_only=True) if only is None or t.name == only]
             snapshot = Snapshot(
                 tasks={t.name: t for t in tasks},
@@ -178,6 +186,8 @@ class Store:
                 next_generation={t.name: max(t.generation, self.max_generation(t.name)) + 1 for t in tasks},
             )
             object.__setattr__(snapshot, "healthy_names", self._healthy_names())
+            if only is None:
+                self._whole = (self._version, snapshot)
             return snapshot
 
     def _healthy_names(self) -> frozenset[str]:
@@ -224,6 +234,7 @@ class Store:
             new = replace(_new_task(name, spec_json, now), run=old.run + 1, first_generation=first)
             self._commit(_Batch(tasks=[kept, new]))
             self._tasks[name] = self._tasks.pop(name)  # listed after the one it replaced
+            self._version += 1
             return kept.name
 
     def _moved(self, name: str, to: TaskState, **changes: Any) -> None:
@@ -391,6 +402,7 @@ class Store:
         with self._lock:
             if (node := self.node(name)) is not None:
                 self._nodes[name] = replace(node, last_seen=now)
+                self._version += 1
 
     def remove_node(self, name: str) -> None:
         with self._lock:
