@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +21,7 @@ import numpy.typing as npt
 from unicron.planning.throughput import FloatArray, IntArray
 
 RELATIVE_TOLERANCE = 1e-9
+T = TypeVar("T", bound="np.generic[Any]")
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,13 @@ def _step(
     fits = np.flatnonzero(task.units <= capacity)
     if len(fits) == 0:
         raise ValueError("every task needs an option that fits, e.g. 0 units")
-    width = capacity + 1
+    # The others' best is the same for every j from ``flat`` on (they cannot use more units);
+    # so is this task's best from ``flat`` + its largest option on: computed up to there, then
+    # that column repeated (a forward sweep's first tasks use a small part of a large cluster).
+    differs = np.flatnonzero((score != score[-1]) | (changes != changes[-1]))
+    flat = int(differs[-1]) + 1 if len(differs) else 0
+    width = min(capacity, flat + int(task.units[fits].max())) + 1
+    score, changes = score[:width], changes[:width]
     cand_score = np.full((len(fits), width), -np.inf)
     cand_changes = np.empty((len(fits), width), dtype=np.int64)
     for row, option in enumerate(fits):
@@ -70,7 +78,13 @@ def _step(
     near = cand_score >= top - tolerance
     fewest = np.where(near, cand_changes, np.iinfo(np.int64).max).min(axis=0)
     pick = np.argmax(near & (cand_changes == fewest), axis=0)
-    return cand_score[pick, np.arange(width)], fewest, fits[pick]
+    best, rest = cand_score[pick, np.arange(width)], capacity + 1 - width
+    return _padded(best, rest), _padded(fewest, rest), _padded(fits[pick], rest)
+
+
+def _padded(values: npt.NDArray[T], count: int) -> npt.NDArray[T]:
+    """``values`` with its last one repeated ``count`` times more."""
+    return np.concatenate([values, np.repeat(values[-1:], count)]) if count else values
 
 
 def solve(tasks: Sequence[TaskOptions], capacity: int) -> Solution:
