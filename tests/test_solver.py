@@ -4,11 +4,13 @@ base's sweeps reused for problems that differ from it in a few tasks."""
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unicron.planning import solver
 from unicron.planning.solver import Sweeps, TaskOptions, solve, solve_around
 
 
@@ -48,6 +50,17 @@ def test_dp_equals_exhaustive_search(instance: tuple[list[TaskOptions], int]) ->
     assert sum(solution.units) <= capacity
     assert solution.score == sum(float(t.score[p]) for t, p in zip(tasks, solution.picks, strict=True))
     assert solution.units == tuple(int(t.units[p]) for t, p in zip(tasks, solution.picks, strict=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances())
+def test_both_ways_of_building_a_steps_candidates_pick_alike(instance: tuple[list[TaskOptions], int]) -> None:
+    """A wide programme shifts rows, a narrow one gathers cells (``solver._candidates``): the
+    instances here are narrow, so the rows' way is forced on them too, and must pick the same."""
+    tasks, capacity = instance
+    gathered = solve(tasks, capacity)
+    with mock.patch.object(solver, "SLICED_FROM", 0):
+        assert solve(tasks, capacity) == gathered
 
 
 def test_ties_keep_the_first_listed_option() -> None:

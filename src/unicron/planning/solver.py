@@ -22,6 +22,7 @@ from unicron.planning.throughput import FloatArray, IntArray
 
 RELATIVE_TOLERANCE = 1e-9
 T = TypeVar("T", bound="np.generic[Any]")
+SLICED_FROM = 512  # units: from this programme width on, a step shifts rows (``_candidates``)
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,7 @@ def _step(
     flat = int(differs[-1]) + 1 if len(differs) else 0
     width = min(capacity, flat + int(task.units[fits].max())) + 1
     score, changes = score[:width], changes[:width]
-    cand_score = np.full((len(fits), width), -np.inf)
-    cand_changes = np.empty((len(fits), width), dtype=np.int64)
-    for row, option in enumerate(fits):
-        units, changed = int(task.units[option]), int(task.changed[option])
-        cand_score[row, units:] = score[: width - units] + task.score[option]
-        cand_changes[row, units:] = changes[: width - units] + changed
-        cand_changes[row, :units] = changes[0] + changed  # (j too small: -inf, a best only if none fits)
+    cand_score, cand_changes = _candidates(score, changes, task, fits, width)
     # Lexicographic best per j: highest score (within tolerance), then fewest changes, then
     # the option listed first.
     top = cand_score.max(axis=0)
@@ -80,6 +75,29 @@ def _step(
     pick = np.argmax(near & (cand_changes == fewest), axis=0)
     best, rest = cand_score[pick, np.arange(width)], capacity + 1 - width
     return _padded(best, rest), _padded(fewest, rest), _padded(fits[pick], rest)
+
+
+def _candidates(
+    score: FloatArray, changes: IntArray, task: TaskOptions, fits: IntArray, width: int
+) -> tuple[FloatArray, IntArray]:
+    """Per option (a row) and j units (a column): the others' best with j less the option's
+    units, plus the option's score and change (-inf where the option does not fit j). Wide
+    programmes shift whole rows (slices: a plan at 2,048 units); narrow ones with many options
+    gather every cell at once (a row's slicing costs more there than its cells)."""
+    if width >= SLICED_FROM:
+        cand_score = np.full((len(fits), width), -np.inf)
+        cand_changes = np.empty((len(fits), width), dtype=np.int64)
+        for row, option in enumerate(fits):
+            units, changed = int(task.units[option]), int(task.changed[option])
+            cand_score[row, units:] = score[: width - units] + task.score[option]
+            cand_changes[row, units:] = changes[: width - units] + changed
+            cand_changes[row, :units] = changes[0] + changed  # (j too small: -inf, a best only if none fits)
+        return cand_score, cand_changes
+    source = np.arange(width)[None, :] - task.units[fits][:, None]
+    valid = source >= 0
+    source = np.maximum(source, 0)
+    cand_score = np.where(valid, score[source] + task.score[fits][:, None], -np.inf)
+    return cand_score, changes[source] + task.changed[fits][:, None].astype(np.int64)
 
 
 def _padded(values: npt.NDArray[T], count: int) -> npt.NDArray[T]:
