@@ -324,6 +324,7 @@ class Applier:
         return self._store.lose_node_workers(node)
 
     def task_ended(self, name: str, to: TaskState, now: float, reason: str | None = None) -> None:
+        self._said_put_back(now)  # (what the poster found for it while it lived is its own)
         self._store.task_ended(name, to, now, reason)
         self._noted_end(name)
         told = self._put_back.pop(name, None)

@@ -17,8 +17,12 @@ The value is kept for the put-back (``Rendezvous.restore``) before it is written
 fails (the store's call timed out) is made again within a second. The put-back itself (every
 live task's values written again, two round trips a task) is made by the same thread: on the
 loop it took 50-130 ms each second at 100 tasks, waiting on sockets while no heartbeat was read.
-What it found missing is handed back (``restored``) for the loop to record. Without a journal
-(the stores of tests stepped by hand) a post and a put-back are written at once.
+One is wanted at a time (asked for again before it was made, it is made once, for the tasks
+last asked for), in turn with the posts, and also while a post waits for the journal: what it
+writes is durable already (a value is kept only once its post may be written), so a slow store
+delays neither the put-back nor, by a backlog of them, the posts. What it found missing is
+handed back (``restored``) for the loop to record. Without a journal (the stores of tests
+stepped by hand) a post and a put-back are written at once.
 """
 
 from __future__ import annotations
@@ -44,9 +48,8 @@ class _Post:
     value: str
 
 
-@dataclass(frozen=True)
 class _PutBack:
-    tasks: tuple[str, ...]
+    """In the queue: a put-back is wanted (of the tasks in ``Posts._wanted``, if still wanted)."""
 
 
 class Posts:
@@ -55,6 +58,7 @@ class Posts:
         self._queue: queue.SimpleQueue[_Post | _PutBack | None] = queue.SimpleQueue()
         self._pending = 0  # posts and put-backs queued and not yet made (or given up)
         self._restored: deque[tuple[str, list[str]]] = deque()  # (task, keys found missing)
+        self._wanted: tuple[str, ...] | None = None  # the tasks of the put-back wanted, if one is
         self._changed = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -71,12 +75,15 @@ class Posts:
         self._queue_up(_Post(self._journal.queued, task, self._rendezvous.epoch(task), key, value))
 
     def put_back(self, tasks: tuple[str, ...]) -> None:
-        """Write every kept value of ``tasks`` again (after the posts queued before); what was
-        found missing is handed back by ``restored``."""
+        """Write every kept value of ``tasks`` again (see the module's docstring for when);
+        what was found missing is handed back by ``restored``."""
         if self._journal is None:
-            self._put_back(_PutBack(tasks))
-        else:
-            self._queue_up(_PutBack(tasks))
+            self._restore(tasks)
+            return
+        with self._changed:
+            queued, self._wanted = self._wanted is not None, tasks
+        if not queued:
+            self._queue_up(_PutBack())
 
     def restored(self) -> list[tuple[str, list[str]]]:
         """The put-backs made since the last call: each task's keys that were found missing."""
@@ -109,7 +116,8 @@ class Posts:
         assert self._journal is not None
         while (item := self._queue.get()) is not None:
             if isinstance(item, _PutBack):
-                self._put_back(item)
+                if not self._closing:
+                    self._put_back_wanted()
             elif not self._posted(item):
                 return  # the journal stopped (fenced, closed): nothing more is posted
             with self._changed:
@@ -122,14 +130,21 @@ class Posts:
         while not self._journal.durable_by(post.durable_by, DURABLE_WAIT_S):
             if self._closing:
                 return False
+            self._put_back_wanted()  # (its values are durable: they need not wait for this one)
         try:
             self._rendezvous.set(post.task, post.key, post.value, post.epoch)
         except Exception as exc:  # the put-back writes it again (it was kept first)
             print(f"unicron: posting {post.key!r} for task {post.task!r} failed: {exc!r}", file=sys.stderr)
         return True
 
-    def _put_back(self, put_back: _PutBack) -> None:
-        for task in put_back.tasks:
+    def _put_back_wanted(self) -> None:
+        with self._changed:
+            tasks, self._wanted = self._wanted, None
+        if tasks is not None:
+            self._restore(tasks)
+
+    def _restore(self, tasks: tuple[str, ...]) -> None:
+        for task in tasks:
             try:
                 self._restored.append((task, self._rendezvous.restore(task)))
             except Exception as exc:  # (the store's call timed out) the next put-back tries again
