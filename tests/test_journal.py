@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import typing
 from collections.abc import Sequence
 
 from unicron.control.store.backend import Change, Fenced, Loaded, Put, Table
@@ -112,3 +113,27 @@ def test_a_failed_write_is_tried_again_and_a_fenced_one_stops_the_writer() -> No
     journal2.put([put("c")])
     assert not journal2.flush(timeout_s=0.5) and isinstance(fenced[-1], Fenced)
     journal2.close(timeout_s=0.1)
+
+
+class Unmakeable(Sequence[Change]):
+    """One operation's changes whose rows cannot be made (a fault of the code)."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: typing.Any) -> typing.Any:
+        raise ValueError("no row for this record")
+
+
+def test_changes_whose_rows_cannot_be_made_stop_the_writer_rather_than_hang_every_wait() -> None:
+    """The store's records are made into rows by the writer's thread: a record it cannot make one
+    of stops the writer through ``on_fenced`` (the coordinator exits), where it would have ended
+    the thread silently and left every wait for durability waiting for ever."""
+    backend, fenced = Recording(), list[Exception]()
+    journal = Journal(backend, on_fenced=fenced.append)
+    journal.put([put("a")])
+    assert journal.flush(timeout_s=10)
+    journal.put(Unmakeable())
+    assert not journal.flush(timeout_s=0.5)
+    assert backend.written == [(["a"], [])] and len(fenced) == 1 and "could not be made" in str(fenced[0])
+    journal.close(timeout_s=0.1)

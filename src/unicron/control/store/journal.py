@@ -26,8 +26,9 @@ that carries orders or answers reports waits for them to be durable; an agent wh
 too late says so in its next heartbeat, and that wait counts as the coordinator's lag).
 
 A write that fails is tried again until it works (etcd's leader changing, a member restarting),
-except a fenced one (this coordinator no longer leads: ``on_fenced``, which exits) or an event id
-another writer took (the same: two coordinators write one store).
+except a fenced one (this coordinator no longer leads: ``on_fenced``, which exits), an event id
+another writer took (the same: two coordinators write one store), or records that cannot be
+made into rows (a fault of the code: the same, rather than every write after it waiting).
 """
 
 from __future__ import annotations
@@ -152,7 +153,11 @@ class Journal:
 
     def _write(self, batch: list[Entry]) -> bool:
         """Write ``batch`` (trying again until it is written); False: this writer must stop."""
-        changes = [c for entry in batch for c in entry.changes]
+        try:  # (the store's records are made into rows here, off the loop: ``Store._commit``)
+            changes = [c for entry in batch for c in entry.changes]
+        except Exception as exc:  # a fault of the code, not of the backend: stop, do not hang
+            self.on_fenced(RuntimeError(f"the store's rows could not be made: {exc!r}"))
+            return False
         events = [e for entry in batch for e in entry.events]
         attempt = 0
         while True:

@@ -499,7 +499,7 @@ class Store:
                     )
                     rank += 1
             self._commit(_Batch(workers=added))
-            return added
+            return list(added)  # (the batch's own list is read by the journal's writer)
 
     def worker_phase(
         self,
