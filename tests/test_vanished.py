@@ -198,3 +198,24 @@ def test_a_cancelled_tasks_workers_gone_with_their_agent_free_their_slots_for_th
     assert len([o for _, o in cluster.orders if isinstance(o, LaunchWorker) and o.task == "next"]) == 4
     assert sorted(e["rank"] for e in cluster.events("worker_gone")) == gone_ranks
     assert cluster.events("node_lost") == []  # ended by the agent's list, not with the node
+
+
+def test_a_row_never_seen_is_ended_once_its_launch_time_is_out_though_its_node_lists_no_more(
+    make: Any,
+) -> None:
+    """A sweep judges the rows of the nodes that listed since the last one; a row never seen (no
+    pid) is first given its launch time, so its node is judged again each pass until then: a
+    spare of an ended task whose node then fell silent is ended all the same (nothing else
+    ends a spare's row on a lost node)."""
+    from unicron.core.protocol import SPARE_GENERATION
+
+    cluster = make()
+    c, now = cluster.c, cluster.clock.now
+    node = c.store.nodes()[0].name
+    (spare,) = c.store.add_workers("ended", SPARE_GENERATION, {node: 1}, 1000, WorkerPhase.SPARE, now)
+    limits = c.ctx.limits
+    c.vanished.listed(node, [], now + 1.0)  # its agent lists nothing (the launch not carried out)
+    c.vanished.sweep(now + 1.0 + limits.heartbeat_interval_s)
+    assert c.store.worker(*spare.key).state is WorkerPhase.SPARE  # within its launch time
+    c.vanished.sweep(now + limits.launch_timeout_s + 2 * limits.heartbeat_interval_s)  # no new list
+    assert c.store.worker(*spare.key).state is WorkerPhase.STOPPED

@@ -121,10 +121,11 @@ class Swept:
 class Vanished:
     """The agents' latest lists, and the rows ended by them: once a heartbeat interval (a list
     comes no more often), the rows on the nodes that listed since the last pass. A row is judged
-    against each list its node sends: whatever makes a row gone (its task ended, its launch
-    timed out, its process unlisted) is seen in its node's next list, so judging again a row
-    whose node said nothing new finds nothing (and every row of 2,048 nodes each pass was a
-    large cluster's costliest routine work)."""
+    against each list its node sends: whatever makes a row gone (its task ended, its process
+    unlisted) is seen in its node's next list, so judging again a row whose node said nothing
+    new finds nothing (and every row of 2,048 nodes each pass was a large cluster's costliest
+    routine work). Only a launch's time running out needs no new list: such a row's node is
+    judged again each pass until it has."""
 
     ctx: Context
     listings: dict[str, Listing] = field(default_factory=dict)
@@ -145,6 +146,10 @@ class Vanished:
         rows = [w for node in fresh for w in self.ctx.store.holding_on(node)]
         tasks = {name: self.ctx.store.task(name) for name in {w.task for w in rows}}
         found = gone(rows, tasks, self.listings, now, limits.launch_timeout_s)
+        # A row never seen is given its launch time before it is judged: its node is looked at
+        # again each pass until then, whether or not it lists again (it may never: a lost node's
+        # spare of an ended task is ended only here).
+        self.fresh |= {w.node for w in rows if w.pid is None and now - w.launched < limits.launch_timeout_s}
         for row in found:
             self._ended(row, WorkerPhase.STOPPED, "its task has ended and its node's agent no longer runs it")
         running = gone_while_running(rows, tasks, self.listings)
