@@ -219,3 +219,33 @@ def test_a_row_never_seen_is_ended_once_its_launch_time_is_out_though_its_node_l
     assert c.store.worker(*spare.key).state is WorkerPhase.SPARE  # within its launch time
     c.vanished.sweep(now + limits.launch_timeout_s + 2 * limits.heartbeat_interval_s)  # no new list
     assert c.store.worker(*spare.key).state is WorkerPhase.STOPPED
+
+
+def test_a_tasks_ranks_gone_on_two_nodes_are_taken_out_together_whichever_listed_last(
+    make: Any,
+) -> None:
+    """A pass judges the nodes that listed since the last one; once it finds a running task's
+    rank gone, it judges that task's rows on every node against their latest lists, so a rank
+    whose node's list (lacking it) was read by an earlier pass (the task was then starting) is
+    taken out with the first, not left for the recovery to take for a survivor."""
+    cluster = make()
+    c, generation = cluster.c, cluster.c.store.get_task("lm").generation
+    cluster.train(5)
+    node_of = {r: cluster.running[("lm", generation, r)][0] for r in range(4)}
+    other = next(r for r in range(4) if node_of[r] != node_of[0])
+    now = cluster.clock.now + 1.0
+
+    def lacking(rank: int) -> list[WorkerState]:
+        """``rank``'s node's list without it (its agent restarted, the worker died with it)."""
+        here = [(key, pid) for key, (n, pid) in cluster.running.items() if n == node_of[rank]]
+        return [
+            WorkerState(task=t, generation=g, rank=r, pid=pid, running=True)
+            for (t, g, r), pid in here
+            if r != rank
+        ]
+
+    assert c.vanished.sweep(now).exits == ()  # what every node listed so far: all there
+    c.vanished.listings[node_of[other]] = Listing.of(lacking(other), now)  # read by an earlier pass
+    c.vanished.listed(node_of[0], lacking(0), now)  # listed since
+    swept = c.vanished.sweep(now + c.ctx.limits.heartbeat_interval_s)
+    assert sorted(e.rank for e, _ in swept.exits) == [0, other]

@@ -125,7 +125,8 @@ class Vanished:
     unlisted) is seen in its node's next list, so judging again a row whose node said nothing
     new finds nothing (and every row of 2,048 nodes each pass was a large cluster's costliest
     routine work). Only a launch's time running out needs no new list: such a row's node is
-    judged again each pass until it has."""
+    judged again each pass until it has. A running task found with a rank gone has all its
+    rows judged, on every node, so that its ranks gone are taken out together."""
 
     ctx: Context
     listings: dict[str, Listing] = field(default_factory=dict)
@@ -153,6 +154,15 @@ class Vanished:
         for row in found:
             self._ended(row, WorkerPhase.STOPPED, "its task has ended and its node's agent no longer runs it")
         running = gone_while_running(rows, tasks, self.listings)
+        if running:  # the tasks hit: their rows on every node, not only those that listed since
+            judged, hit = {w.key for w in rows}, {row.task: task for row, task in running}
+            more = [
+                w
+                for name, task in sorted(hit.items())
+                for w in self.ctx.store.workers(name, task.generation, live=True)
+                if w.key not in judged
+            ]
+            running += gone_while_running(more, tasks, self.listings)
         # Every gone row is ended before any exit is handled: a recovery that the first starts
         # must not take the others for survivors (their exits then belong to a generation left).
         for row, _ in running:
