@@ -19,11 +19,12 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, overload
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
 
-from unicron.control.store.backend import Backend, Change, Delete, Put, Table, WorkerKey
+from unicron.control.store.backend import Backend, WorkerKey
+from unicron.control.store.batch import Batch
 from unicron.control.store.journal import Journal
 from unicron.control.store.records import (
     EventRecord,
@@ -31,7 +32,6 @@ from unicron.control.store.records import (
     TaskRecord,
     WorkerRecord,
     drained_across,
-    row,
 )
 from unicron.control.store.snapshot import Snapshot
 from unicron.core.errors import Conflict, NotFound
@@ -62,56 +62,6 @@ def _new_task(name: str, spec_json: str, now: float) -> TaskRecord:
         downtime_s=0.0, samples=0, flop=0.0, digest=None, submitted=now, started=None,
         finished=None, reason=None, launched_generation=0, redo_until=0,
     )  # fmt: skip
-
-
-@dataclass
-class _Batch(Sequence[Change]):
-    """The records one operation changes, written together: as the backend's changes, made
-    into rows only when read. Queued in the journal as it is, they are made by the writer's
-    thread, not on the loop (a generation's switch is two rows per worker, hundreds in a large
-    task). Not changed once committed (its records are frozen)."""
-
-    tasks: list[TaskRecord] = field(default_factory=list)
-    nodes: list[NodeRecord] = field(default_factory=list)
-    workers: list[WorkerRecord] = field(default_factory=list)
-    counted: dict[WorkerKey, int] = field(default_factory=dict)
-    kept: dict[str, Any] = field(default_factory=dict)
-    dropped: list[str] = field(default_factory=list)  # kept entries that go
-    removed_nodes: list[str] = field(default_factory=list)
-    _made: list[Change] | None = field(default=None, init=False, repr=False, compare=False)
-
-    def __len__(self) -> int:
-        rows = len(self.tasks) + len(self.nodes) + len(self.workers) + len(self.counted) + len(self.kept)
-        return rows + len(self.dropped) + len(self.removed_nodes)
-
-    @overload
-    def __getitem__(self, index: int) -> Change: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Change]: ...
-
-    def __getitem__(self, index: int | slice) -> Change | Sequence[Change]:
-        return self.changes()[index]
-
-    def __iter__(self) -> Iterator[Change]:
-        return iter(self.changes())
-
-    def changes(self) -> list[Change]:
-        if self._made is None:
-            self._made = self._rows()
-        return self._made
-
-    def _rows(self) -> list[Change]:
-        out: list[Change] = [Put(Table.TASKS, (t.name,), row(t)) for t in self.tasks]
-        out += [Put(Table.NODES, (n.name,), row(n)) for n in self.nodes]
-        out += [Put(Table.WORKERS, w.key, row(w)) for w in self.workers]
-        out += [
-            Put(Table.COUNTED, key, {"task": key[0], "generation": key[1], "rank": key[2], "step": step})
-            for key, step in self.counted.items()
-        ]
-        out += [Put(Table.KEPT, (name,), {"name": name, "value": value}) for name, value in self.kept.items()]
-        out += [Delete(Table.KEPT, (name,)) for name in self.dropped]
-        return out + [Delete(Table.NODES, (name,)) for name in self.removed_nodes]
 
 
 class Store:
@@ -145,7 +95,7 @@ class Store:
         self._version = 0
         self._whole: tuple[int, Snapshot] | None = None
 
-    def _commit(self, batch: _Batch) -> None:
+    def _commit(self, batch: Batch) -> None:
         """Write ``batch`` through the backend, then (only if that worked) hold it in memory;
         with a journal, hold it and queue its write."""
         self._version += 1
@@ -215,7 +165,7 @@ class Store:
         with self._lock:
             if name in self._tasks:
                 raise Conflict(f"a task named {name!r} exists; choose another name")
-            self._commit(_Batch(tasks=[_new_task(name, spec_json, now)]))
+            self._commit(Batch(tasks=[_new_task(name, spec_json, now)]))
 
     def replace_task(self, name: str, spec_json: str, now: float) -> str:
         """Submit ``name`` again once its task has ended: that task is kept, renamed NAME#RUN
@@ -232,7 +182,7 @@ class Store:
                 raise Conflict(f"a task named {kept.name!r} exists already")
             first = max(old.generation, self.max_generation(name)) + 1
             new = replace(_new_task(name, spec_json, now), run=old.run + 1, first_generation=first)
-            self._commit(_Batch(tasks=[kept, new]))
+            self._commit(Batch(tasks=[kept, new]))
             self._tasks[name] = self._tasks.pop(name)  # listed after the one it replaced
             self._version += 1
             return kept.name
@@ -242,13 +192,13 @@ class Store:
         with self._lock:
             task = self.get_task(name)
             check(f"task {name}", TASK_TRANSITIONS, task.state, to)
-            self._commit(_Batch(tasks=[replace(task, state=to, **changes)]))
+            self._commit(Batch(tasks=[replace(task, state=to, **changes)]))
 
     def _changed(self, name: str, **changes: Any) -> None:
         """Change fields of task ``name`` (nothing happens to a task that is unknown)."""
         with self._lock:
             if (task := self.task(name)) is not None:
-                self._commit(_Batch(tasks=[replace(task, **changes)]))
+                self._commit(Batch(tasks=[replace(task, **changes)]))
 
     def task_launched(self, name: str, generation: int, workers: int, port: int, now: float) -> None:
         """A generation was launched from a checkpoint (the first launch or a restart)."""
@@ -337,7 +287,7 @@ class Store:
             key = (name, generation, rank)
             if (seen := self._counted.get(key)) is not None and seen >= step:
                 return False
-            batch = _Batch(counted={key: step})
+            batch = Batch(counted={key: step})
             if (task := self.task(name)) is not None:
                 progress = step > task.redo_until
                 batch.tasks.append(
@@ -395,7 +345,7 @@ class Store:
                     domain=domain,
                     drained=drained_across(known, state),
                 )
-            self._commit(_Batch(nodes=[node]))
+            self._commit(Batch(nodes=[node]))
 
     def node_seen(self, name: str, now: float) -> None:
         """A heartbeat: held in memory only (see the module's docstring)."""
@@ -406,7 +356,7 @@ class Store:
 
     def remove_node(self, name: str) -> None:
         with self._lock:
-            self._commit(_Batch(removed_nodes=[name]))
+            self._commit(Batch(removed_nodes=[name]))
 
     def node_state(self, name: str, to: NodeState) -> None:
         with self._lock:
@@ -414,7 +364,7 @@ class Store:
             if node is None:
                 raise NotFound(f"no node named {name!r}")
             check(f"node {name}", NODE_TRANSITIONS, node.state, to)
-            self._commit(_Batch(nodes=[replace(node, state=to, drained=drained_across(node, to))]))
+            self._commit(Batch(nodes=[replace(node, state=to, drained=drained_across(node, to))]))
 
     # ------------------------------------------------------------ workers
     def workers(self, task: str, generation: int | None = None, live: bool = False) -> list[WorkerRecord]:
@@ -498,7 +448,7 @@ class Store:
                         WorkerRecord(task, generation, rank, node, local, phase, None, None, None, now)
                     )
                     rank += 1
-            self._commit(_Batch(workers=added))
+            self._commit(Batch(workers=added))
             return list(added)  # (the batch's own list is read by the journal's writer)
 
     def worker_phase(
@@ -525,7 +475,7 @@ class Store:
                 exit_code=code if code is not None else worker.exit_code,
                 exit_signal=signal if signal is not None else worker.exit_signal,
             )
-            self._commit(_Batch(workers=[moved]))
+            self._commit(Batch(workers=[moved]))
             return True
 
     def _ended(self, workers: Iterable[WorkerRecord], to: WorkerPhase) -> list[WorkerRecord]:
@@ -536,7 +486,7 @@ class Store:
         entering = set(sources(WORKER_TRANSITIONS, to))
         with self._lock:
             chosen = [w for w in self.workers(task, generation, live=True) if w.state.value in entering]
-            self._commit(_Batch(workers=self._ended(chosen, to)))
+            self._commit(Batch(workers=self._ended(chosen, to)))
 
     def switch_generation(
         self, task: str, old: int, new: int, kept: dict[WorkerRecord, int], now: float
@@ -544,7 +494,7 @@ class Store:
         """Survivors ``kept`` (record -> new rank) form generation ``new``: their rows of ``old``
         become moved, each gets a running row in ``new``, and the task follows, in one commit."""
         with self._lock:
-            batch = _Batch(workers=self._ended(self.workers(task, old, live=True), WorkerPhase.MOVED))
+            batch = Batch(workers=self._ended(self.workers(task, old, live=True), WorkerPhase.MOVED))
             batch.workers += [
                 WorkerRecord(
                     task, new, rank, w.node, w.local_rank, WorkerPhase.RUNNING, w.pid, None, None, now
@@ -561,7 +511,7 @@ class Store:
         """A hot spare takes a newcomer's identity: its spare row is used, the newcomer's recorded."""
         with self._lock:
             spare = self.worker(task, 0, spare_rank)
-            batch = _Batch(workers=[] if spare is None or spare.state is not WorkerPhase.SPARE else [
+            batch = Batch(workers=[] if spare is None or spare.state is not WorkerPhase.SPARE else [
                 replace(spare, state=WorkerPhase.USED)
             ])  # fmt: skip
             batch.workers.append(
@@ -575,7 +525,7 @@ class Store:
         """A node was lost: its live workers are lost too; returns them as they were."""
         with self._lock:
             lost = self.live_workers_on(node)
-            self._commit(_Batch(workers=self._ended(lost, WorkerPhase.LOST)))
+            self._commit(Batch(workers=self._ended(lost, WorkerPhase.LOST)))
             return lost
 
     # ------------------------------------------------------------ what the parts keep
@@ -586,7 +536,7 @@ class Store:
     def keep(self, name: str, value: Any) -> None:
         """Keep ``value`` (plain JSON data) under ``name``, replacing what was kept there."""
         with self._lock:
-            self._commit(_Batch(kept={name: value}))
+            self._commit(Batch(kept={name: value}))
 
     def kept_record(self, kind: type[K], of: str | None = None) -> K | None:
         """The typed record kept under its name (``core/kept.py``; ``of``: the one of that task or
@@ -600,7 +550,7 @@ class Store:
     def drop_record(self, kind: type[Kept], of: str | None = None) -> None:
         """Keep no record of ``kind`` (``of`` that task or node) any more."""
         with self._lock:
-            self._commit(_Batch(dropped=[kept_name(kind, of)]))
+            self._commit(Batch(dropped=[kept_name(kind, of)]))
 
     # ------------------------------------------------------------ the event log
     def event(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
