@@ -4,10 +4,11 @@ import fcntl
 import hashlib
 import importlib.metadata
 import os
+import resource
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -144,6 +145,54 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest files' tests first, in the order above (a stable sort keeps the rest)."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+CPU_STARTED = pytest.StashKey[float]()
+CPU_PROPERTY = "cpu_s"
+CPU_SHOWN = 15
+
+
+def cpu_used_s() -> float:
+    """CPU seconds used so far by this process and by the processes it has reaped (with theirs):
+    a live test's coordinator and agents, and through the agents their workers."""
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[CPU_STARTED] = cpu_used_s()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """The test's CPU (``cpu_used_s`` from its setup to its teardown) goes with its last report,
+    to the process that prints the summary."""
+    report = yield
+    if call.when == "teardown" and CPU_STARTED in item.stash:
+        report.user_properties.append((CPU_PROPERTY, cpu_used_s() - item.stash[CPU_STARTED]))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The suite's CPU, and the tests that used most of it: the 2 cores are what bounds the
+    suite's length (the live tests' workers compute or import torch while they wait), so this is
+    where it is cut. A failure-free run trained in the background for later tests is counted
+    against the test running meanwhile; a process not reaped by the test's (one left to an
+    init process) is not counted."""
+    used = [
+        (dict(report.user_properties)[CPU_PROPERTY], report.nodeid)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "teardown" and CPU_PROPERTY in dict(report.user_properties)
+    ]
+    if not used:
+        return
+    terminalreporter.write_sep(
+        "=", f"CPU: {sum(s for s, _ in used):.0f} s in {len(used)} tests; the {CPU_SHOWN} that used most"
+    )
+    for seconds, nodeid in sorted(used, reverse=True)[:CPU_SHOWN]:
+        terminalreporter.write_line(f"{seconds:8.1f}s cpu  {nodeid}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -25,8 +25,6 @@ from .spawned import run_ranks
 
 # (not conftest's ROOT: each rank imports this module, and conftest imports the coordinator)
 FSDP = Path(__file__).resolve().parents[1] / "examples" / "fsdp" / "train.py"
-# The tinygpt defaults (the reference run is examples/tinygpt/train.py, unsharded).
-SMALL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--sequence", "32", "--vocab", "64"]
 GENERATION = 1
 
 
@@ -78,7 +76,9 @@ def test_a_sharded_task_trains_in_float32(tmp_path: Path) -> None:
     must be ones gloo takes (plain sums). Two replicas of two ranks, each rank holding a part."""
     from unicron.train.checkpoint import load_latest
 
-    rows = run_task(tmp_path, 4, 6, [*SMALL, "--global-batch", "16", "--micro-batch", "2"])
+    from .test_live_cluster import MODEL
+
+    rows = run_task(tmp_path, 4, 6, [*MODEL, "--global-batch", "16", "--micro-batch", "2"])
     shards = [r for r in rows if r["what"] == "sharded"]
     assert len(shards) == 4 and all(r["parameters"] < r["of"] for r in shards), shards
     final = load_latest(tmp_path / "cluster" / "checkpoints" / "lm")
@@ -91,7 +91,7 @@ def test_one_sharded_replica_ends_exact(tmp_path: Path) -> None:
 
     iterations = 8
     prefetch_reference(iterations)  # trained beside the ranks
-    rows = run_task(tmp_path, 2, iterations, [*ARGS, *SMALL])
+    rows = run_task(tmp_path, 2, iterations, ARGS)
     assert len([r for r in rows if r["what"] == "sharded"]) == 2
     assert_ledger_exact(rows, iterations, world=2, replica_size=2)
     assert_ends_exact(tmp_path, "lm", iterations)
