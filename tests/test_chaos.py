@@ -19,7 +19,7 @@ from bench.chaos.check import surviving_rows
 from bench.chaos.schedule import CLUSTER_FAULTS, ITERATIONS, WORKER_FAULTS, Plan
 from bench.chaos.soak import measure
 
-from .test_live_cluster import shared_reference
+from .test_live_cluster import MODEL, shared_reference
 
 
 def test_the_same_seed_plans_the_same_soak() -> None:
@@ -74,8 +74,9 @@ def test_what_a_process_resumed_from_a_checkpoint_trains_again_is_rolled_back() 
 @pytest.mark.timeout(900)
 def test_a_soak_of_every_fault_loses_nothing(tmp_path: Path) -> None:
     # Strikes go on until every kind struck a target (at most 4 minutes), then every task ends.
-    shared = lambda: shared_reference(ITERATIONS, ())  # noqa: E731  (other tests of as many steps use it)
-    result = measure(tmp_path, minutes=4.0, seed=2, mean_gap_s=4.0, short=True, reference=shared)
+    # The tests' model (MODEL), and its failure-free run, which other tests of as many steps use.
+    shared = lambda: shared_reference(ITERATIONS, ())  # noqa: E731
+    result = measure(tmp_path, minutes=4.0, seed=2, mean_gap_s=4.0, short=True, reference=shared, model=MODEL)
     print(json.dumps({k: result[k] for k in ("elapsed_s", "strikes", "faults_injected")}))  # if it fails
     struck = {s["kind"] for s in result["strikes"] if s["target"] is not None}
     assert struck == set(CLUSTER_FAULTS), result["strikes"]

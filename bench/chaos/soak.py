@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,8 +54,11 @@ CHECKPOINT_EVERY, STEP_DELAY = 10, 0.05
 THROUGHPUT = "{1: 1.0e9, 2: 1.9e9, 4: 3.6e9}"
 
 
-def task_spec(name: str, weight: float, trace: Path, faults: list[dict[str, Any]]) -> str:
-    argv = ", ".join(["python", str(check.TRAIN), *check.ARGS, "--step-delay", str(STEP_DELAY)])
+def task_spec(
+    name: str, weight: float, trace: Path, faults: list[dict[str, Any]], model: Sequence[str] = ()
+) -> str:
+    """``model``: more arguments of the example trainer (the model's size: the tests' smaller one)."""
+    argv = ", ".join(["python", str(check.TRAIN), *check.ARGS, *model, "--step-delay", str(STEP_DELAY)])
     return (
         f"name: {name}\nweight: {weight}\nthroughput: {THROUGHPUT}\nrun:\n  program: [{argv}]\n"
         f"  iterations: {ITERATIONS}\n  checkpoint_every: {CHECKPOINT_EVERY}\n  flops_per_sample: 1e7\n"
@@ -70,6 +73,7 @@ class Soak:
     seed: int
     mean_gap_s: float = 10.0
     short: bool = False  # strike every kind once, then stop (the module's docstring)
+    model: Sequence[str] = ()  # more arguments of every task's trainer (``task_spec``)
     plan: Plan = field(init=False)
     submitted: dict[str, float] = field(default_factory=dict)  # name -> weight
     strikes: list[dict[str, Any]] = field(default_factory=list)
@@ -84,7 +88,7 @@ class Soak:
         name = f"w{weight:g}-{sum(w == weight for w in self.submitted.values())}"
         trace = self.root / "traces" / f"{name}.jsonl"
         trace.parent.mkdir(parents=True, exist_ok=True)
-        cluster.submit(task_spec(name, weight, trace, self.plan.worker_faults()))
+        cluster.submit(task_spec(name, weight, trace, self.plan.worker_faults(), self.model))
         self.submitted[name] = weight
 
     def refill(self, cluster: LocalCluster) -> None:
@@ -148,11 +152,13 @@ def measure(
     ladder: str = "soak",
     short: bool = False,
     reference: Callable[[], dict[str, Any]] | None = None,
+    model: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run the soak under ``root``; returns the record that docs/bench/chaos.json holds (with
     ``ladder="defaults"``, docs/bench/chaos-defaults.json). ``short``: the short soak (the
     module's docstring), ``minutes`` its bound; ``reference``: the failure-free run of ITERATIONS
-    steps that every task must end equal to, where the caller has one (else trained here). What
+    steps that every task must end equal to, where the caller has one (else trained here);
+    ``model``: more arguments of every task's trainer, and of that run (``task_spec``). What
     it left behind is counted for this cluster alone (its processes, the ports they or this
     process hold, its in-memory checkpoint folders and files named after its workers), so that it
     may run beside other clusters."""
@@ -161,9 +167,9 @@ def measure(
     ports = leftovers.listening_ports()
     # The failure-free run trains beside the soak, niced: on the CPU the cluster leaves.
     trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference")
-    train = reference or (lambda: check.reference(root / "reference", ITERATIONS, (), True))
+    train = reference or (lambda: check.reference(root / "reference", ITERATIONS, model, True))
     wanted = trainer.submit(train)
-    soak = Soak(root, minutes, seed, mean_gap_s, short)
+    soak = Soak(root, minutes, seed, mean_gap_s, short, model)
 
     def in_memory() -> set[str]:  # the cluster's files in /dev/shm
         folders = check.memory_folders(home / "checkpoints", soak.submitted, cluster.node_names)
