@@ -263,10 +263,9 @@ def assert_ledger_exact(
     for r in kept:
         steps.setdefault(r["step"], []).extend(r["ids"])
     unrecorded = redone
+    stream = DataStream(chaos_check.GLOBAL_BATCH, chaos_check.MICRO_BATCH, chaos_check.DATASET, seed)
     for step in range(1, iterations + 1):
-        want = DataStream(chaos_check.GLOBAL_BATCH, chaos_check.MICRO_BATCH, chaos_check.DATASET, seed).batch(
-            step
-        )
+        want = stream.batch(step)
         got = Counter(steps.get(step, []))
         if got != Counter(want) and frozen and not unrecorded:
             unrecorded = step

@@ -33,9 +33,8 @@ from .test_live_cluster import (
 )
 from .test_live_replicas import replicas_per_node, whole
 
-FSDP = (
-    ROOT / "examples" / "fsdp" / "train.py"
-)  # given the model in full by ARGS, as the unsharded reference run
+# Given the model in full by ARGS (MODEL), as the unsharded failure-free run it is compared with.
+FSDP = ROOT / "examples" / "fsdp" / "train.py"
 
 
 @pytest.mark.timeout(600)
