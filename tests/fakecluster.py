@@ -23,6 +23,7 @@ from unicron.core.protocol import (
     LaunchWorker,
     Order,
     OrderBatch,
+    Phase,
     Progress,
     Registration,
     RenameWorkers,
@@ -67,6 +68,10 @@ class Cluster:
     # Nodes whose stopped workers are still exiting (listed by their agents until the test
     # reports their exits); elsewhere a stopped worker is gone at once.
     slow_stops: set[str] = field(default_factory=set)
+    # Workers launched from now on start their training sessions at once: each reports a position
+    # (joining its group) from its first heartbeat. Otherwise a worker reports none until the
+    # test gives it one (``positions``) or it trains.
+    sessions_start: bool = False
 
     def beat(self, node: str, *reports: WorkerReport) -> None:
         workers = [
@@ -95,7 +100,10 @@ class Cluster:
             self.orders.append((node, order))
             if isinstance(order, LaunchWorker):
                 self.pids += 1
-                self.running[(order.task, order.generation, order.rank)] = (node, self.pids)
+                key = (order.task, order.generation, order.rank)
+                self.running[key] = (node, self.pids)
+                if self.sessions_start:
+                    self.positions[key] = self._joining(order)
             elif isinstance(order, RenameWorkers) and node not in self.late_renames:
                 for rank, new_rank in order.ranks.items():
                     entry = self.running.pop((order.task, order.generation, rank), None)
@@ -103,6 +111,12 @@ class Cluster:
                         self.running[(order.task, order.new_generation, new_rank)] = entry
             elif isinstance(order, StopWorkers):
                 self._stopped(node, order)
+
+    def _joining(self, order: LaunchWorker) -> Progress:
+        """Where a worker just launched is once its training session started: joining its group
+        for the step after the checkpoint it resumes from."""
+        step = self.c.store.get_task(order.task).checkpoint_step + 1  # type: ignore[union-attr]
+        return Progress(pid=self.pids, generation=order.generation, step=step, phase=Phase.REJOIN)
 
     def _stopped(self, node: str, order: StopWorkers) -> None:
         """A stop order carried out: a worker's stop ends it at once (unless its node is slow)."""

@@ -484,7 +484,9 @@ def test_an_incident_open_when_its_task_ends_ends_with_it(make: Any) -> None:
 
 def relaunch(cluster: Any) -> tuple[float, Any]:
     """Rank 1 of a task with ``recovery: restart`` dies: step until the task is relaunched from its
-    checkpoint; when that was, and the task then."""
+    checkpoint; when that was, and the task then. The relaunched workers (and any after them)
+    start their training sessions at once: their first step is timed from then."""
+    cluster.sessions_start = True
     cluster.exit(1)
     for _ in range(100):
         if cluster.c.store.get_task("lm").launched_generation > 1:
@@ -514,12 +516,12 @@ def test_a_launch_whose_first_step_never_ends_is_a_hang(make: Any) -> None:
 
 def test_a_launch_none_of_whose_ranks_reaches_its_session_is_relaunched_at_once(make: Any) -> None:
     """A task recovering in place whose launch never gets going (every worker runs, none has
-    reported a position by the first step's deadline: stuck importing or loading) is not the
+    reported a position within the launch timeout: stuck importing or loading) is not the
     network's and cannot re-form in place: no peer check, no grace, no reattempt in place (it
     ended in a relaunch ~20 s later before); it is relaunched from its checkpoint at once."""
     spec = "name: lm\nweight: 1\nthroughput: {1: 1.0e9, 2: 2.0e9, 3: 2.7e9, 4: 3.6e9}\n"
     spec += "run: {program: [python, train.py], iterations: 100, recovery: in_process}\n"
-    cluster = make(spec=spec, probes=True, first_step_timeout_s=30.0)
+    cluster = make(spec=spec, probes=True, launch_timeout_s=30.0)
     task = cluster.c.store.get_task("lm")
     assert task.launched_generation == task.generation and task.step == 0
     for _ in range(40):

@@ -200,12 +200,19 @@ class Settings(BaseModel):
     process_group_timeout_s: float = Field(900.0, gt=0, description="torch.distributed timeout")
     stop_grace_s: float = Field(3.0, ge=0, description="SIGTERM to SIGKILL for a planned stop")
     failure_stop_grace_s: float = Field(1.0, ge=0, description="SIGTERM to SIGKILL after a failure")
-    launch_timeout_s: float = Field(120.0, gt=0, description="a worker must start within this")
+    launch_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="a worker must start within this: its process, and for a launch its training"
+        " session too (the first position it reports; raise it for a program that works long"
+        " before it starts its session), else the launch is stuck starting up",
+    )
     first_step_timeout_s: float = Field(
         600.0,
         gt=0,
-        description="once a launch's workers all run, its first step (loading the checkpoint, forming"
-        " the group) must end within this, else the step hangs (the hang deadline needs step times);"
+        description="once every worker of a launch has started its training session, its first step"
+        " (loading the checkpoint, forming the group, compiling) must end within this, else the"
+        " step hangs (the hang deadline needs step times);"
         " a relaunch's within hang_multiple x the longest first step of the task's earlier launches"
         " + checkpoint_allowance_s, if shorter, doubled for each relaunch in a row whose first step"
         " was late",

@@ -124,7 +124,7 @@ def settled_for(mean_s: float, deadline_s: float, interval_s: float, launching: 
     ended), give or take its reading's way; one read there briefly, or for a slow micro-batch on a
     loaded host, had moved on when a delayed heartbeat brought the reading (a tenth of packets
     lost, CI). A heartbeat before any step time (``mean_s`` 0) and at a launch's first step,
-    whose deadline counts the workers' start-up (no rank is there that long)."""
+    whose deadline counts loading the state and forming the group (no rank is there that long)."""
     if launching or mean_s <= 0:
         return interval_s
     return max(interval_s, deadline_s - mean_s)
@@ -136,8 +136,8 @@ def launch_began(workers: Sequence[WorkerRecord]) -> float:
 
 
 def first_step_allowance(limits: Settings, measured_s: float | None, misses: int = 0) -> float:
-    """How long a launch's first step may take once its workers all run (there are no step times
-    of it yet). A task's first launch: ``first_step_timeout_s``, long, as loading and compiling
+    """How long a launch's first step may take once its workers' sessions all began (there are
+    no step times of it yet). A task's first launch: ``first_step_timeout_s``, long, as loading and compiling
     may take minutes. A relaunch is the same program on the same data, now also loading a
     checkpoint: ``hang_multiple`` times the longest first step of its earlier launches
     (``measured_s``) plus ``checkpoint_allowance_s``, if shorter (before: ten minutes by default
@@ -174,6 +174,9 @@ class Detector:
     # task -> the launches (generations) in a row whose first step was found late (each doubles
     # the allowance of the next)
     first_step_late: dict[str, set[int]] = field(default_factory=dict)
+    # task -> (its launch's generation, when every worker of it was first seen in its training
+    # session): the launch's first step is timed from then (``session_began``)
+    sessions: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
         key = (name, generation)
@@ -230,6 +233,7 @@ class Detector:
         self.graced = {k: v for k, v in self.graced.items() if k[0] != name}
         self.deferred.pop(name, None)
         self.restored.pop(name, None)
+        self.sessions.pop(name, None)
 
     def resumed(self, now: float, stalled_s: float) -> None:
         """The coordinator ran again after ``stalled_s`` without: every node gets a full
@@ -240,9 +244,12 @@ class Detector:
         self.ctx.act.record("coordinator_stalled", seconds=round(stalled_s, 3), grace_until=self.judging_from)
 
     def check_start(self, task: TaskRecord, now: float) -> Failing | None:
-        """A launch: every worker must start within ``launch_timeout_s``, and once all run, the
-        first step must end within ``first_step_timeout_s`` (the step-time statistics that find
-        a hang later do not exist yet, so without this a rank hung in it stalls the task)."""
+        """A launch: every worker must start, its process and then its training session (the
+        first position it reports), within ``launch_timeout_s`` of its launch; once every one has,
+        the first step must end within ``first_step_timeout_s`` (the step-time statistics that
+        find a hang later do not exist yet, so without this a rank hung in it stalls the task).
+        The step is timed from the sessions' start, not from the launch: how long the processes
+        took to start (importing torch on a loaded host) is no part of it."""
         if now < self.judging_from:
             return None  # the coordinator just stalled: the agents' reports are still on their way
         workers = self.ctx.store.workers(task.name, task.generation)
@@ -256,24 +263,47 @@ class Detector:
         handled = self.handled.has_incident(key) or self.handled.awaiting_cause(key) or key in self.checks
         if task.launched_generation != task.generation or handled or not workers:
             return None  # an in-place generation: its incident's deadline covers it
-        since = launch_began(workers)
+        if not all(w.state is WorkerPhase.RUNNING for w in workers):
+            return None
+        # The late step is the one after the checkpoint the launch resumed from (the task's own
+        # step is the furthest any generation reached: a relaunch trains some steps again).
+        first = task.checkpoint_step + 1
+        began = self.session_began(task, workers, now)
+        if began is None:  # a worker still starting: stuck (importing, loading) once past the timeout
+            since = launch_began(workers)
+            if now - since > limits.launch_timeout_s:
+                return self._hung(task, now, first, since, limits.launch_timeout_s, launching=True)
+            return None
         late_launches = self.first_step_late.setdefault(task.name, set())
         misses = len(late_launches - {task.generation})
         allowed_s = first_step_allowance(limits, self.first_steps.get(task.name), misses)
-        if all(w.state is WorkerPhase.RUNNING for w in workers) and now - since > allowed_s:
+        if now - began > allowed_s:
             late_launches.add(task.generation)
-            # The late step is the one after the checkpoint the launch resumed from (the task's own
-            # step is the furthest any generation reached: a relaunch trains some steps again).
-            return self._hung(task, now, task.checkpoint_step + 1, since, allowed_s, launching=True)
+            return self._hung(task, now, first, began, allowed_s, launching=True)
         return None
+
+    def session_began(self, task: TaskRecord, workers: Sequence[WorkerRecord], now: float) -> float | None:
+        """When every worker of the task's launch was first seen in its training session (each
+        has reported a position: it joins its group, or trains); None while one has not."""
+        kept = self.sessions.get(task.name)
+        if kept is not None and kept[0] == task.generation:
+            return kept[1]
+        observed = self.observed(workers)
+        if len(observed) < len(workers) or any(seen.at is None for seen in observed.values()):
+            return None
+        self.sessions[task.name] = (task.generation, now)
+        return now
 
     def first_step_done(self, task: TaskRecord, ended: float) -> None:
         """The first step of the task's current generation ended at ``ended``: a launch's is
-        measured (``first_step_allowance``); a generation re-formed in place is no launch."""
+        measured from its sessions' start (``first_step_allowance``); a generation re-formed in
+        place is no launch."""
         workers = self.ctx.store.workers(task.name, task.generation)
         if task.launched_generation != task.generation or not workers:
             return
-        took = max(0.0, ended - launch_began(workers))
+        kept = self.sessions.get(task.name)
+        began = kept[1] if kept is not None and kept[0] == task.generation else launch_began(workers)
+        took = max(0.0, ended - began)
         self.first_step_late.pop(task.name, None)
         self.first_steps[task.name] = max(took, self.first_steps.get(task.name, 0.0))
 
