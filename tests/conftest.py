@@ -100,7 +100,7 @@ def remove_unused(folder: Path) -> bool:
 
 
 # The files whose tests start processes and take longest (seconds each file took, measured in
-# one serial run on 2 cores), longest first. `make test` runs the suite on two processes
+# one serial run on 2 cores), longest first. `make test` runs the suite on three processes
 # (pytest-xdist), each handed the next test in this order as it takes one up: the longest start
 # first, and the run does not end waiting on a long test started last. Every other test keeps
 # its place after them (a file missing here only runs later: nothing is left out).
