@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.specs import ClusterSpec, TaskSpec
@@ -105,8 +106,9 @@ def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) 
         # a submission that came before it would be planned then, solved while its table is
         # still being built, and the lookup this test checks would not be made.
         time.sleep(0.5)
-        for name in TASKS:
-            cluster.submit(spec_yaml(name, traces[name]))
+        # The three in one request: planned together, so no task is placed for a cluster of fewer
+        # tasks first (beta started on four workers, then gave two to gamma: two more starts).
+        cluster.submit(yaml.safe_dump({"tasks": [yaml.safe_load(spec_yaml(n, traces[n])) for n in TASKS]}))
         full = optimum(4)
         assert full == {"alpha": 4, "beta": 2, "gamma": 2}
         cluster.wait(
@@ -162,8 +164,6 @@ def test_allocation_follows_the_optimum_through_loss_and_return(tmp_path: Path) 
 
 def test_helpers_agree_with_the_demo_file() -> None:
     """The tables here are the demo's (examples/demo/tasks.yaml), so the demo shows this too."""
-    import yaml
-
     demo: dict[str, Any] = yaml.safe_load(Path("examples/demo/tasks.yaml").read_text())
     tables = {
         t["name"]: (t["weight"], {k: float(v) for k, v in t["throughput"].items()}) for t in demo["tasks"]
