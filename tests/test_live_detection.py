@@ -28,11 +28,13 @@ from .test_live_cluster import (
 
 ITERATIONS = 60
 CUDA = "CUDA error: an illegal memory access was encountered"
+# The slow rank's steps come last (from step 50 of 60): slow to the end, they need only outlast
+# the straggler window (5 steps).
 FAULTS = f"""  faults:
     - {{action: raise, rank: 1, step: 8, generation: 1, message: "{CUDA}"}}
     - {{action: hang, rank: 1, step: 22, generation: 2}}
     - {{action: break, rank: 0, step: 33, generation: 3}}
-    - {{action: slow, rank: 1, step: 40, generation: 4, seconds: 0.4}}
+    - {{action: slow, rank: 1, step: 50, generation: 4, seconds: 0.4}}
 """
 
 
