@@ -1,9 +1,9 @@
 """Coordinator high availability, end to end: two coordinators on a real three-member etcd
-cluster, one leading through its lease, while three tasks train on real workers.
+cluster, one leading through its lease, while two tasks train on real workers.
 
 Kill -9 the leader, and a worker of one task at the same moment: the standby takes over, nothing
 it knew is lost (tasks, nodes, incidents), no node is taken for lost, the workers of the other
-tasks never stop stepping, and the worker that died meanwhile is handled by the new leader once
+task never stop stepping, and the worker that died meanwhile is handled by the new leader once
 it is up (the rendezvous store its task re-forms through is served again). Every task ends with
 the parameters of a failure-free run and an exact sample ledger.
 """
@@ -35,12 +35,13 @@ from .test_live_cluster import (
     traced_task,
 )
 
-# Room for the takeover: a and c must still step while nobody leads (50 steps left at 0.25 s
-# ran out on a loaded machine); the rest is trained at full speed. (The failure-free run of as
-# many steps is test_live_cluster's.)
+# Room for the takeover: a must still step while nobody leads (50 steps left at 0.25 s ran out
+# on a loaded machine); the rest is trained at full speed. (The failure-free run of as many steps
+# is test_live_cluster's.) Two tasks, one hit and one not, on two nodes: a third task showed
+# nothing more, at two more workers' start and their steps.
 ITERATIONS = 120
 TABLE = "{2: 2.0e9}"
-TASKS = ("a", "b", "c")
+TASKS = ("a", "b")
 
 
 def tasks_spec(tmp: Path) -> str:
@@ -59,7 +60,7 @@ def test_a_standby_takes_over_from_a_killed_leader_and_training_goes_on(
     tmp_path: Path, etcd: EtcdCluster
 ) -> None:
     cluster = LocalCluster(
-        tmp_path / "cluster", 3, 2, store=etcd.url, coordinators=2, settings={"leader_ttl_s": 3}
+        tmp_path / "cluster", 2, 2, store=etcd.url, coordinators=2, settings={"leader_ttl_s": 3}
     )
     with cluster:
         leader = cluster.leading
@@ -68,7 +69,7 @@ def test_a_standby_takes_over_from_a_killed_leader_and_training_goes_on(
         def training(task: str) -> bool:
             return cluster.task(task)["state"] == "running" and cluster.task(task)["step"] >= 10
 
-        cluster.wait(lambda: all(map(training, TASKS)), 180, "three tasks training")
+        cluster.wait(lambda: all(map(training, TASKS)), 180, "both tasks training")
         before_tasks = {t: cluster.task(t) for t in TASKS}
         before_nodes = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
         before_events = cluster.get("/v1/events", limit=1000)
@@ -106,7 +107,7 @@ def test_a_standby_takes_over_from_a_killed_leader_and_training_goes_on(
     # No node was taken for lost: the new leader gave every agent time to find it.
     assert not [e for e in after if e["kind"] == "node_lost"], after
     assert any(e["kind"] == "coordinator_started" for e in after), [(e["id"], e["kind"]) for e in after][:40]
-    assert_stepped_on(traces, after, killed_at, led_at, ("a", "c"))
+    assert_stepped_on(traces, after, killed_at, led_at, ("a",))
     assert_every_incident_closed([e for e in events if e.get("task") == "b"])
     for name in TASKS:
         frozen = frozenset({1}) if name == "b" else frozenset()
