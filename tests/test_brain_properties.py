@@ -63,7 +63,7 @@ LIMITS: dict[str, Any] = {
     "isolation_s": 30.0,
     "hang_cap_s": 8.0,  # a hang before the step times are known is found within the run
     "first_step_timeout_s": 8.0,
-    "launch_timeout_s": 8.0,  # these workers report no position: a launch never trained is stuck starting
+    "start_timeout_s": 8.0,  # these workers report no position: a launch never trained is stuck starting
     "restart_stop_wait_s": 3.0,
 }
 

@@ -482,11 +482,11 @@ def test_an_incident_open_when_its_task_ends_ends_with_it(make: Any) -> None:
     assert len(other.events("outcome")) == 1
 
 
-def relaunch(cluster: Any) -> tuple[float, Any]:
+def relaunch(cluster: Any, sessions: bool = True) -> tuple[float, Any]:
     """Rank 1 of a task with ``recovery: restart`` dies: step until the task is relaunched from its
-    checkpoint; when that was, and the task then. The relaunched workers (and any after them)
-    start their training sessions at once: their first step is timed from then."""
-    cluster.sessions_start = True
+    checkpoint; when that was, and the task then. ``sessions``: the relaunched workers (and any
+    after them) start their training sessions at once, and their first step is timed from then."""
+    cluster.sessions_start = sessions
     cluster.exit(1)
     for _ in range(100):
         if cluster.c.store.get_task("lm").launched_generation > 1:
@@ -514,14 +514,42 @@ def test_a_launch_whose_first_step_never_ends_is_a_hang(make: Any) -> None:
     assert [i["generation"] for i in incidents] == [task.generation]
 
 
+def test_a_first_step_is_timed_from_its_sessions_start_not_from_the_launch(make: Any) -> None:
+    """Relaunched, the workers take 20 s to start their training sessions (importing torch on a
+    loaded host), then a rank hangs in the first step: with ``first_step_timeout_s`` at 10 s the
+    hang is found 10 s after the last session began (30 s after the launch), not at 10 s (when
+    every rank was still starting, none to blame); the start itself is bounded by
+    ``start_timeout_s``, not met here."""
+    cluster = make(recovery="restart", first_step_timeout_s=10.0, start_timeout_s=60.0)
+    relaunched, task = relaunch(cluster, sessions=False)
+    while cluster.clock.now - relaunched < 20.0:
+        cluster.step(1.0)
+    assert cluster.events("hang_detected") == []  # 20 s of start: no session yet, nothing judged
+    for (t, g, r), (_, pid) in cluster.running.items():
+        if (t, g) == ("lm", task.generation):
+            cluster.positions[(t, g, r)] = Progress(
+                pid=pid, generation=g, step=task.checkpoint_step + 1, phase=Phase.REJOIN
+            )
+    cluster.step(1.0)
+    began = cluster.clock.now  # the heartbeat that brought the last position
+    while cluster.clock.now - began < 9.0:
+        cluster.step(1.0)
+    assert cluster.events("hang_detected") == []  # within the first step's 10 s
+    for _ in range(4):
+        cluster.step(1.0)
+    (hang,) = cluster.events("hang_detected")
+    assert hang["generation"] == task.generation and hang["deadline_s"] == 10.0, hang
+    assert hang["step"] == task.checkpoint_step + 1
+
+
 def test_a_launch_none_of_whose_ranks_reaches_its_session_is_relaunched_at_once(make: Any) -> None:
     """A task recovering in place whose launch never gets going (every worker runs, none has
-    reported a position within the launch timeout: stuck importing or loading) is not the
+    reported a position within ``start_timeout_s``: stuck importing or loading) is not the
     network's and cannot re-form in place: no peer check, no grace, no reattempt in place (it
     ended in a relaunch ~20 s later before); it is relaunched from its checkpoint at once."""
     spec = "name: lm\nweight: 1\nthroughput: {1: 1.0e9, 2: 2.0e9, 3: 2.7e9, 4: 3.6e9}\n"
     spec += "run: {program: [python, train.py], iterations: 100, recovery: in_process}\n"
-    cluster = make(spec=spec, probes=True, launch_timeout_s=30.0)
+    cluster = make(spec=spec, probes=True, start_timeout_s=30.0)
     task = cluster.c.store.get_task("lm")
     assert task.launched_generation == task.generation and task.step == 0
     for _ in range(40):
@@ -626,7 +654,8 @@ def test_a_relaunchs_first_step_is_judged_by_the_first_launchs_not_by_the_ten_mi
 
 
 def test_a_relaunch_whose_first_step_never_ends_is_found_by_the_measured_first_step(make: Any) -> None:
-    """The task's first launch took 0.5 s from its last worker's launch to its first step. Relaunched
+    """The task's first launch took 0.5 s from its last worker's launch to its first step (its workers
+    report no position here: a launch is then measured from its last worker's launch). Relaunched
     from its checkpoint, its workers all run but the first step never ends: it is a hang once
     3 x 0.5 s + the 5 s checkpoint allowance have passed, not after the ten-minute timeout of a
     task's first launch (the stalled relaunch is handled like any hang)."""

@@ -42,6 +42,7 @@ BEFORE_LOSS = (
     "membership_timeout_s",
     "recovery_deadline_s",
     "first_step_timeout_s",
+    "start_timeout_s",
     "forget_lost_node_s",
     "mass_silence_hold_s",
 )

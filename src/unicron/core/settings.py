@@ -14,6 +14,9 @@ The ordering, checked whenever settings are built (so at start-up), and why it m
                                                        times out (else the timeout decides)
     heartbeat_deadline_s  <  first_step_timeout_s      node loss is decided before a first step hangs
     first_step_timeout_s  <  process_group_timeout_s   as hang_cap_s, for a launch's first step
+    heartbeat_deadline_s  <  start_timeout_s           node loss is decided before a start is stuck
+    start_timeout_s       <  process_group_timeout_s   the ranks that started wait for the others
+                                                       in the group's rendezvous under that timeout
     network_grace_s       <  process_group_timeout_s   a slow network's grace ends before gloo gives up
     heartbeat_deadline_s  <  forget_lost_node_s        a node is forgotten only after it is lost
     heartbeat_deadline_s  <  mass_silence_hold_s       a mass silence is held longer than a deadline
@@ -74,6 +77,13 @@ ORDERING: tuple[tuple[str, str, bool, str], ...] = (
         "a hang must be detected before the collective times out",
     ),
     ("heartbeat_deadline_s", "first_step_timeout_s", False, "node loss must be decided before a hang"),
+    ("heartbeat_deadline_s", "start_timeout_s", False, "node loss must be decided before a stuck start"),
+    (
+        "start_timeout_s",
+        "process_group_timeout_s",
+        False,
+        "the ranks that started wait for the others in the group's rendezvous under the group's timeout",
+    ),
     (
         "first_step_timeout_s",
         "process_group_timeout_s",
@@ -200,12 +210,13 @@ class Settings(BaseModel):
     process_group_timeout_s: float = Field(900.0, gt=0, description="torch.distributed timeout")
     stop_grace_s: float = Field(3.0, ge=0, description="SIGTERM to SIGKILL for a planned stop")
     failure_stop_grace_s: float = Field(1.0, ge=0, description="SIGTERM to SIGKILL after a failure")
-    launch_timeout_s: float = Field(
-        120.0,
+    launch_timeout_s: float = Field(120.0, gt=0, description="a worker must start within this")
+    start_timeout_s: float = Field(
+        600.0,
         gt=0,
-        description="a worker must start within this: its process, and for a launch its training"
-        " session too (the first position it reports; raise it for a program that works long"
-        " before it starts its session), else the launch is stuck starting up",
+        description="every worker of a launch must have started its training session (the first"
+        " position it reports: Python and torch imported, what the program does before its session)"
+        " within this of the launch, else the launch is stuck starting up and is relaunched",
     )
     first_step_timeout_s: float = Field(
         600.0,

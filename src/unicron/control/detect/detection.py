@@ -131,7 +131,7 @@ def settled_for(mean_s: float, deadline_s: float, interval_s: float, launching: 
 
 
 def launch_began(workers: Sequence[WorkerRecord]) -> float:
-    """When a launch's last worker was ordered: a first step is timed from then."""
+    """When a launch's last worker was ordered: its start is timed from then."""
     return max(w.launched for w in workers)
 
 
@@ -145,8 +145,9 @@ def first_step_allowance(limits: Settings, measured_s: float | None, misses: int
     ``heartbeat_deadline_s``: a node's loss is decided before a hang. Doubled for each relaunch
     in a row whose first step was found late (``misses``): a host slower now than at the first
     launch (loaded, its disk or page cache cold) would otherwise be relaunched forever, each
-    launch cut off before its start-up ends (seen in the soak with both cores busy: 15 s allowed,
-    four workers importing torch on two loaded cores, twenty relaunches)."""
+    launch cut off before its first step ends (seen in the soak with both cores busy, when the
+    allowance still counted the start: 15 s allowed, four workers importing torch on two loaded
+    cores, twenty relaunches; loading the state on a loaded host can do the same)."""
     if measured_s is None:
         return limits.first_step_timeout_s
     derived = (limits.hang_multiple * measured_s + limits.checkpoint_allowance_s) * 2.0 ** min(misses, 32)
@@ -168,15 +169,16 @@ class Detector:
     judging_from: float = 0.0  # after a stall of the coordinator, hangs are judged from then
     deferred: dict[str, tuple[int, int]] = field(default_factory=dict)  # task -> (gen, step) said deferred
     restored: dict[str, list[float]] = field(default_factory=dict)  # step times kept by a predecessor
-    # task -> the longest a launch of it took from its last worker's launch to its first step
+    # task -> the longest a launch's first step took, from its workers' sessions' start to its end
     # (this coordinator's own measurements: after a restart, relaunches get the full timeout)
     first_steps: dict[str, float] = field(default_factory=dict)
     # task -> the launches (generations) in a row whose first step was found late (each doubles
     # the allowance of the next)
     first_step_late: dict[str, set[int]] = field(default_factory=dict)
-    # task -> (its launch's generation, when every worker of it was first seen in its training
-    # session): the launch's first step is timed from then (``session_began``)
-    sessions: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # (task, pid) -> (generation, when the worker was first seen in its training session of that
+    # generation: its first position there); a launch's first step is timed from the last of its
+    # workers' (``session_began``). One entry a process, as ``processes``.
+    in_session: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
 
     def monitor(self, name: str, generation: int) -> TaskMonitor:
         key = (name, generation)
@@ -213,6 +215,10 @@ class Detector:
             None if where is None or read_at is None or not where.time else max(0.0, read_at - where.time)
         )
         self.processes[(state.task, state.pid)] = Sighting(state.stopped and state.running, where, held_s)
+        if where is not None:
+            known = self.in_session.get((state.task, state.pid))
+            if known is None or known[0] < where.generation:
+                self.in_session[(state.task, state.pid)] = (where.generation, now)
         if where is not None and where.phase is Phase.CHECKPOINT:
             monitor = self.monitors.get((state.task, where.generation))
             if monitor is not None:
@@ -233,7 +239,11 @@ class Detector:
         self.graced = {k: v for k, v in self.graced.items() if k[0] != name}
         self.deferred.pop(name, None)
         self.restored.pop(name, None)
-        self.sessions.pop(name, None)
+        self.in_session = {k: v for k, v in self.in_session.items() if k[0] != name}
+        # A task submitted again under this name is a new one: its first launch gets the full
+        # first-step timeout, not the allowance measured on the old one's.
+        self.first_steps.pop(name, None)
+        self.first_step_late.pop(name, None)
 
     def resumed(self, now: float, stalled_s: float) -> None:
         """The coordinator ran again after ``stalled_s`` without: every node gets a full
@@ -244,12 +254,13 @@ class Detector:
         self.ctx.act.record("coordinator_stalled", seconds=round(stalled_s, 3), grace_until=self.judging_from)
 
     def check_start(self, task: TaskRecord, now: float) -> Failing | None:
-        """A launch: every worker must start, its process and then its training session (the
-        first position it reports), within ``launch_timeout_s`` of its launch; once every one has,
-        the first step must end within ``first_step_timeout_s`` (the step-time statistics that
-        find a hang later do not exist yet, so without this a rank hung in it stalls the task).
-        The step is timed from the sessions' start, not from the launch: how long the processes
-        took to start (importing torch on a loaded host) is no part of it."""
+        """A launch: every worker must start within ``launch_timeout_s``, and all must have started
+        their training sessions (each has reported a position) within ``start_timeout_s``; from
+        then the first step must end within ``first_step_timeout_s`` (the step-time statistics
+        that find a hang later do not exist yet, so without this a rank hung in it stalls the
+        task). The step is timed from the sessions' start, not from the launch: how long the
+        processes took to start (importing torch on a loaded host) is no part of it, so a rank
+        hung in it is found as soon after its peers are ready however slow the start was."""
         if now < self.judging_from:
             return None  # the coordinator just stalled: the agents' reports are still on their way
         workers = self.ctx.store.workers(task.name, task.generation)
@@ -268,11 +279,11 @@ class Detector:
         # The late step is the one after the checkpoint the launch resumed from (the task's own
         # step is the furthest any generation reached: a relaunch trains some steps again).
         first = task.checkpoint_step + 1
-        began = self.session_began(task, workers, now)
-        if began is None:  # a worker still starting: stuck (importing, loading) once past the timeout
+        began = self.session_began(task, workers)
+        if began is None:  # a worker still starting: stuck (importing, loading) past the timeout
             since = launch_began(workers)
-            if now - since > limits.launch_timeout_s:
-                return self._hung(task, now, first, since, limits.launch_timeout_s, launching=True)
+            if now - since > limits.start_timeout_s:
+                return self._hung(task, now, first, since, limits.start_timeout_s, launching=True)
             return None
         late_launches = self.first_step_late.setdefault(task.name, set())
         misses = len(late_launches - {task.generation})
@@ -282,28 +293,28 @@ class Detector:
             return self._hung(task, now, first, began, allowed_s, launching=True)
         return None
 
-    def session_began(self, task: TaskRecord, workers: Sequence[WorkerRecord], now: float) -> float | None:
-        """When every worker of the task's launch was first seen in its training session (each
-        has reported a position: it joins its group, or trains); None while one has not."""
-        kept = self.sessions.get(task.name)
-        if kept is not None and kept[0] == task.generation:
-            return kept[1]
-        observed = self.observed(workers)
-        if len(observed) < len(workers) or any(seen.at is None for seen in observed.values()):
+    def session_began(self, task: TaskRecord, workers: Sequence[WorkerRecord]) -> float | None:
+        """When the last worker of the task's launch was first seen in its training session (a
+        position of this generation reported); None while one has not been. Never later than the
+        launch plus ``start_timeout_s``: a coordinator that took over (or restarted) sees every
+        session for the first time, and had the sessions begun later than that, the start would
+        have been found stuck; so a first step's deadline is not put off by a new leader."""
+        seen = [self.in_session.get((task.name, w.pid)) for w in workers if w.pid is not None]
+        began = [at for generation, at in filter(None, seen) if generation == task.generation]
+        if len(began) < len(workers):
             return None
-        self.sessions[task.name] = (task.generation, now)
-        return now
+        return min(max(began), launch_began(workers) + self.ctx.limits.start_timeout_s)
 
     def first_step_done(self, task: TaskRecord, ended: float) -> None:
         """The first step of the task's current generation ended at ``ended``: a launch's is
         measured from its sessions' start (``first_step_allowance``); a generation re-formed in
-        place is no launch."""
+        place is no launch. A launch whose workers reported no position (a program without the
+        training library's session) is measured from its launch, the only start known."""
         workers = self.ctx.store.workers(task.name, task.generation)
         if task.launched_generation != task.generation or not workers:
             return
-        kept = self.sessions.get(task.name)
-        began = kept[1] if kept is not None and kept[0] == task.generation else launch_began(workers)
-        took = max(0.0, ended - began)
+        began = self.session_began(task, workers)
+        took = max(0.0, ended - (launch_began(workers) if began is None else began))
         self.first_step_late.pop(task.name, None)
         self.first_steps[task.name] = max(took, self.first_steps.get(task.name, 0.0))
 
