@@ -103,7 +103,7 @@ class Cluster:
                 key = (order.task, order.generation, order.rank)
                 self.running[key] = (node, self.pids)
                 if self.sessions_start:
-                    self.positions[key] = self._joining(order)
+                    self.start_session(key)
             elif isinstance(order, RenameWorkers) and node not in self.late_renames:
                 for rank, new_rank in order.ranks.items():
                     entry = self.running.pop((order.task, order.generation, rank), None)
@@ -112,11 +112,14 @@ class Cluster:
             elif isinstance(order, StopWorkers):
                 self._stopped(node, order)
 
-    def _joining(self, order: LaunchWorker) -> Progress:
-        """Where a worker just launched is once its training session started: joining its group
-        for the step after the checkpoint it resumes from."""
-        step = self.c.store.get_task(order.task).checkpoint_step + 1  # type: ignore[union-attr]
-        return Progress(pid=self.pids, generation=order.generation, step=step, phase=Phase.REJOIN)
+    def start_session(self, key: tuple[str, int, int]) -> None:
+        """Worker ``key`` (task, generation, rank) has started its training session: it reports
+        joining its group for the step after the checkpoint it resumes from, from the next
+        heartbeat on."""
+        task, generation, _ = key
+        step = self.c.store.get_task(task).checkpoint_step + 1  # type: ignore[union-attr]
+        pid = self.running[key][1]
+        self.positions[key] = Progress(pid=pid, generation=generation, step=step, phase=Phase.REJOIN)
 
     def _stopped(self, node: str, order: StopWorkers) -> None:
         """A stop order carried out: a worker's stop ends it at once (unless its node is slow)."""

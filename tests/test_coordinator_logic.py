@@ -525,11 +525,8 @@ def test_a_first_step_is_timed_from_its_sessions_start_not_from_the_launch(make:
     while cluster.clock.now - relaunched < 20.0:
         cluster.step(1.0)
     assert cluster.events("hang_detected") == []  # 20 s of start: no session yet, nothing judged
-    for (t, g, r), (_, pid) in cluster.running.items():
-        if (t, g) == ("lm", task.generation):
-            cluster.positions[(t, g, r)] = Progress(
-                pid=pid, generation=g, step=task.checkpoint_step + 1, phase=Phase.REJOIN
-            )
+    for key in [k for k in cluster.running if k[:2] == ("lm", task.generation)]:
+        cluster.start_session(key)
     cluster.step(1.0)
     began = cluster.clock.now  # the heartbeat that brought the last position
     while cluster.clock.now - began < 9.0:
