@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from bench import fleet
-from unicron.control.launch.etcdlocal import EtcdCluster, etcd_binary
+from harness.etcdlocal import EtcdCluster, etcd_binary
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.control.store.gcpolicy import GcPolicy
 from unicron.core.cadence import cadence_for

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from unicron.control.launch.etcdlocal import EtcdCluster, etcd_binary
+from harness.etcdlocal import EtcdCluster, etcd_binary
 
 
 def running_etcd(root: Path, size: int = 1) -> Iterator[EtcdCluster]:

@@ -2,7 +2,7 @@
 page edited by hand, and not in its template, loses the edit at the next `make bench` (four
 passages of docs/detection.md and docs/multi-host.md, and five metrics of
 docs/observability.md, once were). Each benchmark's ``--docs`` mode writes its page again from
-its last figures (``docs/bench/*.json``), here into a copy of ``bench/`` and ``docs/``.
+its last figures (``docs/bench/*.json``), here into a copy of ``bench/``, ``docs/`` and ``harness/``.
 
 Checked: the six pages a benchmark writes alone from its own JSON. Not here: performance.md
 (two benchmarks write it in turn: the overhead's page, then the decisions' section), gpu.md
@@ -34,7 +34,7 @@ PAGES = {
 def test_a_page_written_by_a_benchmark_is_its_template_with_the_committed_figures(
     bench: str, tmp_path: Path
 ) -> None:
-    for folder in ("bench", "docs"):
+    for folder in ("bench", "docs", "harness"):
         shutil.copytree(
             ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "*.png")
         )

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from unicron.control.launch.etcdlocal import EtcdCluster
+from harness.etcdlocal import EtcdCluster
 from unicron.control.launch.localcluster import LocalCluster
 
 from .etcdrun import running_etcd

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from unicron.control.launch.etcdlocal import EtcdCluster
+from harness.etcdlocal import EtcdCluster
 from unicron.control.store import etcdbackend
 from unicron.control.store.backend import Fenced
 from unicron.control.store.journal import Journal

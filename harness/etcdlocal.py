@@ -1,6 +1,6 @@
-"""A real etcd on loopback (one member, or a cluster of three) for the tests, the benchmarks and
-``unicron demo --store etcd``: the ``etcd`` binary that ``make test`` installs from Debian
-(``etcd-server``), each member on free ports with its data under a directory of its own.
+"""A real etcd on loopback (one member, or a cluster of three) for the tests and the benchmarks:
+the ``etcd`` binary that ``make test`` installs from Debian (``etcd-server``), each member on free
+ports with its data under a directory of its own.
 """
 
 from __future__ import annotations
