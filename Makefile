@@ -3,23 +3,39 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint system browser bytecode demo bench soak docs clean
+.PHONY: venv lock test lint system browser bytecode demo bench soak docs clean
 , := ,
 
 venv: $(STAMP)
 
-# torchft, the peer the benchmarks measure (examples/torchft/): its wheel names torch as a
-# dependency, which pip would fetch as a CUDA build, so it goes in without its dependencies
-# (torch is here; its OpenTelemetry packages are pinned in the dev extra).
-$(STAMP): pyproject.toml
+# What is installed is pinned by constraints.txt (pyproject.toml declares ranges). torchft, the
+# peer the benchmarks measure (examples/torchft/): its wheel names torch as a dependency, which pip
+# would fetch as a CUDA build, so it goes in without its dependencies (torch is here; its
+# OpenTelemetry packages are in the torchft extra).
+PIP := -m pip install -q --disable-pip-version-check
+TORCHFT := torchft-nightly==2026.10.26
+$(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps torchft-nightly==2026.10.26
+	$(PY) $(PIP) -c constraints.txt -e '.[dev]'
+	$(PY) $(PIP) -c constraints.txt --no-deps $(TORCHFT)
 	touch $(STAMP)
 
+# constraints.txt written again: pyproject.toml's ranges resolved afresh in a new virtual
+# environment (the newest releases they allow), with what the tests use. Run after changing a
+# range, then `make test`, and commit both.
+LOCK_VENV := .venv-lock
+lock:
+	rm -rf $(LOCK_VENV) && python3 -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python $(PIP) -e '.[dev]'
+	$(LOCK_VENV)/bin/python $(PIP) --no-deps $(TORCHFT)
+	-$(LOCK_VENV)/bin/python $(PIP) '.[netfaults]' >/dev/null 2>&1
+	{ sed -n '1,3p' constraints.txt; $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable \
+	  | grep -v '^unicron' | sed 's/+cpu$$//' | LC_ALL=C sort -f; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf $(LOCK_VENV)
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples harness
+	$(VENV)/bin/ruff format --check src tests bench examples harness
 	$(VENV)/bin/mypy src
 
 # System packages driven for real, from Debian with apt-get as root (elsewhere what needs them
@@ -47,7 +63,7 @@ BROWSER_CHECK := command -v chromium >/dev/null && command -v chromedriver >/dev
 system: $(STAMP)
 	$(call apt,$(SYSTEM_PACKAGES) $(BROWSER_PACKAGES),$(SYSTEM_CHECK) && $(BROWSER_CHECK),the tests that need Slurm$(,) nftables$(,) iptables$(,) etcd or a browser)
 	@$(PY) -c "import netfilterqueue" 2>/dev/null \
-	  || $(PY) -m pip install -q --disable-pip-version-check -e '.[netfaults]' >/dev/null 2>&1 \
+	  || $(PY) $(PIP) -c constraints.txt -e '.[netfaults]' >/dev/null 2>&1 \
 	  || echo "NetfilterQueue did not build: the tests that delay packets will be skipped"
 
 browser:
@@ -58,7 +74,7 @@ browser:
 # worker, agent and coordinator a test starts compiled them again (a third of a second of CPU
 # per worker start here; tests start hundreds). A stale file is recompiled in memory, unused.
 bytecode: $(STAMP)
-	@$(PY) -m compileall -q src examples bench tests >/dev/null
+	@$(PY) -m compileall -q src examples bench tests harness >/dev/null
 
 # Three processes run the tests (pytest-xdist) on this project's two cores: the live tests wait
 # on their workers' steps and deadlines as well as compute, and two at once left the cores idle a

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from unicron.core.extras import require
 from unicron.core.livespecs import LiveClusterSpec, LiveTaskSpec
 from unicron.core.specs import ClusterSpec, TaskSpec, TransitionSettings
 from unicron.core.taxonomy import ErrorKind
@@ -174,8 +175,7 @@ def plot(
     horizon_s: float,
     node: str,
 ) -> None:
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plot", "the demo's WAF figure")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

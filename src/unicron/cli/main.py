@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from unicron.core.errors import UnicronError, UsageError
+from unicron.core.extras import missing_extra
 from unicron.core.taxonomy import TAXONOMY
 
 app = typer.Typer(
@@ -475,6 +476,12 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv)
     except UnicronError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except ModuleNotFoundError as exc:  # a command whose extra is not installed (core/extras.py)
+        missing = missing_extra(exc, "this command")
+        if missing is None:
+            raise
+        print(f"error: {missing}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C ends --watch, --follow and long commands: no traceback
         sys.exit(130)

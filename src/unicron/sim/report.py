@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from unicron.core.extras import require
 from unicron.sim.engine import CAUSES, HOUR
 from unicron.sim.runner import SimulationReport
 
@@ -105,8 +106,7 @@ def to_json(report: SimulationReport) -> dict[str, Any]:
 
 def plot(report: SimulationReport, path: Path) -> None:
     """WAF over time per policy (left) and lost WAF by cause (right)."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plot", "a plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

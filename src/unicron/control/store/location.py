@@ -6,6 +6,7 @@ from pathlib import Path
 
 from unicron.control.store.backend import Backend
 from unicron.control.store.sqlitebackend import SqliteBackend
+from unicron.core.extras import require
 
 
 def open_backend(location: str | Path) -> Backend:
@@ -13,7 +14,8 @@ def open_backend(location: str | Path) -> Backend:
     text = str(location)
     if text.startswith("etcd://"):
         # Imported only here: its client (etcd3gw, requests) takes ~0.2 s to import, which a
-        # coordinator on SQLite would pay at every start.
+        # coordinator on SQLite would pay at every start; and it is an extra's.
+        require("etcd3gw", "etcd", "a store on etcd")
         from unicron.control.store.etcdbackend import EtcdBackend
 
         return EtcdBackend.from_url(text)
