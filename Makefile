@@ -28,15 +28,22 @@ lock:
 	rm -rf $(LOCK_VENV) && python3 -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python $(PIP) -e '.[dev]'
 	$(LOCK_VENV)/bin/python $(PIP) --no-deps $(TORCHFT)
-	-$(LOCK_VENV)/bin/python $(PIP) '.[netfaults]' >/dev/null 2>&1
-	{ sed -n '1,3p' constraints.txt; $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable \
-	  | grep -v '^unicron' | sed 's/+cpu$$//' | LC_ALL=C sort -f; } > constraints.txt.new
+	$(LOCK_VENV)/bin/python $(PIP) -e '.[netfaults]' >/dev/null 2>&1 \
+	  || echo "NetfilterQueue did not build here (make system installs what it needs): its pin is kept"
+	$(LOCK_VENV)/bin/python -m pip freeze --all --exclude-editable | grep -v -e '^unicron' -e '^pip==' \
+	  | sed 's/+cpu$$//' > $(LOCK_VENV)/freeze.txt
+	@! grep ' @ ' $(LOCK_VENV)/freeze.txt || { echo "installed from a path or URL: cannot be pinned"; exit 1; }
+	@grep -q '^torch==' $(LOCK_VENV)/freeze.txt || { echo "no torch in the freeze: nothing written"; exit 1; }
+	grep -qi '^NetfilterQueue==' $(LOCK_VENV)/freeze.txt || grep -i '^NetfilterQueue==' constraints.txt \
+	  >> $(LOCK_VENV)/freeze.txt
+	{ sed -n '1,3p' constraints.txt; LC_ALL=C sort -f $(LOCK_VENV)/freeze.txt; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt && rm -rf $(LOCK_VENV)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples harness
 	$(VENV)/bin/ruff format --check src tests bench examples harness
 	$(VENV)/bin/mypy src
+	MYPYPATH=src $(VENV)/bin/mypy harness
 
 # System packages driven for real, from Debian with apt-get as root (elsewhere what needs them
 # is skipped with the reason): Slurm with munge (tests/test_slurm.py); nftables (packet loss

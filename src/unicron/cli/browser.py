@@ -2,7 +2,7 @@
 screenshot (docs/dashboard.png) open the coordinator's page in a real browser with it.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``make test`` and ``make demo`` install
-them as root with apt-get) and the ``selenium`` package (a dev dependency). ``unavailable()``
+them as root with apt-get) and the ``selenium`` package (the ``browser`` extra: ``pip install 'unicron[browser]'``). ``unavailable()``
 says why a browser cannot be started here; callers skip, they do not fail.
 """
 
@@ -24,7 +24,7 @@ def _chromium() -> str | None:
 def unavailable() -> str | None:
     """Why no headless browser can be started here (None: it can)."""
     if importlib.util.find_spec("selenium") is None:
-        return "the selenium package is missing (a dev dependency)"
+        return "the selenium package is missing (pip install 'unicron[browser]')"
     if _chromium() is None:
         return "Chromium is not installed (apt-get install chromium chromium-driver)"
     if shutil.which("chromedriver") is None:

@@ -32,6 +32,7 @@ from unicron.control.launch.testhosts import TestHosts, unavailable
 from unicron.control.service.tokens import issue
 from unicron.core.access import Role
 from unicron.core.errors import UsageError
+from unicron.core.extras import require
 from unicron.core.livespecs import parse_live_cluster, parse_live_tasks
 from unicron.core.taxonomy import ErrorKind
 
@@ -345,6 +346,7 @@ def run_demo(root: Path, timeout_s: float = 900, hosts: int | None = None) -> in
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)  # also when started where SIGINT was ignored
+    require("matplotlib", "plot", "the demo (it ends with its WAF figure)")  # before minutes of it
     test_hosts = _test_hosts(hosts)
     where = "on loopback" if test_hosts is None else "each on a test host of its own (+1 for the coordinator)"
     nodes = hosts or 4

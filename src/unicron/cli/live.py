@@ -22,7 +22,6 @@ from unicron.control.service.credentials import Credentials, resolve, write_toke
 from unicron.core.access import Role
 from unicron.core.coordinators import parse_coordinators
 from unicron.core.errors import UnicronError, UsageError
-from unicron.core.extras import require
 from unicron.core.limits import MAX_LABEL_CHARS, MAX_SLOTS
 from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, parse_live_cluster
 from unicron.core.names import check_name
@@ -43,7 +42,6 @@ def check_store(url: str | None) -> str | None:
     """``--store``: a well-formed etcd URL whose cluster answers now (else a clear error)."""
     if url is None:
         return None
-    require("etcd3gw", "etcd", "--store etcd://...")
     from unicron.control.store.etcdbackend import EtcdClients, parse_url
 
     endpoints, _ = parse_url(url)

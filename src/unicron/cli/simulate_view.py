@@ -14,6 +14,7 @@ from rich.table import Table
 from unicron.cli.console import console as make_console
 from unicron.cli.files import read_text
 from unicron.core.errors import UsageError
+from unicron.core.extras import require
 from unicron.sim.report import (
     CAUSE_COLUMNS,
     COLUMNS,
@@ -71,6 +72,8 @@ def run_simulate(
 ) -> None:
     if span_trace and trace is None:
         raise UsageError("--span-trace lengthens the scenario to a given trace: pass --trace FILE too")
+    if plot_path is not None:
+        require("matplotlib", "plot", "--plot")  # before the simulation, not after it
     scenario = parse_scenario(read_text(scenario_path), str(scenario_path))
     failures = None
     if trace is not None:

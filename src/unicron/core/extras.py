@@ -36,7 +36,6 @@ class MissingExtra(UsageError):
             f"{purpose} needs the {extra!r} extra, which is not installed here (no module {module!r}):"
             f" pip install 'unicron[{extra}]'"
         )
-        self.extra = extra
 
 
 def extra_of(module: str) -> str | None:

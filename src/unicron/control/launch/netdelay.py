@@ -10,7 +10,7 @@ up with a training step's bursts.
 Run inside the host's namespace: ``python -m unicron.control.launch.netdelay --queue N --delay-ms D``;
 it prints ``ready`` once the queue is bound (the rules come after, so no packet is queued before
 anything takes it) and runs until killed. Needs root and the NetfilterQueue package
-(``pip install -e '.[netfaults]'``: ``make test`` installs it with the system libraries it needs).
+(``pip install 'unicron[netfaults]'``: ``make test`` installs it with the system libraries it needs).
 """
 
 from __future__ import annotations

@@ -26,12 +26,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from etcd3gw.client import Etcd3Client
-from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError
-
 from unicron.control.store.backend import Change, Delete, Fenced, Loaded, Table
 from unicron.control.store.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
 from unicron.core.errors import UsageError
+from unicron.core.extras import require
 
 PAGE = 1000  # keys per range request when scanning the event log
 EVENT_DIGITS = 16
@@ -65,14 +63,19 @@ def parse_url(url: str) -> tuple[list[tuple[str, int]], str]:
 
 
 class EtcdClients:
-    """Requests to the first endpoint that answers (kept until it stops answering)."""
+    """Requests to the first endpoint that answers (kept until it stops answering). The client
+    library is the ``etcd`` extra's, imported here: a coordinator on SQLite, which imports this
+    module for the leadership's types, needs none of it (``core/extras.py``)."""
 
     def __init__(self, endpoints: list[tuple[str, int]], timeout_s: float = 5.0) -> None:
-        self.clients = [Etcd3Client(host=h, port=p, timeout=timeout_s, api_path="/v3/") for h, p in endpoints]
+        client = require("etcd3gw.client", "etcd", "a store on etcd").Etcd3Client
+        self.clients = [client(host=h, port=p, timeout=timeout_s, api_path="/v3/") for h, p in endpoints]
         self.current = 0
         self._lock = threading.Lock()
 
     def post(self, path: str, body: dict[str, Any]) -> Any:
+        from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError  # (see above)
+
         with self._lock:
             error: Exception | None = None
             for attempt in range(len(self.clients)):
