@@ -2,8 +2,9 @@
 screenshot (docs/dashboard.png) open the coordinator's page in a real browser with it.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``make test`` and ``make demo`` install
-them as root with apt-get) and the ``selenium`` package (the ``browser`` extra: ``pip install 'unicron[browser]'``). ``unavailable()``
-says why a browser cannot be started here; callers skip, they do not fail.
+them as root with apt-get) and the ``selenium`` package (the ``browser`` extra: ``pip install
+'unicron[browser]'``). ``unavailable()`` says why a browser cannot be started here; callers skip,
+they do not fail.
 """
 
 from __future__ import annotations

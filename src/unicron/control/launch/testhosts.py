@@ -98,7 +98,7 @@ def delay_unavailable() -> str | None:
     if shutil.which("iptables") is None:
         return "`iptables` is not installed: make test installs it as root"
     if importlib.util.find_spec("netfilterqueue") is None:
-        return "the NetfilterQueue package is missing: make test installs it (pip install 'unicron[netfaults]')"
+        return "NetfilterQueue is missing: make test installs it (pip install 'unicron[netfaults]')"
     return None
 
 
