@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import fcntl
 import functools
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -35,14 +36,16 @@ from .test_live_cluster import (
 
 PORT = ROOT / "examples" / "ddp-port"
 # What the original DDP script's result depends on, besides its arguments and torch's version.
-DDP_INPUTS = [PORT / "train_ddp.py", *sorted((ROOT / "examples" / "tinygpt").glob("*.py"))]
+DDP_INPUTS = [PORT / "train_ddp.py", *sorted((ROOT / "examples" / "tinygpt").glob("*.py"))]  # (the port's)
 
 
-def torchrun(script: str, workers: int, iterations: int, checkpoint: Path, *precision: str) -> None:
+def torchrun(
+    script: str, workers: int, iterations: int, checkpoint: Path, *precision: str, example: Path = PORT
+) -> None:
     run = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
-            str(PORT / script), "--iterations", str(iterations), "--checkpoint", str(checkpoint),
+            str(example / script), "--iterations", str(iterations), "--checkpoint", str(checkpoint),
             *(precision or ("--dtype", "float64")),
         ],
         capture_output=True, text=True, timeout=300,
@@ -65,18 +68,42 @@ def ddp(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., dict[st
     return functools.partial(ddp_state, Path(folder))
 
 
-def ddp_state(folder: Path, workers: int, iterations: int, *precision: str) -> dict[str, Any]:
+def ddp_state(
+    folder: Path, workers: int, iterations: int, *precision: str, example: Path = PORT
+) -> dict[str, Any]:
+    """The final state of ``example``'s train_ddp.py (its inputs: the example's and the tiny GPT's
+    files, and the versions of what they import beside torch and numpy)."""
     precision = precision or ("--dtype", "float64")
-    key = inputs_digest(DDP_INPUTS, workers, iterations, precision)
+    own = [p for p in sorted(example.glob("*.py")) if p.name != "train_unicron.py"]
+    sources = list(dict.fromkeys([*own, *DDP_INPUTS]))  # (another example runs the port's loop)
+    versions = [importlib.metadata.version("transformers")] if example != PORT else []
+    key = inputs_digest(sources, workers, iterations, precision, *versions)
     if key not in DDP_STATES:
         path = folder / f"ddp-{key}.pt"
         with (folder / f"ddp-{key}.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not path.exists():
-                torchrun("train_ddp.py", workers, iterations, folder / f"ddp-{key}.partial", *precision)
-                os.replace(folder / f"ddp-{key}.partial", path)
+                partial = folder / f"ddp-{key}.partial"
+                torchrun("train_ddp.py", workers, iterations, partial, *precision, example=example)
+                os.replace(partial, path)
         DDP_STATES[key] = torch.load(path, weights_only=False)
     return DDP_STATES[key]
+
+
+def run_port(
+    tmp_path: Path, faults: list[dict[str, Any]], iterations: int, *precision: str, example: Path = PORT
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``example``'s port as the task ``port``, of 4 workers on 2 nodes of 2 slots, with
+    ``faults``, run to its end: its events and its trace's rows (its checkpoints are under
+    ``tmp_path / "cluster" / "checkpoints" / "port"``). No node is isolated: a test's faults may
+    strike the same node within the ladder's window."""
+    trace = tmp_path / "trace.jsonl"
+    program = ["python", str(example / "train_unicron.py"), *(precision or ("--dtype", "float64"))]
+    table, lines = "{1: 1.0e9, 2: 1.9e9, 3: 2.7e9, 4: 3.5e9}", f"  faults: {json.dumps(faults)}\n"
+    spec = traced_task(trace, table, iterations, 0.0, lines, name="port", program=program)
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings={"isolate_after": 100}) as cluster:
+        cluster.submit(spec)
+        return finish_and_settle(cluster, trace, "port")
 
 
 def assert_same_training(unicron: dict[str, Any], ddp: dict[str, Any], exact: bool) -> None:
@@ -117,20 +144,13 @@ def test_the_port_recovers_in_place_and_ends_as_the_failure_free_original(
     # rank's share. (A lost node is test_live_inprocess's; in place, the port's steps are the
     # library's.)
     iterations = 60
-    trace = tmp_path / "trace.jsonl"
     faults = [
         {"action": "kill", "rank": 1, "step": 10, "generation": 0},
         {"action": "kill_in_backward", "rank": 2, "step": 30, "generation": 0},
     ]
-    program = ["python", str(PORT / "train_unicron.py"), "--dtype", "float64"]
-    table, lines = "{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}", f"  faults: {json.dumps(faults)}\n"
-    spec = traced_task(trace, table, iterations, 0.0, lines, name="port", program=program)
     # The two kills may strike within the 2 s task-fault window, but in different generations
     # (the second victim survived the first): two worker faults, not the task's.
-    settings = {"isolate_after": 100}
-    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
-        cluster.submit(spec)
-        events, rows = finish_and_settle(cluster, trace, "port")
+    events, rows = run_port(tmp_path, faults, iterations)
     kinds = [e["kind"] for e in events]
     story = story_of([e for e in events if e["kind"] not in ("throughput_measured", "straggler")])
     assert kinds.count("task_launch") == 1, story  # nothing restarted from a checkpoint
@@ -180,16 +200,11 @@ def test_under_autocast_bf16_a_recovered_run_differs_from_the_original_by_roundi
     # 0.15 here; the recovered run, 0.001; one that weighted the recomputed micro-batches twice,
     # 0.005. The float64 test above holds the arithmetic to 1e-9; this one the bf16 path.
     # 40 steps: DDP on 2 workers is then the torchrun test's own (one run for both).
-    iterations, trace = 40, tmp_path / "trace.jsonl"
+    iterations = 40
     # The failure comes late (step 38 of 40), so that Adam has few steps to amplify it in: the
     # yardstick's regrouping acts on all 40.
     faults = [{"action": "kill_in_backward", "rank": 1, "step": 38, "generation": 0}]
-    program = ["python", str(PORT / "train_unicron.py"), "--dtype", "float32", "--bf16"]
-    lines = f"  faults: {json.dumps(faults)}\n"
-    spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9, 4: 3.5e9}", iterations, 0.0, lines, "port", program)
-    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
-        cluster.submit(spec)
-        events, rows = finish_and_settle(cluster, trace, "port")
+    events, rows = run_port(tmp_path, faults, iterations, "--dtype", "float32", "--bf16")
     kinds = [e["kind"] for e in events]
     assert kinds.count("task_launch") == 1 and kinds.count("in_process_recovery") >= 1, kinds
     assert_ledger_exact(rows, iterations)

@@ -11,6 +11,7 @@ import argparse
 import gc
 import os
 import sys
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -23,6 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tinygpt"))
 from corpus import make_corpus
 from model import Config, TinyGPT, lm_loss
 from schedule import warmup_cosine
+
+Model = Callable[[argparse.Namespace], torch.nn.Module]  # the model of the arguments
+Loss = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]  # a micro-batch's mean loss
 
 
 def parse() -> argparse.Namespace:
@@ -44,21 +48,25 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
-def forward(net: torch.nn.Module, batch: torch.Tensor, bf16: bool) -> torch.Tensor:
+def tiny_gpt(args: argparse.Namespace) -> torch.nn.Module:
+    return TinyGPT(Config(layers=args.layers, hidden=args.hidden, heads=args.heads))
+
+
+def forward(net: torch.nn.Module, batch: torch.Tensor, bf16: bool, loss: Loss) -> torch.Tensor:
     """The micro-batch's mean loss, in mixed precision when asked (bf16, on the CPU or a GPU)."""
     with torch.autocast(batch.device.type, torch.bfloat16, enabled=bf16):
-        return lm_loss(net, batch)
+        return loss(net, batch)
 
 
-def main() -> None:
+def main(build: Model = tiny_gpt, loss: Loss = lm_loss) -> None:
+    """Train ``build``'s model (another: examples/hf-llama/ passes a Hugging Face Llama)."""
     args = parse()
     torch.set_num_threads(1)
     gpu = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if gpu else torch.device("cpu")
     dist.init_process_group("nccl" if gpu else "gloo", device_id=device if gpu else None)
     torch.manual_seed(args.seed)
-    config = Config(layers=args.layers, hidden=args.hidden, heads=args.heads)
-    model = TinyGPT(config).to(device, getattr(torch, args.dtype))
+    model = build(args).to(device, getattr(torch, args.dtype))
     net = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup, args.iterations))
@@ -72,7 +80,7 @@ def main() -> None:
             batches = iter(loader)
         for i in range(accumulation):
             with net.no_sync() if i < accumulation - 1 else nullcontext():
-                (forward(net, next(batches).to(device), args.bf16) / accumulation).backward()
+                (forward(net, next(batches).to(device), args.bf16, loss) / accumulation).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
         scheduler.step()

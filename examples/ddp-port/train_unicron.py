@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -18,6 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tinygpt"))
 from corpus import make_corpus
 from model import Config, TinyGPT, lm_loss
 from schedule import warmup_cosine
+
+Model = Callable[[argparse.Namespace], torch.nn.Module]  # the model of the arguments
+Loss = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]  # a micro-batch's mean loss
 
 
 def parse() -> argparse.Namespace:
@@ -39,20 +43,24 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
-def forward(net: torch.nn.Module, batch: torch.Tensor, bf16: bool) -> torch.Tensor:
+def tiny_gpt(args: argparse.Namespace) -> torch.nn.Module:
+    return TinyGPT(Config(layers=args.layers, hidden=args.hidden, heads=args.heads))
+
+
+def forward(net: torch.nn.Module, batch: torch.Tensor, bf16: bool, loss: Loss) -> torch.Tensor:
     """The micro-batch's mean loss, in mixed precision when asked (bf16, on the CPU or a GPU)."""
     with torch.autocast(batch.device.type, torch.bfloat16, enabled=bf16):
-        return lm_loss(net, batch)
+        return loss(net, batch)
 
 
-def main() -> None:
+def main(build: Model = tiny_gpt, loss: Loss = lm_loss) -> None:
+    """Train ``build``'s model (another: examples/hf-llama/ passes a Hugging Face Llama)."""
     args = parse()
     torch.set_num_threads(1)
     session = ut.init(iterations=args.iterations, checkpoint_dir=args.checkpoint, checkpoint_every=10)
     device = session.device
     torch.manual_seed(args.seed)
-    config = Config(layers=args.layers, hidden=args.hidden, heads=args.heads)
-    model = TinyGPT(config).to(device, getattr(torch, args.dtype))
+    model = build(args).to(device, getattr(torch, args.dtype))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup, session.iterations))
     session.register("scheduler", scheduler)
@@ -60,7 +68,7 @@ def main() -> None:
     loader = session.loader(corpus, args.global_batch, batch_size=args.micro_batch, seed=args.seed)
     for _ in session.steps(model, optimizer):
         for batch in loader:
-            forward(model, batch.to(device), args.bf16).backward()
+            forward(model, batch.to(device), args.bf16, loss).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
         optimizer.zero_grad()
