@@ -37,6 +37,7 @@ METHODS = [
     "metric",
     "loader",
     "steps",
+    "save_pretrained",
     "close",
     "forward_exception",
 ]

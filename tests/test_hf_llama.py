@@ -116,3 +116,29 @@ def test_the_docs_name_the_transformers_release_tried() -> None:
     assert (
         f"`LlamaForCausalLM` (Transformers {release})" in (ROOT / "docs" / "training-library.md").read_text()
     )
+
+
+@pytest.mark.timeout(300)
+def test_the_final_model_opens_with_from_pretrained_and_a_run_starts_from_it(tmp_path: Path) -> None:
+    """The port writes its final model with save_pretrained (rank 0 alone): from_pretrained opens
+    it, equal to the final checkpoint's; a run given that folder starts from those weights (with
+    a learning rate of 0, AdamW's decay included, it ends where it started)."""
+    from transformers import LlamaForCausalLM
+
+    export = tmp_path / "exported"
+    args = ["--dtype", "float64", "--export", str(export)]
+    torchrun("train_unicron.py", 2, 6, tmp_path / "first", *args, example=LLAMA)
+    assert sorted(p.name for p in export.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    final = load_latest(tmp_path / "first")
+    assert final is not None
+    opened = LlamaForCausalLM.from_pretrained(export, dtype="auto").state_dict()
+    assert all(torch.equal(opened[k], v) for k, v in final["model"].items())
+    again = ["--dtype", "float64", "--pretrained", str(export), "--lr", "0"]
+    torchrun("train_unicron.py", 2, 2, tmp_path / "second", *again, example=LLAMA)
+    resumed = load_latest(tmp_path / "second")
+    assert resumed is not None and resumed["step"] == 2
+    assert all(torch.equal(resumed["model"][k], v) for k, v in final["model"].items())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -165,3 +167,24 @@ def test_the_ledger_shares_out_exactly_what_nobody_holds() -> None:
     parts = [held[r] + unclaimed_share(ids, held, r, 2) for r in range(2)]
     assert sorted(i for p in parts for i in p) == ids
     assert abs(len(parts[0]) - len(parts[1])) <= 4
+
+
+class _Saving(torch.nn.Linear):
+    """A model with a Hugging Face style ``save_pretrained`` (writes one file into a folder)."""
+
+    def save_pretrained(self, folder: Path, safe_serialization: bool) -> None:
+        folder.mkdir(parents=True)
+        torch.save(self.state_dict(), folder / ("model.safetensors" if safe_serialization else "model.bin"))
+
+
+def test_the_final_model_is_exported_by_one_rank_whole_and_replaces_an_older_one(tmp_path: Path) -> None:
+    from unicron.train.pretrained import export
+
+    target = tmp_path / "final"
+    assert export(_Saving(2, 1), target, writer=False) is None and not target.exists()
+    (target / "stale").mkdir(parents=True)
+    assert export(_Saving(2, 1), target, writer=True) == target
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # no partial or previous left
+    assert sorted(p.name for p in target.iterdir()) == ["model.safetensors"]
+    with pytest.raises(TypeError, match="Linear has no save_pretrained"):
+        export(torch.nn.Linear(2, 1), target, writer=True)

@@ -58,8 +58,9 @@ def forward(net: torch.nn.Module, batch: torch.Tensor, bf16: bool, loss: Loss) -
         return loss(net, batch)
 
 
-def main(build: Model = tiny_gpt, loss: Loss = lm_loss) -> None:
-    """Train ``build``'s model (another: examples/hf-llama/ passes a Hugging Face Llama)."""
+def main(build: Model = tiny_gpt, loss: Loss = lm_loss, export: str | None = None) -> None:
+    """Train ``build``'s model (another: examples/hf-llama/ passes a Hugging Face Llama, and
+    ``export``: where its final model is written with save_pretrained)."""
     args = parse()
     torch.set_num_threads(1)
     gpu = torch.cuda.is_available()
@@ -88,6 +89,8 @@ def main(build: Model = tiny_gpt, loss: Loss = lm_loss) -> None:
     if dist.get_rank() == 0:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1}
         torch.save({**state, "scheduler": scheduler.state_dict()}, args.checkpoint)
+        if export:
+            model.save_pretrained(export)
     del net  # DDP's reducer holds the group: freed after it, exit can hang (docs/pytorch-notes.md)
     gc.collect()
     dist.destroy_process_group()

@@ -53,8 +53,9 @@ def forward(net: torch.nn.Module, batch: torch.Tensor, bf16: bool, loss: Loss) -
         return loss(net, batch)
 
 
-def main(build: Model = tiny_gpt, loss: Loss = lm_loss) -> None:
-    """Train ``build``'s model (another: examples/hf-llama/ passes a Hugging Face Llama)."""
+def main(build: Model = tiny_gpt, loss: Loss = lm_loss, export: str | None = None) -> None:
+    """Train ``build``'s model (another: examples/hf-llama/ passes a Hugging Face Llama, and
+    ``export``: where its final model is written with save_pretrained)."""
     args = parse()
     torch.set_num_threads(1)
     session = ut.init(iterations=args.iterations, checkpoint_dir=args.checkpoint, checkpoint_every=10)
@@ -72,6 +73,8 @@ def main(build: Model = tiny_gpt, loss: Loss = lm_loss) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
         optimizer.zero_grad()
+    if export:
+        session.save_pretrained(model, export)
     session.close()
 
 

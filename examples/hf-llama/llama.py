@@ -4,6 +4,7 @@ and its loss: what examples/ddp-port's scripts train instead of the tiny GPT her
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 from torch.nn import functional as F
@@ -12,9 +13,21 @@ from transformers import LlamaConfig, LlamaForCausalLM
 VOCAB, SEQUENCE = 64, 32  # the project's corpus (examples/tinygpt/corpus.py), as the tiny GPT's
 
 
-def llama(args: argparse.Namespace) -> torch.nn.Module:
+def options() -> argparse.Namespace:
+    """This example's own options, taken off the command line (the rest are the DDP port's)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--pretrained", help="start from this save_pretrained folder, not new weights")
+    p.add_argument("--export", help="write the final model here with save_pretrained")
+    ours, sys.argv[1:] = p.parse_known_args()
+    return ours
+
+
+def llama(args: argparse.Namespace, pretrained: str | None = None) -> torch.nn.Module:
     """LlamaForCausalLM of the scripts' ``--layers``, ``--hidden`` and ``--heads``, with
-    grouped-query attention (two query heads per key-value head)."""
+    grouped-query attention (two query heads per key-value head); or the one saved in the
+    ``pretrained`` folder (with save_pretrained: a Unicron run's ``--export``), as it was saved."""
+    if pretrained:
+        return LlamaForCausalLM.from_pretrained(pretrained, dtype="auto", attn_implementation="eager")
     config = LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=args.hidden,

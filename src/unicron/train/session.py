@@ -33,7 +33,7 @@ from unicron.core.protocol import (
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
-from unicron.train import checkpoint, devices, membership, porting, sharded
+from unicron.train import checkpoint, devices, membership, porting, pretrained, sharded
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
 from unicron.train.fencing import Fence
@@ -443,6 +443,15 @@ class Session:
         self.channel.send(DoneReport(**self.identity(), step=self.step, digest=value))
         self.faults.exiting()
         return value
+
+    def save_pretrained(self, model: torch.nn.Module, directory: str | Path) -> Path | None:
+        """After ``session.steps(...)`` trained the task's last step: the final model written with
+        its own ``save_pretrained`` (a Hugging Face model: configuration and safetensors), by
+        rank 0 alone, so that ``from_pretrained(directory)`` opens it (``pretrained.py``). Returns
+        the folder on the rank that wrote it; None elsewhere, and after a stop before the end."""
+        if self.step < self.iterations:
+            return None
+        return pretrained.export(model, Path(directory), writer=self.rank == 0)
 
     # ------------------------------------------------------------------ failures
     def forward_exception(self, exc: BaseException) -> None:
