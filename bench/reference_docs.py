@@ -37,7 +37,6 @@ METHODS = [
     "metric",
     "loader",
     "steps",
-    "save_pretrained",
     "close",
     "forward_exception",
 ]

@@ -27,7 +27,9 @@ from .test_live_cluster import (
     story_of,
 )
 
-pytest.importorskip("transformers", reason="the hf extra (make test installs it)")
+LlamaForCausalLM = pytest.importorskip(
+    "transformers", reason="the hf extra (make test installs it)"
+).LlamaForCausalLM
 
 LLAMA = ROOT / "examples" / "hf-llama"
 
@@ -61,7 +63,10 @@ def test_the_llama_port_recovers_a_killed_worker_and_a_lost_node_in_place(
         # regrow (a newcomer beside rank 0, rank 3) has come by step 24 or not.
         {"action": "lose_node", "rank": 2, "step": 24, "generation": 0},
     ]
-    events, rows = run_port(tmp_path, faults, iterations, example=LLAMA)
+    exported = tmp_path / "exported"  # written as the task ends: before it is reported done
+    events, rows = run_port(
+        tmp_path, faults, iterations, "--dtype", "float64", "--export", str(exported), example=LLAMA
+    )
     kinds = [e["kind"] for e in events]
     story = story_of([e for e in events if e["kind"] not in ("throughput_measured", "straggler")])
     assert kinds.count("task_launch") == 1, story  # nothing restarted from a checkpoint
@@ -83,6 +88,8 @@ def test_the_llama_port_recovers_a_killed_worker_and_a_lost_node_in_place(
     final = load_latest(tmp_path / "cluster" / "checkpoints" / "port")
     assert final is not None
     assert_within_float32(final, ddp(4, iterations))
+    opened = LlamaForCausalLM.from_pretrained(exported, dtype="auto").state_dict()
+    assert all(torch.equal(opened[k], v) for k, v in final["model"].items())
 
 
 def relative(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
@@ -92,12 +99,13 @@ def relative(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> flo
 
 def assert_within_float32(final: dict[str, Any], original: dict[str, Any]) -> None:
     """The recovered run ends where the failure-free original does, within what float32 rounding
-    makes of a float64 run of this model. Llama's RMSNorm computes in float32 whatever the
-    model's dtype, so a difference at float64's rounding (a recovery sums the same gradients in
-    another order) becomes one at float32's at the next step's norms, and training carries it on:
-    measured 3e-9 of the parameters' size and 1.5e-7 of Adam's moments' after 40 steps here (the
-    tiny GPT, float64 throughout: 3e-12). A sample lost, repeated or weighted wrongly moves a
-    step's gradient by its share of the batch (1/16 here), far above the bound."""
+    makes of a float64 run of this model. Llama's RMSNorm, its eager attention's softmax and its
+    rotary angles compute in float32 whatever the model's dtype, so a difference at float64's
+    rounding (a recovery sums the same gradients in another order) becomes one at float32's at
+    the next step, and training carries it on: measured 3e-9 of the parameters' size and 1.5e-7
+    of Adam's moments' after 40 steps here (the tiny GPT, float64 throughout: 3e-12). A sample
+    lost or counted twice is the ledger's to catch; one weighted wrongly moves a step's gradient
+    by its share of the batch (1/16 here), far above the bound."""
     assert final["step"] == original["step"] and final["extras"]["scheduler"] == original["scheduler"]
     moments = [
         ({k: s[k] for k in ("exp_avg", "exp_avg_sq")}, original["optimizer"]["state"][i])
@@ -120,11 +128,9 @@ def test_the_docs_name_the_transformers_release_tried() -> None:
 
 @pytest.mark.timeout(300)
 def test_the_final_model_opens_with_from_pretrained_and_a_run_starts_from_it(tmp_path: Path) -> None:
-    """The port writes its final model with save_pretrained (rank 0 alone): from_pretrained opens
-    it, equal to the final checkpoint's; a run given that folder starts from those weights (with
-    a learning rate of 0, AdamW's decay included, it ends where it started)."""
-    from transformers import LlamaForCausalLM
-
+    """The port writes its final model with save_pretrained (rank 0 alone, as the task ends):
+    from_pretrained opens it, equal to the final checkpoint's; a run given that folder starts
+    from those weights (at a learning rate of 0, AdamW's decay included, it ends on them)."""
     export = tmp_path / "exported"
     args = ["--dtype", "float64", "--export", str(export)]
     torchrun("train_unicron.py", 2, 6, tmp_path / "first", *args, example=LLAMA)

@@ -170,21 +170,45 @@ def test_the_ledger_shares_out_exactly_what_nobody_holds() -> None:
 
 
 class _Saving(torch.nn.Linear):
-    """A model with a Hugging Face style ``save_pretrained`` (writes one file into a folder)."""
+    """A model with a Hugging Face style ``save_pretrained`` (its configuration and weights)."""
 
-    def save_pretrained(self, folder: Path, safe_serialization: bool) -> None:
+    def save_pretrained(self, folder: Path) -> None:
         folder.mkdir(parents=True)
-        torch.save(self.state_dict(), folder / ("model.safetensors" if safe_serialization else "model.bin"))
+        (folder / "config.json").write_text("{}")
+        torch.save(self.state_dict(), folder / "model.bin")
 
 
-def test_the_final_model_is_exported_by_one_rank_whole_and_replaces_an_older_one(tmp_path: Path) -> None:
-    from unicron.train.pretrained import export
+def test_the_final_model_is_exported_whole_replacing_an_older_one_and_only_if_confirmed(
+    tmp_path: Path,
+) -> None:
+    from unicron.train.exporting import checked, export
 
-    target = tmp_path / "final"
-    assert export(_Saving(2, 1), target, writer=False) is None and not target.exists()
+    target = checked(_Saving(2, 1), tmp_path / "final")
     (target / "stale").mkdir(parents=True)
-    assert export(_Saving(2, 1), target, writer=True) == target
+    export(_Saving(2, 1), target, confirm=lambda: None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # no partial or previous left
-    assert sorted(p.name for p in target.iterdir()) == ["model.safetensors"]
-    with pytest.raises(TypeError, match="Linear has no save_pretrained"):
-        export(torch.nn.Linear(2, 1), target, writer=True)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.bin"]
+
+    def refused() -> None:
+        raise RuntimeError("superseded")
+
+    with pytest.raises(RuntimeError, match="superseded"):
+        export(_Saving(2, 1), tmp_path / "other", confirm=refused)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
+
+
+@pytest.mark.parametrize(
+    ("model", "folder", "says"),
+    [
+        (torch.nn.Linear(2, 1), "out", "Linear has no save_pretrained"),
+        (_Saving(2, 1), ".", "name a folder"),
+        (_Saving(2, 1), "..", "name a folder"),
+    ],
+)
+def test_an_export_that_cannot_be_made_is_refused_before_training(
+    model: torch.nn.Module, folder: str, says: str
+) -> None:
+    from unicron.train.exporting import checked
+
+    with pytest.raises((TypeError, ValueError), match=says):
+        checked(model, folder)

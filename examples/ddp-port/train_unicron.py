@@ -67,14 +67,12 @@ def main(build: Model = tiny_gpt, loss: Loss = lm_loss, export: str | None = Non
     session.register("scheduler", scheduler)
     corpus = make_corpus(args.dataset_size, 32, 64, args.seed)
     loader = session.loader(corpus, args.global_batch, batch_size=args.micro_batch, seed=args.seed)
-    for _ in session.steps(model, optimizer):
+    for _ in session.steps(model, optimizer, pretrained=export):
         for batch in loader:
             forward(model, batch.to(device), args.bf16, loss).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
         optimizer.zero_grad()
-    if export:
-        session.save_pretrained(model, export)
     session.close()
 
 

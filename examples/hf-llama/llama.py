@@ -15,7 +15,7 @@ VOCAB, SEQUENCE = 64, 32  # the project's corpus (examples/tinygpt/corpus.py), a
 
 def options() -> argparse.Namespace:
     """This example's own options, taken off the command line (the rest are the DDP port's)."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     p.add_argument("--pretrained", help="start from this save_pretrained folder, not new weights")
     p.add_argument("--export", help="write the final model here with save_pretrained")
     ours, sys.argv[1:] = p.parse_known_args()
@@ -38,6 +38,7 @@ def llama(args: argparse.Namespace, pretrained: str | None = None) -> torch.nn.M
         max_position_embeddings=SEQUENCE,
         tie_word_embeddings=False,
         attn_implementation="eager",  # the same kernels whatever the device and the world size
+        use_cache=False,  # (training: no key-value cache to build at each forward)
     )
     return LlamaForCausalLM(config)
 

@@ -33,7 +33,7 @@ from unicron.core.protocol import (
 )
 from unicron.core.settings import Settings
 from unicron.core.workerenv import KEYS, WorkerEnv, unmanaged_identity
-from unicron.train import checkpoint, devices, membership, porting, pretrained, sharded
+from unicron.train import checkpoint, devices, exporting, membership, porting, sharded
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
 from unicron.train.fencing import Fence
@@ -116,6 +116,7 @@ class Session:
         self.data: StepData | None = None
         self.running: StepLoop | None = None  # the `session.steps(...)` loop in progress
         self.digest: str | None = None  # the final parameters' digest, once the steps ran out
+        self.exported: Path | None = None  # where the final model was exported (rank 0, when asked)
         self.store: TaskStore | None = None
         self.progress = ProgressReporter(contract.position_file, contract.stack_file, lambda: self.generation)
         self.in_process = contract.recovery == "in_process" and bool(self.store_address)  # needs the store
@@ -260,14 +261,23 @@ class Session:
         self.data = step_data(dataset, global_batch, batch_size, collate_fn, seed, shuffle, drop_last)
         return Loader(self, self.data)
 
-    def steps(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[int]:
+    def steps(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        pretrained: str | Path | None = None,
+    ) -> Iterator[int]:
         """The steps still to train, 1-based: first the latest checkpoint (or a live replica's
         state) is loaded into ``model``, ``optimizer`` and the registered objects; each step
         then ends with the registered schedulers stepped and a checkpoint when one is due. Ends
         early when the worker is asked to stop; at the end the final state is saved and its
-        digest reported (``self.digest``)."""
+        digest reported (``self.digest``). ``pretrained``: a folder that the final model is also
+        written into with its own ``save_pretrained`` (a Hugging Face model), by rank 0, before
+        the task is reported done (``exporting.py``); checked before the first step."""
         if self.data is None:
             raise RuntimeError("create the loader (session.loader(...)) before session.steps(...)")
+        export = None if pretrained is None else exporting.checked(model, pretrained)
         self.start()
         try:
             self._resume(model, optimizer)
@@ -286,7 +296,7 @@ class Session:
         finally:
             loop.close()
             self.running = None
-        self.digest = self._finish(model, optimizer)
+        self.digest = self._finish(model, optimizer, export)
 
     def _resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Load the latest checkpoint, if any, then agree with the live members on one state."""
@@ -429,11 +439,15 @@ class Session:
         if self.saving.due(final):
             self.saving.save(TrainState(model, optimizer, self.extras), final)
 
-    def _finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
-        """Save the final state and report the parameters' digest; returns it. The digest does not
-        depend on sharding (``rowdigest.py``): a sharded run and an unsharded one that reach the
-        same parameters report the same digest, and no rank gathers the model to compute it."""
+    def _finish(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, export: Path | None) -> str:
+        """Save the final state (and rank 0 the exported model, if asked) and report the
+        parameters' digest; returns it. The digest does not depend on sharding (``rowdigest.py``):
+        a sharded run and an unsharded one that reach the same parameters report the same
+        digest, and no rank gathers the model to compute it."""
         self.maybe_checkpoint(model, optimizer, final=True)
+        if export is not None and self.rank == 0:
+            self.saving.fenced(lambda: exporting.export(model, export, self.fence.confirm))
+            self.exported = export
         gather = None
         if sharded.is_sharded(model):
             from unicron.train.shardedcheckpoint import gather_over_replica  # as in _load_checkpoint
@@ -443,15 +457,6 @@ class Session:
         self.channel.send(DoneReport(**self.identity(), step=self.step, digest=value))
         self.faults.exiting()
         return value
-
-    def save_pretrained(self, model: torch.nn.Module, directory: str | Path) -> Path | None:
-        """After ``session.steps(...)`` trained the task's last step: the final model written with
-        its own ``save_pretrained`` (a Hugging Face model: configuration and safetensors), by
-        rank 0 alone, so that ``from_pretrained(directory)`` opens it (``pretrained.py``). Returns
-        the folder on the rank that wrote it; None elsewhere, and after a stop before the end."""
-        if self.step < self.iterations:
-            return None
-        return pretrained.export(model, Path(directory), writer=self.rank == 0)
 
     # ------------------------------------------------------------------ failures
     def forward_exception(self, exc: BaseException) -> None:
