@@ -69,14 +69,19 @@ def ddp(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., dict[st
 
 
 def ddp_state(
-    folder: Path, workers: int, iterations: int, *precision: str, example: Path = PORT
+    folder: Path,
+    workers: int,
+    iterations: int,
+    *precision: str,
+    example: Path = PORT,
+    packages: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The final state of ``example``'s train_ddp.py (its inputs: the example's and the tiny GPT's
-    files, and the versions of what they import beside torch and numpy)."""
+    files, and the versions of the ``packages`` it imports beside torch and numpy)."""
     precision = precision or ("--dtype", "float64")
     own = [p for p in sorted(example.glob("*.py")) if p.name != "train_unicron.py"]
     sources = list(dict.fromkeys([*own, *DDP_INPUTS]))  # (another example runs the port's loop)
-    versions = [importlib.metadata.version("transformers")] if example != PORT else []
+    versions = [importlib.metadata.version(package) for package in packages]
     key = inputs_digest(sources, workers, iterations, precision, *versions)
     if key not in DDP_STATES:
         path = folder / f"ddp-{key}.pt"

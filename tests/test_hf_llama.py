@@ -39,7 +39,7 @@ def ddp(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., dict[st
     """``ddp(workers, iterations)``: train_ddp.py's final state, failure-free (cached by its inputs)."""
     cache = getattr(request.config, "cache", None)
     folder = Path(cache.mkdir("unicron-ddp")) if cache is not None else tmp_path
-    return functools.partial(ddp_state, folder, example=LLAMA)
+    return functools.partial(ddp_state, folder, example=LLAMA, packages=("transformers",))
 
 
 @pytest.mark.timeout(300)
