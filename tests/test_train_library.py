@@ -212,3 +212,10 @@ def test_an_export_that_cannot_be_made_is_refused_before_training(
 
     with pytest.raises((TypeError, ValueError), match=says):
         checked(model, folder)
+
+
+def test_only_rank_0_exports_and_only_after_the_last_step() -> None:
+    from unicron.train.exporting import due
+
+    assert due(0, 40, 40) and not due(1, 40, 40)
+    assert not due(0, 25, 40)  # asked to stop at step 25 of 40: no final model

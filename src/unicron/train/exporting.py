@@ -45,6 +45,12 @@ def checked(model: torch.nn.Module, directory: str | Path) -> Path:
     return folder
 
 
+def due(rank: int, step: int, iterations: int) -> bool:
+    """Whether this worker writes the export as its steps end: rank 0, and only after the task's
+    last step (a worker asked to stop before it has no final model to write)."""
+    return rank == 0 and step >= iterations
+
+
 def export(model: torch.nn.Module, folder: Path, confirm: Callable[[], None]) -> None:
     """Write ``model`` into ``folder`` with its ``save_pretrained``, replacing what is there once
     ``confirm`` (the fence) passes; the writer's partial folder is removed if anything fails."""

@@ -116,7 +116,6 @@ class Session:
         self.data: StepData | None = None
         self.running: StepLoop | None = None  # the `session.steps(...)` loop in progress
         self.digest: str | None = None  # the final parameters' digest, once the steps ran out
-        self.exported: Path | None = None  # where the final model was exported (rank 0, when asked)
         self.store: TaskStore | None = None
         self.progress = ProgressReporter(contract.position_file, contract.stack_file, lambda: self.generation)
         self.in_process = contract.recovery == "in_process" and bool(self.store_address)  # needs the store
@@ -445,9 +444,8 @@ class Session:
         a sharded run and an unsharded one that reach the same parameters report the same
         digest, and no rank gathers the model to compute it."""
         self.maybe_checkpoint(model, optimizer, final=True)
-        if export is not None and self.rank == 0:
+        if export is not None and exporting.due(self.rank, self.step, self.iterations):
             self.saving.fenced(lambda: exporting.export(model, export, self.fence.confirm))
-            self.exported = export
         gather = None
         if sharded.is_sharded(model):
             from unicron.train.shardedcheckpoint import gather_over_replica  # as in _load_checkpoint
