@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 
 from .conftest import ROOT
@@ -24,8 +26,11 @@ from .test_ddp_port import assert_same_training, ddp_state, distance, run_port, 
 from .test_live_cluster import (
     assert_every_incident_closed,
     assert_ledger_exact,
+    finish_and_settle,
     story_of,
+    traced_task,
 )
+from .test_live_replicas import replicas_per_node, whole
 
 LlamaForCausalLM = pytest.importorskip(
     "transformers", reason="the hf extra (make test installs it)"
@@ -89,6 +94,40 @@ def test_the_llama_port_recovers_a_killed_worker_and_a_lost_node_in_place(
     assert final is not None
     assert_within_float32(final, ddp(4, iterations))
     opened = LlamaForCausalLM.from_pretrained(exported, dtype="auto").state_dict()
+    assert all(torch.equal(opened[k], v) for k, v in final["model"].items())
+
+
+@pytest.mark.timeout(600)
+def test_the_llama_sharded_with_fsdp2_recovers_a_lost_replica_in_place_and_exports_whole(
+    tmp_path: Path, ddp: Callable[..., dict[str, Any]]
+) -> None:
+    """train_fsdp.py as a task of two replicas of two ranks, the Llama sharded by FSDP2 inside
+    each: the node of one replica is lost mid-run, the other replica trains on alone in place
+    (the same global batch), and the task ends where the DDP original does, every step trained
+    on exactly its global batch; the exported model is the final checkpoint's, gathered whole."""
+    trace, iterations, exported = tmp_path / "trace.jsonl", 24, tmp_path / "exported"
+    fault = [{"action": "lose_node", "rank": 2, "step": 10, "generation": 0}]
+    program = ["python", str(LLAMA / "train_fsdp.py"), "--dtype", "float64", "--export", str(exported)]
+    lines = f"  replica_size: 2\n  faults: {json.dumps(fault)}\n"
+    spec = traced_task(trace, "{2: 1.9e9, 4: 3.5e9}", iterations, 0.0, lines, name="llama", program=program)
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+        cluster.submit(spec)
+        cluster.wait(lambda: cluster.task("llama")["step"] >= 1, 240, "the task to train")
+        assert whole(replicas_per_node(cluster.get("/v1/workers")))  # a replica per node
+        events, rows = finish_and_settle(cluster, trace, "llama")
+    story = story_of([e for e in events if e["kind"] not in ("throughput_measured", "straggler")])
+    assert [e["kind"] for e in events].count("task_launch") == 1, story  # never relaunched
+    (left,) = [e["detail"] for e in events if e["kind"] == "in_process_recovery"]
+    assert left["failed"] == [2, 3] and left["survivors"] == [0, 1], story  # the replica, whole
+    assert_every_incident_closed(events)
+    shards = [r for r in rows if r["what"] == "sharded"]
+    assert shards and all(r["parameters"] < r["of"] for r in shards)  # each rank holds a part
+    assert_ledger_exact(rows, iterations, frozen=frozenset({2, 3}), world=4, replica_size=2)
+    final = load_latest(tmp_path / "cluster" / "checkpoints" / "llama")
+    assert final is not None
+    assert_within_float32(final, ddp(4, iterations))
+    opened = LlamaForCausalLM.from_pretrained(exported, dtype="auto").state_dict()
+    assert opened.keys() == final["model"].keys()
     assert all(torch.equal(opened[k], v) for k, v in final["model"].items())
 
 

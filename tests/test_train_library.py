@@ -215,7 +215,10 @@ def test_an_export_that_cannot_be_made_is_refused_before_training(
 
 
 def test_only_rank_0_exports_and_only_after_the_last_step() -> None:
-    from unicron.train.exporting import due
+    from unicron.train.exporting import due, gathers
 
     assert due(0, 40, 40) and not due(1, 40, 40)
     assert not due(0, 25, 40)  # asked to stop at step 25 of 40: no final model
+    # A sharded model is gathered by rank 0's replica (ranks 0 and 1 of replicas of 2) only.
+    assert gathers(0, 40, 40, 2) and gathers(1, 40, 40, 2) and not gathers(2, 40, 40, 2)
+    assert not gathers(1, 25, 40, 2)

@@ -69,19 +69,28 @@ def main() -> None:
     train(parse())
 
 
+def tiny_gpt(args: argparse.Namespace) -> torch.nn.Module:
+    return TinyGPT(Config(args.vocab, args.sequence, args.layers, args.hidden, args.heads))
+
+
 def train(
-    args: argparse.Namespace, shard: Callable[[torch.nn.Module, ut.Session], None] | None = None
+    args: argparse.Namespace,
+    shard: Callable[[torch.nn.Module, ut.Session], None] | None = None,
+    build: Callable[[argparse.Namespace], torch.nn.Module] = tiny_gpt,
+    loss_of: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = lm_loss,
+    export: str | None = None,
 ) -> None:
-    """The training run; ``shard``: how to shard the model inside its replica (examples/fsdp)."""
+    """The training run; ``shard``: how to shard the model inside its replica (examples/fsdp).
+    Another model (examples/hf-llama: a Hugging Face Llama): ``build``, its micro-batch's mean
+    loss ``loss_of``, and ``export``, where its final model is written with save_pretrained."""
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
-    config = Config(args.vocab, args.sequence, args.layers, args.hidden, args.heads)
     corpus = make_corpus(args.dataset_size, args.sequence, args.vocab, args.seed)
     with ut.init(
         iterations=args.iterations, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every
     ) as session:
         torch.manual_seed(args.seed)  # the same initial parameters on every rank
-        model = TinyGPT(config).to(session.device, dtype)  # its GPU, if the worker was given one
+        model = build(args).to(session.device, dtype)  # its GPU, if the worker was given one
         if shard is not None:
             shard(model, session)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -95,12 +104,12 @@ def train(
         # The corpus (a tensor of sequences) is the dataset; the session deals its samples to the
         # ranks as DistributedSampler would, seeded per epoch, in micro-batches of micro_batch.
         loader = session.loader(corpus, args.global_batch, batch_size=args.micro_batch, seed=args.seed)
-        for _ in session.steps(model, optimizer):
+        for _ in session.steps(model, optimizer, pretrained=export):
             # The loader yields this rank's micro-batches and ends once the gradients are reduced;
             # after a peer fails it yields the micro-batches the survivors take over.
             for batch in loader:
                 with torch.autocast(session.device.type, torch.float16, enabled=args.fp16):
-                    loss = lm_loss(model, batch.to(session.device))
+                    loss = loss_of(model, batch.to(session.device))
                 scaler.scale(loss).backward()
                 if args.device_seconds_per_sample:
                     time.sleep(args.device_seconds_per_sample * len(batch))

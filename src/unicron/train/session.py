@@ -444,8 +444,8 @@ class Session:
         a sharded run and an unsharded one that reach the same parameters report the same
         digest, and no rank gathers the model to compute it."""
         self.maybe_checkpoint(model, optimizer, final=True)
-        if export is not None and exporting.due(self.rank, self.step, self.iterations):
-            self.saving.fenced(lambda: exporting.export(model, export, self.fence.confirm))
+        if export is not None:
+            self._export(model, export)
         gather = None
         if sharded.is_sharded(model):
             from unicron.train.shardedcheckpoint import gather_over_replica  # as in _load_checkpoint
@@ -455,6 +455,15 @@ class Session:
         self.channel.send(DoneReport(**self.identity(), step=self.step, digest=value))
         self.faults.exiting()
         return value
+
+    def _export(self, model: torch.nn.Module, folder: Path) -> None:
+        """Rank 0 writes the final model into ``folder`` (``exporting.py``); a sharded one, its
+        replica's ranks first gather whole."""
+        gathered = None
+        if exporting.gathers(self.rank, self.step, self.iterations, self.replica_size):
+            gathered = exporting.whole(model)
+        if exporting.due(self.rank, self.step, self.iterations):
+            self.saving.fenced(lambda: exporting.export(model, folder, self.fence.confirm, gathered))
 
     # ------------------------------------------------------------------ failures
     def forward_exception(self, exc: BaseException) -> None:
