@@ -10,6 +10,8 @@ two alternating (DDP, Unicron, Unicron, DDP) so that drift of the machine falls 
 Sharded replicas (issue 14): `examples/fsdp/train_hsdp.py` (FSDP2 HSDP on a replicate x shard
 mesh) under torchrun against `examples/fsdp/train.py` as a task with `run.replica_size: 2`
 (FSDP2 inside each replica, Unicron's own sum across replicas), a ~19.5M-parameter GPT.
+A Hugging Face model (issue 56): `examples/hf-llama/`'s two scripts, the DDP port's with a
+Transformers `LlamaForCausalLM`.
 
 Step time: the median interval between consecutive `optimizer.step()` ends (recorded by
 `bench/steptimes.py`, the same hook on both sides), over every worker, after a warm-up. The
@@ -43,7 +45,7 @@ from bench.scraper import Scraper
 from unicron.control.launch.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
-PORT, FSDP = ROOT / "examples" / "ddp-port", ROOT / "examples" / "fsdp"
+PORT, FSDP, LLAMA = (ROOT / "examples" / name for name in ("ddp-port", "fsdp", "hf-llama"))
 TIMER = ROOT / "bench" / "steptimes.py"
 
 
@@ -112,6 +114,19 @@ MODELS = {
         24,
         replica_size=2,
         torchft=True,  # replica groups of 2 ranks: examples/torchft/train_torchft_hsdp.py
+    ),
+    # The DDP port's scripts training a Hugging Face Llama (examples/hf-llama):
+    # steps of ~0.1-0.25 s here, runs of ~20 s; 5 a side (torchft's example trains the tiny GPT).
+    "hf-llama": Model(
+        "6 layers, hidden 384, 8 heads of which 4 key-value",
+        ("--layers", "6", "--hidden", "384", "--heads", "8"),
+        LLAMA / "train_ddp.py",
+        ("--checkpoint",),
+        LLAMA / "train_unicron.py",
+        ("--checkpoint",),
+        (1, 2, 4),
+        5,
+        40,
     ),
 }
 WARMUP = 8  # the first step intervals left out (start-up, first allocations)

@@ -171,27 +171,50 @@ def write_markdown(r: dict[str, Any]) -> None:
         + pinned_text(r["rows"])
     )
     template = (Path(__file__).parent / "templates" / "performance.md").read_text()
-    (ROOT / "docs" / "performance.md").write_text(
-        template.format(
-            rows=rows,
-            target=f"{r['target_ratio']:.2f}",
-            verdict=verdict_text(r),
-            worst=f"{worst['ratio']:.3f} ({worst['model']}, {worst['workers']} workers)",
-            spread=f"{noisiest * 100:.0f}%",
-            confidence=f"{r['confidence'] * 100:.0f}%",
-            noise=noise,
-            tiny_steps=r["iterations"]["tinygpt"],
-            big_steps=r["iterations"]["gpt-10m"],
-            warmup=r["warmup_steps"],
-            tiny=r["models"]["tinygpt"],
-            big=r["models"]["gpt-10m"],
-            tiny_runs=runs_text(r["rows"], "tinygpt"),
-            big_runs=runs_text(r["rows"], "gpt-10m"),
-            sharded=r["models"]["gpt-20m-hsdp"],
-            sharded_steps=r["iterations"]["gpt-20m-hsdp"],
-            sharded_runs=runs_text(r["rows"], "gpt-20m-hsdp"),
-            torchft_version=TORCHFT_VERSION,
-            peer=peer_summary(r["rows"]),
-            control=control_text(r["rows"]),
+    page = ROOT / "docs" / "performance.md"
+    page.write_text(
+        kept_sections(
+            page,
+            template.format(
+                rows=rows,
+                target=f"{r['target_ratio']:.2f}",
+                verdict=verdict_text(r),
+                worst=f"{worst['ratio']:.3f} ({worst['model']}, {worst['workers']} workers)",
+                spread=f"{noisiest * 100:.0f}%",
+                confidence=f"{r['confidence'] * 100:.0f}%",
+                noise=noise,
+                tiny_steps=r["iterations"]["tinygpt"],
+                big_steps=r["iterations"]["gpt-10m"],
+                warmup=r["warmup_steps"],
+                tiny=r["models"]["tinygpt"],
+                big=r["models"]["gpt-10m"],
+                tiny_runs=runs_text(r["rows"], "tinygpt"),
+                big_runs=runs_text(r["rows"], "gpt-10m"),
+                sharded=r["models"]["gpt-20m-hsdp"],
+                sharded_steps=r["iterations"]["gpt-20m-hsdp"],
+                sharded_runs=runs_text(r["rows"], "gpt-20m-hsdp"),
+                llama=r["models"]["hf-llama"],
+                llama_steps=r["iterations"]["hf-llama"],
+                llama_runs=runs_text(r["rows"], "hf-llama"),
+                torchft_version=TORCHFT_VERSION,
+                peer=peer_summary(r["rows"]),
+                control=control_text(r["rows"]),
+            ),
         )
     )
+
+
+# Sections another benchmark writes into the page after it (``bench/decide_bench.py``), between
+# ``<!-- NAME -->`` and ``<!-- /NAME -->``: a rewrite of the page alone keeps what they measured.
+SECTIONS = ("decide_bench",)
+
+
+def kept_sections(page: Path, text: str) -> str:
+    """``text`` (the page anew) with the ``SECTIONS`` the page now holds carried over."""
+    old = page.read_text() if page.is_file() else ""
+    for name in SECTIONS:
+        start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+        if start in old and end in old and start in text and end in text:
+            measured = old[old.index(start) : old.index(end)]
+            text = text[: text.index(start)] + measured + text[text.index(end) :]
+    return text

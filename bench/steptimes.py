@@ -45,6 +45,7 @@ def main() -> None:
     register_optimizer_step_post_hook(note)
     atexit.register(write)
     sys.argv = [script, *args]
+    sys.path[0] = str(Path(script).resolve().parent)  # as ``python SCRIPT`` has it (its own imports)
     runpy.run_path(script, run_name="__main__")
 
 

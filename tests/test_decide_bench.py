@@ -87,3 +87,16 @@ def test_page_section(tmp_path: Path) -> None:
     page.write_text("# Performance\n")
     decide_bench.write_docs(figures, page)
     assert page.read_text().count(start) == 1
+
+
+def test_the_overhead_pages_rewrite_keeps_the_decisions_section(tmp_path: Path) -> None:
+    """The overhead benchmark writes docs/performance.md anew from its template, which holds the
+    decisions' markers empty: run alone, it keeps the section the decide benchmark wrote there."""
+    from bench.overhead_docs import kept_sections
+
+    start, end = decide_bench.MARKERS
+    page = tmp_path / "performance.md"
+    page.write_text(f"# Old\n\n{start}\nmeasured figures\n{end}\n")
+    anew = f"# New\n\n{start}\nNot measured in this run.\n{end}\n\nafter\n"
+    assert kept_sections(page, anew) == f"# New\n\n{start}\nmeasured figures\n{end}\n\nafter\n"
+    assert kept_sections(tmp_path / "missing.md", anew) == anew  # no page yet: the template's
