@@ -13,8 +13,9 @@ its processes still running), after training passed step 10.
   first reaction the workers can see (a survivor's SIGTERM or collective error, or the relaunch);
   downtime runs to the first step completed after the relaunch (resumed from its checkpoint).
 
-It also measures what the harness's delay does (``TestHosts.delay``): the time of one gloo
-all-reduce between two test hosts as one of them delays every packet by 0, 5 and 20 ms.
+It also measures what the harness's delay does (``harness/netfaults.py``: ``FaultyHosts.delay``):
+the time of one gloo all-reduce between two test hosts as one of them delays every packet by 0, 5
+and 20 ms.
 
 Writes docs/bench/network.json and docs/multi-host.md; ``python -m bench.network_bench`` (run by
 `make bench`); ``--delay`` measures the delay rows alone, keeping the others. Needs root and
@@ -37,8 +38,9 @@ from typing import Any
 
 from bench import cells
 from bench.torchrun import TRAIN, runs_train, trace_rows
+from harness.netfaults import FaultyHosts, delay_unavailable
 from unicron.control.launch.localcluster import LocalCluster
-from unicron.control.launch.testhosts import TestHosts, delay_unavailable, unavailable
+from unicron.control.launch.testhosts import TestHosts, unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--global-batch", "16", "--micro-batch", "2", "--dataset-size", "512", "--step-delay", "0.02"]
@@ -210,7 +212,7 @@ def summary(samples: list[dict[str, float | None]], key: str) -> dict[str, Any]:
 
 def delay_rows(folder: Path) -> list[dict[str, float]]:
     """The all-reduce time between two test hosts at each of ``DELAYS_MS`` on the second."""
-    with TestHosts(2) as hosts:
+    with FaultyHosts(2) as hosts:
         first, second = hosts.hosts
         ranks = []
         for rank, host in enumerate((first, second)):

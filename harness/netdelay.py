@@ -3,11 +3,11 @@
 This kernel has no ``netem`` queueing discipline, and a proxy would delay only the connections
 pointed at it (gloo connects straight to its peers' addresses). So the host's packets are queued
 to this process with netfilter (``iptables -j NFQUEUE`` in the host's namespace, installed by
-``TestHosts.delay``), which holds each for ``--delay-ms`` and lets it go, in arrival order. Only
-the verdict crosses into this process (packets are queued with their metadata alone), so it keeps
-up with a training step's bursts.
+``netfaults.py``: ``FaultyHosts.delay``), which holds each for ``--delay-ms`` and lets it go, in
+arrival order. Only the verdict crosses into this process (packets are queued with their metadata
+alone), so it keeps up with a training step's bursts.
 
-Run inside the host's namespace: ``python -m unicron.control.launch.netdelay --queue N --delay-ms D``;
+Run inside the host's namespace: ``python harness/netdelay.py --queue N --delay-ms D``;
 it prints ``ready`` once the queue is bound (the rules come after, so no packet is queued before
 anything takes it) and runs until killed. Needs root and the NetfilterQueue package
 (``pip install 'unicron[netfaults]'``: ``make test`` installs it with the system libraries it needs).

@@ -20,15 +20,9 @@ from typing import Any
 
 import pytest
 
+from harness.netfaults import FaultyHosts, delay_unavailable
 from unicron.control.launch.localcluster import LocalCluster
-from unicron.control.launch.testhosts import (
-    NETNS_DIR,
-    PREFIX,
-    TestHosts,
-    delay_unavailable,
-    remove_leftovers,
-    unavailable,
-)
+from unicron.control.launch.testhosts import NETNS_DIR, PREFIX, remove_leftovers, unavailable
 
 from .test_live_cluster import (
     assert_ends_exact,
@@ -72,7 +66,7 @@ def echo_time(address: str, timeout: float) -> float:
     return time.monotonic() - began
 
 
-def serve(hosts: TestHosts, name: str) -> subprocess.Popen[bytes]:
+def serve(hosts: FaultyHosts, name: str) -> subprocess.Popen[bytes]:
     server = subprocess.Popen(hosts.command(hosts[name], [sys.executable, "-c", ECHO, hosts[name].address]))
     time.sleep(0.5)
     return server
@@ -84,7 +78,7 @@ def test_hosts_reach_each_other_by_address_lose_a_cut_link_and_are_removed() -> 
     dead.wait()
     leftover = f"{PREFIX}{dead.pid}-h0"  # a harness whose process died without closing
     subprocess.run(["ip", "netns", "add", leftover], check=True)
-    with TestHosts(3) as hosts:
+    with FaultyHosts(3) as hosts:
         assert not (NETNS_DIR / leftover).exists()  # removed when the next harness started
         names = {h.namespace for h in hosts.hosts}
         assert {p.name for p in NETNS_DIR.iterdir()} >= names
@@ -109,7 +103,7 @@ def test_hosts_reach_each_other_by_address_lose_a_cut_link_and_are_removed() -> 
     assert remove_leftovers() == []
 
 
-def peer_addresses(hosts: TestHosts, cluster: LocalCluster, node: str, pid: int) -> set[str]:
+def peer_addresses(hosts: FaultyHosts, cluster: LocalCluster, node: str, pid: int) -> set[str]:
     """The remote addresses of ``pid``'s established TCP connections, seen on ``node``'s host."""
     shown = subprocess.run(
         hosts.command(cluster.host_of[node], ["ss", "-Htnp", "state", "established"]),
@@ -125,11 +119,11 @@ def peer_addresses(hosts: TestHosts, cluster: LocalCluster, node: str, pid: int)
 @contextlib.contextmanager
 def on_three_hosts(
     tmp_path: Path, settings: dict[str, Any] | None = None
-) -> Iterator[tuple[TestHosts, LocalCluster]]:
+) -> Iterator[tuple[FaultyHosts, LocalCluster]]:
     """A cluster of three nodes of one slot, each on a test host of its own (the coordinator on
     a fourth), with ``settings``."""
     with (
-        TestHosts(4) as hosts,
+        FaultyHosts(4) as hosts,
         LocalCluster(tmp_path / "cluster", 3, 1, settings=settings, hosts=hosts) as cluster,
     ):
         yield hosts, cluster
@@ -222,7 +216,9 @@ def test_a_task_across_hosts_recovers_in_place_from_a_lost_host_that_rejoins(tmp
     assert_ends_exact(tmp_path, "lm", iterations)
 
 
-def assert_across_hosts(hosts: TestHosts, cluster: LocalCluster, workers: dict[str, dict[str, Any]]) -> None:
+def assert_across_hosts(
+    hosts: FaultyHosts, cluster: LocalCluster, workers: dict[str, dict[str, Any]]
+) -> None:
     """No loopback shortcut: each worker's collectives run to the other hosts' addresses."""
     addresses = {n: h.address for n, h in cluster.host_of.items()}
     for node, w in workers.items():
@@ -287,7 +283,7 @@ def test_a_host_that_reaches_the_coordinator_but_not_its_peers_is_found_and_take
 @NEEDS_NFT
 @pytest.mark.timeout(120)
 def test_a_host_loses_packets_on_demand() -> None:
-    with TestHosts(2) as hosts:
+    with FaultyHosts(2) as hosts:
         server = serve(hosts, "h1")
         hosts.lose(hosts["h1"], 100)  # every packet lost (at random, with probability 1)
         assert hosts.client(hosts["h0"]).call(connect, hosts["h1"].address, 1.5) == "timeout"
@@ -299,7 +295,7 @@ def test_a_host_loses_packets_on_demand() -> None:
 @NEEDS_DELAY
 @pytest.mark.timeout(120)
 def test_a_host_delays_packets_on_demand() -> None:
-    with TestHosts(2) as hosts:
+    with FaultyHosts(2) as hosts:
         client = hosts.client(hosts["h0"])
         hosts.delay(hosts["h1"], 100)
         server = serve(hosts, "h1")

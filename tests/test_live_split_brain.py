@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.netfaults import FaultyHosts
 from unicron.control.launch.localcluster import LocalCluster
-from unicron.control.launch.testhosts import TestHosts, unavailable
+from unicron.control.launch.testhosts import unavailable
 from unicron.core.workerenv import host_checkpoint_dir
 from unicron.train.checkpoint import read
 
@@ -73,7 +74,10 @@ def test_a_task_cut_off_whole_trains_on_there_but_commits_nothing(tmp_path: Path
     # at most ~60 steps on when the partition heals, and ends a few seconds after.
     trace, iterations = tmp_path / "trace.jsonl", 90
     spec = traced_task(trace, "{2: 1.9e9}", iterations, 0.4, checkpoint_every=5)
-    with TestHosts(3) as hosts, LocalCluster(tmp_path / "cluster", nodes=2, slots=2, hosts=hosts) as cluster:
+    with (
+        FaultyHosts(3) as hosts,
+        LocalCluster(tmp_path / "cluster", nodes=2, slots=2, hosts=hosts) as cluster,
+    ):
         cluster.submit(spec)
         task = lambda: cluster.task("lm")  # noqa: E731
         cluster.wait(lambda: task()["step"] >= 8 and task()["workers"] == 2, 240, "2 workers training")

@@ -16,10 +16,11 @@ from collections.abc import Callable
 
 import pytest
 
+from harness.netfaults import FaultyHosts
 from unicron.control.agent.tcpretrans import Waiting, read, stalled
 from unicron.control.detect.detection import Grace
 from unicron.control.detect.peercheck import PeerCheck, outcome
-from unicron.control.launch.testhosts import TestHosts, unavailable
+from unicron.control.launch.testhosts import unavailable
 from unicron.core.protocol import StacksReport
 from unicron.core.settings import Settings
 
@@ -112,7 +113,7 @@ def retransmitting(pids: list[int], gap_s: float = 0.25) -> int:
 @pytest.mark.skipif(shutil.which("nft") is None, reason="nftables missing (make test installs it)")
 @pytest.mark.timeout(120)
 def test_a_connection_whose_packets_are_lost_is_seen_retransmitting_and_then_not() -> None:
-    with TestHosts(2) as hosts:
+    with FaultyHosts(2) as hosts:
         sink_host, source_host = hosts["h1"], hosts["h0"]
         argv = hosts.command(sink_host, [sys.executable, "-c", SINK, sink_host.address])
         sink = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)

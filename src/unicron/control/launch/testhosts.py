@@ -4,10 +4,9 @@ Each host is a network namespace with one interface (``eth0``) and an address of
 ``SUBNET``, joined by a veth pair to a bridge that lives in a namespace of its own, as machines
 are joined to a switch. Everything else (processes, files, the checkpoint folder) is shared, as a
 cluster shares its storage. A host's link is cut by setting its bridge port down: its connections
-then time out, as on a real partition (nothing answers, nothing refuses). A partition between
-two groups of hosts (a host cut off from the coordinator but not from its peers) pins, on each
-side, the other side's addresses to a hardware address no host has: their frames are lost on
-the bridge, silently, while every other pair still talks.
+then time out, as on a real partition (nothing answers, nothing refuses). ``unicron demo
+--hosts`` runs on them; the other network faults (partitions between groups of hosts, loss,
+stalls, delay) are the checkout's test harness (``harness/netfaults.py``).
 
 Safety. Traffic must go only between the namespaces made here, to the addresses assigned here:
 
@@ -17,9 +16,6 @@ Safety. Traffic must go only between the namespaces made here, to the addresses 
   connects from it to a test address: every party, the test's own HTTP client included, runs
   inside a host (a process under ``ip netns exec``, or a thread that entered the namespace:
   ``InNamespace``, which checks it did before any socket is made).
-
-Delay is added by a process in the host (``netdelay.py``) that holds each of its packets for a
-while: this kernel has no ``netem``.
 
 Every namespace is named ``unicron-<pid>-<host>`` after the process that made it; ``close``
 removes them (``with TestHosts(...)`` and interpreter exit do it), and a later harness removes
@@ -31,13 +27,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import importlib.util
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,9 +45,6 @@ PREFIX = "unicron-"
 NETNS_DIR = Path("/var/run/netns")
 CLONE_NEWNET = 0x40000000
 INTERFACE = "eth0"  # each host's one interface (a name of its own namespace)
-STALL_BYTES = 120  # larger than any packet without data (IP 20 + TCP 20 + options 40 bytes)
-NOWHERE = "02:00:00:00:00:01"  # a hardware address no host has: frames sent to it are lost
-DELAY_QUEUE = 7  # the netfilter queue a delayed host's packets wait in (numbered per namespace)
 T = TypeVar("T")
 
 
@@ -72,7 +63,8 @@ class Host:
     interface: str = INTERFACE
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`ip ARGS` (iproute2), its failure a HostsUnavailable unless ``check`` is off."""
     done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if check and done.returncode != 0:
         raise HostsUnavailable(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
@@ -86,19 +78,10 @@ def unavailable() -> str | None:
     if shutil.which("ip") is None:
         return "`ip` (iproute2) is not installed"
     probe = f"{PREFIX}{os.getpid()}-probe"
-    done = _ip("netns", "add", probe, check=False)
+    done = ip("netns", "add", probe, check=False)
     if done.returncode != 0:
         return f"`ip netns add` failed: {done.stderr.strip()}"
-    _ip("netns", "del", probe, check=False)
-    return None
-
-
-def delay_unavailable() -> str | None:
-    """Why ``TestHosts.delay`` cannot work here (None: it can)."""
-    if shutil.which("iptables") is None:
-        return "`iptables` is not installed: make test installs it as root"
-    if importlib.util.find_spec("netfilterqueue") is None:
-        return "NetfilterQueue is missing: make test installs it (pip install 'unicron[netfaults]')"
+    ip("netns", "del", probe, check=False)
     return None
 
 
@@ -125,11 +108,11 @@ def remove_leftovers() -> list[str]:
 
 def _remove_namespace(namespace: str) -> None:
     """Kill what still runs inside it (a namespace lives as long as a process in it), then delete."""
-    pids = _ip("netns", "pids", namespace, check=False).stdout.split()
+    pids = ip("netns", "pids", namespace, check=False).stdout.split()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), signal.SIGKILL)
-    _ip("netns", "del", namespace, check=False)
+    ip("netns", "del", namespace, check=False)
 
 
 class TestHosts:
@@ -144,9 +127,7 @@ class TestHosts:
         self.bridge = f"{tag}-switch"
         self.hosts = [Host(f"h{i}", f"{tag}-h{i}", f"{SUBNET}.{10 + i}", f"p{i}") for i in range(count)]
         self._made: list[str] = []
-        self._severed: set[tuple[Host, Host]] = set()
         self._clients: dict[str, InNamespace] = {}
-        self._delayers: dict[str, subprocess.Popen[str]] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ life
@@ -158,8 +139,8 @@ class TestHosts:
         atexit.register(self.close)
         try:
             self._add_namespace(self.bridge)
-            _ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.bridge, "link", "set", "br0", "up")
+            ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
+            ip("-n", self.bridge, "link", "set", "br0", "up")
             for host in self.hosts:
                 self._add_host(host)
         except BaseException:
@@ -168,31 +149,27 @@ class TestHosts:
         return self
 
     def _add_namespace(self, namespace: str) -> None:
-        _ip("netns", "add", namespace)
+        ip("netns", "add", namespace)
         self._made.append(namespace)
-        _ip("-n", namespace, "link", "set", "lo", "up")
+        ip("-n", namespace, "link", "set", "lo", "up")
 
     def _add_host(self, host: Host) -> None:
         self._add_namespace(host.namespace)
         # Both ends made straight into their namespaces: no name is ever taken in the machine's.
-        _ip(
+        ip(
             "link", "add", host.interface, "netns", host.namespace, "type", "veth",
             "peer", "name", host.port, "netns", self.bridge,
         )  # fmt: skip
-        _ip("-n", self.bridge, "link", "set", host.port, "master", "br0")
-        _ip("-n", self.bridge, "link", "set", host.port, "up")
-        _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", host.interface)
-        _ip("-n", host.namespace, "link", "set", host.interface, "up")
+        ip("-n", self.bridge, "link", "set", host.port, "master", "br0")
+        ip("-n", self.bridge, "link", "set", host.port, "up")
+        ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", host.interface)
+        ip("-n", host.namespace, "link", "set", host.interface, "up")
 
     def close(self) -> None:
         with self._lock:
             for client in self._clients.values():
                 client.close()
             self._clients.clear()
-            for delayer in self._delayers.values():
-                delayer.kill()
-                delayer.wait()
-            self._delayers.clear()
             for namespace in reversed(self._made):
                 _remove_namespace(namespace)
             self._made.clear()
@@ -223,128 +200,14 @@ class TestHosts:
                 self._clients[host.name] = InNamespace(host.namespace)
             return self._clients[host.name]
 
-    # ------------------------------------------------------------------ network faults
+    # ------------------------------------------------------------------ the link
     def cut(self, host: Host) -> None:
         """Cut ``host``'s link: its bridge port goes down, and every packet to or from it is lost
         (connections time out; nothing is refused)."""
-        _ip("-n", self.bridge, "link", "set", host.port, "down")
+        ip("-n", self.bridge, "link", "set", host.port, "down")
 
     def heal(self, host: Host) -> None:
-        _ip("-n", self.bridge, "link", "set", host.port, "up")
-
-    def partition(self, side: list[Host], other: list[Host]) -> None:
-        """Lose every packet between a host of ``side`` and one of ``other`` (both ways); the
-        hosts of each side still reach each other and any host in neither."""
-        for a in side:
-            for b in other:
-                for here, there in ((a, b), (b, a)):
-                    _ip(
-                        "-n", here.namespace, "neigh", "replace", there.address,
-                        "lladdr", NOWHERE, "dev", here.interface, "nud", "permanent",
-                    )  # fmt: skip
-                    self._severed.add((here, there))
-
-    def lose(self, host: Host, percent: int) -> None:
-        """Drop ``percent`` % of the packets ``host`` sends or receives on its link, at random
-        (nftables in its namespace: real loss, which TCP answers with retransmissions, timeouts
-        backing off from 200 ms). ``percent=0`` ends it."""
-        if not 0 <= percent <= 100:
-            raise ValueError(f"percent={percent}: between 0 and 100")
-        if shutil.which("nft") is None:
-            raise HostsUnavailable("`nft` (nftables) is not installed: make test installs it as root")
-        inside = ["ip", "netns", "exec", host.namespace, "nft"]
-        subprocess.run([*inside, "delete", "table", "inet", "unicron_loss"], capture_output=True, timeout=30)
-        if percent == 0:
-            return
-        drop = "drop" if percent == 100 else f"numgen random mod 100 < {percent} drop"
-        rules = "\n".join(
-            f"chain {hook} {{ type filter hook {hook} priority 0; {way} {INTERFACE} {drop}; }}"
-            for hook, way in (("input", "iifname"), ("output", "oifname"))
-        )
-        script = f"table inet unicron_loss {{\n{rules}\n}}\n"
-        done = subprocess.run([*inside, "-f", "-"], input=script, capture_output=True, text=True, timeout=30)
-        if done.returncode != 0:
-            raise HostsUnavailable(f"nft refused the loss rules: {done.stderr.strip()}")
-
-    def stall(self, host: Host, sparing: Host | None) -> None:
-        """Drop every packet of over ``STALL_BYTES`` that ``host`` exchanges with any host but
-        ``sparing`` (its coordinator's); ``sparing=None`` ends it. Bulk data (a collective's
-        segments) stops and TCP retransmits it, backing off, while connections still open (a
-        handshake's packets are small) and ``sparing`` is heard: a link that is slow, not cut."""
-        inside = ["ip", "netns", "exec", host.namespace, "nft"]
-        subprocess.run([*inside, "delete", "table", "inet", "unicron_stall"], capture_output=True, timeout=30)
-        if sparing is None:
-            return
-        rules = "\n".join(
-            f"chain {hook} {{ type filter hook {hook} priority 0; {way} {INTERFACE}"
-            f" ip {peer} != {sparing.address} ip length > {STALL_BYTES} drop; }}"
-            for hook, way, peer in (("input", "iifname", "saddr"), ("output", "oifname", "daddr"))
-        )
-        script = f"table inet unicron_stall {{\n{rules}\n}}\n"
-        done = subprocess.run([*inside, "-f", "-"], input=script, capture_output=True, text=True, timeout=30)
-        if done.returncode != 0:
-            raise HostsUnavailable(f"nft refused the stall rules: {done.stderr.strip()}")
-
-    def tcp_retries(self, host: Host, retries: int) -> None:
-        """How often ``host``'s TCP sends unanswered data again before the connection fails
-        (``net.ipv4.tcp_retries2`` of its namespace). Linux's 15 take about 15 minutes, 3 about
-        3 s: to the host's connections a partition of a minute then lasts as long as one of
-        hours does with the default (calls into it fail, rather than wait)."""
-        if not 1 <= retries <= 15:
-            raise ValueError(f"retries={retries}: between 1 and 15")
-        _ip("netns", "exec", host.namespace, "sysctl", "-q", "-w", f"net.ipv4.tcp_retries2={retries}")
-
-    def delay(self, host: Host, ms: float) -> None:
-        """Hold every packet ``host`` sends or receives on its link for ``ms`` before it goes on
-        (so a round trip between it and another host takes ``2 * ms`` more); ``ms=0`` ends it.
-        Real delay for every connection, gloo's included: the packets wait in a netfilter queue
-        that a process inside the host (``netdelay.py``) releases, in order."""
-        if ms < 0:
-            raise ValueError(f"ms={ms}: a delay cannot be negative")
-        for rule in _delay_rules(host, "-D"):
-            subprocess.run(self.command(host, rule), capture_output=True, timeout=30)
-        if (delayer := self._delayers.pop(host.name, None)) is not None:
-            delayer.kill()
-            delayer.wait()
-        if ms == 0:
-            return
-        if (reason := delay_unavailable()) is not None:
-            raise HostsUnavailable(reason)
-        argv = [
-            sys.executable,
-            "-m",
-            "unicron.control.launch.netdelay",
-            "--queue",
-            str(DELAY_QUEUE),
-            "--delay-ms",
-            str(ms),
-        ]
-        delayer = subprocess.Popen(self.command(host, argv), stdout=subprocess.PIPE, text=True)
-        assert delayer.stdout is not None
-        if delayer.stdout.readline().strip() != "ready":  # bound before any packet is queued to it
-            delayer.kill()
-            raise HostsUnavailable(f"the delay process on {host.name} did not start (exit {delayer.wait()})")
-        self._delayers[host.name] = delayer
-        for rule in _delay_rules(host, "-A"):
-            done = subprocess.run(self.command(host, rule), capture_output=True, text=True, timeout=30)
-            if done.returncode != 0:
-                raise HostsUnavailable(f"iptables refused the delay rule: {done.stderr.strip()}")
-
-    def mend(self) -> None:
-        """End every partition: addresses are resolved afresh."""
-        for here, there in sorted(self._severed, key=lambda pair: (pair[0].name, pair[1].name)):
-            _ip("-n", here.namespace, "neigh", "del", there.address, "dev", here.interface, check=False)
-        self._severed.clear()
-
-
-def _delay_rules(host: Host, action: str) -> list[list[str]]:
-    """The iptables commands that add (``-A``) or delete (``-D``) the rules queueing every
-    packet on ``host``'s link, in and out, to its delay process."""
-    queue = ["-j", "NFQUEUE", "--queue-num", str(DELAY_QUEUE)]
-    return [
-        ["iptables", action, "INPUT", "-i", host.interface, *queue],
-        ["iptables", action, "OUTPUT", "-o", host.interface, *queue],
-    ]
+        ip("-n", self.bridge, "link", "set", host.port, "up")
 
 
 def _enter(namespace: str) -> str:
