@@ -116,7 +116,7 @@ MODELS = {
         torchft=True,  # replica groups of 2 ranks: examples/torchft/train_torchft_hsdp.py
     ),
     # The DDP port's scripts training a Hugging Face Llama (examples/hf-llama):
-    # steps of ~0.1-0.25 s here, runs of ~20 s; 5 a side (torchft's example trains the tiny GPT).
+    # runs of ~20 s here (start-up included); 5 a side (torchft's example trains the tiny GPT).
     "hf-llama": Model(
         "6 layers, hidden 384, 8 heads of which 4 key-value",
         ("--layers", "6", "--hidden", "384", "--heads", "8"),

@@ -102,11 +102,12 @@ def test_the_llama_sharded_with_fsdp2_recovers_a_lost_replica_in_place_and_expor
     tmp_path: Path, ddp: Callable[..., dict[str, Any]]
 ) -> None:
     """train_fsdp.py as a task of two replicas of two ranks, the Llama sharded by FSDP2 inside
-    each: the node of one replica is lost mid-run, the other replica trains on alone in place
-    (the same global batch), and the task ends where the DDP original does, every step trained
-    on exactly its global batch; the exported model is the final checkpoint's, gathered whole."""
+    each: the node of rank 0's replica is lost mid-run, the other replica, renumbered 0 and 1,
+    trains on alone in place (the same global batch), and the task ends where the DDP original
+    does, every step trained on exactly its global batch; the exported model is the final
+    checkpoint's, gathered whole by the survivors."""
     trace, iterations, exported = tmp_path / "trace.jsonl", 24, tmp_path / "exported"
-    fault = [{"action": "lose_node", "rank": 2, "step": 10, "generation": 0}]
+    fault = [{"action": "lose_node", "rank": 0, "step": 10, "generation": 0}]
     program = ["python", str(LLAMA / "train_fsdp.py"), "--dtype", "float64", "--export", str(exported)]
     lines = f"  replica_size: 2\n  faults: {json.dumps(fault)}\n"
     spec = traced_task(trace, "{2: 1.9e9, 4: 3.5e9}", iterations, 0.0, lines, name="llama", program=program)
@@ -118,11 +119,11 @@ def test_the_llama_sharded_with_fsdp2_recovers_a_lost_replica_in_place_and_expor
     story = story_of([e for e in events if e["kind"] not in ("throughput_measured", "straggler")])
     assert [e["kind"] for e in events].count("task_launch") == 1, story  # never relaunched
     (left,) = [e["detail"] for e in events if e["kind"] == "in_process_recovery"]
-    assert left["failed"] == [2, 3] and left["survivors"] == [0, 1], story  # the replica, whole
+    assert left["failed"] == [0, 1] and left["survivors"] == [2, 3], story  # the replica, whole
     assert_every_incident_closed(events)
     shards = [r for r in rows if r["what"] == "sharded"]
     assert shards and all(r["parameters"] < r["of"] for r in shards)  # each rank holds a part
-    assert_ledger_exact(rows, iterations, frozen=frozenset({2, 3}), world=4, replica_size=2)
+    assert_ledger_exact(rows, iterations, frozen=frozenset({0, 1}), world=4, replica_size=2)
     final = load_latest(tmp_path / "cluster" / "checkpoints" / "llama")
     assert final is not None
     assert_within_float32(final, ddp(4, iterations))

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
-from llama import llama, lm_loss, options
+from llama import SEQUENCE, VOCAB, llama, lm_loss, options
 from torch.distributed.fsdp import fully_shard
 
 import unicron.train as ut
@@ -36,4 +36,6 @@ def shard(model: torch.nn.Module, session: ut.Session) -> None:
 if __name__ == "__main__":
     ours = options()
     args = parse(__doc__, dataset_size=512, global_batch=16, micro_batch=2)
+    if (args.vocab, args.sequence) != (VOCAB, SEQUENCE):  # (the corpus follows them, the Llama not)
+        raise SystemExit(f"--vocab and --sequence: this Llama takes {VOCAB} and {SEQUENCE} (llama.py)")
     train(args, shard, functools.partial(llama, pretrained=ours.pretrained), lm_loss, ours.export)

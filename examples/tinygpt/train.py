@@ -70,6 +70,7 @@ def main() -> None:
 
 
 def tiny_gpt(args: argparse.Namespace) -> torch.nn.Module:
+    """The example's own model, of the arguments' size."""
     return TinyGPT(Config(args.vocab, args.sequence, args.layers, args.hidden, args.heads))
 
 

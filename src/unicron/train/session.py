@@ -442,28 +442,24 @@ class Session:
         """Save the final state (and rank 0 the exported model, if asked) and report the
         parameters' digest; returns it. The digest does not depend on sharding (``rowdigest.py``):
         a sharded run and an unsharded one that reach the same parameters report the same
-        digest, and no rank gathers the model to compute it."""
+        digest, and no rank gathers the model to compute it. Every collective comes before the
+        export is written: a replica's other ranks never wait on rank 0's disk."""
         self.maybe_checkpoint(model, optimizer, final=True)
-        if export is not None:
-            self._export(model, export)
+        gathered = None  # a sharded model, whole, for the export (rank 0's replica gathers it)
+        if export is not None and exporting.gathers(self.rank, self.step, self.iterations, self.replica_size):
+            gathered = exporting.whole(model)
         gather = None
         if sharded.is_sharded(model):
             from unicron.train.shardedcheckpoint import gather_over_replica  # as in _load_checkpoint
 
             gather = gather_over_replica
         value = layout_digest(model.state_dict(), gather)
+        if export is not None and exporting.due(self.rank, self.step, self.iterations):
+            # Before the done report: the coordinator ends the task on rank 0's.
+            self.saving.fenced(lambda: exporting.export(model, export, self.fence.confirm, gathered))
         self.channel.send(DoneReport(**self.identity(), step=self.step, digest=value))
         self.faults.exiting()
         return value
-
-    def _export(self, model: torch.nn.Module, folder: Path) -> None:
-        """Rank 0 writes the final model into ``folder`` (``exporting.py``); a sharded one, its
-        replica's ranks first gather whole."""
-        gathered = None
-        if exporting.gathers(self.rank, self.step, self.iterations, self.replica_size):
-            gathered = exporting.whole(model)
-        if exporting.due(self.rank, self.step, self.iterations):
-            self.saving.fenced(lambda: exporting.export(model, folder, self.fence.confirm, gathered))
 
     # ------------------------------------------------------------------ failures
     def forward_exception(self, exc: BaseException) -> None:

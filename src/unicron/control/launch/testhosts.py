@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 SUBNET = "10.231.0"  # a /24 that exists only inside the harness's namespaces
 PREFIX = "unicron-"
@@ -131,7 +131,7 @@ class TestHosts:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ life
-    def create(self) -> TestHosts:
+    def create(self) -> Self:
         reason = unavailable()
         if reason is not None:
             raise HostsUnavailable(reason)
@@ -174,7 +174,7 @@ class TestHosts:
                 _remove_namespace(namespace)
             self._made.clear()
 
-    def __enter__(self) -> TestHosts:
+    def __enter__(self) -> Self:
         return self.create()
 
     def __exit__(
