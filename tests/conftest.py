@@ -107,6 +107,7 @@ def remove_unused(folder: Path) -> bool:
 LONGEST_FIRST = (
     "test_chaos.py",  # 78 s, in one test: the longest
     "test_live_hosts.py",  # 120
+    "test_hf_llama.py",  # 200 in the parallel run of 2026-12-04 (two live recoveries, three torchruns)
     "test_live_hangs.py",  # 83
     "test_live_inprocess.py",  # 65
     "test_live_reconfigure.py",  # 49, in one test
@@ -138,6 +139,7 @@ LONGEST_FIRST = (
     "test_cluster_ports.py",  # 12
     "test_live_fallback.py",  # 11
     "test_bench_side_by_side.py",  # 11
+    "test_install.py",  # 23 in the parallel run of 2026-12-04 (a wheel built, pip run)
 )
 
 

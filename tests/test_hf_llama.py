@@ -48,13 +48,31 @@ def ddp(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., dict[st
 
 
 @pytest.mark.timeout(300)
-def test_the_llama_port_trains_exactly_as_its_ddp_original_under_torchrun(
+def test_the_llama_port_trains_exactly_as_its_ddp_original_and_its_export_opens_and_starts_a_run(
     tmp_path: Path, ddp: Callable[..., dict[str, Any]]
 ) -> None:
-    torchrun("train_unicron.py", 2, 24, tmp_path / "unicron", "--dtype", "float64", example=LLAMA)
+    """Under torchrun the port ends bit for bit where its DDP original does. It writes its final
+    model with save_pretrained (rank 0 alone, as the task ends): from_pretrained opens it, equal
+    to the final checkpoint's; a run given that folder starts from those weights (at a learning
+    rate of 0, AdamW's decay included, it ends on them)."""
+    export = tmp_path / "exported"
+    args = ["--dtype", "float64", "--export", str(export)]
+    torchrun("train_unicron.py", 2, 24, tmp_path / "unicron", *args, example=LLAMA)
     port = load_latest(tmp_path / "unicron")
     assert port is not None
     assert_same_training(port, ddp(2, 24), exact=True)
+    assert sorted(p.name for p in export.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    opened = LlamaForCausalLM.from_pretrained(export, dtype="auto").state_dict()
+    assert all(torch.equal(opened[k], v) for k, v in port["model"].items())
+    again = ["--dtype", "float64", "--pretrained", str(export), "--lr", "0"]
+    torchrun("train_unicron.py", 2, 2, tmp_path / "second", *again, example=LLAMA)
+    resumed = load_latest(tmp_path / "second")
+    assert resumed is not None and resumed["step"] == 2
+    assert all(torch.equal(resumed["model"][k], v) for k, v in port["model"].items())
 
 
 @pytest.mark.timeout(600)
@@ -166,27 +184,3 @@ def test_the_docs_name_the_transformers_release_tried() -> None:
     assert (
         f"`LlamaForCausalLM` (Transformers {release})" in (ROOT / "docs" / "training-library.md").read_text()
     )
-
-
-@pytest.mark.timeout(300)
-def test_the_final_model_opens_with_from_pretrained_and_a_run_starts_from_it(tmp_path: Path) -> None:
-    """The port writes its final model with save_pretrained (rank 0 alone, as the task ends):
-    from_pretrained opens it, equal to the final checkpoint's; a run given that folder starts
-    from those weights (at a learning rate of 0, AdamW's decay included, it ends on them)."""
-    export = tmp_path / "exported"
-    args = ["--dtype", "float64", "--export", str(export)]
-    torchrun("train_unicron.py", 2, 6, tmp_path / "first", *args, example=LLAMA)
-    assert sorted(p.name for p in export.iterdir()) == [
-        "config.json",
-        "generation_config.json",
-        "model.safetensors",
-    ]
-    final = load_latest(tmp_path / "first")
-    assert final is not None
-    opened = LlamaForCausalLM.from_pretrained(export, dtype="auto").state_dict()
-    assert all(torch.equal(opened[k], v) for k, v in final["model"].items())
-    again = ["--dtype", "float64", "--pretrained", str(export), "--lr", "0"]
-    torchrun("train_unicron.py", 2, 2, tmp_path / "second", *again, example=LLAMA)
-    resumed = load_latest(tmp_path / "second")
-    assert resumed is not None and resumed["step"] == 2
-    assert all(torch.equal(resumed["model"][k], v) for k, v in final["model"].items())
