@@ -4,7 +4,8 @@ trains on the same samples in the same order as the original (bit for bit under 
 through the real stack it loses a worker mid-step (gradient buckets in flight) and then a whole
 node, recovers both in place, and ends with the parameters and optimizer state of the
 failure-free original (within float32's rounding: the model's norms compute in float32), every
-step trained on exactly its global batch."""
+step trained on exactly its global batch. The same Llama sharded with FSDP2 inside each replica
+(train_fsdp.py) loses a whole replica, ends the same way, and exports the model whole."""
 
 from __future__ import annotations
 
