@@ -11,7 +11,7 @@ import pytest
 
 from unicron.control.act.happened import Happened, net
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
-from unicron.control.place.allocator import Allocator
+from unicron.control.place.allocator import Allocator, Decided, laid_out
 from unicron.control.place.rates import RateMeter
 from unicron.core.events import NodeBack, NodeLost, TaskDone, TasksArrived, named
 from unicron.core.gpus import lookup_gpu
@@ -21,7 +21,7 @@ from unicron.core.specs import ClusterSpec, TaskSpec
 from unicron.core.states import NodeState
 from unicron.planning.gpt import flops_per_sample
 from unicron.planning.placement import place
-from unicron.planning.planner import ClusterState, plan
+from unicron.planning.planner import ClusterState, Plan, plan
 from unicron.planning.plantable import PlanTable, build
 from unicron.planning.throughput import curve_for
 
@@ -55,8 +55,20 @@ def allocator() -> Iterator[Allocator]:
     a.close()
 
 
+def decide(allocator: Allocator, state: ClusterState, curves_version: int) -> Decided:
+    """The allocator's plan for ``state``: a lookup at once, or a solve (run in the background)
+    waited for; the table being built is not waited for."""
+    decided = allocator.decide(state, curves_version)
+    if decided is None:
+        assert allocator.solving is not None
+        allocator.solving.future.result(30)
+        decided = allocator.decide(state, curves_version)
+    assert decided is not None
+    return decided
+
+
 def settle(allocator: Allocator, state: ClusterState) -> None:
-    decided = allocator.decide(state, 0)
+    decided = decide(allocator, state, 0)
     allocator.refresh(state, decided, 0)
     allocator.wait()
 
@@ -72,7 +84,7 @@ def test_node_loss_is_answered_from_the_table(allocator: Allocator) -> None:
     gamma_node = next(n for n, a in state.assignment.items() if "gamma" in a)
     now = after_loss(state, gamma_node)
     allocator.happened.note(NodeLost(gamma_node))  # (as the actuator notes it)
-    decided = allocator.decide(now, 0)
+    decided = decide(allocator, now, 0)
     assert decided.source == "table" and decided.event == NodeLost(gamma_node)
     assert decided.plan.allocation() == plan(state, NodeLost(gamma_node)).allocation()
     # Three nodes: gamma (the lowest weight per slot) gives way.
@@ -83,7 +95,7 @@ def test_node_loss_is_answered_from_the_table(allocator: Allocator) -> None:
 def test_a_node_loss_is_looked_up_also_when_a_recovery_moved_workers_first(allocator: Allocator) -> None:
     """A task that recovers by relaunching stops every worker when its node is lost, before the
     plan: the event is still the node loss, answered from the table (before: "workers changed
-    beyond the event", solved on the spot). Its plan is laid out over the workers as they are."""
+    beyond the event", solved). Its plan is laid out over the workers as they are."""
     state = demo_state()
     settle(allocator, state)
     alpha_node = next(n for n, a in state.assignment.items() if "alpha" in a)
@@ -92,7 +104,7 @@ def test_a_node_loss_is_looked_up_also_when_a_recovery_moved_workers_first(alloc
         now, assignment={n: {t: c for t, c in a.items() if t != "alpha"} for n, a in now.assignment.items()}
     )
     allocator.happened.note(NodeLost(alpha_node))
-    decided = allocator.decide(now, 0)
+    decided = decide(allocator, now, 0)
     assert decided.source == "table" and decided.event == NodeLost(alpha_node)
     assert decided.plan.allocation() == plan(state, NodeLost(alpha_node)).allocation()
     assert "laid out anew" in decided.why
@@ -108,7 +120,7 @@ def test_a_plan_laid_out_anew_says_what_it_does_to_the_workers_as_they_are(alloc
     crashed = {n: dict(a) for n, a in state.assignment.items()}
     node = next(n for n, a in crashed.items() if "alpha" in a)
     del crashed[node]["alpha"]
-    decided = allocator.decide(replace(state, assignment=crashed), 0)
+    decided = decide(allocator, replace(state, assignment=crashed), 0)
     assert decided.source == "table" and "laid out anew" in decided.why
     said = {d.task: d for d in decided.plan.decisions}
     assert (said["alpha"].before, said["alpha"].after) == (2, 4)
@@ -124,7 +136,7 @@ def test_a_plan_laid_out_anew_says_what_it_does_to_the_workers_as_they_are(alloc
         curves={k: v for k, v in state.curves.items() if k != "beta"},
     )
     allocator.happened.note(TaskDone("beta"))
-    decided = allocator.decide(done, 0)
+    decided = decide(allocator, done, 0)
     said = {d.task: d for d in decided.plan.decisions}
     assert decided.source == "table" and decided.event == TaskDone("beta")
     assert said["alpha"].reason.startswith("grows by 2 GPUs") and said["beta"].reason.startswith("finished")
@@ -138,7 +150,7 @@ def test_a_plan_laid_out_anew_says_what_it_does_to_the_workers_as_they_are(alloc
         },
     )
     allocator.happened.note(NodeLost(alpha_node))
-    decided = allocator.decide(relaunching, 0)
+    decided = decide(allocator, relaunching, 0)
     hit = next(d for d in decided.plan.decisions if d.task == "alpha")
     assert decided.source == "table" and hit.hit and hit.reason.startswith("lost 2 GPUs with the node")
 
@@ -162,7 +174,7 @@ def test_node_back_and_task_done_are_answered_from_the_table(allocator: Allocato
     expected = shrunk.state
     back = replace(expected, healthy=(*expected.healthy, 3))
     allocator.happened.note(NodeBack(3))
-    decided = allocator.decide(back, 0)
+    decided = decide(allocator, back, 0)
     assert decided.source == "table" and decided.event == NodeBack(3)
     assert decided.plan.allocation() == {"alpha": 4, "beta": 2, "gamma": 2}
     done = replace(
@@ -173,7 +185,7 @@ def test_node_back_and_task_done_are_answered_from_the_table(allocator: Allocato
     )
     allocator.happened.note(NodeLost(3))  # (back and lost again: to the table, no change)
     allocator.happened.note(TaskDone("beta"))
-    decided = allocator.decide(done, 0)
+    decided = decide(allocator, done, 0)
     assert decided.source == "table" and decided.event == TaskDone("beta")
     # The record names what no plan answered yet: the return was answered above, the loss not.
     assert decided.events == (NodeLost(3), TaskDone("beta"))
@@ -181,7 +193,7 @@ def test_node_back_and_task_done_are_answered_from_the_table(allocator: Allocato
 
 def test_what_the_table_does_not_hold_is_solved_and_says_why(allocator: Allocator) -> None:
     state = demo_state()
-    assert allocator.decide(state, 0).why == "no plan table yet"
+    assert decide(allocator, state, 0).why == "no plan table yet"
     settle(allocator, state)
     newcomer = TaskSpec(name="delta", weight=5, throughput={2: 2.0e9})
     arrived = replace(
@@ -189,26 +201,26 @@ def test_what_the_table_does_not_hold_is_solved_and_says_why(allocator: Allocato
         tasks=(*state.tasks, newcomer),
         curves={**state.curves, "delta": curve_for(newcomer, state.gpu, 2)},
     )
-    decided = allocator.decide(arrived, 0)  # a task the actuator never told of
+    decided = decide(allocator, arrived, 0)  # a task the actuator never told of
     assert decided.source == "solved" and "tasks changed beyond no event" in decided.why
     assert decided.plan.allocation()["delta"] == 2
     allocator.happened.note(TasksArrived(("delta",)))  # told, but not queued when the table was built
-    decided = allocator.decide(arrived, 0)
+    decided = decide(allocator, arrived, 0)
     assert decided.source == "solved" and "no queued submission of delta" in decided.why
     shrunk = {n: dict(a) for n, a in state.assignment.items()}
     node = next(n for n, a in shrunk.items() if "alpha" in a)
     shrunk[node]["alpha"] -= 1  # a failure took one of alpha's workers
     allocator.happened.note(TaskDone("delta"))  # (delta cancelled before any plan: no event)
-    decided = allocator.decide(replace(state, assignment=shrunk), 0)  # no cluster event: the table's plan
+    decided = decide(allocator, replace(state, assignment=shrunk), 0)  # no cluster event: the table's plan
     assert (decided.source, decided.event, decided.events) == ("table", None, (TaskDone("delta"),))
     assert "laid out anew" in decided.why and decided.plan.allocation() == plan(state).allocation()
-    decided = allocator.decide(state, 1)
+    decided = decide(allocator, state, 1)
     assert decided.source == "solved" and "measurements changed" in decided.why
     assert decided.rebalance  # only the curves changed: the coordinator asks for a clear gain
-    assert not allocator.decide(arrived, 1).rebalance
+    assert not decide(allocator, arrived, 1).rebalance
     allocator.happened.note(NodeLost(0))
     allocator.happened.note(NodeLost(1))
-    decided = allocator.decide(after_loss(after_loss(state, 0), 1), 0)
+    decided = decide(allocator, after_loss(after_loss(state, 0), 1), 0)
     assert decided.source == "solved" and decided.why == "2 events at once: node-lost:0, node-lost:1"
     assert decided.events == (NodeLost(0), NodeLost(1))
 
@@ -220,7 +232,7 @@ def test_a_resubmitted_name_is_not_answered_by_the_table_of_its_previous_run(all
     settle(allocator, state)
     allocator.happened.note(TaskDone("beta"))
     allocator.happened.note(TasksArrived(("beta",)))
-    decided = allocator.decide(state, 0)
+    decided = decide(allocator, state, 0)
     assert decided.source == "solved" and decided.why.startswith("2 events at once")
 
 
@@ -231,16 +243,16 @@ def test_a_plan_names_each_event_once_whichever_table_answers_it(allocator: Allo
     state = demo_state()
     settle(allocator, state)
     allocator.happened.note(NodeLost(0))
-    first = allocator.decide(after_loss(state, 0), 0)
+    first = decide(allocator, after_loss(state, 0), 0)
     assert (first.source, first.events) == ("table", (NodeLost(0),))
     gate = threading.Event()
     allocator._builder = lambda s: (gate.wait(10), build(s))[1]
     allocator.refresh(after_loss(state, 0), first, 0)  # the next table, held back
-    again = allocator.decide(after_loss(state, 0), 0)
+    again = decide(allocator, after_loss(state, 0), 0)
     assert again.events == () and "being built" in again.why
     allocator.happened.note(NodeLost(1))
     both = after_loss(after_loss(state, 0), 1)
-    assert allocator.decide(both, 0).events == (NodeLost(1),)
+    assert decide(allocator, both, 0).events == (NodeLost(1),)
     gate.set()
     allocator.wait()
     # New measurements while node 2's loss waits for its plan: the table built for them holds it.
@@ -249,7 +261,7 @@ def test_a_plan_names_each_event_once_whichever_table_answers_it(allocator: Allo
     three = after_loss(both, 2)
     allocator.rebuild(three, 1)
     allocator.wait()
-    decided = allocator.decide(three, 1)
+    decided = decide(allocator, three, 1)
     assert (decided.source, decided.event, decided.events) == ("table", None, (NodeLost(2),))
 
 
@@ -260,15 +272,15 @@ def test_a_table_that_failed_to_build_is_built_again(allocator: Allocator) -> No
         raise RuntimeError("out of memory")
 
     allocator._builder = broken
-    allocator.refresh(state, allocator.decide(state, 0), 0)
+    allocator.refresh(state, decide(allocator, state, 0), 0)
     with pytest.raises(RuntimeError, match="out of memory"):
         allocator.wait()
-    decided = allocator.decide(state, 0)
+    decided = decide(allocator, state, 0)
     assert decided.source == "solved" and "could not be built: out of memory" in decided.why
     allocator._builder = build
     allocator.refresh(state, decided, 0)  # the same state as the build that failed
     allocator.wait()
-    assert allocator.decide(state, 0).source == "table"
+    assert decide(allocator, state, 0).source == "table"
 
 
 def test_a_table_whose_answer_fails_is_solved_around_and_says_why(
@@ -285,10 +297,68 @@ def test_a_table_whose_answer_fails_is_solved_around_and_says_why(
     monkeypatch.setattr(PlanTable, "lookup", broken)
     gamma_node = next(n for n, a in state.assignment.items() if "gamma" in a)
     allocator.happened.note(NodeLost(gamma_node))
-    decided = allocator.decide(after_loss(state, gamma_node), 0)
+    decided = decide(allocator, after_loss(state, gamma_node), 0)
     assert decided.source == "solved" and decided.events == (NodeLost(gamma_node),)
     assert decided.why == "the table's answer failed: KeyError('out')"
     assert decided.plan.allocation() == plan(state, NodeLost(gamma_node)).allocation()
+
+
+def two_lost_with_solves_held(
+    allocator: Allocator,
+) -> tuple[ClusterState, threading.Event, list[tuple[int, ...]]]:
+    """The demo's cluster with nodes 0 and 1 lost at once since its table (no entry for two
+    events), the allocator's solves held back until the event returned is set; the nodes each
+    solve was asked for."""
+    settle(allocator, state := demo_state())
+    gate, asked = threading.Event(), list[tuple[int, ...]]()
+
+    def held(s: ClusterState) -> Plan:
+        asked.append(s.healthy)
+        gate.wait(10)
+        return plan(s)
+
+    allocator._solve = held
+    allocator.happened.note(NodeLost(0))
+    allocator.happened.note(NodeLost(1))
+    return after_loss(after_loss(state, 0), 1), gate, asked
+
+
+def test_a_solve_runs_off_the_loop_and_its_plan_is_laid_over_the_workers_as_they_are(
+    allocator: Allocator,
+) -> None:
+    """Two nodes lost at once (no table entry): the coordinator is told "not yet" at once, the
+    plan is solved on the planner's own thread, the allocator's poll says once that it is done,
+    and the plan is laid over the workers as a recovery left them meanwhile (no cluster event)."""
+    both, gate, asked = two_lost_with_solves_held(allocator)
+    assert allocator.decide(both, 0) is None and allocator.in_background() and not allocator.poll()
+    moved = {n: dict(a) for n, a in both.assignment.items()}
+    node, name = next((n, t) for n, a in moved.items() for t, c in a.items() if c)
+    moved[node][name] -= 1  # a worker failed meanwhile: its survivors re-formed in place
+    now = replace(both, assignment=moved)
+    assert allocator.decide(now, 0) is None  # the same cluster: the solve under way goes on
+    gate.set()
+    assert allocator.solving is not None
+    allocator.solving.future.result(10)
+    assert allocator.poll() and not allocator.poll()  # once: the coordinator plans now
+    decided = allocator.decide(now, 0)
+    assert decided is not None and asked == [both.healthy]
+    assert (decided.source, decided.events) == ("solved", (NodeLost(0), NodeLost(1)))
+    assert decided.why.startswith("2 events at once") and decided.waited_s >= decided.seconds > 0
+    assert decided.plan.allocation() == plan(both).allocation()
+    assert decided.layout == laid_out(decided.plan, now)
+
+
+def test_a_solve_for_a_cluster_gone_by_is_solved_again_for_the_cluster_as_it_is(allocator: Allocator) -> None:
+    both, gate, asked = two_lost_with_solves_held(allocator)
+    assert allocator.decide(both, 0) is None
+    allocator.happened.note(NodeLost(2))
+    three = after_loss(both, 2)
+    assert allocator.decide(three, 0) is None
+    gate.set()
+    decided = decide(allocator, three, 0)
+    assert asked in ([three.healthy], [both.healthy, three.healthy])  # (the first, if it had begun)
+    assert decided.events == (NodeLost(0), NodeLost(1), NodeLost(2))
+    assert decided.plan.allocation() == plan(three).allocation()
 
 
 def test_a_burst_is_named_in_short_and_solved() -> None:
@@ -298,7 +368,7 @@ def test_a_burst_is_named_in_short_and_solved() -> None:
         settle(allocator, state)
         for node in range(2_000):  # (far more than a cluster has: the record stays short)
             allocator.happened.note(NodeLost(node))
-        decided = allocator.decide(after_loss(after_loss(state, 0), 1), 0)
+        decided = decide(allocator, after_loss(after_loss(state, 0), 1), 0)
         assert decided.source == "solved" and len(decided.events) == 2_000
         assert decided.why.endswith("and 1994 more"), decided.why
     finally:
@@ -346,7 +416,7 @@ def test_a_queued_submission_is_answered_from_the_table_built_for_it(allocator: 
     allocator.happened.note(TasksArrived(("delta",)))  # (as the placer notes it: after the rebuild)
     allocator.wait()
     assert allocator.poll() and not allocator.poll()  # once: the coordinator plans now
-    decided = allocator.decide(arrived, 0)
+    decided = decide(allocator, arrived, 0)
     assert decided.source == "table" and decided.event == TasksArrived(("delta",))
     # The heaviest task per slot takes two slots: gamma (weight 1) gives way.
     assert decided.plan.allocation() == plan(queued, TasksArrived(("delta",))).allocation()
@@ -355,10 +425,10 @@ def test_a_queued_submission_is_answered_from_the_table_built_for_it(allocator: 
     table = allocator.table
     assert table is not None and table.node_back is None and not table.node_lost
     allocator.happened.note(NodeLost(0))
-    assert allocator.decide(after_loss(arrived, 0), 0).source == "solved"
+    assert decide(allocator, after_loss(arrived, 0), 0).source == "solved"
     # delta cancelled before it was planned, then a node lost: not in this table, solved.
     allocator.happened.note(TaskDone("delta"))
-    decided = allocator.decide(after_loss(state, 0), 0)
+    decided = decide(allocator, after_loss(state, 0), 0)
     assert decided.source == "solved" and "arrival only" in decided.why, decided.why
     # The full table of the state the arrival's plan leads to no longer holds the arrival.
     allocator.refresh(arrived, decided, 0)
@@ -376,14 +446,14 @@ def test_while_new_measurements_are_built_in_the_previous_table_answers(allocato
     assert not allocator.poll()
     node = next(iter(state.healthy))
     allocator.happened.note(NodeLost(node))
-    decided = allocator.decide(after_loss(state, node), 1)
+    decided = decide(allocator, after_loss(state, node), 1)
     assert decided.source == "table" and decided.event == NodeLost(node)
     assert "previous measurements" in decided.why
     gate.set()
     allocator.wait()
     assert allocator.poll()
     allocator.happened.note(NodeBack(node))  # (back: the new table's state has it)
-    decided = allocator.decide(state, 1)
+    decided = decide(allocator, state, 1)
     assert (decided.source, decided.why, decided.rebalance) == ("table", "", True)
 
 

@@ -68,8 +68,16 @@ def test_page_section(tmp_path: Path) -> None:
                 "burst_s": 0.5,
                 "burst_elapsed_s": 0.6,
                 "crash_p50_s": 0.001,
-                "node_lost_s": [0.002],
-                "loss_plans": [{"source": "table", "why": ""}],
+                "node_lost_s": [0.002, 0.004],
+                "loss_plans": [
+                    {"source": "table", "why": ""},
+                    {
+                        "source": "solved",
+                        "why": "2 events at once: node-lost:1, node-lost:2",
+                        "plan_s": 0.1,
+                        "waited_s": 0.15,
+                    },
+                ],
                 "setup_s": {"register_s": 0.1, "plan_table_s": 0.2, "launch_s": 0.3, "first_step_s": 0.4},
             }
         ],
@@ -80,10 +88,12 @@ def test_page_section(tmp_path: Path) -> None:
     decide_bench.write_docs(figures, page)
     text = page.read_text()
     assert "old figures" not in text and text.endswith(f"{end}\n\nafter\n")
-    assert "| 0 | 1.00 ms | 2.00 ms | 3.00 ms | 500.00 ms | 600.00 ms | 1 of 1 |" in text
+    assert "| 0 | 1.00 ms | 2.00 ms | 3.00 ms | 500.00 ms | 600.00 ms | 1 of 2 |" in text
     words = " ".join(text.split())  # the prose is wrapped
     assert "**missed**" in words and "`control/store/store.py:106(snapshot)` 25%" in words
-    assert "1 came from the plan table and 0 were solved on the spot." in words
+    solved = "'2 events at once' (1); each solve took 100.00 ms to 100.00 ms on the planner's thread"
+    assert f"1 came from the plan table and 1 were solved in the background: {solved}" in words
+    assert "carried out 150.00 ms to 150.00 ms after it was asked for." in words
     page.write_text("# Performance\n")
     decide_bench.write_docs(figures, page)
     assert page.read_text().count(start) == 1

@@ -17,7 +17,7 @@ from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone, TasksAr
 from unicron.core.states import NodeState
 
 # Events are kept while a table may still be answered with them; a burst larger than this between
-# two plans is solved on the spot anyway ("N events at once"), so older ones need not be kept.
+# two plans is solved anyway ("N events at once"), so older ones need not be kept.
 KEEP_EVENTS = 4096
 
 

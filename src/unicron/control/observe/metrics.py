@@ -45,7 +45,7 @@ SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 3
 FAST = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)  # decisions
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LABELS = frozenset(t.label for t in Tier)
-PLAN_SOURCES = ("table", "solved")  # a plan looked up in the table, or solved on the spot
+PLAN_SOURCES = ("table", "solved")  # a plan looked up in the table, or solved
 PLAN_OUTCOMES = {"table": "lookup", "solved": "solve", "rebuilds": "rebuild"}  # ClusterView.plan_counts
 
 
@@ -300,7 +300,7 @@ def _cluster_gauges(v: ClusterView) -> Iterator[Metric]:
     )
     plans = CounterMetricFamily(
         "unicron_plan_table",
-        "Plans looked up in the table, solved on the spot, tables rebuilt",
+        "Plans looked up in the table, solved, tables rebuilt",
         labels=["outcome"],
     )
     for key, outcome in PLAN_OUTCOMES.items():  # every outcome, from zero

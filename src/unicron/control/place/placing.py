@@ -208,6 +208,11 @@ class Placer:
             self.keep_spares(snapshot, state, names, {})  # no task left: no spare has a purpose
             return
         decided = self.allocator.decide(state, self.rates.version)
+        if decided is None:
+            # Solved in the background (``allocator.py``); the allocator's poll wakes the next
+            # plan. The plan held for slots is of the cluster before the event: it waits too.
+            self.held = None
+            return
         self.pending.clear()  # every live task is in this plan
         best, layout = decided.plan, decided.layout
         if decided.rebalance and not stranded(snapshot):
@@ -319,6 +324,7 @@ class Placer:
         self.ctx.act.record(
             PLAN_EVENT,
             source=decided.source,
+            waited_s=round(decided.waited_s, 6) if decided.source == "solved" else None,
             answers=listed([named(e, _node_names(snapshot)) for e in decided.events]) or None,
             why=decided.why or None,
             seconds=round(decided.seconds, 6),
