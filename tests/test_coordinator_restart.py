@@ -189,7 +189,9 @@ def test_a_restored_ladder_escalates_as_the_original_would() -> None:
     settings = Settings(max_reattempts=2)
     original = Ladder(settings)
     for at in (1.0, 2.0):
-        assert original.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", at).tier is Tier.REATTEMPT
+        decision = original.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", at)
+        assert decision.tier is Tier.REATTEMPT
+        original.count(decision.counted)
         original.carried("t", Tier.REATTEMPT, at)
     copy = Ladder(settings)
     copy.restore(LadderCounts.model_validate(json.loads(original.history().model_dump_json())))  # as kept

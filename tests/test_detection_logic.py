@@ -8,9 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from unicron.control.detect.monitor import TaskMonitor
-from unicron.core.ladder import Ladder
+from unicron.core.kept import LadderCounts
+from unicron.core.ladder import Counted, Decision, Ladder
 from unicron.core.settings import Settings
-from unicron.core.taxonomy import ErrorKind
+from unicron.core.taxonomy import ErrorKind, Scope
 from unicron.core.tiers import Tier
 
 
@@ -39,23 +40,49 @@ def test_hang_deadline_is_clamped() -> None:
     assert s.hang_deadline(100.0) == 60.0
 
 
+def carried_out(ladder: Ladder, task: str, kind: ErrorKind, node: str | None, now: float) -> Decision:
+    """The ladder's decision, counted as the coordinator counts one it carries out."""
+    decision = ladder.decide(task, kind, node, now)
+    ladder.count(decision.counted)
+    return decision
+
+
 def test_ladder_escalates_isolates_and_gives_up() -> None:
     ladder = Ladder(Settings(max_reattempts=2, max_restarts=1, isolate_after=2, task_failure_limit=5))
     first = []
     for i in range(4):  # each tier asked for is carried out: the ladder counts what was done
-        first.append(ladder.decide("t", ErrorKind.NCCL_TIMEOUT, None, now=float(i)).tier)
+        first.append(carried_out(ladder, "t", ErrorKind.NCCL_TIMEOUT, None, float(i)).tier)
         ladder.carried("t", first[-1], float(i))
     assert first == [Tier.REATTEMPT, Tier.REATTEMPT, Tier.RESTART_FAILED, Tier.RECONFIGURE]
     # SEV1 hardware errors isolate their node at once; SEV2 ones after repeats on the same node.
-    ecc = ladder.decide("u", ErrorKind.ECC_ERROR, "n1", now=10.0)
+    ecc = carried_out(ladder, "u", ErrorKind.ECC_ERROR, "n1", 10.0)
     assert ecc.tier is Tier.RECONFIGURE and ecc.isolate_node
-    crash = Ladder(Settings(isolate_after=2)).decide
-    assert not crash("v", ErrorKind.CUDA_ERROR, "n2", 0.0).isolate_node
-    assert crash("w", ErrorKind.CUDA_ERROR, "n2", 1.0).isolate_node
-    assert not ladder.decide("t", ErrorKind.NODE_LOST, "n3", now=11.0).isolate_node  # already out
-    assert ladder.decide("t", ErrorKind.CUDA_ERROR, None, now=12.0).fail_task  # 6th failure of t
+    other = Ladder(Settings(isolate_after=2))
+    assert not carried_out(other, "v", ErrorKind.CUDA_ERROR, "n2", 0.0).isolate_node
+    assert carried_out(other, "w", ErrorKind.CUDA_ERROR, "n2", 1.0).isolate_node
+    assert not carried_out(ladder, "t", ErrorKind.NODE_LOST, "n3", 11.0).isolate_node  # already out
+    assert carried_out(ladder, "t", ErrorKind.CUDA_ERROR, None, 12.0).fail_task  # 6th failure of t
     # Outside the window, history no longer counts.
     assert ladder.decide("t", ErrorKind.NCCL_TIMEOUT, None, now=10_000.0).tier is Tier.REATTEMPT
+
+
+def test_the_ladder_decides_without_counting_and_counts_what_it_is_given() -> None:
+    """A decision changes nothing (deciding again decides alike); it says what it counts, and the
+    ladder counts that when told to (the coordinator, once it carries the decision out)."""
+    ladder = Ladder(Settings(isolate_after=2, task_failure_limit=3, same_fault_limit=2))
+    first = ladder.decide("t", ErrorKind.CUDA_ERROR, "n1", 1.0)
+    assert ladder.decide("t", ErrorKind.CUDA_ERROR, "n1", 1.0) == first and ladder.history() == LadderCounts()
+    assert first.counted == Counted("t", ErrorKind.CUDA_ERROR, 1.0, "n1", same=False)
+    ladder.count(first.counted)
+    second = ladder.decide("t", ErrorKind.CUDA_ERROR, "n1", 2.0)
+    assert second.isolate_node and "node n1 had 2 errors" in second.why  # the first one counted
+    task_fault = ladder.decide("t", ErrorKind.CUDA_ERROR, "n1", 2.0, Scope.TASK)
+    assert task_fault.counted == Counted("t", ErrorKind.CUDA_ERROR, 2.0, None, same=True)  # no node blamed
+    ladder.count(task_fault.counted)
+    assert ladder.history().node_errors == {"n1": [(1.0, "t", ErrorKind.CUDA_ERROR)]}
+    assert ladder.decide("t", ErrorKind.CUDA_ERROR, "n2", 3.0, Scope.TASK).fail_task  # the 3rd failure
+    ladder.count(None)  # (a decision that counts nothing: an incident widened)
+    assert ladder.history().failures == {"t": [1.0, 2.0]}
 
 
 def test_the_ladder_counts_only_tiers_carried_out() -> None:
@@ -63,7 +90,7 @@ def test_the_ladder_counts_only_tiers_carried_out() -> None:
     as one: the next failure asks for a reattempt again."""
     ladder = Ladder(Settings(max_reattempts=1))
     for at in (1.0, 2.0, 3.0):
-        assert ladder.decide("t", ErrorKind.CONNECTION_RESET, None, at).tier is Tier.REATTEMPT
+        assert carried_out(ladder, "t", ErrorKind.CONNECTION_RESET, None, at).tier is Tier.REATTEMPT
         ladder.carried("t", Tier.FROM_CHECKPOINT, at)
     ladder.carried("t", Tier.REATTEMPT, 4.0)
     assert ladder.decide("t", ErrorKind.CONNECTION_RESET, None, 5.0).tier is Tier.RESTART_FAILED

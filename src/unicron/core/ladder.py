@@ -15,6 +15,10 @@ A fault is counted against a node only when its scope is the worker or the node:
 task itself (its program; every rank failing alike) or of the checkpoint storage isolates no
 node. Such a fault that repeats ``same_fault_limit`` times within the window fails the task with
 the reason, instead of looping.
+
+:meth:`Ladder.decide` reads the counts and changes nothing: the failure it counts comes with its
+decision (``Decision.counted``), and the caller adds it (:meth:`Ladder.count`) when it carries
+the decision out, as it adds the tier carried out (:meth:`Ladder.carried`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,18 @@ from unicron.core.tiers import Tier
 
 
 @dataclass(frozen=True)
+class Counted:
+    """The failure a decision counts: against the task (its failures, each incident of the kind,
+    the same task or storage fault when ``same``) and against ``node`` (None: no node)."""
+
+    task: str
+    kind: ErrorKind
+    at: float
+    node: str | None
+    same: bool
+
+
+@dataclass(frozen=True)
 class Decision:
     kind: ErrorKind
     severity: Severity
@@ -35,6 +51,7 @@ class Decision:
     isolate_node: bool
     why: str
     scope: Scope
+    counted: Counted | None = None  # what it counts, once carried out (None: nothing more)
 
     @property
     def fail_task(self) -> bool:
@@ -96,6 +113,8 @@ class Ladder:
     def decide(
         self, task: str, kind: ErrorKind, node: str | None, now: float, scope: Scope | None = None
     ) -> Decision:
+        """The tier ``kind`` asks for on ``node`` now, counting this failure with those before
+        (the counts are not changed: :meth:`count` adds ``Decision.counted``)."""
         info = TAXONOMY[kind]
         scope = scope or info.scope
         tier, why = info.tier, f"{info.severity.name} {kind.value}"
@@ -107,36 +126,47 @@ class Ladder:
             tier, why = Tier.RESTART_FAILED, why + f"; reattempted {self.settings.max_reattempts}x"
         if tier is Tier.RESTART_FAILED and taken.count(Tier.RESTART_FAILED) >= self.settings.max_restarts:
             tier, why = Tier.RECONFIGURE, why + f"; restarted {self.settings.max_restarts}x"
-        isolate = node is not None and self._node_error(task, kind, node, now)
-        if isolate and node is not None:
-            tier = max(tier, Tier.RECONFIGURE)
-            if info.severity is Severity.SEV2:
-                why += f"; node {node} had {len(self.node_errors[node])} errors"
-        self.decided[(task, kind)] = [*self._recent(self.decided.get((task, kind), []), now), now]
-        failures = [*self._recent(self.failures.get(task, []), now), now]
-        self.failures[task] = failures
-        if len(failures) >= self.settings.task_failure_limit:
+        blamed = node if node is not None and info.severity in (Severity.SEV1, Severity.SEV2) else None
+        isolate = False
+        if blamed is not None:
+            errors = len(self._recent_errors(blamed, now)) + 1
+            isolate = (info.severity is Severity.SEV1 or errors >= self.settings.isolate_after) and (
+                kind is not ErrorKind.NODE_LOST  # (a lost node is out already)
+            )
+            if isolate:
+                tier = max(tier, Tier.RECONFIGURE)
+                if info.severity is Severity.SEV2:
+                    why += f"; node {blamed} had {errors} errors"
+        failures = len(self._recent(self.failures.get(task, []), now)) + 1
+        if failures >= self.settings.task_failure_limit:
             tier = Tier.FAIL_TASK
-            why += f"; {len(failures)} failures within {self.settings.escalation_window_s:g} s"
-        if scope in (Scope.TASK, Scope.STORAGE):
-            same = sorted({*self._recent(self.same.get((task, kind), []), now), now})
-            self.same[(task, kind)] = same
-            if len(same) >= self.settings.same_fault_limit:
+            why += f"; {failures} failures within {self.settings.escalation_window_s:g} s"
+        same = scope in (Scope.TASK, Scope.STORAGE)
+        if same:
+            times = len({*self._recent(self.same.get((task, kind), []), now), now})
+            if times >= self.settings.same_fault_limit:
                 tier = Tier.FAIL_TASK
-                why += f"; the same {scope.value} fault {len(same)} times: restarting cannot mend it"
-        return Decision(kind, info.severity, tier, isolate, why, scope)
+                why += f"; the same {scope.value} fault {times} times: restarting cannot mend it"
+        counted = Counted(task, kind, now, blamed, same)
+        return Decision(kind, info.severity, tier, isolate, why, scope, counted)
 
-    def _node_error(self, task: str, kind: ErrorKind, node: str, now: float) -> bool:
-        """Count a SEV1 or SEV2 error against ``node``; whether the node is to be isolated (a
-        SEV1 kind, or ``isolate_after`` errors within the window; a lost node is out already)."""
-        severity = TAXONOMY[kind].severity
-        if severity not in (Severity.SEV1, Severity.SEV2):
-            return False
+    def _recent_errors(self, node: str, now: float) -> list[tuple[float, str, ErrorKind]]:
         window = self.settings.escalation_window_s
-        errors = [e for e in self.node_errors.get(node, []) if now - e[0] <= window] + [(now, task, kind)]
-        self.node_errors[node] = errors
-        due = severity is Severity.SEV1 or len(errors) >= self.settings.isolate_after
-        return due and kind is not ErrorKind.NODE_LOST
+        return [e for e in self.node_errors.get(node, []) if now - e[0] <= window]
+
+    def count(self, counted: Counted | None) -> None:
+        """Add the failure a decision counted (``Decision.counted``) to the counts: the task's
+        failures and incidents of the kind, the same fault if it is the task's or the storage's,
+        an error against the node blamed (a SEV1 or SEV2 kind)."""
+        if counted is None:
+            return
+        task, kind, now = counted.task, counted.kind, counted.at
+        self.decided[(task, kind)] = [*self._recent(self.decided.get((task, kind), []), now), now]
+        self.failures[task] = [*self._recent(self.failures.get(task, []), now), now]
+        if counted.same:
+            self.same[(task, kind)] = sorted({*self._recent(self.same.get((task, kind), []), now), now})
+        if counted.node is not None:
+            self.node_errors[counted.node] = [*self._recent_errors(counted.node, now), (now, task, kind)]
 
     def carried(self, task: str, tier: Tier, now: float) -> None:
         """``tier`` was carried out for ``task`` (asked for, or reached by escalation): what the

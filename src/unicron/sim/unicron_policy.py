@@ -163,9 +163,11 @@ class UnicronPolicy:
         """The coordinator's ladder; a reattempt that fails again is another incident of the
         same kind, which the ladder escalates after max_reattempts."""
         decision = self.ladder.decide(name, kind, node, sim.now)
+        self.ladder.count(decision.counted)
         while decision.tier is Tier.REATTEMPT and self.rng.random() < self.s.reattempt_failure_probability:
             self.ladder.carried(name, Tier.REATTEMPT, sim.now)
             decision = self.ladder.decide(name, kind, node, sim.now)
+            self.ladder.count(decision.counted)
         return decision
 
     def _reconfigure(self, sim: Simulation, failure: Failure, hit: Mapping[str, int]) -> None:

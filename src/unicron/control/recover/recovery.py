@@ -7,7 +7,9 @@ attributed to its scope first (``attribution.py``: a worker, its node, the task 
 checkpoint storage), so that only worker and node faults count against a node. The ladder
 (``core/ladder.py``) asks for a tier; ``response.respond`` carries out the cheapest one that
 applies (``core/tiers.py``); a tier in place that regains no step by its deadline escalates.
-The open incidents are kept as typed records (``core/kept.py``) for a successor.
+What a failure decides is a value (``deciding.py``); this module carries it out (the ladder's
+counts, the records, the effects through the applier). The open incidents are kept as typed
+records (``core/kept.py``) for a successor.
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ from unicron.control.detect.detection import Failing
 from unicron.control.detect.hangs import WorkerKey, not_arrived
 from unicron.control.detect.nodewatch import Silent
 from unicron.control.recover.attribution import Attribution, Sign
+from unicron.control.recover.deciding import (
+    Facts,
+    FailureDecision,
+    Incident,
+    Opened,
+    Passed,
+    Seen,
+    Widened,
+    decide,
+)
 from unicron.control.recover.generations import Generations
 from unicron.control.recover.response import (
     TASK_ENDED,
@@ -30,12 +42,10 @@ from unicron.control.recover.response import (
     Stalled,
     escalate,
     regrouped,
-    respond,
 )
 from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.control.store.snapshot import Snapshot
 from unicron.core.kept import Isolations, OpenIncident, OpenIncidents
-from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import IterationReport, Progress
 from unicron.core.states import NodeState, TaskState
@@ -53,25 +63,6 @@ CONSEQUENCES = frozenset(
         ErrorKind.EXITED_ABNORMALLY,
     }
 )
-
-
-@dataclass
-class Incident:
-    id: int
-    kind: ErrorKind
-    detected: float
-    tiers: list[Tier]  # every tier carried out, in order: the last is under way
-    generation: int = 0  # the generation it struck (its key in ``Recovery.incidents``)
-    formed: int | None = None  # the generation its tier re-formed in place, while none trained
-    deadline: float | None = None  # a recovery in place must regain a step by then
-    stuck_nodes: set[str] = field(default_factory=set)  # where members stuck in a recovery ran
-
-    @property
-    def tier(self) -> Tier:
-        return self.tiers[-1]
-
-    def labels(self) -> list[str]:
-        return [t.label for t in self.tiers]
 
 
 @dataclass
@@ -135,34 +126,37 @@ class Recovery:
             # data or its configuration, not the machine (hardware kinds keep their node scope).
             scope = Scope.TASK if TAXONOMY[kind].scope is Scope.WORKER else None
         scope = self.signs.note(name, Sign(now, kind, node, generation), scope)
-        if not task.state.active:
-            return  # stopping to relaunch, or waiting: no generation runs to recover (a sign only)
         failure = Failure(name, node, why, None if failed is None else frozenset(failed))
-        if (same := self._same_event(task, generation, now)) is not None:
-            self._widen(same, task, failure, kind, scope, now)
-            return
-        if (name, task.generation) in self.incidents:
-            return
-        self._stop_awaiting(name)  # this incident answers every peer error of the task so far
-        self.generations.cancel_growth(name)
-        decision = self.ladder.decide(name, kind, node, now, scope)
-        spec = self.ctx.spec(name)
-        response = respond(
-            self._snapshot(name),
-            failure,
-            decision,
-            self.generations.in_place(name),
+        seen = Seen(failure, kind, scope, generation)
+        decided = self.decide(task, seen, now)
+        if isinstance(decided, Widened):
+            self._widen(decided, task, seen, now)
+        elif isinstance(decided, Opened):
+            self._stop_awaiting(name)  # this incident answers every peer error of the task so far
+            self.generations.cancel_growth(name)
+            self.ladder.count(decided.asked.counted)
+            self.ladder.carried(name, decided.response.tier, now)
+            self.ctx.act.keep(self.ladder.history())
+            incident = self._open(task, seen, decided, seen_at, seen_as, detail)
+            for step in decided.response.escalations:  # the tiers asked for that could not apply, and why
+                self._record_escalation(task, incident, step, carried=False)
+            self._carry_out(task, incident, decided.response, now, began=self._began(task, seen_at))
+
+    def decide(self, task: TaskRecord, seen: Seen, now: float) -> FailureDecision:
+        """What ``seen`` decides (``deciding.decide``: nothing is changed), from the task's open
+        incidents, the ladder's counts and a snapshot of the cluster."""
+        spec = self.ctx.spec(task.name)
+        facts = Facts(
+            spec.run.recovery == "in_process",
+            self.generations.growth(task.name) is not None,
             spec.is_usable,
-            self.ctx.limits,
-            now,
             spec.replica_size,
         )
-        self.ladder.carried(name, response.tier, now)
-        self.ctx.act.keep(self.ladder.history())
-        incident = self._open(task, kind, node, why, scope, decision, response.tier, seen_at, seen_as, detail)
-        for step in response.escalations:  # the tiers asked for that could not apply, and why
-            self._record_escalation(task, incident, step, carried=False)
-        self._carry_out(task, incident, response, now, began=self._began(task, seen_at))
+        if not task.state.active:
+            return Passed.INACTIVE  # (no snapshot read for a sign only)
+        incidents = [i for (name, _), i in self.incidents.items() if name == task.name]
+        snapshot = self._snapshot(task.name)
+        return decide(task, seen, incidents, self.ladder, snapshot, facts, self.ctx.limits, now)
 
     def _began(self, task: TaskRecord, seen_at: float | None) -> float | None:
         """When a failure of the task's current generation began: its injection, if the fault
@@ -170,56 +164,19 @@ class Recovery:
         injected = self.faults.get((task.name, task.generation))
         return seen_at if injected is None else injected
 
-    def _same_event(self, task: TaskRecord, generation: int | None, now: float) -> Incident | None:
-        """The open incident a failure belongs to, if it is the same event: that incident's tier
-        re-formed the task's current generation in place, which has trained no step yet, within
-        ``task_fault_window_s`` of its detection, and the failing worker had not reached that
-        generation (``generation``: the newest it reached; None, not known). Every worker killed
-        at once reports its exit on its own, and each lands in the generation the previous
-        one's recovery formed: without this, one event was counted as many incidents (a healthy
-        node isolated for its errors, the task failed as the same fault repeated)."""
-        if task.state is not TaskState.STARTING or (generation is not None and generation >= task.generation):
-            return None
-        window = self.ctx.limits.task_fault_window_s
-        for (name, _), incident in self.incidents.items():
-            if name == task.name and incident.formed == task.generation and now - incident.detected <= window:
-                return incident
-        return None
-
-    def _widen(
-        self,
-        incident: Incident,
-        task: TaskRecord,
-        failure: Failure,
-        kind: ErrorKind,
-        scope: Scope,
-        now: float,
-    ) -> None:
+    def _widen(self, widened: Widened, task: TaskRecord, seen: Seen, now: float) -> None:
         """More of the same event: the incident's tier is carried out again on the generation it
         formed, without the newly failed ranks (escalating while it cannot apply); the ladder
         counts nothing more (one event is one incident)."""
-        why = f"the same event as incident {incident.id}"
-        decision = LadderDecision(kind, TAXONOMY[kind].severity, incident.tier, False, why, scope)
-        spec = self.ctx.spec(task.name)
-        response = respond(
-            self._snapshot(task.name),
-            failure,
-            decision,
-            self.generations.in_place(task.name),
-            spec.is_usable,
-            self.ctx.limits,
-            now,
-            spec.replica_size,
-        )
-        failed = None if failure.failed is None else sorted(failure.failed)
+        incident, response, failure = widened.incident, widened.response, seen.failure
         self.ctx.act.record(
             "incident_widened",
             task=task.name,
             node=failure.node,
             incident=incident.id,
             generation=task.generation,
-            kind=kind.value,
-            failed=failed,
+            kind=seen.kind.value,
+            failed=None if failure.failed is None else sorted(failure.failed),
             why=failure.why,
         )
         for i, step in enumerate(response.escalations):
@@ -277,12 +234,8 @@ class Recovery:
     def _open(
         self,
         task: TaskRecord,
-        kind: ErrorKind,
-        node: str | None,
-        why: str,
-        scope: Scope,
-        decision: LadderDecision,
-        tier: Tier,
+        seen: Seen,
+        opened: Opened,
         seen_at: float | None,
         seen_as: str,
         detail: Mapping[str, Any] | None = None,
@@ -291,6 +244,7 @@ class Recovery:
         and why, when the fault began) and close the ones it supersedes (a new fault struck
         while they were being recovered)."""
         now, name, record = self.ctx.clock(), task.name, self.ctx.act.record
+        kind, node, decision, tier = seen.kind, seen.failure.node, opened.asked, opened.response.tier
         superseded = [k for k in self.incidents if k[0] == name]
         injected = self.faults.get((name, task.generation))
         began = self._began(task, seen_at)
@@ -302,8 +256,8 @@ class Recovery:
             severity=decision.severity.name,
             action=tier.label,
             asked=decision.tier.label,
-            scope=scope.value,
-            why=why,
+            scope=seen.scope.value,
+            why=seen.failure.why,
             ladder=decision.why,
             detected_at=now,
             detection_s=None if began is None else round(max(0.0, now - began), 4),
