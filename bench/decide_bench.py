@@ -17,7 +17,8 @@ Measured: each failure's decision (the wall time of the coordinator call that ca
 heartbeat with the exit, the tick past the silent node's deadline), its p50 and p99, and the
 burst: the coordinator's own time (every call it answered, failures, ticks and the routine
 heartbeats) from the first failure until the last order the failures caused is queued, with the
-time the plans it carried out meanwhile took to solve on the planner's thread (fake time runs no
+time the planner's thread spent solving meanwhile (every solve, also one whose cluster changed
+before it was used; it ran while the loop did, so the sum is an upper bound; fake time runs no
 faster than real time while the planner works in the background, :meth:`Timeline.pace`). The time
 the fake agents take is not the coordinator's and is left out (``burst_elapsed_s`` has it in).
 The set-up (registration, the first plan table, launch, the first step) is timed apart.
@@ -123,6 +124,12 @@ class Meter:
     profile: cProfile.Profile | None = None
     # Of the calls' time, that spent in the decisions proper (``watch_decisions``), all along.
     deciding_s: float = 0.0
+    solving_s: float = 0.0  # the planner's thread's time in solves (``watch_decisions``), all along
+
+    def work_s(self) -> float:
+        """The coordinator's work so far: its calls, and the solves on the planner's thread
+        (they ran while the loop did, competing for the interpreter: an upper bound)."""
+        return self.busy_s + self.solving_s
 
     def queued(self, node: str) -> None:  # the order queue's hook (the service wakes long polls there)
         self.orders += 1
@@ -384,17 +391,12 @@ class Burst:
         """The first failure's call begins: the burst's clock starts (and its profile)."""
         if self.began is None:
             self.plans.clear()  # (those of the set-up are not the burst's)
-            self.began = (meter.busy_s, time.perf_counter())
+            self.began = (meter.work_s(), time.perf_counter())
             meter.profile = self.profile
 
     def effect(self, meter: Meter) -> None:
         """A call that carried out a failure's effects ended: the burst lasts at least this long."""
-        self.ended = (meter.busy_s + self.solved_s(), time.perf_counter())
-
-    def solved_s(self) -> float:
-        """The time the plans carried out since the first failure took to solve, on the
-        planner's own thread: the coordinator's work too, counted on top of its loop's."""
-        return sum(d.seconds for _, d in self.plans if d.source == "solved")
+        self.ended = (meter.work_s(), time.perf_counter())
 
     def unanswered(self) -> list[str]:
         """Lost nodes no plan has answered yet (a plan decided after the loss answers it)."""
@@ -406,7 +408,7 @@ def watch_decisions(agents: Agents, burst: Burst) -> None:
     ``Recovery.decide``, with the snapshot it reads; the plan's lookup, ``Allocator.decide``)
     into the meter, and log every plan decided (looked up or solved), with the fake time."""
     allocator, recovery, meter = agents.c.placer.allocator, agents.c.recovery, agents.meter
-    plan_decide, failure_decide = allocator.decide, recovery.decide
+    plan_decide, failure_decide, solve = allocator.decide, recovery.decide, allocator._solve
 
     def timed(fn: Callable[[], T]) -> T:
         start = time.perf_counter()
@@ -424,9 +426,17 @@ def watch_decisions(agents: Agents, burst: Burst) -> None:
     def decided(task: Any, seen: Any, now: float) -> Any:
         return timed(lambda: failure_decide(task, seen, now))
 
+    def solved(state: Any) -> Any:  # (on the planner's thread: every solve, also one gone by)
+        start = time.perf_counter()
+        try:
+            return solve(state)
+        finally:
+            meter.solving_s += time.perf_counter() - start
+
     # (an instance's methods wrapped, not the class's)
     setattr(allocator, "decide", planned)  # noqa: B010
     setattr(recovery, "decide", decided)  # noqa: B010
+    allocator._solve = solved
 
 
 @dataclass
@@ -869,8 +879,9 @@ def section(r: dict[str, Any]) -> str:
         "out on a later tick). The burst: the coordinator's own time from the first failure's call to "
         "the end of the call that queued the last order the failures caused (the recoveries' orders "
         "and the plans answering the losses), the routine heartbeats and ticks in between included, "
-        "plus the time the plans carried out since took to solve on the planner's thread; while the "
-        "planner works in the background, fake time runs no faster than real time. "
+        "plus the time the planner's thread spent solving meanwhile (every solve, also one whose "
+        "cluster changed before it was used; it ran while the loop did, so the sum is an upper "
+        "bound); while the planner works in the background, fake time runs no faster than real time. "
         "\"Burst, elapsed\" adds the fake agents' time, which is not the coordinator's.",
         decisions_text(r["runs"]),
         "Of each call, the decisions proper (what each failure decides, `control/recover/deciding.py` "

@@ -11,7 +11,7 @@ import pytest
 
 from unicron.control.act.happened import Happened, net
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
-from unicron.control.place.allocator import Allocator, Decided, laid_out
+from unicron.control.place.allocator import MAX_RESTARTS, Allocator, Decided, laid_out
 from unicron.control.place.rates import RateMeter
 from unicron.core.events import NodeBack, NodeLost, TaskDone, TasksArrived, named
 from unicron.core.gpus import lookup_gpu
@@ -349,6 +349,8 @@ def test_a_solve_runs_off_the_loop_and_its_plan_is_laid_over_the_workers_as_they
 
 
 def test_a_solve_for_a_cluster_gone_by_is_solved_again_for_the_cluster_as_it_is(allocator: Allocator) -> None:
+    """A node lost while the plan for two others is solved: solved again for the three, said as
+    first asked (its why, its wait from then) and started again once."""
     both, gate, asked = two_lost_with_solves_held(allocator)
     assert allocator.decide(both, 0) is None
     allocator.happened.note(NodeLost(2))
@@ -357,8 +359,39 @@ def test_a_solve_for_a_cluster_gone_by_is_solved_again_for_the_cluster_as_it_is(
     gate.set()
     decided = decide(allocator, three, 0)
     assert asked in ([three.healthy], [both.healthy, three.healthy])  # (the first, if it had begun)
-    assert decided.events == (NodeLost(0), NodeLost(1), NodeLost(2))
+    assert decided.events == (NodeLost(0), NodeLost(1), NodeLost(2)) and decided.restarts == 1
+    assert decided.why.startswith("2 events at once") and decided.waited_s > 0
     assert decided.plan.allocation() == plan(three).allocation()
+
+
+def test_a_task_submitted_again_under_its_name_while_solving_is_solved_for_its_new_spec(
+    allocator: Allocator,
+) -> None:
+    both, gate, _ = two_lost_with_solves_held(allocator)
+    gate.set()
+    assert allocator.decide(both, 0) is None
+    other = tuple(t.model_copy(update={"weight": 9.0}) if t.name == "gamma" else t for t in both.tasks)
+    again = replace(both, tasks=other)  # gamma ended and came back, heavier, before the plan
+    assert allocator.decide(again, 0) is None  # (not the plan of the gamma gone by)
+    decided = decide(allocator, again, 0)
+    assert decided.restarts == 1 and decided.plan.allocation() == plan(again).allocation()
+
+
+def test_a_cluster_that_keeps_changing_gets_its_plan_solved_on_the_loop_after_a_few_solves(
+    allocator: Allocator,
+) -> None:
+    state, gate, _ = two_lost_with_solves_held(allocator)
+    gate.set()
+    for weight in range(4, 4 + MAX_RESTARTS):  # each change comes before the previous solve is used
+        assert allocator.decide(state, 0) is None
+        heavier = tuple(
+            t.model_copy(update={"weight": float(weight)}) if t.name == "gamma" else t for t in state.tasks
+        )
+        state = replace(state, tasks=heavier)  # (gamma ended and was submitted again, heavier)
+    decided = allocator.decide(state, 0)  # the last change: solved here
+    assert decided is not None and decided.source == "solved" and decided.restarts == MAX_RESTARTS
+    assert decided.why.endswith(f"the cluster changed during {MAX_RESTARTS} solves: solved on the loop")
+    assert decided.plan.allocation() == plan(state).allocation() and allocator.solving is None
 
 
 def test_a_burst_is_named_in_short_and_solved() -> None:

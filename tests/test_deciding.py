@@ -9,6 +9,7 @@ from dataclasses import replace
 from unicron.control.act.effects import StopWorker, Switch, TaskDown
 from unicron.control.recover.deciding import Facts, Incident, Opened, Passed, Seen, Widened, decide
 from unicron.control.recover.response import Failure
+from unicron.control.store.snapshot import Snapshot
 from unicron.core.kept import LadderCounts
 from unicron.core.ladder import Counted, Ladder
 from unicron.core.settings import Settings
@@ -28,7 +29,7 @@ def crash(rank: int = 1, node: str = "a", generation: int | None = 3) -> Seen:
 
 def test_a_crash_opens_an_incident_whose_response_restarts_the_failed_rank_and_counts_nothing_yet() -> None:
     ladder = Ladder(LIMITS)
-    decided = decide(task(), crash(), [], ladder, snapshot(), IN_PLACE, LIMITS, NOW)
+    decided = decide(task(), crash(), [], ladder, snapshot, IN_PLACE, LIMITS, NOW)
     assert isinstance(decided, Opened)
     assert (decided.asked.tier, decided.response.tier, decided.response.escalations) == (
         Tier.RESTART_FAILED,
@@ -51,7 +52,11 @@ def test_the_same_kill_reported_from_another_worker_widens_the_incident_and_coun
     after = snapshot()
     members = tuple(replace(w, generation=6) for w in after.members["lm"] if w.rank != 1)
     state = replace(after, tasks={"lm": formed}, members={"lm": members}, next_generation={"lm": 7})
-    decided = decide(formed, crash(2, "b"), [incident], Ladder(LIMITS), state, IN_PLACE, LIMITS, NOW)
+
+    def read() -> Snapshot:
+        return state
+
+    decided = decide(formed, crash(2, "b"), [incident], Ladder(LIMITS), read, IN_PLACE, LIMITS, NOW)
     assert isinstance(decided, Widened) and decided.incident is incident
     assert decided.asked.tier is Tier.RESTART_FAILED and decided.asked.counted is None
     assert decided.asked.why == "the same event as incident 7"
@@ -59,23 +64,26 @@ def test_the_same_kill_reported_from_another_worker_widens_the_incident_and_coun
     assert switch.old == 6 and switch.membership.generation == 7 and len(switch.kept) == 2
     # A worker that had reached the re-formed generation fails anew: its own incident.
     assert isinstance(
-        decide(formed, crash(2, "b", 6), [incident], Ladder(LIMITS), state, IN_PLACE, LIMITS, NOW), Opened
+        decide(formed, crash(2, "b", 6), [incident], Ladder(LIMITS), read, IN_PLACE, LIMITS, NOW), Opened
     )
     # So does one past the window the event is judged by.
     late = NOW + LIMITS.task_fault_window_s + 2.0
     assert isinstance(
-        decide(formed, crash(2, "b"), [incident], Ladder(LIMITS), state, IN_PLACE, LIMITS, late), Opened
+        decide(formed, crash(2, "b"), [incident], Ladder(LIMITS), read, IN_PLACE, LIMITS, late), Opened
     )
 
 
 def test_a_failure_of_a_generation_with_an_incident_or_of_a_task_not_running_decides_nothing() -> None:
     open_one = Incident(3, CRASH, NOW - 1.0, [Tier.RESTART_FAILED], generation=3)
+
+    def unread() -> Snapshot:  # (a decision that responds to nothing reads no copy of the cluster)
+        raise AssertionError("read")
+
     assert (
-        decide(task(), crash(), [open_one], Ladder(LIMITS), snapshot(), IN_PLACE, LIMITS, NOW)
-        is Passed.ANSWERED
+        decide(task(), crash(), [open_one], Ladder(LIMITS), unread, IN_PLACE, LIMITS, NOW) is Passed.ANSWERED
     )
     stopping = replace(task(), state=TaskState.RESTARTING)
-    assert decide(stopping, crash(), [], Ladder(LIMITS), snapshot(), IN_PLACE, LIMITS, NOW) is Passed.INACTIVE
+    assert decide(stopping, crash(), [], Ladder(LIMITS), unread, IN_PLACE, LIMITS, NOW) is Passed.INACTIVE
 
 
 def test_the_ladders_counts_and_the_tasks_mode_decide_the_tier() -> None:
@@ -84,12 +92,12 @@ def test_the_ladders_counts_and_the_tasks_mode_decide_the_tier() -> None:
     in place (the grow is given up as the incident opens)."""
     ladder = Ladder(Settings(max_restarts=1))
     ladder.carried("lm", Tier.RESTART_FAILED, NOW - 10.0)
-    decided = decide(task(), crash(), [], ladder, snapshot(), IN_PLACE, LIMITS, NOW)
+    decided = decide(task(), crash(), [], ladder, snapshot, IN_PLACE, LIMITS, NOW)
     assert isinstance(decided, Opened) and decided.response.tier is Tier.RECONFIGURE
     relaunching = Facts(in_process=False, growing=False, usable=anything)
-    decided = decide(task(), crash(), [], Ladder(LIMITS), snapshot(), relaunching, LIMITS, NOW)
+    decided = decide(task(), crash(), [], Ladder(LIMITS), snapshot, relaunching, LIMITS, NOW)
     assert isinstance(decided, Opened) and decided.response.tier is Tier.FROM_CHECKPOINT
     assert [e.why for e in decided.response.escalations] != []  # each tier passed says why
     growing = Facts(in_process=True, growing=True, usable=anything)
-    decided = decide(task(), crash(), [], Ladder(LIMITS), snapshot(), growing, LIMITS, NOW)
+    decided = decide(task(), crash(), [], Ladder(LIMITS), snapshot, growing, LIMITS, NOW)
     assert isinstance(decided, Opened) and decided.response.tier is Tier.RESTART_FAILED

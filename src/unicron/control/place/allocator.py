@@ -15,13 +15,15 @@ does not hold, a table not ready) is solved, and the plan event says which event
 
 A solve runs in the background, not on the coordinator's loop (at 2,048 nodes and 100 tasks it
 takes 0.1-0.5 s, during which the loop would hear no heartbeat and answer no other failure).
-Nothing waits for it that a plan is needed for: by then each failure's recovery has acted (the
-survivors re-formed in place, or the task stopped to relaunch), so the plan only redistributes
-the cluster. :meth:`Allocator.decide` says "not yet" (None) until the solve is done,
-:meth:`Allocator.poll` says when it is, and the plan is then laid out over the workers as they
-are; a solve whose cluster changed meanwhile (nodes in service, tasks, measurements) is solved
-again for the cluster as it is. The plan event says how long it was asked for before it was
-carried out (``waited_s``).
+By then each failure's recovery has acted (the survivors re-formed in place, or the task
+stopped to relaunch); what waits for the plan is what only a plan does: a task stopped to
+relaunch is launched, a task grows back, a submission starts. :meth:`Allocator.decide` says "not
+yet" (None) until the solve is done, :meth:`Allocator.poll` says when it is, and the plan is then
+laid out over the workers as they are. A solve whose cluster changed meanwhile (nodes in service,
+tasks or their specs, measurements) is solved again for the cluster as it is; one that changed
+during ``MAX_RESTARTS`` solves in a row is solved on the loop, so that a cluster that keeps
+changing still gets its plan. The plan event says how long it waited from when it was first
+asked for (``waited_s``) and how often its solve was started again (``restarts``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class Decided:
     seconds: float  # lookup or solve time
     rebalance: bool = False  # the cluster is as the previous plan left it: only curves changed
     events: tuple[PlanEvent, ...] = ()  # the cluster events it answers (several: solved)
-    waited_s: float = 0.0  # solved in the background: from when it was asked until now
+    waited_s: float = 0.0  # solved in the background: from when it was first asked until now
+    restarts: int = 0  # how often its solve was started again for a cluster that changed meanwhile
 
 
 @dataclass
@@ -59,9 +62,27 @@ class Solving:
     state: ClusterState
     curves_version: int
     why: str
-    asked: float  # perf_counter when it was asked for
+    asked: float  # perf_counter when it was first asked for (before any restart)
     future: Future[tuple[Plan, float]]  # the plan and the solve's own time
+    restarts: int = 0  # started again for a cluster that changed meanwhile
     told: bool = False  # :meth:`Allocator.poll` said it is done
+
+
+# A solve started again this often in a row for a cluster that kept changing is solved on the
+# loop instead: the changes do not keep every plan away (a relaunch waits for one).
+MAX_RESTARTS = 3
+
+
+def gone_by(solving: Solving, state: ClusterState, curves_version: int) -> bool:
+    """Whether the cluster changed since ``solving`` was asked for in a way its plan would not
+    answer: the nodes in service, the tasks or their specs (a name submitted again may be
+    another task), the measurements. Workers a recovery moved do not count (the plan is laid
+    out over them as they are)."""
+    return (
+        solving.curves_version != curves_version
+        or solving.state.tasks != state.tasks
+        or unexplained(solving.state, state, None) is not None
+    )
 
 
 def timed(solve: Callable[[ClusterState], Plan], state: ClusterState) -> tuple[Plan, float]:
@@ -189,7 +210,13 @@ class Allocator:
         waited = time.perf_counter() - solving.asked
         layout = laid_out(best, state)
         events = self._newly_answered()
-        return Decided(best, layout, "solved", None, solving.why, seconds, rebalance, events, waited)
+        return Decided(
+            best, layout, "solved", None, solving.why, seconds, rebalance, events, waited, solving.restarts
+        )
+
+    def unanswered(self) -> bool:
+        """Whether cluster events happened that no plan answered yet."""
+        return self.happened.last > self.answered
 
     def _newly_answered(self) -> tuple[PlanEvent, ...]:
         """The cluster events no plan answered before this one, taken as answered. The table
@@ -208,14 +235,17 @@ class Allocator:
         A plan solved for the same nodes, tasks and measurements is the plan now, said from the
         workers as they are (a recovery may have moved them meanwhile)."""
         solving = self.solving
-        if solving is not None and (
-            solving.curves_version != curves_version or unexplained(solving.state, state, None) is not None
-        ):
-            self._drop_solving()  # solved for a cluster gone by
-            solving = None
+        if solving is not None and gone_by(solving, state, curves_version):
+            self._drop_solving()  # solved for a cluster gone by: again, as first asked
+            restarts = solving.restarts + 1
+            if restarts >= MAX_RESTARTS:
+                best, seconds = timed(self._solve, state)
+                said = f"{solving.why}; the cluster changed during {restarts} solves: solved on the loop"
+                return best, replace(solving, why=said, restarts=restarts), seconds
+            self._start_solve(state, curves_version, solving.why, solving.asked, restarts)
+            return None
         if solving is None:
-            future = self._solver.submit(timed, self._solve, state)
-            self.solving = Solving(state, curves_version, why, time.perf_counter(), future)
+            self._start_solve(state, curves_version, why, time.perf_counter())
             return None
         if not solving.future.done():
             return None
@@ -227,6 +257,12 @@ class Allocator:
         if moved_beyond(solving.state, state, None):
             best = restated(best, state)
         return best, solving, seconds
+
+    def _start_solve(
+        self, state: ClusterState, curves_version: int, why: str, asked: float, restarts: int = 0
+    ) -> None:
+        future = self._solver.submit(timed, self._solve, state)
+        self.solving = Solving(state, curves_version, why, asked, future, restarts)
 
     def _drop_solving(self) -> None:
         if self.solving is not None:

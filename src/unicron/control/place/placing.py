@@ -210,8 +210,10 @@ class Placer:
         decided = self.allocator.decide(state, self.rates.version)
         if decided is None:
             # Solved in the background (``allocator.py``); the allocator's poll wakes the next
-            # plan. The plan held for slots is of the cluster before the event: it waits too.
-            self.held = None
+            # plan. A plan held for slots goes on being carried out unless cluster events came
+            # since it (then it is of a cluster gone by: it waits for the new plan too).
+            if self.allocator.unanswered():
+                self.held = None
             return
         self.pending.clear()  # every live task is in this plan
         best, layout = decided.plan, decided.layout
@@ -325,6 +327,7 @@ class Placer:
             PLAN_EVENT,
             source=decided.source,
             waited_s=round(decided.waited_s, 6) if decided.source == "solved" else None,
+            restarts=decided.restarts if decided.source == "solved" else None,
             answers=listed([named(e, _node_names(snapshot)) for e in decided.events]) or None,
             why=decided.why or None,
             seconds=round(decided.seconds, 6),

@@ -124,13 +124,14 @@ def decide(
     seen: Seen,
     incidents: Sequence[Incident],
     ladder: Ladder,
-    snapshot: Snapshot,
+    read: Callable[[], Snapshot],
     facts: Facts,
     limits: Settings,
     now: float,
 ) -> FailureDecision:
     """What ``seen`` decides for ``task``, given its open ``incidents`` (any generation), the
-    ladder's counts and ``snapshot`` (the task, every node, the isolations running)."""
+    ladder's counts and the snapshot ``read`` returns (the task, every node, the isolations
+    running: read only for a decision that responds, a copy of every node being dear at scale)."""
     if not task.state.active:
         return Passed.INACTIVE
     same = same_event(task, seen.generation, incidents, limits.task_fault_window_s, now)
@@ -138,12 +139,12 @@ def decide(
         why = f"the same event as incident {same.id}"
         asked = LadderDecision(seen.kind, TAXONOMY[seen.kind].severity, same.tier, False, why, seen.scope)
         may_stay = facts.in_process and not facts.growing
-        return Widened(same, asked, _respond(snapshot, seen, asked, may_stay, facts, limits, now))
+        return Widened(same, asked, _respond(read(), seen, asked, may_stay, facts, limits, now))
     if any(i.generation == task.generation for i in incidents):
         return Passed.ANSWERED
     asked = ladder.decide(task.name, seen.kind, seen.failure.node, now, seen.scope)
     # (a grow under way is given up as the incident opens: the task may recover in place)
-    return Opened(asked, _respond(snapshot, seen, asked, facts.in_process, facts, limits, now))
+    return Opened(asked, _respond(read(), seen, asked, facts.in_process, facts, limits, now))
 
 
 def _respond(

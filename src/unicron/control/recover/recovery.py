@@ -14,6 +14,7 @@ records (``core/kept.py``) for a successor.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,7 +30,6 @@ from unicron.control.recover.deciding import (
     FailureDecision,
     Incident,
     Opened,
-    Passed,
     Seen,
     Widened,
     decide,
@@ -152,11 +152,9 @@ class Recovery:
             spec.is_usable,
             spec.replica_size,
         )
-        if not task.state.active:
-            return Passed.INACTIVE  # (no snapshot read for a sign only)
         incidents = [i for (name, _), i in self.incidents.items() if name == task.name]
-        snapshot = self._snapshot(task.name)
-        return decide(task, seen, incidents, self.ladder, snapshot, facts, self.ctx.limits, now)
+        read = functools.partial(self._snapshot, task.name)
+        return decide(task, seen, incidents, self.ladder, read, facts, self.ctx.limits, now)
 
     def _began(self, task: TaskRecord, seen_at: float | None) -> float | None:
         """When a failure of the task's current generation began: its injection, if the fault
