@@ -25,14 +25,16 @@ def silence(cluster: Any, node: str, until: NodeState = NodeState.LOST) -> None:
 
 
 def settle(cluster: Any, task: str = "lm") -> None:
-    """Steps until ``task`` runs again with every worker it was given."""
+    """Steps until ``task`` runs again with every worker it was given, and no plan is being
+    solved (one solved in the background is carried out on the tick after it is done)."""
+    allocator = cluster.c.placer.allocator
     for _ in range(30):
         cluster.step()
-        cluster.c.placer.allocator.wait()
+        allocator.wait()
         record = cluster.c.store.get_task(task)
         if record.state is TaskState.STARTING:
             cluster.train(record.step + 1, task)
-        if cluster.c.store.get_task(task).state is TaskState.RUNNING:
+        if cluster.c.store.get_task(task).state is TaskState.RUNNING and allocator.solving is None:
             return
     raise AssertionError(f"{task} never ran again: {cluster.c.store.get_task(task)}")
 

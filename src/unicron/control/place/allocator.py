@@ -100,6 +100,13 @@ def _state_key(state: ClusterState) -> tuple[object, ...]:
     )
 
 
+def rebalancing(refreshed_for: tuple[object, ...] | None, state: ClusterState) -> bool:
+    """Whether ``state`` is the one the last table was asked for (``refreshed_for``: its key and
+    measurements' version): nothing happened but new measurements. (Worked out only for a plan
+    returned: the key reads every worker's place, ~10 ms at 2,048 nodes.)"""
+    return refreshed_for is not None and refreshed_for[:-1] == _state_key(state)
+
+
 def _normal(assignment: Mapping[int, Mapping[str, int]]) -> dict[int, dict[str, int]]:
     return {n: {t: c for t, c in per.items() if c} for n, per in assignment.items() if any(per.values())}
 
@@ -182,7 +189,7 @@ class Allocator:
         (one event, or none: the table's own plan), else solved in the background, with why
         (None: being solved; :meth:`poll` says when to ask again)."""
         started = time.perf_counter()
-        rebalance = self._refreshed_for is not None and self._refreshed_for[:-1] == _state_key(state)
+        refreshed_for = self._refreshed_for  # (before the table's state below may change it)
         table, why = self._ready_table(curves_version)  # (it may take up a table just built)
         told = self.happened.since(self.table_after)  # what the table must answer
         if table is not None:
@@ -200,12 +207,14 @@ class Allocator:
                 layout = laid_out(chosen, state)
                 self.counts["table"] += 1
                 self._drop_solving()  # (the table answers what it was asked for, and more)
+                rebalance = rebalancing(refreshed_for, state)
                 seconds, events = time.perf_counter() - started, self._newly_answered()
                 return Decided(chosen, layout, "table", event, why, seconds, rebalance, events)
         solved = self._solved(state, curves_version, why)
         if solved is None:
             return None
         best, solving, seconds = solved
+        rebalance = rebalancing(refreshed_for, state)
         self.counts["solved"] += 1
         waited = time.perf_counter() - solving.asked
         layout = laid_out(best, state)

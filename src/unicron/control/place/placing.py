@@ -154,10 +154,12 @@ class Placer:
         live = list(snapshot.tasks.values())
         for task in live:
             if task.state.active:
-                for w in [*snapshot.live(task.name), *self._newcomers(task.name)]:
-                    if w.node in ids:
-                        per = assignment.setdefault(ids[w.node], {})
-                        per[task.name] = per.get(task.name, 0) + 1
+                # Counted per node first (in C: a task's ~160 workers at 2,048 nodes, every plan)
+                on = Counter(w.node for w in snapshot.live(task.name))
+                on.update(w.node for w in self._newcomers(task.name))
+                for node, count in on.items():
+                    if node in ids:
+                        assignment.setdefault(ids[node], {})[task.name] = count
         specs = [self.ctx.spec(t.name) for t in live]
         hardware = self.ctx.settings.cluster
         gpu = hardware.gpu_type()
