@@ -498,7 +498,8 @@ def check_restored(before: dict[str, Any], after: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------- the properties
 def play(recovery: str, actions: list[Action], invariants: bool, compare: bool) -> None:
     """The actions, then time passing (training where the task can), checking invariants 1-5
-    after each (``invariants``) and 6 at each restart (``compare``)."""
+    after each (``invariants``) and 6 at each restart (``compare``); once settled, with a task
+    still live, every cluster event was answered by a plan (none is still being solved)."""
     with cluster_of(recovery) as cluster:
         model = Model()
         model.follow(cluster)
@@ -512,6 +513,10 @@ def play(recovery: str, actions: list[Action], invariants: bool, compare: bool) 
             train(cluster, model, 1)
             cluster.step(0.5)
             check(cluster, model)
+        if invariants and cluster.c.store.tasks(live_only=True):
+            # Settled: every cluster event was answered by a plan, none is still being solved.
+            allocator = cluster.c.placer.allocator
+            assert not allocator.unanswered() and allocator.solving is None, allocator.happened
 
 
 RUNS = settings(
