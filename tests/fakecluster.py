@@ -127,7 +127,12 @@ class Cluster:
             self.running.pop((order.task, order.generation or 0, order.rank), None)
 
     def step(self, seconds: float = 0.5) -> None:
-        """Time passes; every node heartbeats, the coordinator ticks."""
+        """Time passes; every node heartbeats, the coordinator ticks. The planner's work in the
+        background (a table built, a plan solved) is done before the tick whatever the machine's
+        load, so that what a test sees does not depend on it (under load, a solve once ended
+        during a test's later steps, and its plan was decided there instead of where the test
+        had looked)."""
+        self.c.placer.allocator.wait()
         self.clock.now += seconds
         for node in self.nodes:
             if self.c.store.node(node).state is not NodeState.LOST:  # type: ignore[union-attr]

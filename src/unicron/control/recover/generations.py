@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from unicron.control.act.effects import Launch, Switch
 from unicron.control.context import Context
-from unicron.control.store.records import WorkerRecord
+from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.control.store.snapshot import Snapshot
 from unicron.core.kept import GrowInFlight, InFlight, Leaving
 from unicron.core.protocol import ExitReport, Membership, ready_key
@@ -118,6 +119,40 @@ class Growth:
     membership: Membership
     newcomers: list[int]  # their ranks in that generation
     since: float
+
+
+class GrowthVerdict(Enum):
+    """What a grow under way comes to at a tick (:func:`growth_verdict`)."""
+
+    WAIT = "the newcomers are getting ready"
+    JOIN = "every newcomer is ready: the members let them in"
+    FORGET = "its task no longer runs"
+    TRAINING_ENDED = "training ended"  # the members will not come to another step boundary
+    NOT_READY = "the newcomers were not ready in time"
+
+
+def growth_verdict(
+    growth: Growth,
+    task: TaskRecord | None,
+    iterations: int,
+    ready: Callable[[], bool],
+    now: float,
+    launch_timeout_s: float,
+) -> GrowthVerdict:
+    """What ``growth`` comes to now: ``task`` its task's row (None: gone), ``iterations`` its
+    steps to train, ``ready`` whether every newcomer said it is ready (asked only when it
+    matters: it reads the task's store). Pure but for ``ready``."""
+    if task is None or not task.state.active:
+        return GrowthVerdict.FORGET
+    if task.step >= iterations:
+        # Training is over: the members will not come to another step boundary to let the
+        # newcomers in (they save and exit), so the newcomers would wait for nothing.
+        return GrowthVerdict.TRAINING_ENDED
+    if ready():
+        return GrowthVerdict.JOIN
+    if now - growth.since > launch_timeout_s:
+        return GrowthVerdict.NOT_READY
+    return GrowthVerdict.WAIT
 
 
 @dataclass
@@ -258,21 +293,22 @@ class Generations:
         return True
 
     def check_growth(self, name: str, now: float) -> bool:
-        """Let ready newcomers in; True when the task grew."""
+        """Carry out what the task's grow under way comes to (:func:`growth_verdict`); True when
+        the task grew."""
         growth = self.growing[name]
-        store = self.ctx.store
-        task = store.task(name)
-        if task is None or not task.state.active:
-            self.forget(name)
-            return False
-        if task.step >= self.ctx.spec(name).run.iterations:
-            # Training is over: the members will not come to another step boundary to let the
-            # newcomers in (they save and exit), so the newcomers would wait for nothing.
-            self._drop_growth(name, "task_grow_failed", "training ended")
-            return False
+        task = self.ctx.store.task(name)
         keys = [ready_key(name, growth.generation, r) for r in growth.newcomers]
-        if self.ctx.act.rendezvous.ready(name, keys):
-            live = store.workers(name, task.generation, live=True)
+        iterations = self.ctx.spec(name).run.iterations if task is not None else 0
+        limit = self.ctx.limits.launch_timeout_s
+        verdict = growth_verdict(
+            growth, task, iterations, lambda: self.ctx.act.rendezvous.ready(name, keys), now, limit
+        )
+        if verdict is GrowthVerdict.FORGET:
+            self.forget(name)
+        elif verdict in (GrowthVerdict.TRAINING_ENDED, GrowthVerdict.NOT_READY):
+            self._drop_growth(name, "task_grow_failed", verdict.value)
+        elif verdict is GrowthVerdict.JOIN and task is not None:
+            live = self.ctx.store.workers(name, task.generation, live=True)
             kept = {w: growth.membership.ranks[w.rank] for w in live if w.rank in growth.membership.ranks}
             self.ctx.act.switch(Switch(name, task.generation, growth.membership, kept), now)
             self.ctx.act.task_membership(name, growth.generation, growth.membership.world_size)
@@ -285,8 +321,6 @@ class Generations:
             )
             self.forget(name)
             return True
-        if now - growth.since > self.ctx.limits.launch_timeout_s:
-            self._drop_growth(name, "task_grow_failed", "the newcomers were not ready in time")
         return False
 
     def _drop_growth(self, name: str, event: str, why: str) -> None:
