@@ -63,3 +63,24 @@ def test_a_drains_plan_says_the_tasks_move_off_the_node_not_that_they_lost_it(ma
     assert plan["answers"] == "node-drained:n1" and plan["source"] == "table"
     (shrink,) = cluster.events("task_shrink")
     assert shrink["reason"].startswith("moves 2 GPUs off the drained node"), shrink["reason"]
+
+
+def test_the_only_node_lost_and_back_gets_its_task_back_whole(make: Any) -> None:
+    """The table built while no node is in service plans the node's return with that node's
+    slots (it planned one slot: a task of 4 came back on 1, one of 2 or 4 on none, and never
+    relaunched)."""
+    cluster = make("in_process", nodes=1, slots=4)
+    c = cluster.c
+    cluster.train(3)
+    cluster.step(0.5)
+    for _ in range(60):  # n0 falls silent: lost
+        cluster.clock.now += 0.5
+        c.placer.allocator.wait()
+        c.tick()
+        if c.store.node("n0").state is NodeState.LOST:
+            break
+    c.register(Registration(node="n0", slots=4))
+    for _ in range(6):
+        cluster.step(0.5)
+    back = [e for e in cluster.events("plan") if e["answers"] == "node-back:n0"]
+    assert back and back[-1]["allocation"] == {"lm": 4}, back

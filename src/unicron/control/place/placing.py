@@ -149,7 +149,10 @@ class Placer:
         nodes = [n for n in snapshot.nodes.values() if n.state is NodeState.HEALTHY]
         names = {n.id: n.name for n in nodes}
         ids = {n.name: n.id for n in nodes}
-        slots = nodes[0].slots if nodes else 1
+        # A node's slots, from a lost one when none is in service: the table built then plans
+        # the node's return, which with 1 slot gave a task of 2 or 4 none (it never relaunched).
+        known = nodes or list(snapshot.nodes.values())
+        slots = known[0].slots if known else 1
         assignment: dict[int, dict[str, int]] = {}
         live = list(snapshot.tasks.values())
         for task in live:
