@@ -155,4 +155,5 @@ def assert_stepped_on(
             pace,
             led_at - killed_at,
         )
-        assert not [e for e in after if e.get("task") == name and e["kind"] in ("incident", "task_launch")]
+        hit = [e for e in after if e.get("task") == name and e["kind"] in ("incident", "task_launch")]
+        assert not hit, [{k: v for k, v in e.items() if k != "time"} for e in after][:40]
