@@ -884,7 +884,7 @@ def section(r: dict[str, Any]) -> str:
         "bound); while the planner works in the background, fake time runs no faster than real time. "
         "\"Burst, elapsed\" adds the fake agents' time, which is not the coordinator's.",
         decisions_text(r["runs"]),
-        "Of each call, the decisions proper (what each failure decides, `control/recover/deciding.py` "
+        "Of each call, the decisions proper (what each failure decides, `brain/deciding.py` "
         "through `Recovery.decide` with the snapshot it reads, and the plan's lookup, "
         "`Allocator.decide`), without carrying them out (the records, the new generation's rows, "
         f"the orders): p50 {ms(r['decide_p50_s'])} (median of the runs'), p99 "

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from unicron.brain.records import WorkerRecord
 from unicron.control.recover.admission import refusal
-from unicron.control.store.records import WorkerRecord
 from unicron.core.protocol import (
     SPARE_GENERATION,
     CheckpointReport,

@@ -32,9 +32,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
+from unicron.brain.records import EventRecord
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.recover.storagewatch import CONTINUE_FROM_MEMORY
-from unicron.control.store.records import EventRecord
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import (
     CheckpointReport,

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from unicron.brain.records import EventRecord
 from unicron.control.observe.breakdown import breakdowns, line
-from unicron.control.store.records import EventRecord
 
 
 def event(id: int, what: str, time: float, **d: Any) -> EventRecord:

@@ -584,8 +584,8 @@ def test_a_peer_error_of_a_generation_left_behind_starts_no_recovery(make: Any) 
 
 
 def test_a_node_lost_long_enough_is_forgotten_and_one_holding_workers_is_not(make: Any) -> None:
+    from unicron.brain.records import NodeRecord
     from unicron.control.place.removal import forgettable
-    from unicron.control.store.records import NodeRecord
 
     cluster = make(heartbeat_deadline_s=2.0, forget_lost_node_s=30.0)
     for _ in range(40):  # n1 goes silent: lost after 2 s, forgotten 30 s after it was last heard

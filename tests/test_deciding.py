@@ -1,4 +1,4 @@
-"""What one failure decides, as a value (``control/recover/deciding.py``): hand-built tasks,
+"""What one failure decides, as a value (``brain/deciding.py``): hand-built tasks,
 incidents, ladders and snapshots, no store, no processes, no clock. The decision changes nothing;
 the coordinator carries it out (tests/test_tiers.py checks what its orders then do)."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from unicron.control.act.effects import StopWorker, Switch, TaskDown
-from unicron.control.recover.deciding import Facts, Incident, Opened, Passed, Seen, Widened, decide
-from unicron.control.recover.response import Failure
-from unicron.control.store.snapshot import Snapshot
+from unicron.brain.deciding import Facts, Incident, Opened, Passed, Seen, Widened, decide
+from unicron.brain.effects import StopWorker, Switch, TaskDown
+from unicron.brain.response import Failure
+from unicron.brain.snapshot import Snapshot
 from unicron.core.kept import LadderCounts
 from unicron.core.ladder import Counted, Ladder
 from unicron.core.settings import Settings

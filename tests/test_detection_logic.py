@@ -145,8 +145,8 @@ def test_a_node_not_heard_since_the_coordinator_started_gets_the_agents_retry_pa
     """After a start, a takeover or a stall at t=100, an agent that failed meanwhile may be in
     its longest retry pause (AGENT_RETRY_CAP_S): it is lost only after that plus the deadline.
     A node heard since then follows the usual deadline."""
+    from unicron.brain.records import NodeRecord
     from unicron.control.detect.nodewatch import silent_nodes
-    from unicron.control.store.records import NodeRecord
     from unicron.core.protocol import AGENT_REQUEST_TIMEOUT_S, AGENT_RETRY_CAP_S
     from unicron.core.states import NodeState
 

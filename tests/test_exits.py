@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from unicron.brain.records import TaskRecord
 from unicron.control.recover.exits import ExitMeans, exit_means
-from unicron.control.store.records import TaskRecord
 from unicron.core.protocol import DoneReport, ExitReport, StopWorkers
 from unicron.core.states import TaskState
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from unicron.control.recover.generations import Growth, GrowthVerdict, grown, growth_verdict
+from unicron.brain.membership import grown
+from unicron.control.recover.generations import Growth, GrowthVerdict, growth_verdict
 from unicron.core.states import TaskState
 
 from .test_response import NOW, task, worker

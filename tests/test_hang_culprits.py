@@ -12,6 +12,7 @@ from asyncio.subprocess import PIPE
 from pathlib import Path
 from typing import Any
 
+from unicron.brain.records import WorkerRecord
 from unicron.control.agent import stackdump
 from unicron.control.agent.processes import Worker, is_stopped, read_stack
 from unicron.control.detect.detection import settled_for
@@ -24,7 +25,6 @@ from unicron.control.detect.hangs import (
     trained_past,
 )
 from unicron.control.detect.monitor import TaskMonitor
-from unicron.control.store.records import WorkerRecord
 from unicron.core.kept import Posted
 from unicron.core.protocol import (
     DumpStacks,

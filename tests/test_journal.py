@@ -9,9 +9,9 @@ import time
 import typing
 from collections.abc import Sequence
 
+from unicron.brain.records import EventRecord
 from unicron.control.store.backend import Change, Fenced, Loaded, Put, Table
 from unicron.control.store.journal import Entry, Journal, batches
-from unicron.control.store.records import EventRecord
 
 
 def put(name: str) -> Put:

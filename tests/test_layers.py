@@ -13,11 +13,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "unicron"
 # What each layer may import besides itself (docs/architecture.md).
 LAYERS = {
     "core": set[str](),
+    "brain": {"core"},
     "planning": {"core"},
-    "sim": {"core", "planning"},
+    "sim": {"core", "brain", "planning"},
     "train": {"core"},
-    "control": {"core", "planning"},
-    "cli": {"core", "planning", "sim", "train", "control"},
+    "control": {"core", "brain", "planning"},
+    "cli": {"core", "brain", "planning", "sim", "train", "control"},
 }
 # The coordinator's parts, top first: each imports only those below it.
 CONTROL = (

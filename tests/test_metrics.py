@@ -13,11 +13,11 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from unicron.brain.records import NodeRecord, TaskRecord
 from unicron.control.agent.agentmetrics import AgentMetrics
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.observe.clusterview import ClusterView, Slot, TaskView
 from unicron.control.observe.metrics import Metrics
-from unicron.control.store.records import NodeRecord, TaskRecord
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import Registration
 from unicron.core.states import NodeState, TaskState

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from unicron.control.act.effects import StopWorker, Switch
-from unicron.control.recover.generations import planned_shrink, survivors
-from unicron.control.recover.response import Failure, respond
+from unicron.brain.effects import StopWorker, Switch
+from unicron.brain.membership import planned_shrink, survivors
+from unicron.brain.response import Failure, respond
 from unicron.core.errors import Conflict, SpecError
 from unicron.core.livespecs import parse_live_tasks, replica_misfit
 from unicron.core.tiers import Tier

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from unicron.control.act.effects import Isolate, StopGeneration, StopWorker, Switch, TaskDown
+from unicron.brain.effects import Isolate, StopGeneration, StopWorker, Switch, TaskDown
+from unicron.brain.records import NodeRecord, TaskRecord, WorkerRecord, drained_across
+from unicron.brain.response import Failure, Stalled, escalate, in_place, regrouped, respond
+from unicron.brain.snapshot import Snapshot
 from unicron.control.place.draining import returning_state
 from unicron.control.place.placing import Move, MoveKind, move_for
-from unicron.control.recover.response import Failure, Stalled, escalate, in_place, regrouped, respond
-from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord, drained_across
-from unicron.control.store.snapshot import Snapshot
 from unicron.core.ladder import Decision
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, TaskState, WorkerPhase

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from unicron.brain.records import NodeRecord
 from unicron.control.detect.nodewatch import Holding, silent_nodes
 from unicron.control.detect.silence import BeatDelays, Lateness, SilenceJudge
-from unicron.control.store.records import NodeRecord
 from unicron.core.protocol import Heartbeat
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState

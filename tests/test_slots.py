@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from unicron.brain.membership import new_processes
 from unicron.control.place.slots import fits
-from unicron.control.recover.generations import new_processes
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import DoneReport, ExitReport, LaunchWorker
 from unicron.core.states import TaskState, WorkerPhase

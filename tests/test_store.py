@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from harness.etcdlocal import EtcdCluster
+from unicron.brain.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.store import etcdbackend
 from unicron.control.store.backend import Fenced
 from unicron.control.store.journal import Journal
 from unicron.control.store.location import open_backend
-from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.store.store import Store
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.kept import Posted
@@ -164,7 +164,7 @@ def test_a_generation_switches_in_one_commit_and_a_spare_takes_a_newcomers_place
     store.add_workers("a", 0, {"n1": 1}, 0, WorkerPhase.SPARE, now=2.0)
     survivors = store.workers("a", 1)
     store.worker_phase(survivors[1].key, WorkerPhase.FAILED, code=1)
-    store.switch_generation("a", 1, 2, {survivors[0]: 0, survivors[2]: 1}, now=5.0)
+    store.switch_generation("a", 1, 2, [(survivors[0], 0), (survivors[2], 1)], now=5.0)
     store.spare_used("a", 0, generation=2, rank=2, node="n1", local=3, now=6.0)
     snap = reopen().snapshot()
     assert snap.task("a").generation == 2 and snap.task("a").workers == 2

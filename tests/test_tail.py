@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from unicron.brain.records import TaskRecord
 from unicron.control.detect.tail import allowed_s, overdue
-from unicron.control.store.records import TaskRecord
 from unicron.core.protocol import DoneReport, StorageReport
 from unicron.core.settings import Settings
 from unicron.core.states import TaskState

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.control.detect.vanished import Listing, gone
-from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.core.livespecs import parse_live_tasks
 from unicron.core.protocol import CheckpointReport, DoneReport, ExitReport, LaunchWorker, WorkerState
 from unicron.core.states import TaskState, WorkerPhase

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from unicron.control.act.effects import Applier
-from unicron.control.store.snapshot import StoreReads
+from unicron.control.store.reads import StoreReads
 from unicron.core.cadence import Pace
 from unicron.core.livespecs import DEFAULT_LIVE_CLUSTER, LiveClusterSpec, LiveTaskSpec
 from unicron.core.settings import Settings

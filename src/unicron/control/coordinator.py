@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Callable
 
+from unicron.brain.records import TaskRecord
 from unicron.control.act.effects import Applier, Orders
 from unicron.control.act.rendezvous import Rendezvous
 from unicron.control.context import Context, CoordinatorSettings
@@ -45,9 +46,8 @@ from unicron.control.stepping import Steps
 from unicron.control.store.backend import Backend
 from unicron.control.store.journal import Journal
 from unicron.control.store.location import open_backend
-from unicron.control.store.records import TaskRecord
+from unicron.control.store.reads import StoreReads
 from unicron.control.store.secret import load_or_create_secret
-from unicron.control.store.snapshot import StoreReads
 from unicron.control.store.store import Store
 from unicron.core.access import check_token_id
 from unicron.core.errors import Conflict

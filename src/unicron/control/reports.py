@@ -16,6 +16,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from unicron.brain.records import TaskRecord
 from unicron.control.context import Context
 from unicron.control.detect import reported
 from unicron.control.detect.detection import Detector, Failing, Judged
@@ -27,7 +28,6 @@ from unicron.control.recover.generations import Generations
 from unicron.control.recover.recovery import CONSEQUENCES, Recovery
 from unicron.control.recover.storagewatch import StorageWatch
 from unicron.control.stepping import Steps
-from unicron.control.store.records import TaskRecord
 from unicron.core.livespecs import NOT_FAILURES
 from unicron.core.protocol import (
     SPARE_GENERATION,

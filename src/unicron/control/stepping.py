@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from unicron.brain.records import TaskRecord
 from unicron.control.context import Context
 from unicron.control.detect.detection import Detector
 from unicron.control.place.placing import Placer
 from unicron.control.place.rates import RateMeter
 from unicron.control.recover.recovery import Recovery
-from unicron.control.store.records import TaskRecord
 from unicron.core.protocol import IterationReport
 from unicron.core.states import TaskState, WorkerPhase
 from unicron.planning.throughput import declares

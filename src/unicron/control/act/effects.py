@@ -1,12 +1,12 @@
 """Acting: the one place that changes the world outside the coordinator's own memory.
 
-Deciders (``recovery.respond``, ``generations.survivors``, ``core/ladder.py``, ``detection.py``,
-``spares.py``, the planner) are pure: they return frozen decisions, many of them as a list of
-the effects below. The :class:`Applier` carries them out: it writes the store, posts to the
-tasks' rendezvous stores and queues orders for the agents. No other part of the coordinator does
-any of the three: the others hold the store only through its read-only face
-(``snapshot.StoreReads``), so a write anywhere else does not type-check. Facts reported from
-outside (a heartbeat, a counted step, a checkpoint) are recorded through the applier's named
+Deciders (``brain/response.py:respond``, ``brain/membership.py:survivors``, ``core/ladder.py``,
+``detection.py``, ``spares.py``, the planner) are pure: they return frozen decisions, many of them
+as a list of effects (``brain/effects.py``). The :class:`Applier` carries them out: it writes the
+store, posts to the tasks' rendezvous stores and queues orders for the agents. No other part of
+the coordinator does any of the three: the others hold the store only through its read-only face
+(``store/reads.py:StoreReads``), so a write anywhere else does not type-check. Facts reported
+from outside (a heartbeat, a counted step, a checkpoint) are recorded through the applier's named
 operations, which are the store's own.
 """
 
@@ -14,15 +14,25 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from unicron.brain.effects import (
+    Effect,
+    Isolate,
+    Launch,
+    Record,
+    StopGeneration,
+    StopWorker,
+    Switch,
+    TaskDown,
+)
+from unicron.brain.records import WorkerRecord
 from unicron.control.act.happened import Happened
 from unicron.control.act.posting import Posts
 from unicron.control.act.rendezvous import POSTED_PER_TASK, Rendezvous
-from unicron.control.store.records import WorkerRecord
 from unicron.control.store.store import Store
 from unicron.core.events import TaskDone
 from unicron.core.kept import Posted
@@ -32,7 +42,6 @@ from unicron.core.protocol import (
     DumpStacks,
     ForgetTask,
     LaunchWorker,
-    Membership,
     Order,
     Registration,
     RenameWorkers,
@@ -96,74 +105,6 @@ class Orders:
         return [o for _, o in self.queues.pop(node, [])]
 
 
-@dataclass(frozen=True)
-class Launch:
-    """Start workers of a generation: ``placement`` node -> count, ranks from ``first_rank``."""
-
-    task: str
-    generation: int
-    world_size: int
-    placement: dict[str, int]
-    first_rank: int
-    argv: list[str]
-    env: dict[str, str]
-    phase: WorkerPhase = WorkerPhase.LAUNCHING
-
-
-@dataclass(frozen=True)
-class Switch:
-    """Survivors of ``old`` (worker -> new rank) form ``membership``; their agents rename them
-    and the membership is posted where the members wait for it."""
-
-    task: str
-    old: int
-    membership: Membership
-    kept: dict[WorkerRecord, int]
-
-
-@dataclass(frozen=True)
-class Record:
-    """An event in the store's log."""
-
-    kind: str
-    task: str | None = None
-    node: str | None = None
-    detail: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TaskDown:
-    """A failure took the task down: it recovers (``STARTING`` in place, ``RESTARTING``) or fails."""
-
-    task: str
-    to: TaskState
-    reason: str | None = None
-    began: float | None = None  # when the failure began (its downtime counts from then)
-
-
-@dataclass(frozen=True)
-class StopWorker:
-    worker: WorkerRecord
-    grace_s: float
-
-
-@dataclass(frozen=True)
-class StopGeneration:
-    task: str
-    generation: int
-    grace_s: float
-
-
-@dataclass(frozen=True)
-class Isolate:
-    """Take a node out of service until ``until``, stopping what runs there."""
-
-    node: str
-    why: str
-    until: float
-    grace_s: float
-
-
 @dataclass
 class PutBack:
     """Values put back in a task's store since its last ``store_values_restored`` event."""
@@ -175,9 +116,6 @@ class PutBack:
 
 PUT_BACK_EVERY_S = 1.0  # how often the tasks' stores are checked for what was deleted or replaced
 PUT_BACK_SAID_EVERY_S = 60.0  # ... and how often, at most, an attack that goes on is recorded again
-
-
-Effect = Record | TaskDown | StopWorker | StopGeneration | Isolate | Switch | Launch
 
 
 class Applier:
@@ -409,9 +347,10 @@ class Applier:
             self.orders.add(node, StopWorkers(task=task, generation=generation, grace_s=grace_s))
 
     def switch(self, switch: Switch, now: float) -> None:
-        self._store.switch_generation(switch.task, switch.old, switch.membership.generation, switch.kept, now)
+        kept = switch.renamed()
+        self._store.switch_generation(switch.task, switch.old, switch.membership.generation, kept, now)
         new, renamed = switch.membership.generation, defaultdict[tuple[str, int], dict[int, int]](dict)
-        for w, rank in switch.kept.items():
+        for w, rank in kept:
             renamed[w.node, w.generation][w.rank] = rank
         for (node, generation), ranks in renamed.items():  # one order per node
             order = RenameWorkers(task=switch.task, generation=generation, new_generation=new, ranks=ranks)

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.control.context import Context
 from unicron.control.detect.hangs import HangVerdict, NotYet, Sighting, WorkerKey, hang_verdict, trained_past
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import STUCK, PeerCheck, outcome, probe_endpoints
-from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.core.kept import StepTimes
 from unicron.core.protocol import (
     Phase,

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from unicron.control.store.records import WorkerRecord
+from unicron.brain.records import WorkerRecord
 from unicron.core.protocol import WAITING_PHASES, Phase, Progress
 
 WorkerKey = tuple[str, int, int]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from unicron.brain.records import NodeRecord
 from unicron.control.context import Context
 from unicron.control.detect.silence import (
     BEHIND,
@@ -28,7 +29,6 @@ from unicron.control.detect.silence import (
     SilenceJudge,
     Verdict,
 )
-from unicron.control.store.records import NodeRecord
 from unicron.core.cadence import JITTER
 from unicron.core.protocol import AGENT_REQUEST_TIMEOUT_S, AGENT_RETRY_CAP_S
 from unicron.core.settings import Settings

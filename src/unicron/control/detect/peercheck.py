@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from unicron.control.store.records import NodeRecord, WorkerRecord
+from unicron.brain.records import NodeRecord, WorkerRecord
 from unicron.core.protocol import PROBE_TIMEOUT_S, StacksReport
 from unicron.core.taxonomy import ErrorKind
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.control.context import Context
 from unicron.control.detect.detection import Detector, Failing
-from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.core.settings import Settings
 from unicron.core.states import TaskState
 from unicron.core.taxonomy import ErrorKind, Scope

@@ -36,8 +36,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.control.context import Context
-from unicron.control.store.records import TaskRecord, WorkerRecord
 from unicron.core.protocol import ExitReport, WorkerState
 from unicron.core.states import TaskState, WorkerPhase
 

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from unicron.control.store.records import EventRecord
+from unicron.brain.records import EventRecord
 
 PHASES = ("detection", "decision", "transition", "first_step")
 KINDS = ("incident", "response", "root_cause", "escalation", "recomputed", "outcome")  # what it reads

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from unicron.brain.records import NodeRecord, TaskRecord
 from unicron.control.context import Context
 from unicron.control.detect.nodewatch import Holding
 from unicron.control.observe.wafhistory import WafHistory, WafPoint
 from unicron.control.place.placing import Placer
 from unicron.control.place.rates import RateMeter
-from unicron.control.store.records import NodeRecord, TaskRecord
 from unicron.core.livespecs import LiveTaskSpec
 from unicron.planning.planner import plan
 

@@ -12,7 +12,7 @@ checkpoint where the plan puts it. A drained node's heartbeats go on; it is drai
 
 from __future__ import annotations
 
-from unicron.control.store.records import NodeRecord
+from unicron.brain.records import NodeRecord
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.states import NodeState
 

@@ -15,15 +15,16 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from unicron.control.act.effects import Launch
+from unicron.brain.effects import Launch
+from unicron.brain.membership import Shrink, new_processes, planned_shrink
+from unicron.brain.records import TaskRecord, WorkerRecord
+from unicron.brain.snapshot import Snapshot
 from unicron.control.context import Context
 from unicron.control.place.allocator import Allocator, Decided
 from unicron.control.place.rates import RateMeter
 from unicron.control.place.slots import fits
 from unicron.control.place.spares import choose, in_the_way, seated, spare_gains
-from unicron.control.recover.generations import Generations, Shrink, new_processes, planned_shrink
-from unicron.control.store.records import TaskRecord, WorkerRecord
-from unicron.control.store.snapshot import Snapshot
+from unicron.control.recover.generations import Generations
 from unicron.control.store.store import PLAN_EVENT
 from unicron.core.events import TasksArrived, listed, named
 from unicron.core.protocol import SPARE_GENERATION

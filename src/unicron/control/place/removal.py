@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from unicron.control.store.records import NodeRecord
+from unicron.brain.records import NodeRecord
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.states import NodeState
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from unicron.control.store.records import TaskRecord, WorkerRecord
+from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.core.errors import Conflict
 
 

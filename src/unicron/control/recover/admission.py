@@ -29,7 +29,7 @@ processes (an agent back from a partition, a report sent again) must not count f
 
 from __future__ import annotations
 
-from unicron.control.store.snapshot import StoreReads
+from unicron.control.store.reads import StoreReads
 from unicron.core.protocol import ExitReport, LaunchFailedReport, StacksReport, WorkerReport
 
 

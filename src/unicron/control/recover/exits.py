@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from unicron.control.store.records import TaskRecord
+from unicron.brain.records import TaskRecord
 from unicron.core.protocol import ExitReport
 
 

@@ -9,108 +9,18 @@ a step boundary and take their state from them. The arithmetic is pure (``surviv
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from unicron.control.act.effects import Launch, Switch
+from unicron.brain.effects import Launch, Switch
+from unicron.brain.membership import Shrink, grown, new_processes
+from unicron.brain.records import TaskRecord
+from unicron.brain.snapshot import Snapshot
 from unicron.control.context import Context
-from unicron.control.store.records import TaskRecord, WorkerRecord
-from unicron.control.store.snapshot import Snapshot
 from unicron.core.kept import GrowInFlight, InFlight, Leaving
 from unicron.core.protocol import ExitReport, Membership, ready_key
 from unicron.core.states import WorkerPhase
-
-
-def new_processes(placement: Mapping[str, int], spare_nodes: Sequence[str]) -> dict[str, int]:
-    """Where a grow starts new processes: ``placement`` (node -> newcomers) less the places that
-    hot spares take (spares on ``spare_nodes``, in order, as many as there are newcomers): a
-    spare stands in for a newcomer on its own node if the placement has one there, else for one
-    on the node with the most (``Generations.grow`` does the same; ``place/placing.py`` places them so)."""
-    left = dict(placement)
-    for node in spare_nodes[: sum(placement.values())]:
-        target = node if left.get(node) else max(left, key=lambda n: left[n])
-        left[target] -= 1
-    return {n: c for n, c in left.items() if c > 0}
-
-
-@dataclass(frozen=True)
-class Shrink:
-    membership: Membership
-    kept: list[WorkerRecord]
-    left: list[WorkerRecord]  # live workers that do not go on (failed, or let go by the plan)
-
-
-def whole_replicas(kept: Sequence[WorkerRecord], size: int) -> list[WorkerRecord]:
-    """Those of ``kept`` whose replica (ranks ``r * size`` to ``r * size + size - 1`` of their
-    generation) is kept whole: a sharded replica is useless without any one of its shards."""
-    counts = Counter(w.rank // size for w in kept)
-    return [w for w in kept if counts[w.rank // size] == size]
-
-
-def survivors(
-    live: Sequence[WorkerRecord],
-    failed: Collection[int],
-    healthy: Collection[str],
-    usable: Callable[[int], bool],
-    generation: int,
-    replica_size: int = 1,
-) -> Shrink | str:
-    """The next generation after ``failed`` ranks (and every rank on a node no longer healthy)
-    are gone: the largest usable number of survivors, lowest ranks first; with replicas, only
-    whole ones (the other members of a failed rank's replica leave with it). A string says why
-    there is none."""
-    alive = [w for w in live if w.rank not in failed and w.node in healthy]
-    alive = whole_replicas(alive, replica_size)
-    keep = next((k for k in range(len(alive), 0, -1) if usable(k)), 0)  # the largest usable
-    if keep == 0:
-        return f"{len(alive)} survivor(s), no usable size"
-    kept = alive[:keep]
-    gone = set(failed) | {w.rank for w in live if w.node not in healthy}
-    membership = Membership(
-        generation=generation,
-        world_size=keep,
-        ranks={w.rank: i for i, w in enumerate(kept)},
-        failed=sorted(gone),
-        abandon=True,
-    )
-    staying = {w.key for w in kept}
-    return Shrink(membership, kept, [w for w in live if w.key not in staying])
-
-
-def planned_shrink(
-    live: Sequence[WorkerRecord],
-    wanted: dict[str, int],
-    usable: Callable[[int], bool],
-    generation: int,
-    replica_size: int = 1,
-) -> Shrink | None:
-    """Keep the members on the nodes the placement keeps (``wanted``: node -> count), in whole
-    replicas; None when that leaves nobody, loses nobody, or an unusable size."""
-    quota = dict(wanted)
-    kept = []
-    for w in sorted(live, key=lambda w: w.rank):
-        if quota.get(w.node, 0) > 0:
-            kept.append(w)
-            quota[w.node] -= 1
-    kept = whole_replicas(kept, replica_size)
-    staying = {w.rank for w in kept}
-    left = [w for w in sorted(live, key=lambda w: w.rank) if w.rank not in staying]
-    if not kept or not left or not usable(len(kept)):
-        return None
-    membership = Membership(
-        generation=generation, world_size=len(kept), ranks={w.rank: i for i, w in enumerate(kept)}
-    )
-    return Shrink(membership, kept, left)
-
-
-def grown(live: Sequence[WorkerRecord], added: int, generation: int) -> tuple[Membership, list[int]]:
-    """Live members keep their ranks; ``added`` newcomers take the next ones."""
-    membership = Membership(
-        generation=generation, world_size=len(live) + added, ranks={w.rank: w.rank for w in live}
-    )
-    return membership, list(range(len(live), len(live) + added))
 
 
 @dataclass
@@ -214,8 +124,7 @@ class Generations:
         decided ``shrink``): the members it keeps form the next generation at their next step
         boundary; the others leave there, having lost nothing."""
         task, now = snapshot.task(name), self.ctx.clock()
-        kept = {w: shrink.membership.ranks[w.rank] for w in shrink.kept}
-        self.ctx.act.switch(Switch(name, task.generation, shrink.membership, kept), now)
+        self.ctx.act.switch(Switch(name, task.generation, shrink.membership, tuple(shrink.kept)), now)
         for w in shrink.left:
             # They leave at their next step boundary; one that does not is stopped.
             self.leaving[w.key] = now + self.ctx.limits.hang_cap_s
@@ -309,7 +218,7 @@ class Generations:
             self._drop_growth(name, "task_grow_failed", verdict.value)
         elif verdict is GrowthVerdict.JOIN and task is not None:
             live = self.ctx.store.workers(name, task.generation, live=True)
-            kept = {w: growth.membership.ranks[w.rank] for w in live if w.rank in growth.membership.ranks}
+            kept = tuple(w for w in live if w.rank in growth.membership.ranks)
             self.ctx.act.switch(Switch(name, task.generation, growth.membership, kept), now)
             self.ctx.act.task_membership(name, growth.generation, growth.membership.world_size)
             self.ctx.act.record(

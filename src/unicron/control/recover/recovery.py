@@ -19,13 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from unicron.control.act.effects import Effect, Isolate, TaskDown
-from unicron.control.context import Context
-from unicron.control.detect.detection import Failing
-from unicron.control.detect.hangs import WorkerKey, not_arrived
-from unicron.control.detect.nodewatch import Silent
-from unicron.control.recover.attribution import Attribution, Sign
-from unicron.control.recover.deciding import (
+from unicron.brain.deciding import (
     Facts,
     FailureDecision,
     Incident,
@@ -34,8 +28,9 @@ from unicron.control.recover.deciding import (
     Widened,
     decide,
 )
-from unicron.control.recover.generations import Generations
-from unicron.control.recover.response import (
+from unicron.brain.effects import Effect, Isolate, TaskDown
+from unicron.brain.records import TaskRecord, WorkerRecord
+from unicron.brain.response import (
     TASK_ENDED,
     Failure,
     Response,
@@ -43,8 +38,13 @@ from unicron.control.recover.response import (
     escalate,
     regrouped,
 )
-from unicron.control.store.records import TaskRecord, WorkerRecord
-from unicron.control.store.snapshot import Snapshot
+from unicron.brain.snapshot import Snapshot
+from unicron.control.context import Context
+from unicron.control.detect.detection import Failing
+from unicron.control.detect.hangs import WorkerKey, not_arrived
+from unicron.control.detect.nodewatch import Silent
+from unicron.control.recover.attribution import Attribution, Sign
+from unicron.control.recover.generations import Generations
 from unicron.core.kept import Isolations, OpenIncident, OpenIncidents
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import IterationReport, Progress

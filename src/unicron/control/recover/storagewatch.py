@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from unicron.brain.records import TaskRecord
+from unicron.brain.response import TASK_ENDED
 from unicron.control.context import Context
-from unicron.control.recover.response import TASK_ENDED
-from unicron.control.store.records import TaskRecord
 from unicron.core.kept import StorageIncident, StorageIncidents
 from unicron.core.protocol import StorageReport
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope

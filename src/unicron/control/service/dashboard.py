@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
+from unicron.brain.records import EventRecord
 from unicron.control.observe.breakdown import Breakdown
 from unicron.control.observe.clusterview import ClusterView
 from unicron.control.observe.wafhistory import WafPoint
-from unicron.control.store.records import EventRecord
 
 # The page and what it loads, served as they are (no build step): name -> media type.
 ASSETS = {

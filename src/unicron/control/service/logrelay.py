@@ -24,7 +24,7 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
 
 from unicron.control.service.guard import Guard, own_node
-from unicron.control.store.snapshot import StoreReads
+from unicron.control.store.reads import StoreReads
 from unicron.core.access import Principal
 from unicron.core.errors import NotFound, Unavailable, UsageError
 from unicron.core.limits import MAX_JSON_INT

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import Scope
 
+from unicron.brain.records import TaskRecord
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.observe.breakdown import KINDS, Breakdown, breakdowns
 from unicron.control.observe.metrics import CONTENT_TYPE
@@ -35,7 +36,6 @@ from unicron.control.store.backend import Fenced
 from unicron.control.store.gcpolicy import GcPolicy
 from unicron.control.store.leadership import abdicate, lead
 from unicron.control.store.location import open_backend
-from unicron.control.store.records import TaskRecord
 from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Need, Principal
 from unicron.core.errors import (

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from unicron.control.store.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
+from unicron.brain.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
 
 WorkerKey = tuple[str, int, int]  # task, generation, rank
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from unicron.brain.records import NodeRecord, TaskRecord, WorkerRecord, row
 from unicron.control.store.backend import Change, Delete, Put, Table, WorkerKey
-from unicron.control.store.records import NodeRecord, TaskRecord, WorkerRecord, row
 
 
 @dataclass

@@ -26,8 +26,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from unicron.brain.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.store.backend import Change, Delete, Fenced, Loaded, Table
-from unicron.control.store.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
 from unicron.core.errors import UsageError
 from unicron.core.extras import require
 

@@ -40,8 +40,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from unicron.brain.records import EventRecord
 from unicron.control.store.backend import Backend, Change, Fenced
-from unicron.control.store.records import EventRecord
 
 MAX_OPS = 128  # etcd's default --max-txn-ops
 RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0)  # between tries of a failed write (then each second)

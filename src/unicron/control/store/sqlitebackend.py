@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from unicron.brain.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.private import private_dir, private_file
 from unicron.control.store.backend import Change, Delete, Loaded, Table
-from unicron.control.store.records import EventRecord, NodeRecord, TaskRecord, WorkerRecord
 from unicron.control.store.schema import open_database
 
 KEY_COLUMNS = {

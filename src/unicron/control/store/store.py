@@ -19,21 +19,21 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from unicron.control.store.backend import Backend, WorkerKey
-from unicron.control.store.batch import Batch
-from unicron.control.store.journal import Journal
-from unicron.control.store.records import (
+from unicron.brain.records import (
     EventRecord,
     NodeRecord,
     TaskRecord,
     WorkerRecord,
     drained_across,
 )
-from unicron.control.store.snapshot import Snapshot
+from unicron.brain.snapshot import Snapshot
+from unicron.control.store.backend import Backend, WorkerKey
+from unicron.control.store.batch import Batch
+from unicron.control.store.journal import Journal
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.kept import K, Kept, kept_name, read_kept
 from unicron.core.states import (
@@ -489,9 +489,9 @@ class Store:
             self._commit(Batch(workers=self._ended(chosen, to)))
 
     def switch_generation(
-        self, task: str, old: int, new: int, kept: dict[WorkerRecord, int], now: float
+        self, task: str, old: int, new: int, kept: Sequence[tuple[WorkerRecord, int]], now: float
     ) -> None:
-        """Survivors ``kept`` (record -> new rank) form generation ``new``: their rows of ``old``
+        """Survivors ``kept`` (each with its new rank) form generation ``new``: their rows of ``old``
         become moved, each gets a running row in ``new``, and the task follows, in one commit."""
         with self._lock:
             batch = Batch(workers=self._ended(self.workers(task, old, live=True), WorkerPhase.MOVED))
@@ -499,7 +499,7 @@ class Store:
                 WorkerRecord(
                     task, new, rank, w.node, w.local_rank, WorkerPhase.RUNNING, w.pid, None, None, now
                 )
-                for w, rank in kept.items()
+                for w, rank in kept
             ]
             if (record := self.task(task)) is not None:
                 batch.tasks.append(replace(record, generation=new, workers=len(kept)))

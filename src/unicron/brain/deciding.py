@@ -2,7 +2,7 @@
 ladder's counts and a snapshot of the cluster.
 
 The first failure of a generation opens its incident: the ladder asks for a tier
-(``core/ladder.py``) and :func:`~unicron.control.recover.response.respond` finds the cheapest one
+(``core/ladder.py``) and :func:`~unicron.brain.response.respond` finds the cheapest one
 at or above it that applies, with its effects. A failure of the same event (a worker killed with
 the first, that had not reached the generation the incident re-formed, which has trained no step
 yet) widens that incident: its tier again, without the newly failed ranks, and nothing counted.
@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from unicron.control.recover.response import Failure, Response, respond
-from unicron.control.store.records import TaskRecord
-from unicron.control.store.snapshot import Snapshot
+from unicron.brain.records import TaskRecord
+from unicron.brain.response import Failure, Response, respond
+from unicron.brain.snapshot import Snapshot
 from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.settings import Settings

@@ -21,10 +21,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from unicron.control.act.effects import Effect, Isolate, StopGeneration, StopWorker, Switch, TaskDown
-from unicron.control.recover.generations import survivors
-from unicron.control.store.records import WorkerRecord
-from unicron.control.store.snapshot import Snapshot
+from unicron.brain.effects import Effect, Isolate, StopGeneration, StopWorker, Switch, TaskDown
+from unicron.brain.membership import survivors
+from unicron.brain.records import WorkerRecord
+from unicron.brain.snapshot import Snapshot
 from unicron.core import tiers
 from unicron.core.ladder import Decision
 from unicron.core.settings import Settings
@@ -89,8 +89,7 @@ def in_place(
     if isinstance(shrink, str):
         return shrink
     stops = [StopWorker(w, 0.0) for w in shrink.left if w.rank in failed and w.node in healthy]
-    kept = {w: shrink.membership.ranks[w.rank] for w in shrink.kept}
-    switch = Switch(name, task.generation, shrink.membership, kept)
+    switch = Switch(name, task.generation, shrink.membership, tuple(shrink.kept))
     return (*stops, switch, TaskDown(name, TaskState.STARTING))
 
 

@@ -1,0 +1,92 @@
+"""What a decision asks to be done, as frozen values: the deciders return them
+(``brain/response.py``, the coordinator's planner and membership changes) and the coordinator's
+applier (``control/act/effects.py:Applier``) is the one place that carries them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from unicron.brain.records import WorkerRecord
+from unicron.core.protocol import Membership
+from unicron.core.states import TaskState, WorkerPhase
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start workers of a generation: ``placement`` node -> count, ranks from ``first_rank``."""
+
+    task: str
+    generation: int
+    world_size: int
+    placement: dict[str, int]
+    first_rank: int
+    argv: list[str]
+    env: dict[str, str]
+    phase: WorkerPhase = WorkerPhase.LAUNCHING
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Members of ``old`` that go on (``kept``) form ``membership``, which gives each its new
+    rank; their agents rename them and the membership is posted where the members wait for it.
+    (The workers, not a worker -> rank map: hashing records by the thousand for the map was
+    most of a large task's recovery decision.)"""
+
+    task: str
+    old: int
+    membership: Membership
+    kept: tuple[WorkerRecord, ...]
+
+    def renamed(self) -> list[tuple[WorkerRecord, int]]:
+        """Each kept worker with its rank in the new generation."""
+        ranks = self.membership.ranks
+        return [(w, ranks[w.rank]) for w in self.kept]
+
+
+@dataclass(frozen=True)
+class Record:
+    """An event in the store's log."""
+
+    kind: str
+    task: str | None = None
+    node: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskDown:
+    """A failure took the task down: it recovers (``STARTING`` in place, ``RESTARTING``) or fails."""
+
+    task: str
+    to: TaskState
+    reason: str | None = None
+    began: float | None = None  # when the failure began (its downtime counts from then)
+
+
+@dataclass(frozen=True)
+class StopWorker:
+    worker: WorkerRecord
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class StopGeneration:
+    task: str
+    generation: int
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class Isolate:
+    """Take a node out of service until ``until``, stopping what runs there."""
+
+    node: str
+    why: str
+    until: float
+    grace_s: float
+
+
+Effect = Record | TaskDown | StopWorker | StopGeneration | Isolate | Switch | Launch

@@ -1,0 +1,108 @@
+"""The membership arithmetic of in-place shrinks and grows, pure.
+
+A generation is one membership of a task's workers. Survivors of a failure, or the members a
+planned shrink keeps, form the next generation without restarting (they rebuild their process
+group from the membership posted in the task's store); newcomers of a grow join live members at
+a step boundary and take their state from them. The coordinator carries these out
+(``control/recover/generations.py``); the simulator counts with them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from unicron.brain.records import WorkerRecord
+from unicron.core.protocol import Membership
+
+
+def new_processes(placement: Mapping[str, int], spare_nodes: Sequence[str]) -> dict[str, int]:
+    """Where a grow starts new processes: ``placement`` (node -> newcomers) less the places that
+    hot spares take (spares on ``spare_nodes``, in order, as many as there are newcomers): a
+    spare stands in for a newcomer on its own node if the placement has one there, else for one
+    on the node with the most (``Generations.grow`` does the same; ``place/placing.py`` places them so)."""
+    left = dict(placement)
+    for node in spare_nodes[: sum(placement.values())]:
+        target = node if left.get(node) else max(left, key=lambda n: left[n])
+        left[target] -= 1
+    return {n: c for n, c in left.items() if c > 0}
+
+
+@dataclass(frozen=True)
+class Shrink:
+    membership: Membership
+    kept: list[WorkerRecord]
+    left: list[WorkerRecord]  # live workers that do not go on (failed, or let go by the plan)
+
+
+def whole_replicas(kept: Sequence[WorkerRecord], size: int) -> list[WorkerRecord]:
+    """Those of ``kept`` whose replica (ranks ``r * size`` to ``r * size + size - 1`` of their
+    generation) is kept whole: a sharded replica is useless without any one of its shards."""
+    counts = Counter(w.rank // size for w in kept)
+    return [w for w in kept if counts[w.rank // size] == size]
+
+
+def survivors(
+    live: Sequence[WorkerRecord],
+    failed: Collection[int],
+    healthy: Collection[str],
+    usable: Callable[[int], bool],
+    generation: int,
+    replica_size: int = 1,
+) -> Shrink | str:
+    """The next generation after ``failed`` ranks (and every rank on a node no longer healthy)
+    are gone: the largest usable number of survivors, lowest ranks first; with replicas, only
+    whole ones (the other members of a failed rank's replica leave with it). A string says why
+    there is none."""
+    failed = frozenset(failed)
+    alive = [w for w in live if w.rank not in failed and w.node in healthy]
+    alive = whole_replicas(alive, replica_size)
+    keep = next((k for k in range(len(alive), 0, -1) if usable(k)), 0)  # the largest usable
+    if keep == 0:
+        return f"{len(alive)} survivor(s), no usable size"
+    kept = alive[:keep]
+    gone = set(failed) | {w.rank for w in live if w.node not in healthy}
+    membership = Membership(
+        generation=generation,
+        world_size=keep,
+        ranks={w.rank: i for i, w in enumerate(kept)},
+        failed=sorted(gone),
+        abandon=True,
+    )
+    staying = {w.rank for w in kept}  # (one generation's members: a rank each)
+    return Shrink(membership, kept, [w for w in live if w.rank not in staying])
+
+
+def planned_shrink(
+    live: Sequence[WorkerRecord],
+    wanted: dict[str, int],
+    usable: Callable[[int], bool],
+    generation: int,
+    replica_size: int = 1,
+) -> Shrink | None:
+    """Keep the members on the nodes the placement keeps (``wanted``: node -> count), in whole
+    replicas; None when that leaves nobody, loses nobody, or an unusable size."""
+    quota = dict(wanted)
+    kept = []
+    for w in sorted(live, key=lambda w: w.rank):
+        if quota.get(w.node, 0) > 0:
+            kept.append(w)
+            quota[w.node] -= 1
+    kept = whole_replicas(kept, replica_size)
+    staying = {w.rank for w in kept}
+    left = [w for w in sorted(live, key=lambda w: w.rank) if w.rank not in staying]
+    if not kept or not left or not usable(len(kept)):
+        return None
+    membership = Membership(
+        generation=generation, world_size=len(kept), ranks={w.rank: i for i, w in enumerate(kept)}
+    )
+    return Shrink(membership, kept, left)
+
+
+def grown(live: Sequence[WorkerRecord], added: int, generation: int) -> tuple[Membership, list[int]]:
+    """Live members keep their ranks; ``added`` newcomers take the next ones."""
+    membership = Membership(
+        generation=generation, world_size=len(live) + added, ranks={w.rank: w.rank for w in live}
+    )
+    return membership, list(range(len(live), len(live) + added))
