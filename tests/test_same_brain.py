@@ -2,10 +2,11 @@
 
 The coordinator is stepped by hand (``tests/fakecluster.py``: one task of 4 ranks on two nodes
 of 2 slots); the simulator runs the same task on the same cluster with the same ladder
-thresholds. Both pick their tiers with the same code (``core/ladder.py``, ``core/tiers.py``);
-this checks that what each feeds that code (the failed ranks, whether the task recovers in place,
-whether survivors remain) agrees, so that the tiers asked for and carried out agree failure by
-failure.
+thresholds. Both decide with the same code (``brain/deciding.py:decide``: the ladder's ask and
+the tier that applies); this checks that what each feeds it (the task's workers and the failed
+ranks, the nodes' states, whether the task recovers in place) agrees, so that the tiers asked
+for and carried out agree failure by failure. The simulator's view of its cluster as the brain
+reads it (``sim/brainview.py``) is checked on its own below.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from typing import Any
 
 import pytest
 
+from unicron.brain.records import WorkerRecord
 from unicron.core.protocol import ExceptionReport
 from unicron.core.specs import ClusterSpec, TaskSpec
+from unicron.core.states import NodeState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind
 from unicron.core.tiers import Tier
+from unicron.sim.brainview import GENERATION, Views, members_of
 from unicron.sim.engine import HOUR, Simulation
 from unicron.sim.policies import UnicronPolicy, UnicronSettings
 from unicron.sim.traces import Failure
@@ -102,3 +106,40 @@ def test_the_coordinator_and_the_simulator_decide_alike(make: Any, name: str, re
     simulated = simulated_tiers(failures, in_place=recovery == "in_process")
     assert len(live) == len(failures), live
     assert live == simulated, (name, live, simulated)
+
+
+def test_the_simulators_members_are_the_records_a_launch_would_have() -> None:
+    made = members_of("lm", 8, "3", 4)
+    assert made == [
+        WorkerRecord("lm", GENERATION, 8 + i, "3", i, WorkerPhase.RUNNING, None, None, None, 0.0)
+        for i in range(4)
+    ]
+
+
+def test_the_simulators_view_of_a_failure_is_the_cluster_by_rank_and_state() -> None:
+    """Ranks in node order, the struck node's the failed ones; a node out of service isolated,
+    the struck node lost when the engine took it out (its GPUs off the placement); a fault that
+    kills no process fails no rank. Blocks of records are reused while their place holds."""
+    views = Views(slots=4)
+    assignment = {0: {"lm": 4}, 2: {"lm": 2, "other": 2}, 3: {"lm": 4}}
+    nodes = views.nodes(5, {0, 2, 3, 4}, 1, out=True)
+    assert {n: r.state for n, r in nodes.items()} == {
+        "0": NodeState.HEALTHY,
+        "1": NodeState.LOST,
+        "2": NodeState.HEALTHY,
+        "3": NodeState.HEALTHY,
+        "4": NodeState.HEALTHY,
+    }
+    snapshot, failure = views.failure("lm", ErrorKind.ECC_ERROR, 1, 4, True, assignment, nodes)
+    live = snapshot.live("lm")
+    assert [(w.rank, w.node) for w in live] == [(r, n) for r, n in enumerate("00001111223333")]
+    assert failure.failed == frozenset({4, 5, 6, 7}) and failure.node == "1"
+    assert snapshot.task("lm").workers == 14 and "other" not in snapshot.members
+    again, _ = views.failure(
+        "lm", ErrorKind.CONNECTION_RESET, 3, 4, False, assignment, views.nodes(5, {0, 2, 3}, 3, False)
+    )
+    assert again.live("lm")[0] is live[0]  # the first node's block, reused
+    assert [w.rank for w in again.live("lm")] == list(range(10))
+    assert again.nodes["1"].state is NodeState.ISOLATED and again.nodes["4"].state is NodeState.ISOLATED
+    _, reset = views.failure("lm", ErrorKind.CONNECTION_RESET, 3, 4, False, assignment, nodes)
+    assert reset.failed == frozenset()  # SEV3: no process died

@@ -186,15 +186,16 @@ def test_megatron_policy_defaults_follow_the_published_breakdown() -> None:
 def test_the_simulated_ladder_isolates_a_node_as_the_coordinator_does() -> None:
     """The coordinator's ladder (core/ladder.py) decides in the simulator too: a node with
     ``isolate_after`` process errors within the window is taken out (and stays out for the
-    isolation time); one error fewer, and it stays in."""
+    isolation time: by default the coordinator's, minutes); one error fewer, and it stays in."""
     cluster = ClusterSpec(nodes=2, gpus_per_node=8, gpu="A100", node_mtbf_hours=1000)
 
-    def healthy_after(errors: int) -> set[int]:
+    def healthy_after(errors: int, **more: float) -> set[int]:
         failures = [Failure(1.0 + i, 0, ErrorKind.CUDA_ERROR, 0.0) for i in range(errors)]
-        policy = make_policy("unicron", {"isolate_after": 3, "reattempt_failure_probability": 0})
+        policy = make_policy("unicron", {"isolate_after": 3, "reattempt_failure_probability": 0, **more})
         sim = Simulation(cluster, [TABLE_TASK], failures, policy, 10.0, samples=20)
         sim.run()
         return sim.healthy
 
-    assert healthy_after(2) == {0, 1}
-    assert healthy_after(3) == {1}
+    assert healthy_after(2, isolation_hours=24) == {0, 1}
+    assert healthy_after(3, isolation_hours=24) == {1}
+    assert healthy_after(3) == {0, 1}  # out for the coordinator's isolation_s, back hours before the end

@@ -1,8 +1,10 @@
-"""The simulated Unicron: the coordinator's severity ladder (``core/ladder.py``, the same code)
-and planner on the simulated clock, with recovery modelled as the live system does it.
+"""The simulated Unicron: the coordinator's failure decision and planner on the simulated clock,
+with recovery modelled as the live system does it.
 
-- The ladder decides per hit task (reattempt, restart the failed process, reconfigure, isolate
-  the node), counting repeats and node errors exactly as the coordinator does.
+- Each hit task's failure is decided by the coordinator's own code (``brain/deciding.py:decide``:
+  the ladder's ask, counting repeats and node errors, and the cheapest tier at or above it that
+  applies, with the node's isolation, ``brain/response.py``), on the simulated cluster as the
+  brain sees it (``brainview.py``); the tier carried out is modelled.
 - A failed process is recovered *in place*: the survivors rebuild their group without the failed
   replica (detection + one group rebuild + the departed ranks' share of the step in flight, the
   rest of the step's micro-batches kept) and go on shrunk; newcomers start meanwhile (the
@@ -25,20 +27,24 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import Field
 
+from unicron.brain.deciding import Facts, Opened, Seen, decide
+from unicron.brain.effects import Isolate
+from unicron.brain.records import NodeRecord
 from unicron.core.events import NodeBack, NodeLost
-from unicron.core.ladder import Decision as LadderDecision
 from unicron.core.ladder import Ladder
 from unicron.core.settings import Settings
-from unicron.core.taxonomy import TAXONOMY, ErrorKind, Severity, StateSource
-from unicron.core.tiers import Tier, first_applicable, isolation_spent, precondition
+from unicron.core.taxonomy import TAXONOMY, ErrorKind, StateSource
+from unicron.core.tiers import Tier
 from unicron.planning.placement import Assignment
 from unicron.planning.planner import Decision, plan
 from unicron.planning.transition import bandwidth, state_source, transition_parts
+from unicron.sim.brainview import Views
 from unicron.sim.engine import HOUR, Simulation, TaskRun
 from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, held, iteration_s
 from unicron.sim.traces import Failure
 
 NEVER = 2**31  # a count no trace reaches
+LIVE = Settings()  # the coordinator's defaults
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,12 @@ class UnicronSettings(PolicySettings):
     reattempt_failure_probability: float = Field(0.1, ge=0, le=1)
     isolate_after: int = Field(3, ge=1, description="SEV1/SEV2 errors on one node within the window")
     isolate_window_hours: float = Field(24.0, gt=0)
-    isolation_hours: float = Field(24.0, ge=0, description="how long an isolated node is checked")
+    isolation_hours: float = Field(
+        LIVE.isolation_s / HOUR,
+        ge=0,
+        description="how long a node isolated or reconfigured out stays out: the coordinator's"
+        " isolation_s (core/settings.py), which its failure decision isolates for",
+    )
     in_place: bool = Field(True, description="survivors recover in process (run.recovery: in_process)")
     seed: int = 0
 
@@ -75,6 +86,7 @@ class UnicronSettings(PolicySettings):
         return Settings(
             escalation_window_s=self.isolate_window_hours * HOUR,
             isolate_after=self.isolate_after,
+            isolation_s=self.isolation_hours * HOUR,
             task_failure_limit=NEVER,
             same_fault_limit=NEVER,
         )
@@ -92,9 +104,10 @@ class UnicronPolicy:
         self.ladder = Ladder(self.s.ladder_settings())
         self.regrowing: dict[str, int] = {}  # task -> the count its newcomers bring it back to
         self.carried: list[Carried] = []  # every hit task's tier, in order (the incidents' log)
+        self.views = Views(slots=0)  # the cluster as the brain sees it (``start``: the nodes' slots)
 
     def start(self, sim: Simulation) -> None:
-        pass
+        self.views = Views(slots=sim.cluster.gpus_per_node)
 
     def detection_s(self, sim: Simulation, kind: ErrorKind, run: TaskRun | None) -> float:
         if kind is ErrorKind.NODE_LOST:
@@ -110,23 +123,20 @@ class UnicronPolicy:
 
     # ------------------------------------------------------------------ the ladder
     def on_failure(self, sim: Simulation, failure: Failure, hit: Mapping[str, int]) -> None:
-        """The ladder asks; each hit task gets the cheapest tier at or above that applies
-        (``core/tiers.py``, as the coordinator's ``respond``), and that tier is modelled."""
-        node = str(failure.node)
-        decisions = {name: self._decide(sim, name, failure.kind, node) for name in sorted(hit)}
+        """The coordinator's own failure decision (``brain/deciding.py:decide``) for each hit
+        task, on the simulated cluster as the brain sees it (``brainview.py``): the ladder asks,
+        the cheapest tier at or above that applies is carried out (``brain/response.py``), and
+        that tier, with the node's isolation if the response isolates it, is modelled."""
         out = failure.node not in sim.healthy  # the engine took it out for repair: its GPUs are gone
-        tiers = {
-            name: self._tier(sim, name, d, failure.kind, hit[name], out) for name, d in decisions.items()
-        }
-        if (
-            any(d.isolate_node for d in decisions.values())
-            and failure.node in sim.healthy
-            and self._may_isolate(sim)
-        ):
-            sim.take_out(failure.node, sim.now + self.s.isolation_hours * HOUR)
+        nodes = self.views.nodes(sim.cluster.nodes, sim.healthy, failure.node, out)
+        responses = {name: self._decide(sim, name, failure, hit[name], out, nodes) for name in sorted(hit)}
+        isolated = [e for r in responses.values() for e in r.response.effects if isinstance(e, Isolate)]
+        if isolated and failure.node in sim.healthy:
+            sim.take_out(failure.node, isolated[0].until)
+        tiers = {name: r.response.tier for name, r in responses.items()}
         for name, tier in tiers.items():
             self.ladder.carried(name, tier, sim.now)
-            self.carried.append(Carried(sim.now, name, failure.kind, decisions[name].tier, tier))
+            self.carried.append(Carried(sim.now, name, failure.kind, responses[name].asked.tier, tier))
         if any(t is Tier.RECONFIGURE for t in tiers.values()):
             self._reconfigure(sim, failure, hit)  # the planner answers for every task on the node
             return
@@ -138,37 +148,39 @@ class UnicronPolicy:
             else:  # restart failed, or from the checkpoint when no full replica survives
                 self._recover(sim, name, hit[name], failure.kind, self.regrowing.get(name, run.gpus))
 
-    def _tier(
-        self, sim: Simulation, name: str, decision: LadderDecision, kind: ErrorKind, lost_gpus: int, out: bool
-    ) -> Tier:
-        """The tier carried out: a SEV3 fault kills no process (nothing failed to restart); a
-        recovery in place needs a full replica to survive (``out``: the hit GPUs are already
-        off the task's count)."""
-        failed = (
-            frozenset() if TAXONOMY[kind].severity is Severity.SEV3 else frozenset(range(max(lost_gpus, 1)))
+    def _decide(
+        self,
+        sim: Simulation,
+        name: str,
+        failure: Failure,
+        lost_gpus: int,
+        out: bool,
+        nodes: Mapping[str, NodeRecord],
+    ) -> Opened:
+        """What the coordinator decides for ``name``; a reattempt that fails again is another
+        incident of the same kind, which the ladder escalates after max_reattempts."""
+        snapshot, seen = self.views.failure(
+            name, failure.kind, failure.node, lost_gpus, out, sim.assignment, nodes
         )
-        before = sim.tasks[name].gpus + (lost_gpus if out else 0)
-
-        def why_not(tier: Tier) -> str | None:
-            reason = precondition(tier, self.s.in_place, failed, "node")
-            if reason is None and tier is Tier.RECONFIGURE and not out and not self._may_isolate(sim):
-                return "the node cannot leave: the isolation budget is spent"
-            if reason is None and tier.in_place and self._kept(sim, name, lost_gpus, before, before)[1] == 0:
-                return "no full replica survives"
-            return reason
-
-        return first_applicable(decision.tier, why_not)[0]
-
-    def _decide(self, sim: Simulation, name: str, kind: ErrorKind, node: str) -> LadderDecision:
-        """The coordinator's ladder; a reattempt that fails again is another incident of the
-        same kind, which the ladder escalates after max_reattempts."""
-        decision = self.ladder.decide(name, kind, node, sim.now)
-        self.ladder.count(decision.counted)
-        while decision.tier is Tier.REATTEMPT and self.rng.random() < self.s.reattempt_failure_probability:
+        before = len(snapshot.live(name))
+        facts = Facts(
+            in_process=self.s.in_place,
+            growing=False,
+            usable=lambda gpus: sim.usable(name, gpus),
+            replica_size=self._replica(sim, name, before),
+        )
+        task, attributed = snapshot.task(name), Seen(seen, failure.kind, TAXONOMY[failure.kind].scope)
+        while True:
+            decided = decide(
+                task, attributed, (), self.ladder, lambda: snapshot, facts, self.ladder.settings, sim.now
+            )
+            assert isinstance(decided, Opened)  # (no incident is open: each is carried out at once)
+            self.ladder.count(decided.asked.counted)
+            if decided.asked.tier is not Tier.REATTEMPT:
+                return decided
+            if self.rng.random() >= self.s.reattempt_failure_probability:
+                return decided
             self.ladder.carried(name, Tier.REATTEMPT, sim.now)
-            decision = self.ladder.decide(name, kind, node, sim.now)
-            self.ladder.count(decision.counted)
-        return decision
 
     def _reconfigure(self, sim: Simulation, failure: Failure, hit: Mapping[str, int]) -> None:
         node = failure.node
@@ -282,12 +294,6 @@ class UnicronPolicy:
         )
 
     # ------------------------------------------------------------------ small parts
-    def _may_isolate(self, sim: Simulation) -> bool:
-        """The coordinator's isolation budget (``tiers.isolation_spent``): nodes out of service
-        count against it here (the simulator does not tell an isolated node from one in repair)."""
-        nodes, fraction = sim.cluster.nodes, self.ladder.settings.max_isolated_fraction
-        return isolation_spent(nodes - len(sim.healthy), nodes, fraction) is None
-
     def _kept(self, sim: Simulation, name: str, lost_gpus: int, before: int, target: int) -> tuple[int, int]:
         """The workers alive after ``lost_gpus`` of ``before`` failed (whole replicas go with a
         failed rank), and how many of them go on in place (a usable count, at most ``target``)."""
