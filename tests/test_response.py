@@ -12,7 +12,7 @@ from unicron.brain.records import NodeRecord, TaskRecord, WorkerRecord, drained_
 from unicron.brain.response import Failure, Stalled, escalate, in_place, regrouped, respond
 from unicron.brain.snapshot import Snapshot
 from unicron.control.place.draining import returning_state
-from unicron.control.place.placing import Move, MoveKind, move_for
+from unicron.control.place.moves import Move, MoveKind, move_for
 from unicron.core.ladder import Decision
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, TaskState, WorkerPhase

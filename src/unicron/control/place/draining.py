@@ -5,7 +5,7 @@ until resumed (``state=resume``).
 The node leaves the planner's view at once (only healthy nodes are planned), so the next plan
 places its tasks elsewhere. A task that recovers in process moves by planned membership changes
 at step boundaries: newcomers join its live replicas on the slots the plan gives it (taking
-their state from them), then the members on the drained node leave (``placing.move_for``). A
+their state from them), then the members on the drained node leave (``moves.move_for``). A
 task that cannot (restart recovery, or no slot to grow into) is relaunched from its newest
 checkpoint where the plan puts it. A drained node's heartbeats go on; it is drained, not lost.
 """

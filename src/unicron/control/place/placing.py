@@ -11,18 +11,15 @@ live replicas), else by a restart from the checkpoint. Idle slots hold hot spare
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from unicron.brain.effects import Launch
-from unicron.brain.membership import Shrink, new_processes, planned_shrink
 from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.brain.snapshot import Snapshot
 from unicron.control.context import Context
 from unicron.control.place.allocator import Allocator, Decided
+from unicron.control.place.moves import MoveKind, Part, TaskFacts, parts_of, wanted_by_task
 from unicron.control.place.rates import RateMeter
-from unicron.control.place.slots import fits
 from unicron.control.place.spares import choose, in_the_way, seated, spare_gains
 from unicron.control.recover.generations import Generations
 from unicron.control.store.store import PLAN_EVENT
@@ -31,66 +28,7 @@ from unicron.core.protocol import SPARE_GENERATION
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.planning.placement import Assignment
 from unicron.planning.planner import ClusterState, Plan
-from unicron.planning.planner import Decision as PlanDecision
 from unicron.planning.throughput import ThroughputCurve, curves_for
-
-
-class MoveKind(Enum):
-    KEEP = "keep"  # as it is (or decide later: it is starting, or growing)
-    GROW = "grow"  # newcomers join the live members in place
-    SHRINK = "shrink"  # the members on the kept nodes go on in place, the others leave
-    RESTART = "restart"  # stop at a step boundary with a checkpoint, relaunch as planned
-    LAUNCH = "launch"  # not running: a new generation from the checkpoint
-
-
-@dataclass(frozen=True)
-class Move:
-    kind: MoveKind
-    extra: dict[str, int] = field(default_factory=dict)  # GROW: node -> newcomers
-    shrink: Shrink | None = None  # SHRINK: the next generation
-
-
-def move_for(
-    task: TaskRecord,
-    after: int,
-    wanted: dict[str, int],
-    members: Sequence[WorkerRecord],
-    in_place: bool,
-    growing: bool,
-    usable: Callable[[int], bool],
-    generation: int,
-    in_service: Collection[str] | None = None,
-    replica_size: int = 1,
-) -> Move:
-    """How a task goes from its members to ``after`` workers placed as ``wanted`` (node ->
-    count): in place where its recovery mode allows and the placement fits (newcomers only on
-    top of the members where they are; a shrink keeping members on the kept nodes), else by a
-    restart. ``in_place``: the task recovers in process; ``growing``: newcomers are on the way;
-    ``in_service``: the nodes work may stay on (None: all). Members elsewhere (a drained node)
-    move off without losing a step: newcomers first join the live replicas where the plan wants
-    the task, taking their state from them, then those members leave at a step boundary (they
-    leave first where the larger size is not usable)."""
-    if task.state is TaskState.STARTING:
-        return Move(MoveKind.KEEP)  # decide once it runs again (it may be recovering in place)
-    if task.state is not TaskState.RUNNING:
-        return Move(MoveKind.LAUNCH) if after > 0 else Move(MoveKind.KEEP)
-    staying = [w for w in members if in_service is None or w.node in in_service]
-    moving_off = len(staying) < len(members)
-    if growing or (after == task.workers and not moving_off):
-        return Move(MoveKind.KEEP)
-    current: dict[str, int] = {}
-    for w in staying:
-        current[w.node] = current.get(w.node, 0) + 1
-    extra = {n: c - current.get(n, 0) for n, c in wanted.items() if c > current.get(n, 0)}
-    added = sum(extra.values())
-    fits = usable(task.workers + added) if moving_off else added == after - task.workers
-    if in_place and added and fits and (moving_off or after > task.workers):
-        return Move(MoveKind.GROW, extra=extra)
-    if in_place and (moving_off or 0 < after < task.workers):
-        shrink = planned_shrink(members, wanted, usable, generation, replica_size)
-        if shrink is not None:
-            return Move(MoveKind.SHRINK, shrink=shrink)
-    return Move(MoveKind.RESTART)
 
 
 def stranded(snapshot: Snapshot) -> bool:
@@ -243,65 +181,46 @@ class Placer:
             self._carry_out_plan(self.held)
 
     def _carry_out_plan(self, carried: HeldPlan) -> None:
-        """Each task's part of the plan; the plan is held while any of it waits for slots."""
+        """Each task's part of the plan (``moves.parts_of``); the plan is held while any of it
+        waits for slots."""
         snapshot = self.ctx.store.snapshot()
-        in_use = self.ctx.store.slots_in_use()
-        waiting, by_task = False, dict[str, dict[str, int]]()  # task -> node -> workers wanted there
-        for n, per in sorted(carried.layout.items()):
-            for name, count in per.items():
-                if count:
-                    by_task.setdefault(name, {})[carried.names[n]] = count
-        for decision in carried.plan.decisions:
-            name = decision.task
-            if name not in snapshot.tasks:
-                continue  # a table's answer to a task's end still names it (with no workers)
-            waiting |= not self._carry_out(snapshot, decision, by_task.get(name, {}), in_use)
-        self.held = carried if waiting else None
+        live = [d.task for d in carried.plan.decisions if d.task in snapshot.tasks]
+        wanted = wanted_by_task(carried.layout, carried.names)
+        facts = {name: self._facts(name) for name in live}
+        parts = parts_of(carried.plan.decisions, wanted, snapshot, facts, self.ctx.store.slots_in_use())
+        for part in parts.now:
+            self._carry_out(snapshot, part)
+        self.held = carried if parts.waiting else None
         self.keep_spares(self.ctx.store.snapshot(), carried.state, carried.names, carried.layout)
 
-    def _carry_out(
-        self, snapshot: Snapshot, decision: PlanDecision, wanted: dict[str, int], in_use: dict[str, int]
-    ) -> bool:
-        """One task's part of the plan: in place where it can, else stop and relaunch. New
-        processes start only where they fit beside those still holding slots (``in_use``,
-        node -> processes: counted up as they are started); False: they must wait."""
-        task, name = snapshot.task(decision.task), decision.task
+    def _facts(self, name: str) -> TaskFacts:
         spec = self.ctx.spec(name)
-        move = move_for(
-            task,
-            decision.after,
-            wanted,
-            snapshot.live(name),
+        return TaskFacts(
             in_place=spec.run.recovery == "in_process",
             growing=self.generations.growth(name) is not None,
             usable=spec.is_usable,
-            generation=snapshot.next_generation[name],
-            in_service=snapshot.healthy(),
             replica_size=spec.replica_size,
+            spare_nodes=tuple(s.node for s in self._waiting_spares(name)),
         )
-        if move.kind in (MoveKind.GROW, MoveKind.LAUNCH):
-            spares = [s.node for s in self._waiting_spares(name)] if move.kind is MoveKind.GROW else []
-            new = new_processes(move.extra or wanted, spares)
-            slots = {n.name: n.slots for n in snapshot.nodes.values()}
-            if not fits(new, in_use, slots):
-                return False  # the slots are still held: carried out again once they are free
-            for node, count in new.items():
-                in_use[node] = in_use.get(node, 0) + count
+
+    def _carry_out(self, snapshot: Snapshot, part: Part) -> None:
+        """One task's part of the plan: in place where it can, else stop and relaunch."""
+        name, move, reason, after = part.decision.task, part.move, part.decision.reason, part.decision.after
+        task = snapshot.task(name)
         if move.kind is MoveKind.GROW:
-            self._grow(snapshot, name, move.extra, decision.reason)
+            self._grow(snapshot, name, move.extra, reason)
         elif move.kind is MoveKind.SHRINK and move.shrink is not None:
-            self.generations.shrink_planned(snapshot, name, move.shrink, decision.reason)
-            if len(move.shrink.kept) < decision.after:
+            self.generations.shrink_planned(snapshot, name, move.shrink, reason)
+            if len(move.shrink.kept) < after:
                 self.regrow.add(name)  # moved off a drained node: grow back once it has shrunk
         elif move.kind is MoveKind.RESTART:
             self.ctx.act.record(
-                "task_resize", task=name, before=task.workers, after=decision.after, reason=decision.reason
+                "task_resize", task=name, before=task.workers, after=part.decision.after, reason=reason
             )
             self.ctx.act.stop_generation(name, task.generation, self.ctx.limits.stop_grace_s)
             self.ctx.act.task_stopping(name, self.ctx.clock())
         elif move.kind is MoveKind.LAUNCH:
-            self.launch(task, snapshot.next_generation[name], wanted, decision.reason)
-        return True
+            self.launch(task, snapshot.next_generation[name], part.wanted, reason)
 
     def _waiting_spares(self, name: str) -> list[Spare]:
         return [s for s in self.spares.values() if s.task == name and s.used is None]
