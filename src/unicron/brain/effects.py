@@ -89,4 +89,18 @@ class Isolate:
     grace_s: float
 
 
-Effect = Record | TaskDown | StopWorker | StopGeneration | Isolate | Switch | Launch
+@dataclass(frozen=True)
+class UseSpare:
+    """A hot spare (``spare_rank`` on ``node``, its ``local`` slot) becomes newcomer ``rank`` of
+    ``generation`` (of ``world`` workers): no process starts, it takes a new identity."""
+
+    task: str
+    spare_rank: int
+    node: str
+    local: int
+    generation: int
+    rank: int
+    world: int
+
+
+Effect = Record | TaskDown | StopWorker | StopGeneration | Isolate | Switch | Launch | UseSpare

@@ -13,7 +13,8 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from unicron.brain.records import WorkerRecord
+from unicron.brain.effects import Effect, Launch, Record, Switch, UseSpare
+from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.core.protocol import Membership
 
 
@@ -106,3 +107,73 @@ def grown(live: Sequence[WorkerRecord], added: int, generation: int) -> tuple[Me
         generation=generation, world_size=len(live) + added, ranks={w.rank: w.rank for w in live}
     )
     return membership, list(range(len(live), len(live) + added))
+
+
+@dataclass
+class Growth:
+    """A grow under way: the generation its newcomers join, its membership, their ranks in it,
+    and when it began."""
+
+    generation: int
+    membership: Membership
+    newcomers: list[int]
+    since: float
+
+
+@dataclass(frozen=True)
+class Grow:
+    """A grow the plan decided: the grow under way it starts, its effects (hot spares renamed
+    into newcomers, new processes launched for the rest, the event) and the spares it used."""
+
+    growth: Growth
+    effects: tuple[Effect, ...]
+    spares_used: tuple[int, ...]
+
+
+def grow(
+    task: TaskRecord,
+    live: Sequence[WorkerRecord],
+    generation: int,
+    placement: Mapping[str, int],
+    spares: Sequence[tuple[int, str, int]],
+    launch: Callable[[int], tuple[list[str], dict[str, str]]],
+    reason: str,
+    now: float,
+) -> Grow:
+    """Newcomers for ``task``'s ``generation`` (``placement``: node -> newcomers), from hot
+    ``spares`` (rank, node, local slot) first, then new processes; the live members make room for
+    them at a step boundary once they are ready. ``launch(world)``: the new processes' program
+    and environment for a generation of ``world`` workers."""
+    name = task.name
+    membership, newcomers = grown(live, sum(placement.values()), generation)
+    world = membership.world_size
+    used = [(s, node, local, rank) for (s, node, local), rank in zip(spares, newcomers, strict=False)]
+    renamed = [UseSpare(name, s, node, local, generation, rank, world) for s, node, local, rank in used]
+    started = new_processes(placement, [node for _, node, _ in spares])
+    argv, env = launch(world)
+    spares_used = tuple(s for s, *_ in used)
+    detail = {
+        "generation": generation,
+        "workers": world,
+        "placement": dict(placement),  # node -> newcomers: hot spares there and new processes
+        "new_processes": started,
+        "spares_used": list(spares_used),
+        "reason": reason,
+    }
+    launched = Launch(name, generation, world, started, len(live) + len(used), argv, env)
+    effects: tuple[Effect, ...] = (*renamed, launched, Record("task_grow", name, None, detail))
+    return Grow(Growth(generation, membership, newcomers, now), effects, spares_used)
+
+
+def planned_shrink_effects(task: TaskRecord, before: int, shrink: Shrink, reason: str) -> tuple[Effect, ...]:
+    """A shrink the plan decided (``planned_shrink``): the members it keeps form the next
+    generation at their next step boundary; the others leave there, having lost nothing."""
+    detail = {
+        "generation": shrink.membership.generation,
+        "before": before,
+        "workers": len(shrink.kept),
+        "leaving": [w.rank for w in shrink.left],
+        "reason": reason,
+    }
+    switch = Switch(task.name, task.generation, shrink.membership, tuple(shrink.kept))
+    return (switch, Record("task_shrink", task.name, None, detail))

@@ -28,6 +28,7 @@ from unicron.brain.effects import (
     StopWorker,
     Switch,
     TaskDown,
+    UseSpare,
 )
 from unicron.brain.records import WorkerRecord
 from unicron.control.act.happened import Happened
@@ -178,6 +179,8 @@ class Applier:
                     self.switch(effect, now)
                 case Launch():
                     self.launch(effect, now)
+                case UseSpare(task, spare, node, local, generation, rank, world):
+                    self.use_spare(task, spare, node, local, generation, rank, world, now)
 
     def _noted_end(self, task: str) -> None:
         self.happened.note(TaskDone(task))

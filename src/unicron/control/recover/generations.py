@@ -13,22 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from unicron.brain.effects import Launch, Switch
-from unicron.brain.membership import Shrink, grown, new_processes
+from unicron.brain import membership
+from unicron.brain.effects import Switch
+from unicron.brain.membership import Growth, Shrink, planned_shrink_effects
 from unicron.brain.records import TaskRecord
 from unicron.brain.snapshot import Snapshot
 from unicron.control.context import Context
 from unicron.core.kept import GrowInFlight, InFlight, Leaving
-from unicron.core.protocol import ExitReport, Membership, ready_key
+from unicron.core.protocol import ExitReport, ready_key
 from unicron.core.states import WorkerPhase
-
-
-@dataclass
-class Growth:
-    generation: int  # the generation newcomers joined
-    membership: Membership
-    newcomers: list[int]  # their ranks in that generation
-    since: float
 
 
 class GrowthVerdict(Enum):
@@ -120,24 +113,14 @@ class Generations:
         return self.ctx.spec(name).run.recovery == "in_process" and name not in self.growing
 
     def shrink_planned(self, snapshot: Snapshot, name: str, shrink: Shrink, reason: str) -> None:
-        """Give up workers the plan takes from a running task, in place (``placing.move_for``
-        decided ``shrink``): the members it keeps form the next generation at their next step
-        boundary; the others leave there, having lost nothing."""
+        """Give up workers the plan takes from a running task, in place (``moves.move_for``
+        decided ``shrink``; its effects: ``membership.planned_shrink_effects``). The leavers
+        go at their next step boundary; one that does not is stopped."""
         task, now = snapshot.task(name), self.ctx.clock()
-        self.ctx.act.switch(Switch(name, task.generation, shrink.membership, tuple(shrink.kept)), now)
+        self.ctx.act.apply(planned_shrink_effects(task, len(snapshot.live(name)), shrink, reason), now)
         for w in shrink.left:
-            # They leave at their next step boundary; one that does not is stopped.
             self.leaving[w.key] = now + self.ctx.limits.hang_cap_s
         self._keep()
-        self.ctx.act.record(
-            "task_shrink",
-            task=name,
-            generation=shrink.membership.generation,
-            before=len(snapshot.live(name)),
-            workers=len(shrink.kept),
-            leaving=[w.rank for w in shrink.left],
-            reason=reason,
-        )
 
     def grow(
         self,
@@ -146,37 +129,24 @@ class Generations:
         placement: dict[str, int],
         reason: str,
         spares: list[tuple[int, str, int]],
-    ) -> list[int]:
-        """Newcomers for the task's next generation, from hot spares (rank, node, local slot)
-        first, then new processes; the live members make room for them at a step boundary once
-        they are ready. Returns the spares used."""
-        ctx = self.ctx
-        task, live = snapshot.task(name), snapshot.live(name)
-        generation = snapshot.next_generation[name]
-        membership, newcomers = grown(live, sum(placement.values()), generation)
-        world = membership.world_size
-        now = ctx.clock()
-        used = []
-        for (spare_rank, node, local), rank in zip(spares, newcomers, strict=False):
-            ctx.act.use_spare(name, spare_rank, node, local, generation, rank, world, now)
-            used.append(spare_rank)
-        env = ctx.worker_env(name, generation, world, task.store_port, joining=True)
-        started = new_processes(placement, [node for _, node, _ in spares])
-        argv = list(ctx.spec(name).run.program)
-        ctx.act.launch(Launch(name, generation, world, started, len(live) + len(used), argv, env), now)
-        self.growing[name] = Growth(generation, membership, newcomers, now)
-        self._keep()
-        ctx.act.record(
-            "task_grow",
-            task=name,
-            generation=generation,
-            workers=world,
-            placement=placement,  # node -> newcomers: hot spares there and new processes
-            new_processes=started,
-            spares_used=used,
-            reason=reason,
+    ) -> tuple[int, ...]:
+        """Newcomers for the task's next generation (``membership.grow``: hot spares first, then
+        new processes), carried out; the grow is under way until they join. Returns the spares
+        used."""
+        ctx, now = self.ctx, self.ctx.clock()
+        task, generation = snapshot.task(name), snapshot.next_generation[name]
+
+        def launch(world: int) -> tuple[list[str], dict[str, str]]:
+            env = ctx.worker_env(name, generation, world, task.store_port, joining=True)
+            return list(ctx.spec(name).run.program), env
+
+        decided = membership.grow(
+            task, snapshot.live(name), generation, placement, spares, launch, reason, now
         )
-        return used
+        ctx.act.apply(decided.effects, now)
+        self.growing[name] = decided.growth
+        self._keep()
+        return decided.spares_used
 
     def cancel_growth(self, name: str) -> None:
         """A failure struck while newcomers were waiting to join: they are stopped (the next
