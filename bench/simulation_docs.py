@@ -107,7 +107,7 @@ def trace_kinds() -> str:
     """The trace format's kinds, from the taxonomy the simulator and the coordinator share."""
     lines = ["| kind | severity | first recovery tier | repair_hours |", "|---|---|---|---|"]
     for kind, info in TAXONOMY.items():
-        repair = "the node is out of service for them" if info.needs_repair else "ignored (the node stays in)"
+        repair = "the node is out of service for them" if info.needs_repair else "ignored (no repair)"
         lines.append(f"| `{kind.value}` | {info.severity.name} | {info.tier.label} | {repair} |")
     return "\n".join(lines)
 

@@ -15,11 +15,14 @@ from typing import Any
 
 import pytest
 
+from unicron.brain.deciding import Facts, Opened, Seen, decide
 from unicron.brain.records import WorkerRecord
+from unicron.core.ladder import Ladder
 from unicron.core.protocol import ExceptionReport
+from unicron.core.settings import Settings
 from unicron.core.specs import ClusterSpec, TaskSpec
 from unicron.core.states import NodeState, WorkerPhase
-from unicron.core.taxonomy import ErrorKind
+from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
 from unicron.sim.brainview import GENERATION, Views, members_of
 from unicron.sim.engine import HOUR, Simulation
@@ -130,16 +133,37 @@ def test_the_simulators_view_of_a_failure_is_the_cluster_by_rank_and_state() -> 
         "3": NodeState.HEALTHY,
         "4": NodeState.HEALTHY,
     }
-    snapshot, failure = views.failure("lm", ErrorKind.ECC_ERROR, 1, 4, True, assignment, nodes)
+    snapshot, failure = views.failure("lm", ErrorKind.ECC_ERROR, 1, 4, True, assignment, nodes, 14)
     live = snapshot.live("lm")
     assert [(w.rank, w.node) for w in live] == [(r, n) for r, n in enumerate("00001111223333")]
     assert failure.failed == frozenset({4, 5, 6, 7}) and failure.node == "1"
     assert snapshot.task("lm").workers == 14 and "other" not in snapshot.members
     again, _ = views.failure(
-        "lm", ErrorKind.CONNECTION_RESET, 3, 4, False, assignment, views.nodes(5, {0, 2, 3}, 3, False)
+        "lm", ErrorKind.CONNECTION_RESET, 3, 4, False, assignment, views.nodes(5, {0, 2, 3}, 3, False), 10
     )
     assert again.live("lm")[0] is live[0]  # the first node's block, reused
     assert [w.rank for w in again.live("lm")] == list(range(10))
     assert again.nodes["1"].state is NodeState.ISOLATED and again.nodes["4"].state is NodeState.ISOLATED
-    _, reset = views.failure("lm", ErrorKind.CONNECTION_RESET, 3, 4, False, assignment, nodes)
+    _, reset = views.failure("lm", ErrorKind.CONNECTION_RESET, 3, 4, False, assignment, nodes, 14)
     assert reset.failed == frozenset()  # SEV3: no process died
+    # Growing back: the placement holds the newcomers' slots too; the members are the first 8
+    # ranks (newcomers, ranked last, have not joined): two of node 3's four are members.
+    growing, struck = views.failure("lm", ErrorKind.CUDA_ERROR, 3, 4, False, assignment, nodes, 8)
+    assert [w.node for w in growing.live("lm")] == list("00002233") and struck.failed == frozenset({6, 7})
+
+
+def test_a_node_whose_ranks_straddle_two_replicas_leaves_no_full_replica_to_recover_in_place() -> None:
+    """Replicas of 8 on a task placed 4, 8 and 4 over three nodes: the middle node's ranks (4-11)
+    are half of each replica, so no full replica survives its loss and the decision is a restart
+    from the checkpoint. (The simulator models what the decision carries out; it once went on
+    in place here, counting the replicas lost as the GPUs lost divided by the replica size.)"""
+    views = Views(slots=8)
+    assignment = {0: {"lm": 4}, 1: {"lm": 8}, 2: {"lm": 4}}
+    nodes = views.nodes(3, {0, 2}, 1, out=True)
+    snapshot, failure = views.failure("lm", ErrorKind.NODE_LOST, 1, 8, True, assignment, nodes, 16)
+    facts = Facts(in_process=True, growing=False, usable=lambda n: n % 8 == 0, replica_size=8)
+    ladder = Ladder(Settings())
+    seen = Seen(failure, ErrorKind.NODE_LOST, TAXONOMY[ErrorKind.NODE_LOST].scope)
+    decided = decide(snapshot.task("lm"), seen, (), ladder, lambda: snapshot, facts, Settings(), 0.0)
+    assert isinstance(decided, Opened) and decided.asked.tier is Tier.RECONFIGURE
+    assert decided.response.tier is Tier.FROM_CHECKPOINT, decided.response.escalations

@@ -22,7 +22,8 @@ def new_processes(placement: Mapping[str, int], spare_nodes: Sequence[str]) -> d
     """Where a grow starts new processes: ``placement`` (node -> newcomers) less the places that
     hot spares take (spares on ``spare_nodes``, in order, as many as there are newcomers): a
     spare stands in for a newcomer on its own node if the placement has one there, else for one
-    on the node with the most (``Generations.grow`` does the same; ``place/placing.py`` places them so)."""
+    on the node with the most (``grow`` renames them so; ``control/place/moves.py:parts_of``
+    counts the slots they hold as the grow's own)."""
     left = dict(placement)
     for node in spare_nodes[: sum(placement.values())]:
         target = node if left.get(node) else max(left, key=lambda n: left[n])

@@ -5,9 +5,11 @@ only translates requests into these calls. The parts, one concept each:
 
 - ``detection.py``: hangs, workers that never started (judged on the tick); ``nodewatch.py``:
   silent nodes, and the coordinator's own lateness;
-- ``recovery.py``: incidents, fault scope, the severity ladder's decision;
-- ``response.py``: that decision as effects, a pure function of a ``snapshot.py`` snapshot;
-- ``generations.py``: in-place shrinks and grows (membership arithmetic);
+- ``recovery.py``: incidents, fault scope, carrying out what a failure decides
+  (``brain/deciding.py``, ``brain/response.py``: pure functions of a ``brain/snapshot.py``
+  snapshot, returning effects);
+- ``generations.py``: in-place shrinks and grows under way (their arithmetic and effects:
+  ``brain/membership.py``);
 - ``placing.py``: the planner's answer carried out, hot spares;
 - ``reports.py``: the workers' reports and detection's verdicts, routed to the part that acts;
 - ``stepping.py``: what each completed step changes (counts, rates, statistics, recovery);

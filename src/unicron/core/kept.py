@@ -121,7 +121,7 @@ class LossesHeld(Kept):
 
 class GrowInFlight(BaseModel):
     """A grow whose newcomers were launched and have not joined yet
-    (``control/recover/generations.py:Growth``)."""
+    (``brain/membership.py:Growth``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     task: str

@@ -56,6 +56,8 @@ def members_of(task: str, first: int, node: str, count: int) -> list[WorkerRecor
     set-up (ten checked assignments each): a view of a 16,384-GPU task holds 16,384 of them at
     each failure, and that set-up was most of such a scenario's time. ``tests/test_same_brain.py``
     checks that they are equal."""
+    if count <= 0:
+        return []
     like = WorkerRecord(task, GENERATION, first, node, 0, WorkerPhase.RUNNING, None, None, None, 0.0)
     made = [like]
     for local in range(1, count):
@@ -113,10 +115,13 @@ class Views:
         out: bool,
         assignment: Mapping[int, Mapping[str, int]],
         nodes: Mapping[str, NodeRecord],
+        running: int,
     ) -> tuple[Snapshot, Failure]:
         """The snapshot of ``task`` when ``kind`` struck node ``struck``, where it had ``lost``
         GPUs (``out``: the engine took the node out, its GPUs off the placement), and the
-        failure."""
+        failure. ``running``: the task's members (the placement holds the slots of newcomers
+        that have not joined yet too: the members are the first ``running`` in rank order, the
+        newcomers the last, as a grow ranks them; where the simulator placed them is not known)."""
         placed = {n: tasks.get(task, 0) for n, tasks in assignment.items()}
         if out:
             placed[struck] = lost
@@ -124,9 +129,11 @@ class Views:
         failed = range(0)
         for node in sorted(n for n, count in placed.items() if count):
             first = len(members)
-            members += self.block(task, node, first, placed[node])
+            members += self.block(task, node, first, min(placed[node], running - first))
             if node == struck:
                 failed = range(first, len(members))
+            if len(members) >= running:
+                break
         snapshot = Snapshot(
             tasks={task: running_task(task, len(members))},
             nodes=nodes,

@@ -19,7 +19,6 @@ with recovery modelled as the live system does it.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,8 @@ import numpy as np
 from pydantic import Field
 
 from unicron.brain.deciding import Facts, Opened, Seen, decide
-from unicron.brain.effects import Isolate
+from unicron.brain.effects import Isolate, Switch
+from unicron.brain.membership import whole_replicas
 from unicron.brain.records import NodeRecord
 from unicron.core.events import NodeBack, NodeLost
 from unicron.core.ladder import Ladder
@@ -45,6 +45,22 @@ from unicron.sim.traces import Failure
 
 NEVER = 2**31  # a count no trace reaches
 LIVE = Settings()  # the coordinator's defaults
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the coordinator's decision carries out for one hit task, as the simulator models it:
+    the decision, the workers that go on in place (the new generation's size; 0 when the tier
+    is not in place) and those alive in whole replicas after the failure (where a relaunch may
+    take its state from; those that go on, when some do)."""
+
+    decided: Opened
+    keep: int
+    survivors: int
+
+    @property
+    def tier(self) -> Tier:
+        return self.decided.response.tier
 
 
 @dataclass(frozen=True)
@@ -129,24 +145,24 @@ class UnicronPolicy:
         that tier, with the node's isolation if the response isolates it, is modelled."""
         out = failure.node not in sim.healthy  # the engine took it out for repair: its GPUs are gone
         nodes = self.views.nodes(sim.cluster.nodes, sim.healthy, failure.node, out)
-        responses = {name: self._decide(sim, name, failure, hit[name], out, nodes) for name in sorted(hit)}
-        isolated = [e for r in responses.values() for e in r.response.effects if isinstance(e, Isolate)]
+        outcomes = {name: self._decide(sim, name, failure, hit[name], out, nodes) for name in sorted(hit)}
+        effects = [e for o in outcomes.values() for e in o.decided.response.effects]
+        isolated = [e for e in effects if isinstance(e, Isolate)]
         if isolated and failure.node in sim.healthy:
             sim.take_out(failure.node, isolated[0].until)
-        tiers = {name: r.response.tier for name, r in responses.items()}
-        for name, tier in tiers.items():
-            self.ladder.carried(name, tier, sim.now)
-            self.carried.append(Carried(sim.now, name, failure.kind, responses[name].asked.tier, tier))
-        if any(t is Tier.RECONFIGURE for t in tiers.values()):
-            self._reconfigure(sim, failure, hit)  # the planner answers for every task on the node
+        for name, o in outcomes.items():
+            self.ladder.carried(name, o.tier, sim.now)
+            self.carried.append(Carried(sim.now, name, failure.kind, o.decided.asked.tier, o.tier))
+        if any(o.tier is Tier.RECONFIGURE for o in outcomes.values()):
+            self._reconfigure(sim, failure, hit, outcomes)  # the planner answers for every task there
             return
-        for name, tier in tiers.items():
+        for name, o in outcomes.items():
             run = sim.tasks[name]
-            if tier is Tier.REATTEMPT:
+            if o.tier is Tier.REATTEMPT:
                 detect = self.detection_s(sim, failure.kind, run)
                 sim.pause(name, [(detect, "detection"), (self._rebuild_s(sim), "restart")])
-            else:  # restart failed, or from the checkpoint when no full replica survives
-                self._recover(sim, name, hit[name], failure.kind, self.regrowing.get(name, run.gpus))
+            else:  # restart failed in place, or from the checkpoint, as decided
+                self._recover(sim, name, o, failure.kind, self.regrowing.get(name, run.gpus))
 
     def _decide(
         self,
@@ -156,11 +172,13 @@ class UnicronPolicy:
         lost_gpus: int,
         out: bool,
         nodes: Mapping[str, NodeRecord],
-    ) -> Opened:
+    ) -> Outcome:
         """What the coordinator decides for ``name``; a reattempt that fails again is another
         incident of the same kind, which the ladder escalates after max_reattempts."""
-        snapshot, seen = self.views.failure(
-            name, failure.kind, failure.node, lost_gpus, out, sim.assignment, nodes
+        running = sim.tasks[name].gpus + (lost_gpus if out else 0)  # (the engine took them off)
+        view = self.views.failure
+        snapshot, seen = view(
+            name, failure.kind, failure.node, lost_gpus, out, sim.assignment, nodes, running
         )
         before = len(snapshot.live(name))
         facts = Facts(
@@ -177,19 +195,28 @@ class UnicronPolicy:
             assert isinstance(decided, Opened)  # (no incident is open: each is carried out at once)
             self.ladder.count(decided.asked.counted)
             if decided.asked.tier is not Tier.REATTEMPT:
-                return decided
+                break
             if self.rng.random() >= self.s.reattempt_failure_probability:
-                return decided
+                break
             self.ladder.carried(name, Tier.REATTEMPT, sim.now)
+        switched = [e for e in decided.response.effects if isinstance(e, Switch)]
+        keep = switched[0].membership.world_size if switched and decided.response.tier.in_place else 0
+        if keep:  # (the members going on hold the state; counting every survivor was dear at scale)
+            return Outcome(decided, keep, keep)
+        healthy, gone = snapshot.healthy(), seen.failed or frozenset()
+        alive = [w for w in snapshot.live(name) if w.rank not in gone and w.node in healthy]
+        return Outcome(decided, 0, len(whole_replicas(alive, facts.replica_size)))
 
-    def _reconfigure(self, sim: Simulation, failure: Failure, hit: Mapping[str, int]) -> None:
+    def _reconfigure(
+        self, sim: Simulation, failure: Failure, hit: Mapping[str, int], outcomes: Mapping[str, Outcome]
+    ) -> None:
+        """The node left (isolated by the decision, or out for repair): the planner's plan for
+        its loss, each hit task recovering as decided."""
         node = failure.node
         before: Assignment = {n: dict(t) for n, t in sim.assignment.items()}
         before[node] = dict(hit)
         state = sim.planner_state(tuple(sorted(sim.healthy | {node})), before)
-        if node in sim.healthy:  # a SEV1 kind that needs no repair: the node is checked and returns
-            sim.take_out(node, sim.now)
-        self._carry_out(sim, plan(state, NodeLost(node)).decisions, hit, failure.kind)
+        self._carry_out(sim, plan(state, NodeLost(node)).decisions, outcomes, failure.kind)
 
     def on_repair(self, sim: Simulation, node: int) -> None:
         state = sim.planner_state(tuple(sorted(sim.healthy - {node})))
@@ -197,7 +224,11 @@ class UnicronPolicy:
 
     # ------------------------------------------------------------------ carrying a plan out
     def _carry_out(
-        self, sim: Simulation, decisions: Sequence[Decision], hit: Mapping[str, int], kind: ErrorKind | None
+        self,
+        sim: Simulation,
+        decisions: Sequence[Decision],
+        hit: Mapping[str, Outcome],
+        kind: ErrorKind | None,
     ) -> None:
         sim.set_allocation({d.task: d.after for d in decisions})
         for d in decisions:
@@ -215,19 +246,21 @@ class UnicronPolicy:
         self,
         sim: Simulation,
         name: str,
-        lost_gpus: int,
+        outcome: Outcome,
         kind: ErrorKind,
         target: int,
         planned_before: int | None = None,
     ) -> None:
-        """A failed process (or node) of ``name``: in place when a full replica survives, then
-        grow back to ``target`` with newcomers; else restart from the checkpoint."""
+        """A failed process (or node) of ``name``, recovered as decided: in place (the new
+        generation's members, as many as ``target`` allows at a usable size), then grown back to
+        ``target`` with newcomers; else restarted from the checkpoint."""
         run = sim.tasks[name]
         before = planned_before if planned_before is not None else run.gpus
         detect = self.detection_s(sim, kind, run)
-        survivors, keep = self._kept(sim, name, lost_gpus, before, target)
-        if not self.s.in_place or keep == 0 or target == 0:
+        keep = sim.largest_usable(name, min(outcome.keep, target))
+        if keep == 0 or target == 0:
             if target > 0:
+                survivors = outcome.survivors
                 self._relaunch(sim, run, before, target, survivors=survivors, failed=True, detect=detect)
             return
         share = (before - keep) / before
@@ -294,15 +327,6 @@ class UnicronPolicy:
         )
 
     # ------------------------------------------------------------------ small parts
-    def _kept(self, sim: Simulation, name: str, lost_gpus: int, before: int, target: int) -> tuple[int, int]:
-        """The workers alive after ``lost_gpus`` of ``before`` failed (whole replicas go with a
-        failed rank), and how many of them go on in place (a usable count, at most ``target``)."""
-        replica = self._replica(sim, name, before)
-        failed_replicas = math.ceil(lost_gpus / replica) if lost_gpus else 1
-        survivors = max(before - failed_replicas * replica, 0)
-        keep = sim.largest_usable(name, min(survivors, target))
-        return survivors, keep
-
     @staticmethod
     def _rebuild_s(sim: Simulation) -> float:
         """Survivors re-form their process group (the reattempt's set-up)."""

@@ -3,7 +3,7 @@ data-parallel peers, how a replica's samples are dealt to its ranks, and how its
 summed.
 
 Rank r of a generation is shard position ``r % K`` of replica ``r // K`` (the coordinator keeps
-a replica's ranks contiguous and whole: control/recover/generations.py). Two groups per rank:
+a replica's ranks contiguous and whole: brain/membership.py:whole_replicas). Two groups per rank:
 
 - the replica's own: torch.distributed's default group, of the K ranks, which FSDP shards over.
   It is formed once, when the replica forms, and kept for the replica's life: the coordinator

@@ -71,7 +71,7 @@ def seated(waiting: Sequence[tuple[str, str]], seats: Mapping[tuple[str, str], i
     """For each waiting spare ((task, node), in order): whether it fills one of the seats the
     plan grows its own task by on its own node (``seats``: (task, node) -> newcomers). Such a
     spare is one of the plan's workers there: the grow takes spares first
-    (``recover/generations.py:new_processes``), so it is kept for the grow, not stopped for a new process to
+    (``brain/membership.py:new_processes``), so it is kept for the grow, not stopped for a new process to
     start in its slot."""
     left = dict(seats)
     out = []

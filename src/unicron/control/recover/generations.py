@@ -1,20 +1,21 @@
-"""Generations: the membership arithmetic of in-place shrinks and grows, and carrying them out.
+"""Generations: in-place shrinks and grows carried out, and those under way.
 
 A generation is one membership of a task's workers. Survivors of a failure, or the members a
 planned shrink keeps, form the next generation without restarting (they rebuild their process
 group from the membership posted in the task's store); newcomers of a grow join live members at
-a step boundary and take their state from them. The arithmetic is pure (``survivors``,
-``planned_shrink``, ``grown``); :class:`Generations` carries it out through the applier.
+a step boundary and take their state from them. The arithmetic and the effects are pure
+(``brain/membership.py``: ``survivors``, ``planned_shrink``, ``grow``); :class:`Generations`
+applies them through the applier and holds the grows and leavers under way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
 from unicron.brain import membership
-from unicron.brain.effects import Switch
+from unicron.brain.effects import Effect, Record, Switch
 from unicron.brain.membership import Growth, Shrink, planned_shrink_effects
 from unicron.brain.records import TaskRecord
 from unicron.brain.snapshot import Snapshot
@@ -22,6 +23,17 @@ from unicron.control.context import Context
 from unicron.core.kept import GrowInFlight, InFlight, Leaving
 from unicron.core.protocol import ExitReport, ready_key
 from unicron.core.states import WorkerPhase
+
+
+def acts(effects: Sequence[Effect]) -> list[Effect]:
+    """``effects`` but their events."""
+    return [e for e in effects if not isinstance(e, Record)]
+
+
+def records(effects: Sequence[Effect]) -> list[Effect]:
+    """The events among ``effects``: recorded once what is under way is kept (a successor that
+    reads the event finds the grow or the leavers it names)."""
+    return [e for e in effects if isinstance(e, Record)]
 
 
 class GrowthVerdict(Enum):
@@ -117,10 +129,12 @@ class Generations:
         decided ``shrink``; its effects: ``membership.planned_shrink_effects``). The leavers
         go at their next step boundary; one that does not is stopped."""
         task, now = snapshot.task(name), self.ctx.clock()
-        self.ctx.act.apply(planned_shrink_effects(task, len(snapshot.live(name)), shrink, reason), now)
+        effects = planned_shrink_effects(task, len(snapshot.live(name)), shrink, reason)
+        self.ctx.act.apply(acts(effects), now)
         for w in shrink.left:
             self.leaving[w.key] = now + self.ctx.limits.hang_cap_s
         self._keep()
+        self.ctx.act.apply(records(effects), now)  # (said once what is under way is kept)
 
     def grow(
         self,
@@ -143,9 +157,10 @@ class Generations:
         decided = membership.grow(
             task, snapshot.live(name), generation, placement, spares, launch, reason, now
         )
-        ctx.act.apply(decided.effects, now)
+        ctx.act.apply(acts(decided.effects), now)
         self.growing[name] = decided.growth
         self._keep()
+        ctx.act.apply(records(decided.effects), now)  # (said once what is under way is kept)
         return decided.spares_used
 
     def cancel_growth(self, name: str) -> None:

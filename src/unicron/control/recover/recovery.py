@@ -5,9 +5,9 @@ connection errors, the exits that follow) belong to it, and a failure of the sam
 worker killed with the first, before the re-formed generation trained) widens it. The fault is
 attributed to its scope first (``attribution.py``: a worker, its node, the task itself or the
 checkpoint storage), so that only worker and node faults count against a node. The ladder
-(``core/ladder.py``) asks for a tier; ``response.respond`` carries out the cheapest one that
-applies (``core/tiers.py``); a tier in place that regains no step by its deadline escalates.
-What a failure decides is a value (``deciding.py``); this module carries it out (the ladder's
+(``core/ladder.py``) asks for a tier; ``brain/response.py:respond`` carries out the cheapest one
+that applies (``core/tiers.py``); a tier in place that regains no step by its deadline escalates.
+What a failure decides is a value (``brain/deciding.py``); this module carries it out (the ladder's
 counts, the records, the effects through the applier). The open incidents are kept as typed
 records (``core/kept.py``) for a successor.
 """

@@ -1,7 +1,7 @@
 """The coordinator's durable state: nodes, tasks, workers (slots held per generation), the
 iterations already counted, and events, over a backend (``backend.py``: SQLite or etcd).
 
-Every operation is named for what it does and returns typed records (``records.py``). The state
+Every operation is named for what it does and returns typed records (``brain/records.py``). The state
 is held in memory and read from there; a change is decided there, written through the backend
 at once (all its rows or none), and only then applied in memory, so a restarted coordinator
 loses nothing and a refused write (:class:`Fenced`: another coordinator leads) changes nothing.
