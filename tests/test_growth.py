@@ -7,10 +7,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from unicron.brain.effects import Launch, Record, Switch, UseSpare
-from unicron.brain.membership import Growth, grow, grown, planned_shrink, planned_shrink_effects
+from unicron.brain.effects import EndWorkers, Launch, Record, Resized, StopWorker, Switch, UseSpare
+from unicron.brain.membership import (
+    Growth,
+    given_up,
+    grow,
+    grown,
+    joined,
+    planned_shrink,
+    planned_shrink_effects,
+)
 from unicron.control.recover.generations import GrowthVerdict, growth_verdict
-from unicron.core.states import TaskState
+from unicron.core.states import TaskState, WorkerPhase
 
 from .test_response import NOW, task, worker
 
@@ -81,3 +89,20 @@ def test_a_planned_shrink_switches_the_kept_members_and_says_who_leaves() -> Non
         "leaving": [0, 1],
         "reason": "node a drained",
     }
+
+
+def test_a_grow_joins_its_members_and_newcomers_or_stops_exactly_its_newcomers() -> None:
+    """Joined: the members (generation 3, ranks 0-1) switch into the grow's generation with its
+    membership, the task counts 4 workers, the wait is said. Given up: each newcomer (generation
+    6) is stopped by itself and its rows end; no member is touched."""
+    members = [worker(r, "a") for r in range(2)]
+    switch, resized, said = joined(task(), growth(), members, NOW + 2.5)
+    assert isinstance(switch, Switch) and switch.kept == tuple(members) and switch.membership.generation == 6
+    assert switch.renamed() == [(members[0], 0), (members[1], 1)]
+    assert resized == Resized("lm", 6, 4)
+    assert isinstance(said, Record) and said.kind == "task_grown" and said.detail["waited_s"] == 2.5
+    newcomers = [worker(r, "b", generation=6) for r in (2, 3)]
+    *stops, ended, why = given_up("lm", growth(), newcomers, "task_grow_failed", "not ready in time")
+    assert stops == [StopWorker(w, 0.0) for w in newcomers]
+    assert ended == EndWorkers("lm", 6, WorkerPhase.STOPPED)
+    assert why == Record("task_grow_failed", "lm", None, {"generation": 6, "why": "not ready in time"})

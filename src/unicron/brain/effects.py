@@ -103,4 +103,34 @@ class UseSpare:
     world: int
 
 
-Effect = Record | TaskDown | StopWorker | StopGeneration | Isolate | Switch | Launch | UseSpare
+@dataclass(frozen=True)
+class Resized:
+    """The task's workers now form ``generation``, ``workers`` of them (in place: a grow's
+    newcomers let in)."""
+
+    task: str
+    generation: int
+    workers: int
+
+
+@dataclass(frozen=True)
+class EndWorkers:
+    """Every live worker of ``generation`` is ended as ``to`` (a grow given up: its newcomers)."""
+
+    task: str
+    generation: int
+    to: WorkerPhase
+
+
+Effect = (
+    Record
+    | TaskDown
+    | StopWorker
+    | StopGeneration
+    | Isolate
+    | Switch
+    | Launch
+    | UseSpare
+    | Resized
+    | EndWorkers
+)

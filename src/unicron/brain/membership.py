@@ -13,9 +13,10 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from unicron.brain.effects import Effect, Launch, Record, Switch, UseSpare
+from unicron.brain.effects import Effect, EndWorkers, Launch, Record, Resized, StopWorker, Switch, UseSpare
 from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.core.protocol import Membership
+from unicron.core.states import WorkerPhase
 
 
 def new_processes(placement: Mapping[str, int], spare_nodes: Sequence[str]) -> dict[str, int]:
@@ -178,3 +179,26 @@ def planned_shrink_effects(task: TaskRecord, before: int, shrink: Shrink, reason
     }
     switch = Switch(task.name, task.generation, shrink.membership, tuple(shrink.kept))
     return (switch, Record("task_shrink", task.name, None, detail))
+
+
+def joined(task: TaskRecord, growth: Growth, live: Sequence[WorkerRecord], now: float) -> tuple[Effect, ...]:
+    """Every newcomer of ``growth`` is ready: the live members (``live``, of ``task``'s
+    generation) and they form the grow's generation."""
+    kept = tuple(w for w in live if w.rank in growth.membership.ranks)
+    world = growth.membership.world_size
+    detail = {"generation": growth.generation, "workers": world, "waited_s": round(now - growth.since, 3)}
+    return (
+        Switch(task.name, task.generation, growth.membership, kept),
+        Resized(task.name, growth.generation, world),
+        Record("task_grown", task.name, None, detail),
+    )
+
+
+def given_up(
+    task: str, growth: Growth, newcomers: Sequence[WorkerRecord], event: str, why: str
+) -> tuple[Effect, ...]:
+    """A grow given up: exactly its ``newcomers`` are stopped (a generation-wide stop would reach
+    the members too: it stops every generation up to the one named), their rows ended."""
+    stops = tuple(StopWorker(w, 0.0) for w in newcomers)
+    record = Record(event, task, None, {"generation": growth.generation, "why": why})
+    return (*stops, EndWorkers(task, growth.generation, WorkerPhase.STOPPED), record)

@@ -21,9 +21,11 @@ from typing import Any
 
 from unicron.brain.effects import (
     Effect,
+    EndWorkers,
     Isolate,
     Launch,
     Record,
+    Resized,
     StopGeneration,
     StopWorker,
     Switch,
@@ -181,6 +183,10 @@ class Applier:
                     self.launch(effect, now)
                 case UseSpare(task, spare, node, local, generation, rank, world):
                     self.use_spare(task, spare, node, local, generation, rank, world, now)
+                case Resized(task, generation, workers):
+                    self.task_membership(task, generation, workers)
+                case EndWorkers(task, generation, to):
+                    self.end_workers(task, generation, to)
 
     def _noted_end(self, task: str) -> None:
         self.happened.note(TaskDone(task))

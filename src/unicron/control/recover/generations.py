@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from unicron.brain import membership
-from unicron.brain.effects import Effect, Record, Switch
-from unicron.brain.membership import Growth, Shrink, planned_shrink_effects
+from unicron.brain.effects import Effect, Record
+from unicron.brain.membership import Growth, Shrink, given_up, joined, planned_shrink_effects
 from unicron.brain.records import TaskRecord
 from unicron.brain.snapshot import Snapshot
 from unicron.control.context import Context
@@ -203,16 +203,7 @@ class Generations:
             self._drop_growth(name, "task_grow_failed", verdict.value)
         elif verdict is GrowthVerdict.JOIN and task is not None:
             live = self.ctx.store.workers(name, task.generation, live=True)
-            kept = tuple(w for w in live if w.rank in growth.membership.ranks)
-            self.ctx.act.switch(Switch(name, task.generation, growth.membership, kept), now)
-            self.ctx.act.task_membership(name, growth.generation, growth.membership.world_size)
-            self.ctx.act.record(
-                "task_grown",
-                task=name,
-                generation=growth.generation,
-                workers=growth.membership.world_size,
-                waited_s=round(now - growth.since, 3),
-            )
+            self.ctx.act.apply(joined(task, growth, live, now), now)
             self.forget(name)
             return True
         return False
@@ -222,10 +213,8 @@ class Generations:
         members too: it stops every generation up to the one named)."""
         growth = self.growing.pop(name)
         self._keep()
-        for w in self.ctx.store.workers(name, growth.generation, live=True):
-            self.ctx.act.stop_worker(w, 0.0)
-        self.ctx.act.end_workers(name, growth.generation, WorkerPhase.STOPPED)
-        self.ctx.act.record(event, task=name, generation=growth.generation, why=why)
+        newcomers = self.ctx.store.workers(name, growth.generation, live=True)
+        self.ctx.act.apply(given_up(name, growth, newcomers, event, why), self.ctx.clock())
 
     def is_leaving(self, key: tuple[str, int, int], now: float) -> bool:
         due = self.leaving.get(key)
