@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from unicron.brain.effects import Record, StopGeneration, Stopping
 from unicron.brain.snapshot import Snapshot
-from unicron.control.place.moves import MoveKind, TaskFacts, parts_of, wanted_by_task
+from unicron.control.place.moves import MoveKind, TaskFacts, parts_of, restart_effects, wanted_by_task
 from unicron.core.states import TaskState
 from unicron.planning.planner import Decision
 
@@ -73,3 +74,9 @@ def test_a_task_that_ended_is_no_part_and_one_that_relaunches_needs_no_new_slots
     parts = parts_of(plan, wanted, cluster(), {"lm": IN_PLACE}, {"a": 2, "b": 2, "c": 2})
     assert [(p.decision.task, p.move.kind) for p in parts.now] == [("lm", MoveKind.RESTART)]
     assert parts.waiting == ()
+
+
+def test_a_restart_the_plan_decides_stops_the_generation_and_waits_to_relaunch() -> None:
+    said, stop, stopping = restart_effects(task(), 6, "lm to 6", grace_s=30.0)
+    assert said == Record("task_resize", "lm", None, {"before": 4, "after": 6, "reason": "lm to 6"})
+    assert stop == StopGeneration("lm", 3, 30.0) and stopping == Stopping("lm")

@@ -122,6 +122,14 @@ class EndWorkers:
     to: WorkerPhase
 
 
+@dataclass(frozen=True)
+class Stopping:
+    """The plan stops the task's generation at a step boundary to relaunch it: the task is down
+    from now (unless a failure took it down earlier), with no failure counted."""
+
+    task: str
+
+
 Effect = (
     Record
     | TaskDown
@@ -133,4 +141,5 @@ Effect = (
     | UseSpare
     | Resized
     | EndWorkers
+    | Stopping
 )

@@ -27,6 +27,7 @@ from unicron.brain.effects import (
     Record,
     Resized,
     StopGeneration,
+    Stopping,
     StopWorker,
     Switch,
     TaskDown,
@@ -187,6 +188,8 @@ class Applier:
                     self.task_membership(task, generation, workers)
                 case EndWorkers(task, generation, to):
                     self.end_workers(task, generation, to)
+                case Stopping(task):
+                    self.task_stopping(task, now)
 
     def _noted_end(self, task: str) -> None:
         self.happened.note(TaskDone(task))

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from unicron.brain.effects import Effect, Record, StopGeneration, Stopping
 from unicron.brain.membership import Shrink, new_processes, planned_shrink
 from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.brain.snapshot import Snapshot
@@ -163,3 +164,15 @@ def parts_of(
                 used[node] = used.get(node, 0) + count
         now.append(Part(decision, where, move))
     return Parts(tuple(now), tuple(waiting))
+
+
+def restart_effects(task: TaskRecord, after: int, reason: str, grace_s: float) -> tuple[Effect, ...]:
+    """A task the plan moves by a restart (``MoveKind.RESTART``): its generation stops at a step
+    boundary (within ``grace_s``) and it waits to be relaunched at ``after`` workers by a later
+    plan; the resize is said."""
+    detail = {"before": task.workers, "after": after, "reason": reason}
+    return (
+        Record("task_resize", task.name, None, detail),
+        StopGeneration(task.name, task.generation, grace_s),
+        Stopping(task.name),
+    )

@@ -18,7 +18,7 @@ from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.brain.snapshot import Snapshot
 from unicron.control.context import Context
 from unicron.control.place.allocator import Allocator, Decided
-from unicron.control.place.moves import MoveKind, Part, TaskFacts, parts_of, wanted_by_task
+from unicron.control.place.moves import MoveKind, Part, TaskFacts, parts_of, restart_effects, wanted_by_task
 from unicron.control.place.rates import RateMeter
 from unicron.control.place.spares import choose, in_the_way, seated, spare_gains
 from unicron.control.recover.generations import Generations
@@ -214,11 +214,8 @@ class Placer:
             if len(move.shrink.kept) < after:
                 self.regrow.add(name)  # moved off a drained node: grow back once it has shrunk
         elif move.kind is MoveKind.RESTART:
-            self.ctx.act.record(
-                "task_resize", task=name, before=task.workers, after=part.decision.after, reason=reason
-            )
-            self.ctx.act.stop_generation(name, task.generation, self.ctx.limits.stop_grace_s)
-            self.ctx.act.task_stopping(name, self.ctx.clock())
+            grace = self.ctx.limits.stop_grace_s
+            self.ctx.act.apply(restart_effects(task, after, reason, grace), self.ctx.clock())
         elif move.kind is MoveKind.LAUNCH:
             self.launch(task, snapshot.next_generation[name], part.wanted, reason)
 
