@@ -3,7 +3,8 @@
 A report comes in a node's heartbeat (``Coordinator.heartbeat``) or, for a worker whose process is
 gone unreported, from the sweep (``detect/vanished.py``). It is admitted only from the node that
 hosts its worker (``recover/admission.py``), then routed by what it is and whose generation it
-belongs to: a step to ``stepping.py``, a failure (an exception, an exit, a launch that failed) to
+belongs to (``brain/routing.py:route``, a pure function of the report and what is known of its
+subject): a step to ``stepping.py``, a failure (an exception, an exit, a launch that failed) to
 ``recover/recovery.py`` as an incident, a checkpoint or a storage fault to the storage watch, a
 peer check's stacks to detection. Detection's verdicts (``Failing``, ``Judged``) go to recovery the
 same way. What ends a task is carried out by the applier, which hands the ended task to the
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unicron.brain.records import TaskRecord
+from unicron.brain.routing import Route, Subject, route
 from unicron.control.context import Context
 from unicron.control.detect import reported
 from unicron.control.detect.detection import Detector, Failing, Judged
@@ -30,7 +32,6 @@ from unicron.control.recover.storagewatch import StorageWatch
 from unicron.control.stepping import Steps
 from unicron.core.livespecs import NOT_FAILURES
 from unicron.core.protocol import (
-    SPARE_GENERATION,
     CheckpointReport,
     DoneReport,
     ExceptionReport,
@@ -74,45 +75,54 @@ class Reports:
         self.limits, self.spec = self.ctx.limits, self.ctx.spec
 
     def handle(self, report: WorkerReport, node: str) -> bool:
-        """A report from ``node``'s agent about one of its workers: whether the plan should be
-        looked at again (a slot freed, a task that started training or grew back)."""
-        if not self._admitted(report, node):
-            return False
-        if isinstance(report, ExitReport) and report.generation == SPARE_GENERATION:
-            self.placer.drop_spare((report.task, report.rank), stop=False)
-            return False
+        """A report from ``node``'s agent about one of its workers, carried out where
+        ``brain/routing.py:route`` sends it: whether the plan should be looked at again (a slot
+        freed, a task that started training or grew back)."""
+        subject = self._subject(report, node)
+        routed = route(report, subject)
+        match routed.route, routed.report, subject.task:
+            case Route.REFUSED, _, _:
+                self._refused(report, node, subject.refusal)
+            case Route.SPARE_EXITED, ExitReport() as spare, _:
+                self.placer.drop_spare((spare.task, spare.rank), stop=False)
+            case Route.STACKS, StacksReport() as stacks, _:
+                self._stacks(stacks)
+            case Route.STORAGE, StorageReport() as failed, TaskRecord() as task:
+                self.storage.report(task, failed, node)
+            case Route.NEWCOMER_EXITED, ExitReport() as exited, _:
+                self.generations.newcomer_exited(exited)
+                return True  # its slot is free for the next plan
+            case Route.KEPT_STEP, IterationReport() as step, TaskRecord() as task:
+                self.steps.kept(task, step)
+            case Route.FINAL_STATE, DoneReport() as done, _:
+                self.act.task_done(done.task, done.step, done.digest)
+            case Route.NO_TASK | Route.STALE | Route.NOT_FINAL, _, _:
+                pass
+            case _, current, TaskRecord() as task:
+                return self._current(task, current, node)
+        return False
+
+    def _subject(self, report: WorkerReport, node: str) -> Subject:
+        """What the store and the parts know of ``report``'s subject."""
         task = self.store.task(report.task)
-        if task is None:
-            return False
-        if isinstance(report, StacksReport):
-            if self.detector.stacks_reported(report):
-                self.judged(self.detector.judge_checks(self.clock()))
-                return False  # it answers a peer check, which records it with its verdict
-            incident = self.detector.hang_incident((report.task, report.generation))
-            reported.stacks(self.act, report, incident)  # ordered for a generation now usually gone
-            return False
-        if isinstance(report, StorageReport):
-            self.storage.report(task, report, node)
-            return False
-        if isinstance(report, ExitReport) and self.generations.newcomer_exited(task.name, report):
-            return True  # its slot is free for the next plan
-        if isinstance(report, ExitReport) and report.generation != task.generation:
-            report = self._successor(task, report)  # it died while being renamed in place
-        if isinstance(report, IterationReport) and report.generation < task.generation:
-            self.steps.kept(task, report)
-            return False
-        if (
-            isinstance(report, DoneReport)
-            and report.rank == 0
-            and report.step >= self.spec(task.name).run.iterations
-        ):
-            # The final state is saved, whichever generation saved it (the members may have
-            # finished before a grow they never saw was committed).
-            self.act.task_done(report.task, report.step, report.digest)
-            return False
-        if report.generation != task.generation:
-            return False  # stale: from a generation that is gone
-        return self._current(task, report, node)
+        successor = None
+        if isinstance(report, ExitReport) and task is not None:
+            successor = self._successor(task, report)
+        growth = self.generations.growing.get(report.task)
+        return Subject(
+            refusal=refusal(report, node, self.store),
+            task=task,
+            iterations=0 if task is None else self.spec(task.name).run.iterations,
+            growing=None if growth is None else growth.generation,
+            successor=successor,
+        )
+
+    def _stacks(self, report: StacksReport) -> None:
+        if self.detector.stacks_reported(report):
+            self.judged(self.detector.judge_checks(self.clock()))
+            return  # it answers a peer check, which records it with its verdict
+        incident = self.detector.hang_incident((report.task, report.generation))
+        reported.stacks(self.act, report, incident)  # ordered for a generation now usually gone
 
     def _current(self, task: TaskRecord, report: WorkerReport, node: str) -> bool:
         """A report of the task's current generation."""
@@ -141,27 +151,23 @@ class Reports:
             self.exit(task, report)
         return False
 
-    def _admitted(self, report: WorkerReport, node: str) -> bool:
-        """Only the node that hosts a report's worker may report about it (``admission.py``);
-        a refused report is recorded, with why, and changes nothing else."""
-        why = refusal(report, node, self.store)
-        if why is not None:
-            rank = None if isinstance(report, StacksReport) else report.rank
-            self.act.record(
-                "report_rejected", task=report.task, node=node, report=report.type, rank=rank, why=why
-            )
-        return why is None
+    def _refused(self, report: WorkerReport, node: str, why: str | None) -> None:
+        """A refused report is recorded, with why (``admission.py``), and changes nothing else."""
+        rank = None if isinstance(report, StacksReport) else report.rank
+        self.act.record(
+            "report_rejected", task=report.task, node=node, report=report.type, rank=rank, why=why
+        )
 
-    def _successor(self, task: TaskRecord, report: ExitReport) -> ExitReport:
-        """An exit reported under a generation the worker had been moved out of belongs to the
-        identity it was moved into (same node, same process)."""
+    def _successor(self, task: TaskRecord, report: ExitReport) -> tuple[int, int] | None:
+        """The identity a worker was moved into in place (same node, same process), if it was:
+        an exit reported under the generation it left belongs to it."""
         row = self.store.worker(report.task, report.generation, report.rank)
         if row is None or row.state is not WorkerPhase.MOVED or row.pid is None:
-            return report
+            return None
         for w in self.store.workers(task.name, task.generation, live=True):
             if w.node == row.node and w.pid == row.pid:
-                return report.model_copy(update={"generation": w.generation, "rank": w.rank})
-        return report
+                return w.generation, w.rank
+        return None
 
     def _exception(self, task: TaskRecord, report: ExceptionReport, node: str) -> None:
         kind = error_kind(report.kind)

@@ -169,22 +169,18 @@ class Generations:
         if name in self.growing:
             self._drop_growth(name, "task_grow_cancelled", "a failure struck first")
 
-    def newcomer_exited(self, name: str, report: ExitReport) -> bool:
-        """Whether ``report`` is the exit of a newcomer still waiting to join; if so, the grow is
-        given up at once (its members never counted on it), rather than at the launch time-out
-        with the slot held meanwhile."""
-        growth = self.growing.get(name)
-        if growth is None or report.generation != growth.generation:
-            return False
+    def newcomer_exited(self, report: ExitReport) -> None:
+        """A newcomer still waiting to join ended (``brain/routing.py``): the grow is given up
+        at once (its members never counted on it), rather than at the launch time-out with the
+        slot held meanwhile."""
         how = f"signal {report.signal}" if report.signal is not None else f"code {report.code}"
         phase = WorkerPhase.EXITED if report.code == 0 else WorkerPhase.FAILED
         self.ctx.act.worker_phase(
-            (name, report.generation, report.rank), phase, code=report.code, signal=report.signal
+            (report.task, report.generation, report.rank), phase, code=report.code, signal=report.signal
         )
         self._drop_growth(
-            name, "task_grow_failed", f"newcomer rank {report.rank} on {report.node} exited ({how})"
+            report.task, "task_grow_failed", f"newcomer rank {report.rank} on {report.node} exited ({how})"
         )
-        return True
 
     def check_growth(self, name: str, now: float) -> bool:
         """Carry out what the task's grow under way comes to (:func:`growth_verdict`); True when
