@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from unicron.brain.effects import Record, StopGeneration, Stopping
+from unicron.brain.effects import Launch, Launched, Record, StopGeneration, Stopping
 from unicron.brain.snapshot import Snapshot
-from unicron.control.place.moves import MoveKind, TaskFacts, parts_of, restart_effects, wanted_by_task
+from unicron.control.place.moves import (
+    MoveKind,
+    TaskFacts,
+    launch_effects,
+    parts_of,
+    restart_effects,
+    wanted_by_task,
+)
 from unicron.core.states import TaskState
 from unicron.planning.planner import Decision
 
@@ -80,3 +87,19 @@ def test_a_restart_the_plan_decides_stops_the_generation_and_waits_to_relaunch()
     said, stop, stopping = restart_effects(task(), 6, "lm to 6", grace_s=30.0)
     assert said == Record("task_resize", "lm", None, {"before": 4, "after": 6, "reason": "lm to 6"})
     assert stop == StopGeneration("lm", 3, 30.0) and stopping == Stopping("lm")
+
+
+def test_a_launch_starts_the_placed_ranks_makes_them_current_and_says_from_which_step() -> None:
+    served = replace(task(), state=TaskState.WAITING, workers=0, checkpoint_step=20, store_port=4100)
+    env = {"UNICRON_STORE": "host:4100"}
+    start, current, said = launch_effects(served, 6, {"c": 2, "a": 1}, "x to 3", ["train.py"], env)
+    assert start == Launch("lm", 6, 3, {"c": 2, "a": 1}, 0, ["train.py"], env)
+    assert current == Launched("lm", 6, 3, 4100)  # on the port the store was served on
+    detail = {
+        "generation": 6,
+        "workers": 3,
+        "placement": {"c": 2, "a": 1},
+        "resume_from": 20,
+        "reason": "x to 3",
+    }
+    assert said == Record("task_launch", "lm", None, detail)

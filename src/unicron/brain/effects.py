@@ -130,6 +130,27 @@ class Stopping:
     task: str
 
 
+@dataclass(frozen=True)
+class HostStore:
+    """Serve the task's rendezvous store, on ``port`` if it is free (0: any), and keep the port
+    it serves on with the task: what its workers' environment names (a store already served
+    stays where it is). Carried out before the launch that names it is decided."""
+
+    task: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A generation of ``workers`` launched from a checkpoint is the task's current one; its
+    workers find the task's store on ``port``."""
+
+    task: str
+    generation: int
+    workers: int
+    port: int
+
+
 Effect = (
     Record
     | TaskDown
@@ -142,4 +163,6 @@ Effect = (
     | Resized
     | EndWorkers
     | Stopping
+    | HostStore
+    | Launched
 )

@@ -22,8 +22,10 @@ from typing import Any
 from unicron.brain.effects import (
     Effect,
     EndWorkers,
+    HostStore,
     Isolate,
     Launch,
+    Launched,
     Record,
     Resized,
     StopGeneration,
@@ -190,6 +192,11 @@ class Applier:
                     self.end_workers(task, generation, to)
                 case Stopping(task):
                     self.task_stopping(task, now)
+                case HostStore(task, port):
+                    if (served := self.rendezvous.host(task, port)) != port:
+                        self.task_store_port(task, served)
+                case Launched(task, generation, workers, port):
+                    self.task_launched(task, generation, workers, port, now)
 
     def _noted_end(self, task: str) -> None:
         self.happened.note(TaskDone(task))

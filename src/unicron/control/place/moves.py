@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from unicron.brain.effects import Effect, Record, StopGeneration, Stopping
+from unicron.brain.effects import Effect, Launch, Launched, Record, StopGeneration, Stopping
 from unicron.brain.membership import Shrink, new_processes, planned_shrink
 from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.brain.snapshot import Snapshot
@@ -175,4 +175,31 @@ def restart_effects(task: TaskRecord, after: int, reason: str, grace_s: float) -
         Record("task_resize", task.name, None, detail),
         StopGeneration(task.name, task.generation, grace_s),
         Stopping(task.name),
+    )
+
+
+def launch_effects(
+    task: TaskRecord,
+    generation: int,
+    placement: dict[str, int],
+    reason: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+) -> tuple[Effect, ...]:
+    """A new generation of the task from its checkpoint (``MoveKind.LAUNCH``: the first launch,
+    or a relaunch): its workers on ``placement``, ranks in node order, with the task's part of
+    their environment ``env`` (which names the store its ``HostStore`` serves, on the task's
+    ``store_port``); it is the task's current generation, and the launch is said."""
+    world = sum(placement.values())
+    detail = {
+        "generation": generation,
+        "workers": world,
+        "placement": placement,
+        "resume_from": task.checkpoint_step,
+        "reason": reason,
+    }
+    return (
+        Launch(task.name, generation, world, placement, 0, list(argv), dict(env)),
+        Launched(task.name, generation, world, task.store_port),
+        Record("task_launch", task.name, None, detail),
     )

@@ -13,12 +13,20 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from unicron.brain.effects import Launch
+from unicron.brain.effects import HostStore, Launch
 from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.brain.snapshot import Snapshot
 from unicron.control.context import Context
 from unicron.control.place.allocator import Allocator, Decided
-from unicron.control.place.moves import MoveKind, Part, TaskFacts, parts_of, restart_effects, wanted_by_task
+from unicron.control.place.moves import (
+    MoveKind,
+    Part,
+    TaskFacts,
+    launch_effects,
+    parts_of,
+    restart_effects,
+    wanted_by_task,
+)
 from unicron.control.place.rates import RateMeter
 from unicron.control.place.spares import choose, in_the_way, seated, spare_gains
 from unicron.control.recover.generations import Generations
@@ -259,24 +267,14 @@ class Placer:
         )
 
     def launch(self, task: TaskRecord, generation: int, placement: dict[str, int], reason: str) -> None:
-        """A new generation of the task from its checkpoint (the first launch, or a restart)."""
-        name = task.name
-        world = sum(placement.values())
-        port = self.ctx.act.rendezvous.host(name, task.store_port or 0)
-        env = self.ctx.worker_env(name, generation, world, port)
-        now = self.ctx.clock()
-        argv = list(self.ctx.spec(name).run.program)
-        self.ctx.act.launch(Launch(name, generation, world, placement, 0, argv, env), now)
-        self.ctx.act.task_launched(name, generation, world, port, now)
-        self.ctx.act.record(
-            "task_launch",
-            task=name,
-            generation=generation,
-            workers=world,
-            placement=placement,
-            resume_from=task.checkpoint_step,
-            reason=reason,
-        )
+        """A new generation of the task from its checkpoint (the first launch, or a restart):
+        its store served first, since the workers' environment names its port."""
+        name, now = task.name, self.ctx.clock()
+        self.ctx.act.apply((HostStore(name, task.store_port),), now)
+        hosted = self.ctx.store.task(name) or task
+        env = self.ctx.worker_env(name, generation, sum(placement.values()), hosted.store_port)
+        argv = self.ctx.spec(name).run.program
+        self.ctx.act.apply(launch_effects(hosted, generation, placement, reason, argv, env), now)
 
     # ------------------------------------------------------------------ hot spares
     def rebuild_spares(self) -> None:
