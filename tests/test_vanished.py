@@ -177,6 +177,26 @@ def test_a_running_tasks_workers_gone_with_their_agent_before_the_last_step_are_
     assert len([o for _, o in cluster.orders if isinstance(o, LaunchWorker)]) == 4
 
 
+def test_a_starting_tasks_workers_gone_with_their_agent_are_taken_out_not_waited_for(make: Any) -> None:
+    """A launch before its first step, one node's agent restarted (its workers die with it): only
+    the start time-out (ten minutes) would have ended the wait (the soak's cluster stood still for
+    it). Now the node's next list tells: the gone ranks are failed, and the task recovers."""
+    cluster = make(spec=NEXT.replace("name: next", "name: lm"))
+    cluster.step()  # the agents list their workers: running, with pids
+    task = cluster.c.store.get_task("lm")
+    assert task.state is TaskState.STARTING and task.workers == 4
+    generation = task.generation
+    node = cluster.running[("lm", generation, 3)][0]
+    gone_ranks = sorted(r for (t, g, r), (n, _) in cluster.running.items() if n == node)
+    for rank in gone_ranks:
+        cluster.running.pop(("lm", generation, rank))
+    cluster.step()
+    assert sorted(e["rank"] for e in cluster.events("worker_gone")) == gone_ranks
+    (incident,) = cluster.events("incident")
+    assert incident["kind"] == "exited_abnormally" and incident["generation"] == generation
+    assert cluster.c.store.get_task("lm").generation > generation  # recovering, not waiting
+
+
 def test_a_cancelled_tasks_workers_gone_with_their_agent_free_their_slots_for_the_next_task(
     make: Any,
 ) -> None:

@@ -22,8 +22,10 @@ stands aside (the workers are saving and leaving), so a worker gone unreported t
 for for ever (rank 0's report of the final state may be the one lost). Before it, hang detection
 takes ``hang_cap_s``, and the survivors' errors name no dead rank: they wait
 ``heartbeat_deadline_s`` + ``cause_grace_s`` for a death that is never reported, then re-form
-with every member, the dead ones included, and wait for them again. A running row of a running
-task whose pid its node's latest list, received after the row's launch, no longer holds at all
+with every member, the dead ones included, and wait for them again. A task starting (a launch
+before its first step) has only the start time-out (``start_timeout_s``, ten minutes): a
+launch whose workers died with their agent was waited for that long. A running row of a running
+or starting task whose pid its node's latest list, received after the row's launch, no longer holds at all
 (its agent forgot it, or was restarted: a worker dies with its agent, ``processes.py``) is
 taken as an exit within a heartbeat interval. Past the last step as a clean one: the task
 finishes if its final state is known saved, else it is relaunched from its checkpoint
@@ -42,6 +44,10 @@ from unicron.core.protocol import ExitReport, WorkerState
 from unicron.core.states import TaskState, WorkerPhase
 
 WorkerKey = tuple[str, int, int]
+# A task whose generation's processes are to be running: training, or starting (a launch before
+# its first step, a generation re-formed in place). A starting launch's worker gone with its
+# agent was waited for until ``start_timeout_s`` (ten minutes; the soak's whole cluster waited).
+TRAINING = frozenset({TaskState.RUNNING, TaskState.STARTING})
 
 
 @dataclass(frozen=True)
@@ -93,12 +99,12 @@ def gone_while_running(
     tasks: Mapping[str, TaskRecord | None],
     listings: Mapping[str, Listing],
 ) -> list[tuple[WorkerRecord, TaskRecord]]:
-    """The running ``rows`` of running tasks whose processes their node's agent no longer has
-    (listed neither running nor exited), with their tasks; pure."""
+    """The running ``rows`` of running or starting tasks whose processes their node's agent no
+    longer has (listed neither running nor exited), with their tasks; pure."""
     found: list[tuple[WorkerRecord, TaskRecord]] = []
     for row in rows:
         task, listing = tasks.get(row.task), listings.get(row.node)
-        if task is None or task.state is not TaskState.RUNNING or task.generation != row.generation:
+        if task is None or task.state not in TRAINING or task.generation != row.generation:
             continue
         if row.state is not WorkerPhase.RUNNING or row.pid is None or listing is None:
             continue
