@@ -367,6 +367,38 @@ def test_a_failure_during_a_grow_stops_only_the_newcomers(make: Any) -> None:
     assert cluster.c.store.get_task("lm").workers == 2  # the two survivors go on in place
 
 
+def test_a_task_that_ends_during_a_grow_stops_its_newcomers_and_frees_their_slots(make: Any) -> None:
+    """The task's own stop reaches its current generation, not a grow's: its newcomers' rows held
+    their slots until the launch time-out (in the soak a plan waited two minutes for one)."""
+    cluster = make()
+    cluster.exit(3)
+    cluster.train(2)
+    for _ in range(3):
+        cluster.step()
+    (growth,) = cluster.c.generations.growing.values()
+    newcomers = {k for k in cluster.running if k[1] == growth.generation}
+    assert newcomers
+    before = len(cluster.orders)
+    assert cluster.c.cancel("lm")
+    cluster.step()  # the agents take their orders
+    stops = [o for _, o in cluster.orders[before:] if isinstance(o, StopWorkers)]
+    assert newcomers <= {("lm", o.generation or 0, o.rank) for o in stops}
+    assert [e["generation"] for e in cluster.events("task_grow_cancelled")] == [growth.generation]
+    assert cluster.c.store.workers("lm", growth.generation, live=True) == []  # no slot held
+    assert cluster.c.generations.growing == {}
+
+
+def test_a_task_past_its_last_step_is_not_grown(make: Any) -> None:
+    """Its members save the final state and leave: newcomers would wait for a step boundary that
+    never comes (the soak's plan grew such a task every tick, and gave each grow up at once)."""
+    cluster = make()
+    cluster.exit(3)
+    cluster.train(100)  # the last step: the survivors save and leave
+    for _ in range(4):
+        cluster.step()
+    assert cluster.events("task_grow") == [] and cluster.c.generations.growing == {}
+
+
 def test_recovery_tiers_escalate_in_turn(make: Any) -> None:
     """Restart failed (rank 1 stopped, the others re-form in place) stalls with one survivor
     stuck on its way into the re-formed group: the next tier, reconfigure, takes the stuck

@@ -257,7 +257,7 @@ class Coordinator:
         self.act.keep(self.recovery.ladder.history())
         self.detector.forget(name)
         self.storage.forget(name)
-        self.generations.forget(name)
+        self.generations.task_ended(name)
         self.ctx.forget_task(name)
         self.dirty = True
 

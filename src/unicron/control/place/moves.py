@@ -48,6 +48,7 @@ def move_for(
     generation: int,
     in_service: Collection[str] | None = None,
     replica_size: int = 1,
+    last_step: int | None = None,
 ) -> Move:
     """How a task goes from its members to ``after`` workers placed as ``wanted`` (node ->
     count): in place where its recovery mode allows and the placement fits (newcomers only on
@@ -56,9 +57,14 @@ def move_for(
     ``in_service``: the nodes work may stay on (None: all). Members elsewhere (a drained node)
     move off without losing a step: newcomers first join the live replicas where the plan wants
     the task, taking their state from them, then those members leave at a step boundary (they
-    leave first where the larger size is not usable)."""
+    leave first where the larger size is not usable). ``last_step``: the task's final step;
+    once trained, the members save the final state and leave: the task is kept as it is (a
+    grow's newcomers would wait for a step boundary that never comes, a restart would train
+    nothing)."""
     if task.state is TaskState.STARTING:
         return Move(MoveKind.KEEP)  # decide once it runs again (it may be recovering in place)
+    if task.state is TaskState.RUNNING and last_step is not None and task.step >= last_step:
+        return Move(MoveKind.KEEP)
     if task.state is not TaskState.RUNNING:
         return Move(MoveKind.LAUNCH) if after > 0 else Move(MoveKind.KEEP)
     staying = [w for w in members if in_service is None or w.node in in_service]
@@ -93,14 +99,16 @@ def wanted_by_task(layout: Assignment, names: Mapping[int, str]) -> dict[str, di
 @dataclass(frozen=True)
 class TaskFacts:
     """What a task's spec and state say that its move reads: whether it recovers in process,
-    whether newcomers are on the way, which sizes it trains at, its replica size, and the nodes
-    of its hot spares waiting to be used (a grow takes them before starting new processes)."""
+    whether newcomers are on the way, which sizes it trains at, its replica size, the nodes
+    of its hot spares waiting to be used (a grow takes them before starting new processes),
+    and its final step."""
 
     in_place: bool
     growing: bool
     usable: Callable[[int], bool]
     replica_size: int = 1
     spare_nodes: tuple[str, ...] = ()
+    last_step: int | None = None  # the final step (its run's iterations)
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,7 @@ def parts_of(
             generation=snapshot.next_generation[name],
             in_service=healthy,
             replica_size=known.replica_size,
+            last_step=known.last_step,
         )
         if move.kind in (MoveKind.GROW, MoveKind.LAUNCH):
             spares = list(known.spare_nodes) if move.kind is MoveKind.GROW else []

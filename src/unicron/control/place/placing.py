@@ -209,6 +209,7 @@ class Placer:
             usable=spec.is_usable,
             replica_size=spec.replica_size,
             spare_nodes=tuple(s.node for s in self._waiting_spares(name)),
+            last_step=spec.run.iterations,
         )
 
     def _carry_out(self, snapshot: Snapshot, part: Part) -> None:

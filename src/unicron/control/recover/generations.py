@@ -109,9 +109,17 @@ class Generations:
         self.leaving = {(w.task, w.generation, w.rank): w.due for w in kept.leaving}
 
     def forget(self, name: str) -> None:
-        """The task ended: nothing of it is under way any more."""
+        """Nothing of the task is under way any more (its grow joined, or it no longer runs)."""
         if self.growing.pop(name, None) is not None:
             self._keep()
+
+    def task_ended(self, name: str) -> None:
+        """The task ended. A grow under way is given up, its newcomers stopped and their rows
+        ended: the task's own stop reaches only its current generation, and their rows would
+        hold their slots until the launch time-out (a plan waited two minutes for one in the
+        soak)."""
+        if name in self.growing:
+            self._drop_growth(name, "task_grow_cancelled", "its task ended")
 
     def growth(self, name: str) -> Growth | None:
         """The task's grow under way (newcomers not yet joined), if any."""
