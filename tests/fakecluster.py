@@ -222,14 +222,20 @@ class Cluster:
             if isinstance(o, LaunchWorker) and o.task == task and o.generation != SPARE_GENERATION
         ]
 
-    def regrow(self, step: int) -> Any:
-        """Rank 3 dies; the task recovers in place on three, trains ``step``, and the plan grows
-        it back to four: the newcomers say they are ready and join. Returns the growth."""
+    def grow_under_way(self, step: int) -> Any:
+        """Rank 3 dies; the task recovers in place on three, trains ``step``, and the plan starts
+        growing it back to four. Returns the growth (its newcomers launched, not ready)."""
         self.exit(3)
         self.train(step)
         for _ in range(3):
             self.step()
         (growth,) = self.c.generations.growing.values()
+        return growth
+
+    def regrow(self, step: int) -> Any:
+        """:meth:`grow_under_way`, then the newcomers say they are ready and join. Returns the
+        growth."""
+        growth = self.grow_under_way(step)
         for rank in growth.newcomers:
             self.c.act.rendezvous.set("lm", ready_key("lm", growth.generation, rank), "ready")
         self.step()

@@ -351,11 +351,7 @@ def test_a_failure_during_a_grow_stops_only_the_newcomers(make: Any) -> None:
     """The grow is given up; its newcomers are stopped one by one (a generation-wide stop would
     reach the members of older generations on the same node: the survivors)."""
     cluster = make(task_fault_window_s=0.1)
-    cluster.exit(3)
-    cluster.train(2)
-    for _ in range(3):
-        cluster.step()
-    (growth,) = cluster.c.generations.growing.values()
+    growth = cluster.grow_under_way(2)
     newcomers = {k for k in cluster.running if k[1] == growth.generation}
     assert newcomers
     before = len(cluster.orders)
@@ -371,11 +367,7 @@ def test_a_task_that_ends_during_a_grow_stops_its_newcomers_and_frees_their_slot
     """The task's own stop reaches its current generation, not a grow's: its newcomers' rows held
     their slots until the launch time-out (in the soak a plan waited two minutes for one)."""
     cluster = make()
-    cluster.exit(3)
-    cluster.train(2)
-    for _ in range(3):
-        cluster.step()
-    (growth,) = cluster.c.generations.growing.values()
+    growth = cluster.grow_under_way(2)
     newcomers = {k for k in cluster.running if k[1] == growth.generation}
     assert newcomers
     before = len(cluster.orders)
@@ -653,11 +645,7 @@ def test_a_plan_decided_while_a_grow_is_under_way_counts_its_newcomers(make: Any
     (another task's grow ended, say) sees the task at the size it is growing to, answers from
     the table and gives their slots to nobody else."""
     cluster = make()
-    cluster.exit(3)
-    cluster.train(2)
-    for _ in range(3):
-        cluster.step()
-    (growth,) = cluster.c.generations.growing.values()
+    growth = cluster.grow_under_way(2)
     cluster.c.placer.allocator.wait()  # the table for the state the grow leads to
     state, _ = cluster.c.placer.cluster_state(cluster.c.store.snapshot())
     assert sum(per.get("lm", 0) for per in state.assignment.values()) == 4
