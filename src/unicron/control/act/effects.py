@@ -151,6 +151,7 @@ class Applier:
         self.worker_phase = store.worker_phase
         self.end_workers = store.end_workers
         self.keep = store.keep_record  # what a part keeps across a restart (the ladder, measured rates)
+        self.drop_kept = store.drop_record  # a kept record of a task or node no longer needed
         self.close_store = store.close
         self._put_back_due = 0.0
         self._put_back: dict[str, PutBack] = {}  # task -> values put back not yet recorded

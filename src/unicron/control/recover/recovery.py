@@ -216,7 +216,7 @@ class Recovery:
             del self.incidents[(name, incident.generation)]  # the rest once the coordinator frees it
         if not response.tier.in_place:
             self._stop_awaiting(name)  # the relaunch answers every peer error of the generation
-        self._keep_incidents()
+        self._keep_incidents(name)
 
     def _snapshot(self, name: str) -> Snapshot:
         """What a decision about ``name`` reads: its task, every node, the isolations running."""
@@ -296,7 +296,7 @@ class Recovery:
                 del self.incidents[(task, generation)]
                 closed = True
         if closed:
-            self._keep_incidents()
+            self._keep_incidents(name)
 
     def recomputed(self, report: IterationReport) -> None:
         """Survivors computed departed ranks' micro-batches: work the task's latest incident cost."""
@@ -368,23 +368,26 @@ class Recovery:
         afresh: its members may have been stuck since before the restart); those of tasks that
         ended while no coordinator ran are closed with the task."""
         now = self.ctx.clock()
-        kept = self.ctx.store.kept_record(OpenIncidents) or OpenIncidents()
-        for row in kept.incidents:
-            task = self.ctx.store.task(row.task)
-            incident = Incident(row.id, row.kind, row.detected, list(row.tiers), row.generation, row.formed)
-            incident.stuck_nodes = set(row.stuck_nodes)
-            if task is None or not task.state.live:
-                if task is not None:
+        for task in self.ctx.store.tasks():
+            kept = self.ctx.store.kept_record(OpenIncidents, of=task.name)
+            for row in [] if kept is None else kept.incidents:
+                tiers = list(row.tiers)
+                incident = Incident(row.id, row.kind, row.detected, tiers, row.generation, row.formed)
+                incident.stuck_nodes = set(row.stuck_nodes)
+                if not task.state.live:
                     self._ended(row.task, incident, task.state)
-                continue
-            if incident.tier.in_place:
-                incident.deadline = now + self.ctx.limits.recovery_deadline_s
-            self.incidents[(row.task, row.generation)] = incident
-            self.last_incident[row.task] = max(incident.id, self.last_incident.get(row.task, 0))
-        self._keep_incidents()
+                    continue
+                if incident.tier.in_place:
+                    incident.deadline = now + self.ctx.limits.recovery_deadline_s
+                self.incidents[(row.task, row.generation)] = incident
+                self.last_incident[row.task] = max(incident.id, self.last_incident.get(row.task, 0))
+            if kept is not None:
+                self._keep_incidents(task.name)
 
-    def _keep_incidents(self) -> None:
-        """Keep the open incidents, as they now are, for a successor."""
+    def _keep_incidents(self, name: str) -> None:
+        """Keep the task's open incidents, as they now are, for a successor: one record per task,
+        so that an incident's change writes its task's alone (a burst of failures across 100
+        tasks rewrote every open incident at each one)."""
         rows = [
             OpenIncident(
                 id=i.id,
@@ -397,8 +400,12 @@ class Recovery:
                 stuck_nodes=sorted(i.stuck_nodes),
             )
             for (task, _), i in sorted(self.incidents.items(), key=lambda kv: kv[1].id)
+            if task == name
         ]
-        self.ctx.act.keep(OpenIncidents(incidents=rows))
+        if rows:
+            self.ctx.act.keep(OpenIncidents(incidents=rows), of=name)
+        else:
+            self.ctx.act.drop_kept(OpenIncidents, of=name)
 
     def forget(self, name: str) -> None:
         """The task ended: nothing of it stays open; an incident still being recovered ends
@@ -408,7 +415,7 @@ class Recovery:
             incident = self.incidents.pop(key)
             if task is not None:
                 self._ended(name, incident, task.state)
-        self._keep_incidents()
+        self._keep_incidents(name)
         self._stop_awaiting(name)
         self.faults = {k: v for k, v in self.faults.items() if k[0] != name}
         self.signs.forget(name)
@@ -439,7 +446,7 @@ class Recovery:
                     first_seen_as=incident.kind.value,
                 )
                 incident.kind = kind
-                self._keep_incidents()
+                self._keep_incidents(name)
 
     # ------------------------------------------------------------ what detection reads (Handled)
     def has_incident(self, key: tuple[str, int]) -> bool:
