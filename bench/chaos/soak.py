@@ -51,6 +51,7 @@ SETTINGS = {
 SHORT = {"first_step_timeout_s": 45.0, "hang_cap_s": 10.0}
 SHORT_PAUSE_S = (0.5, 2.5)  # how long the short soak keeps a node or the coordinator away
 CHECKPOINT_EVERY, STEP_DELAY = 10, 0.05
+ENDED = frozenset({"finished", "failed", "cancelled"})  # the task states that do not change
 THROUGHPUT = "{1: 1.0e9, 2: 1.9e9, 4: 3.6e9}"
 
 
@@ -92,11 +93,12 @@ class Soak:
         self.submitted[name] = weight
 
     def refill(self, cluster: LocalCluster) -> None:
-        """Each weight's task that finished is followed by a new one."""
+        """Each weight's task that ended (finished, or failed by the ladder's rules) is followed
+        by a new one."""
         tasks = {t["name"]: t for t in cluster.get("/v1/tasks")}
         for weight in WEIGHTS:
             latest = [n for n, w in self.submitted.items() if w == weight][-1]
-            if tasks[latest]["state"] == "finished":
+            if tasks[latest]["state"] in ENDED:
                 self.submit(cluster, weight)
 
     def run(self, cluster: LocalCluster) -> None:
@@ -114,9 +116,11 @@ class Soak:
             if target is None:
                 self.plan.missed(fault.kind)
             self.strikes.append({"at_s": round(time.time() - t0, 1), "kind": fault.kind, "target": target})
-        finished = lambda: all(t["state"] == "finished" for t in cluster.get("/v1/tasks"))  # noqa: E731
+        # A task the ladder failed has ended too (the report counts it as not finished): waiting
+        # for it to finish waited ten minutes for nothing.
+        ended = lambda: all(t["state"] in ENDED for t in cluster.get("/v1/tasks"))  # noqa: E731
         try:
-            cluster.wait(finished, 600, "every task to finish")
+            cluster.wait(ended, 600, "every task to end")
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}\n{stuck(cluster)}") from None
 
