@@ -10,7 +10,14 @@ from typing import Any
 from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.control.detect.vanished import Listing, gone
 from unicron.core.livespecs import parse_live_tasks
-from unicron.core.protocol import CheckpointReport, DoneReport, ExitReport, LaunchWorker, WorkerState
+from unicron.core.protocol import (
+    CheckpointReport,
+    DoneReport,
+    ExitReport,
+    LaunchWorker,
+    Registration,
+    WorkerState,
+)
 from unicron.core.states import TaskState, WorkerPhase
 
 NEXT = """
@@ -195,6 +202,35 @@ def test_a_starting_tasks_workers_gone_with_their_agent_are_taken_out_not_waited
     (incident,) = cluster.events("incident")
     assert incident["kind"] == "exited_abnormally" and incident["generation"] == generation
     assert cluster.c.store.get_task("lm").generation > generation  # recovering, not waiting
+
+
+def test_a_worker_a_registration_tells_of_is_not_judged_by_the_list_before_it(make: Any) -> None:
+    """A launch's processes not yet started when their node lists; its agent starts them, loses
+    the coordinator for a moment and registers again, telling their pids; the coordinator ticks
+    before the node lists again. The list heard before the processes started is no measure of
+    them: nothing is taken out (found by review: a starting task's healthy workers were)."""
+    cluster = make(nodes=3)
+    cluster.c.submit(*parse_live_tasks(NEXT, "test"))
+    cluster.c.placer.allocator.wait()
+    for _ in range(5):
+        cluster.step()
+        if cluster.launched("next"):
+            break
+    held = {k: v for k, v in cluster.running.items() if k[0] == "next"}
+    assert held and cluster.c.store.get_task("next").state is TaskState.STARTING
+    for key in held:
+        cluster.running.pop(key)  # not started yet when the node lists
+    cluster.step()
+    cluster.running.update(held)
+    listed = [
+        WorkerState(task=t, generation=g, rank=r, pid=pid, running=True)
+        for (t, g, r), (_, pid) in held.items()
+    ]
+    node = next(iter(held.values()))[0]
+    cluster.c.register(Registration(node=node, slots=2, workers=listed, sent=cluster.clock.now))
+    cluster.clock.now += 1.0
+    cluster.c.tick()
+    assert cluster.events("worker_gone") == []
 
 
 def test_a_cancelled_tasks_workers_gone_with_their_agent_free_their_slots_for_the_next_task(

@@ -298,6 +298,7 @@ class Coordinator:
             for task in self.store.tasks():
                 if not task.state.live and (task.finished or 0) >= known.last_seen:
                     self.ctx.forget_task(task.name, only=reg.node)
+        self.vanished.registered(reg.node)
         self._reconcile_workers(reg.node, reg.workers, reg.sent)
         told = self.ctx.pace.told  # (the cluster's size sets it: core/cadence.py)
         return RegistrationReply(

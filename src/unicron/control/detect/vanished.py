@@ -146,6 +146,14 @@ class Vanished:
         self.listings[node] = Listing.of(reported, now)
         self.fresh.add(node)
 
+    def registered(self, node: str) -> None:
+        """The node's agent registered (again). Its list is not used (the reports follow it), but
+        a pid it tells is taken (``Coordinator._reconcile_workers``): the node's earlier list,
+        heard before that process started, would find it missing (a starting task's healthy
+        worker was taken out so). Nothing of the node is judged until it lists again."""
+        self.listings.pop(node, None)
+        self.fresh.discard(node)
+
     def sweep(self, now: float) -> Swept:
         """End the rows whose processes are gone; return the exits to handle."""
         limits = self.ctx.limits
