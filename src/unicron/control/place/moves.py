@@ -58,13 +58,13 @@ def move_for(
     move off without losing a step: newcomers first join the live replicas where the plan wants
     the task, taking their state from them, then those members leave at a step boundary (they
     leave first where the larger size is not usable). ``last_step``: the task's final step;
-    once trained, the members save the final state and leave: the task is kept as it is (a
-    grow's newcomers would wait for a step boundary that never comes, a restart would train
-    nothing)."""
+    once it is reached no newcomer is added (the members save the final state and leave, and
+    newcomers would wait for a step boundary that never comes: the soak's plan grew such a task
+    every tick, each grow given up at once). Judged, as a grow's own verdict is
+    (``growth_verdict``), by the furthest step the task reached, which a relaunch redoing its
+    last steps has reached already."""
     if task.state is TaskState.STARTING:
         return Move(MoveKind.KEEP)  # decide once it runs again (it may be recovering in place)
-    if task.state is TaskState.RUNNING and last_step is not None and task.step >= last_step:
-        return Move(MoveKind.KEEP)
     if task.state is not TaskState.RUNNING:
         return Move(MoveKind.LAUNCH) if after > 0 else Move(MoveKind.KEEP)
     staying = [w for w in members if in_service is None or w.node in in_service]
@@ -77,8 +77,12 @@ def move_for(
     extra = {n: c - current.get(n, 0) for n, c in wanted.items() if c > current.get(n, 0)}
     added = sum(extra.values())
     fits = usable(task.workers + added) if moving_off else added == after - task.workers
-    if in_place and added and fits and (moving_off or after > task.workers):
+    grow = in_place and added and fits and (moving_off or after > task.workers)
+    trained = last_step is not None and task.step >= last_step
+    if grow and not trained:
         return Move(MoveKind.GROW, extra=extra)
+    if grow and not moving_off:
+        return Move(MoveKind.KEEP)
     if in_place and (moving_off or 0 < after < task.workers):
         shrink = planned_shrink(members, wanted, usable, generation, replica_size)
         if shrink is not None:
