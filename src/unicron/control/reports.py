@@ -98,8 +98,8 @@ class Reports:
                 self.act.task_done(done.task, done.step, done.digest)
             case Route.NO_TASK | Route.STALE | Route.NOT_FINAL, _, _:
                 pass
-            case _, current, TaskRecord() as task:
-                return self._current(task, current, node)
+            case current, report_now, TaskRecord() as task:
+                return self._current(current, task, report_now, node)
         return False
 
     def _subject(self, report: WorkerReport, node: str) -> Subject:
@@ -124,31 +124,32 @@ class Reports:
         incident = self.detector.hang_incident((report.task, report.generation))
         reported.stacks(self.act, report, incident)  # ordered for a generation now usually gone
 
-    def _current(self, task: TaskRecord, report: WorkerReport, node: str) -> bool:
-        """A report of the task's current generation."""
-        if isinstance(report, IterationReport):
-            return self.steps.completed(task, report)  # the plan may want the task larger or smaller now
-        if isinstance(report, FaultReport):
-            if report.action not in NOT_FAILURES:
-                self.recovery.injected((report.task, report.generation), report.time)
-            reported.injected(self.act, report, node)
-        elif isinstance(report, ExceptionReport):
-            self._exception(task, report, node)
-        elif isinstance(report, LaunchFailedReport):
-            self.act.worker_phase((report.task, report.generation, report.rank), WorkerPhase.FAILED)
-            if task.state.active:
-                why = f"rank {report.rank} on {node} could not be started: {report.error}"
-                self.recovery.incident(
-                    task.name, ErrorKind.USER_ERROR, node, why, seen_at=report.time or None
-                )
-        elif isinstance(report, CheckpointReport):
-            if report.rank == 0:
-                self.act.task_checkpointed(report.task, report.step)
-                self.storage.persisted(report.task, report.step)
-        elif isinstance(report, RestoredReport):
-            reported.restored(self.act, report, node)
-        elif isinstance(report, ExitReport):
-            self.exit(task, report)
+    def _current(self, routed: Route, task: TaskRecord, report: WorkerReport, node: str) -> bool:
+        """A report of the task's current generation, carried out as ``routed`` (the class
+        patterns only type the report the route names)."""
+        match routed, report:
+            case Route.STEP, IterationReport() as step:
+                return self.steps.completed(task, step)  # the plan may want the task larger or smaller now
+            case Route.INJECTED, FaultReport() as fault:
+                if fault.action not in NOT_FAILURES:
+                    self.recovery.injected((fault.task, fault.generation), fault.time)
+                reported.injected(self.act, fault, node)
+            case Route.EXCEPTION, ExceptionReport() as raised:
+                self._exception(task, raised, node)
+            case Route.LAUNCH_FAILED, LaunchFailedReport() as failed:
+                self.act.worker_phase((failed.task, failed.generation, failed.rank), WorkerPhase.FAILED)
+                if task.state.active:
+                    why = f"rank {failed.rank} on {node} could not be started: {failed.error}"
+                    self.recovery.incident(
+                        task.name, ErrorKind.USER_ERROR, node, why, seen_at=failed.time or None
+                    )
+            case Route.CHECKPOINT, CheckpointReport() as saved if saved.rank == 0:
+                self.act.task_checkpointed(saved.task, saved.step)
+                self.storage.persisted(saved.task, saved.step)
+            case Route.RESTORED, RestoredReport() as restored:
+                reported.restored(self.act, restored, node)
+            case Route.EXIT, ExitReport() as exited:
+                self.exit(task, exited)
         return False
 
     def _refused(self, report: WorkerReport, node: str, why: str | None) -> None:
