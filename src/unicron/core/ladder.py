@@ -72,7 +72,8 @@ class Ladder:
     def history(self) -> LadderCounts:
         """What the ladder counts (the coordinator keeps it across a restart). Built without
         validation: the counts are typed already, and validating every task's at each incident
-        was the largest share of a crash's decision in a burst across 100 tasks."""
+        was the first function by its own time in the decide bench's profile (a burst across
+        100 tasks; 5% of the profiled time)."""
         return LadderCounts.model_construct(
             actions={t: list(taken) for t, taken in self.actions.items()},
             node_errors={n: list(e) for n, e in self.node_errors.items()},

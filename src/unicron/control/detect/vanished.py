@@ -46,7 +46,7 @@ from unicron.core.states import TaskState, WorkerPhase
 WorkerKey = tuple[str, int, int]
 # A task whose generation's processes are to be running: training, or starting (a launch before
 # its first step, a generation re-formed in place). A starting launch's worker gone with its
-# agent was waited for until ``start_timeout_s`` (ten minutes; the soak's whole cluster waited).
+# agent was waited for until ``start_timeout_s`` (ten minutes: the soak hung on it).
 TRAINING = frozenset({TaskState.RUNNING, TaskState.STARTING})
 
 
