@@ -2,13 +2,14 @@
 of its subject.
 
 A report reaches the coordinator in its node's heartbeat. What it means depends on whose
-generation it speaks for, and the order of the questions matters: a refused report changes
-nothing however it reads; a hot spare's exit is no task's; a newcomer's exit ends its grow before
-the task's generation is compared; a step of a generation just left keeps its micro-batches; the
-final state counts whichever generation saved it; anything else of a generation that is gone is
-stale. :func:`route` asks them in that order and returns the answer as a value, so the order is
-tested as a table (``tests/test_routing.py``) and the coordinator's ``control/reports.py`` only
-carries each route out.
+generation it speaks for, and the order of the questions matters: a refused report changes nothing
+however it reads; a hot spare's exit is no task's; a newcomer's exit ends its grow before the
+task's generation is compared; a step of a generation just left keeps its micro-batches; a fault
+injected in another generation struck all the same; the final state counts whichever generation
+saved it; anything else of a generation that is gone is stale. :func:`route` asks them in that
+order and returns the answer as a value, so the order is tested as a table
+(``tests/test_routing.py``) and the coordinator's ``control/reports.py`` only carries each route
+out.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ class Route(Enum):
     STORAGE = "storage"  # a checkpoint write failed: to the storage watch
     NEWCOMER_EXITED = "newcomer_exited"  # a grow's newcomer ended before joining: the grow ends
     KEPT_STEP = "kept_step"  # a step of a generation the task just left: its micro-batches count
+    # A fault the run's injection struck in a generation not the task's when its report came
+    # (held while the coordinator was away, overtaken by a change, a grow's newcomer): it struck,
+    # so it is recorded; it times no detection (the generation it would time is not current)
+    INJECTED_NOT_CURRENT = "injected_not_current"
     FINAL_STATE = "final_state"  # rank 0 saved the final state, in whichever generation
     STALE = "stale"  # from a generation that is gone: ignored
     STEP = "step"  # a step of the current generation
@@ -108,6 +113,8 @@ def route(report: WorkerReport, subject: Subject) -> Routed:
             report = report.model_copy(update={"generation": generation, "rank": rank})
     if isinstance(report, IterationReport) and report.generation < task.generation:
         return Routed(Route.KEPT_STEP, report)
+    if isinstance(report, FaultReport) and report.generation != task.generation:
+        return Routed(Route.INJECTED_NOT_CURRENT, report)
     if isinstance(report, DoneReport) and report.rank == 0 and report.step >= subject.iterations:
         # The final state is saved, whichever generation saved it (the members may have
         # finished before a grow they never saw was committed).

@@ -94,6 +94,8 @@ class Reports:
                 return True  # its slot is free for the next plan
             case Route.KEPT_STEP, IterationReport() as step, TaskRecord() as task:
                 self.steps.kept(task, step)
+            case Route.INJECTED_NOT_CURRENT, FaultReport() as fault, _:
+                reported.injected(self.act, fault, node)
             case Route.FINAL_STATE, DoneReport() as done, _:
                 self.act.task_done(done.task, done.step, done.digest)
             case Route.NO_TASK | Route.STALE | Route.NOT_FINAL, _, _:
