@@ -44,6 +44,8 @@ def test_a_covering_plan_strikes_and_deals_every_kind_before_any_repeats() -> No
     assert again.kind == strikes[0].kind and plan.covered
     same = Plan(2, 60, covering=True, pause_s=(0.5, 2.5))
     assert [f["action"] for _ in range(3) for f in same.worker_faults()] == dealt
+    plan.undelivered({"hang", "raise"})  # dealt to a task that ended before they struck: again
+    assert {f["action"] for f in plan.worker_faults()} == {"hang", "raise"}
 
 
 def test_what_a_process_resumed_from_a_checkpoint_trains_again_is_rolled_back() -> None:

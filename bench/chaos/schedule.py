@@ -7,7 +7,9 @@ candidates.
 A covering plan (``covering=True``, the short soak of ``make test``) strikes every kind of
 ``CLUSTER_FAULTS`` before any repeats (a seeded order; a kind that found nothing to strike is
 tried again later), and deals every kind of ``WORKER_FAULTS`` to the first tasks before any
-repeats, so that a minute's soak still meets every fault."""
+repeats (a kind dealt to a task that ended before it struck is dealt again to a later task:
+a task restarted while the store that claims faults was down, or failed, never reached it), so
+that a minute's soak still meets every fault."""
 
 from __future__ import annotations
 
@@ -86,6 +88,12 @@ class Plan:
         plan strikes it again after the kinds still waiting."""
         if self.covering and kind not in self.unstruck:
             self.unstruck.append(kind)
+
+    def undelivered(self, actions: set[str]) -> None:
+        """Worker faults dealt to a task that ended without striking them: a covering plan deals
+        them again, before any repeats."""
+        if self.covering:
+            self.undealt.extend(sorted(actions - set(self.undealt)))
 
     @property
     def covered(self) -> bool:

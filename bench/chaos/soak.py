@@ -4,7 +4,8 @@ cluster from outside at random times; then every task must finish, exact, with n
 
 The long soak (``make soak``, ``make bench``) strikes for ``minutes``. The short one
 (``short=True``, tests/test_chaos.py) strikes until every kind of outside fault has struck a target
-once (``minutes`` is then only its bound), deals every worker fault to the first tasks, keeps nodes
+once and waits until every worker fault has struck (``minutes`` is then only its bound), deals
+every worker fault to the first tasks (again to a later task where one ended before it struck), keeps nodes
 and the coordinator away for 0.5-2.5 s instead of 1-8 s, and finds hangs before the warm-up
 sooner (SHORT)."""
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from bench import leftovers
 from bench.chaos import check, inject, report
-from bench.chaos.schedule import ITERATIONS, WEIGHTS, Plan
+from bench.chaos.schedule import ITERATIONS, WEIGHTS, WORKER_FAULTS, Plan
 from unicron.control.launch.localcluster import LocalCluster
 
 # The soak's cluster: hot spares on, and limits that keep a many-fault run going. An assumption
@@ -78,6 +79,9 @@ class Soak:
     plan: Plan = field(init=False)
     submitted: dict[str, float] = field(default_factory=dict)  # name -> weight
     strikes: list[dict[str, Any]] = field(default_factory=list)
+    dealt: dict[str, set[str]] = field(default_factory=dict)  # name -> the worker faults dealt to it
+    struck_inside: dict[str, set[str]] = field(default_factory=dict)  # name -> those it struck, as recorded
+    events_read: int = 0  # the id of the last of the cluster's events read for them
 
     def __post_init__(self) -> None:
         if self.short:
@@ -89,8 +93,10 @@ class Soak:
         name = f"w{weight:g}-{sum(w == weight for w in self.submitted.values())}"
         trace = self.root / "traces" / f"{name}.jsonl"
         trace.parent.mkdir(parents=True, exist_ok=True)
-        cluster.submit(task_spec(name, weight, trace, self.plan.worker_faults(), self.model))
+        faults = self.plan.worker_faults()
+        cluster.submit(task_spec(name, weight, trace, faults, self.model))
         self.submitted[name] = weight
+        self.dealt[name] = {f["action"] for f in faults}
 
     def refill(self, cluster: LocalCluster) -> None:
         """Each weight's task that ended (finished, or failed by the ladder's rules) is followed
@@ -99,7 +105,23 @@ class Soak:
         for weight in WEIGHTS:
             latest = [n for n, w in self.submitted.items() if w == weight][-1]
             if tasks[latest]["state"] in ENDED:
+                self.read_struck(cluster)
+                self.plan.undelivered(self.dealt[latest] - self.struck_inside.get(latest, set()))
                 self.submit(cluster, weight)
+
+    def read_struck(self, cluster: LocalCluster) -> None:
+        """The worker faults struck since last read, by task, as the cluster recorded them."""
+        for event in cluster.get("/v1/events", since=self.events_read, limit=1_000_000):
+            self.events_read = max(self.events_read, event["id"])
+            if event["kind"] == "fault_injected":
+                self.struck_inside.setdefault(event["task"], set()).add(event["detail"]["action"])
+
+    def every_worker_fault_struck(self, cluster: LocalCluster) -> bool:
+        """Whether each kind of worker fault has struck some task (refilling ended tasks first,
+        which deals again what they did not strike)."""
+        self.refill(cluster)
+        self.read_struck(cluster)
+        return set().union(*self.struck_inside.values()) >= set(WORKER_FAULTS)
 
     def run(self, cluster: LocalCluster) -> None:
         for weight in WEIGHTS:
@@ -116,6 +138,10 @@ class Soak:
             if target is None:
                 self.plan.missed(fault.kind)
             self.strikes.append({"at_s": round(time.time() - t0, 1), "kind": fault.kind, "target": target})
+        if self.short:  # the worker faults dealt strike as their tasks reach them (the test says if not)
+            left_s = max(0.0, deadline - time.time())
+            with contextlib.suppress(TimeoutError):
+                cluster.wait(lambda: self.every_worker_fault_struck(cluster), left_s, "every worker fault")
         # A task the ladder failed has ended too (the report counts it as not finished): waiting
         # for it to finish waited ten minutes for nothing.
         ended = lambda: all(t["state"] in ENDED for t in cluster.get("/v1/tasks"))  # noqa: E731
