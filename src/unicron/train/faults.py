@@ -41,7 +41,8 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
 
 A fault names a rank, a step and a generation; generation 0 means whichever worker of that rank
 first reaches the step, or a later one, in any generation (the rank may not exist at that step
-while its task runs shrunk), claimed once through the task's store.
+while its task runs shrunk), claimed once through the task's store (asked again at the next
+step where the store did not answer).
 
 Each injection first sends a FaultReport with the time, so detection latency can be measured.
 """
@@ -98,7 +99,10 @@ class FaultInjector:
             )
         )
 
-    claim: Callable[[int], bool] | None = None  # for generation-0 faults: True for the first claimant
+    # For generation-0 faults: True for the first claimant, None where the store did not answer
+    # (the coordinator that serves it is away: asked again at the next step, else a fault due
+    # while it was down would never strike in this generation)
+    claim: Callable[[int], bool | None] | None = None
 
     def _due(self, step: int) -> list[FaultSpec]:
         at_steps = [(i, f) for i, f in enumerate(self.all_faults) if f.action not in AT_EVENTS]
@@ -106,8 +110,10 @@ class FaultInjector:
         for index, fault in at_steps:
             first = fault.generation == 0 and fault.step <= step and fault.rank == self.rank
             if first and index not in self._settled and self.claim is not None:
-                self._settled.add(index)  # claimed now, by this worker or an earlier one
-                if self.claim(index):
+                won = self.claim(index)
+                if won is not None:
+                    self._settled.add(index)  # claimed now, by this worker or an earlier one
+                if won:
                     due.append(fault)
         return due
 

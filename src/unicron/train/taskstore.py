@@ -243,9 +243,10 @@ class TaskStore:
             time.sleep(1.0)
         return False
 
-    def claim(self, index: int) -> bool:
-        """Whether this worker is the first to reach a generation-0 fault (atomic in the store)."""
+    def claim(self, index: int) -> bool | None:
+        """Whether this worker is the first to reach a generation-0 fault (atomic in the store);
+        None where the store did not answer."""
         try:
             return int(self.raw.add(fault_claim_key(self.task, index), 1)) == 1
         except Exception:
-            return False
+            return None
