@@ -171,6 +171,28 @@ def test_a_member_the_agent_lists_as_exited_is_not_waited_for(make: Any) -> None
     assert cluster.c.store.get_task("lm").generation == 3
 
 
+def test_an_exit_whose_report_still_waits_behind_earlier_reports_is_heard_in_order(make: Any) -> None:
+    """A coordinator back after a restart hears a node's registration, listing the workers as they
+    are now, before the backlog of reports they sent meanwhile: a rank that finished its steps and
+    exited cleanly while the coordinator was away is listed exited, its exit report still waiting
+    behind its steps. Taken from the list, the exit came before the steps: "exited before the last
+    step", an incident and a recovery of a task that had finished (seen in a live run)."""
+    cluster = make()
+    node, pid = cluster.running.pop(("lm", 1, 3))
+    finished = {"running": False, "returncode": 0, "exit_unsent": True}
+    done = WorkerState(task="lm", generation=1, rank=3, pid=pid, **finished)
+    others = [
+        WorkerState(task=t, generation=g, rank=r, pid=p, running=True)
+        for (t, g, r), (n, p) in cluster.running.items()
+        if n == node
+    ]
+    cluster.c.heartbeat(Heartbeat(node=node, workers=[*others, done]))
+    cluster.clock.now += 0.5
+    cluster.c.tick()
+    assert cluster.events("incident") == [], [e["why"] for e in cluster.events("incident")]
+    assert cluster.c.store.get_task("lm").generation == 1
+
+
 def test_a_clean_exit_before_the_first_step_is_not_left_starting(make: Any) -> None:
     cluster = make(recovery="restart")
     cluster.exit(0, code=0)

@@ -360,6 +360,7 @@ class Coordinator:
                 self.act.worker_phase(key, WorkerPhase.RUNNING, pid=w.pid)
             elif (
                 not w.running
+                and not w.exit_unsent  # (heard from its report, after those sent before it)
                 and task is not None
                 and task.generation == w.generation
                 and row is not None

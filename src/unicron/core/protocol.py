@@ -408,6 +408,9 @@ class WorkerState(_Message):
     stopped: bool = False  # the process is stopped (SIGSTOP, state T): it cannot be progressing
     returncode: Int | None = None  # once it exited: its code, or minus the signal that ended it
     progress: Progress | None = None  # the latest the worker sent (None: it sends none)
+    # Its exit report still waits in the agent's backlog, behind the reports it sent before it
+    # (a coordinator restarted, a partition): the exit is heard there, in order, not from the list
+    exit_unsent: bool = False
 
 
 # What an agent lists of its workers: the running ones and those that exited lately.

@@ -47,7 +47,7 @@ class Worker:
                 self.last_position = decode(self.board.read_bytes(), self.process.pid) or self.last_position
         return self.last_position
 
-    def state(self) -> WorkerState:
+    def state(self, exit_unsent: bool = False) -> WorkerState:
         return WorkerState(
             task=self.order.task,
             generation=self.order.generation,
@@ -57,6 +57,7 @@ class Worker:
             stopped=not self.exited and is_stopped(self.process.pid),
             returncode=self.process.returncode if self.exited else None,
             progress=self.progress,
+            exit_unsent=exit_unsent,
         )
 
 

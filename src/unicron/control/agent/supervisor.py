@@ -266,10 +266,12 @@ class Supervisor:
 
     def listed(self) -> list[WorkerState]:
         """The workers a registration or heartbeat lists: every one, running or exited, within
-        ``MAX_LISTED_WORKERS`` (running ones first, should exits waiting to be sent ever fill it)."""
+        ``MAX_LISTED_WORKERS`` (running ones first, should exits waiting to be sent ever fill it);
+        an exited one whose exit report still waits in the backlog says so."""
         self.forget_exited()
-        ordered = sorted(self.workers.values(), key=lambda w: w.exited)[:MAX_LISTED_WORKERS]
-        return [w.state() for w in ordered]
+        waiting = self.backlog.exits_waiting()
+        ordered = sorted(self.workers.items(), key=lambda kw: kw[1].exited)[:MAX_LISTED_WORKERS]
+        return [w.state(exit_unsent=w.exited and key in waiting) for key, w in ordered]
 
     def forget_task(self, order: ForgetTask) -> None:
         """Remove the node's in-memory checkpoints of an ended task (and their folder if empty),
