@@ -56,6 +56,7 @@ from typing import Any
 from unicron.core.protocol import Current, Membership, current_key, membership_key
 from unicron.core.signing import opened
 from unicron.core.workerenv import addresses
+from unicron.train.asking import BoundedAsker, Unanswered
 
 MAX_HOPS = 64  # far more changes of membership than can pass between two checkpoints
 
@@ -176,6 +177,7 @@ class Fence:
     where: Callable[[], tuple[int, int, int]]
     worst: Callable[[int], int]
     confirmed_at: int | None = None  # the step whose commit was last confirmed (both tiers use it)
+    _asker: BoundedAsker | None = None  # reads the store's answer (made at the first read)
 
     def confirm(self) -> None:
         """Raise ``CommitRefused`` unless this worker belongs to the current generation."""
@@ -199,8 +201,17 @@ class Fence:
         return not (self.address and self.key) or self.confirmed_at == self.where()[2]
 
     def _read(self) -> Standing:
+        """UNKNOWN also where the store does not answer by ``timeout_s`` and a second: a frozen
+        coordinator holds a new connection's first exchange without limit (``asking.py``)."""
         generation, rank, _ = self.where()
-        return read_standing(self.address, self.task, self.key, generation, rank, self.timeout_s)
+        if self._asker is None:
+            self._asker = BoundedAsker(self.timeout_s + 1.0, name="unicron-fence")
+        try:
+            return self._asker.ask(
+                lambda: read_standing(self.address, self.task, self.key, generation, rank, self.timeout_s)
+            )
+        except Unanswered:
+            return Standing.UNKNOWN
 
     def _settle(self, found: Standing) -> None:
         generation, _, step = self.where()

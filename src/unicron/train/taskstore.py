@@ -1,9 +1,10 @@
 """The task's rendezvous store as a worker uses it: where the coordinator posts memberships,
 where newcomers say they are ready and where generation-0 faults are claimed.
 
-Training must not depend on the coordinator being up: while its store is unreachable the
-membership checks say "no change", and the connection is re-made now and then (a restarted
-coordinator serves the store on the same port).
+Training must not depend on the coordinator being up: while its store is unreachable, or does
+not answer within ``STORE_ANSWER_S`` (a frozen coordinator: ``asking.py``), the membership checks
+say "no change", and the connection is re-made now and then (a restarted coordinator serves the
+store on the same port).
 
 Anyone who reaches the store's port can write to it, so the values that steer workers are
 signed with the task's key (``core.signing``): a membership or identity that does not open with
@@ -29,6 +30,7 @@ from unicron.core.protocol import Membership, fault_claim_key, membership_key, r
 from unicron.core.reachability import Reachability
 from unicron.core.signing import opened, sign
 from unicron.core.workerenv import addresses
+from unicron.train.asking import BoundedAsker
 from unicron.train.fencing import served
 from unicron.train.iteration import StopRequested
 
@@ -36,6 +38,9 @@ MEMBERSHIP_POLL_S = 0.02  # a wait for a membership asks the store this often at
 QUIET_STORE_S = 5.0  # ... and connects again when the store has not answered for this long
 STOP_LOOK_S = 0.25  # ... then this often (and so sees a stop request within this)
 READY_AGAIN_S = 1.0  # a newcomer waiting for its group says it is ready again this often
+# A question of the step's (a membership posted? a fault claimed?) is answered within this, or
+# taken as "the store is away" (``asking.py``): far above a served store's answer (a millisecond).
+STORE_ANSWER_S = 2.0
 
 
 class TaskStore:
@@ -47,6 +52,7 @@ class TaskStore:
         self.task, self.timeout, self.reconnect_s = task, timeout, reconnect_s
         self.key = key
         self.raw: Any = self._connect(timeout)
+        self.asker = BoundedAsker(STORE_ANSWER_S)  # the step's questions, on the connection ``raw``
         self._reconnect_at = 0.0
         self._reconnecting: threading.Thread | None = None
         self._refused: set[str] = set()
@@ -91,7 +97,8 @@ class TaskStore:
             return False
         try:
             name = membership_key(self.task, generation)
-            posted = bool(self.raw.check([name])) and self._read(name) is not None
+            raw = self.raw
+            posted = self.asker.ask(lambda: bool(raw.check([name])) and self._read(name) is not None)
             self._unchanged = None if posted else (generation, asked)
             if self.link.away:
                 self._say(self.link.reached(time.monotonic()))
@@ -119,7 +126,8 @@ class TaskStore:
             with contextlib.suppress(Exception):
                 raw = self._connect(timedelta(seconds=2), address)
                 raw.set_timeout(self.timeout)
-                self.raw, self.address = raw, address
+                # A new connection, a new asker: the old one may be stuck on the old connection.
+                self.raw, self.address, self.asker = raw, address, BoundedAsker(STORE_ANSWER_S)
                 return
 
     def abandons_step(self, generation: int) -> bool:
@@ -246,7 +254,8 @@ class TaskStore:
     def claim(self, index: int) -> bool | None:
         """Whether this worker is the first to reach a generation-0 fault (atomic in the store);
         None where the store did not answer."""
+        raw = self.raw
         try:
-            return int(self.raw.add(fault_claim_key(self.task, index), 1)) == 1
+            return self.asker.ask(lambda: int(raw.add(fault_claim_key(self.task, index), 1)) == 1)
         except Exception:
             return None
