@@ -101,8 +101,9 @@ def test_faults_injected_before_a_restart_stay_claimed_in_the_re_created_store(m
     client = dist.TCPStore(  # type: ignore[attr-defined]
         cluster.c.act.rendezvous.host_address, port, is_master=False, timeout=timedelta(seconds=10)
     )
-    assert client.add(fault_claim_key("lm", 1), 1) == 2  # claimed before: this is no first claim
-    assert client.add(fault_claim_key("lm", 0), 1) == 1  # never injected: still free
+    # A worker claims as ``TaskStore.claim`` does: its name is stored if none is there yet.
+    assert client.compare_set(fault_claim_key("lm", 1), "", "w") != b"w"  # claimed before: not w's
+    assert client.compare_set(fault_claim_key("lm", 0), "", "w") == b"w"  # never injected: still free
 
 
 def test_a_stalled_coordinator_loses_no_node_and_finds_no_hang(make: Any) -> None:

@@ -41,3 +41,15 @@ def test_a_fault_another_worker_claimed_is_never_asked_for_again() -> None:
     for step in (10, 11, 12):
         faults.step_started(step)
     assert asked == [0] and reports == []
+
+
+def test_a_fault_at_an_event_whose_claim_the_store_did_not_answer_is_claimed_at_its_next_turn() -> None:
+    fault = FaultSpec(action="stall_rejoin", rank=0, step=1, generation=0, seconds=0.0)
+    reports: list[FaultReport] = []
+    faults = FaultInjector([fault], rank=0, generation=3, report=reports.append, task="lm")
+    answers: list[bool | None] = [None, True]
+    faults.claim = lambda index: answers.pop(0)
+    faults.rejoining()  # the store away: not struck, not given up
+    assert reports == []
+    faults.rejoining()  # it answers: this worker is first
+    assert [r.action for r in reports] == ["stall_rejoin"] and answers == []

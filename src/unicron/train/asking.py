@@ -13,6 +13,12 @@ at most ``answer_s``. A question not answered by then raises ``Unanswered``; unt
 returns (its connection closed, or the server back), every later question raises it at once:
 asking more on that connection would only queue behind it. Training goes on meanwhile, as it
 does while the store is unreachable (``taskstore.py``).
+
+Bounded so: the step's membership check (``TaskStore.membership_changed``, through which
+``abandons_step`` and ``declared_failed`` ask), a fault's claim, and the checkpoint fence's read
+(``fencing.py``). Not bounded: a read right after a check just answered (``TaskStore.posted``),
+and the recovery's own waits (``arrive``, ``next_membership``, a newcomer's readiness), which
+wait for the store by design and have their own time limits where they poll.
 """
 
 from __future__ import annotations
@@ -43,8 +49,21 @@ class BoundedAsker:
         self._question: Callable[[], object] | None = None
         self._outcome: _Answered[object] | BaseException | None = None
         self._busy = False  # a question is with the thread (it may be stuck on a silent server)
+        self._closed = False
         self._thread = threading.Thread(target=self._answer, name=name, daemon=True)
         self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a question is still with the thread (one given up on, stuck)."""
+        with self._changed:
+            return self._busy
+
+    def close(self) -> None:
+        """No more questions: the thread ends (after the one it is stuck on, if any)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
     def ask(self, question: Callable[[], T]) -> T:
         """``question()``'s value (or its exception), asked on the asker's thread."""
@@ -64,7 +83,9 @@ class BoundedAsker:
     def _answer(self) -> None:
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: self._question is not None)
+                self._changed.wait_for(lambda: self._question is not None or self._closed)
+                if self._question is None:
+                    return  # closed
                 question, self._question = self._question, None
             assert question is not None
             outcome: _Answered[object] | BaseException

@@ -186,13 +186,19 @@ class FaultInjector:
 
     def _at_event(self, action: str) -> FaultSpec | None:
         """A fault injected at an event rather than a step, once; generation 0: the first worker
-        of the rank to meet the event, claimed once through the task's store."""
+        of the rank to meet the event, claimed once through the task's store (asked again at the
+        event's next turn where the store did not answer)."""
         for index, fault in enumerate(self.all_faults):
             mine = fault.action == action and fault.rank == self.rank
             if not mine or index in self._settled or fault.generation not in (0, self.generation):
                 continue
+            won: bool | None = fault.generation == self.generation
+            if not won and self.claim is not None:
+                won = self.claim(index)
+            if won is None:
+                continue  # the store did not answer: asked again at the event's next turn
             self._settled.add(index)
-            if fault.generation == self.generation or (self.claim is not None and self.claim(index)):
+            if won:
                 self.announce(fault, 0)
                 return fault
         return None

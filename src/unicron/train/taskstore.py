@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import secrets
 import sys
 import threading
 import time
@@ -51,11 +53,14 @@ class TaskStore:
         self.address = self.addresses[0]  # the one that served last
         self.task, self.timeout, self.reconnect_s = task, timeout, reconnect_s
         self.key = key
-        self.raw: Any = self._connect(timeout)
-        self.asker = BoundedAsker(STORE_ANSWER_S)  # the step's questions, on the connection ``raw``
+        # The connection and the asker of the step's questions on it, swapped together (one
+        # attribute) by a reconnection in another thread: a question is asked on the connection
+        # its asker was made for.
+        self._link: tuple[Any, BoundedAsker] = (self._connect(timeout), BoundedAsker(STORE_ANSWER_S))
         self._reconnect_at = 0.0
         self._reconnecting: threading.Thread | None = None
         self._refused: set[str] = set()
+        self.claimant = f"{os.getpid()}-{secrets.token_hex(8)}"  # this process, in fault claims
         self._unchanged: tuple[int, float] | None = None  # (generation, when asked): nothing posted
         self._announced: tuple[str, str] | None = None  # a newcomer's readiness (key, signed value)
         # Reconnections back off from half a second to ``reconnect_s``, jittered (a cluster's
@@ -66,9 +71,15 @@ class TaskStore:
         if line is not None:
             print(f"{self.task}: {line}{more}", file=sys.stderr, flush=True)
 
-    def _read(self, name: str) -> str | None:
-        """The payload under ``name`` if it is signed with the task's key, else None."""
-        payload = opened(self.key, name, self.raw.get(name))
+    @property
+    def raw(self) -> Any:
+        """The store's client (the connection that served last)."""
+        return self._link[0]
+
+    def _read(self, name: str, raw: Any = None) -> str | None:
+        """The payload under ``name`` if it is signed with the task's key, else None (read on
+        ``raw``, else on the current connection)."""
+        payload = opened(self.key, name, (raw or self.raw).get(name))
         if payload is None and name not in self._refused:
             self._refused.add(name)
             print(f"{name}: a value not signed with the task's key; ignored", file=sys.stderr)
@@ -97,8 +108,8 @@ class TaskStore:
             return False
         try:
             name = membership_key(self.task, generation)
-            raw = self.raw
-            posted = self.asker.ask(lambda: bool(raw.check([name])) and self._read(name) is not None)
+            raw, asker = self._link
+            posted = asker.ask(lambda: bool(raw.check([name])) and self._read(name, raw) is not None)
             self._unchanged = None if posted else (generation, asked)
             if self.link.away:
                 self._say(self.link.reached(time.monotonic()))
@@ -126,8 +137,13 @@ class TaskStore:
             with contextlib.suppress(Exception):
                 raw = self._connect(timedelta(seconds=2), address)
                 raw.set_timeout(self.timeout)
-                # A new connection, a new asker: the old one may be stuck on the old connection.
-                self.raw, self.address, self.asker = raw, address, BoundedAsker(STORE_ANSWER_S)
+                old = self._link[1]
+                # The asker goes on with the new connection unless it is stuck on the old one:
+                # then a new one (the stuck one's thread ends once its question returns).
+                asker = BoundedAsker(STORE_ANSWER_S) if old.busy else old
+                self._link, self.address = (raw, asker), address
+                if asker is not old:
+                    old.close()
                 return
 
     def abandons_step(self, generation: int) -> bool:
@@ -253,9 +269,13 @@ class TaskStore:
 
     def claim(self, index: int) -> bool | None:
         """Whether this worker is the first to reach a generation-0 fault (atomic in the store);
-        None where the store did not answer."""
-        raw = self.raw
+        None where the store did not answer. Asking again is safe: a claim given up on may still
+        land in the store (its question was on the wire), and then it is this worker's, not lost
+        to itself: the claimant's name is stored, not a count (the coordinator's own mark of a
+        claim, after a restart, is its own name: anyone's but this worker's)."""
+        raw, asker = self._link
+        key, mine = fault_claim_key(self.task, index), self.claimant
         try:
-            return self.asker.ask(lambda: int(raw.add(fault_claim_key(self.task, index), 1)) == 1)
+            return asker.ask(lambda: bytes(raw.compare_set(key, "", mine)) == mine.encode())
         except Exception:
             return None

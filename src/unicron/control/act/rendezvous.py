@@ -109,8 +109,9 @@ class Rendezvous:
             return self._epochs.get(task)
 
     def claim(self, task: str, index: int) -> None:
-        """Mark the task's generation-0 fault ``index`` as claimed (``train.faults``)."""
-        self._stores[task].add(fault_claim_key(task, index), 1)
+        """Mark the task's generation-0 fault ``index`` as claimed (``train.faults``), unless a
+        worker claimed it already (a claim holds its claimant's name: ``TaskStore.claim``)."""
+        self._stores[task].compare_set(fault_claim_key(task, index), "", "coordinator")
 
     def set(self, task: str, key: str, value: str, epoch: int | None = None) -> None:
         """Post ``value`` under ``key``, signed, and keep it to put back (``restore``): kept
