@@ -333,7 +333,8 @@ def test_a_worker_is_listed_until_its_exit_is_sent_and_the_oldest_told_ones_go_f
     old.started -= 120  # a minute past the agent's keeping
     agent.supervisor.workers[(TASK, 1, 0)] = old
     agent.supervisor.heard(ExitReport(task=TASK, generation=1, rank=0, node="n", code=1, signal=None))
-    assert [w.rank for w in agent.supervisor.listed()] == [0]  # its exit waits: still listed
+    # Its exit waits: still listed, and said to wait (the coordinator hears it from the report).
+    assert [(w.rank, w.exit_unsent) for w in agent.supervisor.listed()] == [(0, True)]
     agent.backlog.reports.clear()  # sent
     assert agent.supervisor.listed() == []
     most = limits.MAX_LISTED_WORKERS

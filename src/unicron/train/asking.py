@@ -15,10 +15,11 @@ asking more on that connection would only queue behind it. Training goes on mean
 does while the store is unreachable (``taskstore.py``).
 
 Bounded so: the step's membership check (``TaskStore.membership_changed``, through which
-``abandons_step`` and ``declared_failed`` ask), a fault's claim, and the checkpoint fence's read
-(``fencing.py``). Not bounded: a read right after a check just answered (``TaskStore.posted``),
-and the recovery's own waits (``arrive``, ``next_membership``, a newcomer's readiness), which
-wait for the store by design and have their own time limits where they poll.
+``abandons_step`` and ``declared_failed`` ask) and a fault's claim; the checkpoint fence's read is
+bounded the same way, on a thread of its own per read (``fencing.py``). Not bounded: a read right
+after a check just answered (``TaskStore.posted``), and the recovery's own waits (``arrive``,
+``next_membership``, a newcomer's readiness), which wait for the store by design and have their
+own time limits where they poll.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ so they take one answer: the committing rank's, shared in one collective over th
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,7 +57,6 @@ from typing import Any
 from unicron.core.protocol import Current, Membership, current_key, membership_key
 from unicron.core.signing import opened
 from unicron.core.workerenv import addresses
-from unicron.train.asking import BoundedAsker, Unanswered
 
 MAX_HOPS = 64  # far more changes of membership than can pass between two checkpoints
 
@@ -177,7 +177,6 @@ class Fence:
     where: Callable[[], tuple[int, int, int]]
     worst: Callable[[int], int]
     confirmed_at: int | None = None  # the step whose commit was last confirmed (both tiers use it)
-    _asker: BoundedAsker | None = None  # reads the store's answer (made at the first read)
 
     def confirm(self) -> None:
         """Raise ``CommitRefused`` unless this worker belongs to the current generation."""
@@ -202,16 +201,22 @@ class Fence:
 
     def _read(self) -> Standing:
         """UNKNOWN also where the store does not answer by ``timeout_s`` and a second: a frozen
-        coordinator holds a new connection's first exchange without limit (``asking.py``)."""
+        coordinator holds a new connection's first exchange without limit (``asking.py``). Read
+        on a thread of its own each time (a checkpoint's, not a step's: the cost is nothing
+        beside the connection it makes), so that a background save's commit and the next
+        checkpoint's never wait on each other; one stuck ends when the store answers or closes."""
         generation, rank, _ = self.where()
-        if self._asker is None:
-            self._asker = BoundedAsker(self.timeout_s + 1.0, name="unicron-fence")
-        try:
-            return self._asker.ask(
-                lambda: read_standing(self.address, self.task, self.key, generation, rank, self.timeout_s)
-            )
-        except Unanswered:
-            return Standing.UNKNOWN
+        found: list[Standing] = []
+        reader = threading.Thread(
+            target=lambda: found.append(
+                read_standing(self.address, self.task, self.key, generation, rank, self.timeout_s)
+            ),
+            name="unicron-fence",
+            daemon=True,
+        )
+        reader.start()
+        reader.join(self.timeout_s + 1.0)
+        return found[0] if found else Standing.UNKNOWN
 
     def _settle(self, found: Standing) -> None:
         generation, _, step = self.where()

@@ -79,7 +79,7 @@ class TaskStore:
     def _read(self, name: str, raw: Any = None) -> str | None:
         """The payload under ``name`` if it is signed with the task's key, else None (read on
         ``raw``, else on the current connection)."""
-        payload = opened(self.key, name, (raw or self.raw).get(name))
+        payload = opened(self.key, name, (self.raw if raw is None else raw).get(name))
         if payload is None and name not in self._refused:
             self._refused.add(name)
             print(f"{name}: a value not signed with the task's key; ignored", file=sys.stderr)
