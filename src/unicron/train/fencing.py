@@ -46,7 +46,6 @@ so they take one answer: the committing rank's, shared in one collective over th
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -200,23 +199,8 @@ class Fence:
         return not (self.address and self.key) or self.confirmed_at == self.where()[2]
 
     def _read(self) -> Standing:
-        """UNKNOWN also where the store does not answer by ``timeout_s`` and a second: a frozen
-        coordinator holds a new connection's first exchange without limit (``asking.py``). Read
-        on a thread of its own each time (a checkpoint's, not a step's: the cost is nothing
-        beside the connection it makes), so that a background save's commit and the next
-        checkpoint's never wait on each other; one stuck ends when the store answers or closes."""
         generation, rank, _ = self.where()
-        found: list[Standing] = []
-        reader = threading.Thread(
-            target=lambda: found.append(
-                read_standing(self.address, self.task, self.key, generation, rank, self.timeout_s)
-            ),
-            name="unicron-fence",
-            daemon=True,
-        )
-        reader.start()
-        reader.join(self.timeout_s + 1.0)
-        return found[0] if found else Standing.UNKNOWN
+        return read_standing(self.address, self.task, self.key, generation, rank, self.timeout_s)
 
     def _settle(self, found: Standing) -> None:
         generation, _, step = self.where()

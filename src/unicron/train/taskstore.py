@@ -1,10 +1,9 @@
 """The task's rendezvous store as a worker uses it: where the coordinator posts memberships,
 where newcomers say they are ready and where generation-0 faults are claimed.
 
-Training must not depend on the coordinator being up: while its store is unreachable, or does
-not answer within ``STORE_ANSWER_S`` (a frozen coordinator: ``asking.py``), the membership checks
-say "no change", and the connection is re-made now and then (a restarted coordinator serves the
-store on the same port).
+Training must not depend on the coordinator being up: while its store is unreachable the
+membership checks say "no change", and the connection is re-made now and then (a restarted
+coordinator serves the store on the same port).
 
 Anyone who reaches the store's port can write to it, so the values that steer workers are
 signed with the task's key (``core.signing``): a membership or identity that does not open with
@@ -32,7 +31,6 @@ from unicron.core.protocol import Membership, fault_claim_key, membership_key, r
 from unicron.core.reachability import Reachability
 from unicron.core.signing import opened, sign
 from unicron.core.workerenv import addresses
-from unicron.train.asking import BoundedAsker
 from unicron.train.fencing import served
 from unicron.train.iteration import StopRequested
 
@@ -40,9 +38,6 @@ MEMBERSHIP_POLL_S = 0.02  # a wait for a membership asks the store this often at
 QUIET_STORE_S = 5.0  # ... and connects again when the store has not answered for this long
 STOP_LOOK_S = 0.25  # ... then this often (and so sees a stop request within this)
 READY_AGAIN_S = 1.0  # a newcomer waiting for its group says it is ready again this often
-# A question of the step's (a membership posted? a fault claimed?) is answered within this, or
-# taken as "the store is away" (``asking.py``): far above a served store's answer (a millisecond).
-STORE_ANSWER_S = 2.0
 
 
 class TaskStore:
@@ -53,10 +48,7 @@ class TaskStore:
         self.address = self.addresses[0]  # the one that served last
         self.task, self.timeout, self.reconnect_s = task, timeout, reconnect_s
         self.key = key
-        # The connection and the asker of the step's questions on it, swapped together (one
-        # attribute) by a reconnection in another thread: a question is asked on the connection
-        # its asker was made for.
-        self._link: tuple[Any, BoundedAsker] = (self._connect(timeout), BoundedAsker(STORE_ANSWER_S))
+        self.raw: Any = self._connect(timeout)
         self._reconnect_at = 0.0
         self._reconnecting: threading.Thread | None = None
         self._refused: set[str] = set()
@@ -71,15 +63,9 @@ class TaskStore:
         if line is not None:
             print(f"{self.task}: {line}{more}", file=sys.stderr, flush=True)
 
-    @property
-    def raw(self) -> Any:
-        """The store's client (the connection that served last)."""
-        return self._link[0]
-
-    def _read(self, name: str, raw: Any = None) -> str | None:
-        """The payload under ``name`` if it is signed with the task's key, else None (read on
-        ``raw``, else on the current connection)."""
-        payload = opened(self.key, name, (self.raw if raw is None else raw).get(name))
+    def _read(self, name: str) -> str | None:
+        """The payload under ``name`` if it is signed with the task's key, else None."""
+        payload = opened(self.key, name, self.raw.get(name))
         if payload is None and name not in self._refused:
             self._refused.add(name)
             print(f"{name}: a value not signed with the task's key; ignored", file=sys.stderr)
@@ -108,8 +94,7 @@ class TaskStore:
             return False
         try:
             name = membership_key(self.task, generation)
-            raw, asker = self._link
-            posted = asker.ask(lambda: bool(raw.check([name])) and self._read(name, raw) is not None)
+            posted = bool(self.raw.check([name])) and self._read(name) is not None
             self._unchanged = None if posted else (generation, asked)
             if self.link.away:
                 self._say(self.link.reached(time.monotonic()))
@@ -137,13 +122,7 @@ class TaskStore:
             with contextlib.suppress(Exception):
                 raw = self._connect(timedelta(seconds=2), address)
                 raw.set_timeout(self.timeout)
-                old = self._link[1]
-                # The asker goes on with the new connection unless it is stuck on the old one:
-                # then a new one (the stuck one's thread ends once its question returns).
-                asker = BoundedAsker(STORE_ANSWER_S) if old.busy else old
-                self._link, self.address = (raw, asker), address
-                if asker is not old:
-                    old.close()
+                self.raw, self.address = raw, address
                 return
 
     def abandons_step(self, generation: int) -> bool:
@@ -269,13 +248,12 @@ class TaskStore:
 
     def claim(self, index: int) -> bool | None:
         """Whether this worker is the first to reach a generation-0 fault (atomic in the store);
-        None where the store did not answer. Asking again is safe: a claim given up on may still
-        land in the store (its question was on the wire), and then it is this worker's, not lost
-        to itself: the claimant's name is stored, not a count (the coordinator's own mark of a
-        claim, after a restart, is its own name: anyone's but this worker's)."""
-        raw, asker = self._link
+        None where the store did not answer. Asking again is safe: a claim whose answer was lost
+        (the store went away meanwhile) may have landed, and then it is this worker's, not lost to
+        itself: the claimant's name is stored, not a count (the coordinator's own mark of a claim,
+        after a restart, is its own name: anyone's but this worker's)."""
         key, mine = fault_claim_key(self.task, index), self.claimant
         try:
-            return asker.ask(lambda: bytes(raw.compare_set(key, "", mine)) == mine.encode())
+            return bytes(self.raw.compare_set(key, "", mine)) == mine.encode()
         except Exception:
             return None
