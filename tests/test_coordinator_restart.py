@@ -14,9 +14,12 @@ from unicron.control.recover.storagewatch import Opened
 from unicron.core.kept import InFlight, LadderCounts, StorageIncidents
 from unicron.core.ladder import Ladder
 from unicron.core.protocol import (
+    AGENT_RETRY_CAP_S,
     CheckpointReport,
     ExitReport,
     FaultReport,
+    Phase,
+    Progress,
     StorageReport,
     fault_claim_key,
     ready_key,
@@ -184,6 +187,35 @@ def test_a_restarted_coordinator_times_the_next_step_from_its_own_start(make: An
         cluster.step(0.5)
     (hang,) = cluster.events("hang_detected")
     assert hang["step"] == 46 and hang["waited_s"] < 10.0, hang
+
+
+def test_a_restarted_coordinator_judges_no_step_late_until_the_agents_could_deliver_theirs(make: Any) -> None:
+    """The workers trained on while no coordinator led, and what they did reaches a new one only
+    as their agents find it (each may pause up to ``AGENT_RETRY_CAP_S`` between tries) and send
+    their backlogs. Heard at once but with their step reports held up for 4 s, the ranks in the
+    middle of their step (computing, no rank waiting: nobody to blame): no step is judged late
+    until the agents have had that long and a heartbeat deadline more, which the start records.
+    (Judged at once, the step was late after two seconds and the healthy task relaunched.)"""
+    cluster = make(heartbeat_deadline_s=2.0)
+    for step in range(2, 40):  # steps every 0.5 s: the hang deadline is its floor (1.5 s)
+        cluster.train(step)
+        cluster.step(0.5)
+    cluster.restart()
+    (started,) = [e for e in cluster.events("coordinator_started") if e["id"] > 1]
+    assert started["hangs_judged_from"] == cluster.clock.now + AGENT_RETRY_CAP_S + 2.0
+    generation = cluster.c.store.get_task("lm").generation
+    for (task, gen, rank), (_, pid) in cluster.running.items():
+        if task == "lm" and gen == generation:
+            computing = Progress(
+                pid=pid, generation=gen, step=40, phase=Phase.COMPUTE, time=cluster.clock.now
+            )
+            cluster.positions[(task, gen, rank)] = computing
+    for _ in range(8):  # heard, the step reports on their way
+        cluster.step(0.5)
+    for step in range(40, 46):  # the backlogs arrive; training goes on
+        cluster.train(step)
+        cluster.step(0.5)
+    assert cluster.events("hang_detected") == [] and cluster.events("incident") == []
 
 
 def test_a_restored_ladder_escalates_as_the_original_would() -> None:

@@ -11,6 +11,7 @@ the parameters of a failure-free run and an exact sample ledger.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import statistics
@@ -103,6 +104,7 @@ def test_a_standby_takes_over_from_a_killed_leader_and_training_goes_on(
             events_of, traces[name] = finish_and_settle(cluster, tmp_path / f"trace-{name}.jsonl", name)
             events += events_of
         after = cluster.get("/v1/events", since=last_event, limit=100_000)
+        (tmp_path / "events-after.jsonl").write_text("".join(json.dumps(e) + "\n" for e in after))
 
     # No node was taken for lost: the new leader gave every agent time to find it.
     assert not [e for e in after if e["kind"] == "node_lost"], after
@@ -156,4 +158,10 @@ def assert_stepped_on(
             led_at - killed_at,
         )
         hit = [e for e in after if e.get("task") == name and e["kind"] in ("incident", "task_launch")]
-        assert not hit, [{k: v for k, v in e.items() if k != "time"} for e in after][:40]
+        # What the coordinator saw and what the worker did, as a string (pytest shortens a message
+        # that is not a string to one line): the events, and rank 0's longest steps after the kill.
+        gaps = sorted(
+            ((round(b - a, 3), round(a - killed_at, 3)) for a, b in itertools.pairwise(ends)), reverse=True
+        )
+        said = [json.dumps(e, default=str) for e in after[:60]]
+        assert not hit, "\n".join([f"{name}: longest steps (s, began after the kill) {gaps[:8]}", *said])

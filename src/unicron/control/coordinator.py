@@ -156,8 +156,14 @@ class Coordinator:
         self.generations.orphaned_newcomers()
         gpu = settings.cluster.gpu_type()
         live, mtbf = len(self.store.tasks(live_only=True)), settings.cluster.node_mtbf_hours
+        judged_from = self.detector.started(clock(), live)
         self.act.record(
-            "coordinator_started", tasks=live, gpu=gpu.name, peak_flops=gpu.peak_flops, node_mtbf_hours=mtbf
+            "coordinator_started",
+            tasks=live,
+            gpu=gpu.name,
+            peak_flops=gpu.peak_flops,
+            node_mtbf_hours=mtbf,
+            hangs_judged_from=judged_from,
         )
 
     def _restore_kept(self) -> None:

@@ -23,6 +23,7 @@ from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import STUCK, PeerCheck, outcome, probe_endpoints
 from unicron.core.kept import StepTimes
 from unicron.core.protocol import (
+    AGENT_RETRY_CAP_S,
     Phase,
     Progress,
     StacksReport,
@@ -244,6 +245,20 @@ class Detector:
         # first-step timeout, not the allowance measured on the old one's.
         self.first_steps.pop(name, None)
         self.first_step_late.pop(name, None)
+
+    def started(self, now: float, tasks: int) -> float | None:
+        """The coordinator starts over a store that holds ``tasks`` live tasks (a restart, or a
+        takeover from a leader that died): their workers trained on without it, and their
+        agents, which may be pausing between tries (up to ``AGENT_RETRY_CAP_S``), have yet to
+        deliver what they did. No step is judged late until every agent has had that long and a
+        heartbeat deadline more, as a node's silence is not (``nodewatch.silent_nodes``); returns
+        when judging begins (None: no task, nothing to wait for). (Without this, a standby that
+        took over in a loaded suite judged a healthy task hung within three seconds, and
+        relaunched it.)"""
+        if not tasks:
+            return None
+        self.judging_from = now + AGENT_RETRY_CAP_S + self.ctx.pace.judged(now).deadline_s
+        return self.judging_from
 
     def resumed(self, now: float, stalled_s: float) -> None:
         """The coordinator ran again after ``stalled_s`` without: every node gets a full
