@@ -130,6 +130,22 @@ def test_no_rank_is_blamed_when_all_wait_or_none_reports() -> None:
     assert not verdict({**joining, 2: at(Phase.COMPUTE, step=1)}, launching=True).starting
 
 
+def test_a_late_step_whose_ranks_all_compute_is_hung_only_once_none_has_moved_for_the_settle_time() -> None:
+    """No rank waits in a collective: the culprit cannot be told apart, and the whole task is
+    relaunched. Before that, every rank must have been read where it is for ``settled_s``: a rank
+    read moving sooner (its position changes each micro-batch) is still training, a slow step on
+    a loaded host. Past ``hang_cap_s`` the step is hung however its ranks move."""
+    computing = {r: at(Phase.COMPUTE) for r in range(4)}
+    slow = verdict(computing, held_s={0: 2.0, 1: 2.0, 2: 0.2, 3: 2.0}, settled_s=1.1)
+    assert isinstance(slow, NotYet) and "2 (0.20 s)" in slow.why, slow
+    stuck = verdict(computing, held_s=dict.fromkeys(range(4), 1.2), settled_s=1.1)
+    assert isinstance(stuck, HangVerdict) and stuck.culprits == [] and "none to blame" in stuck.why
+    workers = [worker(r, "n0" if r < 2 else "n1") for r in range(4)]
+    seen = {w.key: Sighting(False, computing[w.rank], 0.2) for w in workers}
+    capped = hang_verdict(workers, {"n0": NOW, "n1": NOW}, seen, NOW, 0.5, 1.1, capped=True)
+    assert isinstance(capped, HangVerdict) and capped.culprits == []
+
+
 def test_a_rank_is_settled_where_it_was_read_for_nearly_the_whole_deadline() -> None:
     assert settled_for(mean_s=0.4, deadline_s=1.5, interval_s=0.25) == 1.1
     assert settled_for(mean_s=0.1, deadline_s=1.5, interval_s=0.5) == 1.4

@@ -407,7 +407,8 @@ class Detector:
         interval = self.ctx.pace.judged(now).interval_s
         mean_s = self.monitor(task.name, task.generation).mean_interval() or 0.0
         settled_s = settled_for(mean_s, deadline_s, interval, launching)
-        verdict = hang_verdict(workers, seen, observed, now, interval, settled_s, launching)
+        capped = now - since >= limits.hang_cap_s
+        verdict = hang_verdict(workers, seen, observed, now, interval, settled_s, launching, capped)
         if isinstance(verdict, NotYet):
             self._deferred(task, step, now - since, verdict)
             return None

@@ -77,6 +77,7 @@ def hang_verdict(
     interval_s: float,
     settled_s: float = 0.0,
     launching: bool = False,
+    capped: bool = False,
 ) -> HangVerdict | NotYet:
     """For a task whose step is late: the hung ranks, or not yet while a node of the task is
     silent. A stopped process is a culprit; else the ranks that are not waiting (in a collective,
@@ -85,7 +86,9 @@ def hang_verdict(
     nearly the whole deadline): a position read just after a move is a heartbeat old when judged,
     more when the node's link retransmits (10% of packets lost: a rank blamed for the micro-batch
     it had left for the collective, its process restarted). ``launching``: the step is a launch's
-    first, whose ranks that never reached their session are stuck starting up."""
+    first, whose ranks that never reached their session are stuck starting up. With no rank
+    waiting, the step is hung once every rank was read where it is for ``settled_s``, or once it
+    is ``capped`` (it waited ``hang_cap_s``: hung however its ranks move)."""
     if silent := unheard(workers, last_seen, now, interval_s):
         return NotYet("a node of the task is silent: its loss is decided first", silent)
     sightings = {w.key: seen.get(w.key, Sighting()) for w in workers}
@@ -104,6 +107,16 @@ def hang_verdict(
     if not reported:
         return HangVerdict([], "no rank reports its position: no rank can be blamed", where, held)
     if not any(p.phase in WAITING_PHASES for _, p, _ in reported):
+        # Every rank outside a collective: hung there only once none has moved for ``settled_s``
+        # (its position changes each micro-batch). One read there sooner is still training, a
+        # slow step on a loaded host; the next heartbeat finds it in a collective (its peers'
+        # culprit is then told apart) or settled.
+        moving = [w for w, _, there_s in reported if there_s is not None and there_s < settled_s]
+        if moving and len(reported) == len(workers) and not capped:
+            brief = ", ".join(f"{w.rank} ({held[w.rank]:.2f} s)" for w in moving)
+            return NotYet(
+                f"no rank waits in a collective, and rank(s) read moving under {settled_s:.2f} s ago: {brief}"
+            )
         return HangVerdict([], "no rank waits, in a collective or to join: none to blame", where, held)
     # A rank past the oldest step a peer waits in a collective for has left that collective: the
     # peer still in it waits on the network (a slow ring's last hops), not on that rank. (A
