@@ -218,6 +218,31 @@ def test_a_restarted_coordinator_judges_no_step_late_until_the_agents_could_deli
     assert cluster.events("hang_detected") == [] and cluster.events("incident") == []
 
 
+def test_a_task_stopped_across_a_restart_is_found_hung_as_judging_begins(make: Any) -> None:
+    """Its step is timed from the coordinator's start while judging waits (``hangs_judged_from``):
+    a task whose ranks never step again is found hung at the first look after that, not a step
+    deadline later; and a stall meanwhile does not bring judging forward."""
+    cluster = make(heartbeat_deadline_s=2.0)
+    cluster.c.loop_clock = cluster.clock  # the fake clock times the loop too (a stall below)
+    for step in range(2, 40):
+        cluster.train(step)
+        cluster.step(0.5)
+    cluster.restart()
+    cluster.c.loop_clock = cluster.clock
+    (started,) = [e for e in cluster.events("coordinator_started") if e["id"] > 1]
+    begins = started["hangs_judged_from"]
+    cluster.step(0.5)
+    cluster.clock.now += 1.5  # the loop stalls: its grace (a deadline from now) ends before the start's
+    cluster.step(0.5)
+    while not cluster.events("hang_detected") and cluster.clock.now < begins + 5.0:
+        assert cluster.clock.now < begins, cluster.events("hang_detected")
+        cluster.step(0.5)
+    (hang,) = cluster.events("hang_detected")
+    assert hang["culprits"] == [], hang  # (no rank reports where it is)
+    assert begins <= cluster.clock.now < begins + 0.5 + 0.5, (cluster.clock.now, begins)
+    assert cluster.events("coordinator_stalled")
+
+
 def test_a_restored_ladder_escalates_as_the_original_would() -> None:
     settings = Settings(max_reattempts=2)
     original = Ladder(settings)

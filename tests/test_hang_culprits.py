@@ -144,6 +144,34 @@ def test_a_late_step_whose_ranks_all_compute_is_hung_only_once_none_has_moved_fo
     seen = {w.key: Sighting(False, computing[w.rank], 0.2) for w in workers}
     capped = hang_verdict(workers, {"n0": NOW, "n1": NOW}, seen, NOW, 0.5, 1.1, capped=True)
     assert isinstance(capped, HangVerdict) and capped.culprits == []
+    # A rank that reports no position at all cannot be read moving: judged as before, at once.
+    silent = verdict(
+        {r: at(Phase.COMPUTE) for r in range(3)}, held_s=dict.fromkeys(range(3), 0.2), settled_s=1.1
+    )
+    assert isinstance(silent, HangVerdict) and silent.culprits == []
+
+
+def test_ranks_that_keep_moving_through_a_step_that_never_ends_are_hung_at_the_cap(make: Any) -> None:
+    """Every heartbeat reads every rank in a micro-batch it has just begun, and the step never
+    ends: deferred while it has waited less than ``hang_cap_s``, hung (nobody to blame) once it
+    has."""
+    cluster = make(hang_warmup_steps=2, hang_floor_s=1.0, heartbeat_interval_s=0.5, hang_cap_s=6.0)
+    for step in range(2, 6):
+        cluster.clock.now += 0.5
+        cluster.train(step)
+    ended = cluster.clock.now
+    while not cluster.events("hang_detected") and cluster.clock.now < ended + 10.0:
+        for _, g, r in list(cluster.running):  # read 0 s after it moved, at the next heartbeat
+            moved = cluster.clock.now + 0.5
+            cluster.positions[("lm", g, r)] = Progress(
+                pid=r, generation=g, step=6, phase=Phase.COMPUTE, time=moved
+            )
+        cluster.step(0.5)
+    (hang,) = cluster.events("hang_detected")
+    assert hang["culprits"] == [] and hang["waited_s"] >= 6.0, hang
+    assert cluster.clock.now - ended < 6.0 + 1.5  # at the first look past the cap
+    (deferred,) = cluster.events("hang_deferred")
+    assert "read moving" in deferred["why"], deferred
 
 
 def test_a_rank_is_settled_where_it_was_read_for_nearly_the_whole_deadline() -> None:

@@ -156,7 +156,7 @@ class Coordinator:
         self.generations.orphaned_newcomers()
         gpu = settings.cluster.gpu_type()
         live, mtbf = len(self.store.tasks(live_only=True)), settings.cluster.node_mtbf_hours
-        judged_from = self.detector.started(clock(), live)
+        judged_from = self.detector.started(clock())
         self.act.record(
             "coordinator_started",
             tasks=live,

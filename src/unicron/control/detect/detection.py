@@ -21,6 +21,7 @@ from unicron.control.context import Context
 from unicron.control.detect.hangs import HangVerdict, NotYet, Sighting, WorkerKey, hang_verdict, trained_past
 from unicron.control.detect.monitor import TaskMonitor
 from unicron.control.detect.peercheck import STUCK, PeerCheck, outcome, probe_endpoints
+from unicron.core.cadence import cadence_for
 from unicron.core.kept import StepTimes
 from unicron.core.protocol import (
     AGENT_RETRY_CAP_S,
@@ -30,7 +31,7 @@ from unicron.core.protocol import (
     WorkerState,
 )
 from unicron.core.settings import Settings
-from unicron.core.states import WorkerPhase
+from unicron.core.states import NodeState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind, Scope
 
 GenerationKey = tuple[str, int]  # (task, generation)
@@ -246,18 +247,22 @@ class Detector:
         self.first_steps.pop(name, None)
         self.first_step_late.pop(name, None)
 
-    def started(self, now: float, tasks: int) -> float | None:
-        """The coordinator starts over a store that holds ``tasks`` live tasks (a restart, or a
-        takeover from a leader that died): their workers trained on without it, and their
-        agents, which may be pausing between tries (up to ``AGENT_RETRY_CAP_S``), have yet to
-        deliver what they did. No step is judged late until every agent has had that long and a
-        heartbeat deadline more, as a node's silence is not (``nodewatch.silent_nodes``); returns
-        when judging begins (None: no task, nothing to wait for). (Without this, a standby that
-        took over in a loaded suite judged a healthy task hung within three seconds, and
-        relaunched it.)"""
-        if not tasks:
+    def started(self, now: float) -> float | None:
+        """The coordinator starts over a store whose tasks have workers (a restart, or a takeover
+        from a leader that died): they trained on without it, and their agents, which may be
+        pausing between tries (up to ``AGENT_RETRY_CAP_S``), have yet to deliver what they did.
+        No step is judged late until every agent has had that long and a heartbeat deadline more
+        (the deadline of the nodes in service: the first tick sets the cadence), as a node's
+        silence is not (``nodewatch.silent_nodes``); each task's step is timed from the start
+        meanwhile (``check_hang``). Returns when judging begins (None: no task trains, nothing to
+        wait for). (Without this, a standby that took over in a loaded suite judged a healthy
+        task hung within three seconds, and relaunched it.)"""
+        store = self.ctx.store
+        if not any(t.state.active for t in store.tasks(live_only=True)):
             return None
-        self.judging_from = now + AGENT_RETRY_CAP_S + self.ctx.pace.judged(now).deadline_s
+        nodes = sum(n.state is not NodeState.LOST for n in store.nodes())
+        deadline_s = max(cadence_for(nodes, self.ctx.limits).deadline_s, self.ctx.pace.judged(now).deadline_s)
+        self.judging_from = max(self.judging_from, now + AGENT_RETRY_CAP_S + deadline_s)
         return self.judging_from
 
     def resumed(self, now: float, stalled_s: float) -> None:
@@ -265,7 +270,8 @@ class Detector:
         heartbeat deadline from now (as after a restart), and steps are judged late only once
         every agent had time to deliver what its workers did meanwhile (they trained on:
         nothing about them needs the coordinator)."""
-        self.judging_from = now + self.ctx.pace.judged(now).deadline_s
+        # (Never sooner than a start's grace: the stall may come while agents still find it.)
+        self.judging_from = max(self.judging_from, now + self.ctx.pace.judged(now).deadline_s)
         self.ctx.act.record("coordinator_stalled", seconds=round(stalled_s, 3), grace_until=self.judging_from)
 
     def check_start(self, task: TaskRecord, now: float) -> Failing | None:
@@ -341,12 +347,12 @@ class Detector:
 
     def check_hang(self, task: TaskRecord, now: float) -> Failing | None:
         key = (task.name, task.generation)
+        monitor = self.monitor(task.name, task.generation)
+        monitor.watch_from(now, task.step)  # (from a start, while judging waits: ``started``)
         if self.standing_aside(key, now):
             return None
         if task.step >= self.ctx.spec(task.name).run.iterations:
             return None  # training is over; the workers are saving and exiting
-        monitor = self.monitor(task.name, task.generation)
-        monitor.watch_from(now, task.step)
         grace = self.graced.get(key)
         if grace is not None and grace.step == monitor.last_step + 1 and now < grace.until:
             return None  # a slow network's grace
