@@ -108,7 +108,10 @@ def test_a_standby_takes_over_from_a_killed_leader_and_training_goes_on(
 
     # No node was taken for lost: the new leader gave every agent time to find it.
     assert not [e for e in after if e["kind"] == "node_lost"], after
-    assert any(e["kind"] == "coordinator_started" for e in after), [(e["id"], e["kind"]) for e in after][:40]
+    started = [e for e in after if e["kind"] == "coordinator_started"]
+    assert started, [(e["id"], e["kind"]) for e in after][:40]
+    # The new leader judged no step late before its agents could reach it (``Detector.started``).
+    assert started[0]["detail"]["hangs_judged_from"] > started[0]["time"], started
     assert_stepped_on(traces, after, killed_at, led_at, ("a",))
     assert_every_incident_closed([e for e in events if e.get("task") == "b"])
     for name in TASKS:

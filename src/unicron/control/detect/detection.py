@@ -255,8 +255,8 @@ class Detector:
         (the deadline of the nodes in service: the first tick sets the cadence), as a node's
         silence is not (``nodewatch.silent_nodes``); each task's step is timed from the start
         meanwhile (``check_hang``). Returns when judging begins (None: no task trains, nothing to
-        wait for). (Without this, a standby that took over in a loaded suite judged a healthy
-        task hung within three seconds, and relaunched it.)"""
+        wait for). (A standby that took over in a loaded suite once judged a healthy task hung
+        within seconds of its start, and relaunched it.)"""
         store = self.ctx.store
         if not any(t.state.active for t in store.tasks(live_only=True)):
             return None
