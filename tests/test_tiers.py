@@ -33,7 +33,10 @@ IN_PLACE = {
     **{k: Tier.RESTART_FAILED for k, info in TAXONOMY.items() if info.tier is Tier.RESTART_FAILED},
     **{k: Tier.REATTEMPT for k in EVERY_RANK},
     ErrorKind.LINK_FLAPPING: Tier.RESTART_FAILED,  # SEV3, but the raising process is gone
+    **{k: Tier.FAIL_TASK for k, info in TAXONOMY.items() if info.tier is Tier.FAIL_TASK},
 }
+# Kinds whose first tier ends the task, in either mode (nothing to restart: data that gives NaN).
+ENDS_TASK = {k for k, info in TAXONOMY.items() if info.tier is Tier.FAIL_TASK}
 NOT_RAISED = {ErrorKind.NODE_LOST, ErrorKind.EXITED_ABNORMALLY}  # a heartbeat's silence; an exit
 
 
@@ -90,7 +93,8 @@ def test_every_kind_records_the_tier_its_orders_carry_out(make: Any, kind: Error
     carried = observed(cluster, since, generation)
     assert incident["action"] == carried.label, incident
     assert incident["asked"] == TAXONOMY[kind].tier.label
-    assert carried is (IN_PLACE[kind] if recovery == "in_process" else Tier.FROM_CHECKPOINT)
+    relaunched = Tier.FAIL_TASK if kind in ENDS_TASK else Tier.FROM_CHECKPOINT
+    assert carried is (IN_PLACE[kind] if recovery == "in_process" else relaunched)
     passed = [(e["from_action"], e["to_action"]) for e in cluster.events("escalation")]
     asked, steps = TAXONOMY[kind].tier, []
     while asked < carried:  # every tier passed on the way is recorded, with its reason

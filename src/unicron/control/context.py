@@ -107,6 +107,7 @@ class Context:
             membership_timeout_s=self.limits.membership_timeout_s,
             storage_wait_s=self.limits.storage_wait_s,
             recovery=spec.run.recovery,
+            check_finite=spec.run.check_finite,
             faults=self._faults(name) or None,
             joining=joining,
             spare=spare,

@@ -38,6 +38,7 @@ MAX_TASKS_PER_SUBMIT = 100  # entries of `tasks:`
 MAX_ENV_KEYS = 256  # variables in a task's run.env
 MAX_ARGS = 1024  # a task's run.program (its argv)
 MAX_FAULTS = 256  # a task's run.faults
+MAX_FAULT_TIMES = 1000  # how often one injected fault strikes (run.faults[].times)
 MAX_TABLE_ROWS = 1024  # a task's throughput table
 MAX_ENTRIES = 4096  # any other list or mapping in a spec
 MAX_TEXT_CHARS = 65_536  # any string in a spec (an argument, a variable's value)

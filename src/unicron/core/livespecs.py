@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from unicron.core.limits import (
     MAX_ARGS,
     MAX_ENV_KEYS,
+    MAX_FAULT_TIMES,
     MAX_FAULTS,
     MAX_FLOPS,
     MAX_JSON_INT,
@@ -40,13 +41,25 @@ Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 # The worker contract's keys that a field of ``run:`` gives (``run.env`` may not set them).
 FIELD_KEYS = {
     KEYS[field]: field
-    for field in ("iterations", "checkpoint_every", "checkpoint_async", "recovery", "replica_size", "faults")
+    for field in (
+        "iterations",
+        "checkpoint_every",
+        "checkpoint_async",
+        "recovery",
+        "replica_size",
+        "faults",
+        "check_finite",
+    )
 }
 
 # Faults that damage state without failing a process: their time is not a failure's start.
 CORRUPTIONS = frozenset({"corrupt_transfer", "corrupt_checkpoint"})
 # ... nor is the time of any of these, which fail nothing (a stop taken late is still a stop).
 NOT_FAILURES = CORRUPTIONS | {"late_stop"}
+# Faults in the gradient sum, found and handled in the step by the workers (``train/numerics.py``):
+# a passing one never reaches the coordinator, so its time must not start a later failure's clock;
+# a verdict that does is timed from its own report.
+NUMERICAL = frozenset({"nan_grad", "nan_sample"})
 
 
 class FaultSpec(SpecBase):
@@ -72,6 +85,8 @@ class FaultSpec(SpecBase):
         "kill_in_transfer",
         "late_stop",
         "hang_at_exit",
+        "nan_grad",
+        "nan_sample",
     ] = Field(description="what happens; unicron/train/faults.py describes each")
     rank: int = Field(ge=0, le=MAX_WORKERS, description="the rank it strikes (in the generation it strikes)")
     step: Steps = Field(description="injected when this step starts")
@@ -93,6 +108,20 @@ class FaultSpec(SpecBase):
             "for stall, spin, stall_before_reduce, stall_rejoin, slow_save, hang_at_exit: how long;"
             " for slow: extra per step; for late_stop: how late"
         ),
+    )
+    times: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_FAULT_TIMES,
+        description="for nan_grad: how many computations of the step it strikes on the rank (1: a "
+        "passing fault; 3 or more: a device that keeps computing wrong, whatever its samples)",
+    )
+    sample: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_JSON_INT,
+        description="for nan_sample: the sample whose gradients are NaN in the step, on whichever rank "
+        "computes it (the rank field is not used)",
     )
 
 
@@ -135,6 +164,12 @@ class RunSpec(SpecBase):
     )
     faults: list[FaultSpec] = Field(
         default_factory=list, max_length=MAX_FAULTS, description="faults to inject, for tests and demos"
+    )
+    check_finite: bool = Field(
+        default=True,
+        description="test each step's gradient sum for NaN and Inf before the optimizer applies it; a "
+        "sum that is not finite is never applied: the step is computed again, the culprit rank and "
+        "whose fault it is are found (docs/detection.md)",
     )
     recovery: Literal["in_process", "restart"] = Field(
         default="in_process",

@@ -57,6 +57,10 @@ class ErrorKind(StrEnum):
     OTHER_NETWORK_ERROR = "other_network_error"
     OUT_OF_MEMORY = "out_of_memory"
     STORAGE_ERROR = "storage_error"
+    # Wrong numbers, found in the step (``train/numerics.py``): a device whose gradients are not
+    # finite for samples another device computes finitely; samples not finite wherever computed.
+    SILENT_DATA_CORRUPTION = "silent_data_corruption"
+    NONFINITE_DATA = "nonfinite_data"
     USER_ERROR = "user_error"
     OTHER = "other"
 
@@ -107,6 +111,12 @@ TAXONOMY: dict[ErrorKind, KindInfo] = {
     # A full, read-only or corrupt checkpoint store: restarting processes cannot mend it, and no
     # node is to blame; repeats fail the task with the reason (Settings.same_fault_limit).
     ErrorKind.STORAGE_ERROR: KindInfo(Severity.SEV2, Tier.RESTART_FAILED, False, Scope.STORAGE),
+    # Not in the paper's table (issue 55). A device that computes wrong values is taken out until
+    # repaired, as a node with ECC errors; its peers go on in place. Data that gives NaN or Inf
+    # wherever it is computed fails the task with the verdict at once: a restart or another
+    # device would compute the same (Megatron's rerun machine exits likewise).
+    ErrorKind.SILENT_DATA_CORRUPTION: _S1,
+    ErrorKind.NONFINITE_DATA: KindInfo(Severity.SEV2, Tier.FAIL_TASK, False, Scope.TASK),
     # The paper leaves "others" unassigned; we restart the process, the middle of the ladder.
     ErrorKind.OTHER: _S2,
 }

@@ -34,6 +34,7 @@ KEYS: dict[str, str] = {
     "membership_timeout_s": "UNICRON_MEMBERSHIP_TIMEOUT",
     "storage_wait_s": "UNICRON_STORAGE_WAIT",
     "recovery": "UNICRON_RECOVERY",
+    "check_finite": "UNICRON_CHECK_FINITE",
     "faults": "UNICRON_FAULTS",
     "joining": "UNICRON_JOINING",
     "spare": "UNICRON_SPARE",
@@ -46,7 +47,7 @@ KEYS: dict[str, str] = {
     "host_checkpoints": "UNICRON_HOST_CHECKPOINTS",
     "host_checkpoint_root": "UNICRON_HOST_CHECKPOINT_ROOT",
 }
-_FLAGS = ("joining", "spare", "host_checkpoints")
+_FLAGS = ("joining", "spare", "host_checkpoints", "check_finite")
 
 
 class WorkerEnv(BaseModel):
@@ -73,6 +74,7 @@ class WorkerEnv(BaseModel):
     membership_timeout_s: float | None = None
     storage_wait_s: float | None = None  # the final state's wait for failing storage (Settings)
     recovery: Literal["in_process", "restart"] = "in_process"
+    check_finite: bool = True  # each step's gradient sum tested before it is applied (run.check_finite)
     faults: list[dict[str, Any]] | None = None
     joining: bool = False  # a newcomer to live replicas
     spare: bool = False  # a hot spare: wait to be used

@@ -38,6 +38,11 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
 - ``hang_at_exit``: once the final state is saved and reported, sleep ``seconds`` on the way
   out, whatever the step (a teardown that does not return: a process group destroyed under a
   dead peer, an exit hook that blocks).
+- ``nan_grad``: a NaN in this rank's gradients on the way into the gradient sum of ``step``, in
+  the first ``times`` computations of the step on this rank (1: a passing fault; 3 or more: a
+  device that computes wrong whatever its samples). ``train/numerics.py`` must catch it.
+- ``nan_sample``: a NaN in the gradients of whichever rank computes sample ``sample`` in
+  ``step``, every time (data that gives NaN: a bad sample); ``rank`` and ``generation`` unused.
 
 A fault names a rank, a step and a generation; generation 0 means whichever worker of that rank
 first reaches the step, or a later one, in any generation (the rank may not exist at that step
@@ -53,16 +58,21 @@ import builtins
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from unicron.core.livespecs import FaultSpec
 from unicron.core.protocol import FaultReport
+
+if TYPE_CHECKING:
+    import torch
 
 # Injected at an event, not a step:
 AT_EVENTS = frozenset(
     {"corrupt_transfer", "stall_rejoin", "kill_in_agree", "kill_in_transfer", "late_stop", "hang_at_exit"}
 )
+IN_SUM = frozenset({"nan_grad"})  # on the way into each gradient sum of the step (``poison``)
 AT_REDUCE = frozenset({"stall_before_reduce", "kill_in_backward"})  # on the way into the all-reduce
 # Injected further into the step they are due at than its start:
 LATER_IN_STEP = frozenset({"stall", "spin", "kill_after_reduce", "slow_save"})
@@ -84,6 +94,7 @@ class FaultInjector:
         self.slow_s = 0.0
         self._pending: list[FaultSpec] = []
         self._settled: set[int] = set()  # generation-0 faults already claimed (by anyone)
+        self._struck: dict[int, int] = {}  # a nan fault's index -> the computations it struck
 
     def announce(self, fault: FaultSpec, step: int) -> None:
         """Report ``fault`` as it strikes, at ``step`` (0: at an event)."""
@@ -105,7 +116,11 @@ class FaultInjector:
     claim: Callable[[int], bool | None] | None = None
 
     def _due(self, step: int) -> list[FaultSpec]:
-        at_steps = [(i, f) for i, f in enumerate(self.all_faults) if f.action not in AT_EVENTS]
+        at_steps = [
+            (i, f)
+            for i, f in enumerate(self.all_faults)
+            if f.action not in AT_EVENTS and f.action != "nan_sample"
+        ]
         due = [f for _, f in at_steps if f in self.faults and f.step == step]
         for index, fault in at_steps:
             first = fault.generation == 0 and fault.step <= step and fault.rank == self.rank
@@ -120,7 +135,7 @@ class FaultInjector:
     def step_started(self, step: int) -> None:
         self._pending = self._due(step)
         for fault in self._pending:
-            if fault.action in AT_REDUCE or fault.action in LATER_IN_STEP:
+            if fault.action in AT_REDUCE or fault.action in LATER_IN_STEP or fault.action in IN_SUM:
                 continue
             self.announce(fault, step)
             if fault.action == "kill":
@@ -236,6 +251,26 @@ class FaultInjector:
             self._pending.remove(fault)
             self.announce(fault, step)
             time.sleep(fault.seconds)
+
+    def poison(self, step: int, computed: Sequence[int], params: Sequence[torch.Tensor]) -> None:
+        """On the way into a gradient sum of ``step`` (after this rank's micro-batches, or in the
+        last backward before its first bucket is sent), having computed the samples ``computed``:
+        ``nan_grad`` and ``nan_sample`` put a NaN into a gradient of the first bucket sent."""
+        due = [f for f in self._pending if f.action == "nan_grad"]
+        due += [
+            f for f in self.all_faults if f.action == "nan_sample" and f.step == step and f.sample in computed
+        ]
+        for fault in due:
+            index = self.all_faults.index(fault)
+            struck = self._struck.get(index, 0)
+            if fault.action == "nan_grad" and struck >= fault.times:
+                continue
+            if struck == 0:
+                self.announce(fault, step)
+            self._struck[index] = struck + 1
+            grad = next((p.grad for p in reversed(params) if p.grad is not None), None)
+            if grad is not None:  # (the last parameter's: in the first bucket, ``gradsync.Buckets``)
+                grad.view(-1)[0] = float("nan")
 
     def before_reduce(self, step: int) -> None:
         """On the way into the gradient all-reduce, once per step: in the last backward before

@@ -29,19 +29,20 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from unicron.core.protocol import Phase
-from unicron.train import gradsync, metric, replicas, sharded, shardsync
+from unicron.train import gradsync, metric, numerics, replicas, sharded, shardsync
 from unicron.train.data import shard, unclaimed_share
 from unicron.train.iteration import Iteration, PeerLostError, StopRequested
 from unicron.train.loader import StepData
 from unicron.train.loopguard import LoopGuard
 from unicron.train.membership import settle
 from unicron.train.noupdate import NoUpdate
+from unicron.train.numerics import NonFiniteSum
 from unicron.train.peers import Peers
 from unicron.train.state import step_schedulers
 
@@ -111,6 +112,10 @@ class StepLoop:
         # What would train differently at another world size is refused (``loopguard.py``).
         self.guard = LoopGuard(model, optimizer, session.extras, self.sharded)
         self.metrics = session.metrics
+        # The step's gradient sum is tested before it is applied (``numerics.py``); not yet for
+        # replicas of several ranks, whose sums go through ``replicas.py``.
+        self.checks_sum = session.contract.check_finite and not session.groups.replicated
+        self.computed: list[int] = []  # the samples whose gradients this rank holds in the step
 
     def _weigh(self, relative: float) -> list[Any]:
         """Hooks weighting the next backward's gradients by ``relative``, a micro-batch's samples
@@ -158,6 +163,7 @@ class StepLoop:
         stream = self.data.stream
         self.scale = stream.micro_batch / len(stream.batch(step))
         self.it = Iteration(step, len(chunks), lambda: session.faults.before_last_micro_batch(step))
+        self.computed = []
         self.began = [*self.began[-1:], (session.generation, time.monotonic())]
         session.faults.step_started(step)  # inside the step's time: a slowed rank computes slowly
         self.guard.step_began()
@@ -256,14 +262,22 @@ class StepLoop:
         step, session = self.it.step, self.session
         yield from self._chunks(self.chunks, arm=self._overlap(step))
         contributed = [i for chunk in self.chunks for i in chunk]
-        session.faults.before_reduce(step)
+        self._before_reduce(step)
         for attempt in range(4):
+            not_finite = False
             try:
                 session.progress.at(step, Phase.COLLECTIVE, "all_reduce", len(self.it.marks))
                 self._reduce()
                 break
+            except NonFiniteSum:
+                not_finite = True
             except Exception as exc:
                 session.recoverable(exc, last=attempt == 3)
+            if not_finite:  # (outside the except block, as below)
+                contributed, finite = yield from self._numerical(step, contributed)
+                if finite:
+                    break  # written back: the step goes on
+                # Else a suspect device leaves: the others recover in place, as from a crash.
             # Outside the except block: the exception's frames (inside torch.distributed) would
             # keep the failed group alive, and its sockets open, so peers would never notice.
             try:
@@ -299,6 +313,75 @@ class StepLoop:
         session.trace("samples", step=step, ids=contributed)  # the ledger: reduced, so in the step
         self.phase = StepPhase.REDUCED
         session.faults.after_reduce(step)
+
+    def _before_reduce(self, step: int) -> None:
+        """On the way into the step's gradient sum: the faults injected there."""
+        self.session.faults.before_reduce(step)
+        self.session.faults.poison(step, self.computed, self.params)
+
+    def _numerical(self, step: int, contributed: list[int]) -> Generator[Any, None, tuple[list[int], bool]]:
+        """The step's gradient sum was not finite, and nothing of it applied (``numerics.py``):
+        the ranks whose own gradients were not are found, and the step computed again, then
+        cross-checked, until :func:`numerics.judge` has a verdict. Returns the samples whose
+        gradients this rank now holds, and whether their sum is finite and written back (the
+        step goes on, exact); if not, a suspect device is leaving and the others recover in
+        place, as from a crash after their micro-batches. Raises the verdict where this rank is
+        to end: a device at fault, or samples not finite wherever computed (every rank alike)."""
+        session, world, rank = self.session, self.session.world_size, self.session.rank
+        peers = session.groups.peers
+        first = self._suspects()
+        again: frozenset[int] | None = None
+        cross: frozenset[int] | None = None
+        mine = contributed
+        while (judgement := numerics.judge(first, again, cross, world)) is None:
+            if again is not None:  # each rank computes the samples of the rank before it
+                assert peers is not None  # (world > 1: judge decides alone for one rank)
+                mine = peers.gather_lists(contributed)[numerics.rotated(rank, world)]
+            self._discard()
+            session.trace("numerical_recompute", step=step, samples=len(mine), cross=again is not None)
+            self.it.recomputed += len(_split(mine, self.data.stream.micro_batch))
+            yield from self._chunks(_split(mine, self.data.stream.micro_batch), arm=None)
+            self._before_reduce(step)
+            try:
+                self._reduce()
+                outcome: frozenset[int] = frozenset()
+            except NonFiniteSum:
+                outcome = self._suspects()
+            again, cross = (outcome, None) if again is None else (again, outcome)
+            if not outcome:
+                break  # finite, written back: the samples now held are this step's
+        self._judged(step, judgement or numerics.judge(first, again, cross, world))
+        return mine, not (cross if cross is not None else again)
+
+    def _judged(self, step: int, judgement: numerics.Judgement | None) -> None:
+        """Record the verdict on a step whose sum was not finite (``_numerical``), and end this
+        rank where the verdict says so."""
+        session = self.session
+        assert judgement is not None
+        session.trace("numerical", step=step, verdict=judgement.verdict.value,
+                      ranks=sorted(judgement.ranks), why=judgement.why)  # fmt: skip
+        where = f"step {step}: {judgement.why}"
+        if judgement.verdict in (numerics.Verdict.DATA, numerics.Verdict.UNRESOLVED):
+            raise numerics.NonFiniteData(f"non-finite gradients in {where}")
+        if judgement.verdict is numerics.Verdict.DEVICE and session.rank in judgement.ranks:
+            raise numerics.SilentDataCorruption(f"this rank's device computes wrong values: {where}")
+
+    def _suspects(self) -> frozenset[int]:
+        """The ranks whose own gradients are not finite, after a sum that was not (every rank
+        where none's are: the sum itself overflowed)."""
+        session, world = self.session, self.session.world_size
+        finite_here = numerics.gradients_finite(self.params)
+        found = numerics.not_finite(session.groups.peers, session.rank, world, finite_here)
+        return found or frozenset(range(world))
+
+    def _discard(self) -> None:
+        """What this rank accumulated in the step is void: computed again."""
+        for p in self.model.parameters():
+            p.grad = None
+        self.guard.state_replaced()
+        for each in self.metrics:
+            each.void()
+        self.computed = []
 
     def _abandon(self, step: int) -> None:
         """Asked to stop with this step's reduction broken: peers that took the request at the
@@ -336,6 +419,7 @@ class StepLoop:
             if self.sharded:
                 sharded.sync_gradients(self.fsdp_units, last)  # FSDP reduce-scatters at the last only
             self.session.progress.at(it.step, Phase.COMPUTE, micro_batch=len(it.marks))
+            self.computed += chunk
             hooks = self._weigh(len(chunk) / stream.micro_batch)
             self.guard.handing(len(chunk))
             try:
@@ -357,7 +441,7 @@ class StepLoop:
         if session.groups.replicated:
             return self._overlap_units(step, peers)
         self.buckets = gradsync.Buckets.of(self.model, self.buckets)
-        self.buckets.before_first = lambda: session.faults.before_reduce(step)
+        self.buckets.before_first = lambda: self._before_reduce(step)
         buckets, scale = self.buckets, self.scale
         return lambda: buckets.arm(peers, scale)
 
@@ -369,7 +453,7 @@ class StepLoop:
             return None
         if peers.size == 1:
             return None  # one replica: nothing to sum across (replicas.reduce only weighs)
-        sums.before_first = lambda: self.session.faults.before_reduce(step)
+        sums.before_first = lambda: self._before_reduce(step)
         scale = self.scale
 
         def arm() -> None:
@@ -396,14 +480,16 @@ class StepLoop:
             else:
                 replicas.reduce(self.model, self.sharded, groups.replica, groups.peers, watch, self.scale)
         elif session.world_size == 1:  # nothing to sum: only the weighting
+            if self.checks_sum and not numerics.gradients_finite(self.params):
+                raise NonFiniteSum("the gradients are not finite")
             with torch.no_grad():
                 for p in self.params:
                     if p.grad is not None:
                         p.grad.mul_(self.scale)
         elif self.buckets is not None and self.buckets.armed:
-            self.buckets.finish(watch, sums)  # launched during the last backward
+            self.buckets.finish(watch, sums, check=self.checks_sum)  # launched during the last backward
         else:
-            gradsync.all_reduce_gradients(self.model, groups.peers, watch, self.scale, sums)
+            gradsync.all_reduce_gradients(self.model, groups.peers, watch, self.scale, sums, self.checks_sum)
         metric.reduced(self.metrics, sums, len(self.data.stream.batch(self.it.step)))
         if self._maybe_abandoned() and session.declared_failed():
             # Declared failed (hung, or its node lost) during the step: its peers abandoned the

@@ -1,0 +1,123 @@
+"""Numerical faults in the step (issue 55): a gradient sum that is not finite, the ranks whose
+own gradients made it so, and whose fault it is (the device's, the data's, or a passing one).
+
+The sum is looked at before it is written back into the gradients, so every rank still holds
+its own (``gradsync``): a NaN or an Inf in any rank's gradients makes the sum non-finite on
+every rank alike (NaN + x is NaN; Inf - Inf is NaN), so all ranks take the same branch and their
+collectives keep matching. The sum of the reduced buffer is the cheap test (one pass, no tensor
+of flags); only then does each rank test its own gradients and the ranks tell each other which
+were not finite (one small collective, on the fault's path only).
+
+What follows is decided by :func:`judge` from the computations' outcomes:
+
+1. the step's micro-batches are computed again by the same ranks: a sum now finite was a
+   passing fault (``TRANSIENT``: the step goes on with the new sum, nothing of the bad one
+   applied);
+2. non-finite again: every rank computes the micro-batches of the rank before it (rank r those
+   of rank r - 1, cyclically). A suspect's samples that are not finite on another rank either are
+   the data's fault (``DATA``); the suspect's device gave a non-finite result for samples another
+   device computes finitely (``DEVICE``: its node is taken out, the others go on in place).
+   With one rank there is no other device to ask: ``UNRESOLVED``.
+
+Nothing is retried past these three computations: a fault that persists has a verdict.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from unicron.train.peers import Peers
+
+
+class NonFiniteSum(Exception):
+    """The step's gradient sum is not finite: nothing was written back (internal to the step)."""
+
+
+class SilentDataCorruption(RuntimeError):
+    """This rank's device computed non-finite gradients for samples another device computes
+    finitely: its node must leave (``ErrorKind.SILENT_DATA_CORRUPTION``)."""
+
+
+class NonFiniteData(RuntimeError):
+    """The step's samples give non-finite gradients wherever they are computed, or it could not
+    be told whose fault it is: the task stops with the verdict (``ErrorKind.NONFINITE_DATA``)."""
+
+
+class Verdict(enum.StrEnum):
+    TRANSIENT = "transient"  # computed again, finite: the step goes on
+    DEVICE = "device"  # the suspects' devices: they leave, the others go on in place
+    DATA = "data"  # the suspects' samples are non-finite on another rank too
+    UNRESOLVED = "unresolved"  # one rank, or no rank's own gradients non-finite: cannot be told
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    ranks: frozenset[int]  # the ranks at fault (DEVICE), or whose samples are (DATA)
+    why: str
+
+
+def rotated(rank: int, world: int) -> int:
+    """The rank whose micro-batches ``rank`` computes in the cross-check (the one before it)."""
+    return (rank - 1) % world
+
+
+def judge(
+    first: frozenset[int], again: frozenset[int] | None, cross: frozenset[int] | None, world: int
+) -> Judgement | None:
+    """The verdict on a step whose sum was not finite (``first``: the ranks whose own gradients
+    were not), given the ranks not finite when the same ranks computed again (``again``; None: not
+    yet) and when each computed the micro-batches of the rank before it (``cross``; None: not
+    yet). None: compute again (the next computation is the one this needs)."""
+    if again is None:
+        return None
+    if not again:
+        return Judgement(
+            Verdict.TRANSIENT, first, f"computed again, finite (first not finite: {_ranks(first)})"
+        )
+    if world == 1 or not again < frozenset(range(world)):
+        why = "one rank: no other device to compare with" if world == 1 else "every rank"
+        return Judgement(Verdict.UNRESOLVED, again, f"not finite twice on {_ranks(again)} ({why})")
+    if cross is None:
+        return None
+    data = frozenset(s for s in again if (s + 1) % world in cross)  # its samples, not finite elsewhere
+    if data:
+        return Judgement(
+            Verdict.DATA, data, f"the samples of {_ranks(data)} are not finite on other ranks too"
+        )
+    return Judgement(
+        Verdict.DEVICE,
+        again,
+        f"{_ranks(again)} not finite twice on their samples, which other ranks compute finitely",
+    )
+
+
+def _ranks(ranks: frozenset[int]) -> str:
+    return "rank " + ", ".join(map(str, sorted(ranks))) if ranks else "no rank"
+
+
+def sum_finite(buffers: Sequence[torch.Tensor]) -> bool:
+    """Whether every element of ``buffers`` is finite, read from their sums (one pass each and
+    one read back to the host for all): a NaN or an Inf anywhere makes a sum non-finite."""
+    if not buffers:
+        return True
+    return bool(torch.isfinite(torch.stack([b.sum() for b in buffers])).all())
+
+
+def gradients_finite(params: Sequence[torch.Tensor]) -> bool:
+    """Whether this rank's own gradients (its local sums, not yet written over) are finite."""
+    grads = [p.grad for p in params if p.grad is not None]
+    return sum_finite([g.detach().reshape(-1) for g in grads])
+
+
+def not_finite(peers: Peers | None, rank: int, world: int, finite_here: bool) -> frozenset[int]:
+    """The ranks whose own gradients are not finite, every rank told (one collective)."""
+    if peers is None or world == 1:
+        return frozenset() if finite_here else frozenset({0})
+    flags = [0] * world
+    flags[rank] = 0 if finite_here else 1
+    return frozenset(r for r, bad in enumerate(peers.maxima(flags)) if bad)

@@ -1,0 +1,126 @@
+"""Numerical faults in the step (issue 55): a gradient sum that is not finite is never applied,
+the rank at fault is found, and whose fault it is decides what follows (``train/numerics.py``).
+
+The verdicts as values; then, end to end, one task of 4 gloo workers on two nodes: a NaN in one
+rank's gradients once (a passing fault: the step computed again, nothing restarts), then a rank
+that keeps computing NaN whatever its samples (its device: its node is taken out until repaired,
+the others go on in place). The task must end with the parameters of a failure-free run and with
+every step having trained on exactly its global batch. A sample that gives NaN anywhere fails the
+task with the verdict, in a second task on the same cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from bench.chaos import check as chaos_check
+from unicron.control.launch.localcluster import LocalCluster
+from unicron.core.livespecs import FaultSpec
+from unicron.core.taxonomy import TAXONOMY, ErrorKind
+from unicron.core.tiers import Tier
+from unicron.train.data import DataStream
+from unicron.train.numerics import Verdict, judge, rotated
+
+from .test_live_cluster import (
+    assert_ends_exact,
+    assert_ledger_exact,
+    finish_and_settle,
+    read_trace,
+    story_of,
+    traced_task,
+)
+
+NONE: frozenset[int] = frozenset()
+
+
+def ranks(*r: int) -> frozenset[int]:
+    return frozenset(r)
+
+
+def test_a_sum_finite_when_computed_again_was_a_passing_fault() -> None:
+    assert judge(ranks(1), None, None, 4) is None  # compute again first
+    verdict = judge(ranks(1), NONE, None, 4)
+    assert verdict is not None and verdict.verdict is Verdict.TRANSIENT and verdict.ranks == ranks(1)
+
+
+def test_not_finite_twice_is_cross_checked_on_another_rank_before_any_verdict() -> None:
+    assert judge(ranks(2), ranks(2), None, 4) is None
+    assert rotated(3, 4) == 2 and rotated(0, 4) == 3  # rank 3 computes rank 2's samples
+
+
+def test_samples_not_finite_on_another_rank_are_the_datas_fault() -> None:
+    verdict = judge(ranks(2), ranks(2), ranks(3), 4)  # rank 3, computing rank 2's samples: NaN
+    assert verdict is not None and verdict.verdict is Verdict.DATA and verdict.ranks == ranks(2)
+
+
+def test_a_rank_wrong_on_samples_another_computes_finitely_is_the_devices_fault() -> None:
+    for cross in (ranks(2), NONE):  # wrong on rank 1's samples too, or right this once
+        verdict = judge(ranks(2), ranks(2), cross, 4)
+        assert verdict is not None and verdict.verdict is Verdict.DEVICE and verdict.ranks == ranks(2)
+
+
+def test_with_no_other_device_to_ask_the_verdict_says_it_cannot_tell() -> None:
+    alone = judge(ranks(0), ranks(0), None, 1)
+    assert alone is not None and alone.verdict is Verdict.UNRESOLVED and "one rank" in alone.why
+    everyone = judge(ranks(0, 1), ranks(0, 1), None, 2)
+    assert everyone is not None and everyone.verdict is Verdict.UNRESOLVED
+
+
+def test_the_verdicts_kinds_take_a_device_out_and_end_a_task_on_bad_data() -> None:
+    device, data = TAXONOMY[ErrorKind.SILENT_DATA_CORRUPTION], TAXONOMY[ErrorKind.NONFINITE_DATA]
+    assert device.tier is Tier.RECONFIGURE and device.needs_repair
+    assert data.tier is Tier.FAIL_TASK and not data.needs_repair
+
+
+def test_a_nan_faults_count_is_bounded() -> None:
+    assert FaultSpec.model_validate({"action": "nan_grad", "rank": 1, "step": 3, "times": 3}).times == 3
+    with pytest.raises(ValidationError, match="times"):
+        FaultSpec.model_validate({"action": "nan_grad", "rank": 1, "step": 3, "times": 0})
+
+
+ITERATIONS = 40
+FAULTS = [
+    {"action": "nan_grad", "rank": 1, "step": 6, "generation": 0},  # once: a passing fault
+    {"action": "nan_grad", "rank": 2, "step": 14, "generation": 0, "times": 5},  # a faulty device
+]
+
+
+@pytest.mark.timeout(420)
+def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp_path: Path) -> None:
+    trace, bad_trace = tmp_path / "trace.jsonl", tmp_path / "bad.jsonl"
+    table = "{2: 1.9e9, 4: 3.5e9}"
+    spec = traced_task(trace, table, ITERATIONS, 0.0, f"  faults: {json.dumps(FAULTS)}\n")
+    stream = DataStream(chaos_check.GLOBAL_BATCH, chaos_check.MICRO_BATCH, chaos_check.DATASET)
+    bad_sample = [{"action": "nan_sample", "rank": 0, "step": 3, "sample": stream.batch(3)[5]}]
+    bad = traced_task(bad_trace, "{2: 1.9e9}", 10, 0.0, f"  faults: {json.dumps(bad_sample)}\n", name="bad")
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings={"isolate_after": 100}) as cluster:
+        cluster.submit(spec)
+        events, rows = finish_and_settle(cluster, trace)
+        story = story_of(events)
+        verdicts = [r for r in rows if r["what"] == "numerical"]
+        # The passing fault: every rank computed step 6 again and went on; nothing restarted.
+        assert {(r["step"], r["verdict"], tuple(r["ranks"])) for r in verdicts} >= {(6, "transient", (1,))}
+        # The faulty device: named in step 14, its node taken out, the others on in place.
+        assert (14, "device", (2,)) in {(r["step"], r["verdict"], tuple(r["ranks"])) for r in verdicts}
+        (incident,) = [e for e in events if e["kind"] == "incident"]
+        assert incident["detail"]["kind"] == "silent_data_corruption", story
+        assert incident["node"] == "node-1" and incident["detail"]["action"] == "reconfigure", story
+        states = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
+        assert states == {"node-0": "healthy", "node-1": "isolated"}, story
+        assert not [e for e in events if e["kind"] == "relaunch"], story
+        assert_ledger_exact(rows, ITERATIONS, frozen=frozenset({2, 3}))
+        assert_ends_exact(tmp_path, "lm", ITERATIONS)
+
+        cluster.submit(bad)
+        cluster.wait(
+            lambda: cluster.task("bad")["state"] == "failed", 240, "the task with a bad sample to fail"
+        )
+        bad_events = cluster.get("/v1/events", task="bad")
+        (failed,) = [e for e in bad_events if e["kind"] == "incident"]
+        assert failed["detail"]["kind"] == "nonfinite_data", story_of(bad_events)
+        verdict = [r for r in read_trace(bad_trace) if r["what"] == "numerical"]
+        assert {(r["step"], r["verdict"]) for r in verdict} == {(3, "data")}, verdict
