@@ -204,9 +204,10 @@ def write_markdown(r: dict[str, Any]) -> None:
     )
 
 
-# Sections another benchmark writes into the page after it (``bench/decide_bench.py``), between
-# ``<!-- NAME -->`` and ``<!-- /NAME -->``: a rewrite of the page alone keeps what they measured.
-SECTIONS = ("decide_bench",)
+# Sections other benchmarks write into the page after it (``bench/decide_bench.py``,
+# ``bench/numerical_bench.py``), between ``<!-- NAME -->`` and ``<!-- /NAME -->``: a rewrite of the
+# page alone keeps what they measured.
+SECTIONS = ("decide_bench", "numerical_bench")
 
 
 def kept_sections(page: Path, text: str) -> str:

@@ -10,6 +10,7 @@ from bench import (
     decide_bench,
     detection_bench,
     network_bench,
+    numerical_bench,
     observe_bench,
     overhead_bench,
     planner_bench,
@@ -68,6 +69,8 @@ def run_all() -> None:
     decided = decide_bench.main([])  # a burst of 100 failures at 2,048 nodes x 8, 100 tasks
     keys = ("nodes", "decision_p50_s", "decision_p99_s", "burst_s", "met")
     print(json.dumps({k: decided[k] for k in keys}, indent=2))
+    numerical = numerical_bench.main([])  # the gradient sum's test: its cost, and what it catches
+    print(json.dumps({f"{r['workers']} workers": r["ratio"] for r in numerical["rows"]}, indent=2))
     # What periodic checkpoints cost a sharded task, written before going on or in the background.
     saved = checkpoint_bench.main()
     print(json.dumps({k: saved[k] for k in ("mean_step_s", "cost_per_checkpoint_s")}, indent=2))

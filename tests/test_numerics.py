@@ -5,14 +5,16 @@ The verdicts as values; then, end to end, one task of 4 gloo workers on two node
 rank's gradients once (a passing fault: the step computed again, nothing restarts), then a rank
 that keeps computing NaN whatever its samples (its device: its node is taken out until repaired,
 the others go on in place). The task must end with the parameters of a failure-free run and with
-every step having trained on exactly its global batch. A sample that gives NaN anywhere fails the
-task with the verdict, in a second task on the same cluster.
+every step having trained on exactly its global batch; each fault is an incident naming its rank
+and node. A sample that gives NaN anywhere fails the task with the verdict, in a second task on
+the same cluster.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -20,6 +22,7 @@ from pydantic import ValidationError
 from bench.chaos import check as chaos_check
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.livespecs import FaultSpec
+from unicron.core.protocol import NumericalReport
 from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
 from unicron.train.data import DataStream
@@ -27,6 +30,7 @@ from unicron.train.numerics import Verdict, judge, rotated
 
 from .test_live_cluster import (
     assert_ends_exact,
+    assert_every_incident_closed,
     assert_ledger_exact,
     finish_and_settle,
     read_trace,
@@ -106,11 +110,19 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         assert {(r["step"], r["verdict"], tuple(r["ranks"])) for r in verdicts} >= {(6, "transient", (1,))}
         # The faulty device: named in step 14, its node taken out, the others on in place.
         assert (14, "device", (2,)) in {(r["step"], r["verdict"], tuple(r["ranks"])) for r in verdicts}
-        (incident,) = [e for e in events if e["kind"] == "incident"]
+        incidents = [e for e in events if e["kind"] == "incident"]
+        assert len(incidents) == 2, story
+        passing, incident = incidents
+        struck = {e["detail"]["index"]: e["node"] for e in events if e["kind"] == "fault_injected"}
+        # The passing fault's incident: its rank and node named, recovered in place at once.
+        assert passing["detail"]["kind"] == "nonfinite_transient" and passing["node"] == struck[0], story
+        assert passing["detail"]["culprit"] == 1 and passing["detail"]["step"] == 6, story
+        assert passing["detail"]["action"] == "reattempt in place", story
+        assert_every_incident_closed(events)
         assert incident["detail"]["kind"] == "silent_data_corruption", story
-        assert incident["node"] == "node-1" and incident["detail"]["action"] == "reconfigure", story
+        assert incident["node"] == struck[1] and incident["detail"]["action"] == "reconfigure", story
         states = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
-        assert states == {"node-0": "healthy", "node-1": "isolated"}, story
+        assert states[struck[1]] == "isolated" and list(states.values()).count("healthy") == 1, story
         assert not [e for e in events if e["kind"] == "relaunch"], story
         assert_ledger_exact(rows, ITERATIONS, frozen=frozenset({2, 3}))
         assert_ends_exact(tmp_path, "lm", ITERATIONS)
@@ -124,3 +136,30 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         assert failed["detail"]["kind"] == "nonfinite_data", story_of(bad_events)
         verdict = [r for r in read_trace(bad_trace) if r["what"] == "numerical"]
         assert {(r["step"], r["verdict"]) for r in verdict} == {(3, "data")}, verdict
+
+
+def numerical(cluster: Any, rank: int) -> NumericalReport:
+    task = cluster.c.store.get_task("lm")
+    return NumericalReport(
+        task="lm", generation=task.generation, rank=rank, step=2, verdict="transient", ranks=[rank],
+        why="computed again, finite", time=cluster.clock.now, spent_s=0.25,
+    )  # fmt: skip
+
+
+def test_a_passing_fault_is_an_incident_recovered_in_place_and_changes_nothing(make: Any) -> None:
+    """The coordinator stepped by hand (``tests/fakecluster.py``): the report of a rank whose
+    gradients were not finite once is an incident naming it, closed at once, and nothing is
+    ordered; the same report sent by another node's agent is refused."""
+    cluster = make()
+    generation, since = cluster.c.store.get_task("lm").generation, len(cluster.orders)
+    node, _ = cluster.running[("lm", generation, 1)]
+    other = next(n for n in ("n0", "n1") if n != node)
+    cluster.beat(other, numerical(cluster, 1))
+    assert cluster.events("report_rejected") and not cluster.events("incident")
+    cluster.beat(node, numerical(cluster, 1))
+    (incident,) = cluster.events("incident")
+    assert incident["kind"] == "nonfinite_transient" and incident["culprit"] == 1
+    assert incident["action"] == "reattempt in place" and incident["step"] == 2
+    (outcome,) = cluster.events("outcome")
+    assert outcome["outcome"] == "recovered" and outcome["downtime_s"] == 0.25
+    assert cluster.orders[since:] == [] and cluster.c.store.get_task("lm").generation == generation

@@ -20,6 +20,7 @@ from unicron.core.protocol import (
     FaultReport,
     IterationReport,
     LaunchFailedReport,
+    NumericalReport,
     RestoredReport,
     StacksReport,
     StorageReport,
@@ -47,6 +48,7 @@ def reports(generation: int) -> list[WorkerReport]:
         StorageReport(**at, step=40, tier="persistent", ok=False),
         DoneReport(**at, step=100, digest="d"),
         StacksReport(task="lm", generation=generation, node="n0", stacks={1: "frame"}),
+        NumericalReport(**at, step=41, verdict="transient", ranks=[1], why="computed again, finite"),
     ]
 
 
@@ -66,6 +68,7 @@ def test_the_current_generation_s_reports_each_go_to_their_handler() -> None:
         "storage": Route.STORAGE,
         "done": Route.NOT_FINAL,  # rank 1's: the final state is rank 0's to report
         "stacks": Route.STACKS,
+        "numerical": Route.NUMERICAL,
     }
     final = DoneReport(task="lm", generation=5, rank=0, step=100, digest="d")
     assert route(final, TAKEN).route is Route.FINAL_STATE
@@ -113,7 +116,7 @@ CURRENT_ROUTES = {current for _, current in CURRENT}
 @given(
     st.integers(1, 9),
     st.integers(1, 9),
-    st.sampled_from(range(10)),
+    st.sampled_from(range(11)),
     st.none() | st.integers(1, 9),
     st.none() | st.integers(0, 3),
     st.booleans(),

@@ -27,6 +27,7 @@ from unicron.core.protocol import (
     FaultReport,
     IterationReport,
     LaunchFailedReport,
+    NumericalReport,
     RestoredReport,
     StacksReport,
     StorageReport,
@@ -57,6 +58,7 @@ class Route(Enum):
     CHECKPOINT = "checkpoint"  # a checkpoint was saved
     RESTORED = "restored"  # a rank restored its state: where it came from
     EXIT = "exit"  # a rank's process ended
+    NUMERICAL = "numerical"  # a rank's gradients were not finite once; the step went on
     # Done short of the final state (a rank but 0, or before the last step): the task's end is
     # rank 0's final report, and each rank's exit
     NOT_FINAL = "not_final"
@@ -89,6 +91,7 @@ CURRENT: tuple[tuple[type, Route], ...] = (
     (CheckpointReport, Route.CHECKPOINT),
     (RestoredReport, Route.RESTORED),
     (ExitReport, Route.EXIT),
+    (NumericalReport, Route.NUMERICAL),
 )
 
 

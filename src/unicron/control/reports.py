@@ -39,6 +39,7 @@ from unicron.core.protocol import (
     FaultReport,
     IterationReport,
     LaunchFailedReport,
+    NumericalReport,
     RestoredReport,
     StacksReport,
     StorageReport,
@@ -152,6 +153,8 @@ class Reports:
                 reported.restored(self.act, restored, node)
             case Route.EXIT, ExitReport() as exited:
                 self.exit(task, exited)
+            case Route.NUMERICAL, NumericalReport() as found:
+                reported.passing_fault(self.act, found, node, self.clock())
         return False
 
     def _refused(self, report: WorkerReport, node: str, why: str | None) -> None:

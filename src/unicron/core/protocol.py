@@ -208,6 +208,25 @@ class StacksReport(_Message):
     retransmitting: Int | None = None
 
 
+class NumericalReport(_Message):
+    """A rank whose own gradients were not finite in a step whose sum was then computed again
+    and came out finite (``train/numerics.py``: a passing fault; the step went on, nothing of the
+    bad sum applied). Sent by each rank named; a fault that persists ends the rank or the task
+    with an exception instead (``ExceptionReport``)."""
+
+    type: Literal["numerical"] = "numerical"
+    task: Label
+    generation: Int
+    rank: Int
+    step: Int  # the step whose sum was not finite
+    verdict: Label  # "transient"
+    # every rank named with it (the report is this rank's own)
+    ranks: Annotated[list[Int], Field(max_length=MAX_PEERS, fail_fast=True)]
+    why: Note
+    time: UnixTime = 0.0  # when the sum was found not finite (Unix time)
+    spent_s: Seconds = 0.0  # from then until a finite sum was written back: the step's extra time
+
+
 class LaunchFailedReport(_Message):
     """Written by the agent when a worker could not be started (no such program, not
     executable, no memory for a process)."""
@@ -231,6 +250,7 @@ WorkerReport = Annotated[
     | ExitReport
     | FaultReport
     | LaunchFailedReport
+    | NumericalReport
     | StacksReport,
     Field(discriminator="type"),
 ]
@@ -273,7 +293,8 @@ AgentDatagram = Annotated[
     | RestoredReport
     | StorageReport
     | DoneReport
-    | FaultReport,
+    | FaultReport
+    | NumericalReport,
     Field(discriminator="type"),
 ]
 # An agent that cannot reach a coordinator retries at most this far apart (its backoff's cap),
@@ -482,6 +503,9 @@ AGENT_BOUNDS = EntryBounds(
         ("reports", "[]", "skipped", "[]"): Bound(2, "entries", "give each copy passed over as [file, why]"),
         ("reports", "[]", "unreachable"): Bound(
             MAX_PEERS, "peers", f"name at most {MAX_PEERS} peers this node cannot reach"
+        ),
+        ("reports", "[]", "ranks"): Bound(
+            MAX_PEERS, "ranks", f"name at most {MAX_PEERS} ranks with a numerical fault"
         ),
     }
 )

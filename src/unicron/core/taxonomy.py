@@ -61,6 +61,7 @@ class ErrorKind(StrEnum):
     # finite for samples another device computes finitely; samples not finite wherever computed.
     SILENT_DATA_CORRUPTION = "silent_data_corruption"
     NONFINITE_DATA = "nonfinite_data"
+    NONFINITE_TRANSIENT = "nonfinite_transient"  # not finite once, finite computed again
     USER_ERROR = "user_error"
     OTHER = "other"
 
@@ -117,6 +118,9 @@ TAXONOMY: dict[ErrorKind, KindInfo] = {
     # device would compute the same (Megatron's rerun machine exits likewise).
     ErrorKind.SILENT_DATA_CORRUPTION: _S1,
     ErrorKind.NONFINITE_DATA: KindInfo(Severity.SEV2, Tier.FAIL_TASK, False, Scope.TASK),
+    # Found and undone inside the step by the ranks themselves (the step computed again in place:
+    # no process restarts), and reported as done (``NumericalReport``): never raised.
+    ErrorKind.NONFINITE_TRANSIENT: _S3,
     # The paper leaves "others" unassigned; we restart the process, the middle of the ladder.
     ErrorKind.OTHER: _S2,
 }

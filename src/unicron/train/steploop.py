@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from unicron.core.protocol import Phase
+from unicron.core.limits import MAX_PEERS
+from unicron.core.protocol import NumericalReport, Phase
 from unicron.train import gradsync, metric, numerics, replicas, sharded, shardsync
 from unicron.train.data import shard, unclaimed_share
 from unicron.train.iteration import Iteration, PeerLostError, StopRequested
@@ -329,6 +330,7 @@ class StepLoop:
         to end: a device at fault, or samples not finite wherever computed (every rank alike)."""
         session, world, rank = self.session, self.session.world_size, self.session.rank
         peers = session.groups.peers
+        found_at = (time.time(), time.monotonic())
         first = self._suspects()
         again: frozenset[int] | None = None
         cross: frozenset[int] | None = None
@@ -350,16 +352,31 @@ class StepLoop:
             again, cross = (outcome, None) if again is None else (again, outcome)
             if not outcome:
                 break  # finite, written back: the samples now held are this step's
-        self._judged(step, judgement or numerics.judge(first, again, cross, world))
+        self._judged(step, judgement or numerics.judge(first, again, cross, world), found_at)
         return mine, not (cross if cross is not None else again)
 
-    def _judged(self, step: int, judgement: numerics.Judgement | None) -> None:
-        """Record the verdict on a step whose sum was not finite (``_numerical``), and end this
-        rank where the verdict says so."""
+    def _judged(self, step: int, judgement: numerics.Judgement | None, found_at: tuple[float, float]) -> None:
+        """Record the verdict on a step whose sum was not finite (``_numerical``; ``found_at``:
+        when, as Unix and monotonic time), and end this rank where the verdict says so. A
+        passing fault is reported by each rank named (its own report: its agent may only speak
+        for it); one that persists, by the exception that ends the rank or the task."""
         session = self.session
         assert judgement is not None
         session.trace("numerical", step=step, verdict=judgement.verdict.value,
                       ranks=sorted(judgement.ranks), why=judgement.why)  # fmt: skip
+        if judgement.verdict is numerics.Verdict.TRANSIENT and session.rank in judgement.ranks:
+            report = NumericalReport(
+                task=session.task,
+                generation=session.generation,
+                rank=session.rank,
+                step=step,
+                verdict=judgement.verdict.value,
+                ranks=sorted(judgement.ranks)[:MAX_PEERS],
+                why=judgement.why,
+                time=found_at[0],
+                spent_s=time.monotonic() - found_at[1],
+            )
+            session.channel.send(report)
         where = f"step {step}: {judgement.why}"
         if judgement.verdict in (numerics.Verdict.DATA, numerics.Verdict.UNRESOLVED):
             raise numerics.NonFiniteData(f"non-finite gradients in {where}")

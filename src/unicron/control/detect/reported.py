@@ -9,7 +9,8 @@ from typing import Any
 
 from unicron.control.act.effects import Applier
 from unicron.control.detect.hangs import innermost_frame
-from unicron.core.protocol import FaultReport, RestoredReport, StacksReport
+from unicron.core.protocol import FaultReport, NumericalReport, RestoredReport, StacksReport
+from unicron.core.taxonomy import TAXONOMY, ErrorKind
 
 
 def stacks(act: Applier, report: StacksReport, incident: int | None) -> None:
@@ -49,6 +50,44 @@ def restored(act: Applier, report: RestoredReport, node: str) -> None:
             step=report.step,
             source=report.source,
         )
+
+
+def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) -> None:
+    """A rank's gradients were not finite in a step that its ranks then computed again, finitely
+    (``train/numerics.py``): an incident the workers already recovered from in place (the tier
+    they carried out: the step reattempted, no process restarted), recorded with its culprit and
+    closed at once. It changes nothing the coordinator decides; not yet counted by the ladder
+    (a node whose rank keeps failing so is found by the cross-check: a device fault)."""
+    kind = ErrorKind.NONFINITE_TRANSIENT
+    info = TAXONOMY[kind]
+    incident = act.record(
+        "incident",
+        task=report.task,
+        node=node,
+        kind=kind.value,
+        severity=info.severity.name,
+        action=info.tier.label,
+        asked=info.tier.label,
+        scope=info.scope.value,
+        why=f"rank {report.rank}: {report.why}",
+        ladder="found and computed again in the step by the ranks",
+        detected_at=report.time or now,  # in the step it struck, before anything of it was applied
+        generation=report.generation,
+        step=report.step,
+        verdict=report.verdict,
+        culprit=report.rank,
+        ranks=report.ranks,
+    )
+    act.record(
+        "outcome",
+        task=report.task,
+        incident=incident,
+        outcome="recovered",
+        downtime_s=report.spent_s,  # the step's time computing again: the ranks never stopped
+        resumed_step=report.step,
+        action=info.tier.label,
+        actions=[info.tier.label],
+    )
 
 
 def injected(act: Applier, report: FaultReport, node: str) -> None:
