@@ -17,16 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from bench.chaos import check as chaos_check
 from unicron.control.launch.localcluster import LocalCluster
-from unicron.core.livespecs import FaultSpec
+from unicron.core.livespecs import FaultSpec, RunSpec
 from unicron.core.protocol import NumericalReport
 from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
 from unicron.train.data import DataStream
-from unicron.train.numerics import Verdict, judge, rotated
+from unicron.train.numerics import Verdict, judge, rotated, sum_finite
 
 from .test_live_cluster import (
     assert_ends_exact,
@@ -72,6 +73,9 @@ def test_with_no_other_device_to_ask_the_verdict_says_it_cannot_tell() -> None:
     assert alone is not None and alone.verdict is Verdict.UNRESOLVED and "one rank" in alone.why
     everyone = judge(ranks(0, 1), ranks(0, 1), None, 2)
     assert everyone is not None and everyone.verdict is Verdict.UNRESOLVED
+    # Rank 2 checked rank 1's samples, but rank 2 is a suspect too: that check says nothing.
+    neighbours = judge(ranks(1, 2), ranks(1, 2), ranks(1, 2), 4)
+    assert neighbours is not None and neighbours.verdict is Verdict.UNRESOLVED
 
 
 def test_the_verdicts_kinds_take_a_device_out_and_end_a_task_on_bad_data() -> None:
@@ -80,10 +84,18 @@ def test_the_verdicts_kinds_take_a_device_out_and_end_a_task_on_bad_data() -> No
     assert data.tier is Tier.FAIL_TASK and not data.needs_repair
 
 
-def test_a_nan_faults_count_is_bounded() -> None:
+def test_a_nan_faults_count_is_bounded_and_it_is_refused_where_no_test_would_catch_it() -> None:
     assert FaultSpec.model_validate({"action": "nan_grad", "rank": 1, "step": 3, "times": 3}).times == 3
     with pytest.raises(ValidationError, match="times"):
         FaultSpec.model_validate({"action": "nan_grad", "rank": 1, "step": 3, "times": 0})
+    faults = [{"action": "nan_sample", "rank": 0, "step": 3, "sample": 5}]
+    with pytest.raises(ValidationError, match=r"run\.replica_size 1"):
+        RunSpec.model_validate({"program": ["x"], "iterations": 9, "replica_size": 2, "faults": faults})
+
+
+def test_a_half_precision_sum_that_is_finite_is_not_taken_for_an_overflow() -> None:
+    assert sum_finite([torch.ones(100_000, dtype=torch.float16)])  # its float16 sum would be inf
+    assert not sum_finite([torch.tensor([1.0, float("inf")], dtype=torch.bfloat16)])
 
 
 ITERATIONS = 40
@@ -116,7 +128,7 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         struck = {e["detail"]["index"]: e["node"] for e in events if e["kind"] == "fault_injected"}
         # The passing fault's incident: its rank and node named, recovered in place at once.
         assert passing["detail"]["kind"] == "nonfinite_transient" and passing["node"] == struck[0], story
-        assert passing["detail"]["culprit"] == 1 and passing["detail"]["step"] == 6, story
+        assert passing["detail"]["culprit"] == 1 and passing["detail"]["step"] == 5, story  # (completed)
         assert passing["detail"]["action"] == "reattempt in place", story
         assert_every_incident_closed(events)
         assert incident["detail"]["kind"] == "silent_data_corruption", story
@@ -159,7 +171,7 @@ def test_a_passing_fault_is_an_incident_recovered_in_place_and_changes_nothing(m
     cluster.beat(node, numerical(cluster, 1))
     (incident,) = cluster.events("incident")
     assert incident["kind"] == "nonfinite_transient" and incident["culprit"] == 1
-    assert incident["action"] == "reattempt in place" and incident["step"] == 2
+    assert incident["action"] == "reattempt in place" and incident["step"] == 1  # the last completed
     (outcome,) = cluster.events("outcome")
     assert outcome["outcome"] == "recovered" and outcome["downtime_s"] == 0.25
     assert cluster.orders[since:] == [] and cluster.c.store.get_task("lm").generation == generation

@@ -30,7 +30,7 @@ from unicron.control.recover.generations import Generations
 from unicron.control.recover.recovery import CONSEQUENCES, Recovery
 from unicron.control.recover.storagewatch import StorageWatch
 from unicron.control.stepping import Steps
-from unicron.core.livespecs import NOT_FAILURES
+from unicron.core.livespecs import NOT_FAILURES, NUMERICAL
 from unicron.core.protocol import (
     CheckpointReport,
     DoneReport,
@@ -134,7 +134,7 @@ class Reports:
             case Route.STEP, IterationReport() as step:
                 return self.steps.completed(task, step)  # the plan may want the task larger or smaller now
             case Route.INJECTED, FaultReport() as fault:
-                if fault.action not in NOT_FAILURES:
+                if fault.action not in NOT_FAILURES | NUMERICAL:
                     self.recovery.injected((fault.task, fault.generation), fault.time)
                 reported.injected(self.act, fault, node)
             case Route.EXCEPTION, ExceptionReport() as raised:

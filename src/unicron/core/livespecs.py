@@ -114,7 +114,7 @@ class FaultSpec(SpecBase):
         ge=1,
         le=MAX_FAULT_TIMES,
         description="for nan_grad: how many computations of the step it strikes on the rank (1: a "
-        "passing fault; 3 or more: a device that keeps computing wrong, whatever its samples)",
+        "passing fault; 2 or more: a device that keeps computing wrong, whatever its samples)",
     )
     sample: int = Field(
         default=0,
@@ -196,6 +196,18 @@ class RunSpec(SpecBase):
                     f"run.env and set run.{FIELD_KEYS[key]}"
                 )
         return env
+
+    @model_validator(mode="after")
+    def _numerical_faults_are_tested(self) -> RunSpec:
+        # The gradient sum's test covers one rank per replica: a NaN injected elsewhere would
+        # train on untested (``train/numerics.py``).
+        found = sorted({f.action for f in self.faults if f.action in NUMERICAL})
+        if found and self.replica_size > 1:
+            raise ValueError(
+                f"run.faults injects {', '.join(found)}, which the gradient sum's test does not cover "
+                f"with run.replica_size {self.replica_size}{FIX_MARK}use them with run.replica_size 1"
+            )
+        return self
 
     @field_validator("program", mode="before")
     @classmethod

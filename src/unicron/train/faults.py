@@ -39,7 +39,7 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
   out, whatever the step (a teardown that does not return: a process group destroyed under a
   dead peer, an exit hook that blocks).
 - ``nan_grad``: a NaN in this rank's gradients on the way into the gradient sum of ``step``, in
-  the first ``times`` computations of the step on this rank (1: a passing fault; 3 or more: a
+  the first ``times`` computations of the step on this rank (1: a passing fault; 2 or more: a
   device that computes wrong whatever its samples). ``train/numerics.py`` must catch it.
 - ``nan_sample``: a NaN in the gradients of whichever rank computes sample ``sample`` in
   ``step``, every time (data that gives NaN: a bad sample); ``rank`` and ``generation`` unused.
@@ -260,6 +260,10 @@ class FaultInjector:
         due += [
             f for f in self.all_faults if f.action == "nan_sample" and f.step == step and f.sample in computed
         ]
+        # The last parameter's gradient: in the first bucket sent (``gradsync.Buckets``).
+        grad = next((p.grad for p in reversed(params) if p.grad is not None), None)
+        if grad is None:
+            return  # nothing computed to put it in
         for fault in due:
             index = self.all_faults.index(fault)
             struck = self._struck.get(index, 0)
@@ -268,9 +272,7 @@ class FaultInjector:
             if struck == 0:
                 self.announce(fault, step)
             self._struck[index] = struck + 1
-            grad = next((p.grad for p in reversed(params) if p.grad is not None), None)
-            if grad is not None:  # (the last parameter's: in the first bucket, ``gradsync.Buckets``)
-                grad.view(-1)[0] = float("nan")
+            grad.view(-1)[0] = float("nan")
 
     def before_reduce(self, step: int) -> None:
         """On the way into the gradient all-reduce, once per step: in the last backward before

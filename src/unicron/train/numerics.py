@@ -14,10 +14,13 @@ What follows is decided by :func:`judge` from the computations' outcomes:
    passing fault (``TRANSIENT``: the step goes on with the new sum, nothing of the bad one
    applied);
 2. non-finite again: every rank computes the micro-batches of the rank before it (rank r those
-   of rank r - 1, cyclically). A suspect's samples that are not finite on another rank either are
-   the data's fault (``DATA``); the suspect's device gave a non-finite result for samples another
-   device computes finitely (``DEVICE``: its node is taken out, the others go on in place).
-   With one rank there is no other device to ask: ``UNRESOLVED``.
+   of rank r - 1, cyclically), and the ranks tell each other whose gradients are not finite
+   (nothing is summed: the suspects' results are not to be trusted). A suspect's samples that
+   are not finite on another rank either are the data's fault (``DATA``); else the suspect's
+   device gave a non-finite result twice for samples another device computes finitely
+   (``DEVICE``: its node is taken out, the others go on in place, without its results). With
+   one rank there is no other device to ask, nor where every rank, or two neighbours, are
+   suspects: ``UNRESOLVED``.
 
 Nothing is retried past these three computations: a fault that persists has a verdict.
 """
@@ -84,6 +87,15 @@ def judge(
         return Judgement(Verdict.UNRESOLVED, again, f"not finite twice on {_ranks(again)} ({why})")
     if cross is None:
         return None
+    # A suspect's samples were checked by the rank after it: no check at all if that one is a
+    # suspect too (its result says nothing of the samples).
+    unchecked = frozenset(s for s in again if (s + 1) % world in again)
+    if unchecked:
+        return Judgement(
+            Verdict.UNRESOLVED,
+            again,
+            f"not finite twice on {_ranks(again)}, neighbours: no healthy rank to check",
+        )
     data = frozenset(s for s in again if (s + 1) % world in cross)  # its samples, not finite elsewhere
     if data:
         return Judgement(
@@ -100,12 +112,17 @@ def _ranks(ranks: frozenset[int]) -> str:
     return "rank " + ", ".join(map(str, sorted(ranks))) if ranks else "no rank"
 
 
+HALF = (torch.float16, torch.bfloat16)
+
+
 def sum_finite(buffers: Sequence[torch.Tensor]) -> bool:
     """Whether every element of ``buffers`` is finite, read from their sums (one pass each and
-    one read back to the host for all): a NaN or an Inf anywhere makes a sum non-finite."""
+    one read back to the host for all): a NaN or an Inf anywhere makes a sum non-finite. Half
+    precision is summed in float32, whose range finite half values cannot overflow."""
     if not buffers:
         return True
-    return bool(torch.isfinite(torch.stack([b.sum() for b in buffers])).all())
+    sums = [b.sum(dtype=torch.float32) if b.dtype in HALF else b.sum() for b in buffers]
+    return bool(torch.isfinite(torch.stack(sums)).all())
 
 
 def gradients_finite(params: Sequence[torch.Tensor]) -> bool:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from unicron.core.limits import MAX_PEERS
+from unicron.core.limits import MAX_NOTE_CHARS, MAX_PEERS
 from unicron.core.protocol import NumericalReport, Phase
 from unicron.train import gradsync, metric, numerics, replicas, sharded, shardsync
 from unicron.train.data import shard, unclaimed_share
@@ -117,6 +117,8 @@ class StepLoop:
         # replicas of several ranks, whose sums go through ``replicas.py``.
         self.checks_sum = session.contract.check_finite and not session.groups.replicated
         self.computed: list[int] = []  # the samples whose gradients this rank holds in the step
+        self.poisoned = False  # the step's injected NaN, if any, put in (once per computation)
+        self.checking = self.checks_sum  # in this step (``begin``)
 
     def _weigh(self, relative: float) -> list[Any]:
         """Hooks weighting the next backward's gradients by ``relative``, a micro-batch's samples
@@ -164,7 +166,12 @@ class StepLoop:
         stream = self.data.stream
         self.scale = stream.micro_batch / len(stream.batch(step))
         self.it = Iteration(step, len(chunks), lambda: session.faults.before_last_micro_batch(step))
-        self.computed = []
+        self.computed, self.poisoned = [], False
+        # A registered GradScaler makes the sum infinite on purpose (its scale too high) and
+        # skips that step itself: such a sum is its to handle, not a fault.
+        self.checking = self.checks_sum and not any(
+            isinstance(obj, torch.amp.GradScaler) and obj.is_enabled() for obj in session.extras.values()
+        )
         self.began = [*self.began[-1:], (session.generation, time.monotonic())]
         session.faults.step_started(step)  # inside the step's time: a slowed rank computes slowly
         self.guard.step_began()
@@ -275,10 +282,10 @@ class StepLoop:
             except Exception as exc:
                 session.recoverable(exc, last=attempt == 3)
             if not_finite:  # (outside the except block, as below)
-                contributed, finite = yield from self._numerical(step, contributed)
-                if finite:
-                    break  # written back: the step goes on
-                # Else a suspect device leaves: the others recover in place, as from a crash.
+                held = yield from self._numerical_recovery(step, contributed, last=attempt == 3)
+                if held is None:
+                    break  # a finite sum, written back: the step goes on
+                contributed = held  # a peer left (a device at fault) or failed: recover in place
             # Outside the except block: the exception's frames (inside torch.distributed) would
             # keep the failed group alive, and its sockets open, so peers would never notice.
             try:
@@ -316,55 +323,78 @@ class StepLoop:
         session.faults.after_reduce(step)
 
     def _before_reduce(self, step: int) -> None:
-        """On the way into the step's gradient sum: the faults injected there."""
+        """On the way into a gradient sum of the step: the faults injected there (a NaN once
+        per computation of the step, though this is called in the last backward and again
+        after the micro-batches when the sum overlaps backward)."""
         self.session.faults.before_reduce(step)
-        self.session.faults.poison(step, self.computed, self.params)
+        if not self.poisoned:
+            self.poisoned = True
+            self.session.faults.poison(step, self.computed, self.params)
+
+    def _numerical_recovery(
+        self, step: int, contributed: list[int], last: bool
+    ) -> Generator[Any, None, list[int] | None]:
+        """``_numerical``, a peer's failure meanwhile recovered from as a failed sum's is: None
+        once a finite sum is written back, else the samples whose gradients this rank holds,
+        forwarded as a peer's failure (a suspect device leaving, or a peer lost), to rejoin
+        with (``last``: the step's last attempt, or no in-process recovery: raised instead)."""
+        try:
+            held, finite = yield from self._numerical(step, contributed)
+        except (numerics.SilentDataCorruption, numerics.NonFiniteData):
+            raise  # this rank's verdict: it ends
+        except Exception as exc:
+            self.session.recoverable(exc, last=last)
+            return list(self.computed)
+        if finite:
+            return None
+        left = PeerLostError(f"a peer's device computes wrong values in step {step}: it leaves")
+        self.session.recoverable(left, last=last)
+        return held
 
     def _numerical(self, step: int, contributed: list[int]) -> Generator[Any, None, tuple[list[int], bool]]:
         """The step's gradient sum was not finite, and nothing of it applied (``numerics.py``):
-        the ranks whose own gradients were not are found, and the step computed again, then
-        cross-checked, until :func:`numerics.judge` has a verdict. Returns the samples whose
-        gradients this rank now holds, and whether their sum is finite and written back (the
+        the ranks whose own gradients were not are found, the step computed again (a finite
+        sum is written back: a passing fault), then cross-checked (each rank computes the
+        samples of the rank before it, and the ranks tell each other whose gradients are not
+        finite; nothing is summed) until :func:`numerics.judge` has a verdict. Returns the
+        samples whose gradients this rank now holds, and whether their sum is written back (the
         step goes on, exact); if not, a suspect device is leaving and the others recover in
         place, as from a crash after their micro-batches. Raises the verdict where this rank is
         to end: a device at fault, or samples not finite wherever computed (every rank alike)."""
         session, world, rank = self.session, self.session.world_size, self.session.rank
-        peers = session.groups.peers
         found_at = (time.time(), time.monotonic())
         first = self._suspects()
         again: frozenset[int] | None = None
         cross: frozenset[int] | None = None
         mine = contributed
         while (judgement := numerics.judge(first, again, cross, world)) is None:
-            if again is not None:  # each rank computes the samples of the rank before it
-                assert peers is not None  # (world > 1: judge decides alone for one rank)
-                mine = peers.gather_lists(contributed)[numerics.rotated(rank, world)]
+            if again is not None:  # the cross-check: the samples of the rank before this one
+                assert session.groups.peers is not None  # (world > 1: judge decides alone for one)
+                mine = session.groups.peers.gather_lists(contributed)[numerics.rotated(rank, world)]
             self._discard()
             session.trace("numerical_recompute", step=step, samples=len(mine), cross=again is not None)
-            self.it.recomputed += len(_split(mine, self.data.stream.micro_batch))
-            yield from self._chunks(_split(mine, self.data.stream.micro_batch), arm=None)
+            yield from self._chunks(_split(mine, self.data.stream.micro_batch), arm=None, counted=False)
             self._before_reduce(step)
+            if again is not None:
+                cross = self._suspects(all_if_none=False)
+                continue
             try:
                 self._reduce()
-                outcome: frozenset[int] = frozenset()
+                again = frozenset()  # finite, and written back
             except NonFiniteSum:
-                outcome = self._suspects()
-            again, cross = (outcome, None) if again is None else (again, outcome)
-            if not outcome:
-                break  # finite, written back: the samples now held are this step's
-        self._judged(step, judgement or numerics.judge(first, again, cross, world), found_at)
-        return mine, not (cross if cross is not None else again)
+                again = self._suspects()
+        self._judged(step, judgement, found_at)
+        return mine, not again
 
-    def _judged(self, step: int, judgement: numerics.Judgement | None, found_at: tuple[float, float]) -> None:
+    def _judged(self, step: int, judgement: numerics.Judgement, found_at: tuple[float, float]) -> None:
         """Record the verdict on a step whose sum was not finite (``_numerical``; ``found_at``:
         when, as Unix and monotonic time), and end this rank where the verdict says so. A
-        passing fault is reported by each rank named (its own report: its agent may only speak
-        for it); one that persists, by the exception that ends the rank or the task."""
+        passing fault is reported once, by the first rank named (its agent may only speak for
+        it); one that persists, by the exception that ends the rank or the task."""
         session = self.session
-        assert judgement is not None
         session.trace("numerical", step=step, verdict=judgement.verdict.value,
                       ranks=sorted(judgement.ranks), why=judgement.why)  # fmt: skip
-        if judgement.verdict is numerics.Verdict.TRANSIENT and session.rank in judgement.ranks:
+        if judgement.verdict is numerics.Verdict.TRANSIENT and session.rank == min(judgement.ranks):
             report = NumericalReport(
                 task=session.task,
                 generation=session.generation,
@@ -372,7 +402,7 @@ class StepLoop:
                 step=step,
                 verdict=judgement.verdict.value,
                 ranks=sorted(judgement.ranks)[:MAX_PEERS],
-                why=judgement.why,
+                why=judgement.why[:MAX_NOTE_CHARS],
                 time=found_at[0],
                 spent_s=time.monotonic() - found_at[1],
             )
@@ -383,13 +413,13 @@ class StepLoop:
         if judgement.verdict is numerics.Verdict.DEVICE and session.rank in judgement.ranks:
             raise numerics.SilentDataCorruption(f"this rank's device computes wrong values: {where}")
 
-    def _suspects(self) -> frozenset[int]:
-        """The ranks whose own gradients are not finite, after a sum that was not (every rank
-        where none's are: the sum itself overflowed)."""
+    def _suspects(self, all_if_none: bool = True) -> frozenset[int]:
+        """The ranks whose own gradients are not finite, every rank told (after a sum that was
+        not finite, ``all_if_none``: every rank where none's are: the sum itself overflowed)."""
         session, world = self.session, self.session.world_size
         finite_here = numerics.gradients_finite(self.params)
         found = numerics.not_finite(session.groups.peers, session.rank, world, finite_here)
-        return found or frozenset(range(world))
+        return found or (frozenset(range(world)) if all_if_none else found)
 
     def _discard(self) -> None:
         """What this rank accumulated in the step is void: computed again."""
@@ -398,7 +428,7 @@ class StepLoop:
         self.guard.state_replaced()
         for each in self.metrics:
             each.void()
-        self.computed = []
+        self.computed, self.poisoned = [], False
 
     def _abandon(self, step: int) -> None:
         """Asked to stop with this step's reduction broken: peers that took the request at the
@@ -418,7 +448,11 @@ class StepLoop:
         if held is not None:
             held.release()
 
-    def _chunks(self, chunks: list[list[int]], arm: Callable[[], None] | None) -> Iterator[Any]:
+    def _chunks(
+        self, chunks: list[list[int]], arm: Callable[[], None] | None, counted: bool = True
+    ) -> Iterator[Any]:
+        # ``counted``: the samples count as the step's (not when computed again to check a sum
+        # that was not finite: the step trains on them once).
         # Each sample's gradient counts 1/B (B: the step's samples, fewer in an epoch's last step
         # without drop_last): the SUM over ranks is then the global mean for any number of
         # ranks, and work can move between ranks without rescaling. A full micro-batch's mean-loss
@@ -445,7 +479,7 @@ class StepLoop:
                 for hook in hooks:
                     hook.remove()
             self.guard.returned()
-            it.record(len(chunk))  # the user's backward of this micro-batch is done
+            it.record(len(chunk) if counted else 0)  # the user's backward of this micro-batch is done
 
     def _overlap(self, step: int) -> Callable[[], None] | None:
         """Arms the gradient buckets for the step's last micro-batch, or None: a world of one, or
@@ -497,16 +531,16 @@ class StepLoop:
             else:
                 replicas.reduce(self.model, self.sharded, groups.replica, groups.peers, watch, self.scale)
         elif session.world_size == 1:  # nothing to sum: only the weighting
-            if self.checks_sum and not numerics.gradients_finite(self.params):
+            if self.checking and not numerics.gradients_finite(self.params):
                 raise NonFiniteSum("the gradients are not finite")
             with torch.no_grad():
                 for p in self.params:
                     if p.grad is not None:
                         p.grad.mul_(self.scale)
         elif self.buckets is not None and self.buckets.armed:
-            self.buckets.finish(watch, sums, check=self.checks_sum)  # launched during the last backward
+            self.buckets.finish(watch, sums, check=self.checking)  # launched during the last backward
         else:
-            gradsync.all_reduce_gradients(self.model, groups.peers, watch, self.scale, sums, self.checks_sum)
+            gradsync.all_reduce_gradients(self.model, groups.peers, watch, self.scale, sums, self.checking)
         metric.reduced(self.metrics, sums, len(self.data.stream.batch(self.it.step)))
         if self._maybe_abandoned() and session.declared_failed():
             # Declared failed (hung, or its node lost) during the step: its peers abandoned the

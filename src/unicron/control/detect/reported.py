@@ -73,12 +73,12 @@ def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) 
         ladder="found and computed again in the step by the ranks",
         detected_at=report.time or now,  # in the step it struck, before anything of it was applied
         generation=report.generation,
-        step=report.step,
+        step=report.step - 1,  # the last step completed, as every incident records it
         verdict=report.verdict,
         culprit=report.rank,
         ranks=report.ranks,
     )
-    act.record(
+    act.record(  # (no step lost: the one that struck is the one resumed)
         "outcome",
         task=report.task,
         incident=incident,
