@@ -27,7 +27,7 @@ from unicron.core.protocol import NumericalReport
 from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
 from unicron.train.data import DataStream
-from unicron.train.numerics import Verdict, judge, rotated, sum_finite
+from unicron.train.numerics import REPEAT_STEPS, Verdict, judge, repeated, rotated, sum_finite
 
 from .test_live_cluster import (
     assert_ends_exact,
@@ -78,6 +78,13 @@ def test_with_no_other_device_to_ask_the_verdict_says_it_cannot_tell() -> None:
     assert neighbours is not None and neighbours.verdict is Verdict.UNRESOLVED
 
 
+def test_a_rank_named_in_a_passing_fault_lately_gets_no_second_chance() -> None:
+    passing = {1: (3, 40), 2: (2, 40)}  # rank -> (generation, step) of its last passing fault
+    assert repeated(ranks(1, 2), passing, 3, 40 + REPEAT_STEPS) == ranks(1)  # rank 2's: another process
+    assert repeated(ranks(1), passing, 3, 41 + REPEAT_STEPS) == NONE  # long enough ago
+    assert repeated(ranks(0), passing, 3, 41) == NONE
+
+
 def test_the_verdicts_kinds_take_a_device_out_and_end_a_task_on_bad_data() -> None:
     device, data = TAXONOMY[ErrorKind.SILENT_DATA_CORRUPTION], TAXONOMY[ErrorKind.NONFINITE_DATA]
     assert device.tier is Tier.RECONFIGURE and device.needs_repair
@@ -123,7 +130,8 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         # The faulty device: named in step 14, its node taken out, the others on in place.
         assert (14, "device", (2,)) in {(r["step"], r["verdict"], tuple(r["ranks"])) for r in verdicts}
         incidents = [e for e in events if e["kind"] == "incident"]
-        assert len(incidents) == 2, story
+        rejected = [e for e in cluster.get("/v1/events") if e["kind"] == "report_rejected"]
+        assert len(incidents) == 2, f"{story}\nreports rejected (all tasks): {rejected}"
         passing, incident = incidents
         struck = {e["detail"]["index"]: e["node"] for e in events if e["kind"] == "fault_injected"}
         # The passing fault's incident: its rank and node named, recovered in place at once.

@@ -79,12 +79,14 @@ def test_a_generation_that_is_gone_keeps_its_steps_its_faults_and_its_final_stat
     gone = routes(4)
     assert gone.pop("iteration") is Route.KEPT_STEP  # micro-batches finished before the task moved on
     assert gone.pop("fault") is Route.INJECTED_NOT_CURRENT  # it struck: recorded, though its report came late
+    assert gone.pop("numerical") is Route.NUMERICAL  # a passing fault: recorded, though the task moved on
     assert gone.pop("storage") is Route.STORAGE and gone.pop("stacks") is Route.STACKS  # the task's own
     assert set(gone.values()) == {Route.STALE}
     final = DoneReport(task="lm", generation=4, rank=0, step=100, digest="d")
     assert route(final, TAKEN).route is Route.FINAL_STATE  # saved before a grow it never saw
     later = routes(6)  # a generation not (yet) the task's: no step of it is kept
     assert later.pop("fault") is Route.INJECTED_NOT_CURRENT
+    assert later.pop("numerical") is Route.NUMERICAL
     assert later.pop("storage") is Route.STORAGE and later.pop("stacks") is Route.STACKS
     assert set(later.values()) == {Route.STALE}
 

@@ -58,7 +58,9 @@ class Route(Enum):
     CHECKPOINT = "checkpoint"  # a checkpoint was saved
     RESTORED = "restored"  # a rank restored its state: where it came from
     EXIT = "exit"  # a rank's process ended
-    NUMERICAL = "numerical"  # a rank's gradients were not finite once; the step went on
+    # A rank's gradients were not finite once and the step went on, in whichever generation (a
+    # recovery may have re-formed the task before the report arrived): recorded
+    NUMERICAL = "numerical"
     # Done short of the final state (a rank but 0, or before the last step): the task's end is
     # rank 0's final report, and each rank's exit
     NOT_FINAL = "not_final"
@@ -91,7 +93,6 @@ CURRENT: tuple[tuple[type, Route], ...] = (
     (CheckpointReport, Route.CHECKPOINT),
     (RestoredReport, Route.RESTORED),
     (ExitReport, Route.EXIT),
-    (NumericalReport, Route.NUMERICAL),
 )
 
 
@@ -118,6 +119,8 @@ def route(report: WorkerReport, subject: Subject) -> Routed:
         return Routed(Route.KEPT_STEP, report)
     if isinstance(report, FaultReport) and report.generation != task.generation:
         return Routed(Route.INJECTED_NOT_CURRENT, report)
+    if isinstance(report, NumericalReport):
+        return Routed(Route.NUMERICAL, report)
     if isinstance(report, DoneReport) and report.rank == 0 and report.step >= subject.iterations:
         # The final state is saved, whichever generation saved it (the members may have
         # finished before a grow they never saw was committed).

@@ -99,6 +99,8 @@ class Reports:
                 reported.injected(self.act, fault, node)
             case Route.FINAL_STATE, DoneReport() as done, _:
                 self.act.task_done(done.task, done.step, done.digest)
+            case Route.NUMERICAL, NumericalReport() as found, _:
+                reported.passing_fault(self.act, found, node, self.clock())
             case Route.NO_TASK | Route.STALE | Route.NOT_FINAL, _, _:
                 pass
             case current, report_now, TaskRecord() as task:
@@ -153,8 +155,6 @@ class Reports:
                 reported.restored(self.act, restored, node)
             case Route.EXIT, ExitReport() as exited:
                 self.exit(task, exited)
-            case Route.NUMERICAL, NumericalReport() as found:
-                reported.passing_fault(self.act, found, node, self.clock())
         return False
 
     def _refused(self, report: WorkerReport, node: str, why: str | None) -> None:

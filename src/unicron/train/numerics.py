@@ -22,7 +22,10 @@ What follows is decided by :func:`judge` from the computations' outcomes:
    one rank there is no other device to ask, nor where every rank, or two neighbours, are
    suspects: ``UNRESOLVED``.
 
-Nothing is retried past these three computations: a fault that persists has a verdict.
+Nothing is retried past these three computations: a fault that persists has a verdict. Nor
+does a rank get a second chance soon: one named in a passing fault within ``REPEAT_STEPS``
+steps of the same generation is cross-checked at once (:func:`repeated`), so a device that
+fails now and then is taken out rather than forgiven each time.
 """
 
 from __future__ import annotations
@@ -62,6 +65,25 @@ class Judgement:
     verdict: Verdict
     ranks: frozenset[int]  # the ranks at fault (DEVICE), or whose samples are (DATA)
     why: str
+
+
+# A rank named again this soon after a passing fault is cross-checked at once: silent corruption
+# is rare enough (Llama 3: 6 interruptions in 54 days on 16,384 GPUs) that two strikes on one
+# device within a hundred steps say more of the device than of chance.
+REPEAT_STEPS = 100
+
+
+def repeated(
+    suspects: frozenset[int], passing: dict[int, tuple[int, int]], generation: int, step: int
+) -> frozenset[int]:
+    """The ``suspects`` named in a passing fault within ``REPEAT_STEPS`` steps before ``step`` in
+    this ``generation`` (``passing``: rank -> (generation, step) of its last one; a rank number
+    of another generation may be another process)."""
+    return frozenset(
+        r
+        for r in suspects
+        if r in passing and passing[r][0] == generation and step - passing[r][1] <= REPEAT_STEPS
+    )
 
 
 def rotated(rank: int, world: int) -> int:

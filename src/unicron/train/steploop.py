@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from unicron.core.limits import MAX_NOTE_CHARS, MAX_PEERS
-from unicron.core.protocol import NumericalReport, Phase
-from unicron.train import gradsync, metric, numerics, replicas, sharded, shardsync
+from unicron.core.protocol import Phase
+from unicron.train import gradsync, metric, numerics, numericstep, replicas, sharded, shardsync
 from unicron.train.data import shard, unclaimed_share
 from unicron.train.iteration import Iteration, PeerLostError, StopRequested
 from unicron.train.loader import StepData
@@ -117,6 +116,7 @@ class StepLoop:
         # replicas of several ranks, whose sums go through ``replicas.py``.
         self.checks_sum = session.contract.check_finite and not session.groups.replicated
         self.computed: list[int] = []  # the samples whose gradients this rank holds in the step
+        self.passing: dict[int, tuple[int, int]] = {}  # rank -> (generation, step): its last passing fault
         self.poisoned = False  # the step's injected NaN, if any, put in (once per computation)
         self.checking = self.checks_sum  # in this step (``begin``)
 
@@ -282,7 +282,7 @@ class StepLoop:
             except Exception as exc:
                 session.recoverable(exc, last=attempt == 3)
             if not_finite:  # (outside the except block, as below)
-                held = yield from self._numerical_recovery(step, contributed, last=attempt == 3)
+                held = yield from numericstep.recover(self, step, contributed, last=attempt == 3)
                 if held is None:
                     break  # a finite sum, written back: the step goes on
                 contributed = held  # a peer left (a device at fault) or failed: recover in place
@@ -331,95 +331,21 @@ class StepLoop:
             self.poisoned = True
             self.session.faults.poison(step, self.computed, self.params)
 
-    def _numerical_recovery(
-        self, step: int, contributed: list[int], last: bool
-    ) -> Generator[Any, None, list[int] | None]:
-        """``_numerical``, a peer's failure meanwhile recovered from as a failed sum's is: None
-        once a finite sum is written back, else the samples whose gradients this rank holds,
-        forwarded as a peer's failure (a suspect device leaving, or a peer lost), to rejoin
-        with (``last``: the step's last attempt, or no in-process recovery: raised instead)."""
-        try:
-            held, finite = yield from self._numerical(step, contributed)
-        except (numerics.SilentDataCorruption, numerics.NonFiniteData):
-            raise  # this rank's verdict: it ends
-        except Exception as exc:
-            self.session.recoverable(exc, last=last)
-            return list(self.computed)
-        if finite:
-            return None
-        left = PeerLostError(f"a peer's device computes wrong values in step {step}: it leaves")
-        self.session.recoverable(left, last=last)
-        return held
+    def recompute(self, step: int, ids: list[int]) -> Iterator[Any]:
+        """This rank's gradients of the step void, then the samples ``ids`` computed again by the
+        user's loop (not counted again: the step trains on them once), up to the sum
+        (``numericstep.py``)."""
+        self._discard()
+        yield from self._chunks(_split(ids, self.data.stream.micro_batch), arm=None, counted=False)
+        self._before_reduce(step)
 
-    def _numerical(self, step: int, contributed: list[int]) -> Generator[Any, None, tuple[list[int], bool]]:
-        """The step's gradient sum was not finite, and nothing of it applied (``numerics.py``):
-        the ranks whose own gradients were not are found, the step computed again (a finite
-        sum is written back: a passing fault), then cross-checked (each rank computes the
-        samples of the rank before it, and the ranks tell each other whose gradients are not
-        finite; nothing is summed) until :func:`numerics.judge` has a verdict. Returns the
-        samples whose gradients this rank now holds, and whether their sum is written back (the
-        step goes on, exact); if not, a suspect device is leaving and the others recover in
-        place, as from a crash after their micro-batches. Raises the verdict where this rank is
-        to end: a device at fault, or samples not finite wherever computed (every rank alike)."""
-        session, world, rank = self.session, self.session.world_size, self.session.rank
-        found_at = (time.time(), time.monotonic())
-        first = self._suspects()
-        again: frozenset[int] | None = None
-        cross: frozenset[int] | None = None
-        mine = contributed
-        while (judgement := numerics.judge(first, again, cross, world)) is None:
-            if again is not None:  # the cross-check: the samples of the rank before this one
-                assert session.groups.peers is not None  # (world > 1: judge decides alone for one)
-                mine = session.groups.peers.gather_lists(contributed)[numerics.rotated(rank, world)]
-            self._discard()
-            session.trace("numerical_recompute", step=step, samples=len(mine), cross=again is not None)
-            yield from self._chunks(_split(mine, self.data.stream.micro_batch), arm=None, counted=False)
-            self._before_reduce(step)
-            if again is not None:
-                cross = self._suspects(all_if_none=False)
-                continue
-            try:
-                self._reduce()
-                again = frozenset()  # finite, and written back
-            except NonFiniteSum:
-                again = self._suspects()
-        self._judged(step, judgement, found_at)
-        return mine, not again
+    def reduce(self) -> None:
+        """The step's gradient sum (``NonFiniteSum``: not finite, nothing written back)."""
+        self._reduce()
 
-    def _judged(self, step: int, judgement: numerics.Judgement, found_at: tuple[float, float]) -> None:
-        """Record the verdict on a step whose sum was not finite (``_numerical``; ``found_at``:
-        when, as Unix and monotonic time), and end this rank where the verdict says so. A
-        passing fault is reported once, by the first rank named (its agent may only speak for
-        it); one that persists, by the exception that ends the rank or the task."""
-        session = self.session
-        session.trace("numerical", step=step, verdict=judgement.verdict.value,
-                      ranks=sorted(judgement.ranks), why=judgement.why)  # fmt: skip
-        if judgement.verdict is numerics.Verdict.TRANSIENT and session.rank == min(judgement.ranks):
-            report = NumericalReport(
-                task=session.task,
-                generation=session.generation,
-                rank=session.rank,
-                step=step,
-                verdict=judgement.verdict.value,
-                ranks=sorted(judgement.ranks)[:MAX_PEERS],
-                why=judgement.why[:MAX_NOTE_CHARS],
-                time=found_at[0],
-                spent_s=time.monotonic() - found_at[1],
-            )
-            session.channel.send(report)
-        where = f"step {step}: {judgement.why}"
-        if judgement.verdict in (numerics.Verdict.DATA, numerics.Verdict.UNRESOLVED):
-            raise numerics.NonFiniteData(f"non-finite gradients in {where}")
-        if judgement.verdict is numerics.Verdict.DEVICE and session.rank in judgement.ranks:
-            raise numerics.SilentDataCorruption(f"this rank's device computes wrong values: {where}")
-
-    def _suspects(self, all_if_none: bool = True) -> frozenset[int]:
-        """The ranks whose own gradients are not finite, every rank told (after a sum that was
-        not finite, ``all_if_none``: every rank where none's are: the sum itself overflowed)."""
-        session, world = self.session, self.session.world_size
-        finite_here = numerics.gradients_finite(self.params)
-        found = numerics.not_finite(session.groups.peers, session.rank, world, finite_here)
-        return found or (frozenset(range(world)) if all_if_none else found)
+    def gradients_finite(self) -> bool:
+        """Whether this rank's own gradients (not yet written over by a sum) are finite."""
+        return numerics.gradients_finite(self.params)
 
     def _discard(self) -> None:
         """What this rank accumulated in the step is void: computed again."""

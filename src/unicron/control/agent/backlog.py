@@ -23,12 +23,14 @@ from unicron.core.protocol import (
     ExitReport,
     FaultReport,
     LaunchFailedReport,
+    NumericalReport,
     StacksReport,
     WorkerReport,
 )
 
 MAX_BUFFERED_REPORTS = 10_000
-URGENT = (ExitReport, ExceptionReport, LaunchFailedReport, StacksReport, FaultReport)
+# (A numerical fault's report: its generation may be re-formed within a heartbeat.)
+URGENT = (ExitReport, ExceptionReport, LaunchFailedReport, StacksReport, FaultReport, NumericalReport)
 
 
 @dataclass

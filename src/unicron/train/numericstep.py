@@ -1,0 +1,147 @@
+"""The numerical rung inside a step (issue 55): what the ranks do once the step's gradient sum
+was found not finite, nothing of it applied (``numerics.py``: the verdicts, the tests).
+
+The ranks whose own gradients were not finite are found; the step is computed again on the
+same ranks (a finite sum is written back: a passing fault, reported); then cross-checked (each
+rank computes the samples of the rank before it, and the ranks tell each other whose gradients
+are not finite; nothing is summed) until :func:`numerics.judge` has a verdict, which this module
+carries out: this rank ends (a device at fault, or data not finite wherever computed), or it
+goes on (in place, without a device that leaves). The step loop (``steploop.StepLoop``) does the
+computing (:class:`Computing`); every rank takes the same branches, each decided by collectives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from unicron.core.limits import MAX_NOTE_CHARS, MAX_PEERS
+from unicron.core.protocol import NumericalReport
+from unicron.train import numerics
+from unicron.train.iteration import PeerLostError
+from unicron.train.numerics import NonFiniteSum
+
+if TYPE_CHECKING:
+    from unicron.train.session import Session
+
+
+class Computing(Protocol):
+    """What the rung asks of the step in progress."""
+
+    session: Session
+    computed: list[int]  # the samples whose gradients this rank holds in the step
+    passing: dict[int, tuple[int, int]]  # rank -> (generation, step) of its last passing fault
+
+    def recompute(self, step: int, ids: list[int]) -> Iterator[Any]:
+        """This rank's gradients of the step void, then ``ids`` computed again, up to the sum."""
+        ...
+
+    def reduce(self) -> None:
+        """The step's gradient sum (``NonFiniteSum``: not finite, nothing written back)."""
+        ...
+
+    def gradients_finite(self) -> bool:
+        """Whether this rank's own gradients are finite."""
+        ...
+
+
+def recover(
+    loop: Computing, step: int, contributed: list[int], last: bool
+) -> Generator[Any, None, list[int] | None]:
+    """The rung, a peer's failure meanwhile recovered from as a failed sum's is: None once a
+    finite sum is written back, else the samples whose gradients this rank holds, forwarded as
+    a peer's failure (a suspect device leaving, or a peer lost), to rejoin with (``last``: the
+    step's last attempt, or no in-process recovery: raised instead)."""
+    session = loop.session
+    try:
+        held, finite = yield from _rung(loop, step, contributed)
+    except (numerics.SilentDataCorruption, numerics.NonFiniteData):
+        raise  # this rank's verdict: it ends
+    except Exception as exc:
+        session.recoverable(exc, last=last)
+        return list(loop.computed)
+    if finite:
+        return None
+    session.recoverable(
+        PeerLostError(f"a peer's device computes wrong values in step {step}: it leaves"), last=last
+    )
+    return held
+
+
+def _rung(loop: Computing, step: int, contributed: list[int]) -> Generator[Any, None, tuple[list[int], bool]]:
+    """Computed again, then cross-checked, until there is a verdict (the module's docstring).
+    Returns the samples whose gradients this rank now holds, and whether their sum is written
+    back (the step goes on, exact); if not, a suspect device is leaving and the others recover
+    in place, as from a crash after their micro-batches. Raises the verdict where this rank is
+    to end: a device at fault, or samples not finite wherever computed (every rank alike)."""
+    session, world, rank = loop.session, loop.session.world_size, loop.session.rank
+    found_at = (time.time(), time.monotonic())
+    first = suspects(loop)
+    again: frozenset[int] | None = None
+    cross: frozenset[int] | None = None
+    mine = contributed
+    if world > 1 and _named_again(loop, first, step):
+        again = first  # no second chance: cross-checked at once
+    while (judgement := numerics.judge(first, again, cross, world)) is None:
+        if again is not None:  # the cross-check: the samples of the rank before this one
+            assert session.groups.peers is not None  # (world > 1: judge decides alone for one)
+            mine = session.groups.peers.gather_lists(contributed)[numerics.rotated(rank, world)]
+        session.trace("numerical_recompute", step=step, samples=len(mine), cross=again is not None)
+        yield from loop.recompute(step, mine)
+        if again is not None:
+            cross = suspects(loop, all_if_none=False)
+            continue
+        try:
+            loop.reduce()
+            again = frozenset()  # finite, and written back
+        except NonFiniteSum:
+            again = suspects(loop)
+    if judgement.verdict is numerics.Verdict.TRANSIENT:
+        loop.passing |= {r: (session.generation, step) for r in judgement.ranks}
+    judged(session, step, judgement, found_at)
+    return mine, not again
+
+
+def _named_again(loop: Computing, first: frozenset[int], step: int) -> bool:
+    """Whether a suspect was named in a passing fault lately (``numerics.repeated``), every rank
+    told: a rank that joined since knows of none, and all must take the same branch."""
+    session = loop.session
+    recent = numerics.repeated(first, loop.passing, session.generation, step)
+    assert session.groups.peers is not None  # (world > 1)
+    return bool(session.groups.peers.max(1 if recent else 0))
+
+
+def judged(session: Session, step: int, judgement: numerics.Judgement, found_at: tuple[float, float]) -> None:
+    """Record the verdict on a step whose sum was not finite (``found_at``: when, as Unix and
+    monotonic time), and end this rank where the verdict says so. A passing fault is reported
+    once, by the first rank named (its agent may only speak for it); one that persists, by the
+    exception that ends the rank or the task."""
+    session.trace("numerical", step=step, verdict=judgement.verdict.value,
+                  ranks=sorted(judgement.ranks), why=judgement.why)  # fmt: skip
+    if judgement.verdict is numerics.Verdict.TRANSIENT and session.rank == min(judgement.ranks):
+        report = NumericalReport(
+            task=session.task,
+            generation=session.generation,
+            rank=session.rank,
+            step=step,
+            verdict=judgement.verdict.value,
+            ranks=sorted(judgement.ranks)[:MAX_PEERS],
+            why=judgement.why[:MAX_NOTE_CHARS],
+            time=found_at[0],
+            spent_s=time.monotonic() - found_at[1],
+        )
+        session.channel.send(report)
+    where = f"step {step}: {judgement.why}"
+    if judgement.verdict in (numerics.Verdict.DATA, numerics.Verdict.UNRESOLVED):
+        raise numerics.NonFiniteData(f"non-finite gradients in {where}")
+    if judgement.verdict is numerics.Verdict.DEVICE and session.rank in judgement.ranks:
+        raise numerics.SilentDataCorruption(f"this rank's device computes wrong values: {where}")
+
+
+def suspects(loop: Computing, all_if_none: bool = True) -> frozenset[int]:
+    """The ranks whose own gradients are not finite, every rank told (after a sum that was not
+    finite, ``all_if_none``: every rank where none's are: the sum itself overflowed)."""
+    session, world = loop.session, loop.session.world_size
+    found = numerics.not_finite(session.groups.peers, session.rank, world, loop.gradients_finite())
+    return found or (frozenset(range(world)) if all_if_none else found)
