@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
 from unicron.train.data import DataStream
 from unicron.train.numerics import REPEAT_STEPS, Verdict, judge, repeated, rotated, sum_finite
+from unicron.train.numericstep import named_again_lately
 
 from .test_live_cluster import (
     assert_ends_exact,
@@ -169,17 +171,37 @@ def numerical(cluster: Any, rank: int) -> NumericalReport:
 def test_a_passing_fault_is_an_incident_recovered_in_place_and_changes_nothing(make: Any) -> None:
     """The coordinator stepped by hand (``tests/fakecluster.py``): the report of a rank whose
     gradients were not finite once is an incident naming it, closed at once, and nothing is
-    ordered; the same report sent by another node's agent is refused."""
+    ordered; the same report sent again is recorded once, and sent by another node's agent is
+    refused."""
     cluster = make()
     generation, since = cluster.c.store.get_task("lm").generation, len(cluster.orders)
     node, _ = cluster.running[("lm", generation, 1)]
     other = next(n for n in ("n0", "n1") if n != node)
     cluster.beat(other, numerical(cluster, 1))
     assert cluster.events("report_rejected") and not cluster.events("incident")
-    cluster.beat(node, numerical(cluster, 1))
+    report = numerical(cluster, 1)
+    cluster.beat(node, report)
+    cluster.beat(node, report)  # sent again (its first heartbeat's answer was lost): recorded once
     (incident,) = cluster.events("incident")
     assert incident["kind"] == "nonfinite_transient" and incident["culprit"] == 1
     assert incident["action"] == "reattempt in place" and incident["step"] == 1  # the last completed
     (outcome,) = cluster.events("outcome")
     assert outcome["outcome"] == "recovered" and outcome["downtime_s"] == 0.25
     assert cluster.orders[since:] == [] and cluster.c.store.get_task("lm").generation == generation
+
+
+def named_again(flagged: frozenset[int], passing: dict[int, tuple[int, int]], world: int = 4) -> bool:
+    """``numericstep.named_again_lately`` on a step loop of its own (one rank: a collective's max is
+    its own value)."""
+    peers = SimpleNamespace(max=lambda value: value)
+    session = SimpleNamespace(world_size=world, generation=3, groups=SimpleNamespace(peers=peers))
+    return named_again_lately(SimpleNamespace(session=session, passing=passing), flagged, 50)  # type: ignore[arg-type]
+
+
+def test_only_ranks_all_named_lately_and_checkable_skip_their_second_computation() -> None:
+    lately = {1: (3, 40), 2: (3, 40)}
+    assert named_again(ranks(1), lately)
+    assert not named_again(ranks(1, 3), lately)  # rank 3's first fault: computed again first
+    assert not named_again(ranks(1, 2), lately)  # neighbours: each would check the other
+    assert not named_again(NONE, lately)  # the sum overflowed, no rank's own was not finite
+    assert not named_again(ranks(1), {1: (2, 40)})  # another generation's rank 1

@@ -49,6 +49,7 @@ from unicron.core.states import TaskState, WorkerPhase
 from unicron.core.taxonomy import ErrorKind, Scope, error_kind
 
 EXITED = ErrorKind.EXITED_ABNORMALLY
+PASSING_KEPT = 1024  # passing numerical faults remembered, so that one sent again is recorded once
 # Signals a program does not die of by its own doing (it is killed: the OOM killer, an operator,
 # a peer's agent): a fresh launch's worker killed by one is no sign of the program's fault.
 KILLED_FROM_OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM})
@@ -73,6 +74,8 @@ class Reports:
 
     def __post_init__(self) -> None:
         self.store, self.act, self.clock = self.ctx.store, self.ctx.act, self.ctx.clock
+        # The passing numerical faults recorded lately (an ordered set: the oldest forgotten).
+        self.passing_seen: dict[tuple[str, int, int, int], None] = {}
         self.limits, self.spec = self.ctx.limits, self.ctx.spec
 
     def handle(self, report: WorkerReport, node: str) -> bool:
@@ -100,7 +103,12 @@ class Reports:
             case Route.FINAL_STATE, DoneReport() as done, _:
                 self.act.task_done(done.task, done.step, done.digest)
             case Route.NUMERICAL, NumericalReport() as found, _:
-                reported.passing_fault(self.act, found, node, self.clock())
+                key = (found.task, found.generation, found.rank, found.step)
+                if key not in self.passing_seen:  # (an agent may send a batch again)
+                    self.passing_seen[key] = None
+                    if len(self.passing_seen) > PASSING_KEPT:
+                        del self.passing_seen[next(iter(self.passing_seen))]
+                    reported.passing_fault(self.act, found, node, self.clock())
             case Route.NO_TASK | Route.STALE | Route.NOT_FINAL, _, _:
                 pass
             case current, report_now, TaskRecord() as task:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from unicron.core.limits import MAX_NOTE_CHARS, MAX_PEERS
@@ -77,11 +78,13 @@ def _rung(loop: Computing, step: int, contributed: list[int]) -> Generator[Any, 
     to end: a device at fault, or samples not finite wherever computed (every rank alike)."""
     session, world, rank = loop.session, loop.session.world_size, loop.session.rank
     found_at = (time.time(), time.monotonic())
-    first = suspects(loop)
+    flagged = suspects(loop, all_if_none=False)  # (none: the sum itself overflowed)
+    first = flagged or frozenset(range(world))
     again: frozenset[int] | None = None
     cross: frozenset[int] | None = None
     mine = contributed
-    if world > 1 and _named_again(loop, first, step):
+    shortcut = world > 1 and named_again_lately(loop, flagged, step)
+    if shortcut:
         again = first  # no second chance: cross-checked at once
     while (judgement := numerics.judge(first, again, cross, world)) is None:
         if again is not None:  # the cross-check: the samples of the rank before this one
@@ -98,18 +101,26 @@ def _rung(loop: Computing, step: int, contributed: list[int]) -> Generator[Any, 
         except NonFiniteSum:
             again = suspects(loop)
     if judgement.verdict is numerics.Verdict.TRANSIENT:
-        loop.passing |= {r: (session.generation, step) for r in judgement.ranks}
+        loop.passing |= {r: (session.generation, step) for r in flagged}  # (not an overflow's fill)
+    if shortcut:
+        again_why = f"named in a passing fault within {numerics.REPEAT_STEPS} steps, then again: "
+        judgement = replace(judgement, why=again_why + judgement.why)
     judged(session, step, judgement, found_at)
     return mine, not again
 
 
-def _named_again(loop: Computing, first: frozenset[int], step: int) -> bool:
-    """Whether a suspect was named in a passing fault lately (``numerics.repeated``), every rank
-    told: a rank that joined since knows of none, and all must take the same branch."""
-    session = loop.session
-    recent = numerics.repeated(first, loop.passing, session.generation, step)
+def named_again_lately(loop: Computing, flagged: frozenset[int], step: int) -> bool:
+    """Whether every rank ``flagged`` (its own gradients not finite) was named in a passing
+    fault lately (``numerics.repeated``), and the cross-check can tell about each (no two
+    neighbours: each would check the other), every rank told: a rank that joined since knows of
+    none, and all must take the same branch. A rank flagged for the first time, or beside
+    another, gets its second computation."""
+    session, world = loop.session, loop.session.world_size
+    recent = numerics.repeated(flagged, loop.passing, session.generation, step)
+    checkable = not any((r + 1) % world in flagged for r in flagged)
+    go = bool(flagged) and recent == flagged and checkable
     assert session.groups.peers is not None  # (world > 1)
-    return bool(session.groups.peers.max(1 if recent else 0))
+    return bool(session.groups.peers.max(1 if go else 0))
 
 
 def judged(session: Session, step: int, judgement: numerics.Judgement, found_at: tuple[float, float]) -> None:
