@@ -15,22 +15,47 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from unicron.core.limits import MAX_NOTE_CHARS, MAX_PEERS
 from unicron.core.protocol import NumericalReport
 from unicron.train import numerics
+from unicron.train.channel import ReportChannel
+from unicron.train.groups import Groups
 from unicron.train.iteration import PeerLostError
 from unicron.train.numerics import NonFiniteSum
+from unicron.train.tracefile import TraceFile
 
-if TYPE_CHECKING:
-    from unicron.train.session import Session
+
+class Worker(Protocol):
+    """What the rung asks of the training session (``session.Session``), read-only."""
+
+    @property
+    def task(self) -> str: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def groups(self) -> Groups: ...
+    @property
+    def channel(self) -> ReportChannel: ...
+    @property
+    def trace(self) -> TraceFile: ...
+
+    def recoverable(self, exc: Exception, last: bool) -> None:
+        """Forward a failed collective; raise it where it cannot be recovered from in place."""
+        ...
 
 
 class Computing(Protocol):
     """What the rung asks of the step in progress."""
 
-    session: Session
+    @property
+    def session(self) -> Worker: ...
+
     computed: list[int]  # the samples whose gradients this rank holds in the step
     passing: dict[int, tuple[int, int]]  # rank -> (generation, step) of its last passing fault
 
@@ -123,7 +148,7 @@ def named_again_lately(loop: Computing, flagged: frozenset[int], step: int) -> b
     return bool(session.groups.peers.max(1 if go else 0))
 
 
-def judged(session: Session, step: int, judgement: numerics.Judgement, found_at: tuple[float, float]) -> None:
+def judged(session: Worker, step: int, judgement: numerics.Judgement, found_at: tuple[float, float]) -> None:
     """Record the verdict on a step whose sum was not finite (``found_at``: when, as Unix and
     monotonic time), and end this rank where the verdict says so. A passing fault is reported
     once, by the first rank named (its agent may only speak for it); one that persists, by the
