@@ -28,22 +28,15 @@ from unicron.train.tracefile import TraceFile
 
 
 class Worker(Protocol):
-    """What the rung asks of the training session (``session.Session``), read-only."""
+    """What the rung asks of the training session (``session.Session``)."""
 
-    @property
-    def task(self) -> str: ...
-    @property
-    def generation(self) -> int: ...
-    @property
-    def rank(self) -> int: ...
-    @property
-    def world_size(self) -> int: ...
-    @property
-    def groups(self) -> Groups: ...
-    @property
-    def channel(self) -> ReportChannel: ...
-    @property
-    def trace(self) -> TraceFile: ...
+    task: str
+    generation: int
+    rank: int
+    world_size: int
+    groups: Groups
+    channel: ReportChannel
+    trace: TraceFile
 
     def recoverable(self, exc: Exception, last: bool) -> None:
         """Forward a failed collective; raise it where it cannot be recovered from in place."""
