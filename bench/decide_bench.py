@@ -904,16 +904,23 @@ MARKERS = ("<!-- decide_bench -->", "<!-- /decide_bench -->")
 
 
 def write_docs(r: dict[str, Any], page: Path = ROOT / "docs" / "performance.md") -> None:
-    """The section between the page's markers (``bench/templates/performance.md`` holds them,
-    so the overhead benchmark's rewrite of the page keeps its place); appended if missing."""
-    text = page.read_text()
-    start, end = MARKERS
-    body = f"{start}\n{section(r)}{end}"
-    if start in text and end in text:
-        text = text[: text.index(start)] + body + text[text.index(end) + len(end) :]
+    write_section(section(r), MARKERS, "Decisions at scale", page)
+
+
+def write_section(
+    text: str, markers: tuple[str, str], heading: str, page: Path = ROOT / "docs" / "performance.md"
+) -> None:
+    """A benchmark's section of ``page``, between its markers (``bench/templates/performance.md``
+    holds them, so the overhead benchmark's rewrite of the page keeps its place); appended under
+    ``heading`` if missing."""
+    old = page.read_text()
+    start, end = markers
+    body = f"{start}\n{text}{end}"
+    if start in old and end in old:
+        old = old[: old.index(start)] + body + old[old.index(end) + len(end) :]
     else:
-        text = text.rstrip("\n") + f"\n\n## Decisions at scale\n\n{body}\n"
-    page.write_text(text)
+        old = old.rstrip("\n") + f"\n\n## {heading}\n\n{body}\n"
+    page.write_text(old)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -29,12 +29,12 @@ def ratio_interval(ours: Sequence[float], theirs: Sequence[float]) -> tuple[floa
     return float(low), float(high)
 
 
-def judged(ours: Sequence[float], theirs: Sequence[float]) -> dict[str, Any]:
-    """A cell's verdict on the target from its interval: met (the interval lies at or under
+def judged(ours: Sequence[float], theirs: Sequence[float], target: float = TARGET) -> dict[str, Any]:
+    """A cell's verdict on ``target`` from its interval: met (the interval lies at or under
     it), missed (over it) or unresolved (it straddles the target, or the cell has fewer than
     ``MIN_PAIRS`` runs a side: more runs, or less noise)."""
     low, high = ratio_interval(ours, theirs)
-    verdict = "met" if high <= TARGET else "missed" if low > TARGET else "unresolved"
+    verdict = "met" if high <= target else "missed" if low > target else "unresolved"
     if len(ours) < MIN_PAIRS:
         verdict = "unresolved"
     return {"ratio_interval": [round(low, 4), round(high, 4)], "verdict": verdict}
