@@ -1,4 +1,5 @@
-"""The cost and the catch of the gradient sum's test for NaN and Inf (issue 55, ``train/numerics.py``).
+"""The cost and the catch of the gradient sum's test for NaN, Inf and spikes (issue 55,
+``train/numerics.py``, ``train/spikes.py``).
 
 Cost: the DDP port (``examples/ddp-port/train_unicron.py``, the ~10.7M-parameter GPT of the
 overhead benchmark) as a Unicron task with the test on (``run.check_finite``, the default) and
@@ -6,13 +7,14 @@ off, alternating in the same run (off, on, on, off, ...) so that drift of the ma
 both; a row per worker count with each side's median run, their ratio, every run, and the
 verdict on the target (the on/off ratio at most ``TARGET``) by the overhead benchmark's rule (a
 bootstrap interval of the ratio of medians, the runs drawn in their pairs: ``overhead_verdict``).
-Beside it, what the test itself costs: the median time of ``numerics.sum_finite`` over a buffer
-the size of the model's gradients, on this machine.
+Beside it, what the test itself costs: the median time of ``numerics.norm`` over a buffer the
+size of the model's gradients, on this machine.
 
 Catch: the tinygpt example on an embedded cluster (two nodes of two slots), float64, with a NaN
-in one rank's gradients once, a rank that computes NaN whatever its samples, and (a second task)
-a sample that gives NaN on any rank: for each, the step it struck, the step it was found in, the
-ranks named, what was done, and whether the task ended with the state of a failure-free run.
+in one rank's gradients once, a rank that computes NaN whatever its samples, a spike in one
+rank's gradients once, and (a second task) a sample that gives NaN on any rank: for each, the
+step it struck, the step it was found in, the ranks named, what was done, and whether the task
+ended with the state of a failure-free run.
 
 Writes docs/bench/numerical.json and its section of docs/performance.md
 (``python -m bench.numerical_bench [--runs N] [--workers 1 2 4]``; run by ``make bench``).
@@ -40,7 +42,7 @@ from bench.overhead_verdict import judged
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream
-from unicron.train.numerics import sum_finite
+from unicron.train.numerics import norm
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gpt-10m"
@@ -81,7 +83,7 @@ def check_seconds(parameters: int, repeats: int = 50) -> float:
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            sum_finite([buffer])
+            norm([buffer])
             times.append(time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
@@ -101,6 +103,8 @@ def model_parameters() -> int:
 FAULTS = [
     {"action": "nan_grad", "rank": 1, "step": 6, "generation": 0},
     {"action": "nan_grad", "rank": 2, "step": 14, "generation": 0, "times": 5},
+    # (the generation the survivors go on in knows the 10 norms a spike is judged by from ~24)
+    {"action": "spike_grad", "rank": 1, "step": 28, "generation": 0},
 ]
 
 
@@ -148,14 +152,14 @@ def faults_run(root: Path) -> list[dict[str, Any]]:
     return found
 
 
-KINDS = {"transient": "nonfinite_transient", "device": "silent_data_corruption"}  # else nonfinite_data
+KINDS = {"transient": "numerical_transient", "device": "silent_data_corruption"}  # else numerical_data
 
 
 def outcome(seen: list[dict[str, Any]], incidents: list[dict[str, Any]], state: str) -> str:
     """What was done about a fault, in words: the coordinator's incident of its verdict's kind."""
     if not seen:
         return "not found"
-    kind = KINDS.get(seen[0]["verdict"], "nonfinite_data")
+    kind = KINDS.get(seen[0]["verdict"], "numerical_data")
     mine = [
         e for e in incidents if e["detail"]["kind"] == kind and e["detail"].get("step", 0) < seen[0]["step"]
     ]
@@ -180,7 +184,7 @@ def section(r: dict[str, Any]) -> str:
     )
     intro = (
         f"Measured by `bench/numerical_bench.py` on {r['date'][:10]}: the DDP port's {MODEL} as a Unicron "
-        "task, the gradient sum's test for NaN and Inf on (the default) and off, the runs of a side "
+        "task, the gradient sum's test for NaN, Inf and spikes on (the default) and off, the runs of a side "
         f"alternating with the other's, {r['iterations']} steps each, the first {WARMUP} intervals left out; "
         f"the target is a ratio at most {TARGET:.2f}, judged by the 95% interval of the ratio of medians "
         "as the overhead cells above. The test itself, on a buffer the size of the model's "
@@ -200,7 +204,7 @@ def section(r: dict[str, Any]) -> str:
 
 
 def write_docs(r: dict[str, Any]) -> None:
-    write_section(section(r), MARKERS, "The gradient sum's test for NaN and Inf")
+    write_section(section(r), MARKERS, "The gradient sum's test for NaN, Inf and spikes")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -1,18 +1,20 @@
-"""Numerical faults in the step (issue 55): a gradient sum that is not finite is never applied,
-the rank at fault is found, and whose fault it is decides what follows (``train/numerics.py``).
+"""Numerical faults in the step (issue 55): a gradient sum that is wrong (not finite, or a spike
+in its norm) is never applied, the rank at fault is found, and whose fault it is decides what
+follows (``train/numerics.py``, ``train/spikes.py``).
 
-The verdicts as values; then, end to end, one task of 4 gloo workers on two nodes: a NaN in one
-rank's gradients once (a passing fault: the step computed again, nothing restarts), then a rank
-that keeps computing NaN whatever its samples (its device: its node is taken out until repaired,
-the others go on in place). The task must end with the parameters of a failure-free run and with
-every step having trained on exactly its global batch; each fault is an incident naming its rank
-and node. A sample that gives NaN anywhere fails the task with the verdict, in a second task on
-the same cluster.
+The verdicts and the spike's limit as values; then, end to end, one task of 4 gloo workers on two
+nodes: a NaN in one rank's gradients once (a passing fault: the step computed again, nothing
+restarts), then a rank that keeps computing NaN whatever its samples (its device: its node is
+taken out until repaired, the others go on in place), then a spike in one rank's gradients once.
+The task must end with the parameters of a failure-free run and with every step having trained on
+exactly its global batch; each fault is an incident naming its rank and node. A sample that gives
+NaN anywhere fails the task with the verdict, in a second task on the same cluster.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,8 +30,9 @@ from unicron.core.protocol import NumericalReport
 from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
 from unicron.train.data import DataStream
-from unicron.train.numerics import REPEAT_STEPS, Verdict, judge, repeated, rotated, sum_finite
+from unicron.train.numerics import REPEAT_STEPS, Verdict, judge, norm, repeated, rotated
 from unicron.train.numericstep import named_again_lately
+from unicron.train.spikes import MIN_JUDGED, SpikeWatch
 
 from .test_live_cluster import (
     assert_ends_exact,
@@ -88,7 +91,7 @@ def test_a_rank_named_in_a_passing_fault_lately_gets_no_second_chance() -> None:
 
 
 def test_the_verdicts_kinds_take_a_device_out_and_end_a_task_on_bad_data() -> None:
-    device, data = TAXONOMY[ErrorKind.SILENT_DATA_CORRUPTION], TAXONOMY[ErrorKind.NONFINITE_DATA]
+    device, data = TAXONOMY[ErrorKind.SILENT_DATA_CORRUPTION], TAXONOMY[ErrorKind.NUMERICAL_DATA]
     assert device.tier is Tier.RECONFIGURE and device.needs_repair
     assert data.tier is Tier.FAIL_TASK and not data.needs_repair
 
@@ -103,14 +106,49 @@ def test_a_nan_faults_count_is_bounded_and_it_is_refused_where_no_test_would_cat
 
 
 def test_a_half_precision_sum_that_is_finite_is_not_taken_for_an_overflow() -> None:
-    assert sum_finite([torch.ones(100_000, dtype=torch.float16)])  # its float16 sum would be inf
-    assert not sum_finite([torch.tensor([1.0, float("inf")], dtype=torch.bfloat16)])
+    assert norm([torch.full((100_000,), 300.0, dtype=torch.float16)]) == pytest.approx(94868.3, rel=1e-3)
+    assert not math.isfinite(norm([torch.tensor([1.0, float("inf")], dtype=torch.bfloat16)]))
+    assert not math.isfinite(norm([torch.ones(3), torch.tensor([float("nan")], dtype=torch.float64)]))
+
+
+def test_a_spike_is_judged_against_the_median_of_its_generations_last_norms() -> None:
+    watch = SpikeWatch(window=20, factor=10)
+    for _ in range(MIN_JUDGED - 1):
+        watch.applied(1, 2.0)
+    assert watch.limit(1) is None  # too few norms yet
+    watch.applied(1, 2.0)
+    assert watch.limit(1) == 20.0 and watch.limit(2) is None  # a new generation knows none
+    for _ in range(9):
+        watch.applied(1, 500.0)  # nine large norms let through: the median stays
+    assert watch.limit(1) == 20.0 and "10 x the median of the last 19 steps" in watch.why(600, 20)
+    for _ in range(30):
+        watch.applied(1, 1.0)  # the window is the last 20
+    assert watch.limit(1) == 10.0
+    watch.applied(2, 1.0)
+    assert watch.limit(2) is None and list(watch.norms) == [1.0]  # a new generation: a new window
+    off = SpikeWatch(window=20, factor=0)
+    for _ in range(20):
+        off.applied(1, 1.0)
+    assert off.limit(1) is None
+
+
+def test_a_spike_factor_inside_a_healthy_steps_variation_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValidationError, match=r"run\.spike_factor is 1\.5.*use 2 or more"):
+        RunSpec.model_validate({"program": ["x"], "iterations": 9, "spike_factor": 1.5})
+    with pytest.raises(ValidationError, match="spike_window"):
+        RunSpec.model_validate({"program": ["x"], "iterations": 9, "spike_window": 5})
+    assert RunSpec.model_validate({"program": ["x"], "iterations": 9, "spike_factor": 0}).spike_factor == 0
+    with pytest.raises(ValidationError, match="factor"):
+        FaultSpec.model_validate({"action": "spike_grad", "rank": 1, "step": 3, "factor": 1})
 
 
 ITERATIONS = 40
 FAULTS = [
     {"action": "nan_grad", "rank": 1, "step": 6, "generation": 0},  # once: a passing fault
     {"action": "nan_grad", "rank": 2, "step": 14, "generation": 0, "times": 5},  # a faulty device
+    # Once, on one of the two left: a spike (the generation they went on in has known the 10
+    # norms a spike is judged against since about step 16).
+    {"action": "spike_grad", "rank": 1, "step": 32, "generation": 0},
 ]
 
 
@@ -131,13 +169,19 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         assert {(r["step"], r["verdict"], tuple(r["ranks"])) for r in verdicts} >= {(6, "transient", (1,))}
         # The faulty device: named in step 14, its node taken out, the others on in place.
         assert (14, "device", (2,)) in {(r["step"], r["verdict"], tuple(r["ranks"])) for r in verdicts}
+        # The spike: found in the step it struck, computed again, gone.
+        spike = {
+            (r["verdict"], tuple(r["ranks"]), r["why"].split(":")[0]) for r in verdicts if r["step"] == 32
+        }
+        assert spike == {("transient", (1,), "a spike in the gradient sum")}, verdicts
         incidents = [e for e in events if e["kind"] == "incident"]
         rejected = [e for e in cluster.get("/v1/events") if e["kind"] == "report_rejected"]
-        assert len(incidents) == 2, f"{story}\nreports rejected (all tasks): {rejected}"
-        passing, incident = incidents
+        assert len(incidents) == 3, f"{story}\nreports rejected (all tasks): {rejected}"
+        passing, incident, spiked = incidents
+        assert spiked["detail"]["kind"] == "numerical_transient" and spiked["detail"]["culprit"] == 1
         struck = {e["detail"]["index"]: e["node"] for e in events if e["kind"] == "fault_injected"}
         # The passing fault's incident: its rank and node named, recovered in place at once.
-        assert passing["detail"]["kind"] == "nonfinite_transient" and passing["node"] == struck[0], story
+        assert passing["detail"]["kind"] == "numerical_transient" and passing["node"] == struck[0], story
         assert passing["detail"]["culprit"] == 1 and passing["detail"]["step"] == 5, story  # (completed)
         assert passing["detail"]["action"] == "reattempt in place", story
         assert_every_incident_closed(events)
@@ -155,7 +199,7 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         )
         bad_events = cluster.get("/v1/events", task="bad")
         (failed,) = [e for e in bad_events if e["kind"] == "incident"]
-        assert failed["detail"]["kind"] == "nonfinite_data", story_of(bad_events)
+        assert failed["detail"]["kind"] == "numerical_data", story_of(bad_events)
         verdict = [r for r in read_trace(bad_trace) if r["what"] == "numerical"]
         assert {(r["step"], r["verdict"]) for r in verdict} == {(3, "data")}, verdict
 
@@ -170,7 +214,7 @@ def numerical(cluster: Any, rank: int) -> NumericalReport:
 
 def test_a_passing_fault_is_an_incident_recovered_in_place_and_changes_nothing(make: Any) -> None:
     """The coordinator stepped by hand (``tests/fakecluster.py``): the report of a rank whose
-    gradients were not finite once is an incident naming it, closed at once, and nothing is
+    gradients were wrong once is an incident naming it, closed at once, and nothing is
     ordered; the same report sent again is recorded once, and sent by another node's agent is
     refused."""
     cluster = make()
@@ -183,7 +227,7 @@ def test_a_passing_fault_is_an_incident_recovered_in_place_and_changes_nothing(m
     cluster.beat(node, report)
     cluster.beat(node, report)  # sent again (its first heartbeat's answer was lost): recorded once
     (incident,) = cluster.events("incident")
-    assert incident["kind"] == "nonfinite_transient" and incident["culprit"] == 1
+    assert incident["kind"] == "numerical_transient" and incident["culprit"] == 1
     assert incident["action"] == "reattempt in place" and incident["step"] == 1  # the last completed
     (outcome,) = cluster.events("outcome")
     assert outcome["outcome"] == "recovered" and outcome["downtime_s"] == 0.25
@@ -203,5 +247,5 @@ def test_only_ranks_all_named_lately_and_checkable_skip_their_second_computation
     assert named_again(ranks(1), lately)
     assert not named_again(ranks(1, 3), lately)  # rank 3's first fault: computed again first
     assert not named_again(ranks(1, 2), lately)  # neighbours: each would check the other
-    assert not named_again(NONE, lately)  # the sum overflowed, no rank's own was not finite
+    assert not named_again(NONE, lately)  # the sum overflowed, no rank's own was wrong
     assert not named_again(ranks(1), {1: (2, 40)})  # another generation's rank 1

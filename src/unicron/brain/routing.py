@@ -58,7 +58,7 @@ class Route(Enum):
     CHECKPOINT = "checkpoint"  # a checkpoint was saved
     RESTORED = "restored"  # a rank restored its state: where it came from
     EXIT = "exit"  # a rank's process ended
-    # A rank's gradients were not finite once and the step went on, in whichever generation (a
+    # A rank's gradients were wrong once and the step went on, in whichever generation (a
     # recovery may have re-formed the task before the report arrived): recorded
     NUMERICAL = "numerical"
     # Done short of the final state (a rank but 0, or before the last step): the task's end is

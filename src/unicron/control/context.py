@@ -108,6 +108,8 @@ class Context:
             storage_wait_s=self.limits.storage_wait_s,
             recovery=spec.run.recovery,
             check_finite=spec.run.check_finite,
+            spike_factor=spec.run.spike_factor,
+            spike_window=spec.run.spike_window,
             faults=self._faults(name) or None,
             joining=joining,
             spare=spare,

@@ -34,7 +34,7 @@ from unicron.core.specs import (
     unique_names,
     validate_spec,
 )
-from unicron.core.workerenv import KEYS
+from unicron.core.workerenv import KEYS, SPIKE_FACTOR, SPIKE_WINDOW
 
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
@@ -49,6 +49,8 @@ FIELD_KEYS = {
         "replica_size",
         "faults",
         "check_finite",
+        "spike_factor",
+        "spike_window",
     )
 }
 
@@ -59,7 +61,7 @@ NOT_FAILURES = CORRUPTIONS | {"late_stop"}
 # Faults in the gradient sum, found and handled in the step by the workers (``train/numerics.py``):
 # a passing one never reaches the coordinator, so its time must not start a later failure's clock;
 # a verdict that does is timed from its own report.
-NUMERICAL = frozenset({"nan_grad", "nan_sample"})
+NUMERICAL = frozenset({"nan_grad", "spike_grad", "nan_sample"})
 
 
 class FaultSpec(SpecBase):
@@ -86,6 +88,7 @@ class FaultSpec(SpecBase):
         "late_stop",
         "hang_at_exit",
         "nan_grad",
+        "spike_grad",
         "nan_sample",
     ] = Field(description="what happens; unicron/train/faults.py describes each")
     rank: int = Field(ge=0, le=MAX_WORKERS, description="the rank it strikes (in the generation it strikes)")
@@ -113,8 +116,16 @@ class FaultSpec(SpecBase):
         default=1,
         ge=1,
         le=MAX_FAULT_TIMES,
-        description="for nan_grad: how many computations of the step it strikes on the rank (1: a "
-        "passing fault; 2 or more: a device that keeps computing wrong, whatever its samples)",
+        description="for nan_grad and spike_grad: how many computations of the step it strikes on the "
+        "rank (1: a passing fault; 2 or more: a device that keeps computing wrong, whatever its samples)",
+    )
+    factor: float = Field(
+        default=1e4,
+        ge=2,
+        le=1e30,
+        allow_inf_nan=False,
+        description="for spike_grad: what it multiplies the rank's gradient by (a flipped exponent bit "
+        "multiplies a value by a power of two)",
     )
     sample: int = Field(
         default=0,
@@ -167,9 +178,24 @@ class RunSpec(SpecBase):
     )
     check_finite: bool = Field(
         default=True,
-        description="test each step's gradient sum for NaN and Inf before the optimizer applies it; a "
-        "sum that is not finite is never applied: the step is computed again, the culprit rank and "
-        "whose fault it is are found (docs/detection.md)",
+        description="test each step's gradient sum for NaN and Inf, and its norm for a spike "
+        "(spike_factor), before the optimizer applies it; a sum that is wrong is never applied: the "
+        "step is computed again, the culprit rank and whose fault it is are found (docs/detection.md)",
+    )
+    spike_factor: float = Field(
+        default=SPIKE_FACTOR,
+        ge=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="with check_finite: a gradient sum whose norm is over this many times the median "
+        "of the last spike_window steps' is a spike, handled as a sum that is not finite "
+        "(docs/detection.md); 0: no spike test",
+    )
+    spike_window: int = Field(
+        default=SPIKE_WINDOW,
+        ge=10,
+        le=100_000,
+        description="how many of the last steps' gradient norms the spike's median is taken over",
     )
     recovery: Literal["in_process", "restart"] = Field(
         default="in_process",
@@ -196,6 +222,16 @@ class RunSpec(SpecBase):
                     f"run.env and set run.{FIELD_KEYS[key]}"
                 )
         return env
+
+    @field_validator("spike_factor", mode="after")
+    @classmethod
+    def _spike_factor_above_noise(cls, factor: float) -> float:
+        if 0 < factor < 2:
+            raise ValueError(
+                f"run.spike_factor is {factor:g}: a healthy step's gradient norm varies that much"
+                f"{FIX_MARK}use 2 or more (the default is {SPIKE_FACTOR:g}), or 0 for no spike test"
+            )
+        return factor
 
     @model_validator(mode="after")
     def _numerical_faults_are_tested(self) -> RunSpec:

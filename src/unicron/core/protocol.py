@@ -209,22 +209,22 @@ class StacksReport(_Message):
 
 
 class NumericalReport(_Message):
-    """A rank whose own gradients were not finite in a step whose sum was then computed again
-    and came out finite (``train/numerics.py``: a passing fault; the step went on, nothing of the
-    bad sum applied). Sent by each rank named; a fault that persists ends the rank or the task
-    with an exception instead (``ExceptionReport``)."""
+    """A rank whose own gradients were wrong (not finite, or a spike) in a step whose sum was
+    then computed again and came out right (``train/numerics.py``: a passing fault; the step went
+    on, nothing of the bad sum applied). Sent by the first rank named; a fault that persists ends
+    the rank or the task with an exception instead (``ExceptionReport``)."""
 
     type: Literal["numerical"] = "numerical"
     task: Label
     generation: Int
     rank: Int
-    step: Int  # the step whose sum was not finite
+    step: Int  # the step whose sum was wrong
     verdict: Label  # "transient"
     # every rank named with it (the report is this rank's own)
     ranks: Annotated[list[Int], Field(max_length=MAX_PEERS, fail_fast=True)]
     why: Note
-    time: UnixTime = 0.0  # when the sum was found not finite (Unix time)
-    spent_s: Seconds = 0.0  # from then until a finite sum was written back: the step's extra time
+    time: UnixTime = 0.0  # when the sum was found wrong (Unix time)
+    spent_s: Seconds = 0.0  # from then until a right sum was written back: the step's extra time
 
 
 class LaunchFailedReport(_Message):

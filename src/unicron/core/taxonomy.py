@@ -57,11 +57,12 @@ class ErrorKind(StrEnum):
     OTHER_NETWORK_ERROR = "other_network_error"
     OUT_OF_MEMORY = "out_of_memory"
     STORAGE_ERROR = "storage_error"
-    # Wrong numbers, found in the step (``train/numerics.py``): a device whose gradients are not
-    # finite for samples another device computes finitely; samples not finite wherever computed.
+    # Wrong numbers, found in the step (``train/numerics.py``: a gradient sum not finite, or a
+    # spike in its norm): a device whose gradients are wrong for samples another device computes
+    # right; samples wrong wherever computed.
     SILENT_DATA_CORRUPTION = "silent_data_corruption"
-    NONFINITE_DATA = "nonfinite_data"
-    NONFINITE_TRANSIENT = "nonfinite_transient"  # not finite once, finite computed again
+    NUMERICAL_DATA = "numerical_data"
+    NUMERICAL_TRANSIENT = "numerical_transient"  # wrong once, right computed again
     USER_ERROR = "user_error"
     OTHER = "other"
 
@@ -113,14 +114,14 @@ TAXONOMY: dict[ErrorKind, KindInfo] = {
     # node is to blame; repeats fail the task with the reason (Settings.same_fault_limit).
     ErrorKind.STORAGE_ERROR: KindInfo(Severity.SEV2, Tier.RESTART_FAILED, False, Scope.STORAGE),
     # Not in the paper's table (issue 55). A device that computes wrong values is taken out until
-    # repaired, as a node with ECC errors; its peers go on in place. Data that gives NaN or Inf
-    # wherever it is computed fails the task with the verdict at once: a restart or another
+    # repaired, as a node with ECC errors; its peers go on in place. Data that gives NaN, Inf or a
+    # spike wherever it is computed fails the task with the verdict at once: a restart or another
     # device would compute the same (Megatron's rerun machine exits likewise).
     ErrorKind.SILENT_DATA_CORRUPTION: _S1,
-    ErrorKind.NONFINITE_DATA: KindInfo(Severity.SEV2, Tier.FAIL_TASK, False, Scope.TASK),
+    ErrorKind.NUMERICAL_DATA: KindInfo(Severity.SEV2, Tier.FAIL_TASK, False, Scope.TASK),
     # Found and undone inside the step by the ranks themselves (the step computed again in place:
     # no process restarts), and reported as done (``NumericalReport``): never raised.
-    ErrorKind.NONFINITE_TRANSIENT: _S3,
+    ErrorKind.NUMERICAL_TRANSIENT: _S3,
     # The paper leaves "others" unassigned; we restart the process, the middle of the ladder.
     ErrorKind.OTHER: _S2,
 }

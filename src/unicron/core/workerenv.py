@@ -35,6 +35,8 @@ KEYS: dict[str, str] = {
     "storage_wait_s": "UNICRON_STORAGE_WAIT",
     "recovery": "UNICRON_RECOVERY",
     "check_finite": "UNICRON_CHECK_FINITE",
+    "spike_factor": "UNICRON_SPIKE_FACTOR",
+    "spike_window": "UNICRON_SPIKE_WINDOW",
     "faults": "UNICRON_FAULTS",
     "joining": "UNICRON_JOINING",
     "spare": "UNICRON_SPARE",
@@ -48,6 +50,11 @@ KEYS: dict[str, str] = {
     "host_checkpoint_root": "UNICRON_HOST_CHECKPOINT_ROOT",
 }
 _FLAGS = ("joining", "spare", "host_checkpoints", "check_finite")
+
+# A gradient sum whose norm is over SPIKE_FACTOR times the median of the last SPIKE_WINDOW norms
+# is a spike (``train/spikes.py`` says why these); 0 turns the spike's test off.
+SPIKE_FACTOR = 10.0
+SPIKE_WINDOW = 100
 
 
 class WorkerEnv(BaseModel):
@@ -75,6 +82,8 @@ class WorkerEnv(BaseModel):
     storage_wait_s: float | None = None  # the final state's wait for failing storage (Settings)
     recovery: Literal["in_process", "restart"] = "in_process"
     check_finite: bool = True  # each step's gradient sum tested before it is applied (run.check_finite)
+    spike_factor: float = SPIKE_FACTOR  # run.spike_factor
+    spike_window: int = SPIKE_WINDOW  # run.spike_window
     faults: list[dict[str, Any]] | None = None
     joining: bool = False  # a newcomer to live replicas
     spare: bool = False  # a hot spare: wait to be used

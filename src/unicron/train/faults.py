@@ -41,6 +41,9 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
 - ``nan_grad``: a NaN in this rank's gradients on the way into the gradient sum of ``step``, in
   the first ``times`` computations of the step on this rank (1: a passing fault; 2 or more: a
   device that computes wrong whatever its samples). ``train/numerics.py`` must catch it.
+- ``spike_grad``: as ``nan_grad``, but this rank's gradient is multiplied by ``factor`` (finite:
+  a flipped exponent bit multiplies a value by a power of two), a spike in the sum's norm
+  (``train/spikes.py``) once the step has enough steps before it to judge.
 - ``nan_sample``: a NaN in the gradients of whichever rank computes sample ``sample`` in
   ``step``, every time (data that gives NaN: a bad sample); ``rank`` and ``generation`` unused.
 
@@ -72,7 +75,7 @@ if TYPE_CHECKING:
 AT_EVENTS = frozenset(
     {"corrupt_transfer", "stall_rejoin", "kill_in_agree", "kill_in_transfer", "late_stop", "hang_at_exit"}
 )
-IN_SUM = frozenset({"nan_grad"})  # on the way into each gradient sum of the step (``poison``)
+IN_SUM = frozenset({"nan_grad", "spike_grad"})  # on the way into each gradient sum of the step (``poison``)
 AT_REDUCE = frozenset({"stall_before_reduce", "kill_in_backward"})  # on the way into the all-reduce
 # Injected further into the step they are due at than its start:
 LATER_IN_STEP = frozenset({"stall", "spin", "kill_after_reduce", "slow_save"})
@@ -255,8 +258,9 @@ class FaultInjector:
     def poison(self, step: int, computed: Sequence[int], params: Sequence[torch.Tensor]) -> None:
         """On the way into a gradient sum of ``step`` (after this rank's micro-batches, or in the
         last backward before its first bucket is sent), having computed the samples ``computed``:
-        ``nan_grad`` and ``nan_sample`` put a NaN into a gradient of the first bucket sent."""
-        due = [f for f in self._pending if f.action == "nan_grad"]
+        ``nan_grad`` and ``nan_sample`` put a NaN into a gradient of the first bucket sent,
+        ``spike_grad`` multiplies that gradient by its factor."""
+        due = [f for f in self._pending if f.action in IN_SUM]
         due += [
             f for f in self.all_faults if f.action == "nan_sample" and f.step == step and f.sample in computed
         ]
@@ -267,12 +271,15 @@ class FaultInjector:
         for fault in due:
             index = self.all_faults.index(fault)
             struck = self._struck.get(index, 0)
-            if fault.action == "nan_grad" and struck >= fault.times:
+            if fault.action in IN_SUM and struck >= fault.times:
                 continue
             if struck == 0:
                 self.announce(fault, step)
             self._struck[index] = struck + 1
-            grad.view(-1)[0] = float("nan")
+            if fault.action == "spike_grad":
+                grad.mul_(fault.factor)
+            else:
+                grad.view(-1)[0] = float("nan")
 
     def before_reduce(self, step: int) -> None:
         """On the way into the gradient all-reduce, once per step: in the last backward before

@@ -19,7 +19,7 @@ import torch
 from torch._C._nn import flatten_dense_tensors, unflatten_dense_tensors  # as torch._utils uses them
 
 from unicron.train.iteration import PeerLostError
-from unicron.train.numerics import NonFiniteSum, sum_finite
+from unicron.train.numerics import norm
 from unicron.train.peers import Peers
 
 POLL = timedelta(milliseconds=100)  # how often a pending collective asks whether a peer failed
@@ -53,22 +53,23 @@ def all_reduce_gradients(
     abandoned: Callable[[], bool] | None,
     scale: float = 1.0,
     extra: torch.Tensor | None = None,
-    check: bool = False,
+    check: Callable[[float], None] | None = None,
 ) -> None:
     """Sum the gradients (this rank's shards of them, in a sharded replica) times ``scale`` over
     the peers, as one flat buffer. ``abandoned``: polled while the collective is pending
     (whether the coordinator posted a recovery that abandons the step; None: wait for it,
     however long). ``extra`` (the step's metrics: ``metric.py``) is summed
-    in place beside them, and the gradients are written back only once both are. ``check``: a
-    sum that is not finite is not written back (``NonFiniteSum``: ``numerics.py``)."""
+    in place beside them, and the gradients are written back only once both are. ``check``: given
+    the sum's norm before anything is written back, it raises for a sum that is wrong
+    (``numerics.WrongSum``: not finite, or a spike)."""
     if peers is None or not peers.usable:
         raise ConnectionResetError("the process group is gone: connection to peers broken")
     grads, flat = flat_gradients(model, scale)
     works = [peers.all_reduce_async(flat), *([] if extra is None else [peers.all_reduce_async(extra)])]
     for work in works:
         wait_or_abandon(work, peers, abandoned)
-    if check and not sum_finite([flat]):
-        raise NonFiniteSum("the gradient sum is not finite")
+    if check is not None:
+        check(norm([flat]))
     write_back(grads, flat)
 
 
@@ -218,11 +219,14 @@ class Buckets:
         self.flights.append((self.peers.all_reduce_async(buffer), buffer))
 
     def finish(
-        self, abandoned: Callable[[], bool] | None, extra: torch.Tensor | None = None, check: bool = False
+        self,
+        abandoned: Callable[[], bool] | None,
+        extra: torch.Tensor | None = None,
+        check: Callable[[float], None] | None = None,
     ) -> None:
         """Launch the buckets backward did not fill (unused parameters, or a rank with no
         samples), then ``extra`` (summed in place: the step's metrics), wait for all, and write
-        the sums back into the gradients (``check``: not a sum that is not finite, as
+        the sums back into the gradients (``check``: given the sum's norm first, as
         ``all_reduce_gradients``)."""
         peers = self.peers
         try:
@@ -236,8 +240,8 @@ class Buckets:
                 works.append(peers.all_reduce_async(extra))
             for work in works:
                 wait_or_abandon(work, peers, abandoned)
-            if check and not sum_finite([buffer for _, buffer in self.flights]):
-                raise NonFiniteSum("the gradient sum is not finite")
+            if check is not None:
+                check(norm([buffer for _, buffer in self.flights]))
             for bucket, (_, buffer) in zip(self.buckets, self.flights, strict=True):
                 for p in bucket:
                     if p.grad is None:  # backward never reached it: its gradient is the sum alone

@@ -1,11 +1,12 @@
 """The numerical rung inside a step (issue 55): what the ranks do once the step's gradient sum
-was found not finite, nothing of it applied (``numerics.py``: the verdicts, the tests).
+was found wrong (not finite, or a spike), nothing of it applied (``numerics.py``: the verdicts,
+the tests).
 
-The ranks whose own gradients were not finite are found; the step is computed again on the
-same ranks (a finite sum is written back: a passing fault, reported); then cross-checked (each
-rank computes the samples of the rank before it, and the ranks tell each other whose gradients
-are not finite; nothing is summed) until :func:`numerics.judge` has a verdict, which this module
-carries out: this rank ends (a device at fault, or data not finite wherever computed), or it
+The ranks whose own gradients were wrong are found; the step is computed again on the same
+ranks (a right sum is written back: a passing fault, reported); then cross-checked (each rank
+computes the samples of the rank before it, and the ranks tell each other whose gradients are
+wrong; nothing is summed) until :func:`numerics.judge` has a verdict, which this module
+carries out: this rank ends (a device at fault, or data wrong wherever computed), or it
 goes on (in place, without a device that leaves). The step loop (``steploop.StepLoop``) does the
 computing (:class:`Computing`); every rank takes the same branches, each decided by collectives.
 """
@@ -23,7 +24,7 @@ from unicron.train import numerics
 from unicron.train.channel import ReportChannel
 from unicron.train.groups import Groups
 from unicron.train.iteration import PeerLostError
-from unicron.train.numerics import NonFiniteSum
+from unicron.train.numerics import WrongSum
 from unicron.train.tracefile import TraceFile
 
 
@@ -57,30 +58,30 @@ class Computing(Protocol):
         ...
 
     def reduce(self) -> None:
-        """The step's gradient sum (``NonFiniteSum``: not finite, nothing written back)."""
+        """The step's gradient sum (``WrongSum``: wrong, nothing written back)."""
         ...
 
-    def gradients_finite(self) -> bool:
-        """Whether this rank's own gradients are finite."""
+    def own_wrong(self) -> bool:
+        """Whether this rank's own gradients, as its share of the sum, are wrong."""
         ...
 
 
 def recover(
-    loop: Computing, step: int, contributed: list[int], last: bool
+    loop: Computing, step: int, contributed: list[int], wrong: str, last: bool
 ) -> Generator[Any, None, list[int] | None]:
-    """The rung, a peer's failure meanwhile recovered from as a failed sum's is: None once a
-    finite sum is written back, else the samples whose gradients this rank holds, forwarded as
-    a peer's failure (a suspect device leaving, or a peer lost), to rejoin with (``last``: the
-    step's last attempt, or no in-process recovery: raised instead)."""
+    """The rung for a sum found ``wrong`` (how), a peer's failure meanwhile recovered from as a
+    failed sum's is: None once a right sum is written back, else the samples whose gradients
+    this rank holds, forwarded as a peer's failure (a suspect device leaving, or a peer lost), to
+    rejoin with (``last``: the step's last attempt, or no in-process recovery: raised instead)."""
     session = loop.session
     try:
-        held, finite = yield from _rung(loop, step, contributed)
-    except (numerics.SilentDataCorruption, numerics.NonFiniteData):
+        held, right = yield from _rung(loop, step, contributed, wrong)
+    except (numerics.SilentDataCorruption, numerics.NumericalDataFault):
         raise  # this rank's verdict: it ends
     except Exception as exc:
         session.recoverable(exc, last=last)
         return list(loop.computed)
-    if finite:
+    if right:
         return None
     session.recoverable(
         PeerLostError(f"a peer's device computes wrong values in step {step}: it leaves"), last=last
@@ -88,15 +89,17 @@ def recover(
     return held
 
 
-def _rung(loop: Computing, step: int, contributed: list[int]) -> Generator[Any, None, tuple[list[int], bool]]:
+def _rung(
+    loop: Computing, step: int, contributed: list[int], wrong: str
+) -> Generator[Any, None, tuple[list[int], bool]]:
     """Computed again, then cross-checked, until there is a verdict (the module's docstring).
     Returns the samples whose gradients this rank now holds, and whether their sum is written
     back (the step goes on, exact); if not, a suspect device is leaving and the others recover
     in place, as from a crash after their micro-batches. Raises the verdict where this rank is
-    to end: a device at fault, or samples not finite wherever computed (every rank alike)."""
+    to end: a device at fault, or samples wrong wherever computed (every rank alike)."""
     session, world, rank = loop.session, loop.session.world_size, loop.session.rank
     found_at = (time.time(), time.monotonic())
-    flagged = suspects(loop, all_if_none=False)  # (none: the sum itself overflowed)
+    flagged = suspects(loop, all_if_none=False)  # (none: the sum itself overflowed, or spiked)
     first = flagged or frozenset(range(world))
     again: frozenset[int] | None = None
     cross: frozenset[int] | None = None
@@ -115,20 +118,19 @@ def _rung(loop: Computing, step: int, contributed: list[int]) -> Generator[Any, 
             continue
         try:
             loop.reduce()
-            again = frozenset()  # finite, and written back
-        except NonFiniteSum:
+            again = frozenset()  # right, and written back
+        except WrongSum:
             again = suspects(loop)
     if judgement.verdict is numerics.Verdict.TRANSIENT:
         loop.passing |= {r: (session.generation, step) for r in flagged}  # (not an overflow's fill)
-    if shortcut:
-        again_why = f"named in a passing fault within {numerics.REPEAT_STEPS} steps, then again: "
-        judgement = replace(judgement, why=again_why + judgement.why)
+    again_why = f"named in a passing fault within {numerics.REPEAT_STEPS} steps, then again: "
+    judgement = replace(judgement, why=f"{wrong}; {again_why if shortcut else ''}{judgement.why}")
     judged(session, step, judgement, found_at)
     return mine, not again
 
 
 def named_again_lately(loop: Computing, flagged: frozenset[int], step: int) -> bool:
-    """Whether every rank ``flagged`` (its own gradients not finite) was named in a passing
+    """Whether every rank ``flagged`` (its own gradients wrong) was named in a passing
     fault lately (``numerics.repeated``), and the cross-check can tell about each (no two
     neighbours: each would check the other), every rank told: a rank that joined since knows of
     none, and all must take the same branch. A rank flagged for the first time, or beside
@@ -142,7 +144,7 @@ def named_again_lately(loop: Computing, flagged: frozenset[int], step: int) -> b
 
 
 def judged(session: Worker, step: int, judgement: numerics.Judgement, found_at: tuple[float, float]) -> None:
-    """Record the verdict on a step whose sum was not finite (``found_at``: when, as Unix and
+    """Record the verdict on a step whose sum was wrong (``found_at``: when, as Unix and
     monotonic time), and end this rank where the verdict says so. A passing fault is reported
     once, by the first rank named (its agent may only speak for it); one that persists, by the
     exception that ends the rank or the task."""
@@ -163,14 +165,15 @@ def judged(session: Worker, step: int, judgement: numerics.Judgement, found_at: 
         session.channel.send(report)
     where = f"step {step}: {judgement.why}"
     if judgement.verdict in (numerics.Verdict.DATA, numerics.Verdict.UNRESOLVED):
-        raise numerics.NonFiniteData(f"non-finite gradients in {where}")
+        raise numerics.NumericalDataFault(f"wrong gradients in {where}")
     if judgement.verdict is numerics.Verdict.DEVICE and session.rank in judgement.ranks:
         raise numerics.SilentDataCorruption(f"this rank's device computes wrong values: {where}")
 
 
 def suspects(loop: Computing, all_if_none: bool = True) -> frozenset[int]:
-    """The ranks whose own gradients are not finite, every rank told (after a sum that was not
-    finite, ``all_if_none``: every rank where none's are: the sum itself overflowed)."""
+    """The ranks whose own gradients are wrong, every rank told (after a sum that was wrong,
+    ``all_if_none``: every rank where none's are: the sum itself overflowed, or its spike is
+    no one rank's alone)."""
     session, world = loop.session, loop.session.world_size
-    found = numerics.not_finite(session.groups.peers, session.rank, world, loop.gradients_finite())
+    found = numerics.named(session.groups.peers, session.rank, world, loop.own_wrong())
     return found or (frozenset(range(world)) if all_if_none else found)

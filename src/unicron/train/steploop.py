@@ -28,6 +28,7 @@ backward, gradients clipped inside the loop...) is refused where it happens: ``l
 from __future__ import annotations
 
 import enum
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -42,8 +43,9 @@ from unicron.train.loader import StepData
 from unicron.train.loopguard import LoopGuard
 from unicron.train.membership import settle
 from unicron.train.noupdate import NoUpdate
-from unicron.train.numerics import NonFiniteSum
+from unicron.train.numerics import WrongSum
 from unicron.train.peers import Peers
+from unicron.train.spikes import SpikeWatch
 from unicron.train.state import step_schedulers
 
 if TYPE_CHECKING:
@@ -112,9 +114,12 @@ class StepLoop:
         # What would train differently at another world size is refused (``loopguard.py``).
         self.guard = LoopGuard(model, optimizer, session.extras, self.sharded)
         self.metrics = session.metrics
-        # The step's gradient sum is tested before it is applied (``numerics.py``); not yet for
-        # replicas of several ranks, whose sums go through ``replicas.py``.
-        self.checks_sum = session.contract.check_finite and not session.groups.replicated
+        # The step's gradient sum is tested before it is applied (``numerics.py``): finite, and no
+        # spike in its norm (``spikes.py``); not yet for replicas of several ranks, whose sums go
+        # through ``replicas.py``.
+        contract = session.contract
+        self.checks_sum = contract.check_finite and not session.groups.replicated
+        self.spikes = SpikeWatch(contract.spike_window, contract.spike_factor)
         self.computed: list[int] = []  # the samples whose gradients this rank holds in the step
         self.passing: dict[int, tuple[int, int]] = {}  # rank -> (generation, step): its last passing fault
         self.poisoned = False  # the step's injected NaN, if any, put in (once per computation)
@@ -272,19 +277,19 @@ class StepLoop:
         contributed = [i for chunk in self.chunks for i in chunk]
         self._before_reduce(step)
         for attempt in range(4):
-            not_finite = False
+            wrong: str | None = None
             try:
                 session.progress.at(step, Phase.COLLECTIVE, "all_reduce", len(self.it.marks))
                 self._reduce()
                 break
-            except NonFiniteSum:
-                not_finite = True
+            except WrongSum as exc:
+                wrong = str(exc)
             except Exception as exc:
                 session.recoverable(exc, last=attempt == 3)
-            if not_finite:  # (outside the except block, as below)
-                held = yield from numericstep.recover(self, step, contributed, last=attempt == 3)
+            if wrong is not None:  # (outside the except block, as below)
+                held = yield from numericstep.recover(self, step, contributed, wrong, last=attempt == 3)
                 if held is None:
-                    break  # a finite sum, written back: the step goes on
+                    break  # a right sum, written back: the step goes on
                 contributed = held  # a peer left (a device at fault) or failed: recover in place
             # Outside the except block: the exception's frames (inside torch.distributed) would
             # keep the failed group alive, and its sockets open, so peers would never notice.
@@ -340,12 +345,26 @@ class StepLoop:
         self._before_reduce(step)
 
     def reduce(self) -> None:
-        """The step's gradient sum (``NonFiniteSum``: not finite, nothing written back)."""
+        """The step's gradient sum (``WrongSum``: wrong, nothing written back)."""
         self._reduce()
 
-    def gradients_finite(self) -> bool:
-        """Whether this rank's own gradients (not yet written over by a sum) are finite."""
-        return numerics.gradients_finite(self.params)
+    def own_wrong(self) -> bool:
+        """Whether this rank's own gradients (not yet written over by a sum), as its share of the
+        sum, are wrong: not finite, or alone over the spike's limit."""
+        own = numerics.gradients_norm(self.params) * self.scale
+        limit = self.spikes.limit(self.session.generation)
+        return not math.isfinite(own) or (limit is not None and own > limit)
+
+    def _check_sum(self, norm: float) -> None:
+        """The test of the step's gradient sum, given its norm, before it is written back: one
+        not finite, or a spike, is not (``WrongSum``); one applied joins the spike's window."""
+        generation = self.session.generation
+        if not math.isfinite(norm):
+            raise WrongSum("the gradient sum is not finite")
+        limit = self.spikes.limit(generation)
+        if limit is not None and norm > limit:
+            raise WrongSum(f"a spike in the gradient sum: {self.spikes.why(norm, limit)}")
+        self.spikes.applied(generation, norm)
 
     def _discard(self) -> None:
         """What this rank accumulated in the step is void: computed again."""
@@ -449,6 +468,7 @@ class StepLoop:
         groups = session.groups
         # The metrics' sums (a copy: a failed attempt leaves this rank's own for the next one).
         sums = metric.sums(self.metrics, session.device)
+        check = self._check_sum if self.checking else None
         if groups.replicated:
             if groups.peers is None or groups.replica is None:
                 raise ConnectionResetError("the process group is gone: connection to peers broken")
@@ -457,16 +477,16 @@ class StepLoop:
             else:
                 replicas.reduce(self.model, self.sharded, groups.replica, groups.peers, watch, self.scale)
         elif session.world_size == 1:  # nothing to sum: only the weighting
-            if self.checking and not numerics.gradients_finite(self.params):
-                raise NonFiniteSum("the gradients are not finite")
+            if self.checking:
+                self._check_sum(numerics.gradients_norm(self.params) * self.scale)
             with torch.no_grad():
                 for p in self.params:
                     if p.grad is not None:
                         p.grad.mul_(self.scale)
         elif self.buckets is not None and self.buckets.armed:
-            self.buckets.finish(watch, sums, check=self.checking)  # launched during the last backward
+            self.buckets.finish(watch, sums, check)  # launched during the last backward
         else:
-            gradsync.all_reduce_gradients(self.model, groups.peers, watch, self.scale, sums, self.checking)
+            gradsync.all_reduce_gradients(self.model, groups.peers, watch, self.scale, sums, check)
         metric.reduced(self.metrics, sums, len(self.data.stream.batch(self.it.step)))
         if self._maybe_abandoned() and session.declared_failed():
             # Declared failed (hung, or its node lost) during the step: its peers abandoned the

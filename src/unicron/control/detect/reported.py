@@ -53,12 +53,13 @@ def restored(act: Applier, report: RestoredReport, node: str) -> None:
 
 
 def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) -> None:
-    """A rank's gradients were not finite in a step that its ranks then computed again, finitely
-    (``train/numerics.py``): an incident the workers already recovered from in place (the tier
-    they carried out: the step reattempted, no process restarted), recorded with its culprit and
-    closed at once. It changes nothing the coordinator decides; not yet counted by the ladder
-    (a node whose rank keeps failing so is found by the cross-check: a device fault)."""
-    kind = ErrorKind.NONFINITE_TRANSIENT
+    """A rank's gradients were wrong (not finite, or a spike) in a step that its ranks then
+    computed again, right (``train/numerics.py``): an incident the workers already recovered
+    from in place (the tier they carried out: the step reattempted, no process restarted),
+    recorded with its culprit and closed at once. It changes nothing the coordinator decides;
+    not yet counted by the ladder (a node whose rank keeps failing so is found by the
+    cross-check: a device fault)."""
+    kind = ErrorKind.NUMERICAL_TRANSIENT
     info = TAXONOMY[kind]
     incident = act.record(
         "incident",
