@@ -8,7 +8,9 @@ restarts), then a rank that keeps computing NaN whatever its samples (its device
 taken out until repaired, the others go on in place), then a spike in one rank's gradients once.
 The task must end with the parameters of a failure-free run and with every step having trained on
 exactly its global batch; each fault is an incident naming its rank and node. A sample that gives
-NaN anywhere fails the task with the verdict, in a second task on the same cluster.
+NaN anywhere fails the task with the verdict, in a second task on the same cluster; in a third,
+which skips bad data (``run.on_bad_data: skip``), the step is skipped and the task goes on to the
+state of one process that skips it too.
 """
 
 from __future__ import annotations
@@ -29,15 +31,18 @@ from unicron.core.livespecs import FaultSpec, RunSpec
 from unicron.core.protocol import NumericalReport
 from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
+from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream
 from unicron.train.numerics import REPEAT_STEPS, Verdict, judge, norm, repeated, rotated
-from unicron.train.numericstep import named_again_lately
+from unicron.train.numericstep import may_skip, named_again_lately
 from unicron.train.spikes import MIN_JUDGED, SpikeWatch
 
 from .test_live_cluster import (
+    MODEL,
     assert_ends_exact,
     assert_every_incident_closed,
     assert_ledger_exact,
+    assert_same_state,
     finish_and_settle,
     read_trace,
     story_of,
@@ -132,6 +137,18 @@ def test_a_spike_is_judged_against_the_median_of_its_generations_last_norms() ->
     assert off.limit(1) is None
 
 
+def test_bad_data_is_skipped_only_where_the_task_says_so_and_not_twice_lately() -> None:
+    def loop(skips: bool, skipped: tuple[int, int] | None) -> Any:
+        return SimpleNamespace(skips=skips, skipped=skipped, session=SimpleNamespace(generation=3))
+
+    assert may_skip(loop(True, None), 7) and not may_skip(loop(False, None), 7)
+    assert not may_skip(loop(True, (3, 7 - REPEAT_STEPS)), 7)  # data wrong again so soon: the end
+    assert may_skip(loop(True, (3, 6 - REPEAT_STEPS)), 7)
+    assert may_skip(loop(True, (2, 6)), 7)  # another generation's: its members may not know of it
+    with pytest.raises(ValidationError, match="on_bad_data"):
+        RunSpec.model_validate({"program": ["x"], "iterations": 9, "on_bad_data": "ignore"})
+
+
 def test_a_spike_factor_inside_a_healthy_steps_variation_is_refused_with_the_fix() -> None:
     with pytest.raises(ValidationError, match=r"run\.spike_factor is 1\.5.*use 2 or more"):
         RunSpec.model_validate({"program": ["x"], "iterations": 9, "spike_factor": 1.5})
@@ -154,12 +171,14 @@ FAULTS = [
 
 @pytest.mark.timeout(420)
 def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp_path: Path) -> None:
-    trace, bad_trace = tmp_path / "trace.jsonl", tmp_path / "bad.jsonl"
+    trace, bad_trace, skip_trace = tmp_path / "trace.jsonl", tmp_path / "bad.jsonl", tmp_path / "skip.jsonl"
     table = "{2: 1.9e9, 4: 3.5e9}"
     spec = traced_task(trace, table, ITERATIONS, 0.0, f"  faults: {json.dumps(FAULTS)}\n")
     stream = DataStream(chaos_check.GLOBAL_BATCH, chaos_check.MICRO_BATCH, chaos_check.DATASET)
     bad_sample = [{"action": "nan_sample", "rank": 0, "step": 3, "sample": stream.batch(3)[5]}]
     bad = traced_task(bad_trace, "{2: 1.9e9}", 10, 0.0, f"  faults: {json.dumps(bad_sample)}\n", name="bad")
+    skipping = f"  on_bad_data: skip\n  faults: {json.dumps(bad_sample)}\n"
+    skips = traced_task(skip_trace, "{2: 1.9e9}", 10, 0.0, skipping, name="skips")
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings={"isolate_after": 100}) as cluster:
         cluster.submit(spec)
         events, rows = finish_and_settle(cluster, trace)
@@ -202,6 +221,30 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         assert failed["detail"]["kind"] == "numerical_data", story_of(bad_events)
         verdict = [r for r in read_trace(bad_trace) if r["what"] == "numerical"]
         assert {(r["step"], r["verdict"]) for r in verdict} == {(3, "data")}, verdict
+
+        cluster.submit(skips)
+        cluster.wait(
+            lambda: cluster.task("skips")["state"] in ("finished", "failed"), 240, "the skips task to end"
+        )
+        skip_events = cluster.get("/v1/events", task="skips")
+        assert cluster.task("skips")["state"] == "finished", story_of(skip_events)
+        (skipped,) = [e for e in skip_events if e["kind"] == "incident"]
+        assert skipped["detail"]["kind"] == "numerical_skipped" and skipped["detail"]["step"] == 2
+        assert skipped["detail"]["verdict"] == "data" and not [
+            e for e in skip_events if e["kind"] == "relaunch"
+        ]
+        rows = read_trace(skip_trace)
+        # Step 3's samples skipped, every other step's trained once; the state of one process
+        # that skips the same step (no update; its scheduler stepped: the step counts).
+        assert sorted(i for r in rows if r["what"] == "skipped" for i in r["ids"]) == sorted(stream.batch(3))
+        for step in range(1, 11):
+            got = sorted(i for r in rows if r["what"] == "samples" and r["step"] == step for i in r["ids"])
+            assert got == ([] if step == 3 else sorted(stream.batch(step))), step
+        contract = {"UNICRON_FAULTS": json.dumps(bad_sample), "UNICRON_ON_BAD_DATA": "skip"}
+        alone = chaos_check.reference(tmp_path / "alone", 10, extra=MODEL, env=contract)
+        final = load_latest(tmp_path / "cluster" / "checkpoints" / "skips")
+        assert final is not None and final["step"] == 10
+        assert_same_state(final, alone)
 
 
 def numerical(cluster: Any, rank: int) -> NumericalReport:

@@ -38,7 +38,12 @@ IN_PLACE = {
 # Kinds whose first tier ends the task, in either mode (nothing to restart: data that gives NaN).
 ENDS_TASK = {k for k, info in TAXONOMY.items() if info.tier is Tier.FAIL_TASK}
 # A heartbeat's silence; an exit; a fault the ranks undid in the step (``NumericalReport``).
-NOT_RAISED = {ErrorKind.NODE_LOST, ErrorKind.EXITED_ABNORMALLY, ErrorKind.NUMERICAL_TRANSIENT}
+NOT_RAISED = {
+    ErrorKind.NODE_LOST,
+    ErrorKind.EXITED_ABNORMALLY,
+    ErrorKind.NUMERICAL_TRANSIENT,
+    ErrorKind.NUMERICAL_SKIPPED,
+}
 
 
 def observed(cluster: Any, since: int, generation: int) -> Tier:

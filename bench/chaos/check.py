@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,16 +32,23 @@ ARGS += ["--dataset-size", str(DATASET)]
 
 
 def reference(
-    out: Path, iterations: int, extra: Sequence[str] = (), niced: bool = False, hold: int | None = None
+    out: Path,
+    iterations: int,
+    extra: Sequence[str] = (),
+    niced: bool = False,
+    hold: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The final checkpoint of the same training without failures, in one process (``extra``:
     more arguments of the example trainer; ``niced``: at the lowest CPU priority, to train beside
     a live cluster on the cycles it leaves; ``hold``: a file descriptor the training process
-    keeps open, such as the lock on ``out``, held until it ends even if the caller ends first)."""
+    keeps open, such as the lock on ``out``, held until it ends even if the caller ends first;
+    ``env``: added to its environment, such as the worker contract's keys)."""
     argv = [*ARGS, *extra, "--iterations", str(iterations), "--checkpoint-dir", str(out)]
     command = ["nice", "-n", "19"] * niced + [sys.executable, str(TRAIN), *argv]
     kept = () if hold is None else (hold,)
-    subprocess.run(command, check=True, capture_output=True, timeout=900, pass_fds=kept)
+    environment = None if env is None else {**os.environ, **env}
+    subprocess.run(command, check=True, capture_output=True, timeout=900, pass_fds=kept, env=environment)
     state = load_latest(out)
     assert state is not None and state["step"] == iterations
     return state

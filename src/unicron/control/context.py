@@ -110,6 +110,7 @@ class Context:
             check_finite=spec.run.check_finite,
             spike_factor=spec.run.spike_factor,
             spike_window=spec.run.spike_window,
+            on_bad_data=spec.run.on_bad_data,
             faults=self._faults(name) or None,
             joining=joining,
             spare=spare,

@@ -51,6 +51,7 @@ FIELD_KEYS = {
         "check_finite",
         "spike_factor",
         "spike_window",
+        "on_bad_data",
     )
 }
 
@@ -196,6 +197,13 @@ class RunSpec(SpecBase):
         ge=10,
         le=100_000,
         description="how many of the last steps' gradient norms the spike's median is taken over",
+    )
+    on_bad_data: Literal["fail", "skip"] = Field(
+        default="fail",
+        description="with check_finite, a step whose samples give a wrong sum (not finite, or a spike) "
+        "wherever they are computed: fail ends the task with the verdict; skip skips the step's "
+        "update (no optimizer step, its samples recorded as skipped) and goes on, but not twice "
+        "within 100 steps (docs/detection.md)",
     )
     recovery: Literal["in_process", "restart"] = Field(
         default="in_process",

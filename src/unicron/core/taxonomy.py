@@ -63,6 +63,7 @@ class ErrorKind(StrEnum):
     SILENT_DATA_CORRUPTION = "silent_data_corruption"
     NUMERICAL_DATA = "numerical_data"
     NUMERICAL_TRANSIENT = "numerical_transient"  # wrong once, right computed again
+    NUMERICAL_SKIPPED = "numerical_skipped"  # the data's, and the task skips it (run.on_bad_data)
     USER_ERROR = "user_error"
     OTHER = "other"
 
@@ -122,6 +123,9 @@ TAXONOMY: dict[ErrorKind, KindInfo] = {
     # Found and undone inside the step by the ranks themselves (the step computed again in place:
     # no process restarts), and reported as done (``NumericalReport``): never raised.
     ErrorKind.NUMERICAL_TRANSIENT: _S3,
+    # Data at fault in a task that skips it: the step's update skipped in place, its samples
+    # recorded as skipped (``run.on_bad_data: skip``); reported as done, never raised.
+    ErrorKind.NUMERICAL_SKIPPED: KindInfo(Severity.SEV3, Tier.REATTEMPT, False, Scope.TASK),
     # The paper leaves "others" unassigned; we restart the process, the middle of the ladder.
     ErrorKind.OTHER: _S2,
 }

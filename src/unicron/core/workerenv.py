@@ -37,6 +37,7 @@ KEYS: dict[str, str] = {
     "check_finite": "UNICRON_CHECK_FINITE",
     "spike_factor": "UNICRON_SPIKE_FACTOR",
     "spike_window": "UNICRON_SPIKE_WINDOW",
+    "on_bad_data": "UNICRON_ON_BAD_DATA",
     "faults": "UNICRON_FAULTS",
     "joining": "UNICRON_JOINING",
     "spare": "UNICRON_SPARE",
@@ -84,6 +85,7 @@ class WorkerEnv(BaseModel):
     check_finite: bool = True  # each step's gradient sum tested before it is applied (run.check_finite)
     spike_factor: float = SPIKE_FACTOR  # run.spike_factor
     spike_window: int = SPIKE_WINDOW  # run.spike_window
+    on_bad_data: Literal["fail", "skip"] = "fail"  # run.on_bad_data
     faults: list[dict[str, Any]] | None = None
     joining: bool = False  # a newcomer to live replicas
     spare: bool = False  # a hot spare: wait to be used

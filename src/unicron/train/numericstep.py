@@ -9,10 +9,19 @@ wrong; nothing is summed) until :func:`numerics.judge` has a verdict, which this
 carries out: this rank ends (a device at fault, or data wrong wherever computed), or it
 goes on (in place, without a device that leaves). The step loop (``steploop.StepLoop``) does the
 computing (:class:`Computing`); every rank takes the same branches, each decided by collectives.
+
+Data at fault (or a fault that cannot be told from it) ends the task with its verdict, unless the
+task says to skip it (``run.on_bad_data: skip``): then the step's update is skipped on every rank
+(no optimizer step; the registered objects held as they were, as for a step copied from a
+replica: ``noupdate.py``, but the registered schedulers step, as the step counts) and its
+samples are recorded as skipped. Not twice within
+``numerics.REPEAT_STEPS`` steps of one generation: data that keeps giving wrong numbers, or a
+fault that follows every batch, ends the task rather than skip step after step.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import replace
@@ -52,6 +61,8 @@ class Computing(Protocol):
 
     computed: list[int]  # the samples whose gradients this rank holds in the step
     passing: dict[int, tuple[int, int]]  # rank -> (generation, step) of its last passing fault
+    skips: bool  # the task skips a step whose data is at fault (``run.on_bad_data: skip``)
+    skipped: tuple[int, int] | None  # (generation, step) of the last step skipped
 
     def recompute(self, step: int, ids: list[int]) -> Iterator[Any]:
         """This rank's gradients of the step void, then ``ids`` computed again, up to the sum."""
@@ -66,23 +77,30 @@ class Computing(Protocol):
         ...
 
 
+class Done(enum.Enum):
+    """How the rung left the step, where it goes on without a peer's failure to recover from."""
+
+    APPLIED = "applied"  # a right sum written back: the step goes on
+    SKIPPED = "skipped"  # the data's fault, skipped (``run.on_bad_data: skip``): no update
+
+
 def recover(
     loop: Computing, step: int, contributed: list[int], wrong: str, last: bool
-) -> Generator[Any, None, list[int] | None]:
+) -> Generator[Any, None, Done | list[int]]:
     """The rung for a sum found ``wrong`` (how), a peer's failure meanwhile recovered from as a
-    failed sum's is: None once a right sum is written back, else the samples whose gradients
-    this rank holds, forwarded as a peer's failure (a suspect device leaving, or a peer lost), to
+    failed sum's is: how the step goes on (:class:`Done`), else the samples whose gradients this
+    rank holds, forwarded as a peer's failure (a suspect device leaving, or a peer lost), to
     rejoin with (``last``: the step's last attempt, or no in-process recovery: raised instead)."""
     session = loop.session
     try:
-        held, right = yield from _rung(loop, step, contributed, wrong)
+        held, done = yield from _rung(loop, step, contributed, wrong)
     except (numerics.SilentDataCorruption, numerics.NumericalDataFault):
         raise  # this rank's verdict: it ends
     except Exception as exc:
         session.recoverable(exc, last=last)
         return list(loop.computed)
-    if right:
-        return None
+    if done is not None:
+        return done
     session.recoverable(
         PeerLostError(f"a peer's device computes wrong values in step {step}: it leaves"), last=last
     )
@@ -91,12 +109,12 @@ def recover(
 
 def _rung(
     loop: Computing, step: int, contributed: list[int], wrong: str
-) -> Generator[Any, None, tuple[list[int], bool]]:
+) -> Generator[Any, None, tuple[list[int], Done | None]]:
     """Computed again, then cross-checked, until there is a verdict (the module's docstring).
-    Returns the samples whose gradients this rank now holds, and whether their sum is written
-    back (the step goes on, exact); if not, a suspect device is leaving and the others recover
-    in place, as from a crash after their micro-batches. Raises the verdict where this rank is
-    to end: a device at fault, or samples wrong wherever computed (every rank alike)."""
+    Returns the samples whose gradients this rank now holds, and how the step goes on: their sum
+    written back (exact), or the data's fault skipped; None: a suspect device is leaving and the
+    others recover in place, as from a crash after their micro-batches. Raises the verdict where
+    this rank is to end: a device at fault, or samples wrong wherever computed (every rank alike)."""
     session, world, rank = loop.session, loop.session.world_size, loop.session.rank
     found_at = (time.time(), time.monotonic())
     flagged = suspects(loop, all_if_none=False)  # (none: the sum itself overflowed, or spiked)
@@ -125,8 +143,23 @@ def _rung(
         loop.passing |= {r: (session.generation, step) for r in flagged}  # (not an overflow's fill)
     again_why = f"named in a passing fault within {numerics.REPEAT_STEPS} steps, then again: "
     judgement = replace(judgement, why=f"{wrong}; {again_why if shortcut else ''}{judgement.why}")
-    judged(session, step, judgement, found_at)
-    return mine, not again
+    skip = judgement.verdict in (numerics.Verdict.DATA, numerics.Verdict.UNRESOLVED) and may_skip(loop, step)
+    judged(session, step, judgement, found_at, skip)
+    if skip:
+        loop.skipped = (session.generation, step)
+        return mine, Done.SKIPPED
+    return mine, None if again else Done.APPLIED
+
+
+def may_skip(loop: Computing, step: int) -> bool:
+    """Whether the step whose data is at fault is skipped rather than ending the task: the task
+    says so, and no step was skipped within ``REPEAT_STEPS`` steps of this generation (every
+    member of a generation has seen the same skips)."""
+    last = loop.skipped
+    lately = (
+        last is not None and last[0] == loop.session.generation and step - last[1] <= numerics.REPEAT_STEPS
+    )
+    return loop.skips and not lately
 
 
 def named_again_lately(loop: Computing, flagged: frozenset[int], step: int) -> bool:
@@ -143,14 +176,20 @@ def named_again_lately(loop: Computing, flagged: frozenset[int], step: int) -> b
     return bool(session.groups.peers.max(1 if go else 0))
 
 
-def judged(session: Worker, step: int, judgement: numerics.Judgement, found_at: tuple[float, float]) -> None:
+def judged(
+    session: Worker, step: int, judgement: numerics.Judgement, found_at: tuple[float, float], skip: bool
+) -> None:
     """Record the verdict on a step whose sum was wrong (``found_at``: when, as Unix and
-    monotonic time), and end this rank where the verdict says so. A passing fault is reported
-    once, by the first rank named (its agent may only speak for it); one that persists, by the
-    exception that ends the rank or the task."""
+    monotonic time), and end this rank where the verdict says so (``skip``: the data's fault is
+    skipped instead). A passing fault, or a skipped step, is reported once, by the first rank
+    named (its agent may only speak for it); one that persists, by the exception that ends the
+    rank or the task."""
+    if skip:
+        judgement = replace(judgement, why=f"{judgement.why}; the step's update skipped (run.on_bad_data)")
     session.trace("numerical", step=step, verdict=judgement.verdict.value,
-                  ranks=sorted(judgement.ranks), why=judgement.why)  # fmt: skip
-    if judgement.verdict is numerics.Verdict.TRANSIENT and session.rank == min(judgement.ranks):
+                  ranks=sorted(judgement.ranks), why=judgement.why, skipped=skip)  # fmt: skip
+    reported = judgement.verdict is numerics.Verdict.TRANSIENT or skip
+    if reported and session.rank == min(judgement.ranks):
         report = NumericalReport(
             task=session.task,
             generation=session.generation,
@@ -164,7 +203,7 @@ def judged(session: Worker, step: int, judgement: numerics.Judgement, found_at: 
         )
         session.channel.send(report)
     where = f"step {step}: {judgement.why}"
-    if judgement.verdict in (numerics.Verdict.DATA, numerics.Verdict.UNRESOLVED):
+    if judgement.verdict in (numerics.Verdict.DATA, numerics.Verdict.UNRESOLVED) and not skip:
         raise numerics.NumericalDataFault(f"wrong gradients in {where}")
     if judgement.verdict is numerics.Verdict.DEVICE and session.rank in judgement.ranks:
         raise numerics.SilentDataCorruption(f"this rank's device computes wrong values: {where}")

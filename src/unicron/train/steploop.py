@@ -59,6 +59,7 @@ class StepPhase(enum.Enum):
     REDUCED = "reduced"  # the loader ran out: the gradients hold the step's global batch
     # With nothing to apply (``noupdate.py``):
     COPIED = "copied"  # recovery took state that already holds this step
+    SKIPPED = "skipped"  # its data at fault, skipped (``run.on_bad_data: skip``)
     ABANDONED = "abandoned"  # asked to stop with the step's reduction broken
 
 
@@ -122,6 +123,8 @@ class StepLoop:
         self.spikes = SpikeWatch(contract.spike_window, contract.spike_factor)
         self.computed: list[int] = []  # the samples whose gradients this rank holds in the step
         self.passing: dict[int, tuple[int, int]] = {}  # rank -> (generation, step): its last passing fault
+        self.skips = contract.on_bad_data == "skip"  # a step whose data is at fault: skipped, or the end
+        self.skipped: tuple[int, int] | None = None  # (generation, step) of the last step skipped
         self.poisoned = False  # the step's injected NaN, if any, put in (once per computation)
         self.checking = self.checks_sum  # in this step (``begin``)
 
@@ -195,7 +198,7 @@ class StepLoop:
         if self.phase is StepPhase.ABANDONED:
             return  # not done: the worker stops at the boundary before it (``Session.steps``)
         session.step = step
-        if self.phase is StepPhase.REDUCED:
+        if self.phase in (StepPhase.REDUCED, StepPhase.SKIPPED):  # (a skipped step counts)
             with self.guard.stepping_schedulers():
                 step_schedulers(session.extras, step - 1)
         session.channel.send_soon(self.it.report(session.task, session.generation, session.rank))
@@ -288,8 +291,11 @@ class StepLoop:
                 session.recoverable(exc, last=attempt == 3)
             if wrong is not None:  # (outside the except block, as below)
                 held = yield from numericstep.recover(self, step, contributed, wrong, last=attempt == 3)
-                if held is None:
+                if held is numericstep.Done.APPLIED:
                     break  # a right sum, written back: the step goes on
+                if held is numericstep.Done.SKIPPED:
+                    self._skip(step, contributed)
+                    return
                 contributed = held  # a peer left (a device at fault) or failed: recover in place
             # Outside the except block: the exception's frames (inside torch.distributed) would
             # keep the failed group alive, and its sockets open, so peers would never notice.
@@ -374,6 +380,14 @@ class StepLoop:
         for each in self.metrics:
             each.void()
         self.computed, self.poisoned = [], False
+
+    def _skip(self, step: int, contributed: list[int]) -> None:
+        """The step's data is at fault and the task skips it: no update, its samples (this
+        rank's share of them) recorded as skipped, in the ledger's place. It still counts: the
+        registered schedulers step at its end, so the schedule follows the step count."""
+        self._discard()
+        self.session.trace("skipped", step=step, ids=contributed)
+        self.phase, self.no_update = StepPhase.SKIPPED, self._no_update()
 
     def _abandon(self, step: int) -> None:
         """Asked to stop with this step's reduction broken: peers that took the request at the

@@ -54,12 +54,13 @@ def restored(act: Applier, report: RestoredReport, node: str) -> None:
 
 def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) -> None:
     """A rank's gradients were wrong (not finite, or a spike) in a step that its ranks then
-    computed again, right (``train/numerics.py``): an incident the workers already recovered
-    from in place (the tier they carried out: the step reattempted, no process restarted),
-    recorded with its culprit and closed at once. It changes nothing the coordinator decides;
-    not yet counted by the ladder (a node whose rank keeps failing so is found by the
-    cross-check: a device fault)."""
-    kind = ErrorKind.NUMERICAL_TRANSIENT
+    computed again, right, or whose data was at fault in a task that skips it (its update
+    skipped: ``train/numerics.py``): an incident the workers already recovered from in place
+    (the tier they carried out: the step reattempted, no process restarted), recorded with its
+    culprit and closed at once. It changes nothing the coordinator decides; not yet counted by
+    the ladder (a node whose rank keeps failing so is found by the cross-check: a device fault)."""
+    transient = report.verdict == "transient"  # else the data's fault, the step skipped
+    kind = ErrorKind.NUMERICAL_TRANSIENT if transient else ErrorKind.NUMERICAL_SKIPPED
     info = TAXONOMY[kind]
     incident = act.record(
         "incident",
@@ -71,7 +72,8 @@ def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) 
         asked=info.tier.label,
         scope=info.scope.value,
         why=f"rank {report.rank}: {report.why}",
-        ladder="found and computed again in the step by the ranks",
+        ladder="found and computed again in the step by the ranks"
+        + ("" if transient else ", its update skipped (run.on_bad_data: skip)"),
         detected_at=report.time or now,  # in the step it struck, before anything of it was applied
         generation=report.generation,
         step=report.step - 1,  # the last step completed, as every incident records it
@@ -79,13 +81,13 @@ def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) 
         culprit=report.rank,
         ranks=report.ranks,
     )
-    act.record(  # (no step lost: the one that struck is the one resumed)
+    act.record(  # (no step lost: the one that struck is the one resumed, or was skipped)
         "outcome",
         task=report.task,
         incident=incident,
         outcome="recovered",
         downtime_s=report.spent_s,  # the step's time computing again: the ranks never stopped
-        resumed_step=report.step,
+        resumed_step=report.step if transient else report.step + 1,
         action=info.tier.label,
         actions=[info.tier.label],
     )
