@@ -33,8 +33,8 @@ from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream
-from unicron.train.numerics import REPEAT_STEPS, Verdict, judge, norm, repeated, rotated
-from unicron.train.numericstep import may_skip, named_again_lately
+from unicron.train.numerics import REPEAT_STEPS, Outcome, Verdict, judge, norm, repeated, rotated
+from unicron.train.numericstep import may_skip, named_again_lately, outcome_of
 from unicron.train.spikes import MIN_JUDGED, SpikeWatch
 
 from .test_live_cluster import (
@@ -116,25 +116,23 @@ def test_a_half_precision_sum_that_is_finite_is_not_taken_for_an_overflow() -> N
     assert not math.isfinite(norm([torch.ones(3), torch.tensor([float("nan")], dtype=torch.float64)]))
 
 
-def test_a_spike_is_judged_against_the_median_of_its_generations_last_norms() -> None:
+def test_a_spike_is_judged_against_the_median_of_the_last_norms_applied() -> None:
     watch = SpikeWatch(window=20, factor=10)
     for _ in range(MIN_JUDGED - 1):
-        watch.applied(1, 2.0)
-    assert watch.limit(1) is None  # too few norms yet
-    watch.applied(1, 2.0)
-    assert watch.limit(1) == 20.0 and watch.limit(2) is None  # a new generation knows none
+        watch.applied(2.0)
+    assert watch.limit() is None  # too few norms yet
+    watch.applied(2.0)
+    assert watch.limit() == 20.0
     for _ in range(9):
-        watch.applied(1, 500.0)  # nine large norms let through: the median stays
-    assert watch.limit(1) == 20.0 and "10 x the median of the last 19 steps" in watch.why(600, 20)
-    for _ in range(30):
-        watch.applied(1, 1.0)  # the window is the last 20
-    assert watch.limit(1) == 10.0
-    watch.applied(2, 1.0)
-    assert watch.limit(2) is None and list(watch.norms) == [1.0]  # a new generation: a new window
+        watch.applied(500.0)  # nine large norms let through: the median stays
+    assert watch.limit() == 20.0 and "10 x the median of the recent norms" in watch.why(600, 20)
+    for value in range(30):
+        watch.applied(1.0 + value % 2)  # the window is the last 20: ten 1s and ten 2s
+    assert watch.limit() == 15.0 and sorted(watch.norms) == watch.ordered
     off = SpikeWatch(window=20, factor=0)
     for _ in range(20):
-        off.applied(1, 1.0)
-    assert off.limit(1) is None
+        off.applied(1.0)
+    assert off.limit() is None
 
 
 def test_bad_data_is_skipped_only_where_the_task_says_so_and_not_twice_lately() -> None:
@@ -275,6 +273,65 @@ def test_a_passing_fault_is_an_incident_recovered_in_place_and_changes_nothing(m
     (outcome,) = cluster.events("outcome")
     assert outcome["outcome"] == "recovered" and outcome["downtime_s"] == 0.25
     assert cluster.orders[since:] == [] and cluster.c.store.get_task("lm").generation == generation
+
+
+def test_a_skipped_step_and_an_applied_spike_are_incidents_of_their_own_kinds(make: Any) -> None:
+    cluster = make()
+    node, _ = cluster.running[("lm", cluster.c.store.get_task("lm").generation, 1)]
+    for step, (outcome, verdict) in enumerate((("skipped", "data"), ("applied", "unresolved")), 3):
+        report = numerical(cluster, 1).model_copy(
+            update={"step": step, "verdict": verdict, "outcome": outcome}
+        )
+        cluster.beat(node, report)
+    skipped, spike = cluster.events("incident")
+    assert (skipped["kind"], skipped["verdict"], spike["kind"]) == (
+        "numerical_skipped",
+        "data",
+        "gradient_spike",
+    )
+    assert [o["resumed_step"] for o in cluster.events("outcome")] == [4, 4]  # (3 skipped; 4 applied)
+    with pytest.raises(ValidationError, match="outcome"):
+        NumericalReport.model_validate({**report.model_dump(), "outcome": "ignored"})
+
+
+def test_what_is_done_about_a_verdict_depends_on_whose_fault_and_whether_a_spike() -> None:
+    def loop(skips: bool) -> Any:
+        return SimpleNamespace(skips=skips, skipped=None, session=SimpleNamespace(generation=3))
+
+    done = {
+        (verdict, skips, spike): outcome_of(loop(skips), 7, verdict, spike)
+        for verdict in Verdict
+        for skips in (False, True)
+        for spike in (False, True)
+    }
+    assert {done[Verdict.TRANSIENT, k, s] for k in (False, True) for s in (False, True)} == {
+        Outcome.RECOMPUTED
+    }
+    assert {done[Verdict.DEVICE, k, s] for k in (False, True) for s in (False, True)} == {Outcome.LEFT}
+    for fault in (Verdict.DATA, Verdict.UNRESOLVED):
+        assert done[fault, True, False] == done[fault, True, True] == Outcome.SKIPPED
+        assert done[fault, False, True] == Outcome.APPLIED  # a spike the data gives
+        assert done[fault, False, False] == Outcome.FAILED  # a NaN is never applied
+
+
+def test_one_process_applies_a_spike_it_computes_every_time_as_it_would_without_the_test(
+    tmp_path: Path,
+) -> None:
+    """A world of one cannot tell its device's fault from its data's: a spike computed twice is
+    applied (as the same run without the test applies it), a NaN would end the run."""
+    struck = json.dumps(
+        [{"action": "spike_grad", "rank": 0, "step": 15, "generation": 0, "times": 2, "factor": 1e3}]
+    )
+    trace = tmp_path / "alone.jsonl"
+    contract = {"UNICRON_FAULTS": struck, "UNICRON_TRACE_FILE": str(trace)}
+    tested = chaos_check.reference(tmp_path / "on", 20, extra=MODEL, env=contract)
+    untested = chaos_check.reference(
+        tmp_path / "off", 20, extra=MODEL, env={"UNICRON_FAULTS": struck, "UNICRON_CHECK_FINITE": "0"}
+    )
+    (verdict,) = [r for r in read_trace(trace) if r["what"] == "numerical"]
+    assert (verdict["step"], verdict["verdict"], verdict["outcome"]) == (15, "unresolved", "applied")
+    assert verdict["why"].startswith("a spike in the gradient sum"), verdict
+    assert_same_state(tested, untested)
 
 
 def named_again(flagged: frozenset[int], passing: dict[int, tuple[int, int]], world: int = 4) -> bool:

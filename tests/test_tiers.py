@@ -43,6 +43,7 @@ NOT_RAISED = {
     ErrorKind.EXITED_ABNORMALLY,
     ErrorKind.NUMERICAL_TRANSIENT,
     ErrorKind.NUMERICAL_SKIPPED,
+    ErrorKind.GRADIENT_SPIKE,
 }
 
 

@@ -34,7 +34,14 @@ from unicron.core.specs import (
     unique_names,
     validate_spec,
 )
-from unicron.core.workerenv import KEYS, SPIKE_FACTOR, SPIKE_WINDOW
+from unicron.core.workerenv import (
+    KEYS,
+    SPIKE_FACTOR,
+    SPIKE_FACTOR_MAX,
+    SPIKE_WINDOW,
+    SPIKE_WINDOWS,
+    spike_factor_problem,
+)
 
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
@@ -186,7 +193,7 @@ class RunSpec(SpecBase):
     spike_factor: float = Field(
         default=SPIKE_FACTOR,
         ge=0,
-        le=1e6,
+        le=SPIKE_FACTOR_MAX,
         allow_inf_nan=False,
         description="with check_finite: a gradient sum whose norm is over this many times the median "
         "of the last spike_window steps' is a spike, handled as a sum that is not finite "
@@ -194,16 +201,16 @@ class RunSpec(SpecBase):
     )
     spike_window: int = Field(
         default=SPIKE_WINDOW,
-        ge=10,
-        le=100_000,
+        ge=SPIKE_WINDOWS[0],
+        le=SPIKE_WINDOWS[1],
         description="how many of the last steps' gradient norms the spike's median is taken over",
     )
     on_bad_data: Literal["fail", "skip"] = Field(
         default="fail",
-        description="with check_finite, a step whose samples give a wrong sum (not finite, or a spike) "
-        "wherever they are computed: fail ends the task with the verdict; skip skips the step's "
-        "update (no optimizer step, its samples recorded as skipped) and goes on, but not twice "
-        "within 100 steps (docs/detection.md)",
+        description="with check_finite, a step whose samples give a wrong sum wherever they are "
+        "computed: fail ends the task with the verdict where the sum is not finite (a spike, what "
+        "the data gives, is applied); skip skips the step's update (no optimizer step, its samples "
+        "recorded as skipped) and goes on, but not twice within 100 steps (docs/detection.md)",
     )
     recovery: Literal["in_process", "restart"] = Field(
         default="in_process",
@@ -234,11 +241,9 @@ class RunSpec(SpecBase):
     @field_validator("spike_factor", mode="after")
     @classmethod
     def _spike_factor_above_noise(cls, factor: float) -> float:
-        if 0 < factor < 2:
-            raise ValueError(
-                f"run.spike_factor is {factor:g}: a healthy step's gradient norm varies that much"
-                f"{FIX_MARK}use 2 or more (the default is {SPIKE_FACTOR:g}), or 0 for no spike test"
-            )
+        problem = spike_factor_problem(factor)
+        if problem is not None:
+            raise ValueError(f"run.spike_factor is {factor:g}, {problem[0]}{FIX_MARK}{problem[1]}")
         return factor
 
     @model_validator(mode="after")

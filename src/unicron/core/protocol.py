@@ -219,12 +219,15 @@ class NumericalReport(_Message):
     generation: Int
     rank: Int
     step: Int  # the step whose sum was wrong
-    verdict: Label  # "transient"
+    verdict: Label  # train/numerics.py's Verdict: "transient", or "data" or "unresolved"
+    # What was done (train/numerics.py's Outcome): "recomputed" (transient), "skipped" (the
+    # step's update, run.on_bad_data: skip) or "applied" (a spike the data gives)
+    outcome: Literal["recomputed", "skipped", "applied"] = "recomputed"
     # every rank named with it (the report is this rank's own)
     ranks: Annotated[list[Int], Field(max_length=MAX_PEERS, fail_fast=True)]
     why: Note
     time: UnixTime = 0.0  # when the sum was found wrong (Unix time)
-    spent_s: Seconds = 0.0  # from then until a right sum was written back: the step's extra time
+    spent_s: Seconds = 0.0  # from then until the step went on: its extra time
 
 
 class LaunchFailedReport(_Message):

@@ -64,6 +64,7 @@ class ErrorKind(StrEnum):
     NUMERICAL_DATA = "numerical_data"
     NUMERICAL_TRANSIENT = "numerical_transient"  # wrong once, right computed again
     NUMERICAL_SKIPPED = "numerical_skipped"  # the data's, and the task skips it (run.on_bad_data)
+    GRADIENT_SPIKE = "gradient_spike"  # a spike the data gives wherever computed: applied
     USER_ERROR = "user_error"
     OTHER = "other"
 
@@ -126,6 +127,9 @@ TAXONOMY: dict[ErrorKind, KindInfo] = {
     # Data at fault in a task that skips it: the step's update skipped in place, its samples
     # recorded as skipped (``run.on_bad_data: skip``); reported as done, never raised.
     ErrorKind.NUMERICAL_SKIPPED: KindInfo(Severity.SEV3, Tier.REATTEMPT, False, Scope.TASK),
+    # A spike in the gradient norm that every computation gives: the data's, applied as training
+    # without the test would apply it; recorded, so that a run's spikes are seen.
+    ErrorKind.GRADIENT_SPIKE: KindInfo(Severity.SEV3, Tier.REATTEMPT, False, Scope.TASK),
     # The paper leaves "others" unassigned; we restart the process, the middle of the ladder.
     ErrorKind.OTHER: _S2,
 }

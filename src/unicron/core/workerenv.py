@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # field -> environment variable
 KEYS: dict[str, str] = {
@@ -56,6 +56,16 @@ _FLAGS = ("joining", "spare", "host_checkpoints", "check_finite")
 # is a spike (``train/spikes.py`` says why these); 0 turns the spike's test off.
 SPIKE_FACTOR = 10.0
 SPIKE_WINDOW = 100
+SPIKE_WINDOWS = (10, 100_000)  # the window's bounds: at least the norms a spike is judged by
+SPIKE_FACTOR_MAX = 1e6
+
+
+def spike_factor_problem(factor: float) -> tuple[str, str] | None:
+    """Why ``factor`` cannot be a spike's factor, and the fix (None: it can): under 2, a healthy
+    step's gradient norm varies that much; 0 turns the test off."""
+    if 0 < factor < 2:
+        return "within a healthy step's variation", f"use 2 or more (default {SPIKE_FACTOR:g}), or 0 for none"
+    return None
 
 
 class WorkerEnv(BaseModel):
@@ -83,8 +93,8 @@ class WorkerEnv(BaseModel):
     storage_wait_s: float | None = None  # the final state's wait for failing storage (Settings)
     recovery: Literal["in_process", "restart"] = "in_process"
     check_finite: bool = True  # each step's gradient sum tested before it is applied (run.check_finite)
-    spike_factor: float = SPIKE_FACTOR  # run.spike_factor
-    spike_window: int = SPIKE_WINDOW  # run.spike_window
+    spike_factor: float = Field(SPIKE_FACTOR, ge=0, le=SPIKE_FACTOR_MAX, allow_inf_nan=False)
+    spike_window: int = Field(SPIKE_WINDOW, ge=SPIKE_WINDOWS[0], le=SPIKE_WINDOWS[1])
     on_bad_data: Literal["fail", "skip"] = "fail"  # run.on_bad_data
     faults: list[dict[str, Any]] | None = None
     joining: bool = False  # a newcomer to live replicas
@@ -97,6 +107,14 @@ class WorkerEnv(BaseModel):
     position_file: str | None = None  # the board its agent reads its position from (core.position)
     host_checkpoints: bool = True  # keep an in-memory (tmpfs) checkpoint copy per node
     host_checkpoint_root: str | None = None
+
+    @field_validator("spike_factor", mode="after")
+    @classmethod
+    def _spike_factor(cls, factor: float) -> float:
+        problem = spike_factor_problem(factor)
+        if problem is not None:
+            raise ValueError(f"{KEYS['spike_factor']} is {factor:g}, {problem[0]}: {problem[1]}")
+        return factor
 
     def store_addresses(self) -> str:
         """Where the task's store may be, comma-separated: the address it was launched with

@@ -1,5 +1,6 @@
 """A step with no update to make: the state already holds it (copied from a replica that
-finished it) or it was abandoned (the worker is stopping, its peers gone).
+finished it), it was abandoned (the worker is stopping, its peers gone), or its data was at fault
+and the task skips it (``numericstep.py``).
 
 The user's code after the micro-batch loop still runs (clipping, ``scaler.unscale_``,
 ``scaler.step``, ``scaler.update``, ``optimizer.step``). It must change nothing, and it must not
@@ -14,7 +15,7 @@ fail. So:
   a loop that changes them after its ``optimizer.step()`` (a decay or a clamp by hand, a
   learning rate set by hand) would otherwise apply that change a second time to a state that a
   replica had already carried through the step, or save it with a step never completed. The
-  copy goes to host memory, once per such step: they happen only in recoveries and stops.
+  copy goes to host memory, once per such step: they happen only in recoveries, stops and skips.
 """
 
 from __future__ import annotations

@@ -41,8 +41,12 @@ from unicron.train.peers import Peers
 
 
 class WrongSum(Exception):
-    """The step's gradient sum is wrong (not finite, or a spike): nothing was written back
+    """The step's gradient sum is wrong (not finite, or a ``spike``): nothing was written back
     (internal to the step; the message says how it is wrong)."""
+
+    def __init__(self, why: str, spike: bool = False) -> None:
+        super().__init__(why)
+        self.spike = spike
 
 
 class SilentDataCorruption(RuntimeError):
@@ -60,6 +64,18 @@ class Verdict(enum.StrEnum):
     DEVICE = "device"  # the suspects' devices: they leave, the others go on in place
     DATA = "data"  # the suspects' samples are wrong on another rank too
     UNRESOLVED = "unresolved"  # one rank, every rank, or neighbours: cannot be told
+
+
+class Outcome(enum.StrEnum):
+    """What was done about a verdict (``numericstep.py``)."""
+
+    RECOMPUTED = "recomputed"  # transient: the step goes on with the sum computed again
+    LEFT = "left"  # device: the suspects leave, the others go on in place
+    SKIPPED = "skipped"  # the data's: the step's update skipped (run.on_bad_data: skip)
+    # A spike the data gives wherever computed: applied, as training without the test would (it
+    # is the data's gradient; clipping, if the loop clips, bounds it). A NaN never is.
+    APPLIED = "applied"
+    FAILED = "failed"  # the data's: the task ends with the verdict
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ carries out: this rank ends (a device at fault, or data wrong wherever computed)
 goes on (in place, without a device that leaves). The step loop (``steploop.StepLoop``) does the
 computing (:class:`Computing`); every rank takes the same branches, each decided by collectives.
 
-Data at fault (or a fault that cannot be told from it) ends the task with its verdict, unless the
-task says to skip it (``run.on_bad_data: skip``): then the step's update is skipped on every rank
+Data at fault (or a fault that cannot be told from it) ends the task with its verdict where the
+sum is not finite, and is applied where it is a spike (what the data gives: training without the
+test would apply it), unless the task says to skip it (``run.on_bad_data: skip``): then the
+step's update is skipped on every rank
 (no optimizer step; the registered objects held as they were, as for a step copied from a
 replica: ``noupdate.py``, but the registered schedulers step, as the step counts) and its
 samples are recorded as skipped. Not twice within
@@ -68,8 +70,9 @@ class Computing(Protocol):
         """This rank's gradients of the step void, then ``ids`` computed again, up to the sum."""
         ...
 
-    def reduce(self) -> None:
-        """The step's gradient sum (``WrongSum``: wrong, nothing written back)."""
+    def reduce(self, spikes: bool = True) -> None:
+        """The step's gradient sum (``WrongSum``: wrong, nothing written back; ``spikes``: False
+        to take a spike)."""
         ...
 
     def own_wrong(self) -> bool:
@@ -85,15 +88,16 @@ class Done(enum.Enum):
 
 
 def recover(
-    loop: Computing, step: int, contributed: list[int], wrong: str, last: bool
+    loop: Computing, step: int, contributed: list[int], wrong: str, spike: bool, last: bool
 ) -> Generator[Any, None, Done | list[int]]:
-    """The rung for a sum found ``wrong`` (how), a peer's failure meanwhile recovered from as a
-    failed sum's is: how the step goes on (:class:`Done`), else the samples whose gradients this
-    rank holds, forwarded as a peer's failure (a suspect device leaving, or a peer lost), to
-    rejoin with (``last``: the step's last attempt, or no in-process recovery: raised instead)."""
+    """The rung for a sum found ``wrong`` (how; ``spike``: finite, a spike), a peer's failure
+    meanwhile recovered from as a failed sum's is: how the step goes on (:class:`Done`), else
+    the samples whose gradients this rank holds, forwarded as a peer's failure (a suspect device
+    leaving, or a peer lost), to rejoin with (``last``: the step's last attempt, or no
+    in-process recovery: raised instead)."""
     session = loop.session
     try:
-        held, done = yield from _rung(loop, step, contributed, wrong)
+        held, done = yield from _rung(loop, step, contributed, wrong, spike)
     except (numerics.SilentDataCorruption, numerics.NumericalDataFault):
         raise  # this rank's verdict: it ends
     except Exception as exc:
@@ -108,13 +112,14 @@ def recover(
 
 
 def _rung(
-    loop: Computing, step: int, contributed: list[int], wrong: str
+    loop: Computing, step: int, contributed: list[int], wrong: str, spike: bool
 ) -> Generator[Any, None, tuple[list[int], Done | None]]:
     """Computed again, then cross-checked, until there is a verdict (the module's docstring).
     Returns the samples whose gradients this rank now holds, and how the step goes on: their sum
-    written back (exact), or the data's fault skipped; None: a suspect device is leaving and the
-    others recover in place, as from a crash after their micro-batches. Raises the verdict where
-    this rank is to end: a device at fault, or samples wrong wherever computed (every rank alike)."""
+    written back (exact, or a spike the data gives), or the data's fault skipped; None: a
+    suspect device is leaving and the others recover in place, as from a crash after their
+    micro-batches. Raises the verdict where this rank is to end: a device at fault, or samples
+    wrong wherever computed (every rank alike)."""
     session, world, rank = loop.session, loop.session.world_size, loop.session.rank
     found_at = (time.time(), time.monotonic())
     flagged = suspects(loop, all_if_none=False)  # (none: the sum itself overflowed, or spiked)
@@ -143,12 +148,30 @@ def _rung(
         loop.passing |= {r: (session.generation, step) for r in flagged}  # (not an overflow's fill)
     again_why = f"named in a passing fault within {numerics.REPEAT_STEPS} steps, then again: "
     judgement = replace(judgement, why=f"{wrong}; {again_why if shortcut else ''}{judgement.why}")
-    skip = judgement.verdict in (numerics.Verdict.DATA, numerics.Verdict.UNRESOLVED) and may_skip(loop, step)
-    judged(session, step, judgement, found_at, skip)
-    if skip:
+    outcome = outcome_of(loop, step, judgement.verdict, spike)
+    if outcome is numerics.Outcome.APPLIED:
+        try:
+            loop.reduce(spikes=False)  # (every rank holds the gradients of its share of the samples)
+        except WrongSum:
+            outcome = numerics.Outcome.FAILED  # not finite this time: never applied
+    judged(session, step, judgement, found_at, outcome)
+    if outcome is numerics.Outcome.SKIPPED:
         loop.skipped = (session.generation, step)
         return mine, Done.SKIPPED
-    return mine, None if again else Done.APPLIED
+    return mine, None if outcome is numerics.Outcome.LEFT else Done.APPLIED
+
+
+def outcome_of(loop: Computing, step: int, verdict: numerics.Verdict, spike: bool) -> numerics.Outcome:
+    """What is done about ``verdict`` (every rank alike): a passing fault's sum is written back;
+    a faulty device leaves; the data's fault is skipped where the task says so, else applied if
+    it is a spike (what the data gives), else it ends the task."""
+    if verdict is numerics.Verdict.TRANSIENT:
+        return numerics.Outcome.RECOMPUTED
+    if verdict is numerics.Verdict.DEVICE:
+        return numerics.Outcome.LEFT
+    if may_skip(loop, step):
+        return numerics.Outcome.SKIPPED
+    return numerics.Outcome.APPLIED if spike else numerics.Outcome.FAILED
 
 
 def may_skip(loop: Computing, step: int) -> bool:
@@ -176,19 +199,28 @@ def named_again_lately(loop: Computing, flagged: frozenset[int], step: int) -> b
     return bool(session.groups.peers.max(1 if go else 0))
 
 
+OUTCOME_WHY = {
+    numerics.Outcome.SKIPPED: "; the step's update skipped (run.on_bad_data)",
+    numerics.Outcome.APPLIED: "; a spike the data gives: applied (run.on_bad_data: skip skips it)",
+}
+
+
 def judged(
-    session: Worker, step: int, judgement: numerics.Judgement, found_at: tuple[float, float], skip: bool
+    session: Worker,
+    step: int,
+    judgement: numerics.Judgement,
+    found_at: tuple[float, float],
+    outcome: numerics.Outcome,
 ) -> None:
     """Record the verdict on a step whose sum was wrong (``found_at``: when, as Unix and
-    monotonic time), and end this rank where the verdict says so (``skip``: the data's fault is
-    skipped instead). A passing fault, or a skipped step, is reported once, by the first rank
-    named (its agent may only speak for it); one that persists, by the exception that ends the
-    rank or the task."""
-    if skip:
-        judgement = replace(judgement, why=f"{judgement.why}; the step's update skipped (run.on_bad_data)")
+    monotonic time) and its ``outcome``, and end this rank where that says so. A step that goes
+    on (a passing fault, a skipped step, a spike applied) is reported once, by the first rank
+    named (its agent may only speak for it); one that ends, by the exception that ends the rank
+    or the task."""
+    judgement = replace(judgement, why=judgement.why + OUTCOME_WHY.get(outcome, ""))
     session.trace("numerical", step=step, verdict=judgement.verdict.value,
-                  ranks=sorted(judgement.ranks), why=judgement.why, skipped=skip)  # fmt: skip
-    reported = judgement.verdict is numerics.Verdict.TRANSIENT or skip
+                  ranks=sorted(judgement.ranks), why=judgement.why, outcome=outcome.value)  # fmt: skip
+    reported = outcome in (numerics.Outcome.RECOMPUTED, numerics.Outcome.SKIPPED, numerics.Outcome.APPLIED)
     if reported and session.rank == min(judgement.ranks):
         report = NumericalReport(
             task=session.task,
@@ -196,6 +228,7 @@ def judged(
             rank=session.rank,
             step=step,
             verdict=judgement.verdict.value,
+            outcome=outcome.value,
             ranks=sorted(judgement.ranks)[:MAX_PEERS],
             why=judgement.why[:MAX_NOTE_CHARS],
             time=found_at[0],
@@ -203,7 +236,7 @@ def judged(
         )
         session.channel.send(report)
     where = f"step {step}: {judgement.why}"
-    if judgement.verdict in (numerics.Verdict.DATA, numerics.Verdict.UNRESOLVED) and not skip:
+    if outcome is numerics.Outcome.FAILED:
         raise numerics.NumericalDataFault(f"wrong gradients in {where}")
     if judgement.verdict is numerics.Verdict.DEVICE and session.rank in judgement.ranks:
         raise numerics.SilentDataCorruption(f"this rank's device computes wrong values: {where}")

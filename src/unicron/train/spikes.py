@@ -5,26 +5,27 @@ A device that computes a wrong but finite value (a flipped exponent bit scales a
 power of two) or a sample that sends training off course shows as a gradient norm many times
 the recent ones. The norm of the step's sum costs one pass over the reduced buffers, the pass
 the finiteness test already makes (``numerics.norm``), and every rank computes it from the same
-sum, so every rank takes the same branch without another collective.
+sum.
 
 The statistic is the median of the last ``window`` norms applied: robust (a spike let through,
 or a run of large norms early in training, moves it little, where a mean or a maximum would
-follow it) and cheap (a hundred floats). A sum is a spike when its norm is over ``factor`` times
-that median. The defaults: a window of 100 steps follows a norm that drifts as training goes
-(warm-up, decay) while one odd step cannot move its median; a factor of 10 is Megatron-LM's for
-its spiky-loss check (``SPIKY_LOSS_FACTOR = 10``, there against the largest loss seen), far
-outside a healthy step's variation (``run.spike_factor`` and ``run.spike_window`` change them).
-Nothing is judged before ``MIN_JUDGED`` norms are known.
+follow it) and cheap (the window is kept sorted as it slides). A sum is a spike when its norm
+is over ``factor`` times that median. The defaults: a window of 100 steps follows a norm that
+drifts as training goes (warm-up, decay) while one odd step cannot move its median; a factor of
+10 is Megatron-LM's for its spiky-loss check (``SPIKY_LOSS_FACTOR = 10``, there against the
+largest loss seen), far outside a healthy step's variation (``run.spike_factor`` and
+``run.spike_window`` change them). Nothing is judged before ``MIN_JUDGED`` norms are known.
 
-The window is kept per generation: every member of a generation has applied the same sums
-since it formed, so their limits are equal; a rank that joins (and every survivor, as the
-group re-forms) starts a new window. A recovery thus leaves ``MIN_JUDGED`` steps unjudged for
-spikes (never for NaN and Inf, which need no history).
+Every rank must take the same branch, so every rank judges a step by the same limit: each
+offers its own in the all-reduce that carries the step's metrics, and the limit is the mean of
+those offered (``StepLoop``). Ranks that applied the same sums offer the same; a newcomer, whose
+window is empty, offers none and judges as its peers do. Only where no rank knows ``MIN_JUDGED``
+norms (a task's first steps, or a relaunch from its checkpoint) is no spike judged.
 """
 
 from __future__ import annotations
 
-import statistics
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -35,30 +36,31 @@ MIN_JUDGED = 10  # norms known before a spike is judged (run.spike_window's leas
 
 @dataclass
 class SpikeWatch:
-    """The recent gradient norms of one generation, and the limit a sum's norm must stay under."""
+    """This rank's recent gradient norms, and the limit a sum's norm must stay under."""
 
     window: int = SPIKE_WINDOW
     factor: float = SPIKE_FACTOR  # 0: spikes are not judged
-    generation: int = -1
-    norms: deque[float] = field(default_factory=deque)
+    norms: deque[float] = field(default_factory=deque)  # in the order applied
+    ordered: list[float] = field(default_factory=list)  # the same, sorted
 
-    def limit(self, generation: int) -> float | None:
-        """The norm over which a sum of ``generation`` is a spike; None: not judged (too few
-        norms known in it, or spikes not judged at all)."""
-        if self.factor == 0 or generation != self.generation or len(self.norms) < MIN_JUDGED:
+    def limit(self) -> float | None:
+        """The norm over which a sum is a spike by this rank's window; None: not judged (too few
+        norms known, or spikes not judged at all)."""
+        n = len(self.ordered)
+        if self.factor == 0 or n < MIN_JUDGED:
             return None
-        median = statistics.median(self.norms)
+        median = (self.ordered[(n - 1) // 2] + self.ordered[n // 2]) / 2
         return self.factor * median if median > 0 else None
 
-    def applied(self, generation: int, norm: float) -> None:
-        """A sum of ``generation`` with this ``norm`` is applied (finite, and no spike)."""
-        if generation != self.generation:
-            self.generation, self.norms = generation, deque(maxlen=self.window)
+    def applied(self, norm: float) -> None:
+        """A sum with this ``norm`` is applied (finite, and no spike)."""
+        if len(self.norms) == self.window:
+            self.ordered.pop(bisect.bisect_left(self.ordered, self.norms.popleft()))
         self.norms.append(norm)
+        bisect.insort(self.ordered, norm)
 
     def why(self, norm: float, limit: float) -> str:
         """What a spike's report says of it."""
         return (
-            f"gradient norm {norm:.4g}, over {limit:.4g} ({self.factor:g} x the median of the "
-            f"last {len(self.norms)} steps)"
+            f"gradient norm {norm:.4g}, over {limit:.4g} ({self.factor:g} x the median of the recent norms)"
         )

@@ -28,6 +28,7 @@ backward, gradients clipped inside the loop...) is refused where it happens: ``l
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -121,6 +122,8 @@ class StepLoop:
         contract = session.contract
         self.checks_sum = contract.check_finite and not session.groups.replicated
         self.spikes = SpikeWatch(contract.spike_window, contract.spike_factor)
+        self.spike_limit: float | None = None  # the limit the step's last sum was judged by
+        self.judging_spikes = True  # (not when a spike the data gives is applied: ``numericstep``)
         self.computed: list[int] = []  # the samples whose gradients this rank holds in the step
         self.passing: dict[int, tuple[int, int]] = {}  # rank -> (generation, step): its last passing fault
         self.skips = contract.on_bad_data == "skip"  # a step whose data is at fault: skipped, or the end
@@ -280,17 +283,17 @@ class StepLoop:
         contributed = [i for chunk in self.chunks for i in chunk]
         self._before_reduce(step)
         for attempt in range(4):
-            wrong: str | None = None
+            wrong: tuple[str, bool] | None = None  # how the sum was wrong, and whether a spike
             try:
                 session.progress.at(step, Phase.COLLECTIVE, "all_reduce", len(self.it.marks))
                 self._reduce()
                 break
             except WrongSum as exc:
-                wrong = str(exc)
+                wrong = (str(exc), exc.spike)  # (not the exception: its frames hold the buffers)
             except Exception as exc:
                 session.recoverable(exc, last=attempt == 3)
             if wrong is not None:  # (outside the except block, as below)
-                held = yield from numericstep.recover(self, step, contributed, wrong, last=attempt == 3)
+                held = yield from numericstep.recover(self, step, contributed, *wrong, last=attempt == 3)
                 if held is numericstep.Done.APPLIED:
                     break  # a right sum, written back: the step goes on
                 if held is numericstep.Done.SKIPPED:
@@ -350,27 +353,43 @@ class StepLoop:
         yield from self._chunks(_split(ids, self.data.stream.micro_batch), arm=None, counted=False)
         self._before_reduce(step)
 
-    def reduce(self) -> None:
-        """The step's gradient sum (``WrongSum``: wrong, nothing written back)."""
-        self._reduce()
+    def reduce(self, spikes: bool = True) -> None:
+        """The step's gradient sum (``WrongSum``: wrong, nothing written back; ``spikes``: False
+        to take a spike, a NaN or an Inf still not)."""
+        self.judging_spikes = spikes
+        try:
+            self._reduce()
+        finally:
+            self.judging_spikes = True
 
     def own_wrong(self) -> bool:
         """Whether this rank's own gradients (not yet written over by a sum), as its share of the
-        sum, are wrong: not finite, or alone over the spike's limit."""
+        sum, are wrong: not finite, or alone over the limit the last sum was judged by."""
         own = numerics.gradients_norm(self.params) * self.scale
-        limit = self.spikes.limit(self.session.generation)
+        limit = self.spike_limit
         return not math.isfinite(own) or (limit is not None and own > limit)
 
-    def _check_sum(self, norm: float) -> None:
-        """The test of the step's gradient sum, given its norm, before it is written back: one
-        not finite, or a spike, is not (``WrongSum``); one applied joins the spike's window."""
-        generation = self.session.generation
+    def _offer_limit(self, sums: torch.Tensor | None) -> torch.Tensor | None:
+        """The metrics' sums with this rank's spike limit and a count appended, to be summed with
+        them (``spikes.py``: every rank judges by the mean of the limits offered)."""
+        if not self.checking or self.spikes.factor == 0:
+            return sums
+        limit = self.spikes.limit()
+        mine = [0.0, 0.0] if limit is None else [limit, 1.0]
+        offer = torch.tensor(mine, dtype=torch.float64, device=self.session.device)
+        return offer if sums is None else torch.cat([sums, offer.to(sums.dtype)])
+
+    def _check_sum(self, offered: torch.Tensor | None, norm: float) -> None:
+        """The test of the step's gradient sum, given its norm, before it is written back (with
+        the limits ``offered``, summed over the ranks: ``_offer_limit``): one not finite, or a
+        spike, is not (``WrongSum``); one applied joins this rank's window."""
         if not math.isfinite(norm):
             raise WrongSum("the gradient sum is not finite")
-        limit = self.spikes.limit(generation)
-        if limit is not None and norm > limit:
-            raise WrongSum(f"a spike in the gradient sum: {self.spikes.why(norm, limit)}")
-        self.spikes.applied(generation, norm)
+        total, count = [0.0, 0.0] if offered is None or self.spikes.factor == 0 else offered[-2:].tolist()
+        self.spike_limit = total / count if count > 0 else None
+        if self.judging_spikes and self.spike_limit is not None and norm > self.spike_limit:
+            raise WrongSum(f"a spike in the gradient sum: {self.spikes.why(norm, self.spike_limit)}", True)
+        self.spikes.applied(norm)
 
     def _discard(self) -> None:
         """What this rank accumulated in the step is void: computed again."""
@@ -386,6 +405,7 @@ class StepLoop:
         rank's share of them) recorded as skipped, in the ledger's place. It still counts: the
         registered schedulers step at its end, so the schedule follows the step count."""
         self._discard()
+        self.it.samples = 0  # (nothing trained: no throughput to count)
         self.session.trace("skipped", step=step, ids=contributed)
         self.phase, self.no_update = StepPhase.SKIPPED, self._no_update()
 
@@ -481,8 +501,8 @@ class StepLoop:
         watch = None if not session.in_process or store is None else lambda: store.abandons_step(generation)
         groups = session.groups
         # The metrics' sums (a copy: a failed attempt leaves this rank's own for the next one).
-        sums = metric.sums(self.metrics, session.device)
-        check = self._check_sum if self.checking else None
+        sums = self._offer_limit(metric.sums(self.metrics, session.device))
+        check = functools.partial(self._check_sum, sums) if self.checking else None
         if groups.replicated:
             if groups.peers is None or groups.replica is None:
                 raise ConnectionResetError("the process group is gone: connection to peers broken")
@@ -491,8 +511,8 @@ class StepLoop:
             else:
                 replicas.reduce(self.model, self.sharded, groups.replica, groups.peers, watch, self.scale)
         elif session.world_size == 1:  # nothing to sum: only the weighting
-            if self.checking:
-                self._check_sum(numerics.gradients_norm(self.params) * self.scale)
+            if check is not None:
+                check(numerics.gradients_norm(self.params) * self.scale)
             with torch.no_grad():
                 for p in self.params:
                     if p.grad is not None:

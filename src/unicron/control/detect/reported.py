@@ -52,15 +52,22 @@ def restored(act: Applier, report: RestoredReport, node: str) -> None:
         )
 
 
+# What the ranks did about wrong numbers in a step that went on (``NumericalReport.outcome``).
+OUTCOME_KINDS = {
+    "recomputed": ErrorKind.NUMERICAL_TRANSIENT,
+    "skipped": ErrorKind.NUMERICAL_SKIPPED,
+    "applied": ErrorKind.GRADIENT_SPIKE,
+}
+
+
 def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) -> None:
     """A rank's gradients were wrong (not finite, or a spike) in a step that its ranks then
-    computed again, right, or whose data was at fault in a task that skips it (its update
-    skipped: ``train/numerics.py``): an incident the workers already recovered from in place
+    computed again, right, or whose data was at fault (its update skipped in a task that skips
+    it, or, a spike, applied: ``train/numerics.py``): an incident the workers already recovered from in place
     (the tier they carried out: the step reattempted, no process restarted), recorded with its
     culprit and closed at once. It changes nothing the coordinator decides; not yet counted by
     the ladder (a node whose rank keeps failing so is found by the cross-check: a device fault)."""
-    transient = report.verdict == "transient"  # else the data's fault, the step skipped
-    kind = ErrorKind.NUMERICAL_TRANSIENT if transient else ErrorKind.NUMERICAL_SKIPPED
+    kind = OUTCOME_KINDS[report.outcome]
     info = TAXONOMY[kind]
     incident = act.record(
         "incident",
@@ -72,8 +79,7 @@ def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) 
         asked=info.tier.label,
         scope=info.scope.value,
         why=f"rank {report.rank}: {report.why}",
-        ladder="found and computed again in the step by the ranks"
-        + ("" if transient else ", its update skipped (run.on_bad_data: skip)"),
+        ladder=f"found in the step by the ranks, computed again: {report.outcome}",
         detected_at=report.time or now,  # in the step it struck, before anything of it was applied
         generation=report.generation,
         step=report.step - 1,  # the last step completed, as every incident records it
@@ -87,7 +93,7 @@ def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) 
         incident=incident,
         outcome="recovered",
         downtime_s=report.spent_s,  # the step's time computing again: the ranks never stopped
-        resumed_step=report.step if transient else report.step + 1,
+        resumed_step=report.step + (report.outcome == "skipped"),
         action=info.tier.label,
         actions=[info.tier.label],
     )
