@@ -142,6 +142,21 @@ def test_torchft_survivors_go_on_and_drop_a_step() -> None:
     assert result.lost_flop["sub_healthy"] > 0  # running on one group while the other heals
 
 
+def test_wrong_numbers_cost_unicron_two_steps_and_a_baseline_the_loss_divergence() -> None:
+    """Silent data corruption (issue 55): Unicron's test of the sum finds it in the step it
+    strikes (the step computed again, then cross-checked: two iterations), and the node leaves;
+    a baseline finds it once the loss diverges (an assumed hour) and goes back to the checkpoint
+    before it, torchft too, whose peers took the same wrong sum. Both go on on the 8 GPUs left."""
+    sdc = [Failure(1.0, 0, ErrorKind.SILENT_DATA_CORRUPTION, 100.0)]
+    left = 2.0 * RATE  # weighted, at 8 GPUs
+    unicron, megatron, torchft = (run(name, sdc, nodes=2) for name in ("unicron", "megatron", "torchft"))
+    assert unicron.lost_flop["detection"] == pytest.approx(left * 2 * TABLE_TASK.iteration_seconds)
+    for baseline in (megatron, torchft):
+        assert baseline.lost_flop["detection"] == pytest.approx(left * 3600.0)
+        assert baseline.lost_flop["lost_work"] == pytest.approx(left * 1800.0 / 2)
+        assert baseline.waf_flop < unicron.waf_flop
+
+
 def test_oracle_bounds_every_policy_on_a_multi_task_trace() -> None:
     scenario = ScenarioSpec(
         name="t",

@@ -50,7 +50,8 @@ LLAMA3_COUNTS: dict[str, int] = {
 }
 
 # Our mapping of Llama 3's components onto the taxonomy: hardware that needs a repair becomes a
-# SEV1 kind, software faults a process failure, network faults a network error.
+# SEV1 kind, software faults a process failure, network faults a network error; silent data
+# corruption is its own kind (wrong numbers: ``policy_base.NUMERICAL_KINDS``).
 LLAMA3_KIND: dict[str, ErrorKind] = {
     "Faulty GPU": ErrorKind.GPU_DRIVER_ERROR,
     "GPU HBM3 memory": ErrorKind.ECC_ERROR,
@@ -61,7 +62,7 @@ LLAMA3_KIND: dict[str, ErrorKind] = {
     "GPU system processor": ErrorKind.GPU_DRIVER_ERROR,
     "NIC": ErrorKind.NODE_LOST,
     "NCCL watchdog timeouts": ErrorKind.NCCL_TIMEOUT,
-    "Silent data corruption": ErrorKind.OTHER,
+    "Silent data corruption": ErrorKind.SILENT_DATA_CORRUPTION,
     "GPU thermal interface + sensor": ErrorKind.GPU_DRIVER_ERROR,
     "SSD": ErrorKind.NODE_LOST,
     "Power supply": ErrorKind.NODE_LOST,

@@ -16,7 +16,16 @@ from pydantic import Field
 
 from unicron.sim import measured
 from unicron.sim.engine import Simulation, TaskRun
-from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, allocation, held, iteration_s
+from unicron.sim.policy_base import (
+    CRASH_KINDS,
+    DIVERGENCE_DOC,
+    NOT_A_FAULT,
+    NUMERICAL_KINDS,
+    PolicySettings,
+    allocation,
+    held,
+    iteration_s,
+)
 from unicron.sim.traces import Failure
 from unicron.sim.unicron_policy import UnicronPolicy, UnicronSettings
 
@@ -69,6 +78,7 @@ class MegatronSettings(PolicySettings):
     checkpoint_interval_s: float = Field(
         1800.0, gt=0, description="half of it is redone after a restart: an assumption (30 min)"
     )
+    divergence_detection_s: float = Field(3600.0, ge=0, description=DIVERGENCE_DOC)
     on_node_loss: Literal["shrink", "wait"] = "shrink"
 
 
@@ -93,7 +103,11 @@ class MegatronPolicy:
         return parts
 
     def on_failure(self, sim: Simulation, failure: Failure, hit: Mapping[str, int]) -> None:
+        if failure.kind in NOT_A_FAULT:
+            return
         detect = self.s.exit_detection_s if failure.kind in CRASH_KINDS else self.s.collective_timeout_s
+        if failure.kind in NUMERICAL_KINDS:  # (the restart's lost work: back to the checkpoint before)
+            detect = self.s.divergence_detection_s
         node_out = failure.node not in sim.healthy
         for name, lost in hit.items():
             run = sim.tasks[name]
@@ -139,6 +153,7 @@ class ElasticSettings(PolicySettings):
     survivors_continue: bool = Field(False, description="torchft: only the failed replica group stops")
     heal_s: float = Field(0.0, ge=0, description="a restarted replica group's restart and state transfer")
     rejoin_pause_s: float = Field(30.0, ge=0, description="whole-task pause when a repaired node rejoins")
+    divergence_detection_s: float = Field(3600.0, ge=0, description=DIVERGENCE_DOC)
 
 
 ELASTIC_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -217,20 +232,20 @@ class ElasticPolicy:
 
     def on_failure(self, sim: Simulation, failure: Failure, hit: Mapping[str, int]) -> None:
         detect = self.s.crash_detection_s if failure.kind in CRASH_KINDS else self.s.hang_detection_s
+        if failure.kind in NOT_A_FAULT:
+            return
+        numerical = failure.kind in NUMERICAL_KINDS
+        if numerical:
+            detect = self.s.divergence_detection_s
         node_out = failure.node not in sim.healthy
         for name, lost in hit.items():
             run = sim.tasks[name]
-            if self.s.survivors_continue:
+            if self.s.survivors_continue and not numerical:  # (every replica took the wrong sum)
                 self._drop_replica_group(sim, run, lost, detect, node_out)
                 continue
-            sim.pause(
-                name,
-                [
-                    (detect, "detection"),
-                    (self.s.failure_pause_s, "restart"),
-                    (self._lost_work(sim, run), "lost_work"),
-                ],
-            )
+            lost_work = self.s.checkpoint_interval_s / 2 if numerical else self._lost_work(sim, run)
+            restart = self.s.failure_pause_s + (self.s.heal_s if numerical else 0.0)  # (torchft: all heal)
+            sim.pause(name, [(detect, "detection"), (restart, "restart"), (lost_work, "lost_work")])
             if node_out and sim.free_gpus() >= lost:
                 sim.set_allocation(allocation(sim, {name: run.nominal}, held))
             elif node_out:

@@ -27,6 +27,26 @@ CRASH_KINDS = frozenset(
 )
 
 
+# Wrong numbers (issue 55): no process fails and no collective blocks. Unicron's test of the step's
+# gradient sum finds them in the step they strike (``train/numerics.py``); a system without one
+# finds them only once the loss diverges, and must then restart from a checkpoint saved before
+# them, since the wrong sum reached every replica (a peer's state is as wrong as the failed one's).
+NUMERICAL_KINDS = frozenset(
+    {
+        ErrorKind.SILENT_DATA_CORRUPTION,
+        ErrorKind.NUMERICAL_TRANSIENT,
+        ErrorKind.NUMERICAL_DATA,
+        ErrorKind.NUMERICAL_SKIPPED,
+    }
+)
+# A spike in the gradient norm that the data gives: a system without the test applies it too.
+NOT_A_FAULT = frozenset({ErrorKind.GRADIENT_SPIKE})
+DIVERGENCE_DOC = (
+    "wrong numbers (silent data corruption) found only when the loss diverges, then a restart from "
+    "the checkpoint before them: an assumption (an hour; no published figure)"
+)
+
+
 class PolicySettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

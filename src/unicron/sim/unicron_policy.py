@@ -40,10 +40,15 @@ from unicron.planning.planner import Decision, plan
 from unicron.planning.transition import bandwidth, state_source, transition_parts
 from unicron.sim.brainview import Views
 from unicron.sim.engine import HOUR, Simulation, TaskRun
-from unicron.sim.policy_base import CRASH_KINDS, PolicySettings, held, iteration_s
+from unicron.sim.policy_base import CRASH_KINDS, NUMERICAL_KINDS, PolicySettings, held, iteration_s
 from unicron.sim.traces import Failure
 
 NEVER = 2**31  # a count no trace reaches
+# Wrong numbers the ranks undo in the step (computed again), skip, or apply (a spike the data
+# gives), reported as done.
+UNDONE_IN_STEP = frozenset(
+    {ErrorKind.NUMERICAL_TRANSIENT, ErrorKind.NUMERICAL_SKIPPED, ErrorKind.GRADIENT_SPIKE}
+)
 LIVE = Settings()  # the coordinator's defaults
 
 
@@ -81,6 +86,12 @@ class UnicronSettings(PolicySettings):
     hardware_detection_s: float = Field(1.0, ge=0, description="NVLink, driver, DMA errors raised in-band")
     network_detection_s: float = Field(1.0, ge=0, description="socket errors raised in-band")
     hang_multiple: float = Field(3.0, gt=1, description="hang deadline in mean iteration times")
+    numerical_steps: float = Field(
+        2.0,
+        ge=0,
+        description="wrong numbers: the step computed again, then cross-checked, before the verdict "
+        "(train/numerics.py), in iteration times",
+    )
     heartbeat_s: float = Field(1.0, ge=0)
     reattempt_failure_probability: float = Field(0.1, ge=0, le=1)
     isolate_after: int = Field(3, ge=1, description="SEV1/SEV2 errors on one node within the window")
@@ -128,9 +139,11 @@ class UnicronPolicy:
     def detection_s(self, sim: Simulation, kind: ErrorKind, run: TaskRun | None) -> float:
         if kind is ErrorKind.NODE_LOST:
             return self.s.node_lost_detection_s
+        iteration = iteration_s(sim, run) if run is not None else 0.0
         if kind in (ErrorKind.TASK_HANG, ErrorKind.NCCL_TIMEOUT):
-            iteration = iteration_s(sim, run) if run is not None else 0.0
             return self.s.hang_multiple * iteration + self.s.heartbeat_s
+        if kind in NUMERICAL_KINDS:  # found in the step it strikes
+            return self.s.numerical_steps * iteration
         if kind in CRASH_KINDS:
             return self.s.crash_detection_s
         if TAXONOMY[kind].tier is Tier.RECONFIGURE:
@@ -143,6 +156,12 @@ class UnicronPolicy:
         task, on the simulated cluster as the brain sees it (``brainview.py``): the ladder asks,
         the cheapest tier at or above that applies is carried out (``brain/response.py``), and
         that tier, with the node's isolation if the response isolates it, is modelled."""
+        if failure.kind in UNDONE_IN_STEP:
+            # The ranks undid it (or skipped the step) in the step itself and reported it: the
+            # coordinator records it and decides nothing, nor counts it (``passing_fault``).
+            for name in hit:
+                sim.pause(name, [(self.detection_s(sim, failure.kind, sim.tasks[name]), "detection")])
+            return
         out = failure.node not in sim.healthy  # the engine took it out for repair: its GPUs are gone
         nodes = self.views.nodes(sim.cluster.nodes, sim.healthy, failure.node, out)
         outcomes = {name: self._decide(sim, name, failure, hit[name], out, nodes) for name in sorted(hit)}
