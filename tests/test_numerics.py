@@ -279,19 +279,15 @@ def test_a_skipped_step_and_an_applied_spike_are_incidents_of_their_own_kinds(ma
     cluster = make()
     node, _ = cluster.running[("lm", cluster.c.store.get_task("lm").generation, 1)]
     for step, (outcome, verdict) in enumerate((("skipped", "data"), ("applied", "unresolved")), 3):
-        report = numerical(cluster, 1).model_copy(
-            update={"step": step, "verdict": verdict, "outcome": outcome}
-        )
-        cluster.beat(node, report)
+        named = [1] if verdict == "data" else [1, 2]  # (unresolved: no one rank's share alone)
+        update = {"step": step, "verdict": verdict, "outcome": outcome, "ranks": named}
+        cluster.beat(node, numerical(cluster, 1).model_copy(update=update))
     skipped, spike = cluster.events("incident")
-    assert (skipped["kind"], skipped["verdict"], spike["kind"]) == (
-        "numerical_skipped",
-        "data",
-        "gradient_spike",
-    )
+    assert (skipped["kind"], skipped["verdict"], skipped["culprit"]) == ("numerical_skipped", "data", 1)
+    assert (spike["kind"], spike["culprit"]) == ("gradient_spike", None)  # several named: no one culprit
     assert [o["resumed_step"] for o in cluster.events("outcome")] == [4, 4]  # (3 skipped; 4 applied)
     with pytest.raises(ValidationError, match="outcome"):
-        NumericalReport.model_validate({**report.model_dump(), "outcome": "ignored"})
+        NumericalReport.model_validate({**numerical(cluster, 1).model_dump(), "outcome": "ignored"})
 
 
 def test_what_is_done_about_a_verdict_depends_on_whose_fault_and_whether_a_spike() -> None:

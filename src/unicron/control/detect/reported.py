@@ -84,7 +84,9 @@ def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) 
         generation=report.generation,
         step=report.step - 1,  # the last step completed, as every incident records it
         verdict=report.verdict,
-        culprit=report.rank,
+        # The rank named, alone; none where several are (every rank's share was wrong, or none
+        # alone: the reporting rank is only the first of them).
+        culprit=report.rank if report.ranks == [report.rank] else None,
         ranks=report.ranks,
     )
     act.record(  # (no step lost: the one that struck is the one resumed, or was skipped)
