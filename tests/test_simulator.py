@@ -155,6 +155,10 @@ def test_wrong_numbers_cost_unicron_two_steps_and_a_baseline_the_loss_divergence
         assert baseline.lost_flop["detection"] == pytest.approx(left * 3600.0)
         assert baseline.lost_flop["lost_work"] == pytest.approx(left * 1800.0 / 2)
         assert baseline.waf_flop < unicron.waf_flop
+    # A spike the data gives: computed again and applied by Unicron, applied by any other.
+    spike = [Failure(1.0, 0, ErrorKind.GRADIENT_SPIKE, 0.0)]
+    assert run("unicron", spike).lost_flop["detection"] == pytest.approx(2 * RATE * 2 * 10.0)
+    assert sum(run("megatron", spike).lost_flop.values()) == 0
 
 
 def test_oracle_bounds_every_policy_on_a_multi_task_trace() -> None:

@@ -142,7 +142,7 @@ class UnicronPolicy:
         iteration = iteration_s(sim, run) if run is not None else 0.0
         if kind in (ErrorKind.TASK_HANG, ErrorKind.NCCL_TIMEOUT):
             return self.s.hang_multiple * iteration + self.s.heartbeat_s
-        if kind in NUMERICAL_KINDS:  # found in the step it strikes
+        if kind in NUMERICAL_KINDS or kind in UNDONE_IN_STEP:  # found in the step it strikes
             return self.s.numerical_steps * iteration
         if kind in CRASH_KINDS:
             return self.s.crash_detection_s

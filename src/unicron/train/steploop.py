@@ -383,10 +383,10 @@ class StepLoop:
         """The test of the step's gradient sum, given its norm, before it is written back (with
         the limits ``offered``, summed over the ranks: ``_offer_limit``): one not finite, or a
         spike, is not (``WrongSum``); one applied joins this rank's window."""
+        total, count = [0.0, 0.0] if offered is None or self.spikes.factor == 0 else offered[-2:].tolist()
+        self.spike_limit = total / count if count > 0 else None  # (first: the rung judges shares by it)
         if not math.isfinite(norm):
             raise WrongSum("the gradient sum is not finite")
-        total, count = [0.0, 0.0] if offered is None or self.spikes.factor == 0 else offered[-2:].tolist()
-        self.spike_limit = total / count if count > 0 else None
         if self.judging_spikes and self.spike_limit is not None and norm > self.spike_limit:
             raise WrongSum(f"a spike in the gradient sum: {self.spikes.why(norm, self.spike_limit)}", True)
         self.spikes.applied(norm)
