@@ -148,7 +148,10 @@ def test_bad_data_is_skipped_only_where_the_task_says_so_and_not_twice_lately() 
 
 
 def test_a_spike_factor_inside_a_healthy_steps_variation_is_refused_with_the_fix() -> None:
-    with pytest.raises(ValidationError, match=r"run\.spike_factor is 1\.5.*use 2 or more"):
+    with pytest.raises(
+        ValidationError,
+        match=r"spike_factor\n.*1\.5 is within a healthy step's variation; fix: use 2 or more",
+    ):
         RunSpec.model_validate({"program": ["x"], "iterations": 9, "spike_factor": 1.5})
     with pytest.raises(ValidationError, match="spike_window"):
         RunSpec.model_validate({"program": ["x"], "iterations": 9, "spike_window": 5})

@@ -37,10 +37,9 @@ from unicron.core.specs import (
 from unicron.core.workerenv import (
     KEYS,
     SPIKE_FACTOR,
-    SPIKE_FACTOR_MAX,
     SPIKE_WINDOW,
     SPIKE_WINDOWS,
-    spike_factor_problem,
+    SpikeFactor,
 )
 
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
@@ -190,14 +189,11 @@ class RunSpec(SpecBase):
         "(spike_factor), before the optimizer applies it; a sum that is wrong is never applied: the "
         "step is computed again, the culprit rank and whose fault it is are found (docs/detection.md)",
     )
-    spike_factor: float = Field(
+    spike_factor: SpikeFactor = Field(
         default=SPIKE_FACTOR,
-        ge=0,
-        le=SPIKE_FACTOR_MAX,
-        allow_inf_nan=False,
         description="with check_finite: a gradient sum whose norm is over this many times the median "
-        "of the last spike_window steps' is a spike, handled as a sum that is not finite "
-        "(docs/detection.md); 0: no spike test",
+        "of the last spike_window steps' is a spike, computed again and cross-checked as a sum that "
+        "is not finite (docs/detection.md); 2 or more, or 0: no spike test",
     )
     spike_window: int = Field(
         default=SPIKE_WINDOW,
@@ -237,14 +233,6 @@ class RunSpec(SpecBase):
                     f"run.env and set run.{FIELD_KEYS[key]}"
                 )
         return env
-
-    @field_validator("spike_factor", mode="after")
-    @classmethod
-    def _spike_factor_above_noise(cls, factor: float) -> float:
-        problem = spike_factor_problem(factor)
-        if problem is not None:
-            raise ValueError(f"run.spike_factor is {factor:g}, {problem[0]}{FIX_MARK}{problem[1]}")
-        return factor
 
     @model_validator(mode="after")
     def _numerical_faults_are_tested(self) -> RunSpec:

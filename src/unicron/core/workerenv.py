@@ -12,9 +12,11 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from unicron.core.specs import FIX_MARK
 
 # field -> environment variable
 KEYS: dict[str, str] = {
@@ -60,12 +62,20 @@ SPIKE_WINDOWS = (10, 100_000)  # the window's bounds: at least the norms a spike
 SPIKE_FACTOR_MAX = 1e6
 
 
-def spike_factor_problem(factor: float) -> tuple[str, str] | None:
-    """Why ``factor`` cannot be a spike's factor, and the fix (None: it can): under 2, a healthy
-    step's gradient norm varies that much; 0 turns the test off."""
+def _above_noise(factor: float) -> float:
+    """A spike's factor under 2 would take a healthy step's variation for a spike (0: no test)."""
     if 0 < factor < 2:
-        return "within a healthy step's variation", f"use 2 or more (default {SPIKE_FACTOR:g}), or 0 for none"
-    return None
+        raise ValueError(
+            f"{factor:g} is within a healthy step's variation{FIX_MARK}use 2 or more (the default "
+            f"is {SPIKE_FACTOR:g}), or 0 for no spike test"
+        )
+    return factor
+
+
+# run.spike_factor, in the task file and in the worker contract alike.
+SpikeFactor = Annotated[
+    float, Field(ge=0, le=SPIKE_FACTOR_MAX, allow_inf_nan=False), AfterValidator(_above_noise)
+]
 
 
 class WorkerEnv(BaseModel):
@@ -93,7 +103,7 @@ class WorkerEnv(BaseModel):
     storage_wait_s: float | None = None  # the final state's wait for failing storage (Settings)
     recovery: Literal["in_process", "restart"] = "in_process"
     check_finite: bool = True  # each step's gradient sum tested before it is applied (run.check_finite)
-    spike_factor: float = Field(SPIKE_FACTOR, ge=0, le=SPIKE_FACTOR_MAX, allow_inf_nan=False)
+    spike_factor: SpikeFactor = SPIKE_FACTOR
     spike_window: int = Field(SPIKE_WINDOW, ge=SPIKE_WINDOWS[0], le=SPIKE_WINDOWS[1])
     on_bad_data: Literal["fail", "skip"] = "fail"  # run.on_bad_data
     faults: list[dict[str, Any]] | None = None
@@ -107,14 +117,6 @@ class WorkerEnv(BaseModel):
     position_file: str | None = None  # the board its agent reads its position from (core.position)
     host_checkpoints: bool = True  # keep an in-memory (tmpfs) checkpoint copy per node
     host_checkpoint_root: str | None = None
-
-    @field_validator("spike_factor", mode="after")
-    @classmethod
-    def _spike_factor(cls, factor: float) -> float:
-        problem = spike_factor_problem(factor)
-        if problem is not None:
-            raise ValueError(f"{KEYS['spike_factor']} is {factor:g}, {problem[0]}: {problem[1]}")
-        return factor
 
     def store_addresses(self) -> str:
         """Where the task's store may be, comma-separated: the address it was launched with
