@@ -1,20 +1,22 @@
-"""The cost and the catch of the gradient sum's test for NaN, Inf and spikes (issue 55,
-``train/numerics.py``, ``train/spikes.py``).
+"""The cost and the catch of the gradient sum's test for NaN, Inf and spikes, and of the replicas'
+check (issue 55, ``train/numerics.py``, ``train/spikes.py``, ``train/replicacheck.py``).
 
 Cost: the DDP port (``examples/ddp-port/train_unicron.py``, the ~10.7M-parameter GPT of the
-overhead benchmark) as a Unicron task with the test on (``run.check_finite``, the default) and
-off, alternating in the same run (off, on, on, off, ...) so that drift of the machine falls on
-both; a row per worker count with each side's median run, their ratio, every run, and the
-verdict on the target (the on/off ratio at most ``TARGET``) by the overhead benchmark's rule (a
-bootstrap interval of the ratio of medians, the runs drawn in their pairs: ``overhead_verdict``).
-Beside it, what the test itself costs: the median time of ``numerics.norm`` over a buffer the
-size of the model's gradients, on this machine.
+overhead benchmark) as a Unicron task with both on (``run.check_finite`` and ``run.digest_every``
+1, the defaults) and off, alternating in the same run (off, on, on, off, ...) so that drift of
+the machine falls on both; a row per worker count with each side's median run, their ratio, every
+run, and the verdict on the target (the on/off ratio at most ``TARGET``) by the overhead
+benchmark's rule (a bootstrap interval of the ratio of medians, the runs drawn in their pairs:
+``overhead_verdict``). Beside it, what each check itself costs on this machine: the median time
+of ``numerics.norm`` over a buffer the size of the model's gradients, and of
+``replicacheck.fingerprint`` over an AdamW state of that size.
 
 Catch: the tinygpt example on an embedded cluster (two nodes of two slots), float64, with a NaN
-in one rank's gradients once, a rank that computes NaN whatever its samples, a spike in one
-rank's gradients once, and (a second task) a sample that gives NaN on any rank: for each, the
-step it struck, the step it was found in, the ranks named, what was done, and whether the task
-ended with the state of a failure-free run.
+in one rank's gradients once, a bit flipped in one of 4 replicas' parameters, a rank that
+computes NaN whatever its samples, a spike in one rank's gradients once; (a second task) a sample
+that gives NaN on any rank; (a third) a bit flipped in one of 2 replicas: for each, the step it
+struck, the step it was found in, the ranks named, what was done, and whether the task ended
+with the state of a failure-free run.
 
 Writes docs/bench/numerical.json and its section of docs/performance.md
 (``python -m bench.numerical_bench [--runs N] [--workers 1 2 4]``; run by ``make bench``).
@@ -23,12 +25,14 @@ Writes docs/bench/numerical.json and its section of docs/performance.md
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,6 +47,7 @@ from unicron.control.launch.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream
 from unicron.train.numerics import norm
+from unicron.train.replicacheck import fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gpt-10m"
@@ -58,7 +63,7 @@ def cell(root: Path, workers: int, runs: int) -> dict[str, Any]:
     sides: dict[bool, list[float]] = {False: [], True: []}
     order = [on for i in range(runs) for on in ((False, True), (True, False))[i % 2]]
     for i, on in enumerate(order):
-        line = f"checkpoint_every: 100000\n  check_finite: {str(on).lower()}"
+        line = "checkpoint_every: 100000" + ("" if on else "\n  check_finite: false\n  digest_every: 0")
         where = root / f"{workers}-{i}-{'on' if on else 'off'}"
         sides[on].append(unicron(where, MODEL, workers, checkpoints=line))
     off, on_ = statistics.median(sides[False]), statistics.median(sides[True])
@@ -74,19 +79,26 @@ def cell(root: Path, workers: int, runs: int) -> dict[str, Any]:
     }
 
 
-def check_seconds(parameters: int, repeats: int = 50) -> float:
-    """The median time of the test on a float32 buffer of ``parameters`` elements (one thread)."""
+def check_seconds(parameters: int, repeats: int = 50) -> tuple[float, float]:
+    """The median times (one thread) of the gradient test on a float32 buffer of ``parameters``
+    elements, and of the replicas' fingerprint of an AdamW state of that size (the parameters
+    and two moments: ``replicacheck.py``)."""
     buffer = torch.randn(parameters)
+    state = [buffer, torch.randn(parameters), torch.rand(parameters)]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the benchmark's workers run (OMP_NUM_THREADS=1)
     try:
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            norm([buffer])
-            times.append(time.perf_counter() - start)
+        return _median_s(lambda: norm([buffer]), repeats), _median_s(lambda: fingerprint(state), repeats)
     finally:
         torch.set_num_threads(threads)
+
+
+def _median_s(work: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
@@ -102,17 +114,20 @@ def model_parameters() -> int:
 
 FAULTS = [
     {"action": "nan_grad", "rank": 1, "step": 6, "generation": 0},
+    {"action": "flip_param", "rank": 3, "step": 10, "generation": 0},  # (one of 4 replicas: mended)
     {"action": "nan_grad", "rank": 2, "step": 14, "generation": 0, "times": 5},
     # (the generation the survivors go on in knows the 10 norms a spike is judged by from ~24)
     {"action": "spike_grad", "rank": 1, "step": 28, "generation": 0},
 ]
 
 
-def spec(name: str, trace: Path, table: str, iterations: int, faults: list[dict[str, Any]]) -> str:
+def spec(
+    name: str, trace: Path, table: str, iterations: int, faults: list[dict[str, Any]], every: int = 10
+) -> str:
     argv = ["python", str(TRAIN), *chaos_check.ARGS]
     return (
         f"name: {name}\nweight: 1\nthroughput: {table}\nrun:\n  program: {json.dumps(argv)}\n"
-        f"  iterations: {iterations}\n  checkpoint_every: 10\n  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
+        f"  iterations: {iterations}\n  checkpoint_every: {every}\n  env: {{UNICRON_TRACE_FILE: {trace}}}\n"
         f"  faults: {json.dumps(faults)}\n"
     )
 
@@ -121,20 +136,30 @@ def faults_run(root: Path) -> list[dict[str, Any]]:
     """The catch: each injected fault, what found it and what was done (``spec``'s tasks)."""
     stream = DataStream(chaos_check.GLOBAL_BATCH, chaos_check.MICRO_BATCH, chaos_check.DATASET)
     bad = [{"action": "nan_sample", "rank": 0, "step": 3, "sample": stream.batch(3)[5]}]
-    traces = {"lm": root / "lm.jsonl", "bad": root / "bad.jsonl"}
-    reference = chaos_check.reference(root / "reference", ITERATIONS)
+    flip = [{"action": "flip_param", "rank": 1, "step": 7, "generation": 0}]  # (one of 2 replicas)
+    traces = {t: root / f"{t}.jsonl" for t in ("lm", "bad", "diverged")}
+    references = {
+        "lm": chaos_check.reference(root / "reference", ITERATIONS),
+        "diverged": chaos_check.reference(root / "reference-10", 10),
+    }
     with LocalCluster(root / "cluster", nodes=2, slots=2) as cluster:
-        cluster.submit(spec("lm", traces["lm"], "{2: 1.9e9, 4: 3.5e9}", ITERATIONS, FAULTS))
-        cluster.wait(lambda: cluster.task("lm")["state"] in ("finished", "failed"), 600, "lm to end")
-        cluster.submit(spec("bad", traces["bad"], "{2: 1.9e9}", 10, bad))
-        cluster.wait(lambda: cluster.task("bad")["state"] in ("finished", "failed"), 600, "bad to end")
+        for task, table, iterations, faults, every in (
+            ("lm", "{2: 1.9e9, 4: 3.5e9}", ITERATIONS, FAULTS, 10),
+            ("bad", "{2: 1.9e9}", 10, bad, 10),
+            ("diverged", "{2: 1.9e9}", 10, flip, 5),
+        ):
+            cluster.submit(spec(task, traces[task], table, iterations, faults, every))
+            cluster.wait(functools.partial(ended, cluster, task), 600, f"{task} to end")
         events = {t: cluster.get("/v1/events", task=t) for t in traces}
         states = {t: cluster.task(t)["state"] for t in traces}
-    exact = chaos_check.same_state(load_latest(root / "cluster" / "checkpoints" / "lm"), reference)
+    exact = {
+        t: chaos_check.same_state(load_latest(root / "cluster" / "checkpoints" / t), want)
+        for t, want in references.items()
+    }
     found = []
-    for task, faults in (("lm", FAULTS), ("bad", bad)):
+    for task, faults in (("lm", FAULTS), ("bad", bad), ("diverged", flip)):
         rows = [json.loads(line) for line in traces[task].read_text().splitlines()]
-        verdicts = [r for r in rows if r["what"] == "numerical"]
+        verdicts = [r for r in rows if r["what"] == "numerical"] + replica_verdicts(rows)
         for fault in faults:
             seen = [v for v in verdicts if v["step"] == fault["step"]]
             incident = [e for e in events[task] if e["kind"] == "incident"]
@@ -146,13 +171,29 @@ def faults_run(root: Path) -> list[dict[str, Any]]:
                     "verdict": seen[0]["verdict"] if seen else None,
                     "culprit_named": sorted({r for v in seen for r in v["ranks"]}),
                     "outcome": outcome(seen, incident, states[task]),
-                    "exact": exact if task == "lm" else None,
+                    "exact": exact.get(task),
                 }
             )
     return found
 
 
-KINDS = {"transient": "numerical_transient", "device": "silent_data_corruption"}  # else numerical_data
+def ended(cluster: LocalCluster, task: str) -> bool:
+    return cluster.task(task)["state"] in ("finished", "failed")
+
+
+def replica_verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The replicas' check's findings in a trace (``replicacheck.py``), as the rung's verdicts."""
+    named = {"replica_repaired": "odd_replica", "replicas_diverged": "diverged"}
+    found = [r for r in rows if r["what"] in named]
+    return [{"step": r["step"], "verdict": named[r["what"]], "ranks": r["odd"]} for r in found]
+
+
+KINDS = {  # a verdict's incident (else numerical_data)
+    "transient": "numerical_transient",
+    "device": "silent_data_corruption",
+    "odd_replica": "replica_repaired",
+    "diverged": "replicas_diverged",
+}
 
 
 def outcome(seen: list[dict[str, Any]], incidents: list[dict[str, Any]], state: str) -> str:
@@ -161,7 +202,7 @@ def outcome(seen: list[dict[str, Any]], incidents: list[dict[str, Any]], state: 
         return "not found"
     kind = KINDS.get(seen[0]["verdict"], "numerical_data")
     mine = [
-        e for e in incidents if e["detail"]["kind"] == kind and e["detail"].get("step", 0) < seen[0]["step"]
+        e for e in incidents if e["detail"]["kind"] == kind and e["detail"].get("step", 0) <= seen[0]["step"]
     ]
     if not mine:
         return f"no {kind} incident; the task {state}"
@@ -184,13 +225,16 @@ def section(r: dict[str, Any]) -> str:
     )
     intro = (
         f"Measured by `bench/numerical_bench.py` on {r['date'][:10]}: the DDP port's {MODEL} as a Unicron "
-        "task, the gradient sum's test for NaN, Inf and spikes on (the default) and off, the runs of a side "
+        "task, the gradient sum's test for NaN, Inf and spikes and the replicas' check on (the defaults) "
+        "and off, the runs of a side "
         f"alternating with the other's, {r['iterations']} steps each, the first {WARMUP} intervals left out; "
         f"the target is a ratio at most {TARGET:.2f}, judged by the 95% interval of the ratio of medians "
         "as the overhead cells above. The test itself, on a buffer the size of the model's "
         f"{r['parameters']:,} gradients, took {r['check_s'] * 1000:.2f} ms (median, one thread): "
         f"{r['check_s'] / r['rows'][0]['step_s_off'] * 100:.2f}% of the {r['rows'][0]['workers']}-worker "
-        "step. Every run of each side is in the JSON."
+        "step; the replicas' fingerprint of an AdamW state of that size (the parameters and two moments, "
+        f"`replicacheck.py`; every step by default) took {r['digest_s'] * 1000:.2f} ms. Every run of "
+        "each side is in the JSON."
     )
     rule = "\n|---|---|---|---|---|---|"
     cost_head = "| workers | runs a side | step off (s) | step on (s) | ratio | 95% interval | verdict |"
@@ -204,7 +248,8 @@ def section(r: dict[str, Any]) -> str:
 
 
 def write_docs(r: dict[str, Any]) -> None:
-    write_section(section(r), MARKERS, "The gradient sum's test for NaN, Inf and spikes")
+    heading = "The numerical checks: the gradient sum's test and the replicas' check"
+    write_section(section(r), MARKERS, heading)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -244,11 +289,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows = [cell(Path(tmp) / "cost", w, args.runs) for w in args.workers]
         faults = faults_run(Path(tmp) / "faults")
     parameters = model_parameters()
+    check_s, digest_s = check_seconds(parameters)
     r = {
         "target_ratio": TARGET,
         "iterations": MODELS[MODEL].iterations,
         "parameters": parameters,
-        "check_s": round(check_seconds(parameters), 6),
+        "check_s": round(check_s, 6),
+        "digest_s": round(digest_s, 6),
         "rows": rows,
         "met": all(x["verdict"] == "met" for x in rows),
         "faults": faults,

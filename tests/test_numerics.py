@@ -10,7 +10,9 @@ The task must end with the parameters of a failure-free run and with every step 
 exactly its global batch; each fault is an incident naming its rank and node. A sample that gives
 NaN anywhere fails the task with the verdict, in a second task on the same cluster; in a third,
 which skips bad data (``run.on_bad_data: skip``), the step is skipped and the task goes on to the
-state of one process that skips it too.
+state of one process that skips it too. A bit flipped in one of the first task's 4 replicas is
+mended in place from the others; in a fourth task, of 2 replicas, one flipped sends the task back
+to its checkpoint (nothing tells which replica is right), and it ends exact.
 """
 
 from __future__ import annotations
@@ -163,6 +165,8 @@ def test_a_spike_factor_inside_a_healthy_steps_variation_is_refused_with_the_fix
 ITERATIONS = 40
 FAULTS = [
     {"action": "nan_grad", "rank": 1, "step": 6, "generation": 0},  # once: a passing fault
+    # A bit flipped in one replica's parameters: it takes the 3 others' state at once.
+    {"action": "flip_param", "rank": 3, "step": 10, "generation": 0},
     {"action": "nan_grad", "rank": 2, "step": 14, "generation": 0, "times": 5},  # a faulty device
     # Once, on one of the two left: a spike (the generation they went on in has known the 10
     # norms a spike is judged against since about step 16).
@@ -180,6 +184,10 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
     bad = traced_task(bad_trace, "{2: 1.9e9}", 10, 0.0, f"  faults: {json.dumps(bad_sample)}\n", name="bad")
     skipping = f"  on_bad_data: skip\n  faults: {json.dumps(bad_sample)}\n"
     skips = traced_task(skip_trace, "{2: 1.9e9}", 10, 0.0, skipping, name="skips")
+    diverged_trace = tmp_path / "diverged.jsonl"
+    flip = [{"action": "flip_param", "rank": 1, "step": 7, "generation": 0}]
+    faults = f"  faults: {json.dumps(flip)}\n"
+    diverging = traced_task(diverged_trace, "{2: 1.9e9}", 10, 0.0, faults, "diverged", checkpoint_every=5)
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings={"isolate_after": 100}) as cluster:
         cluster.submit(spec)
         events, rows = finish_and_settle(cluster, trace)
@@ -196,19 +204,24 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         assert spike == {("transient", (1,), "a spike in the gradient sum")}, verdicts
         incidents = [e for e in events if e["kind"] == "incident"]
         rejected = [e for e in cluster.get("/v1/events") if e["kind"] == "report_rejected"]
-        assert len(incidents) == 3, f"{story}\nreports rejected (all tasks): {rejected}"
-        passing, incident, spiked = incidents
+        assert len(incidents) == 4, f"{story}\nreports rejected (all tasks): {rejected}"
+        passing, flipped, incident, spiked = incidents
         assert spiked["detail"]["kind"] == "numerical_transient" and spiked["detail"]["culprit"] == 1
         struck = {e["detail"]["index"]: e["node"] for e in events if e["kind"] == "fault_injected"}
+        # The flipped replica: found at the end of the step it struck, mended from a peer in place.
+        (mended,) = [r for r in rows if r["what"] == "replica_repaired" and r["rank"] == 3]
+        assert mended["step"] == 10 and mended["odd"] == [3], mended
+        assert flipped["detail"]["kind"] == "replica_repaired" and flipped["detail"]["culprit"] == 3
+        assert flipped["node"] == struck[1] and flipped["detail"]["step"] == 10, story
         # The passing fault's incident: its rank and node named, recovered in place at once.
         assert passing["detail"]["kind"] == "numerical_transient" and passing["node"] == struck[0], story
         assert passing["detail"]["culprit"] == 1 and passing["detail"]["step"] == 5, story  # (completed)
         assert passing["detail"]["action"] == "reattempt in place", story
         assert_every_incident_closed(events)
         assert incident["detail"]["kind"] == "silent_data_corruption", story
-        assert incident["node"] == struck[1] and incident["detail"]["action"] == "reconfigure", story
+        assert incident["node"] == struck[2] and incident["detail"]["action"] == "reconfigure", story
         states = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
-        assert states[struck[1]] == "isolated" and list(states.values()).count("healthy") == 1, story
+        assert states[struck[2]] == "isolated" and list(states.values()).count("healthy") == 1, story
         assert not [e for e in events if e["kind"] == "relaunch"], story
         assert_ledger_exact(rows, ITERATIONS, frozen=frozenset({2, 3}))
         assert_ends_exact(tmp_path, "lm", ITERATIONS)
@@ -223,12 +236,7 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         verdict = [r for r in read_trace(bad_trace) if r["what"] == "numerical"]
         assert {(r["step"], r["verdict"]) for r in verdict} == {(3, "data")}, verdict
 
-        cluster.submit(skips)
-        cluster.wait(
-            lambda: cluster.task("skips")["state"] in ("finished", "failed"), 240, "the skips task to end"
-        )
-        skip_events = cluster.get("/v1/events", task="skips")
-        assert cluster.task("skips")["state"] == "finished", story_of(skip_events)
+        skip_events = run_to_the_end(cluster, skips, "skips")
         (skipped,) = [e for e in skip_events if e["kind"] == "incident"]
         assert skipped["detail"]["kind"] == "numerical_skipped" and skipped["detail"]["step"] == 2
         assert skipped["detail"]["verdict"] == "data" and not [
@@ -246,6 +254,29 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         final = load_latest(tmp_path / "cluster" / "checkpoints" / "skips")
         assert final is not None and final["step"] == 10
         assert_same_state(final, alone)
+
+        # Two replicas that differ: nothing tells which is right, so the task goes back to its
+        # newest checkpoint (written once they agreed), and ends as a failure-free run does.
+        diverged_events = run_to_the_end(cluster, diverging, "diverged")
+        (relaunched,) = [e for e in diverged_events if e["kind"] == "incident"]
+        assert relaunched["detail"]["kind"] == "replicas_diverged", story_of(diverged_events)
+        assert relaunched["detail"]["action"] == "restart from checkpoint"
+        rows = read_trace(diverged_trace)
+        found = {(r["step"], tuple(r["odd"])) for r in rows if r["what"] == "replicas_diverged"}
+        assert found == {(7, (0, 1))}, found  # found at the end of the step struck, on both ranks
+        assert {r["step"] for r in rows if r["what"] == "resumed"} == {5}
+        ledger = chaos_check.ledger(rows, 10)
+        assert ledger.ok and ledger.steps_exact == 10, ledger
+        assert_ends_exact(tmp_path, "diverged", 10)
+
+
+def run_to_the_end(cluster: LocalCluster, spec: str, name: str) -> list[dict[str, Any]]:
+    """Submit ``spec`` (task ``name``), wait for it to end, check it finished; its events."""
+    cluster.submit(spec)
+    cluster.wait(lambda: cluster.task(name)["state"] in ("finished", "failed"), 240, f"{name} to end")
+    events: list[dict[str, Any]] = cluster.get("/v1/events", task=name)
+    assert cluster.task(name)["state"] == "finished", story_of(events)
+    return events
 
 
 def numerical(cluster: Any, rank: int) -> NumericalReport:

@@ -34,6 +34,8 @@ IN_PLACE = {
     **{k: Tier.REATTEMPT for k in EVERY_RANK},
     ErrorKind.LINK_FLAPPING: Tier.RESTART_FAILED,  # SEV3, but the raising process is gone
     **{k: Tier.FAIL_TASK for k, info in TAXONOMY.items() if info.tier is Tier.FAIL_TASK},
+    # Every rank raises it, and none can be trusted: the task goes back to its checkpoint.
+    **{k: Tier.FROM_CHECKPOINT for k, info in TAXONOMY.items() if info.tier is Tier.FROM_CHECKPOINT},
 }
 # Kinds whose first tier ends the task, in either mode (nothing to restart: data that gives NaN).
 ENDS_TASK = {k for k, info in TAXONOMY.items() if info.tier is Tier.FAIL_TASK}
@@ -44,6 +46,7 @@ NOT_RAISED = {
     ErrorKind.NUMERICAL_TRANSIENT,
     ErrorKind.NUMERICAL_SKIPPED,
     ErrorKind.GRADIENT_SPIKE,
+    ErrorKind.REPLICA_REPAIRED,
 }
 
 

@@ -111,6 +111,7 @@ class Context:
             spike_factor=spec.run.spike_factor,
             spike_window=spec.run.spike_window,
             on_bad_data=spec.run.on_bad_data,
+            digest_every=spec.run.digest_every,
             faults=self._faults(name) or None,
             joining=joining,
             spare=spare,

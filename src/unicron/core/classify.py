@@ -15,9 +15,11 @@ from unicron.core.taxonomy import ErrorKind
 Rule = tuple[ErrorKind, tuple[str, ...] | None, tuple[str, ...]]
 
 RULES: tuple[Rule, ...] = (
-    # The training library's verdicts on a gradient sum that was wrong (train/numerics.py).
+    # The training library's verdicts on a gradient sum that was wrong (train/numerics.py), and on
+    # replicas that differ (train/replicacheck.py).
     (ErrorKind.SILENT_DATA_CORRUPTION, ("SilentDataCorruption",), ("",)),
     (ErrorKind.NUMERICAL_DATA, ("NumericalDataFault",), ("",)),
+    (ErrorKind.REPLICAS_DIVERGED, ("ReplicasDiverged",), ("",)),
     # Python's own connection errors, whatever their message; and the training library's
     # PeerLostError (train/iteration.py), which a survivor raises for a peer's failure (a
     # collective abandoned, or a replica-mate's sums lost while its own arrived): a consequence

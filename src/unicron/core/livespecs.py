@@ -35,6 +35,7 @@ from unicron.core.specs import (
     validate_spec,
 )
 from unicron.core.workerenv import (
+    DIGEST_EVERY,
     KEYS,
     SPIKE_FACTOR,
     SPIKE_WINDOW,
@@ -58,6 +59,7 @@ FIELD_KEYS = {
         "spike_factor",
         "spike_window",
         "on_bad_data",
+        "digest_every",
     )
 }
 
@@ -68,7 +70,7 @@ NOT_FAILURES = CORRUPTIONS | {"late_stop"}
 # Faults in the gradient sum, found and handled in the step by the workers (``train/numerics.py``):
 # a passing one never reaches the coordinator, so its time must not start a later failure's clock;
 # a verdict that does is timed from its own report.
-NUMERICAL = frozenset({"nan_grad", "spike_grad", "nan_sample"})
+NUMERICAL = frozenset({"nan_grad", "spike_grad", "nan_sample", "flip_param"})
 
 
 class FaultSpec(SpecBase):
@@ -97,6 +99,7 @@ class FaultSpec(SpecBase):
         "nan_grad",
         "spike_grad",
         "nan_sample",
+        "flip_param",
     ] = Field(description="what happens; unicron/train/faults.py describes each")
     rank: int = Field(ge=0, le=MAX_WORKERS, description="the rank it strikes (in the generation it strikes)")
     step: Steps = Field(description="injected when this step starts")
@@ -140,6 +143,13 @@ class FaultSpec(SpecBase):
         le=MAX_JSON_INT,
         description="for nan_sample: the sample whose gradients are NaN in the step, on whichever rank "
         "computes it (the rank field is not used)",
+    )
+    bit: int = Field(
+        default=0,
+        ge=0,
+        le=63,
+        description="for flip_param: the bit of the first parameter's first value it flips, counted "
+        "from the lowest (0: a change no test of a norm sees; past the value's width: taken modulo it)",
     )
 
 
@@ -208,6 +218,14 @@ class RunSpec(SpecBase):
         "the data gives, is applied); skip skips the step's update (no optimizer step, its samples "
         "recorded as skipped) and goes on, but not twice within 100 steps (docs/detection.md)",
     )
+    digest_every: int = Field(
+        default=DIGEST_EVERY,
+        ge=0,
+        le=MAX_JSON_INT,
+        description="every this many steps, and before each checkpoint is written, the replicas check "
+        "that they hold the same parameters and optimizer state, bit for bit, before computing on "
+        "them; one that differs takes the others' (docs/detection.md); 0: never",
+    )
     recovery: Literal["in_process", "restart"] = Field(
         default="in_process",
         description="in_process: survivors rebuild their group and go on; restart: every failure "
@@ -236,12 +254,12 @@ class RunSpec(SpecBase):
 
     @model_validator(mode="after")
     def _numerical_faults_are_tested(self) -> RunSpec:
-        # The gradient sum's test covers one rank per replica: a NaN injected elsewhere would
-        # train on untested (``train/numerics.py``).
+        # The gradient sum's test and the replicas' check cover one rank per replica: a fault
+        # injected elsewhere would train on untested (``train/numerics.py``, ``replicacheck.py``).
         found = sorted({f.action for f in self.faults if f.action in NUMERICAL})
         if found and self.replica_size > 1:
             raise ValueError(
-                f"run.faults injects {', '.join(found)}, which the gradient sum's test does not cover "
+                f"run.faults injects {', '.join(found)}, which the numerical checks do not cover "
                 f"with run.replica_size {self.replica_size}{FIX_MARK}use them with run.replica_size 1"
             )
         return self

@@ -211,8 +211,9 @@ class StacksReport(_Message):
 class NumericalReport(_Message):
     """A rank whose own gradients were wrong (not finite, or a spike) in a step whose sum was
     then computed again and came out right (``train/numerics.py``: a passing fault; the step went
-    on, nothing of the bad sum applied). Sent by the first rank named; a fault that persists ends
-    the rank or the task with an exception instead (``ExceptionReport``)."""
+    on, nothing of the bad sum applied), or whose state differed from its replicas' and was
+    mended in place (``train/replicacheck.py``). Sent by the first rank named; a fault that
+    persists ends the rank or the task with an exception instead (``ExceptionReport``)."""
 
     type: Literal["numerical"] = "numerical"
     task: Label
@@ -221,8 +222,9 @@ class NumericalReport(_Message):
     step: Int  # the step whose sum was wrong
     verdict: Label  # train/numerics.py's Verdict: "transient", or "data" or "unresolved"
     # What was done (train/numerics.py's Outcome): "recomputed" (transient), "skipped" (the
-    # step's update, run.on_bad_data: skip) or "applied" (a spike the data gives)
-    outcome: Literal["recomputed", "skipped", "applied"] = "recomputed"
+    # step's update, run.on_bad_data: skip), "applied" (a spike the data gives) or "repaired" (a
+    # replica whose state differed took its peers': train/replicacheck.py)
+    outcome: Literal["recomputed", "skipped", "applied", "repaired"] = "recomputed"
     # every rank named with it (the report is this rank's own)
     ranks: Annotated[list[Int], Field(max_length=MAX_PEERS, fail_fast=True)]
     why: Note

@@ -40,6 +40,7 @@ KEYS: dict[str, str] = {
     "spike_factor": "UNICRON_SPIKE_FACTOR",
     "spike_window": "UNICRON_SPIKE_WINDOW",
     "on_bad_data": "UNICRON_ON_BAD_DATA",
+    "digest_every": "UNICRON_DIGEST_EVERY",
     "faults": "UNICRON_FAULTS",
     "joining": "UNICRON_JOINING",
     "spare": "UNICRON_SPARE",
@@ -60,6 +61,9 @@ SPIKE_FACTOR = 10.0
 SPIKE_WINDOW = 100
 SPIKE_WINDOWS = (10, 100_000)  # the window's bounds: at least the norms a spike is judged by
 SPIKE_FACTOR_MAX = 1e6
+# The replicas compare their state's digest every DIGEST_EVERY steps (``train/replicacheck.py``
+# says why every step).
+DIGEST_EVERY = 1
 
 
 def _above_noise(factor: float) -> float:
@@ -106,6 +110,7 @@ class WorkerEnv(BaseModel):
     spike_factor: SpikeFactor = SPIKE_FACTOR
     spike_window: int = Field(SPIKE_WINDOW, ge=SPIKE_WINDOWS[0], le=SPIKE_WINDOWS[1])
     on_bad_data: Literal["fail", "skip"] = "fail"  # run.on_bad_data
+    digest_every: int = Field(DIGEST_EVERY, ge=0)  # run.digest_every: the replicas' check (0: never)
     faults: list[dict[str, Any]] | None = None
     joining: bool = False  # a newcomer to live replicas
     spare: bool = False  # a hot spare: wait to be used

@@ -37,6 +37,8 @@ NUMERICAL_KINDS = frozenset(
         ErrorKind.NUMERICAL_TRANSIENT,
         ErrorKind.NUMERICAL_DATA,
         ErrorKind.NUMERICAL_SKIPPED,
+        ErrorKind.REPLICA_REPAIRED,  # (a replica's state gone odd: its gradients in every sum since)
+        ErrorKind.REPLICAS_DIVERGED,
     }
 )
 # A spike in the gradient norm that the data gives: a system without the test applies it too.

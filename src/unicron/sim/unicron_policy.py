@@ -44,10 +44,15 @@ from unicron.sim.policy_base import CRASH_KINDS, NUMERICAL_KINDS, PolicySettings
 from unicron.sim.traces import Failure
 
 NEVER = 2**31  # a count no trace reaches
-# Wrong numbers the ranks undo in the step (computed again), skip, or apply (a spike the data
-# gives), reported as done.
+# Wrong numbers the ranks undo in the step (computed again, or an odd replica's state replaced),
+# skip, or apply (a spike the data gives), reported as done; each charged ``numerical_steps``.
 UNDONE_IN_STEP = frozenset(
-    {ErrorKind.NUMERICAL_TRANSIENT, ErrorKind.NUMERICAL_SKIPPED, ErrorKind.GRADIENT_SPIKE}
+    {
+        ErrorKind.NUMERICAL_TRANSIENT,
+        ErrorKind.NUMERICAL_SKIPPED,
+        ErrorKind.GRADIENT_SPIKE,
+        ErrorKind.REPLICA_REPAIRED,
+    }
 )
 LIVE = Settings()  # the coordinator's defaults
 
@@ -90,7 +95,8 @@ class UnicronSettings(PolicySettings):
         2.0,
         ge=0,
         description="wrong numbers: the step computed again, then cross-checked, before the verdict "
-        "(train/numerics.py), in iteration times",
+        "(train/numerics.py), in iteration times; an odd replica's state replaced "
+        "(train/replicacheck.py) is charged the same, an assumption (its transfer is not measured)",
     )
     heartbeat_s: float = Field(1.0, ge=0)
     reattempt_failure_probability: float = Field(0.1, ge=0, le=1)

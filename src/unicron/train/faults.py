@@ -46,6 +46,9 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
   (``train/spikes.py``) once the step has enough steps before it to judge.
 - ``nan_sample``: a NaN in the gradients of whichever rank computes sample ``sample`` in
   ``step``, every time (data that gives NaN: a bad sample); ``rank`` and ``generation`` unused.
+- ``flip_param``: after the optimizer's update of ``step``, flip bit ``bit`` of this rank's first
+  parameter's first value (a bit flipped in its memory, or an update its device computed wrong):
+  ``train/replicacheck.py`` must find the odd replica before anything is computed from it.
 
 A fault names a rank, a step and a generation; generation 0 means whichever worker of that rank
 first reaches the step, or a later one, in any generation (the rank may not exist at that step
@@ -78,7 +81,7 @@ AT_EVENTS = frozenset(
 IN_SUM = frozenset({"nan_grad", "spike_grad"})  # on the way into each gradient sum of the step (``poison``)
 AT_REDUCE = frozenset({"stall_before_reduce", "kill_in_backward"})  # on the way into the all-reduce
 # Injected further into the step they are due at than its start:
-LATER_IN_STEP = frozenset({"stall", "spin", "kill_after_reduce", "slow_save"})
+LATER_IN_STEP = frozenset({"stall", "spin", "kill_after_reduce", "slow_save", "flip_param"})
 
 
 class FaultInjector:
@@ -280,6 +283,23 @@ class FaultInjector:
                 grad.mul_(fault.factor)
             else:
                 grad.view(-1)[0] = float("nan")
+
+    def updated(self, step: int, params: Sequence[torch.Tensor]) -> None:
+        """After the optimizer's update of ``step`` (the user's ``optimizer.step()`` returned):
+        ``flip_param`` flips one bit of the first parameter's first value."""
+        for fault in [f for f in self._pending if f.action == "flip_param"]:
+            self._pending.remove(fault)
+            self.announce(fault, step)
+            import torch  # (imported where it is used: this module is the agent's too)
+
+            first = params[0].detach().reshape(-1)[:1]  # (a view: the parameter's own storage)
+            same_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+            bits = first.view(same_width[first.element_size()])
+            width = 8 * first.element_size()
+            bit = fault.bit % width
+            # The mask as the signed integer of the same width (the top bit is negative).
+            mask = (1 << bit) - (1 << width if bit == width - 1 else 0)
+            bits.bitwise_xor_(mask)
 
     def before_reduce(self, step: int) -> None:
         """On the way into the gradient all-reduce, once per step: in the last backward before

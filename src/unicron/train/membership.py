@@ -52,7 +52,8 @@ def settle(peers: Peers, ids: list[int], held: list[int]) -> tuple[list[int], li
     return unclaimed_share(ids, holdings, peers.rank, len(holdings)), [len(p) for p in holdings]
 
 
-def _digest_number(digest: str) -> int:
+def digest_number(digest: str) -> int:
+    """A state's digest as a number that fits a collective's int64."""
     return int(digest[:15], 16)
 
 
@@ -78,17 +79,17 @@ def agree(
     damage: Callable[[], bool] = lambda: False,
     sending: Callable[[], None] = lambda: None,
 ) -> Agreement:
-    """Make every member hold the same state. Members exchange (completed step, digest of the
-    whole state: parameters, optimizer and registered objects; node); those behind take the state of a member
-    holding the newest step: the nearest one, on the same node as the first member behind if
-    there is one, else the lowest rank. What arrives is checked against the sender's digest
-    before it is loaded; when any receiver rejects it, every member moves on to the next
-    source. A member lost meanwhile makes a collective here fail on the others: nothing has been
-    loaded then (state is loaded only once every receiver accepted it), so the members can
-    agree again in the group that follows. ``damage`` and ``sending``: fault injection, True to
-    damage what this member receives; called as the first transfer begins."""
+    """Make every member hold the same state. Members exchange (completed step, digest of the whole
+    state: parameters, optimizer and registered objects; node); those behind take the state that
+    most members at the newest step hold (``newest_state``), from the nearest of them: on the same
+    node as the first member behind if there is one, else the lowest rank. What arrives is checked
+    against the sender's digest before it is loaded; when any receiver rejects it, every member
+    moves on to the next source. A member lost meanwhile makes a collective here fail on the others:
+    nothing has been loaded then (state is loaded only once every receiver accepted it), so the
+    members can agree again in the group that follows. ``damage`` and ``sending``: fault injection,
+    True to damage what this member receives; called as the first transfer begins."""
     world = peers.size
-    mine = torch.tensor([completed, _digest_number(train.digest()), _node_number(node)], dtype=torch.int64)
+    mine = torch.tensor([completed, digest_number(train.digest()), _node_number(node)], dtype=torch.int64)
     gathered = peers.all_gather(mine)
     steps = [int(g[0]) for g in gathered]
     digests = [int(g[1]) for g in gathered]
@@ -96,26 +97,35 @@ def agree(
     top = max(steps)
     if all(s == top for s in steps) and len(set(digests)) == 1:
         return Agreement(top, False)
-    lowest = min(r for r in range(world) if steps[r] == top)
-    current = [r for r in range(world) if steps[r] == top and digests[r] == digests[lowest]]
+    newest = [r for r in range(world) if steps[r] == top]
+    held = newest_state(digests, newest)
+    current = [r for r in newest if digests[r] == held]
     behind = [r for r in range(world) if r not in current]
-    nearest = next((r for r in current if nodes[r] == nodes[behind[0]]), lowest)
+    nearest = next((r for r in current if nodes[r] == nodes[behind[0]]), current[0])
     me, rejected = peers.rank, list[int]()
     sending()
     for source in [nearest, *(r for r in current if r != nearest)]:
-        if _send_state(peers, train, source, digests[source], me in behind, damage):
+        if send_state(peers, train, source, digests[source], me in behind, damage):
             return Agreement(top, True, source, me in behind, nodes[source] == nodes[me], tuple(rejected))
         rejected.append(source)
     raise RuntimeError(f"the state from every live replica ({current}) failed its digest check")
 
 
-def _send_state(
+def newest_state(digests: list[int], newest: list[int]) -> int:
+    """The digest of the state the members at the newest step (``newest``, in rank order) agree
+    on: the one most of them hold (a replica whose state alone differs, a bit flipped in it, is
+    not copied to the others: ``replicacheck.py``); among equals, the lowest rank's."""
+    held = [digests[r] for r in newest]
+    return max(held, key=held.count)
+
+
+def send_state(
     peers: Peers,
     train: TrainState,
     source: int,
     digest: int,
     receiving: bool,
-    damage: Callable[[], bool],
+    damage: Callable[[], bool] = lambda: False,
 ) -> bool:
     """Broadcast ``source``'s state; receivers keep it only if it matches ``digest``. Returns
     whether every receiver accepted it (agreed by all members, so that all try the next source
@@ -146,6 +156,6 @@ def _checked(payload: torch.Tensor, digest: int, damage: Callable[[], bool]) -> 
         if damage():
             first = next(t for t in state["model"].values() if t.is_floating_point())
             first.view(-1)[0] += 1.0
-        return state if _digest_number(digest_parts(state)) == digest else None
+        return state if digest_number(digest_parts(state)) == digest else None
     except Exception:  # torn on the way: as good as a digest mismatch
         return None

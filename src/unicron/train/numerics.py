@@ -76,6 +76,7 @@ class Outcome(enum.StrEnum):
     # is the data's gradient; clipping, if the loop clips, bounds it). A NaN never is.
     APPLIED = "applied"
     FAILED = "failed"  # the data's: the task ends with the verdict
+    REPAIRED = "repaired"  # a replica's state unlike the others': it took theirs (``replicacheck.py``)
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,12 @@ class Peers:
     def maxima(self, values: list[int]) -> list[int]:
         """Each of ``values``' maximum over the peers, in one collective."""
         tensor = torch.tensor(values, dtype=torch.int64)
-        self.group.allreduce([tensor], self._op(dist.ReduceOp.MAX)).wait()
+        self.maximum_of(tensor)
         return [int(v) for v in tensor]
+
+    def maximum_of(self, tensor: torch.Tensor) -> None:
+        """Each element of ``tensor`` becomes its maximum over the peers, in place."""
+        self.group.allreduce([tensor], self._op(dist.ReduceOp.MAX)).wait()
 
     def all_reduce_async(self, tensor: torch.Tensor) -> Any:
         """Sum ``tensor`` over the peers in place; returns the pending work."""

@@ -113,6 +113,7 @@ class Session:
         self.faults = FaultInjector(faults, self.rank, self.generation, self._fault_report, self.task)
         self.faults.folders = (self.checkpoint_dir, self.host_dir)
         self.settle_pending = False  # the group was (re)formed: settle who holds what first
+        self.agreed_step = 0  # the step at which the members last agreed on one state (``_agree``)
         self.data: StepData | None = None
         self.running: StepLoop | None = None  # the `session.steps(...)` loop in progress
         self.digest: str | None = None  # the final parameters' digest, once the steps ran out
@@ -352,7 +353,7 @@ class Session:
         if peers is None:
             raise ConnectionResetError("the process group is gone: connection to peers broken")
         agreed = membership.agree(peers, train, self.step, self.node, self.faults.transfer_damaged, sending)
-        self.step = agreed.step
+        self.step = self.agreed_step = agreed.step
         self.settle_pending = True
         for source in agreed.rejected:
             self.trace("state_rejected", step=self.step, source=source)

@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from unicron.core.protocol import Phase
-from unicron.train import gradsync, metric, numerics, numericstep, replicas, sharded, shardsync
+from unicron.core.limits import MAX_NOTE_CHARS, MAX_PEERS
+from unicron.core.protocol import NumericalReport, Phase
+from unicron.train import gradsync, metric, numerics, numericstep, replicacheck, replicas, sharded, shardsync
 from unicron.train.data import shard, unclaimed_share
 from unicron.train.iteration import Iteration, PeerLostError, StopRequested
 from unicron.train.loader import StepData
@@ -47,7 +48,7 @@ from unicron.train.noupdate import NoUpdate
 from unicron.train.numerics import WrongSum
 from unicron.train.peers import Peers
 from unicron.train.spikes import SpikeWatch
-from unicron.train.state import step_schedulers
+from unicron.train.state import TrainState, step_schedulers
 
 if TYPE_CHECKING:
     from unicron.train.session import Session
@@ -130,6 +131,11 @@ class StepLoop:
         self.skipped: tuple[int, int] | None = None  # (generation, step) of the last step skipped
         self.poisoned = False  # the step's injected NaN, if any, put in (once per computation)
         self.checking = self.checks_sum  # in this step (``begin``)
+        # The replicas' states compared at step ends (``replicacheck.py``; not yet for replicas of
+        # several ranks, as the sum's test), and the last step at whose end they agreed.
+        self.digest_every = 0 if session.groups.replicated else contract.digest_every
+        self.checked_step = session.step
+        self.train = TrainState(model, optimizer, session.extras)
 
     def _weigh(self, relative: float) -> list[Any]:
         """Hooks weighting the next backward's gradients by ``relative``, a micro-batch's samples
@@ -204,8 +210,66 @@ class StepLoop:
         if self.phase in (StepPhase.REDUCED, StepPhase.SKIPPED):  # (a skipped step counts)
             with self.guard.stepping_schedulers():
                 step_schedulers(session.extras, step - 1)
+        session.faults.updated(step, self.params)
+        self._check_replicas(step)
         session.channel.send_soon(self.it.report(session.task, session.generation, session.rank))
         session.maybe_checkpoint(self.model, self.optimizer)
+
+    def _check_replicas(self, step: int) -> None:
+        """At the end of ``step``, where due (every ``run.digest_every`` steps, before a
+        checkpoint, at the last step): the replicas hold one state, or are mended, or raise
+        ``ReplicasDiverged`` (``replicacheck.py``). A peer lost in the check is recovered from
+        as in ``_settle``: the group re-formed agrees on the state most members hold."""
+        session, every = self.session, self.digest_every
+        due = every and (step % every == 0 or session.saving.due() or step == session.iterations)
+        if not due or session.world_size == 1:
+            return
+        found_at = (time.time(), time.monotonic())
+        for attempt in range(4):
+            peers = session.groups.peers
+            fresh = max(self.checked_step, session.agreed_step) >= step - 1
+            try:
+                if peers is None:
+                    raise ConnectionResetError("the process group is gone: connection to peers broken")
+                session.progress.at(step, Phase.COLLECTIVE, "replica_check")
+                found = replicacheck.check(peers, self.train, fresh)
+                break
+            except replicacheck.ReplicasDiverged as exc:  # every rank: the task goes back to its checkpoint
+                session.trace("replicas_diverged", step=step, odd=sorted(exc.odd), why=str(exc))
+                raise
+            except Exception as exc:
+                session.recoverable(exc, last=attempt == 3)
+            try:
+                session.rejoin(self.model, self.optimizer)  # (outside the except block: see above)
+            except StopRequested:
+                return  # the worker stops at this boundary; its final save checks nothing
+        else:
+            raise AssertionError("unreachable")
+        self.checked_step = step
+        if found is not None:
+            self._repaired(step, found, found_at)
+
+    def _repaired(self, step: int, found: replicacheck.Verdict, found_at: tuple[float, float]) -> None:
+        """The odd replicas took the majority's state at the end of ``step``: traced, and reported
+        by the first of them (its agent may only speak for it) as an incident already undone."""
+        session = self.session
+        odd = sorted(found.odd)
+        session.trace("replica_repaired", step=step, odd=odd, source=found.source, why=found.why)
+        if session.rank != odd[0]:
+            return
+        report = NumericalReport(
+            task=session.task,
+            generation=session.generation,
+            rank=session.rank,
+            step=step + 1,  # the step it would have struck: the first computed from that state
+            verdict="odd_replica",
+            outcome=numerics.Outcome.REPAIRED.value,
+            ranks=odd[:MAX_PEERS],
+            why=found.why[:MAX_NOTE_CHARS],
+            time=found_at[0],
+            spent_s=time.monotonic() - found_at[1],
+        )
+        session.channel.send(report)
 
     def _settle(self, step: int) -> list[list[int]] | None:
         """This rank's samples of ``step``, at its start. After a group (re)formed this is the

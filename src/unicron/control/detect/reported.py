@@ -57,6 +57,11 @@ OUTCOME_KINDS = {
     "recomputed": ErrorKind.NUMERICAL_TRANSIENT,
     "skipped": ErrorKind.NUMERICAL_SKIPPED,
     "applied": ErrorKind.GRADIENT_SPIKE,
+    "repaired": ErrorKind.REPLICA_REPAIRED,
+}
+# How the ranks found and undid it, for the incident's ladder.
+OUTCOME_LADDER = {
+    "repaired": "found at the step boundary by the replicas' digests: the odd replica took the others' state",
 }
 
 
@@ -67,7 +72,7 @@ def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) 
     (the tier they carried out: the step reattempted, no process restarted), recorded with its
     culprit and closed at once. It changes nothing the coordinator decides; not yet counted by
     the ladder (a node whose rank keeps failing so is found by the cross-check: a device fault)."""
-    kind = OUTCOME_KINDS[report.outcome]
+    kind, outcome = OUTCOME_KINDS[report.outcome], report.outcome
     info = TAXONOMY[kind]
     incident = act.record(
         "incident",
@@ -79,7 +84,7 @@ def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) 
         asked=info.tier.label,
         scope=info.scope.value,
         why=f"rank {report.rank}: {report.why}",
-        ladder=f"found in the step by the ranks, computed again: {report.outcome}",
+        ladder=OUTCOME_LADDER.get(outcome, f"found in the step by the ranks, computed again: {outcome}"),
         detected_at=report.time or now,  # in the step it struck, before anything of it was applied
         generation=report.generation,
         step=report.step - 1,  # the last step completed, as every incident records it

@@ -1,0 +1,121 @@
+"""Replicas hold the same state (``train/replicacheck.py``): what the check sees, and what follows a
+mismatch, as values; the incident a mended replica is, through the coordinator stepped by hand.
+End to end (a flipped bit mended in place, two replicas that differ relaunched from their
+checkpoint, both ending exact) it runs in ``test_numerics.py``'s live test, on that cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from unicron.core.livespecs import FaultSpec, RunSpec
+from unicron.core.protocol import NumericalReport
+from unicron.core.taxonomy import TAXONOMY, ErrorKind
+from unicron.core.tiers import Tier
+from unicron.train.faults import FaultInjector
+from unicron.train.membership import newest_state
+from unicron.train.replicacheck import fingerprint, state_tensors, verdict
+
+SAME_WIDTH = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def flipped(tensor: torch.Tensor, index: int, bit: int) -> torch.Tensor:
+    out = tensor.clone()
+    width = 8 * out.element_size()
+    out.view(SAME_WIDTH[out.element_size()])[index] ^= (1 << bit) - ((1 << width) if bit == width - 1 else 0)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("size", [1, 3, 8, 1001])
+def test_any_flipped_bit_changes_the_fingerprint(dtype: torch.dtype, size: int) -> None:
+    """The sums are of whole 64-bit words where the bytes allow, else of the values' own width
+    (an odd count of 32-bit values, half precision): one flipped bit shows either way."""
+    tensor = torch.randn(size, dtype=torch.float64, generator=torch.Generator().manual_seed(size)).to(dtype)
+    base = fingerprint([tensor])
+    for bit in range(8 * tensor.element_size()):
+        assert not torch.equal(fingerprint([flipped(tensor, size // 2, bit)]), base), bit
+    assert torch.equal(fingerprint([tensor.clone()]), base)
+
+
+def test_the_state_checked_is_the_parameters_and_the_optimizers_tensors() -> None:
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    tensors = state_tensors(model, optimizer)
+    # weight, bias; then per parameter its step, exp_avg, exp_avg_sq (by key)
+    assert len(tensors) == 2 + 2 * 3
+    before = fingerprint(tensors)
+    moments = optimizer.state[model.bias]
+    moments["exp_avg"] = flipped(moments["exp_avg"], 0, 0)  # (a change no norm would see)
+    assert not torch.equal(fingerprint(state_tensors(model, optimizer)), before)
+
+
+def test_an_odd_replica_takes_the_majoritys_state_only_where_nothing_of_it_spread() -> None:
+    same, odd = [1, 2, 3], [1, 2, 4]
+    found = verdict([same, same, odd, same], fresh=True)
+    assert (found.odd, found.source) == (frozenset({2}), 0) and "rank 2" in found.why
+    assert verdict([odd, same, same], fresh=True).source == 1  # the majority's lowest rank
+    # Steps since they last agreed: the odd replica's gradients are in every sum since.
+    late = verdict([same, same, odd], fresh=False)
+    assert (late.odd, late.source) == (frozenset({2}), None) and "last agreed" in late.why
+    # Two replicas, or no majority: nothing tells which is right.
+    assert verdict([same, odd], fresh=True).source is None
+    assert verdict([same, same, odd, odd], fresh=True).odd == frozenset(range(4))
+
+
+def test_a_regrouped_task_agrees_on_the_state_most_members_hold() -> None:
+    """``membership.agree`` after a recovery: the members at the newest step take the state most
+    of them hold, not the lowest rank's (whose bit may be the flipped one)."""
+    assert newest_state([7, 5, 5, 5], [0, 1, 2, 3]) == 5
+    assert newest_state([7, 5, 9], [0, 2]) == 7  # among equals, the lowest rank's
+    assert newest_state([1, 7, 5, 5], [1, 2, 3]) == 5
+
+
+def test_the_flip_fault_flips_one_bit_of_the_first_parameter_after_the_update() -> None:
+    fault = FaultSpec.model_validate({"action": "flip_param", "rank": 0, "step": 4, "bit": 31})
+    sent: list[Any] = []
+    injector = FaultInjector([fault], 0, 1, sent.append, "lm")
+    param = torch.nn.Parameter(torch.tensor([1.5, 2.0]))
+    injector.step_started(4)
+    assert not sent  # (not at the step's start: after its update)
+    injector.updated(4, [param])
+    assert param.tolist() == [-1.5, 2.0] and len(sent) == 1  # the sign bit
+    injector.updated(4, [param])  # once
+    assert param.tolist() == [-1.5, 2.0]
+
+
+def test_the_check_interval_is_bounded_and_a_flip_is_refused_where_no_check_covers_it() -> None:
+    assert RunSpec.model_validate({"program": ["x"], "iterations": 9}).digest_every == 1
+    with pytest.raises(ValidationError, match="digest_every"):
+        RunSpec.model_validate({"program": ["x"], "iterations": 9, "digest_every": -1})
+    flip = [{"action": "flip_param", "rank": 0, "step": 3}]
+    with pytest.raises(ValidationError, match=r"flip_param.*run\.replica_size 1"):
+        RunSpec.model_validate({"program": ["x"], "iterations": 9, "replica_size": 2, "faults": flip})
+
+
+def test_the_kinds_mend_in_place_or_go_back_to_the_checkpoint() -> None:
+    assert TAXONOMY[ErrorKind.REPLICA_REPAIRED].tier is Tier.REATTEMPT
+    assert TAXONOMY[ErrorKind.REPLICAS_DIVERGED].tier is Tier.FROM_CHECKPOINT
+
+
+def test_a_mended_replica_is_an_incident_naming_it_closed_at_once(make: Any) -> None:
+    """The coordinator stepped by hand (``tests/fakecluster.py``): nothing is ordered."""
+    cluster = make()
+    generation, since = cluster.c.store.get_task("lm").generation, len(cluster.orders)
+    node, _ = cluster.running[("lm", generation, 1)]
+    report = NumericalReport(
+        task="lm", generation=generation, rank=1, step=3, verdict="odd_replica", outcome="repaired",
+        ranks=[1], why="rank 1 holds a state unlike the 3 others'", time=cluster.clock.now, spent_s=0.01,
+    )  # fmt: skip
+    cluster.beat(node, report)
+    (incident,) = cluster.events("incident")
+    assert (incident["kind"], incident["culprit"], incident["step"]) == ("replica_repaired", 1, 2)
+    assert incident["action"] == "reattempt in place" and "digests" in incident["ladder"]
+    (outcome,) = cluster.events("outcome")
+    assert outcome["outcome"] == "recovered" and outcome["resumed_step"] == 3
+    assert cluster.orders[since:] == []
