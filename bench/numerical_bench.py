@@ -46,8 +46,8 @@ from bench.overhead_verdict import judged
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream
+from unicron.train.fingerprint import fingerprint
 from unicron.train.numerics import norm
-from unicron.train.replicacheck import fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gpt-10m"
@@ -81,14 +81,13 @@ def cell(root: Path, workers: int, runs: int) -> dict[str, Any]:
 
 def check_seconds(parameters: int, repeats: int = 50) -> tuple[float, float]:
     """The median times (one thread) of the gradient test on a float32 buffer of ``parameters``
-    elements, and of the replicas' fingerprint of an AdamW state of that size (the parameters
-    and two moments: ``replicacheck.py``)."""
+    elements, and of the fingerprint of parameters of that size that the replicas compare in each
+    step's sum (``replicacheck.py``)."""
     buffer = torch.randn(parameters)
-    state = [buffer, torch.randn(parameters), torch.rand(parameters)]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the benchmark's workers run (OMP_NUM_THREADS=1)
     try:
-        return _median_s(lambda: norm([buffer]), repeats), _median_s(lambda: fingerprint(state), repeats)
+        return _median_s(lambda: norm([buffer]), repeats), _median_s(lambda: fingerprint([buffer]), repeats)
     finally:
         torch.set_num_threads(threads)
 
@@ -161,7 +160,9 @@ def faults_run(root: Path) -> list[dict[str, Any]]:
         rows = [json.loads(line) for line in traces[task].read_text().splitlines()]
         verdicts = [r for r in rows if r["what"] == "numerical"] + replica_verdicts(rows)
         for fault in faults:
-            seen = [v for v in verdicts if v["step"] == fault["step"]]
+            # (a flipped parameter is found in the next step's sum: the first computed from it)
+            found_in = fault["step"] + (fault["action"] == "flip_param")
+            seen = [v for v in verdicts if v["step"] == found_in]
             incident = [e for e in events[task] if e["kind"] == "incident"]
             found.append(
                 {
@@ -232,9 +233,8 @@ def section(r: dict[str, Any]) -> str:
         "as the overhead cells above. The test itself, on a buffer the size of the model's "
         f"{r['parameters']:,} gradients, took {r['check_s'] * 1000:.2f} ms (median, one thread): "
         f"{r['check_s'] / r['rows'][0]['step_s_off'] * 100:.2f}% of the {r['rows'][0]['workers']}-worker "
-        "step; the replicas' fingerprint of an AdamW state of that size (the parameters and two moments, "
-        f"`replicacheck.py`; every step by default) took {r['digest_s'] * 1000:.2f} ms. Every run of "
-        "each side is in the JSON."
+        "step; the fingerprint of parameters of that size that the replicas compare in each step's sum "
+        f"(`replicacheck.py`) took {r['digest_s'] * 1000:.2f} ms. Every run of each side is in the JSON."
     )
     rule = "\n|---|---|---|---|---|---|"
     cost_head = "| workers | runs a side | step off (s) | step on (s) | ratio | 95% interval | verdict |"

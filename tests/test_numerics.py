@@ -165,7 +165,7 @@ def test_a_spike_factor_inside_a_healthy_steps_variation_is_refused_with_the_fix
 ITERATIONS = 40
 FAULTS = [
     {"action": "nan_grad", "rank": 1, "step": 6, "generation": 0},  # once: a passing fault
-    # A bit flipped in one replica's parameters: it takes the 3 others' state at once.
+    # A bit flipped in one replica's parameters: it takes the 3 others' state in the next step.
     {"action": "flip_param", "rank": 3, "step": 10, "generation": 0},
     {"action": "nan_grad", "rank": 2, "step": 14, "generation": 0, "times": 5},  # a faulty device
     # Once, on one of the two left: a spike (the generation they went on in has known the 10
@@ -208,9 +208,10 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         passing, flipped, incident, spiked = incidents
         assert spiked["detail"]["kind"] == "numerical_transient" and spiked["detail"]["culprit"] == 1
         struck = {e["detail"]["index"]: e["node"] for e in events if e["kind"] == "fault_injected"}
-        # The flipped replica: found at the end of the step it struck, mended from a peer in place.
+        # The flipped replica (after step 10's update): found in step 11's sum, before anything of
+        # it was applied, mended from a peer in place, its share of the step computed again.
         (mended,) = [r for r in rows if r["what"] == "replica_repaired" and r["rank"] == 3]
-        assert mended["step"] == 10 and mended["odd"] == [3], mended
+        assert mended["step"] == 11 and mended["odd"] == [3], mended
         assert flipped["detail"]["kind"] == "replica_repaired" and flipped["detail"]["culprit"] == 3
         assert flipped["node"] == struck[1] and flipped["detail"]["step"] == 10, story
         # The passing fault's incident: its rank and node named, recovered in place at once.
@@ -263,7 +264,7 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         assert relaunched["detail"]["action"] == "restart from checkpoint"
         rows = read_trace(diverged_trace)
         found = {(r["step"], tuple(r["odd"])) for r in rows if r["what"] == "replicas_diverged"}
-        assert found == {(7, (0, 1))}, found  # found at the end of the step struck, on both ranks
+        assert found == {(8, (0, 1))}, found  # found in the next step's sum, on both ranks
         assert {r["step"] for r in rows if r["what"] == "resumed"} == {5}
         ledger = chaos_check.ledger(rows, 10)
         assert ledger.ok and ledger.steps_exact == 10, ledger

@@ -16,8 +16,9 @@ from unicron.core.protocol import NumericalReport
 from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
 from unicron.train.faults import FaultInjector
-from unicron.train.membership import newest_state
-from unicron.train.replicacheck import fingerprint, state_tensors, verdict
+from unicron.train.fingerprint import fingerprint, state_tensors
+from unicron.train.membership import newest_state, unlike
+from unicron.train.replicacheck import OFFERED, alike, offer, verdict
 
 SAME_WIDTH = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -55,25 +56,44 @@ def test_the_state_checked_is_the_parameters_and_the_optimizers_tensors() -> Non
     assert not torch.equal(fingerprint(state_tensors(model, optimizer)), before)
 
 
+def test_the_parameters_are_compared_in_the_sum_itself_any_difference_seen() -> None:
+    """Each rank adds pieces of its fingerprint and their squares to the step's summed buffer:
+    all alike only where every rank offered the same, whichever tensor or bit differs."""
+    rng = torch.Generator().manual_seed(0)
+    base = torch.randint(-(2**62), 2**62, (5,), generator=rng)
+    same = [offer(base) for _ in range(3)]
+    assert alike(torch.stack(same).sum(0).tolist())
+    for index in range(5):
+        for bit in (0, 15, 16, 31, 47, 63):
+            other = base.clone()
+            other[index] ^= (1 << bit) - ((1 << 64) if bit == 63 else 0)
+            summed = torch.stack([*same[:2], offer(other)]).sum(0)
+            assert not alike(summed.tolist()), (index, bit)
+    assert len(same[0]) == OFFERED
+
+
 def test_an_odd_replica_takes_the_majoritys_state_only_where_nothing_of_it_spread() -> None:
     same, odd = [1, 2, 3], [1, 2, 4]
     found = verdict([same, same, odd, same], fresh=True)
     assert (found.odd, found.source) == (frozenset({2}), 0) and "rank 2" in found.why
     assert verdict([odd, same, same], fresh=True).source == 1  # the majority's lowest rank
-    # Steps since they last agreed: the odd replica's gradients are in every sum since.
+    # Steps since they were last alike: the odd replica's gradients are in every sum since.
     late = verdict([same, same, odd], fresh=False)
-    assert (late.odd, late.source) == (frozenset({2}), None) and "last agreed" in late.why
+    assert (late.odd, late.source) == (frozenset({2}), None) and "last alike" in late.why
     # Two replicas, or no majority: nothing tells which is right.
     assert verdict([same, odd], fresh=True).source is None
     assert verdict([same, same, odd, odd], fresh=True).odd == frozenset(range(4))
 
 
-def test_a_regrouped_task_agrees_on_the_state_most_members_hold() -> None:
-    """``membership.agree`` after a recovery: the members at the newest step take the state most
-    of them hold, not the lowest rank's (whose bit may be the flipped one)."""
+def test_a_regrouped_task_copies_no_state_that_its_replicas_disagree_on() -> None:
+    """``membership.agree`` after a recovery: members at the newest step whose parameters or
+    optimizer state differ are named (none is copied: the task goes back to its checkpoint);
+    where only buffers or registered objects differ, the state most members hold is taken."""
+    assert unlike([0, 1, 2, 3], [7, 5, 5, 5]) == frozenset({0})  # (the lowest rank's flipped)
+    assert unlike([0, 2], [7, 5, 7]) == frozenset()  # (rank 1 is behind: not compared)
+    assert unlike([0, 1], [7, 5]) == frozenset({0, 1})  # no majority
     assert newest_state([7, 5, 5, 5], [0, 1, 2, 3]) == 5
     assert newest_state([7, 5, 9], [0, 2]) == 7  # among equals, the lowest rank's
-    assert newest_state([1, 7, 5, 5], [1, 2, 3]) == 5
 
 
 def test_the_flip_fault_flips_one_bit_of_the_first_parameter_after_the_update() -> None:

@@ -222,9 +222,11 @@ class RunSpec(SpecBase):
         default=DIGEST_EVERY,
         ge=0,
         le=MAX_JSON_INT,
-        description="every this many steps, and before each checkpoint is written, the replicas check "
-        "that they hold the same parameters and optimizer state, bit for bit, before computing on "
-        "them; one that differs takes the others' (docs/detection.md); 0: never",
+        description="every this many steps the replicas compare their parameters, bit for bit, as "
+        "they enter the step's gradient sum (and their whole state before each checkpoint); nothing "
+        "of a sum they differ in is applied: a replica alone in its state takes the others' in place "
+        "where they were alike the step before, else the task goes back to its checkpoint "
+        "(docs/detection.md); 0: never. Not with replica_size over 1",
     )
     recovery: Literal["in_process", "restart"] = Field(
         default="in_process",

@@ -219,8 +219,10 @@ class NumericalReport(_Message):
     task: Label
     generation: Int
     rank: Int
-    step: Int  # the step whose sum was wrong
-    verdict: Label  # train/numerics.py's Verdict: "transient", or "data" or "unresolved"
+    step: Int  # the step whose sum was wrong (or, a replica mended, the first computed from its state)
+    # train/numerics.py's Verdict: "transient", or "data" or "unresolved"; "odd_replica" for a
+    # replica mended (train/replicacheck.py)
+    verdict: Label
     # What was done (train/numerics.py's Outcome): "recomputed" (transient), "skipped" (the
     # step's update, run.on_bad_data: skip), "applied" (a spike the data gives) or "repaired" (a
     # replica whose state differed took its peers': train/replicacheck.py)

@@ -66,8 +66,8 @@ class ErrorKind(StrEnum):
     NUMERICAL_SKIPPED = "numerical_skipped"  # the data's, and the task skips it (run.on_bad_data)
     GRADIENT_SPIKE = "gradient_spike"  # a spike the data gives wherever computed: applied
     # A replica's state unlike its peers' (``train/replicacheck.py``: a bit flipped in its memory,
-    # an update computed wrong): given the others' in place where nothing of it can have reached
-    # them; else the task goes back to its newest checkpoint, which was checked.
+    # an update computed wrong): given the others' in place where nothing computed from it was
+    # applied; else the task goes back to its newest checkpoint, which was checked.
     REPLICA_REPAIRED = "replica_repaired"
     REPLICAS_DIVERGED = "replicas_diverged"
     USER_ERROR = "user_error"
@@ -135,12 +135,12 @@ TAXONOMY: dict[ErrorKind, KindInfo] = {
     # A spike in the gradient norm that every computation gives: the data's, applied as training
     # without the test would apply it; recorded, so that a run's spikes are seen.
     ErrorKind.GRADIENT_SPIKE: KindInfo(Severity.SEV3, Tier.REATTEMPT, False, Scope.TASK),
-    # A replica whose state alone differed, mended in place from the majority's before any step
-    # computed on it (no process restarts); reported as done, never raised.
+    # A replica whose state alone differed, mended in place from the majority's before anything
+    # computed from it was applied (no process restarts); reported as done, never raised.
     ErrorKind.REPLICA_REPAIRED: _S3,
     # Replicas that differ where no majority tells which is right, or where steps went by since
-    # they last agreed (the odd one's gradients are in every replica's sum since): no live state
-    # is trusted, and the newest checkpoint is (one is written only once the replicas agree).
+    # they were last alike (the odd one's gradients may be in every replica's sum since): no live
+    # state is trusted, and the newest checkpoint is (one is written only once the replicas agree).
     ErrorKind.REPLICAS_DIVERGED: KindInfo(Severity.SEV2, Tier.FROM_CHECKPOINT, False, Scope.TASK),
     # The paper leaves "others" unassigned; we restart the process, the middle of the ladder.
     ErrorKind.OTHER: _S2,

@@ -48,7 +48,8 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
   ``step``, every time (data that gives NaN: a bad sample); ``rank`` and ``generation`` unused.
 - ``flip_param``: after the optimizer's update of ``step``, flip bit ``bit`` of this rank's first
   parameter's first value (a bit flipped in its memory, or an update its device computed wrong):
-  ``train/replicacheck.py`` must find the odd replica before anything is computed from it.
+  ``train/replicacheck.py`` must find the odd replica before anything computed from it is
+  applied (in the next step's sum, or before a checkpoint of this step).
 
 A fault names a rank, a step and a generation; generation 0 means whichever worker of that rank
 first reaches the step, or a later one, in any generation (the rank may not exist at that step

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from unicron.train import checkpoint
 from unicron.train.data import unclaimed_share
+from unicron.train.fingerprint import ReplicasDiverged, as_number, fingerprint, state_tensors
 from unicron.train.peers import Peers
 from unicron.train.state import TrainState, digest_parts
 
@@ -89,7 +90,9 @@ def agree(
     members can agree again in the group that follows. ``damage`` and ``sending``: fault injection,
     True to damage what this member receives; called as the first transfer begins."""
     world = peers.size
-    mine = torch.tensor([completed, digest_number(train.digest()), _node_number(node)], dtype=torch.int64)
+    bits = as_number(fingerprint(state_tensors(train.model, train.optimizer)))
+    digest = digest_number(train.digest())
+    mine = torch.tensor([completed, digest, _node_number(node), bits], dtype=torch.int64)
     gathered = peers.all_gather(mine)
     steps = [int(g[0]) for g in gathered]
     digests = [int(g[1]) for g in gathered]
@@ -98,6 +101,10 @@ def agree(
     if all(s == top for s in steps) and len(set(digests)) == 1:
         return Agreement(top, False)
     newest = [r for r in range(world) if steps[r] == top]
+    odd = unlike(newest, [int(g[3]) for g in gathered])
+    if odd:
+        named = ", ".join(str(r) for r in sorted(odd))
+        raise ReplicasDiverged(f"rank {named} holds a state unlike its peers' at step {top}", odd)
     held = newest_state(digests, newest)
     current = [r for r in newest if digests[r] == held]
     behind = [r for r in range(world) if r not in current]
@@ -111,10 +118,25 @@ def agree(
     raise RuntimeError(f"the state from every live replica ({current}) failed its digest check")
 
 
+def unlike(newest: list[int], bits: list[int]) -> frozenset[int]:
+    """The members at the newest step (``newest``, rank order) whose parameters or optimizer
+    state differ from the others' (``bits``: each member's fingerprint, as a number): those not
+    holding the one most of them hold, every one of them where none is held by more. None is
+    trusted to be right, and nothing is copied: copying one would spread a flipped bit, and the
+    odd one's gradients may be in the sums since (``replicacheck.py``)."""
+    held = [bits[r] for r in newest]
+    if len(set(held)) == 1:
+        return frozenset()
+    most = max(held, key=held.count)
+    if 2 * held.count(most) <= len(held):
+        return frozenset(newest)
+    return frozenset(r for r in newest if bits[r] != most)
+
+
 def newest_state(digests: list[int], newest: list[int]) -> int:
     """The digest of the state the members at the newest step (``newest``, in rank order) agree
-    on: the one most of them hold (a replica whose state alone differs, a bit flipped in it, is
-    not copied to the others: ``replicacheck.py``); among equals, the lowest rank's."""
+    on, their parameters and optimizer state alike (``unlike``; registered objects or buffers may
+    differ): the one most of them hold; among equals, the lowest rank's."""
     held = [digests[r] for r in newest]
     return max(held, key=held.count)
 

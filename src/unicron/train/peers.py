@@ -79,7 +79,11 @@ class Peers:
 
     def maximum_of(self, tensor: torch.Tensor) -> None:
         """Each element of ``tensor`` becomes its maximum over the peers, in place."""
-        self.group.allreduce([tensor], self._op(dist.ReduceOp.MAX)).wait()
+        self.maximum_of_async(tensor).wait()
+
+    def maximum_of_async(self, tensor: torch.Tensor) -> Any:
+        """As ``maximum_of``; returns the pending work."""
+        return self.group.allreduce([tensor], self._op(dist.ReduceOp.MAX))
 
     def all_reduce_async(self, tensor: torch.Tensor) -> Any:
         """Sum ``tensor`` over the peers in place; returns the pending work."""

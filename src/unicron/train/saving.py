@@ -51,8 +51,12 @@ class Saving:
 
     def due(self, final: bool = False) -> bool:
         """Whether a checkpoint is due at the session's step (``final``: the task's end)."""
-        session, every = self.session, self.session.checkpoint_every
-        return session.checkpoint_dir is not None and (final or bool(every and session.step % every == 0))
+        return self.session.checkpoint_dir is not None and (final or self.periodic(self.session.step))
+
+    def periodic(self, step: int) -> bool:
+        """Whether ``step`` is one that a periodic checkpoint is written at, where one is kept."""
+        every = self.session.checkpoint_every
+        return self.session.checkpoint_dir is not None and bool(every and step % every == 0)
 
     def save(self, train: TrainState, final: bool = False) -> None:
         """Write the checkpoint due (every rank calls this at the same step)."""

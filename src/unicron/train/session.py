@@ -37,6 +37,7 @@ from unicron.train import checkpoint, devices, exporting, membership, porting, s
 from unicron.train.channel import ReportChannel, exception_report
 from unicron.train.faults import FaultInjector
 from unicron.train.fencing import Fence
+from unicron.train.fingerprint import ReplicasDiverged
 from unicron.train.groups import Groups
 from unicron.train.iteration import StopRequested
 from unicron.train.loader import MapDataset, StepData, step_data
@@ -335,6 +336,8 @@ class Session:
         try:
             self._agree(model, optimizer, reformed=newcomer)
             return
+        except ReplicasDiverged:
+            raise
         except Exception as exc:
             self.recoverable(exc, last=not newcomer)  # a launch has no live group to follow
         self.rejoin(model, optimizer)
@@ -352,7 +355,12 @@ class Session:
         peers = self.groups.peers
         if peers is None:
             raise ConnectionResetError("the process group is gone: connection to peers broken")
-        agreed = membership.agree(peers, train, self.step, self.node, self.faults.transfer_damaged, sending)
+        damage = self.faults.transfer_damaged
+        try:
+            agreed = membership.agree(peers, train, self.step, self.node, damage, sending)
+        except ReplicasDiverged as exc:  # no live state trusted: the task goes back to its checkpoint
+            self.trace("replicas_diverged", step=self.step, odd=sorted(exc.odd), why=str(exc))
+            raise
         self.step = self.agreed_step = agreed.step
         self.settle_pending = True
         for source in agreed.rejected:
@@ -423,6 +431,8 @@ class Session:
                 self._join()
                 copied = self._agree(model, optimizer, reformed=True)
                 break
+            except ReplicasDiverged:
+                raise
             except Exception as exc:
                 self.recoverable(exc, last=attempt == 3)
         else:  # the last attempt failed, and recoverable did not raise: the worker is stopping

@@ -32,7 +32,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -40,6 +40,7 @@ from unicron.core.limits import MAX_NOTE_CHARS, MAX_PEERS
 from unicron.core.protocol import NumericalReport, Phase
 from unicron.train import gradsync, metric, numerics, numericstep, replicacheck, replicas, sharded, shardsync
 from unicron.train.data import shard, unclaimed_share
+from unicron.train.fingerprint import ReplicasDiverged, fingerprint
 from unicron.train.iteration import Iteration, PeerLostError, StopRequested
 from unicron.train.loader import StepData
 from unicron.train.loopguard import LoopGuard
@@ -47,6 +48,7 @@ from unicron.train.membership import settle
 from unicron.train.noupdate import NoUpdate
 from unicron.train.numerics import WrongSum
 from unicron.train.peers import Peers
+from unicron.train.replicacheck import StateUnlike
 from unicron.train.spikes import SpikeWatch
 from unicron.train.state import TrainState, step_schedulers
 
@@ -131,10 +133,13 @@ class StepLoop:
         self.skipped: tuple[int, int] | None = None  # (generation, step) of the last step skipped
         self.poisoned = False  # the step's injected NaN, if any, put in (once per computation)
         self.checking = self.checks_sum  # in this step (``begin``)
-        # The replicas' states compared at step ends (``replicacheck.py``; not yet for replicas of
-        # several ranks, as the sum's test), and the last step at whose end they agreed.
+        # The replicas' parameters compared in the step's sum, and their whole states before a
+        # checkpoint (``replicacheck.py``; not yet for replicas of several ranks, as the sum's
+        # test): the parameters' fingerprint on the way into the sum, where compared, and the
+        # last step whose sum found them alike.
         self.digest_every = 0 if session.groups.replicated else contract.digest_every
-        self.checked_step = session.step
+        self.summed: torch.Tensor | None = None
+        self.alike_step = session.step
         self.train = TrainState(model, optimizer, session.extras)
 
     def _weigh(self, relative: float) -> list[Any]:
@@ -183,7 +188,7 @@ class StepLoop:
         stream = self.data.stream
         self.scale = stream.micro_batch / len(stream.batch(step))
         self.it = Iteration(step, len(chunks), lambda: session.faults.before_last_micro_batch(step))
-        self.computed, self.poisoned = [], False
+        self.computed, self.poisoned, self.summed = [], False, None
         # A registered GradScaler makes the sum infinite on purpose (its scale too high) and
         # skips that step itself: such a sum is its to handle, not a fault.
         self.checking = self.checks_sum and not any(
@@ -215,43 +220,77 @@ class StepLoop:
         session.channel.send_soon(self.it.report(session.task, session.generation, session.rank))
         session.maybe_checkpoint(self.model, self.optimizer)
 
+    def _compared(self, step: int) -> bool:
+        """Whether the replicas' parameters are compared in ``step``'s sum (every
+        ``run.digest_every`` steps; the same on every rank)."""
+        every = self.digest_every
+        return bool(every and step % every == 0) and self.session.world_size > 1
+
     def _check_replicas(self, step: int) -> None:
-        """At the end of ``step``, where due (every ``run.digest_every`` steps, before a
-        checkpoint, at the last step): the replicas hold one state, or are mended, or raise
-        ``ReplicasDiverged`` (``replicacheck.py``). A peer lost in the check is recovered from
-        as in ``_settle``: the group re-formed agrees on the state most members hold."""
-        session, every = self.session, self.digest_every
-        due = every and (step % every == 0 or session.saving.due() or step == session.iterations)
-        if not due or session.world_size == 1:
+        """At the end of ``step``, before a checkpoint and at the last step: the replicas hold one
+        whole state, or are mended, or raise ``ReplicasDiverged`` (``replicacheck.check``). A peer
+        lost in the check is recovered from as in ``_settle``; the group re-formed has agreed on
+        one state (``membership.agree``), so nothing is left to compare, and every member goes on
+        to the next step's collectives, including one whose check completed before the failure."""
+        session = self.session
+        due = session.saving.periodic(step) or step == session.iterations
+        if not (self.digest_every and due and session.world_size > 1):
             return
         found_at = (time.time(), time.monotonic())
         for attempt in range(4):
+            if session.agreed_step >= step:  # (re-formed at this boundary, or the state copied holds it)
+                break
             peers = session.groups.peers
-            fresh = max(self.checked_step, session.agreed_step) >= step - 1
+            fresh = max(self.alike_step, session.agreed_step) >= step  # (alike in this step's sum)
             try:
                 if peers is None:
                     raise ConnectionResetError("the process group is gone: connection to peers broken")
                 session.progress.at(step, Phase.COLLECTIVE, "replica_check")
-                found = replicacheck.check(peers, self.train, fresh)
+                found = replicacheck.check(peers, self.train, fresh, self._abandon_watch())
+                if found is not None:
+                    self._repaired(step + 1, found, found_at)
                 break
-            except replicacheck.ReplicasDiverged as exc:  # every rank: the task goes back to its checkpoint
-                session.trace("replicas_diverged", step=step, odd=sorted(exc.odd), why=str(exc))
-                raise
+            except ReplicasDiverged as exc:
+                self._diverged(step, exc)
             except Exception as exc:
                 session.recoverable(exc, last=attempt == 3)
             try:
                 session.rejoin(self.model, self.optimizer)  # (outside the except block: see above)
             except StopRequested:
-                return  # the worker stops at this boundary; its final save checks nothing
+                return  # it stops at this boundary: its final save is of a state not checked
         else:
             raise AssertionError("unreachable")
-        self.checked_step = step
-        if found is not None:
-            self._repaired(step, found, found_at)
+
+    def _mend(self, step: int, last: bool) -> frozenset[int] | None:
+        """The replicas' parameters differed in ``step``'s sum (nothing of it applied): the odd
+        ranks take the majority's state, or every rank raises ``ReplicasDiverged``
+        (``replicacheck.settle``). Returns the odd ranks, to compute their micro-batches again;
+        None where a peer failed meanwhile (forwarded, to recover from in place as from a failed
+        sum; ``last``: raised instead)."""
+        session, found_at = self.session, (time.time(), time.monotonic())
+        fresh = max(self.alike_step, session.agreed_step) >= step - 1
+        peers, summed = session.groups.peers, self.summed
+        try:
+            if peers is None or summed is None:
+                raise ConnectionResetError("the process group is gone: connection to peers broken")
+            found = replicacheck.settle(peers, self.train, summed, fresh)
+        except ReplicasDiverged as exc:
+            self._diverged(step, exc)
+        except Exception as exc:
+            session.recoverable(exc, last=last)
+            return None
+        self._repaired(step, found, found_at)
+        return found.odd
+
+    def _diverged(self, step: int, exc: ReplicasDiverged) -> NoReturn:
+        """No live state is trusted: traced, and raised on (every rank raises it)."""
+        self.session.trace("replicas_diverged", step=step, odd=sorted(exc.odd), why=str(exc))
+        raise exc
 
     def _repaired(self, step: int, found: replicacheck.Verdict, found_at: tuple[float, float]) -> None:
-        """The odd replicas took the majority's state at the end of ``step``: traced, and reported
-        by the first of them (its agent may only speak for it) as an incident already undone."""
+        """The odd replicas took the majority's state before ``step`` computed from theirs (or,
+        found in its sum, before anything of it was applied): traced, and reported by the first
+        of them (its agent may only speak for it) as an incident already undone."""
         session = self.session
         odd = sorted(found.odd)
         session.trace("replica_repaired", step=step, odd=odd, source=found.source, why=found.why)
@@ -261,7 +300,7 @@ class StepLoop:
             task=session.task,
             generation=session.generation,
             rank=session.rank,
-            step=step + 1,  # the step it would have struck: the first computed from that state
+            step=step,  # the step it struck: the first computed from the odd state
             verdict="odd_replica",
             outcome=numerics.Outcome.REPAIRED.value,
             ranks=odd[:MAX_PEERS],
@@ -348,14 +387,23 @@ class StepLoop:
         self._before_reduce(step)
         for attempt in range(4):
             wrong: tuple[str, bool] | None = None  # how the sum was wrong, and whether a spike
+            unlike = False  # the replicas' parameters differed in it
             try:
                 session.progress.at(step, Phase.COLLECTIVE, "all_reduce", len(self.it.marks))
                 self._reduce()
                 break
             except WrongSum as exc:
                 wrong = (str(exc), exc.spike)  # (not the exception: its frames hold the buffers)
+            except StateUnlike:
+                unlike = True
             except Exception as exc:
                 session.recoverable(exc, last=attempt == 3)
+            if unlike:  # (outside the except block, as below)
+                odd = self._mend(step, last=attempt == 3)
+                if odd is not None:
+                    if session.rank in odd:  # its state replaced: its share computed again from it
+                        yield from self.recompute(step, contributed)
+                    continue
             if wrong is not None:  # (outside the except block, as below)
                 held = yield from numericstep.recover(self, step, contributed, *wrong, last=attempt == 3)
                 if held is numericstep.Done.APPLIED:
@@ -374,6 +422,7 @@ class StepLoop:
             self.it.resumed_at = time.time()  # the transition is over: the re-formed group computes
             if copied:
                 # Members disagreed: state came from a replica; what was accumulated is void.
+                self.summed = None  # (parameters replaced: taken again on the way into the sum)
                 for p in self.model.parameters():
                     p.grad = None
                 self.guard.state_replaced()
@@ -405,6 +454,8 @@ class StepLoop:
         per computation of the step, though this is called in the last backward and again
         after the micro-batches when the sum overlaps backward)."""
         self.session.faults.before_reduce(step)
+        if self.summed is None and self._compared(step):
+            self.summed = fingerprint(list(self.model.parameters()), host=False)  # (nothing waits)
         if not self.poisoned:
             self.poisoned = True
             self.session.faults.poison(step, self.computed, self.params)
@@ -433,22 +484,38 @@ class StepLoop:
         limit = self.spike_limit
         return not math.isfinite(own) or (limit is not None and own > limit)
 
-    def _offer_limit(self, sums: torch.Tensor | None) -> torch.Tensor | None:
-        """The metrics' sums with this rank's spike limit and a count appended, to be summed with
-        them (``spikes.py``: every rank judges by the mean of the limits offered)."""
-        if not self.checking or self.spikes.factor == 0:
-            return sums
-        limit = self.spikes.limit()
-        mine = [0.0, 0.0] if limit is None else [limit, 1.0]
-        offer = torch.tensor(mine, dtype=torch.float64, device=self.session.device)
-        return offer if sums is None else torch.cat([sums, offer.to(sums.dtype)])
+    def _offers_limit(self) -> bool:
+        return self.checking and self.spikes.factor != 0
+
+    def _offer(self, sums: torch.Tensor | None) -> torch.Tensor | None:
+        """The metrics' sums (float64) with, appended, to be summed with them: this rank's spike
+        limit and a count (``spikes.py``: every rank judges by the mean of the limits offered),
+        and its parameters' fingerprint where compared (``replicacheck.offer``)."""
+        parts = [] if sums is None else [sums]
+        if self._offers_limit():
+            limit = self.spikes.limit()
+            mine = [0.0, 0.0] if limit is None else [limit, 1.0]
+            parts.append(torch.tensor(mine, dtype=torch.float64, device=self.session.device))
+        if self.summed is not None:
+            parts.append(replicacheck.offer(self.summed).to(self.session.device))
+        return torch.cat(parts) if parts else None
 
     def _check_sum(self, offered: torch.Tensor | None, norm: float) -> None:
-        """The test of the step's gradient sum, given its norm, before it is written back (with
-        the limits ``offered``, summed over the ranks: ``_offer_limit``): one not finite, or a
-        spike, is not (``WrongSum``); one applied joins this rank's window."""
-        total, count = [0.0, 0.0] if offered is None or self.spikes.factor == 0 else offered[-2:].tolist()
+        """The tests of the step's gradient sum, before it is written back (``norm``: its norm;
+        ``offered``: what ``_offer`` appended, summed over the ranks): the replicas' parameters
+        unlike in it (``StateUnlike``); one not finite, or a spike (``WrongSum``). One applied
+        joins this rank's window."""
+        limits = 2 if self._offers_limit() else 0
+        fingerprints = replicacheck.OFFERED if self.summed is not None else 0
+        tail = [] if offered is None else offered[len(offered) - limits - fingerprints :].tolist()
+        total, count = tail[:2] if limits else [0.0, 0.0]
         self.spike_limit = total / count if count > 0 else None  # (first: the rung judges shares by it)
+        if fingerprints:
+            if not replicacheck.alike(tail[limits:]):
+                raise StateUnlike("the replicas' parameters differ")
+            self.alike_step = self.it.step
+        if not self.checking:
+            return
         if not math.isfinite(norm):
             raise WrongSum("the gradient sum is not finite")
         if self.judging_spikes and self.spike_limit is not None and norm > self.spike_limit:
@@ -561,12 +628,12 @@ class StepLoop:
         a recovery's membership (a peer declared dead or hung, or a reattempt), when this rank
         recovers in place."""
         session = self.session
-        store, generation = session.store, session.generation
-        watch = None if not session.in_process or store is None else lambda: store.abandons_step(generation)
+        watch = self._abandon_watch()
         groups = session.groups
         # The metrics' sums (a copy: a failed attempt leaves this rank's own for the next one).
-        sums = self._offer_limit(metric.sums(self.metrics, session.device))
-        check = functools.partial(self._check_sum, sums) if self.checking else None
+        sums = self._offer(metric.sums(self.metrics, session.device))
+        checks = self.checking or self.summed is not None
+        check = functools.partial(self._check_sum, sums) if checks else None
         if groups.replicated:
             if groups.peers is None or groups.replica is None:
                 raise ConnectionResetError("the process group is gone: connection to peers broken")
@@ -593,6 +660,13 @@ class StepLoop:
             # not this worker's: it leaves (rejoin: it is in no later membership) and neither
             # records the step nor checkpoints it.
             raise PeerLostError("this worker was declared failed during the step")
+
+    def _abandon_watch(self) -> Callable[[], bool] | None:
+        """Whether the coordinator posted a recovery meanwhile, for a collective to be abandoned
+        on (``gradsync.wait_or_abandon``); None without in-process recovery."""
+        session = self.session
+        store, generation = session.store, session.generation
+        return None if not session.in_process or store is None else lambda: store.abandons_step(generation)
 
     def _maybe_abandoned(self) -> bool:
         session = self.session
