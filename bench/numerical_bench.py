@@ -113,7 +113,10 @@ def model_parameters() -> int:
 
 FAULTS = [
     {"action": "nan_grad", "rank": 1, "step": 6, "generation": 0},
-    {"action": "flip_param", "rank": 3, "step": 10, "generation": 0},  # (one of 4 replicas: mended)
+    # One of 4 replicas flipped after a step that checkpoints (found before the checkpoint), then
+    # after one that does not (found in the next step's sum): mended each time.
+    {"action": "flip_param", "rank": 3, "step": 10, "generation": 0},
+    {"action": "flip_param", "rank": 3, "step": 12, "generation": 0},
     {"action": "nan_grad", "rank": 2, "step": 14, "generation": 0, "times": 5},
     # (the generation the survivors go on in knows the 10 norms a spike is judged by from ~24)
     {"action": "spike_grad", "rank": 1, "step": 28, "generation": 0},
@@ -160,7 +163,7 @@ def faults_run(root: Path) -> list[dict[str, Any]]:
         rows = [json.loads(line) for line in traces[task].read_text().splitlines()]
         verdicts = [r for r in rows if r["what"] == "numerical"] + replica_verdicts(rows)
         for fault in faults:
-            # (a flipped parameter is found in the next step's sum: the first computed from it)
+            # (a flipped parameter is named with the step it would strike: the next one)
             found_in = fault["step"] + (fault["action"] == "flip_param")
             seen = [v for v in verdicts if v["step"] == found_in]
             incident = [e for e in events[task] if e["kind"] == "incident"]

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from unicron.core.workerenv import host_checkpoint_dir
 from unicron.train import checkpoint, membership
+from unicron.train.fingerprint import ReplicasDiverged
 from unicron.train.peers import Peers
 from unicron.train.session import Session
 from unicron.train.state import StateMismatch, TrainState
@@ -212,6 +213,27 @@ def test_a_damaged_transfer_is_rejected_and_taken_again_from_another_replica() -
     results = agree_among_three(damaged=2)
     assert all(isinstance(a, str) and "failed its digest check" in a for a, _ in results.values())
     assert results[2][1] == f"{checkpoint.digest(model_at(0.0))} {scheduled(0.0, 0).digest()} 0"
+
+
+def _two_at_seven(rank: int, port: int, out: mp.Queue, live: bool) -> None:  # type: ignore[type-arg]
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timedelta(seconds=30))  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    train = scheduled(7.0 if rank == 0 else 7.5, 7)  # both at step 7, their parameters unlike
+    try:
+        membership.agree(Peers.world(), train, 7, f"node-{rank}", live=live)
+        out.put((rank, ("agreed", checkpoint.digest(train.model))))
+    except ReplicasDiverged as exc:
+        out.put((rank, ("diverged", sorted(exc.odd))))
+    dist.destroy_process_group()
+
+
+def test_live_replicas_that_differ_copy_nothing_and_a_launch_shares_one_state_out() -> None:
+    """At a launch, ranks may each have initialized their own way: the lowest rank's state is
+    shared out (as DDP broadcasts rank 0's). Live replicas re-formed after a recovery trained in
+    lockstep: two that differ at the same step copy nothing (either may hold the flipped bit)."""
+    launched = run_ranks(_two_at_seven, 2, False)
+    assert set(launched.values()) == {("agreed", checkpoint.digest(model_at(7.0)))}
+    assert run_ranks(_two_at_seven, 2, True) == {0: ("diverged", [0, 1]), 1: ("diverged", [0, 1])}
 
 
 @pytest.mark.parametrize("launcher", ["standalone", "torchrun"])

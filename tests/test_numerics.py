@@ -165,8 +165,11 @@ def test_a_spike_factor_inside_a_healthy_steps_variation_is_refused_with_the_fix
 ITERATIONS = 40
 FAULTS = [
     {"action": "nan_grad", "rank": 1, "step": 6, "generation": 0},  # once: a passing fault
-    # A bit flipped in one replica's parameters: it takes the 3 others' state in the next step.
+    # A bit flipped in one replica's parameters, after the update of a step that checkpoints (found
+    # in the whole state's check before the checkpoint), then of one that does not (found in the
+    # next step's sum): it takes the 3 others' state each time.
     {"action": "flip_param", "rank": 3, "step": 10, "generation": 0},
+    {"action": "flip_param", "rank": 3, "step": 12, "generation": 0},
     {"action": "nan_grad", "rank": 2, "step": 14, "generation": 0, "times": 5},  # a faulty device
     # Once, on one of the two left: a spike (the generation they went on in has known the 10
     # norms a spike is judged against since about step 16).
@@ -204,25 +207,27 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         assert spike == {("transient", (1,), "a spike in the gradient sum")}, verdicts
         incidents = [e for e in events if e["kind"] == "incident"]
         rejected = [e for e in cluster.get("/v1/events") if e["kind"] == "report_rejected"]
-        assert len(incidents) == 4, f"{story}\nreports rejected (all tasks): {rejected}"
-        passing, flipped, incident, spiked = incidents
+        assert len(incidents) == 5, f"{story}\nreports rejected (all tasks): {rejected}"
+        passing, flipped, flipped_again, incident, spiked = incidents
         assert spiked["detail"]["kind"] == "numerical_transient" and spiked["detail"]["culprit"] == 1
         struck = {e["detail"]["index"]: e["node"] for e in events if e["kind"] == "fault_injected"}
-        # The flipped replica (after step 10's update): found in step 11's sum, before anything of
-        # it was applied, mended from a peer in place, its share of the step computed again.
-        (mended,) = [r for r in rows if r["what"] == "replica_repaired" and r["rank"] == 3]
-        assert mended["step"] == 11 and mended["odd"] == [3], mended
-        assert flipped["detail"]["kind"] == "replica_repaired" and flipped["detail"]["culprit"] == 3
-        assert flipped["node"] == struck[1] and flipped["detail"]["step"] == 10, story
+        # The flipped replica: found before step 10's checkpoint (before step 11 computed), then in
+        # step 13's sum (before anything of it was applied: its share computed again), mended from
+        # a peer in place each time.
+        mended = [(r["step"], r["odd"]) for r in rows if r["what"] == "replica_repaired" and r["rank"] == 3]
+        assert mended == [(11, [3]), (13, [3])], mended
+        for found, step in ((flipped, 10), (flipped_again, 12)):
+            assert found["detail"]["kind"] == "replica_repaired" and found["detail"]["culprit"] == 3
+            assert found["node"] == struck[1] and found["detail"]["step"] == step, story
         # The passing fault's incident: its rank and node named, recovered in place at once.
         assert passing["detail"]["kind"] == "numerical_transient" and passing["node"] == struck[0], story
         assert passing["detail"]["culprit"] == 1 and passing["detail"]["step"] == 5, story  # (completed)
         assert passing["detail"]["action"] == "reattempt in place", story
         assert_every_incident_closed(events)
         assert incident["detail"]["kind"] == "silent_data_corruption", story
-        assert incident["node"] == struck[2] and incident["detail"]["action"] == "reconfigure", story
+        assert incident["node"] == struck[3] and incident["detail"]["action"] == "reconfigure", story
         states = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
-        assert states[struck[2]] == "isolated" and list(states.values()).count("healthy") == 1, story
+        assert states[struck[3]] == "isolated" and list(states.values()).count("healthy") == 1, story
         assert not [e for e in events if e["kind"] == "relaunch"], story
         assert_ledger_exact(rows, ITERATIONS, frozen=frozenset({2, 3}))
         assert_ends_exact(tmp_path, "lm", ITERATIONS)

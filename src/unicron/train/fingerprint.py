@@ -6,8 +6,8 @@ optimizer state are the same bit for bit (DDP assumes it too). A state's fingerp
 addition wraps exactly and does not depend on the order, so equal tensors give equal sums on any
 device, and any one flipped bit changes its tensor's sum (by a power of two, modulo 2**64).
 Megatron-LM's ``check_param_hashes_across_dp_replicas`` hashes every parameter on the host
-instead, and is meant to run rarely. ``replicacheck.py`` compares fingerprints at step ends;
-``membership.agree`` compares them when a group re-forms.
+instead, and is meant to run rarely. ``replicacheck.py`` compares fingerprints in each step's
+gradient sum and before checkpoints; ``membership.agree`` compares them when a group re-forms.
 """
 
 from __future__ import annotations

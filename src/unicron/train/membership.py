@@ -5,8 +5,10 @@ group is made (else destroy_process_group leaves sockets open); no DDP wrapper h
 (the library reduces gradients itself); on a collective error the group is destroyed after a
 garbage collection; the new membership comes from the coordinator through the task's store,
 which outlives every worker; the new group uses a fresh key prefix per generation; and the
-members check agreement with one small collective of (completed step, parameter digest),
-taking model and optimizer state from the nearest live replica when they differ.
+members check agreement with one small collective of (completed step, state digest, state
+fingerprint), taking model and optimizer state from the nearest live replica when they are
+behind (live replicas at the same step whose parameters differ take nothing from each other:
+``replicacheck.py``).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def agree(
     node: str = "",
     damage: Callable[[], bool] = lambda: False,
     sending: Callable[[], None] = lambda: None,
+    live: bool = False,
 ) -> Agreement:
     """Make every member hold the same state. Members exchange (completed step, digest of the whole
     state: parameters, optimizer and registered objects; node); those behind take the state that
@@ -88,7 +91,9 @@ def agree(
     moves on to the next source. A member lost meanwhile makes a collective here fail on the others:
     nothing has been loaded then (state is loaded only once every receiver accepted it), so the
     members can agree again in the group that follows. ``damage`` and ``sending``: fault injection,
-    True to damage what this member receives; called as the first transfer begins."""
+    True to damage what this member receives; called as the first transfer begins. ``live``: the
+    members are live replicas re-formed after a recovery, not a launch: those at the newest step
+    whose parameters or optimizer state differ raise ``ReplicasDiverged`` (``unlike``)."""
     world = peers.size
     bits = as_number(fingerprint(state_tensors(train.model, train.optimizer)))
     digest = digest_number(train.digest())
@@ -101,7 +106,9 @@ def agree(
     if all(s == top for s in steps) and len(set(digests)) == 1:
         return Agreement(top, False)
     newest = [r for r in range(world) if steps[r] == top]
-    odd = unlike(newest, [int(g[3]) for g in gathered])
+    # Live replicas trained in lockstep: a difference among them is a fault. At a launch, each
+    # rank's own initialization may differ (DDP broadcasts rank 0's): the state is shared out.
+    odd = unlike(newest, [int(g[3]) for g in gathered]) if live else frozenset()
     if odd:
         named = ", ".join(str(r) for r in sorted(odd))
         raise ReplicasDiverged(f"rank {named} holds a state unlike its peers' at step {top}", odd)

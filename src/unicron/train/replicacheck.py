@@ -3,13 +3,13 @@
 A bit flipped in one replica's memory, or an update its device computed wrong, changes no norm
 that need stand out and fails nothing; the odd replica's gradients then enter every later sum,
 and its state every checkpoint it writes. So every ``run.digest_every`` steps (1 by default),
-each rank takes the fingerprint of its parameters on the way into the step's gradient sum
-(``fingerprint.py``), and the ranks compare them in the sum itself: ``offer`` appends to the
-small buffer summed beside the gradients (the step's metrics) four 16-bit pieces of the
-fingerprint and their squares, and once summed, ``alike`` says whether every rank offered the
-same (by Cauchy-Schwarz: the sum of n equal values squared is n times the sum of their
-squares, and only then). No collective is added, and the sum is tested before anything of it is
-written back, as the gradient test does (``numerics.py``).
+each rank takes the fingerprint of its parameters (``fingerprint.py``) as the step's gradient
+sum is taken, once the backward pass has read them all, and the ranks compare them in the sum
+itself: ``offer`` appends to the small buffer summed beside the gradients (the step's metrics)
+four 16-bit pieces of the fingerprint and their squares, and once summed, ``alike`` says whether
+every rank offered the same (by Cauchy-Schwarz: the sum of n equal values squared is n times the
+sum of their squares, and only then). No collective is added, and the sum is tested before
+anything of it is written back, as the gradient test does (``numerics.py``).
 
 Where the parameters differ, nothing of the sum is applied (``StateUnlike``), and the ranks
 gather their fingerprints; ``verdict`` says what follows:

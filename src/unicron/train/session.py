@@ -357,7 +357,9 @@ class Session:
             raise ConnectionResetError("the process group is gone: connection to peers broken")
         damage = self.faults.transfer_damaged
         try:
-            agreed = membership.agree(peers, train, self.step, self.node, damage, sending)
+            # (each shard position agrees apart: with replicas of several ranks none may raise alone)
+            live = reformed and not self.groups.replicated
+            agreed = membership.agree(peers, train, self.step, self.node, damage, sending, live)
         except ReplicasDiverged as exc:  # no live state trusted: the task goes back to its checkpoint
             self.trace("replicas_diverged", step=self.step, odd=sorted(exc.odd), why=str(exc))
             raise

@@ -188,7 +188,7 @@ class StepLoop:
         stream = self.data.stream
         self.scale = stream.micro_batch / len(stream.batch(step))
         self.it = Iteration(step, len(chunks), lambda: session.faults.before_last_micro_batch(step))
-        self.computed, self.poisoned, self.summed = [], False, None
+        self.computed, self.poisoned = [], False
         # A registered GradScaler makes the sum infinite on purpose (its scale too high) and
         # skips that step itself: such a sum is its to handle, not a fault.
         self.checking = self.checks_sum and not any(
@@ -261,13 +261,17 @@ class StepLoop:
         else:
             raise AssertionError("unreachable")
 
-    def _mend(self, step: int, last: bool) -> frozenset[int] | None:
+    def _mend(self, step: int, last: bool, again: bool) -> frozenset[int] | None:
         """The replicas' parameters differed in ``step``'s sum (nothing of it applied): the odd
         ranks take the majority's state, or every rank raises ``ReplicasDiverged``
-        (``replicacheck.settle``). Returns the odd ranks, to compute their micro-batches again;
-        None where a peer failed meanwhile (forwarded, to recover from in place as from a failed
-        sum; ``last``: raised instead)."""
+        (``replicacheck.settle``; ``again``: one was mended in the step already, and they differ
+        anew: a device that keeps flipping bits is not mended twice). Returns the odd ranks, to
+        compute their micro-batches again; None where a peer failed meanwhile (forwarded, to
+        recover from in place as from a failed sum; ``last``: raised instead)."""
         session, found_at = self.session, (time.time(), time.monotonic())
+        if again:
+            why = f"the replicas' parameters differ again in step {step}, after one was mended"
+            self._diverged(step, ReplicasDiverged(why, frozenset()))
         fresh = max(self.alike_step, session.agreed_step) >= step - 1
         peers, summed = session.groups.peers, self.summed
         try:
@@ -385,7 +389,9 @@ class StepLoop:
         yield from self._chunks(self.chunks, arm=self._overlap(step))
         contributed = [i for chunk in self.chunks for i in chunk]
         self._before_reduce(step)
-        for attempt in range(4):
+        mended = False  # a replica mended in the step: one more attempt, and no second mend
+        for attempt in range(5):
+            last = attempt == (4 if mended else 3)
             wrong: tuple[str, bool] | None = None  # how the sum was wrong, and whether a spike
             unlike = False  # the replicas' parameters differed in it
             try:
@@ -397,15 +403,16 @@ class StepLoop:
             except StateUnlike:
                 unlike = True
             except Exception as exc:
-                session.recoverable(exc, last=attempt == 3)
+                session.recoverable(exc, last=last)
             if unlike:  # (outside the except block, as below)
-                odd = self._mend(step, last=attempt == 3)
+                odd = self._mend(step, last, again=mended)
                 if odd is not None:
+                    mended = True
                     if session.rank in odd:  # its state replaced: its share computed again from it
                         yield from self.recompute(step, contributed)
                     continue
             if wrong is not None:  # (outside the except block, as below)
-                held = yield from numericstep.recover(self, step, contributed, *wrong, last=attempt == 3)
+                held = yield from numericstep.recover(self, step, contributed, *wrong, last=last)
                 if held is numericstep.Done.APPLIED:
                     break  # a right sum, written back: the step goes on
                 if held is numericstep.Done.SKIPPED:
@@ -422,7 +429,6 @@ class StepLoop:
             self.it.resumed_at = time.time()  # the transition is over: the re-formed group computes
             if copied:
                 # Members disagreed: state came from a replica; what was accumulated is void.
-                self.summed = None  # (parameters replaced: taken again on the way into the sum)
                 for p in self.model.parameters():
                     p.grad = None
                 self.guard.state_replaced()
@@ -454,8 +460,6 @@ class StepLoop:
         per computation of the step, though this is called in the last backward and again
         after the micro-batches when the sum overlaps backward)."""
         self.session.faults.before_reduce(step)
-        if self.summed is None and self._compared(step):
-            self.summed = fingerprint(list(self.model.parameters()), host=False)  # (nothing waits)
         if not self.poisoned:
             self.poisoned = True
             self.session.faults.poison(step, self.computed, self.params)
@@ -630,6 +634,10 @@ class StepLoop:
         session = self.session
         watch = self._abandon_watch()
         groups = session.groups
+        # The parameters' fingerprint, where compared: taken once backward has read them all, so a
+        # bit flipped before it read one is found before its gradient is applied.
+        compared = self._compared(self.it.step)
+        self.summed = fingerprint(list(self.model.parameters()), host=False) if compared else None
         # The metrics' sums (a copy: a failed attempt leaves this rank's own for the next one).
         sums = self._offer(metric.sums(self.metrics, session.device))
         checks = self.checking or self.summed is not None
