@@ -359,9 +359,9 @@ def test_a_collective_stalled_by_retransmissions_is_graced_and_one_stuck_past_it
     waits on TCP's retransmissions, backing off (0.2, 0.4, ..., 3.2 s), well past the hang
     deadline and the 2 s grace it was given: without more, a hang. The agents see the
     connections retransmitting, so the grace is renewed; the collective ends by itself once a
-    retransmission gets through: no incident. The stall holds the step right after a
-    checkpoint, which was once given 30 s more: the stall went unjudged (no hang, no check) in
-    about one run in ten (the one it fell in).
+    retransmission gets through: no incident. The stall holds the checkpoint's boundary (the
+    replicas' check before it, or the step right after it), which was once given 30 s more: the
+    stall went unjudged (no hang, no check) in about one run in ten (the one it fell in).
 
     Then the same host's data is dropped until the step has outlasted its graces (renewed
     twice): the collective is stuck, not slow. Every rank is alive and none is to blame, so it
@@ -398,7 +398,9 @@ def test_a_collective_stalled_by_retransmissions_is_graced_and_one_stuck_past_it
     checks = [e["detail"] for e in events if e["kind"] == "peer_check"]
     renewed = [c for c in checks if sum(c["retransmitting"].values()) > 0]
     assert renewed, story  # the stall was seen as retransmissions...
-    assert renewed[0]["step"] == began + 1, story  # ...in the step after the checkpoint...
+    # ...at the checkpoint's boundary: in the replicas' check before it is written (a collective
+    # of its own, train/replicacheck.py), or in the next step's all-reduce...
+    assert renewed[0]["step"] in (began, began + 1), story
     # ...and the step was checked, and graced, again.
     assert any(sum(1 for c in checks if c["step"] == r["step"]) > 1 for r in renewed), story
     (incident,) = [e["detail"] for e in events if e["kind"] == "incident"]
