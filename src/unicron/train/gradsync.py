@@ -53,15 +53,16 @@ def all_reduce_gradients(
     abandoned: Callable[[], bool] | None,
     scale: float = 1.0,
     extra: torch.Tensor | None = None,
-    check: Callable[[float], None] | None = None,
+    check: Callable[[Callable[[], float]], None] | None = None,
 ) -> None:
     """Sum the gradients (this rank's shards of them, in a sharded replica) times ``scale`` over
     the peers, as one flat buffer. ``abandoned``: polled while the collective is pending
     (whether the coordinator posted a recovery that abandons the step; None: wait for it,
     however long). ``extra`` (the step's metrics: ``metric.py``) is summed
     in place beside them, and the gradients are written back only once both are. ``check``: given
-    the sum's norm before anything is written back, it raises for a sum that is wrong
-    (``numerics.WrongSum``: not finite, or a spike)."""
+    the sum's norm (computed only if it asks) before anything is written back, it raises for a
+    sum that is wrong (``numerics.WrongSum``: not finite, or a spike; ``replicacheck``'s
+    ``StateUnlike``)."""
     if peers is None or not peers.usable:
         raise ConnectionResetError("the process group is gone: connection to peers broken")
     grads, flat = flat_gradients(model, scale)
@@ -69,7 +70,7 @@ def all_reduce_gradients(
     for work in works:
         wait_or_abandon(work, peers, abandoned)
     if check is not None:
-        check(norm([flat]))
+        check(lambda: norm([flat]))
     write_back(grads, flat)
 
 
@@ -222,7 +223,7 @@ class Buckets:
         self,
         abandoned: Callable[[], bool] | None,
         extra: torch.Tensor | None = None,
-        check: Callable[[float], None] | None = None,
+        check: Callable[[Callable[[], float]], None] | None = None,
     ) -> None:
         """Launch the buckets backward did not fill (unused parameters, or a rank with no
         samples), then ``extra`` (summed in place: the step's metrics), wait for all, and write
@@ -241,7 +242,8 @@ class Buckets:
             for work in works:
                 wait_or_abandon(work, peers, abandoned)
             if check is not None:
-                check(norm([buffer for _, buffer in self.flights]))
+                flights = self.flights
+                check(lambda: norm([buffer for _, buffer in flights]))
             for bucket, (_, buffer) in zip(self.buckets, self.flights, strict=True):
                 for p in bucket:
                     if p.grad is None:  # backward never reached it: its gradient is the sum alone

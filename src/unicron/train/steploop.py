@@ -504,8 +504,9 @@ class StepLoop:
             parts.append(replicacheck.offer(self.summed).to(self.session.device))
         return torch.cat(parts) if parts else None
 
-    def _check_sum(self, offered: torch.Tensor | None, norm: float) -> None:
-        """The tests of the step's gradient sum, before it is written back (``norm``: its norm;
+    def _check_sum(self, offered: torch.Tensor | None, norm_of: Callable[[], float]) -> None:
+        """The tests of the step's gradient sum, before it is written back (``norm_of``: its norm,
+        taken only where it is tested;
         ``offered``: what ``_offer`` appended, summed over the ranks): the replicas' parameters
         unlike in it (``StateUnlike``); one not finite, or a spike (``WrongSum``). One applied
         joins this rank's window."""
@@ -520,6 +521,7 @@ class StepLoop:
             self.alike_step = self.it.step
         if not self.checking:
             return
+        norm = norm_of()
         if not math.isfinite(norm):
             raise WrongSum("the gradient sum is not finite")
         if self.judging_spikes and self.spike_limit is not None and norm > self.spike_limit:
@@ -651,7 +653,7 @@ class StepLoop:
                 replicas.reduce(self.model, self.sharded, groups.replica, groups.peers, watch, self.scale)
         elif session.world_size == 1:  # nothing to sum: only the weighting
             if check is not None:
-                check(numerics.gradients_norm(self.params) * self.scale)
+                check(lambda: numerics.gradients_norm(self.params) * self.scale)
             with torch.no_grad():
                 for p in self.params:
                     if p.grad is not None:
