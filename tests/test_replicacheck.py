@@ -5,6 +5,7 @@ checkpoint, both ending exact) it runs in ``test_numerics.py``'s live test, on t
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,9 +17,11 @@ from unicron.core.protocol import NumericalReport
 from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
 from unicron.train.faults import FaultInjector
-from unicron.train.fingerprint import fingerprint, state_tensors
+from unicron.train.fingerprint import ReplicasDiverged, fingerprint, state_tensors, verdict
 from unicron.train.membership import newest_state, unlike
-from unicron.train.replicacheck import OFFERED, alike, offer, verdict
+from unicron.train.replicacheck import OFFERED, StateUnlike, alike, offer
+from unicron.train.replicastep import ReplicaStep
+from unicron.train.steploop import StepLoop
 
 SAME_WIDTH = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -139,3 +142,58 @@ def test_a_mended_replica_is_an_incident_naming_it_closed_at_once(make: Any) -> 
     (outcome,) = cluster.events("outcome")
     assert outcome["outcome"] == "recovered" and outcome["resumed_step"] == 3
     assert cluster.orders[since:] == []
+
+
+def one_loops_check(world: int = 3, every: int = 1, agreed: int = 0) -> tuple[ReplicaStep, list[Any]]:
+    """A loop's check over a hand-built session (no group: any collective would fail)."""
+    traced: list[Any] = []
+    session = SimpleNamespace(
+        step=4, agreed_step=agreed, world_size=world, extras={}, groups=SimpleNamespace(peers=None),
+        trace=lambda what, **fields: traced.append((what, fields)),
+    )  # fmt: skip
+    model = torch.nn.Linear(2, 1)
+    return ReplicaStep(session, model, torch.optim.SGD(model.parameters(), lr=0.1), every), traced  # type: ignore[arg-type]
+
+
+def test_a_loop_compares_in_the_sums_it_is_due_in_and_judges_them() -> None:
+    check, _ = one_loops_check(every=2)
+    assert [check.compared(s) for s in (5, 6)] == [False, True]
+    assert not one_loops_check(world=1)[0].compared(6)  # (alone: nothing to compare with)
+    check.take(5)
+    assert check.offered == 0 and check.offer(torch.device("cpu")) == []
+    check.take(6)
+    (mine,) = check.offer(torch.device("cpu"))
+    assert check.offered == OFFERED == len(mine)
+    check.judge((mine * 3).tolist(), 6)  # three ranks offered the same
+    assert check.alike_step == 6
+    other = offer(check.summed + 1)  # type: ignore[operator]
+    with pytest.raises(StateUnlike):
+        check.judge((mine * 2 + other).tolist(), 7)
+    assert check.alike_step == 6
+
+
+def test_replicas_unlike_again_in_a_step_are_not_mended_twice_and_one_regrouped_is_not_checked() -> None:
+    check, traced = one_loops_check()
+    with pytest.raises(ReplicasDiverged, match="again in step 9"):
+        check.mend(9, last=False, again=True)  # (before any collective: every rank knows)
+    assert traced[0][0] == "replicas_diverged" and traced[0][1]["step"] == 9
+    # A group re-formed at this boundary agreed on one state: no collective is issued.
+    regrouped, _ = one_loops_check(agreed=9)
+    regrouped.check_at_end(9, due=True, abandoned=None)
+
+
+def test_the_sums_norm_is_taken_only_where_it_is_tested() -> None:
+    """With the gradient test off and the replicas' check on, no norm is read (``_check_sum``)."""
+    check, _ = one_loops_check()
+    check.take(1)
+    (mine,) = check.offer(torch.device("cpu"))
+    loop = SimpleNamespace(
+        _offers_limit=lambda: False, replicas=check, it=SimpleNamespace(step=1), checking=False,
+        spike_limit=None,
+    )  # fmt: skip
+
+    def unread() -> float:
+        raise AssertionError("the norm was read")
+
+    StepLoop._check_sum(loop, mine * 2, unread)  # type: ignore[arg-type]
+    assert check.alike_step == 1

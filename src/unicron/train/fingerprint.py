@@ -7,13 +7,15 @@ addition wraps exactly and does not depend on the order, so equal tensors give e
 device, and any one flipped bit changes its tensor's sum (by a power of two, modulo 2**64).
 Megatron-LM's ``check_param_hashes_across_dp_replicas`` hashes every parameter on the host
 instead, and is meant to run rarely. ``replicacheck.py`` compares fingerprints in each step's
-gradient sum and before checkpoints; ``membership.agree`` compares them when a group re-forms.
+gradient sum and before checkpoints; ``membership.agree`` compares them when a group re-forms;
+both name the odd replicas by one rule (``verdict``: a strict majority, or none trusted).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -65,3 +67,32 @@ def _bit_sum(tensor: torch.Tensor) -> torch.Tensor:
 def as_number(sums: torch.Tensor) -> int:
     """A fingerprint as one number that fits a collective's int64."""
     return int(hashlib.blake2b(sums.cpu().numpy().tobytes(), digest_size=7).hexdigest(), 16)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What follows a mismatch: ``odd``, the ranks whose state is not the majority's (every rank
+    where none is); ``source``, the rank they take state from (None: no live state is trusted,
+    the task goes back to its checkpoint); ``why``, in words."""
+
+    odd: frozenset[int]
+    source: int | None
+    why: str
+
+
+def verdict(states: Sequence[Sequence[int]], fresh: bool) -> Verdict:
+    """From every rank's fingerprint (rank order), ``fresh``: whether the replicas were alike at
+    the check before, the step before (nothing computed from an odd state reached a sum since)."""
+    holders: dict[tuple[int, ...], list[int]] = {}
+    for rank, row in enumerate(states):
+        holders.setdefault(tuple(row), []).append(rank)
+    majority = max(holders.values(), key=len)  # (the first found among equals: the lowest rank's)
+    world = len(states)
+    if 2 * len(majority) <= world:
+        why = f"{len(holders)} different states among {world} replicas, none a majority's"
+        return Verdict(frozenset(range(world)), None, why)
+    odd = frozenset(range(world)) - frozenset(majority)
+    named = f"rank {', '.join(str(r) for r in sorted(odd))} holds a state unlike the {len(majority)} others'"
+    if not fresh:
+        return Verdict(odd, None, named + ", found steps after they were last alike")
+    return Verdict(odd, min(majority), named)

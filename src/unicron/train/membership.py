@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from unicron.train import checkpoint
 from unicron.train.data import unclaimed_share
-from unicron.train.fingerprint import ReplicasDiverged, as_number, fingerprint, state_tensors
+from unicron.train.fingerprint import ReplicasDiverged, as_number, fingerprint, state_tensors, verdict
 from unicron.train.peers import Peers
 from unicron.train.state import TrainState, digest_parts
 
@@ -131,13 +131,10 @@ def unlike(newest: list[int], bits: list[int]) -> frozenset[int]:
     holding the one most of them hold, every one of them where none is held by more. None is
     trusted to be right, and nothing is copied: copying one would spread a flipped bit, and the
     odd one's gradients may be in the sums since (``replicacheck.py``)."""
-    held = [bits[r] for r in newest]
-    if len(set(held)) == 1:
+    held = [[bits[r]] for r in newest]
+    if all(row == held[0] for row in held):
         return frozenset()
-    most = max(held, key=held.count)
-    if 2 * held.count(most) <= len(held):
-        return frozenset(newest)
-    return frozenset(r for r in newest if bits[r] != most)
+    return frozenset(newest[i] for i in verdict(held, fresh=True).odd)  # (the replicas' own rule)
 
 
 def newest_state(digests: list[int], newest: list[int]) -> int:

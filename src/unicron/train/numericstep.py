@@ -221,25 +221,43 @@ def judged(
     session.trace("numerical", step=step, verdict=judgement.verdict.value,
                   ranks=sorted(judgement.ranks), why=judgement.why, outcome=outcome.value)  # fmt: skip
     reported = outcome in (numerics.Outcome.RECOMPUTED, numerics.Outcome.SKIPPED, numerics.Outcome.APPLIED)
-    if reported and session.rank == min(judgement.ranks):
-        report = NumericalReport(
-            task=session.task,
-            generation=session.generation,
-            rank=session.rank,
-            step=step,
-            verdict=judgement.verdict.value,
-            outcome=outcome.value,
-            ranks=sorted(judgement.ranks)[:MAX_PEERS],
-            why=judgement.why[:MAX_NOTE_CHARS],
-            time=found_at[0],
-            spent_s=time.monotonic() - found_at[1],
+    if reported:
+        report_undone(
+            session, step, judgement.verdict.value, outcome, judgement.ranks, judgement.why, found_at
         )
-        session.channel.send(report)
     where = f"step {step}: {judgement.why}"
     if outcome is numerics.Outcome.FAILED:
         raise numerics.NumericalDataFault(f"wrong gradients in {where}")
     if judgement.verdict is numerics.Verdict.DEVICE and session.rank in judgement.ranks:
         raise numerics.SilentDataCorruption(f"this rank's device computes wrong values: {where}")
+
+
+def report_undone(
+    session: Worker,
+    step: int,
+    verdict: str,
+    outcome: numerics.Outcome,
+    ranks: frozenset[int],
+    why: str,
+    found_at: tuple[float, float],
+) -> None:
+    """Report wrong numbers the ranks undid in place (``NumericalReport``: an incident already
+    closed), once: by the first rank named, since its agent may only speak for it."""
+    if session.rank != min(ranks):
+        return
+    report = NumericalReport(
+        task=session.task,
+        generation=session.generation,
+        rank=session.rank,
+        step=step,
+        verdict=verdict,
+        outcome=outcome.value,
+        ranks=sorted(ranks)[:MAX_PEERS],
+        why=why[:MAX_NOTE_CHARS],
+        time=found_at[0],
+        spent_s=time.monotonic() - found_at[1],
+    )
+    session.channel.send(report)
 
 
 def suspects(loop: Computing, all_if_none: bool = True) -> frozenset[int]:

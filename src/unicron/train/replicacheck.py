@@ -12,7 +12,7 @@ sum of their squares, and only then). No collective is added, and the sum is tes
 anything of it is written back, as the gradient test does (``numerics.py``).
 
 Where the parameters differ, nothing of the sum is applied (``StateUnlike``), and the ranks
-gather their fingerprints; ``verdict`` says what follows:
+gather their fingerprints; ``fingerprint.verdict`` says what follows:
 
 - One set of parameters held by a strict majority, and the replicas alike in the sum before
   (the odd state came about since: in that step's update, or in memory after): the odd ranks
@@ -38,12 +38,11 @@ step keeps every odd replica mendable in place.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from unicron.train import gradsync, membership
-from unicron.train.fingerprint import ReplicasDiverged, fingerprint, state_tensors
+from unicron.train.fingerprint import ReplicasDiverged, Verdict, fingerprint, state_tensors, verdict
 from unicron.train.peers import Peers
 from unicron.train.state import TrainState
 
@@ -72,35 +71,6 @@ def alike(offered: Sequence[float]) -> bool:
     count = int(offered[-1])
     pairs = [(int(offered[2 * i]), int(offered[2 * i + 1])) for i in range(PIECES)]
     return all(total * total == count * squares for total, squares in pairs)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What follows a mismatch: ``odd``, the ranks whose state is not the majority's (every rank
-    where none is); ``source``, the rank they take state from (None: no live state is trusted,
-    the task goes back to its checkpoint); ``why``, in words."""
-
-    odd: frozenset[int]
-    source: int | None
-    why: str
-
-
-def verdict(states: Sequence[Sequence[int]], fresh: bool) -> Verdict:
-    """From every rank's fingerprint (rank order), ``fresh``: whether the replicas were alike at
-    the check before, the step before (nothing computed from an odd state reached a sum since)."""
-    holders: dict[tuple[int, ...], list[int]] = {}
-    for rank, row in enumerate(states):
-        holders.setdefault(tuple(row), []).append(rank)
-    majority = max(holders.values(), key=len)  # (the first found among equals: the lowest rank's)
-    world = len(states)
-    if 2 * len(majority) <= world:
-        why = f"{len(holders)} different states among {world} replicas, none a majority's"
-        return Verdict(frozenset(range(world)), None, why)
-    odd = frozenset(range(world)) - frozenset(majority)
-    named = f"rank {', '.join(str(r) for r in sorted(odd))} holds a state unlike the {len(majority)} others'"
-    if not fresh:
-        return Verdict(odd, None, named + ", found steps after they were last alike")
-    return Verdict(odd, min(majority), named)
 
 
 def settle(peers: Peers, train: TrainState, mine: torch.Tensor, fresh: bool) -> Verdict:

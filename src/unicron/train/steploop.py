@@ -32,15 +32,13 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from unicron.core.limits import MAX_NOTE_CHARS, MAX_PEERS
-from unicron.core.protocol import NumericalReport, Phase
-from unicron.train import gradsync, metric, numerics, numericstep, replicacheck, replicas, sharded, shardsync
+from unicron.core.protocol import Phase
+from unicron.train import gradsync, metric, numerics, numericstep, replicas, sharded, shardsync
 from unicron.train.data import shard, unclaimed_share
-from unicron.train.fingerprint import ReplicasDiverged, fingerprint
 from unicron.train.iteration import Iteration, PeerLostError, StopRequested
 from unicron.train.loader import StepData
 from unicron.train.loopguard import LoopGuard
@@ -49,8 +47,9 @@ from unicron.train.noupdate import NoUpdate
 from unicron.train.numerics import WrongSum
 from unicron.train.peers import Peers
 from unicron.train.replicacheck import StateUnlike
+from unicron.train.replicastep import ReplicaStep
 from unicron.train.spikes import SpikeWatch
-from unicron.train.state import TrainState, step_schedulers
+from unicron.train.state import step_schedulers
 
 if TYPE_CHECKING:
     from unicron.train.session import Session
@@ -134,13 +133,9 @@ class StepLoop:
         self.poisoned = False  # the step's injected NaN, if any, put in (once per computation)
         self.checking = self.checks_sum  # in this step (``begin``)
         # The replicas' parameters compared in the step's sum, and their whole states before a
-        # checkpoint (``replicacheck.py``; not yet for replicas of several ranks, as the sum's
-        # test): the parameters' fingerprint on the way into the sum, where compared, and the
-        # last step whose sum found them alike.
-        self.digest_every = 0 if session.groups.replicated else contract.digest_every
-        self.summed: torch.Tensor | None = None
-        self.alike_step = session.step
-        self.train = TrainState(model, optimizer, session.extras)
+        # checkpoint (``replicastep.py``; not yet for replicas of several ranks, as the sum's test).
+        every = 0 if session.groups.replicated else contract.digest_every
+        self.replicas = ReplicaStep(session, model, optimizer, every)
 
     def _weigh(self, relative: float) -> list[Any]:
         """Hooks weighting the next backward's gradients by ``relative``, a micro-batch's samples
@@ -216,103 +211,10 @@ class StepLoop:
             with self.guard.stepping_schedulers():
                 step_schedulers(session.extras, step - 1)
         session.faults.updated(step, self.params)
-        self._check_replicas(step)
+        due = session.saving.periodic(step) or step == session.iterations  # (before its checkpoint)
+        self.replicas.check_at_end(step, due, self._abandon_watch())
         session.channel.send_soon(self.it.report(session.task, session.generation, session.rank))
         session.maybe_checkpoint(self.model, self.optimizer)
-
-    def _compared(self, step: int) -> bool:
-        """Whether the replicas' parameters are compared in ``step``'s sum (every
-        ``run.digest_every`` steps; the same on every rank)."""
-        every = self.digest_every
-        return bool(every and step % every == 0) and self.session.world_size > 1
-
-    def _check_replicas(self, step: int) -> None:
-        """At the end of ``step``, before a checkpoint and at the last step: the replicas hold one
-        whole state, or are mended, or raise ``ReplicasDiverged`` (``replicacheck.check``). A peer
-        lost in the check is recovered from as in ``_settle``; the group re-formed has agreed on
-        one state (``membership.agree``), so nothing is left to compare, and every member goes on
-        to the next step's collectives, including one whose check completed before the failure."""
-        session = self.session
-        due = session.saving.periodic(step) or step == session.iterations
-        if not (self.digest_every and due and session.world_size > 1):
-            return
-        found_at = (time.time(), time.monotonic())
-        for attempt in range(4):
-            if session.agreed_step >= step:  # (re-formed at this boundary, or the state copied holds it)
-                break
-            peers = session.groups.peers
-            fresh = max(self.alike_step, session.agreed_step) >= step  # (alike in this step's sum)
-            try:
-                if peers is None:
-                    raise ConnectionResetError("the process group is gone: connection to peers broken")
-                session.progress.at(step, Phase.COLLECTIVE, "replica_check")
-                found = replicacheck.check(peers, self.train, fresh, self._abandon_watch())
-                if found is not None:
-                    self._repaired(step + 1, found, found_at)
-                break
-            except ReplicasDiverged as exc:
-                self._diverged(step, exc)
-            except Exception as exc:
-                session.recoverable(exc, last=attempt == 3)
-            try:
-                session.rejoin(self.model, self.optimizer)  # (outside the except block: see above)
-            except StopRequested:
-                return  # it stops at this boundary: its final save is of a state not checked
-        else:
-            raise AssertionError("unreachable")
-
-    def _mend(self, step: int, last: bool, again: bool) -> frozenset[int] | None:
-        """The replicas' parameters differed in ``step``'s sum (nothing of it applied): the odd
-        ranks take the majority's state, or every rank raises ``ReplicasDiverged``
-        (``replicacheck.settle``; ``again``: one was mended in the step already, and they differ
-        anew: a device that keeps flipping bits is not mended twice). Returns the odd ranks, to
-        compute their micro-batches again; None where a peer failed meanwhile (forwarded, to
-        recover from in place as from a failed sum; ``last``: raised instead)."""
-        session, found_at = self.session, (time.time(), time.monotonic())
-        if again:
-            why = f"the replicas' parameters differ again in step {step}, after one was mended"
-            self._diverged(step, ReplicasDiverged(why, frozenset()))
-        fresh = max(self.alike_step, session.agreed_step) >= step - 1
-        peers, summed = session.groups.peers, self.summed
-        try:
-            if peers is None or summed is None:
-                raise ConnectionResetError("the process group is gone: connection to peers broken")
-            found = replicacheck.settle(peers, self.train, summed, fresh)
-        except ReplicasDiverged as exc:
-            self._diverged(step, exc)
-        except Exception as exc:
-            session.recoverable(exc, last=last)
-            return None
-        self._repaired(step, found, found_at)
-        return found.odd
-
-    def _diverged(self, step: int, exc: ReplicasDiverged) -> NoReturn:
-        """No live state is trusted: traced, and raised on (every rank raises it)."""
-        self.session.trace("replicas_diverged", step=step, odd=sorted(exc.odd), why=str(exc))
-        raise exc
-
-    def _repaired(self, step: int, found: replicacheck.Verdict, found_at: tuple[float, float]) -> None:
-        """The odd replicas took the majority's state before ``step`` computed from theirs (or,
-        found in its sum, before anything of it was applied): traced, and reported by the first
-        of them (its agent may only speak for it) as an incident already undone."""
-        session = self.session
-        odd = sorted(found.odd)
-        session.trace("replica_repaired", step=step, odd=odd, source=found.source, why=found.why)
-        if session.rank != odd[0]:
-            return
-        report = NumericalReport(
-            task=session.task,
-            generation=session.generation,
-            rank=session.rank,
-            step=step,  # the step it struck: the first computed from the odd state
-            verdict="odd_replica",
-            outcome=numerics.Outcome.REPAIRED.value,
-            ranks=odd[:MAX_PEERS],
-            why=found.why[:MAX_NOTE_CHARS],
-            time=found_at[0],
-            spent_s=time.monotonic() - found_at[1],
-        )
-        session.channel.send(report)
 
     def _settle(self, step: int) -> list[list[int]] | None:
         """This rank's samples of ``step``, at its start. After a group (re)formed this is the
@@ -405,7 +307,7 @@ class StepLoop:
             except Exception as exc:
                 session.recoverable(exc, last=last)
             if unlike:  # (outside the except block, as below)
-                odd = self._mend(step, last, again=mended)
+                odd = self.replicas.mend(step, last, again=mended)
                 if odd is not None:
                     mended = True
                     if session.rank in odd:  # its state replaced: its share computed again from it
@@ -500,8 +402,7 @@ class StepLoop:
             limit = self.spikes.limit()
             mine = [0.0, 0.0] if limit is None else [limit, 1.0]
             parts.append(torch.tensor(mine, dtype=torch.float64, device=self.session.device))
-        if self.summed is not None:
-            parts.append(replicacheck.offer(self.summed).to(self.session.device))
+        parts += self.replicas.offer(self.session.device)
         return torch.cat(parts) if parts else None
 
     def _check_sum(self, offered: torch.Tensor | None, norm_of: Callable[[], float]) -> None:
@@ -511,14 +412,10 @@ class StepLoop:
         unlike in it (``StateUnlike``); one not finite, or a spike (``WrongSum``). One applied
         joins this rank's window."""
         limits = 2 if self._offers_limit() else 0
-        fingerprints = replicacheck.OFFERED if self.summed is not None else 0
-        tail = [] if offered is None else offered[len(offered) - limits - fingerprints :].tolist()
+        tail = [] if offered is None else offered[len(offered) - limits - self.replicas.offered :].tolist()
         total, count = tail[:2] if limits else [0.0, 0.0]
         self.spike_limit = total / count if count > 0 else None  # (first: the rung judges shares by it)
-        if fingerprints:
-            if not replicacheck.alike(tail[limits:]):
-                raise StateUnlike("the replicas' parameters differ")
-            self.alike_step = self.it.step
+        self.replicas.judge(tail[limits:], self.it.step)
         if not self.checking:
             return
         norm = norm_of()
@@ -636,13 +533,10 @@ class StepLoop:
         session = self.session
         watch = self._abandon_watch()
         groups = session.groups
-        # The parameters' fingerprint, where compared: taken once backward has read them all, so a
-        # bit flipped before it read one is found before its gradient is applied.
-        compared = self._compared(self.it.step)
-        self.summed = fingerprint(list(self.model.parameters()), host=False) if compared else None
+        self.replicas.take(self.it.step)  # (the parameters' fingerprint, where compared)
         # The metrics' sums (a copy: a failed attempt leaves this rank's own for the next one).
         sums = self._offer(metric.sums(self.metrics, session.device))
-        checks = self.checking or self.summed is not None
+        checks = self.checking or self.replicas.offered > 0
         check = functools.partial(self._check_sum, sums) if checks else None
         if groups.replicated:
             if groups.peers is None or groups.replica is None:
