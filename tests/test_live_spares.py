@@ -87,8 +87,8 @@ def test_a_grow_uses_the_hot_spare(tmp_path: Path) -> None:
     grows = [e["detail"] for e in events if e["kind"] == "task_grow"]
     assert grows and grows[0]["spares_used"] and grows[0]["new_processes"] == {}, story
     assert "task_grown" in names, story
-    assert names.count("spare_launched") >= 2  # the freed slot got a new spare
-    assert names.count("spare_stopped") == names.count("spare_launched") - 1  # one was used
+    assert names.count("spare_launched") >= 2, story  # the freed slot got a new spare
+    assert names.count("spare_stopped") == names.count("spare_launched") - 1, story  # one was used
     rows = read_trace(trace)
     assert any(r["what"] == "spare_used" for r in rows)
     assert_damaged_transfer_refused(rows)
