@@ -154,17 +154,21 @@ def assert_stepped_on(
         ends = [r["time"] for r in traces[name] if r["what"] == "samples" and r["rank"] == 0]
         pace = statistics.median(b - a for a, b in itertools.pairwise(ends) if b < killed_at)
         meanwhile = [t for t in ends if killed_at < t < led_at]
+        # Rank 0's longest steps (s, and when they began after the kill), for the messages.
+        gaps = sorted(
+            ((round(b - a, 3), round(a - killed_at, 3)) for a, b in itertools.pairwise(ends)), reverse=True
+        )
+        steps = [
+            (r["step"], round(r["time"] - killed_at, 3))
+            for r in traces[name]
+            if r["what"] == "samples" and r["rank"] == 0 and killed_at - 1 < r["time"] < led_at + 1
+        ]
         assert len(meanwhile) >= (led_at - killed_at) / pace / 3, (
-            name,
-            len(meanwhile),
-            pace,
-            led_at - killed_at,
+            f"{name}: {len(meanwhile)} steps in {led_at - killed_at:.3f} s at {pace:.3f} s a step before; "
+            f"longest steps {gaps[:8]}; steps near (step, s after the kill) {steps}"
         )
         hit = [e for e in after if e.get("task") == name and e["kind"] in ("incident", "task_launch")]
         # What the coordinator saw and what the worker did, as a string (pytest shortens a message
         # that is not a string to one line): the events, and rank 0's longest steps after the kill.
-        gaps = sorted(
-            ((round(b - a, 3), round(a - killed_at, 3)) for a, b in itertools.pairwise(ends)), reverse=True
-        )
         said = [json.dumps(e, default=str) for e in after[:60]]
         assert not hit, "\n".join([f"{name}: longest steps (s, began after the kill) {gaps[:8]}", *said])
