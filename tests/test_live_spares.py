@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bench.leftovers import processes_marked
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.workerenv import host_checkpoint_dir
 
@@ -101,7 +102,10 @@ def finish_leaving_nothing(cluster: LocalCluster, trace: Path, persistent: Path)
     """Wait for the task to finish and for nothing of it to stay on the nodes (its spare is
     stopped, its in-memory checkpoints are freed); its events."""
     cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
+    # Every process of the task: also a spare still starting, which has written no line yet (the
+    # coordinator records a spare's stop as it orders it, so that is on record once it is gone).
     pids = {r["pid"] for r in read_trace(trace) if r["what"] == "started"}
+    pids |= set(processes_marked(f"UNICRON_TRACE_FILE={trace}"))
     cluster.wait(lambda: not any(alive(p, trace) for p in pids), 30, "every process of the task to exit")
     cluster.wait(
         lambda: not any(host_checkpoint_dir(persistent, n).exists() for n in ("node-0", "node-1")),
