@@ -38,17 +38,29 @@ def reference(
     niced: bool = False,
     hold: int | None = None,
     env: Mapping[str, str] | None = None,
+    started: Callable[[int], None] = lambda pid: None,
 ) -> dict[str, Any]:
     """The final checkpoint of the same training without failures, in one process (``extra``:
     more arguments of the example trainer; ``niced``: at the lowest CPU priority, to train beside
     a live cluster on the cycles it leaves; ``hold``: a file descriptor the training process
     keeps open, such as the lock on ``out``, held until it ends even if the caller ends first;
-    ``env``: added to its environment, such as the worker contract's keys)."""
+    ``env``: added to its environment, such as the worker contract's keys; ``started``: told the
+    training process's pid, for its priority to be raised once someone waits for it)."""
     argv = [*ARGS, *extra, "--iterations", str(iterations), "--checkpoint-dir", str(out)]
     command = ["nice", "-n", "19"] * niced + [sys.executable, str(TRAIN), *argv]
     kept = () if hold is None else (hold,)
     environment = None if env is None else {**os.environ, **env}
-    subprocess.run(command, check=True, capture_output=True, timeout=900, pass_fds=kept, env=environment)
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=kept, env=environment
+    ) as training:  # (``nice`` runs the trainer in its own process: the pid is the trainer's)
+        started(training.pid)
+        try:
+            output, errors = training.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            training.kill()
+            raise
+    if training.returncode:
+        raise subprocess.CalledProcessError(training.returncode, command, output, errors)
     state = load_latest(out)
     assert state is not None and state["step"] == iterations
     return state
