@@ -14,6 +14,7 @@ from unicron.control.recover.attribution import Sign, attribute
 from unicron.core.classify import classify
 from unicron.core.protocol import (
     DoneReport,
+    DumpStacks,
     ExceptionReport,
     ExitReport,
     ForgetTask,
@@ -152,6 +153,16 @@ def test_a_recovery_past_its_deadline_restarts_only_members_stuck_on_the_way(mak
         cluster.step(0.5)
     (escalation,) = cluster.events("escalation")
     assert "rank(s) [2] never reached generation 2" in escalation["why"], escalation
+    # Where the stuck member is held is asked for on every node of the generation, before the
+    # stop that follows (an agent carries its orders out in turn).
+    dumps = [
+        (n, i) for i, (n, o) in enumerate(cluster.orders) if isinstance(o, DumpStacks) and o.generation == 2
+    ]
+    stops = [
+        (n, i) for i, (n, o) in enumerate(cluster.orders) if isinstance(o, StopWorkers) and o.generation == 2
+    ]
+    assert {n for n, _ in dumps} == {"n0", "n1"} and stops, cluster.orders
+    assert all(min(i for m, i in dumps if m == n) < i for n, i in stops)
 
 
 def test_a_member_the_agent_lists_as_exited_is_not_waited_for(make: Any) -> None:

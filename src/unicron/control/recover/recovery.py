@@ -329,6 +329,8 @@ class Recovery:
         snapshot = self._snapshot(name)
         members = snapshot.live(name)
         stuck = tuple(not_arrived(members, positions(members), generation))
+        if stuck:  # where they are held, for the user: dumped before the stops that follow
+            self.ctx.act.dump_stacks(name, generation)
         stalled = Stalled(name, incident.tier, generation, members, stuck, frozenset(incident.stuck_nodes))
         spec = self.ctx.spec(name)
         may_stay = self.generations.in_place(name)
