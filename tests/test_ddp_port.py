@@ -122,15 +122,14 @@ def assert_same_training(unicron: dict[str, Any], ddp: dict[str, Any], exact: bo
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    "precision", [("--dtype", "float64"), ("--dtype", "float32", "--bf16")], ids=["float64", "autocast-bf16"]
-)
 def test_the_port_trains_exactly_as_the_ddp_original_under_torchrun(
-    tmp_path: Path, precision: tuple[str, ...], ddp: Callable[..., dict[str, Any]]
+    tmp_path: Path, ddp: Callable[..., dict[str, Any]]
 ) -> None:
     # 40 steps of 16 samples cross an epoch of 512: DistributedSampler's set_epoch order too.
     # Under autocast the forward runs in bfloat16: the loader's per-gradient weighting and DDP's
-    # scaled loss still give the same bits (both scale by powers of two).
+    # scaled loss still give the same bits (both scale by powers of two). (In float64 throughout:
+    # the Llama's port through the same loop, tests/test_hf_llama.py, also bit for bit.)
+    precision = ("--dtype", "float32", "--bf16")
     torchrun("train_unicron.py", 2, 40, tmp_path / "unicron", *precision)
     port = load_latest(tmp_path / "unicron")
     assert port is not None
