@@ -71,3 +71,20 @@ def test_the_grow_back_takes_the_spare_in_the_slot_it_grows_into(make: Any) -> N
     assert [(o.new_generation, o.ranks) for o in renamed] == [(growth["generation"], {1000: 3})]
     launched = [o for _, o in cluster.orders if isinstance(o, LaunchWorker)]
     assert len(launched) == 5  # the first generation's four and the spare: no new process
+
+
+def test_a_tasks_spare_is_stopped_as_the_task_ends(make: Any) -> None:
+    """The task's end stops its waiting spare at once, with the end on record: not at the next
+    plan (a reader of the events right after the end, as the live test is, saw no stop)."""
+    from unicron.core.protocol import StopWorkers
+    from unicron.core.states import TaskState
+
+    cluster = make(hot_spares=1)
+    cluster.c.placer._launch_spare("lm", "n1", cluster.clock.now)  # as keep_spares may
+    cluster.finish()  # no tick after it
+    assert cluster.c.store.get_task("lm").state is TaskState.FINISHED
+    kinds = [e.kind for e in cluster.c.store.events(task="lm")]
+    assert kinds[-2:] == ["task_finished", "spare_stopped"], kinds
+    stops = [o for n, o in cluster.orders if isinstance(o, StopWorkers) and n == "n1" and o.generation == 0]
+    assert [o.rank for o in stops] == [1000]
+    assert cluster.c.placer.spare_list() == []

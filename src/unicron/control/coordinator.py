@@ -221,6 +221,7 @@ class Coordinator:
             return False
         self.ctx.act.stop_generation(name, task.generation, self.limits.stop_grace_s)
         end_task(self.ctx, name, TaskState.CANCELLED, "task_cancelled")
+        self.placer.stop_spares_of(name)
         self._release_ended()
         return True
 

@@ -253,6 +253,7 @@ class Reports:
         """The final state is saved: what still runs of the task is stopped, and it ends."""
         self.ctx.act.stop_generation(task.name, task.generation, self.limits.stop_grace_s)
         end_task(self.ctx, task.name, TaskState.FINISHED, "task_finished", step=task.step, digest=task.digest)
+        self.placer.stop_spares_of(task.name)
 
     def failing(self, found: Failing | None) -> None:
         """Detection found a generation failing: recovery opens its incident; a hang's stacks,

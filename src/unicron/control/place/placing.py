@@ -367,6 +367,13 @@ class Placer:
     def is_spare(self, key: tuple[str, int]) -> bool:
         return key in self.spares
 
+    def stop_spares_of(self, task: str) -> None:
+        """The task ended: its waiting spares are stopped with it (not at the next plan), so that
+        its end and their stops are on record together."""
+        for key, spare in list(self.spares.items()):
+            if spare.task == task and spare.used is None:
+                self.drop_spare(key, stop=True)
+
     def drop_spare(self, key: tuple[str, int], stop: bool) -> None:
         spare = self.spares.pop(key, None)
         if spare is None:
