@@ -56,15 +56,18 @@ def task_yaml(
     delay: float,
     extra: str = "",
     paced: Path | None = None,
+    trace: Path | None = None,
 ) -> str:
     """A task running the example trainer, with a throughput ``table`` and 1e7 FLOPs per sample;
-    ``paced``: a file whose number replaces ``delay`` once written (:func:`full_speed`)."""
+    ``paced``: a file whose number replaces ``delay`` once written (:func:`full_speed`); ``trace``:
+    where its workers write their trace."""
     lifted = [] if paced is None else ["--step-delay-file", str(paced)]
     program = ", ".join(["python", str(TRAIN), *ARGS, "--step-delay", str(delay), *lifted])
+    traced = "" if trace is None else f", env: {{UNICRON_TRACE_FILE: {trace}}}"
     return (
         f"name: {name}\nweight: {weight}\nthroughput: {table}\n{extra}"
         f"run: {{program: [{program}], iterations: {iterations}, checkpoint_every: 10, "
-        "flops_per_sample: 1e7}\n"
+        f"flops_per_sample: 1e7{traced}}}\n"
     )
 
 
@@ -397,7 +400,8 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
     paced = tmp_path / "lm"  # (its step-delay file: :func:`delay_file`)
     settings = {"hang_floor_s": PACED_HANG_FLOOR_S}  # (the steps are paced at 1 s below: see its note)
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings=settings) as cluster:
-        cluster.submit(task_yaml("lm", 1, "{2: 2.0e9, 4: 3.6e9}", ITERATIONS, 0.15, paced=delay_file(paced)))
+        table, trace = "{2: 2.0e9, 4: 3.6e9}", tmp_path / "trace.jsonl"
+        cluster.submit(task_yaml("lm", 1, table, ITERATIONS, 0.15, paced=delay_file(paced), trace=trace))
 
         def at(step: int, generation: int = 0, workers: int = 0) -> bool:
             t = cluster.task("lm")
@@ -430,7 +434,7 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
         since = max(e["id"] for e in cluster.get("/v1/events") if e["kind"] == "coordinator_started")
         after = [e["kind"] for e in cluster.get("/v1/events", since=since, task="lm")]
         assert "incident" not in after and "task_launch" not in after, after
-        assert_a_pause_loses_nothing(cluster, at)
+        assert_a_pause_loses_nothing(cluster, at, trace)
         cluster.start_agent("node-1")
         full_speed(paced)  # the rest is training to the end, compared with a failure-free run
         cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
@@ -450,16 +454,22 @@ def test_recovers_from_worker_node_and_coordinator_failures(tmp_path: Path) -> N
     assert_same_state(final, reference(ITERATIONS))
 
 
-def assert_a_pause_loses_nothing(cluster: LocalCluster, reached: Callable[[int], bool]) -> None:
+def assert_a_pause_loses_nothing(cluster: LocalCluster, reached: Callable[[int], bool], trace: Path) -> None:
     """The coordinator stops running for three heartbeat deadlines (SIGSTOP; in the field a
     long pause of its process or an overloaded host). Its own silence is not the nodes': no
     node is lost, nothing is relaunched, it records the stall (detection.stalled_for). Before
-    that rule, such a pause lost every node and relaunched every healthy worker."""
+    that rule, such a pause lost every node and relaunched every healthy worker. The workers
+    train on meanwhile: before ``train/asking.py``, every step boundary's check of the task's
+    store waited for the stopped coordinator, and no step ended until it ran again."""
     assert cluster.coordinator is not None
     paused = max(e["id"] for e in cluster.get("/v1/events"))
     os.kill(cluster.coordinator.pid, signal.SIGSTOP)
+    stopped = time.time()
     time.sleep(STALL_S)
     os.kill(cluster.coordinator.pid, signal.SIGCONT)
+    resumed = time.time()
+    ended = [r["step"] for r in read_rows(trace) if r["what"] == "samples" and stopped < r["time"] < resumed]
+    assert ended, "no step ended while the coordinator was stopped"
     before = cluster.task("lm")
     cluster.wait(lambda: reached(before["step"] + 5), 120, "training to go on after the pause")
     story = [(e["kind"], e["node"], e["detail"]) for e in cluster.get("/v1/events", since=paused)]

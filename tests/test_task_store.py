@@ -7,6 +7,10 @@ coordinator, and the store listens on its advertised address only."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -252,3 +256,46 @@ def test_a_fault_is_claimed_once_and_asking_again_is_the_claimant_s_own_answer()
     assert first.claim(0) is True and second.claim(0) is False
     store.rendezvous.claim("lm", 1)  # marked first (a fault injected before a restart): nobody's
     assert first.claim(1) is False and second.claim(1) is False
+
+
+# A task's store served by a process of its own, which the test can stop as a paused coordinator is.
+SERVE = """
+import time
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+print(store.port, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_store_that_stops_answering_holds_up_no_membership_check() -> None:
+    """A coordinator paused (SIGSTOP) answers nothing, and torch's client waits past its own
+    timeout: the check a step makes is given up (``taskstore.ANSWER_S``) and says "no change",
+    the next one is not asked while that question is unanswered, and once the store answers again
+    the checks see what it holds."""
+    server = subprocess.Popen([sys.executable, "-c", SERVE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        key = derive(SECRET, "lm")
+        member = TaskStore(f"127.0.0.1:{port}", "lm", key, TIMEOUT, reconnect_s=1.0)
+        assert not member.membership_changed(3)
+        name = membership_key("lm", 3)
+        raw: Any = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT)  # type: ignore[attr-defined]
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            assert not member.membership_changed(3)  # given up: the store is away
+            assert not member.membership_changed(3)  # the last question still unanswered
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        successor = Membership(generation=4, world_size=1, ranks={0: 0})
+        raw.set(name, sign(key, name, successor.model_dump_json()))
+        deadline = time.monotonic() + 60
+        while not member.membership_changed(3):
+            assert time.monotonic() < deadline, "the checks never saw the store again"
+            time.sleep(0.05)
+        assert member.posted(3) == successor
+    finally:
+        server.kill()
+        server.wait()

@@ -48,7 +48,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any
@@ -56,6 +56,7 @@ from typing import Any
 from unicron.core.protocol import Current, Membership, current_key, membership_key
 from unicron.core.signing import opened
 from unicron.core.workerenv import addresses
+from unicron.train.asking import Asker, Unanswered
 
 MAX_HOPS = 64  # far more changes of membership than can pass between two checkpoints
 
@@ -176,6 +177,12 @@ class Fence:
     where: Callable[[], tuple[int, int, int]]
     worst: Callable[[int], int]
     confirmed_at: int | None = None  # the step whose commit was last confirmed (both tiers use it)
+    asker: Asker = field(init=False)
+
+    def __post_init__(self) -> None:
+        # A store that does not answer at all (a paused coordinator: ``asking.py``) would hold the
+        # step past ``timeout_s``: its answer is waited for that long, and a second past it.
+        self.asker = Asker(self.timeout_s + 1.0, "commit-checks")
 
     def confirm(self) -> None:
         """Raise ``CommitRefused`` unless this worker belongs to the current generation."""
@@ -200,7 +207,12 @@ class Fence:
 
     def _read(self) -> Standing:
         generation, rank, _ = self.where()
-        return read_standing(self.address, self.task, self.key, generation, rank, self.timeout_s)
+        try:
+            return self.asker.ask(
+                lambda: read_standing(self.address, self.task, self.key, generation, rank, self.timeout_s)
+            )
+        except Unanswered:
+            return Standing.UNKNOWN
 
     def _settle(self, found: Standing) -> None:
         generation, _, step = self.where()

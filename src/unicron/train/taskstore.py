@@ -1,9 +1,9 @@
 """The task's rendezvous store as a worker uses it: where the coordinator posts memberships,
 where newcomers say they are ready and where generation-0 faults are claimed.
 
-Training must not depend on the coordinator being up: while its store is unreachable the
-membership checks say "no change", and the connection is re-made now and then (a restarted
-coordinator serves the store on the same port).
+Training must not depend on the coordinator being up: while its store is unreachable, or does
+not answer (a coordinator paused: ``asking.py``), the membership checks say "no change", and the
+connection is re-made now and then (a restarted coordinator serves the store on the same port).
 
 Anyone who reaches the store's port can write to it, so the values that steer workers are
 signed with the task's key (``core.signing``): a membership or identity that does not open with
@@ -31,9 +31,14 @@ from unicron.core.protocol import Membership, fault_claim_key, membership_key, r
 from unicron.core.reachability import Reachability
 from unicron.core.signing import opened, sign
 from unicron.core.workerenv import addresses
+from unicron.train.asking import Asker
 from unicron.train.fencing import served
 from unicron.train.iteration import StopRequested
 
+# A membership check the store does not answer within this is taken as "no change" (``asking.py``:
+# a paused coordinator answers nothing; on a working one the check takes a round trip, well under
+# a millisecond on a cluster's network).
+ANSWER_S = 1.0
 MEMBERSHIP_POLL_S = 0.02  # a wait for a membership asks the store this often at first
 QUIET_STORE_S = 5.0  # ... and connects again when the store has not answered for this long
 STOP_LOOK_S = 0.25  # ... then this often (and so sees a stop request within this)
@@ -58,6 +63,7 @@ class TaskStore:
         # Reconnections back off from half a second to ``reconnect_s``, jittered (a cluster's
         # workers do not all return at once to a restarted coordinator's stores).
         self.link = Reachability(f"the rendezvous store at {address}", min(0.5, reconnect_s), reconnect_s)
+        self.asker = Asker(ANSWER_S, "store-checks")  # the checks made while training goes on
 
     def _say(self, line: str | None, more: str = "") -> None:
         if line is not None:
@@ -94,7 +100,7 @@ class TaskStore:
             return False
         try:
             name = membership_key(self.task, generation)
-            posted = bool(self.raw.check([name])) and self._read(name) is not None
+            posted = self.asker.ask(lambda: bool(self.raw.check([name])) and self._read(name) is not None)
             self._unchanged = None if posted else (generation, asked)
             if self.link.away:
                 self._say(self.link.reached(time.monotonic()))
