@@ -337,15 +337,11 @@ def run_agent(
         agent = Agent(
             coordinator, node, slots, run_dir, gpus, where, credentials, metrics, domain, warm_start
         )
-        for line in started_lines(node, slots, gpus or [], str(agent.coordinators), where, run_dir):
+        lines = started_lines(node, slots, gpus or [], str(agent.coordinators), where, run_dir, warm_start)
+        for line in lines:
             agent._say(line)
         if domain is not None:
             agent._say(f"failure domain {domain}")
-        agent._say(
-            "Python workers forked from a fork server per environment (warm starts)"
-            if warm_start
-            else "workers started as new interpreters (--cold-start)"
-        )
         if metrics_port is not None:  # on the node's address (loopback without one)
             try:
                 port = metrics.serve(where.address, metrics_port)
@@ -360,7 +356,13 @@ def run_agent(
 
 
 def started_lines(
-    node: str, slots: int, gpus: list[str], coordinator: str, where: NodeAddress, run_dir: Path
+    node: str,
+    slots: int,
+    gpus: list[str],
+    coordinator: str,
+    where: NodeAddress,
+    run_dir: Path,
+    warm_start: bool = True,
 ) -> list[str]:
     """What an agent says when it starts, one fact a line (the docs show them as printed:
     tests/test_live_start_stop.py)."""
@@ -373,6 +375,9 @@ def started_lines(
         f"coordinator {coordinator}",
         f"address {where.address} (where other nodes reach its workers)",
         f"worker logs in {run_dir.absolute() / 'logs'}",
+        "Python workers forked from a server that has imported torch (--cold-start: new interpreters)"
+        if warm_start
+        else "workers started as new interpreters (--cold-start)",
     ]
 
 

@@ -166,6 +166,7 @@ class Supervisor:
                 "node": self.node,
                 "local_rank": order.local_rank,
                 "agent_socket": str(self.socket_path),
+                "agent_pid": os.getpid(),
                 "store_hosts": ",".join(self.store_hosts),
                 "stack_file": str(self._log_path(order).with_suffix(".stacks")),
                 "position_file": str(self._log_path(order).with_suffix(".position")),
