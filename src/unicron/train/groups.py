@@ -34,8 +34,8 @@ class Groups:
     def join(self, store: Any, generation: int, rank: int, world: int) -> None:
         """Form this generation's groups (the replica's, the first time)."""
         if not self.replicated:
-            membership.join(store, self.task, generation, rank, world, self.timeout, self.backend)
-            self.peers = Peers.world()
+            opened = membership.join(store, self.task, generation, rank, world, self.timeout, self.backend)
+            self.peers = Peers.world(opened)
             return
         layout = Layout(rank, world, self.size)
         if self.replica is None:

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unicron.train import checkpoint
+from unicron.train import checkpoint, connections
+from unicron.train.connections import Opened
 from unicron.train.data import unclaimed_share
 from unicron.train.fingerprint import ReplicasDiverged, as_number, fingerprint, state_tensors, verdict
 from unicron.train.peers import Peers
@@ -34,9 +35,14 @@ from unicron.train.state import TrainState, digest_parts
 
 def join(
     base: Any, task: str, generation: int, rank: int, world_size: int, timeout: timedelta, backend: str
-) -> None:
+) -> Opened:
+    """Form the generation's default group; the connections it opened."""
     store = dist.PrefixStore(f"{task}/g{generation}", base)  # type: ignore[attr-defined]
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+    def form() -> None:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+    return connections.opened_by(form)[1]
 
 
 def leave() -> None:

@@ -15,14 +15,15 @@ serves a registered group and a standalone one.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from unicron.train import devices
+from unicron.train import connections, devices
+from unicron.train.connections import Opened
 
 
 @dataclass
@@ -32,19 +33,20 @@ class Peers:
     size: int
     backend: str
     standalone: bool  # not registered with torch.distributed (a replica's cross group)
+    opened: Opened = field(default_factory=frozenset)  # its connections, cut if it is abandoned
 
     @classmethod
-    def world(cls) -> Peers:
-        """The default process group (replicas of one rank)."""
+    def world(cls, opened: Opened = frozenset()) -> Peers:
+        """The default process group (replicas of one rank), which opened ``opened``."""
         group = dist.group.WORLD
-        return cls(group, dist.get_rank(), dist.get_world_size(), str(dist.get_backend()), False)
+        return cls(group, dist.get_rank(), dist.get_world_size(), str(dist.get_backend()), False, opened)
 
     @classmethod
     def standalone_gloo(cls, store: Any, prefix: str, rank: int, size: int, timeout: timedelta) -> Peers:
         """A gloo group of its own over ``store`` under ``prefix`` (formed by all ``size`` ranks)."""
         scoped = dist.PrefixStore(prefix, store)  # type: ignore[attr-defined]
-        group = dist.ProcessGroupGloo(scoped, rank, size, timeout)
-        return cls(group, rank, size, "gloo", True)
+        group, opened = connections.opened_by(lambda: dist.ProcessGroupGloo(scoped, rank, size, timeout))
+        return cls(group, rank, size, "gloo", True, opened)
 
     @property
     def usable(self) -> bool:
@@ -120,6 +122,8 @@ class Peers:
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.group))  # never freed, not even at exit
         if not self.standalone:
             unregister_default_group()
+        # Its connections cut: its peers learn at once that it has gone (``connections.py``).
+        connections.cut(self.opened)
 
 
 def unregister_default_group() -> None:

@@ -1,0 +1,51 @@
+"""A gloo group let go while a collective on it is pending (``Peers.abandon``) has its
+connections cut: a peer waiting on this rank learns at once that it has gone, as it would from a
+dead process, instead of waiting for the process group's timeout (real processes, a real gloo
+world of two)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from unicron.train import membership
+from unicron.train.peers import Peers
+
+from .spawned import run_ranks
+
+TIMEOUT = timedelta(seconds=300)  # the group's own: far longer than the test may take
+
+
+def _rank(rank: int, port: int, out: mp.Queue, cut: bool) -> None:  # type: ignore[type-arg]
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timedelta(seconds=60))  # type: ignore[attr-defined]
+    opened = membership.join(store, "t", 1, rank, 2, TIMEOUT, "gloo")
+    peers = Peers.world(opened if cut else frozenset())
+    peers.all_reduce_async(torch.ones(4)).wait()  # the group works
+    if rank == 0:  # it leaves without taking part: rank 1's sum is pending on it
+        store.wait(["summing"])
+        time.sleep(0.5)  # (the sum is under way at rank 1: see the store key below)
+        peers.abandon()
+        store.wait(["told"])
+        out.put((rank, "abandoned"))
+        return
+    work = peers.all_reduce_async(torch.ones(4))
+    store.set("summing", "1")
+    try:
+        work.wait()
+        told = "summed"
+    except RuntimeError as exc:
+        told = str(exc)[:300]
+    store.set("told", "1")
+    out.put((rank, told))
+
+
+@pytest.mark.timeout(120)
+def test_a_peer_pending_on_an_abandoned_group_is_told_at_once() -> None:
+    results = run_ranks(_rank, 2, True)
+    assert results[0] == "abandoned"
+    assert "Connection closed by peer" in results[1], results[1]
