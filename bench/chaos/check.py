@@ -159,7 +159,9 @@ def memory_folders(checkpoints: Path, tasks: Iterable[str], nodes: Iterable[str]
 def shared_memory(folders: Collection[Path] | None = None, pids: Collection[int] = ()) -> set[str]:
     """Files in /dev/shm (the in-memory checkpoint tier, torch's shared tensors); with
     ``folders``, only those under them or named after one of ``pids`` (e.g. ``torch_<pid>_...``)."""
-    found = {p for p in Path("/dev/shm").rglob("*") if p.is_file()}
+    # os.walk, not Path.rglob: other runs' folders come and go meanwhile, and rglob raises on
+    # one removed while it is read (seen: a soak failed on another test's freed checkpoint).
+    found = {Path(top) / name for top, _, names in os.walk("/dev/shm") for name in names}
     if folders is not None:
         named = {str(pid) for pid in pids}
         found = {

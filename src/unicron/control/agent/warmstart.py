@@ -214,7 +214,13 @@ class WarmStarts:
         if not warm_argv(argv):
             return None
         task = self.prepare(env)
-        if task is None or (server := await asyncio.shield(task)) is None:
+        if task is None:
+            return None
+        try:
+            server = await asyncio.shield(task)
+        except Exception:  # its server could not be started: the worker starts as a new interpreter
+            return None
+        if server is None:
             return None
         try:
             return await server.launch(argv, env, log)
