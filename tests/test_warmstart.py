@@ -210,3 +210,26 @@ def test_a_server_whose_imports_start_a_thread_does_not_serve(
     assert asyncio.run(scenario()) is None
     (log,) = (tmp_path / "servers").glob("forkserver-*.log")
     assert "started Python threads; not serving" in log.read_text()
+
+
+def test_a_server_that_cannot_start_leaves_its_workers_to_new_interpreters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever its start raised, a launch is not lost: it starts as a new interpreter (None
+    here), and the next launch tries a server again."""
+    tries: list[int] = []
+
+    async def broken(cls: type, env: dict[str, str], log: Path) -> None:
+        tries.append(1)
+        raise RuntimeError("no server")
+
+    monkeypatch.setattr(warmstart.ForkServer, "start", classmethod(broken))
+
+    async def scenario() -> list[Forked | None]:
+        warm = WarmStarts(tmp_path / "servers")
+        argv = [PY, str(tmp_path / "train.py")]
+        launched = [await warm.launch(argv, dict(os.environ), tmp_path / "w.log") for _ in range(2)]
+        await warm.close()
+        return launched
+
+    assert asyncio.run(scenario()) == [None, None] and len(tries) == 2

@@ -197,7 +197,7 @@ class WarmStarts:
         key = environment_key(env)
         task = self.servers.get(key)
         if task is not None and task.done():
-            started = task.result()
+            started = _started(task)
             if started is None or not started.alive:
                 del self.servers[key]  # it failed or died: start another
                 task = None
@@ -216,11 +216,8 @@ class WarmStarts:
         task = self.prepare(env)
         if task is None:
             return None
-        try:
-            server = await asyncio.shield(task)
-        except Exception:  # its server could not be started: the worker starts as a new interpreter
-            return None
-        if server is None:
+        await asyncio.wait([task])  # (the launch's own cancellation leaves the server's start alone)
+        if (server := _started(task)) is None:
             return None
         try:
             return await server.launch(argv, env, log)
@@ -233,7 +230,7 @@ class WarmStarts:
         for key, task in list(self.servers.items()):
             if not task.done():
                 continue
-            server = task.result()
+            server = _started(task)
             if server is None or not server.children:
                 del self.servers[key]
                 if server is not None:
@@ -258,6 +255,14 @@ class WarmStarts:
     async def close(self) -> None:
         for task in self.servers.values():
             task.cancel()  # (a done one ignores it)
-        started = [t.result() for t in self.servers.values() if t.done() and not t.cancelled()]
+        started = [_started(t) for t in self.servers.values() if t.done()]
         await asyncio.gather(*(s.close() for s in started if s is not None), *self.retiring)
         self.servers.clear()
+
+
+def _started(task: asyncio.Task[ForkServer | None]) -> ForkServer | None:
+    """The server a finished start gave; None where there is none (it failed to start: a worker
+    then starts as a new interpreter)."""
+    if task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()
