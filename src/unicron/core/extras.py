@@ -22,7 +22,6 @@ PROVIDES: dict[str, tuple[str, ...]] = {
         "httpx",
         "jwt",
         "prometheus_client",
-        "setproctitle",
     ),
     "plot": ("matplotlib",),
     "etcd": ("etcd3gw",),
