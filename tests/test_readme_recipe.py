@@ -1,7 +1,8 @@
 """The README's live-cluster recipe, run as written from a temporary folder: the coordinator, the
 tokens, two agents (the recipe's agent line once per node, as its comment says), submit, status,
 events, logs and cancel, each the README's own command line. Only the port is changed (a free
-one, given to the commands without --coordinator as UNICRON_COORDINATOR), and the example files
+one, given to the commands without --coordinator as UNICRON_COORDINATOR; another if a parallel
+test took it first), and the example files
 are named from the clone (the recipe runs in it). The task must
 finish, and every command must end without a traceback."""
 
@@ -70,19 +71,40 @@ def wait_for(what: str, check: Callable[[], bool], deadline: float) -> None:
     raise AssertionError(f"not within the deadline: {what}")
 
 
+def coordinator(
+    line: str, env: dict[str, str], folder: Path, deadline: float
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The recipe's coordinator, serving, and its port. A port found free may be taken by another
+    test before the coordinator binds it: the coordinator then stops, saying so, and is started
+    again on another (three tries)."""
+    log = folder / "coordinator.log"
+    for _ in range(3):
+        port = free_port()
+        daemon = started(words(line, port), env, folder, log)
+        wait_for(
+            "the coordinator serves or stops",
+            lambda daemon=daemon: "serving" in log.read_text() or daemon.poll() is not None,
+            deadline,
+        )
+        if daemon.poll() is None:
+            return daemon, port
+        assert "address already in use" in log.read_text(), log.read_text()
+    raise AssertionError(f"no free port for the coordinator in three tries: {log.read_text()}")
+
+
 def test_the_readmes_live_recipe_runs_as_written_from_any_folder(folder: Path) -> None:
-    lines, port = recipe(), free_port()
+    lines, port = recipe(), 0
     deadline = time.monotonic() + DEADLINE_S
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "UNICRON_COORDINATOR": f"http://127.0.0.1:{port}"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("UNICRON_TOKEN_FILE", None)
     daemons: list[subprocess.Popen[bytes]] = []
     try:
         for line in lines:
             command = line.split()[1]
             if command == "coordinator":
-                log = folder / "coordinator.log"
-                daemons.append(started(words(line, port), env, folder, log))
-                wait_for("the coordinator serves", lambda log=log: "serving" in log.read_text(), deadline)
+                daemon, port = coordinator(line, env, folder, deadline)
+                daemons.append(daemon)
+                env["UNICRON_COORDINATOR"] = f"http://127.0.0.1:{port}"
             elif command == "token" and "--role agent" in line:
                 for node in ("n0", "n1"):  # "one per node"
                     run(words(line.replace("n0", node), port), env, folder)
@@ -103,7 +125,7 @@ def test_the_readmes_live_recipe_runs_as_written_from_any_folder(folder: Path) -
                 assert "step" in out, out  # rank 0's output, followed until the worker exited
                 wait_for(
                     "tinygpt finishes",
-                    lambda: "finished" in run(words("unicron status", port), env, folder),
+                    lambda port=port: "finished" in run(words("unicron status", port), env, folder),
                     deadline,
                 )
             elif command == "status":
