@@ -1,7 +1,8 @@
-"""A gloo group let go while a collective on it is pending (``Peers.abandon``) has its
-connections cut: a peer waiting on this rank learns at once that it has gone, as it would from a
-dead process, instead of waiting for the process group's timeout (real processes, a real gloo
-world of two)."""
+"""A gloo group let go while a collective on it is pending (``Peers.abandon``), or left while
+something still refers to it (``membership.leave`` with a collective's ``Work`` held: it keeps the
+group's connections open through ``destroy_process_group``), has its connections cut: a peer
+waiting on this rank learns at once that it has gone, as it would from a dead process, instead of
+waiting for the process group's timeout (real processes, a real gloo world of two)."""
 
 from __future__ import annotations
 
@@ -20,16 +21,21 @@ from .spawned import run_ranks
 TIMEOUT = timedelta(seconds=300)  # the group's own: far longer than the test may take
 
 
-def _rank(rank: int, port: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _rank(rank: int, port: int, out: mp.Queue, how: str) -> None:  # type: ignore[type-arg]
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timedelta(seconds=60))  # type: ignore[attr-defined]
     opened = membership.join(store, "t", 1, rank, 2, TIMEOUT, "gloo")
     peers = Peers.world(opened)
-    peers.all_reduce_async(torch.ones(4)).wait()  # the group works
-    if rank == 0:  # it leaves without taking part: rank 1's sum is pending on it
+    held = peers.all_reduce_async(torch.ones(4))
+    held.wait()  # the group works
+    if rank == 0:  # it goes without taking part: rank 1's sum is pending on it
         store.wait(["summing"])  # rank 1's sum is launched: it can only end when told
-        peers.abandon()
+        if how == "abandoned":
+            peers.abandon()
+        else:  # left as survivors leave, with the Work above still held
+            del peers
+            membership.leave(opened)
         store.wait(["told"])
-        out.put((rank, "abandoned"))
+        out.put((rank, how))
         return
     work = peers.all_reduce_async(torch.ones(4))
     store.set("summing", "1")
@@ -43,7 +49,8 @@ def _rank(rank: int, port: int, out: mp.Queue) -> None:  # type: ignore[type-arg
 
 
 @pytest.mark.timeout(120)
-def test_a_peer_pending_on_an_abandoned_group_is_told_at_once() -> None:
-    results = run_ranks(_rank, 2)
-    assert results[0] == "abandoned"
+@pytest.mark.parametrize("how", ["abandoned", "left"])
+def test_a_peer_pending_on_a_group_let_go_is_told_at_once(how: str) -> None:
+    results = run_ranks(_rank, 2, how)
+    assert results[0] == how
     assert "Connection closed by peer" in results[1], results[1]

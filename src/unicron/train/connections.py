@@ -1,12 +1,17 @@
 """The connections a process group opened, and cutting them under a group that is let go.
 
-A gloo group abandoned while a collective on it is pending (``Peers.abandon``) cannot be
-destroyed: destroying waits for the collective, which waits for a peer that may never answer.
-So it is kept alive, and its connections stay open. A peer whose own collective waits on this
-rank then never learns that the rank has gone. It waits in the collective, or in
-``destroy_process_group``, for the queued collectives to drain. Only the process group's
-timeout ends that wait, or this process's exit. This was seen: a survivor was held 7 to 20 s
-past the recovery's deadline, and its healthy node isolated.
+A gloo group's connections outlive ``destroy_process_group`` while anything still refers to the
+group: a collective's ``Work`` does (it holds the group's gloo context), and so does an exception
+whose frames hold one. A gloo group abandoned while a collective on it is pending
+(``Peers.abandon``) is even kept alive on purpose: destroying it waits for the collective, which
+waits for a peer that may never answer. Either way a peer whose own collective waits on this rank
+never learns that the rank has gone. It waits in the collective, or in ``destroy_process_group``
+for its collectives still running, until the process group's timeout or this process's exit.
+This was seen: survivors held 7 to 20 s past the recovery's deadline, and their healthy nodes
+isolated. Cutting also ends this rank's own collectives blocked on such a peer. Measured with
+two ranks: one destroys its group while holding a completed ``Work``; the other's collective
+waits out the group's timeout, and fails at once when the connections are cut first. So a group
+is cut whenever it is left (``membership.leave``, ``Groups.leave``) or abandoned.
 
 Cutting the group's connections (``shutdown`` of their sockets, which stay allocated and owned
 by the group) tells every peer at once, as a dead process's closed sockets do. gloo has no call

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from unicron.train import devices, membership, replicas
+from unicron.train import connections, devices, membership, replicas
 from unicron.train.peers import Peers
 from unicron.train.replicas import Layout
 
@@ -50,13 +50,15 @@ class Groups:
         self.peers = replicas.form_peers(store, self.task, generation, layout, self.timeout)
 
     def leave(self) -> None:
-        """Leave this generation's peers (the replica's group stays: a live replica keeps it)."""
-        if not self.replicated:
-            self.peers = None
-            membership.leave()
-            return
+        """Leave this generation's peers (the replica's group stays: a live replica keeps it),
+        their connections cut (``membership.leave``)."""
+        opened = self.peers.opened if self.peers is not None else frozenset()
         self.peers = None
-        gc.collect()  # the group closes its connections once nothing refers to it
+        if not self.replicated:
+            membership.leave(opened)
+            return
+        connections.cut(opened)
+        gc.collect()  # the group ends once nothing refers to it
 
     def mesh(self) -> Any:
         """The replica's device mesh, for ``fully_shard(module, mesh=...)``; None with replicas of
