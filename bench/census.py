@@ -119,6 +119,13 @@ def every_thread() -> dict[tuple[int, int], ThreadTimes]:
     return found
 
 
+def command_of(pid: int) -> list[str]:
+    """A process's command line: its arguments, or for one that set its title (a worker forked
+    by its agent's fork server, ``control/agent/forkserver.py``) the title's words."""
+    argv = [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
+    return argv[0].split(" ") if len(argv) == 1 else argv
+
+
 def workers_under(root: Path) -> Callable[[], dict[int, str]]:
     """Finds the workers of the runs under ``root``: processes running ``bench/steptimes.py``
     (``python [OPTIONS] steptimes.py OUT ...``) whose output folder is there, each named by its
@@ -130,7 +137,7 @@ def workers_under(root: Path) -> Callable[[], dict[int, str]]:
             if not entry.isdigit():
                 continue
             try:
-                argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode().split("\0")
+                argv = command_of(int(entry))
             except OSError:
                 continue
             # The interpreter runs the timer itself (only options before it): not a launcher

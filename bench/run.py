@@ -19,6 +19,7 @@ from bench import (
     scale_bench,
     simulation_docs,
     throughput_docs,
+    warmstart_bench,
 )
 from bench.chaos.__main__ import main as chaos_main
 from bench.leftovers import RunGuard
@@ -71,6 +72,8 @@ def run_all() -> None:
     print(json.dumps({k: decided[k] for k in keys}, indent=2))
     numerical = numerical_bench.main([])  # the gradient sum's test: its cost, and what it catches
     print(json.dumps({f"{r['workers']} workers": r["ratio"] for r in numerical["rows"]}, indent=2))
+    started = warmstart_bench.main()  # a worker's start: forked by its agent's server, or a new interpreter
+    print(json.dumps({k: started[k] for k in ("cold_start_s", "warm_start_s", "cold_cpu_s", "warm_cpu_s")}))
     # What periodic checkpoints cost a sharded task, written before going on or in the background.
     saved = checkpoint_bench.main()
     print(json.dumps({k: saved[k] for k in ("mean_step_s", "cost_per_checkpoint_s")}, indent=2))

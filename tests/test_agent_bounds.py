@@ -279,10 +279,10 @@ async def deliver(tmp_path: Path, agent: Agent) -> tuple[list[Heartbeat], list[l
     took: list[Heartbeat] = []
     numbers: list[list[int]] = []
 
-    async def carry_out(orders: list[Any], got: list[int]) -> None:  # nothing is stopped
+    def take(orders: list[Any], got: list[int]) -> None:  # nothing is stopped
         numbers.append(got)
 
-    agent._carry_out = carry_out  # type: ignore[method-assign]
+    agent._take = take  # type: ignore[method-assign]
     app = channel.app
     async with app.router.lifespan_context(app):  # type: ignore[attr-defined]
         coordinator = channel.agents.c

@@ -234,14 +234,28 @@ def hurry(folder: Path) -> None:
 
 
 def alive(pid: int, trace: Path) -> bool:
-    """Whether a worker that writes ``trace`` still runs as ``pid`` (a zombie waiting to be reaped
-    does not; nor does another process that was given the pid since, e.g. by a test run beside
-    this one)."""
+    """Whether the worker that wrote a "started" line in ``trace`` as ``pid`` still runs (a zombie
+    waiting to be reaped does not; nor does another process given the pid since, e.g. by a test
+    run beside this one: it began after that line). A worker's environment is no mark of it: one
+    forked by its agent's fork server shows the server's in /proc (warmstart.py)."""
+    written = [r["time"] for r in read_rows(trace) if r["what"] == "started" and r["pid"] == pid]
+    began = process_start(pid)
+    return began is not None and any(began <= at + 1.0 for at in written)  # (btime: whole seconds)
+
+
+def process_start(pid: int) -> float | None:
+    """When ``pid``'s process began (seconds since the epoch); None if it has ended (a zombie
+    waiting to be reaped has)."""
     try:
-        running = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-        return running and f"UNICRON_TRACE_FILE={trace}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
     except OSError:
-        return False
+        return None
+    return None if fields[0] == "Z" else boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def finish_and_settle(

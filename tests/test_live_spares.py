@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from bench.leftovers import processes_marked
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.workerenv import host_checkpoint_dir
 
@@ -103,10 +102,12 @@ def finish_leaving_nothing(cluster: LocalCluster, trace: Path, persistent: Path)
     stopped, its in-memory checkpoints are freed); its events."""
     cluster.wait(lambda: cluster.task("lm")["state"] == "finished", 300, "the task to finish")
     # Every process of the task: also a spare still starting, which has written no line yet (the
-    # coordinator records a spare's stop as it orders it, so that is on record once it is gone).
+    # coordinator records a spare's stop as it orders it, so that is on record once it is gone):
+    # the only task, so every worker process the nodes' agents started.
     pids = {r["pid"] for r in read_trace(trace) if r["what"] == "started"}
-    pids |= set(processes_marked(f"UNICRON_TRACE_FILE={trace}"))
     cluster.wait(lambda: not any(alive(p, trace) for p in pids), 30, "every process of the task to exit")
+    agents = {process.pid for process in cluster.agents.values()}
+    cluster.wait(lambda: not workers_under(agents), 30, "every worker process on the nodes to exit")
     cluster.wait(
         lambda: not any(host_checkpoint_dir(persistent, n).exists() for n in ("node-0", "node-1")),
         30,
@@ -128,3 +129,30 @@ def assert_damaged_transfer_refused(rows: list[dict[str, Any]]) -> None:
     )
     assert taken[0]["generation"] == rejected[0]["generation"]
     assert taken[0]["source"] != rejected[0]["source"]
+
+
+def workers_under(agents: set[int]) -> list[int]:
+    """The running processes the agents ``agents`` started, and theirs, but their fork servers."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(") ", 1)[1].split() if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if fields and fields[0] != "Z":
+            parents[int(entry.name)] = int(fields[1])
+
+    def under(pid: int) -> bool:
+        while pid > 1 and pid not in agents:
+            pid = parents.get(pid, 0)
+        return pid in agents
+
+    found = [p for p in parents if p not in agents and under(p)]
+    return [p for p in found if b"unicron.control.agent.forkserver" not in command_line(p)]
+
+
+def command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

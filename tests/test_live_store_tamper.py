@@ -17,13 +17,14 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import torch.distributed as dist
 
+from bench.leftovers import listening_ports
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.protocol import current_key, membership_key
-from unicron.core.workerenv import KEYS
 
 from .test_live_cluster import (
     assert_ends_exact,
@@ -31,7 +32,6 @@ from .test_live_cluster import (
     finish_and_settle,
     full_speed,
     pace,
-    read_trace,
     story_of,
     traced_task,
 )
@@ -43,16 +43,12 @@ ROUND_S = 1.5  # one round of deletions and replays this often (the coordinator 
 FLOOD_PER_ROUND = 500  # writes to unrelated keys per round (30,000 at most)
 
 
-def store_address(trace: Path) -> str:
-    """Where a worker of the task was told its store is (as a network scan would find it)."""
-    for row in read_trace(trace) if trace.exists() else []:
-        if row["what"] == "started":
-            environ = Path(f"/proc/{row['pid']}/environ").read_bytes().split(b"\0")
-            for entry in environ:
-                name, _, value = entry.decode().partition("=")
-                if name == KEYS["store"]:
-                    return value.split(",")[0]
-    return ""
+def store_address(cluster: LocalCluster) -> str:
+    """Where the task's store listens, as a scan of the coordinator's host finds it: the one port
+    its coordinator listens on besides its API's (the cluster runs one task); "" before."""
+    api = urlsplit(cluster.url).port
+    ports = listening_ports([process.pid for process in cluster.coordinators.values()]) - {api}
+    return f"127.0.0.1:{ports.pop()}" if len(ports) == 1 else ""
 
 
 class Intruder:
@@ -95,8 +91,8 @@ def test_a_task_finishes_exact_and_on_time_while_its_store_is_tampered_with(tmp_
     spec = traced_task(trace, "{2: 2.0e9}", ITERATIONS, 0.15, "  faults:\n" + fault)
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=1) as cluster:
         cluster.submit(spec)
-        cluster.wait(lambda: bool(store_address(trace)), 120, "a worker to start")
-        intruder = Intruder(store_address(trace))
+        cluster.wait(lambda: bool(store_address(cluster)), 120, "the task's store to listen")
+        intruder = Intruder(store_address(cluster))
         cluster.wait(lambda: intruder.copied(current_key("lm")), 30, "generation 1 to be posted current")
         cluster.wait(lambda: intruder.copied(membership_key("lm", 1)), 120, "the injected fault's generation")
         attacking = threading.Thread(target=intruder.attack, daemon=True)

@@ -119,6 +119,7 @@ def run_agent(
     address: str | None = None,
     metrics_port: int | None = None,
     domain: str | None = None,
+    warm_start: bool = True,
 ) -> None:
     from unicron.control.agent.agent import run_agent as start
     from unicron.control.agent.hostaddress import AddressError, NodeAddress, interface_of
@@ -135,7 +136,7 @@ def run_agent(
     except AddressError as exc:
         raise UsageError(str(exc)) from None
     folder = run_dir or Path(f".unicron/agents/{name}")
-    start(url, name, slots, folder, devices, credentials, where, metrics_port, domain)
+    start(url, name, slots, folder, devices, credentials, where, metrics_port, domain, warm_start)
 
 
 def check_node_size(slots: int, gpus: list[str]) -> None:

@@ -171,6 +171,15 @@ def agent(
             "feed): when most of a domain falls silent at once, the coordinator holds its losses"
         ),
     ] = None,
+    warm_start: Annotated[
+        bool,
+        typer.Option(
+            "--warm-start/--cold-start",
+            help="fork Python workers from a server that has imported torch (the default: a "
+            "restarted process costs a fork, not its imports; docs/warm-start.md), or start each "
+            "as a new interpreter",
+        ),
+    ] = True,
 ) -> None:
     """Run a node agent: register, heartbeat, launch and supervise workers (with an agent token
     issued for this node)."""
@@ -178,7 +187,7 @@ def agent(
     from unicron.control.service.credentials import resolve
 
     credentials = resolve(token_file, ca)
-    run_agent(coordinator, node, slots, run_dir, gpus, credentials, address, metrics_port, domain)
+    run_agent(coordinator, node, slots, run_dir, gpus, credentials, address, metrics_port, domain, warm_start)
 
 
 @app.command()

@@ -22,6 +22,7 @@ PROVIDES: dict[str, tuple[str, ...]] = {
         "httpx",
         "jwt",
         "prometheus_client",
+        "setproctitle",
     ),
     "plot": ("matplotlib",),
     "etcd": ("etcd3gw",),

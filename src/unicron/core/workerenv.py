@@ -47,6 +47,7 @@ KEYS: dict[str, str] = {
     "node": "UNICRON_NODE",
     "local_rank": "UNICRON_LOCAL_RANK",
     "agent_socket": "UNICRON_AGENT_SOCKET",
+    "agent_pid": "UNICRON_AGENT_PID",
     "trace_file": "UNICRON_TRACE_FILE",
     "stack_file": "UNICRON_STACK_FILE",
     "position_file": "UNICRON_POSITION_FILE",
@@ -117,6 +118,8 @@ class WorkerEnv(BaseModel):
     node: str | None = None
     local_rank: int = 0
     agent_socket: str | None = None
+    # The agent's process (its workers' parent is its fork server: ``control/agent/warmstart.py``).
+    agent_pid: int | None = None
     trace_file: str | None = None
     stack_file: str | None = None  # where the worker's stack goes when its agent asks (SIGUSR1)
     position_file: str | None = None  # the board its agent reads its position from (core.position)

@@ -93,8 +93,10 @@ class FaultInjector:
         generation: int,
         report: Callable[[FaultReport], None],
         task: str,
+        agent_pid: int | None = None,
     ) -> None:
         self.all_faults = list(faults)
+        self.agent_pid = agent_pid  # (None: no agent's pid was given; its parent, then)
         self.faults = [f for f in faults if f.rank == rank and f.generation == generation]
         self.rank, self.generation, self.task = rank, generation, task
         self.report = report
@@ -165,8 +167,8 @@ class FaultInjector:
             elif fault.action == "corrupt_checkpoint":
                 self._corrupt_newest_checkpoints()
             elif fault.action == "lose_node":
-                os.kill(os.getppid(), signal.SIGKILL)
-                time.sleep(60)  # the parent-death signal ends us
+                os.kill(self.agent_pid or os.getppid(), signal.SIGKILL)
+                time.sleep(60)  # the parent-death signals end us
         if self.slow_s:
             time.sleep(self.slow_s)
 

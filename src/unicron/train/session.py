@@ -113,7 +113,9 @@ class Session:
         )
         self.channel = ReportChannel(contract.agent_socket)
         faults = [FaultSpec.model_validate(f) for f in contract.faults or []]
-        self.faults = FaultInjector(faults, self.rank, self.generation, self._fault_report, self.task)
+        self.faults = FaultInjector(
+            faults, self.rank, self.generation, self._fault_report, self.task, contract.agent_pid
+        )
         self.faults.folders = (self.checkpoint_dir, self.host_dir)
         self.settle_pending = False  # the group was (re)formed: settle who holds what first
         self.agreed_step = 0  # the step at which the members last agreed on one state (``_agree``)

@@ -50,6 +50,7 @@ from unicron.core.protocol import (
     Heartbeat,
     HeartbeatReply,
     LaunchWorker,
+    Order,
     OrderBatch,
     ReadLog,
     Registration,
@@ -85,6 +86,7 @@ class Agent:
         credentials: Credentials | None = None,
         metrics: AgentMetrics | None = None,
         domain: str | None = None,
+        warm_start: bool = True,
     ) -> None:
         self.coordinators = Coordinators.of(coordinator)
         self.domain = domain  # the failure domain it shares with other nodes (``--domain``)
@@ -100,11 +102,14 @@ class Agent:
         self.supervisor = Supervisor(
             node, run_dir, socket_path(run_dir), self.backlog, hosts, self.gpus, self.where, self.metrics
         )
+        # Python workers forked from a server that has imported torch (``warmstart.py``).
+        self.supervisor.warm.enabled = warm_start
         self.interval = 0.5
         self.registered = False
         self.answered_at = time.monotonic()  # the last heartbeat the coordinator answered
         self.stopping = False
-        self.acked = 0  # the number of the last order carried out
+        self.acked = 0  # the number of the last order taken (carried out in turn: ``_carry_out``)
+        self.orders_in: asyncio.Queue[Order] = asyncio.Queue()
         # Retries back off while the coordinator does not answer (capped: a node must come back
         # within seconds of its network), and the log says so once, not once per beat.
         self.link = Reachability(
@@ -182,27 +187,39 @@ class Agent:
             self.registered = False
             return False
         self.backlog.sent(count)
-        await self._carry_out(reply.orders, reply.numbers)
+        self._take(reply.orders, reply.numbers)
         return bool(self.backlog.reports)
 
-    async def _carry_out(self, orders: list[Any], numbers: list[int]) -> None:
-        """Carry orders out, once each: one sent again (its first answer was lost, or the
-        heartbeat and the long poll both brought it) is skipped."""
+    def _take(self, orders: list[Order], numbers: list[int]) -> None:
+        """Queue orders to be carried out, once each: one sent again (its first answer was lost,
+        or the heartbeat and the long poll both brought it) is skipped."""
         fresh = [o for o, n in zip(orders, numbers, strict=True) if n > self.acked]
         self.acked = max([self.acked, *numbers])
         for order in fresh:
-            if isinstance(order, LaunchWorker):
-                await self.supervisor.launch(order)
-            elif isinstance(order, RenameWorkers):
-                self.supervisor.rename(order)
-            elif isinstance(order, ForgetTask):
-                self.supervisor.forget_task(order)
-            elif isinstance(order, DumpStacks):
-                self.supervisor.dump_stacks(order)
-            elif isinstance(order, ReadLog):
-                self._spawn(self._answer_log(order))
-            else:
-                self._spawn(self.supervisor.stop(order))
+            self.orders_in.put_nowait(order)
+
+    async def _carry_out(self) -> None:
+        """Carry the orders out in the order they came, apart from the heartbeats and the long
+        poll that bring them: a launch may wait seconds for its fork server's imports (the
+        first in its environment), and the coordinator would take a node whose heartbeats
+        waited that long for lost."""
+        while True:
+            order = await self.orders_in.get()
+            try:
+                if isinstance(order, LaunchWorker):
+                    await self.supervisor.launch(order)
+                elif isinstance(order, RenameWorkers):
+                    self.supervisor.rename(order)
+                elif isinstance(order, ForgetTask):
+                    self.supervisor.forget_task(order)
+                elif isinstance(order, DumpStacks):
+                    self.supervisor.dump_stacks(order)
+                elif isinstance(order, ReadLog):
+                    self._spawn(self._answer_log(order))
+                else:
+                    self._spawn(self.supervisor.stop(order))
+            except Exception as exc:  # never let one order end the loop that serves them all
+                print(f"agent {self.node}: order failed: {exc!r}", file=sys.stderr)
 
     async def _answer_log(self, order: ReadLog) -> None:
         """Answer the coordinator's ``ReadLog`` (``unicron logs``) with part of a worker's log."""
@@ -230,7 +247,7 @@ class Agent:
                     )
                     response.raise_for_status()
                     batch = OrderBatch.model_validate_json(response.content)
-                    await self._carry_out(batch.orders, batch.numbers)
+                    self._take(batch.orders, batch.numbers)
                 except httpx.HTTPError:
                     await asyncio.sleep(self.interval)
                 except Exception as exc:  # never let one order end the loop that serves them all
@@ -243,6 +260,7 @@ class Agent:
         headers = {"content-type": "application/json", **self.credentials.headers}
         probe = await peerprobe.listen(self.where.address)  # peers check they can reach this node
         self.probe_port = probe.sockets[0].getsockname()[1]
+        self._spawn(self._carry_out())
         self._spawn(self._poll_orders())
         try:
             async with httpx.AsyncClient(
@@ -309,14 +327,18 @@ def run_agent(
     where: NodeAddress | None = None,
     metrics_port: int | None = None,
     domain: str | None = None,
+    warm_start: bool = True,
 ) -> None:
     """Run the agent until SIGTERM or SIGINT (exit 0), or until its loop fails (exit 1), saying
     what it is, where it reports, and when and why it stops."""
     metrics, where = AgentMetrics(), where or NodeAddress()
 
     async def main() -> str | None:
-        agent = Agent(coordinator, node, slots, run_dir, gpus, where, credentials, metrics, domain)
-        for line in started_lines(node, slots, gpus or [], str(agent.coordinators), where, run_dir):
+        agent = Agent(
+            coordinator, node, slots, run_dir, gpus, where, credentials, metrics, domain, warm_start
+        )
+        lines = started_lines(node, slots, gpus or [], str(agent.coordinators), where, run_dir, warm_start)
+        for line in lines:
             agent._say(line)
         if domain is not None:
             agent._say(f"failure domain {domain}")
@@ -334,7 +356,13 @@ def run_agent(
 
 
 def started_lines(
-    node: str, slots: int, gpus: list[str], coordinator: str, where: NodeAddress, run_dir: Path
+    node: str,
+    slots: int,
+    gpus: list[str],
+    coordinator: str,
+    where: NodeAddress,
+    run_dir: Path,
+    warm_start: bool = True,
 ) -> list[str]:
     """What an agent says when it starts, one fact a line (the docs show them as printed:
     tests/test_live_start_stop.py)."""
@@ -347,6 +375,9 @@ def started_lines(
         f"coordinator {coordinator}",
         f"address {where.address} (where other nodes reach its workers)",
         f"worker logs in {run_dir.absolute() / 'logs'}",
+        "Python workers forked from a server that has imported torch (--cold-start: new interpreters)"
+        if warm_start
+        else "workers started as new interpreters (--cold-start)",
     ]
 
 

@@ -14,16 +14,30 @@ from asyncio.subprocess import PIPE, STDOUT
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from unicron.core.limits import MAX_STACK_CHARS
 from unicron.core.position import decode
 from unicron.core.protocol import LOG_TAIL_CHARS, LOG_TAIL_LINES, LaunchWorker, Progress, WorkerState
 
 
+class Supervised(Protocol):
+    """A worker's process as the agent holds it: a new interpreter (``asyncio.subprocess.Process``)
+    or forked by a fork server (``warmstart.Forked``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
 @dataclass
 class Worker:
     order: LaunchWorker
-    process: asyncio.subprocess.Process
+    process: Supervised
     log: Path
     started: float = field(default_factory=time.time)
     exited: bool = False

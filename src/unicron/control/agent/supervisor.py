@@ -3,7 +3,10 @@ stacks, and their reports taken.
 
 - Workers are started in their own process group with everything they need in their
   environment, and with a parent-death signal so that they die with the agent (a lost node).
-- Each exit is seen the moment it happens (asyncio's child watcher) with its code or signal.
+  A Python worker is forked from a server that has imported torch already (``warmstart.py``):
+  a process a recovery starts costs a fork, not seconds of imports.
+- Each exit is seen the moment it happens (asyncio's child watcher, or its fork server's report)
+  with its code or signal.
 - A stop order sends SIGTERM to the worker's group and SIGKILL after the grace period.
 - Workers send reports as JSON datagrams to the agent's Unix socket; they go to the backlog
   (``backlog.py``) that the heartbeats carry. Their positions are not messages: each worker's
@@ -35,7 +38,8 @@ from unicron.control.agent import logfiles, stackdump
 from unicron.control.agent.agentmetrics import AgentMetrics
 from unicron.control.agent.backlog import Backlog
 from unicron.control.agent.hostaddress import NodeAddress
-from unicron.control.agent.processes import Worker, dies_with_parent, log_tail
+from unicron.control.agent.processes import Supervised, Worker, dies_with_parent, log_tail
+from unicron.control.agent.warmstart import WarmStarts
 from unicron.control.private import private_log
 from unicron.core.limits import MAX_LISTED_WORKERS
 from unicron.core.protocol import (
@@ -69,6 +73,10 @@ class Supervisor:
     forgotten: dict[str, ForgetTask] = field(init=False, default_factory=dict)
     dumps: set[asyncio.Task[None]] = field(init=False, default_factory=set)  # stacks being read: a stop waits
     _tasks: set[asyncio.Task[None]] = field(init=False, default_factory=set)
+    warm: WarmStarts = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.warm = WarmStarts(self.run_dir / "logs")
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coroutine)
@@ -122,16 +130,9 @@ class Supervisor:
         log = self._log_path(order)
         try:
             env = self._worker_env(order)
-            with private_log(log) as out:
-                process = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdout=out,
-                    stderr=asyncio.subprocess.STDOUT,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    env=env,
-                    start_new_session=True,
-                    preexec_fn=dies_with_parent(signal.SIGKILL),
-                )
+            with private_log(log):  # (created private: a forked worker appends to it)
+                pass
+            process = await self.warm.launch(argv, env, log) or await start_new(argv, env, log)
         except (OSError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:500]
             print(f"agent {self.node}: cannot start {argv[:1]} for {key}: {error}", file=sys.stderr)
@@ -165,6 +166,7 @@ class Supervisor:
                 "node": self.node,
                 "local_rank": order.local_rank,
                 "agent_socket": str(self.socket_path),
+                "agent_pid": os.getpid(),
                 "store_hosts": ",".join(self.store_hosts),
                 "stack_file": str(self._log_path(order).with_suffix(".stacks")),
                 "position_file": str(self._log_path(order).with_suffix(".position")),
@@ -297,8 +299,24 @@ class Supervisor:
             logfiles.link_renamed(worker.log, self.run_dir, order.task, order.new_generation, new_rank)
 
     async def shutdown(self, grace_s: float = 5.0) -> None:
-        """Stop every worker still running (the agent is stopping)."""
+        """Stop every worker still running (the agent is stopping), then the fork servers."""
         await asyncio.gather(*(self._terminate(w, grace_s) for w in self.workers.values() if not w.exited))
+        await self.warm.close()
+
+
+async def start_new(argv: list[str], env: dict[str, str], log: Path) -> Supervised:
+    """The worker as a new interpreter: its own session, its output appended to ``log``, dying
+    with the agent."""
+    with private_log(log) as out:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=dies_with_parent(signal.SIGKILL),
+        )
 
 
 def _signal_group(worker: Worker, sig: int) -> None:

@@ -70,8 +70,10 @@ class LocalCluster:
         coordinators: int = 1,
         gpus: list[str] | None = None,
         domains: dict[str, str] | None = None,
+        warm_start: bool = True,
     ) -> None:
         self.root = root
+        self.warm_start = warm_start  # agents fork Python workers from a fork server (warmstart.py)
         self.domains = domains or {}  # node -> its agent's --domain (a rack, a switch)
         self.gpus = gpus or []  # each agent's --gpus (one id per slot; a GPU machine's)
         self.tls = tls
@@ -262,6 +264,7 @@ class LocalCluster:
                 *(["--metrics-port", str(self.agent_metrics[name])] if name in self.agent_metrics else []),
                 *(["--gpus", ",".join(self.gpus)] if self.gpus else []),
                 *(["--domain", self.domains[name]] if name in self.domains else []),
+                *([] if self.warm_start else ["--cold-start"]),
             ],
             self.root / "logs" / f"agent-{name}.log",
             name if self.hosts is not None else None,
