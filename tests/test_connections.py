@@ -1,6 +1,6 @@
 """A gloo group let go while a collective on it is pending (``Peers.abandon``), or left while
-something still refers to it (``membership.leave`` with a collective's ``Work`` held: it keeps the
-group's connections open through ``destroy_process_group``), has its connections cut: a peer
+something still refers to it (``Peers.leave`` with a collective's ``Work`` held: it keeps the
+group's connections open, destroyed or not), has its connections cut: a peer
 waiting on this rank learns at once that it has gone, as it would from a dead process, instead of
 waiting for the process group's timeout (real processes, a real gloo world of two)."""
 
@@ -32,8 +32,8 @@ def _rank(rank: int, port: int, out: mp.Queue, how: str) -> None:  # type: ignor
         if how == "abandoned":
             peers.abandon()
         else:  # left as survivors leave, with the Work above still held
-            del peers
-            membership.leave(opened)
+            peers.leave()
+            assert not dist.is_initialized()  # unregistered: the next group can be formed
         store.wait(["told"])
         out.put((rank, how))
         return

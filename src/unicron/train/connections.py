@@ -11,7 +11,7 @@ This was seen: survivors held 7 to 20 s past the recovery's deadline, and their 
 isolated. Cutting also ends this rank's own collectives blocked on such a peer. Measured with
 two ranks: one destroys its group while holding a completed ``Work``; the other's collective
 waits out the group's timeout, and fails at once when the connections are cut first. So a group
-is cut whenever it is left (``membership.leave``, ``Groups.leave``) or abandoned.
+is cut whenever it is left (``Peers.leave``) or abandoned (``Peers.abandon``).
 
 Cutting the group's connections (``shutdown`` of their sockets, which stay allocated and owned
 by the group) tells every peer at once, as a dead process's closed sockets do. gloo has no call

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from unicron.train import connections, devices, membership, replicas
+from unicron.train import devices, membership, replicas
 from unicron.train.peers import Peers
 from unicron.train.replicas import Layout
 
@@ -50,15 +50,16 @@ class Groups:
         self.peers = replicas.form_peers(store, self.task, generation, layout, self.timeout)
 
     def leave(self) -> None:
-        """Leave this generation's peers (the replica's group stays: a live replica keeps it),
-        their connections cut (``membership.leave``)."""
-        opened = self.peers.opened if self.peers is not None else frozenset()
-        self.peers = None
-        if not self.replicated:
-            membership.leave(opened)
-            return
-        connections.cut(opened)
-        gc.collect()  # the group ends once nothing refers to it
+        """Leave this generation's peers (``Peers.leave``; the replica's group stays: a live
+        replica keeps it). Collected first, so that nothing else still refers to their group (a
+        failed collective's frames)."""
+        peers, self.peers = self.peers, None
+        gc.collect()
+        if peers is not None:
+            peers.leave()
+        elif not self.replicated and dist.is_initialized():  # a default group no peers hold
+            with contextlib.suppress(Exception):  # leaving anyway
+                dist.destroy_process_group()
 
     def mesh(self) -> Any:
         """The replica's device mesh, for ``fully_shard(module, mesh=...)``; None with replicas of

@@ -2,8 +2,9 @@
 
 The recipe (docs/pytorch-notes.md): torch._dynamo is imported before the first process
 group is made (else destroy_process_group leaves sockets open); no DDP wrapper holds the group
-(the library reduces gradients itself); on a collective error the group is destroyed after a
-garbage collection; the new membership comes from the coordinator through the task's store,
+(the library reduces gradients itself); on a collective error the group is let go after a
+garbage collection, its connections cut and its end left to a thread of its own
+(``Peers.leave``); the new membership comes from the coordinator through the task's store,
 which outlives every worker; the new group uses a fresh key prefix per generation; and the
 members check agreement with one small collective of (completed step, state digest, state
 fingerprint), taking model and optimizer state from the nearest live replica when they are
@@ -13,8 +14,6 @@ behind (live replicas at the same step whose parameters differ take nothing from
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 import io
 from collections.abc import Callable
@@ -43,22 +42,6 @@ def join(
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
     return connections.opened_by(form)[1]
-
-
-def leave(opened: Opened) -> None:
-    """Tear the current group down, which opened ``opened``; collect first so nothing still
-    references it. Its connections are cut first (``connections.py``), for two reasons.
-    ``destroy_process_group`` waits for this rank's collectives still running, and one may be
-    blocked on a live peer that will never send (its own collective failed first): cut, it
-    fails at once. And a group still referenced (by a collective's ``Work``) keeps its
-    connections open through ``destroy_process_group``, so a peer whose collective waits on this
-    rank would wait out the group's timeout: connections were still open after the destroy in 2
-    of the 25 leaves of a run of test_live_inprocess, in each of two runs."""
-    gc.collect()
-    connections.cut(opened)
-    if dist.is_initialized():
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
 
 
 def settle(peers: Peers, ids: list[int], held: list[int]) -> tuple[list[int], list[int]]:

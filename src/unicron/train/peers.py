@@ -14,7 +14,9 @@ serves a registered group and a standalone one.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -33,7 +35,7 @@ class Peers:
     size: int
     backend: str
     standalone: bool  # not registered with torch.distributed (a replica's cross group)
-    opened: Opened = field(default_factory=frozenset)  # its connections, cut if it is abandoned
+    opened: Opened = field(default_factory=frozenset)  # its connections, cut when it is let go
 
     @classmethod
     def world(cls, opened: Opened = frozenset()) -> Peers:
@@ -107,6 +109,25 @@ class Peers:
         return options
 
     # ------------------------------------------------------------------ leaving
+    def leave(self) -> None:
+        """Let this group go, this rank done with it (a new membership follows): its connections
+        cut, so peers still waiting on this rank learn at once that it has gone (a group still
+        referenced, by a collective's ``Work`` for one, keeps them open: ``connections.py``);
+        unregistered from torch.distributed; and ended on a thread of its own
+        (``end_in_background``), as gloo's destructor can wait out the group's timeout. An NCCL
+        group is destroyed as torch provides."""
+        connections.cut(self.opened)
+        if self.nccl:
+            with contextlib.suppress(Exception):  # leaving anyway
+                dist.destroy_process_group()
+            return
+        if not self.standalone:
+            if not self.usable:
+                return  # destroyed under this object already (a ``break`` fault)
+            unregister_default_group()
+        holder, self.group = [self.group], None
+        end_in_background(holder)
+
     def abandon(self) -> None:
         """Drop this group while a collective on it may still be pending (a peer may never
         answer). A gloo group cannot be aborted (its ``abort`` leaves a blocked operation
@@ -124,6 +145,17 @@ class Peers:
             unregister_default_group()
         # Its connections cut: its peers learn at once that it has gone (``connections.py``).
         connections.cut(self.opened)
+
+
+def end_in_background(holder: list[Any]) -> None:
+    """Drop the last reference to the group in ``holder`` (unregistered, its connections cut) on
+    a thread of its own. A gloo group's destructor joins its worker thread, which first finishes
+    the collective it is running: one was seen (gdb) blocked in ``UnboundBuffer::waitRecv`` of a
+    ring all-reduce with every connection of the group shut down, holding a survivor of a lost
+    node in ``destroy_process_group`` for over 20 s, past the recovery's deadline, so that its
+    healthy node was isolated. Only the group's timeout ends such a wait. Here it holds no one:
+    the rank forms its next group meanwhile, and the thread ends with the group."""
+    threading.Thread(target=holder.clear, name="unicron-group-end", daemon=True).start()
 
 
 def unregister_default_group() -> None:
