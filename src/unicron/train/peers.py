@@ -160,7 +160,7 @@ def end_in_background(holder: list[Any]) -> None:
 
 def unregister_default_group() -> None:
     """Forget torch.distributed's default group (and every group derived from it) without
-    touching it: the caller keeps it alive (see ``Peers.abandon``)."""
+    touching it: the caller keeps it alive (``Peers.abandon``) or ends it (``Peers.leave``)."""
     c10d = dist.distributed_c10d
     if c10d.GroupMember.WORLD is None:
         return
