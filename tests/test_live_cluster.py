@@ -46,6 +46,7 @@ MODEL = ["--layers", "2", "--hidden", "32", "--heads", "4", "--sequence", "16", 
 ARGS = [*chaos_check.ARGS, *MODEL]  # float64, a global batch of 16 in micro-batches of 2, 512 samples
 ITERATIONS = 120
 STALL_S = 7.5  # a pause of the coordinator: three heartbeat deadlines (2.5 s)
+CHECKPOINT_EVERY = 10  # task_yaml's tasks
 
 
 def task_yaml(
@@ -66,7 +67,7 @@ def task_yaml(
     traced = "" if trace is None else f", env: {{UNICRON_TRACE_FILE: {trace}}}"
     return (
         f"name: {name}\nweight: {weight}\nthroughput: {table}\n{extra}"
-        f"run: {{program: [{program}], iterations: {iterations}, checkpoint_every: 10, "
+        f"run: {{program: [{program}], iterations: {iterations}, checkpoint_every: {CHECKPOINT_EVERY}, "
         f"flops_per_sample: 1e7{traced}}}\n"
     )
 
@@ -482,7 +483,7 @@ def assert_a_pause_loses_nothing(cluster: LocalCluster, reached: Callable[[int],
     # after a checkpoint has begun: at a second a step the next one is 9 s away, past STALL_S.
     def after_a_checkpoint() -> bool:
         steps = [r["step"] for r in read_rows(trace) if r["what"] == "samples"]
-        return bool(steps) and max(steps) % 10 == 1
+        return bool(steps) and max(steps) % CHECKPOINT_EVERY == 1
 
     cluster.wait(after_a_checkpoint, 60, "a step right after a checkpoint")
     paused = max(e["id"] for e in cluster.get("/v1/events"))
