@@ -11,6 +11,11 @@ warm side's server is started by its first launch, before the rounds: that launc
 server's imports and a fork, paid once per environment on a node) is reported apart as
 first_warm_start_s.
 
+A task's own heavy imports (``run.preload``): the same measure for a program that also imports
+Hugging Face Transformers and steps a small Llama, forked from a server that imported torch's
+modules alone against one that imported Transformers too (``UNICRON_PRELOAD``, as the
+coordinator sets it for ``run.preload: [transformers.models.llama.modeling_llama]``), alternating likewise.
+
 Writes docs/bench/warmstart.json and docs/warm-start.md (run by `make bench`).
 """
 
@@ -45,14 +50,32 @@ optimizer.step()
 used = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"ready": time.time(), "cpu_s": used.ru_utime + used.ru_stime}), flush=True)
 """
+# The same, with a Transformers model (examples/hf-llama's kind, far smaller).
+HF_PROGRAM = PROGRAM.replace(
+    "model = torch.nn.Linear(64, 64)",
+    "from transformers import LlamaConfig, LlamaForCausalLM\n"
+    "config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,\n"
+    "                     num_attention_heads=2, num_key_value_heads=2)\n"
+    "model = LlamaForCausalLM(config)",
+).replace("model(torch.ones(8, 64)).sum()", "model(torch.zeros(2, 8, dtype=torch.long)).logits.sum()")
+# What the program imports, as deep as it imports it: Transformers' top package is a shell that
+# imports a model's classes when they are first named (about 0.5 s, then 0.6 s more for Llama's).
+PRELOADED = {"UNICRON_PRELOAD": "transformers.models.llama.modeling_llama"}
 
 
-async def _start(start: Any, folder: Path, name: str, rank: int) -> tuple[float, Path, Supervised]:
+async def _start(
+    start: Any,
+    folder: Path,
+    name: str,
+    rank: int,
+    program: str = "program.py",
+    extra: dict[str, str] | None = None,
+) -> tuple[float, Path, Supervised]:
     log = folder / f"{name}-{rank}.log"
     log.touch()  # (the agent creates a worker's log before it starts)
-    env = {**os.environ, "RANK": str(rank), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "RANK": str(rank), "PYTHONUNBUFFERED": "1", **(extra or {})}
     began = time.time()
-    process = await start([sys.executable, str(folder / "program.py")], env, log)
+    process = await start([sys.executable, str(folder / program)], env, log)
     if process is None:
         raise RuntimeError(f"the fork server did not serve: see {folder / 'servers'}")
     return began, log, process
@@ -66,9 +89,9 @@ async def _ready(began: float, log: Path, process: Supervised) -> tuple[float, f
     return ready["ready"] - began, ready["cpu_s"]
 
 
-async def _round(start: Any, folder: Path, side: str, index: int) -> tuple[float, float]:
+async def _round(start: Any, folder: Path, side: str, index: int, *how: Any) -> tuple[float, float]:
     """Start WORKERS programs at once; the medians of their starts and of their CPU."""
-    launched = [await _start(start, folder, f"{side}-{index}", rank) for rank in range(WORKERS)]
+    launched = [await _start(start, folder, f"{side}-{index}", rank, *how) for rank in range(WORKERS)]
     seen = [await _ready(*one) for one in launched]
     return statistics.median(s for s, _ in seen), statistics.median(c for _, c in seen)
 
@@ -83,10 +106,12 @@ async def measure(folder: Path) -> dict[str, Any]:
         for side in order:
             start = start_new if side == "cold" else warm.launch
             sides[side].append(await _round(start, folder, side, index))
+    hf = await measure_preload(folder, warm)
     await warm.close()
     cold_s, warm_s = (statistics.median(s for s, _ in sides[k]) for k in ("cold", "warm"))
     cold_cpu, warm_cpu = (statistics.median(c for _, c in sides[k]) for k in ("cold", "warm"))
     return {
+        **hf,
         "workers": WORKERS,
         "rounds": ROUNDS,
         "cold_start_s": round(cold_s, 3),
@@ -98,6 +123,30 @@ async def measure(folder: Path) -> dict[str, Any]:
         "cold_rounds_s": [round(s, 3) for s, _ in sides["cold"]],
         "warm_rounds_s": [round(s, 3) for s, _ in sides["warm"]],
         "cpus": os.cpu_count(),
+    }
+
+
+async def measure_preload(folder: Path, warm: WarmStarts) -> dict[str, Any]:
+    """The Transformers program forked from the torch-only server and from one that preloaded
+    Transformers (each server started by a first launch before the rounds)."""
+    (folder / "hf.py").write_text(HF_PROGRAM)
+    how = {"hf_torch_only": ("hf.py", None), "hf_preloaded": ("hf.py", PRELOADED)}
+    for side, (program, extra) in how.items():
+        await _ready(*await _start(warm.launch, folder, f"{side}-first", 0, program, extra))
+    sides: dict[str, list[tuple[float, float]]] = {side: [] for side in how}
+    for index in range(ROUNDS):
+        for side in list(how) if index % 2 == 0 else list(how)[::-1]:
+            sides[side].append(await _round(warm.launch, folder, side, index, *how[side]))
+    plain_s, preloaded_s = (statistics.median(s for s, _ in sides[k]) for k in how)
+    plain_cpu, preloaded_cpu = (statistics.median(c for _, c in sides[k]) for k in how)
+    return {
+        "hf_torch_only_start_s": round(plain_s, 3),
+        "hf_preloaded_start_s": round(preloaded_s, 3),
+        "hf_ratio": round(preloaded_s / plain_s, 4),
+        "hf_torch_only_cpu_s": round(plain_cpu, 3),
+        "hf_preloaded_cpu_s": round(preloaded_cpu, 3),
+        "hf_torch_only_rounds_s": [round(s, 3) for s, _ in sides["hf_torch_only"]],
+        "hf_preloaded_rounds_s": [round(s, 3) for s, _ in sides["hf_preloaded"]],
     }
 
 

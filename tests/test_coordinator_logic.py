@@ -56,6 +56,17 @@ def test_a_dead_worker_is_measured_from_its_exit_and_survivors_go_on_in_place(ma
     assert outcome["outcome"] == "recovered"
 
 
+def test_a_tasks_preload_goes_with_every_worker_it_starts(make: Any) -> None:
+    """run.preload reaches each worker's agent in the worker contract (UNICRON_PRELOAD, which
+    picks its fork server: ``control/agent/warmstart.py``): at launch and when the task grows."""
+    cluster = make(run_extra=", preload: [transformers, torch.distributed.fsdp]")
+    growth = cluster.grow_under_way(2)
+    launched = [o for _, o in cluster.launched()]
+    assert len(launched) == 4 + len(growth.newcomers)
+    assert {o.env.get("UNICRON_PRELOAD") for o in launched} == {"transformers,torch.distributed.fsdp"}
+    assert all("UNICRON_PRELOAD" not in o.env for _, o in make().launched())  # (none named: none set)
+
+
 def test_a_step_finished_before_the_move_in_place_counts(make: Any) -> None:
     """A survivor's report of a step it finished in the old generation arrives after the
     coordinator moved it: the step was kept, so its samples count (once)."""

@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,15 +94,21 @@ def ddp_state(
 
 
 def run_port(
-    tmp_path: Path, faults: list[dict[str, Any]], iterations: int, *precision: str, example: Path = PORT
+    tmp_path: Path,
+    faults: list[dict[str, Any]],
+    iterations: int,
+    *precision: str,
+    example: Path = PORT,
+    preload: Sequence[str] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``example``'s port as the task ``port``, of 4 workers on 2 nodes of 2 slots, with
-    ``faults``, run to its end: its events and its trace's rows (its checkpoints are under
-    ``tmp_path / "cluster" / "checkpoints" / "port"``). No node is isolated: a test's faults may
-    strike the same node within the ladder's window."""
+    ``faults`` (and ``preload``: its ``run.preload``), run to its end: its events and its trace's
+    rows (its checkpoints are under ``tmp_path / "cluster" / "checkpoints" / "port"``). No node is
+    isolated: a test's faults may strike the same node within the ladder's window."""
     trace = tmp_path / "trace.jsonl"
     program = ["python", str(example / "train_unicron.py"), *(precision or ("--dtype", "float64"))]
     table, lines = "{1: 1.0e9, 2: 1.9e9, 3: 2.7e9, 4: 3.5e9}", f"  faults: {json.dumps(faults)}\n"
+    lines += f"  preload: {json.dumps(list(preload))}\n"
     spec = traced_task(trace, table, iterations, 0.0, lines, name="port", program=program)
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings={"isolate_after": 100}) as cluster:
         cluster.submit(spec)

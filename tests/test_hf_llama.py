@@ -38,6 +38,9 @@ LlamaForCausalLM = pytest.importorskip(
 ).LlamaForCausalLM
 
 LLAMA = ROOT / "examples" / "hf-llama"
+# The tasks' run.preload: their workers are forked from a server that imported Transformers'
+# Llama (docs/warm-start.md).
+PRELOAD = ["transformers.models.llama.modeling_llama"]
 
 
 @pytest.fixture
@@ -90,7 +93,15 @@ def test_the_llama_port_recovers_a_killed_worker_and_a_lost_node_in_place(
     ]
     exported = tmp_path / "exported"  # written as the task ends: before it is reported done
     events, rows = run_port(
-        tmp_path, faults, iterations, "--dtype", "float64", "--export", str(exported), example=LLAMA
+        tmp_path,
+        faults,
+        iterations,
+        "--dtype",
+        "float64",
+        "--export",
+        str(exported),
+        example=LLAMA,
+        preload=PRELOAD,
     )
     kinds = [e["kind"] for e in events]
     story = story_of([e for e in events if e["kind"] not in ("throughput_measured", "straggler")])
@@ -129,7 +140,7 @@ def test_the_llama_sharded_with_fsdp2_recovers_a_lost_replica_in_place_and_expor
     trace, iterations, exported = tmp_path / "trace.jsonl", 24, tmp_path / "exported"
     fault = [{"action": "lose_node", "rank": 0, "step": 10, "generation": 0}]
     program = ["python", str(LLAMA / "train_fsdp.py"), "--dtype", "float64", "--export", str(exported)]
-    lines = f"  replica_size: 2\n  faults: {json.dumps(fault)}\n"
+    lines = f"  replica_size: 2\n  faults: {json.dumps(fault)}\n  preload: {json.dumps(PRELOAD)}\n"
     spec = traced_task(trace, "{2: 1.9e9, 4: 3.5e9}", iterations, 0.0, lines, name="llama", program=program)
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
         cluster.submit(spec)

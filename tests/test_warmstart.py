@@ -64,6 +64,8 @@ def test_a_server_is_keyed_by_the_environment_less_what_each_launch_sets() -> No
     # (leftovers.py finds every process a run started by its mark, forked workers included).
     assert environment_key(base) == environment_key({**base, "UNICRON_TRACE_FILE": "/t.jsonl"})
     assert environment_key(base) != environment_key({**base, "UNICRON_RUN_MARK": "run-1"})
+    # What a server imported is what it is: a task's preload is its own server's.
+    assert environment_key(base) != environment_key({**base, "UNICRON_PRELOAD": "transformers"})
 
 
 async def _launch(warm: WarmStarts, tmp: Path, name: str, code: int, **env: str) -> Forked:
@@ -210,6 +212,36 @@ def test_a_server_whose_imports_start_a_thread_does_not_serve(
     assert asyncio.run(scenario()) is None
     (log,) = (tmp_path / "servers").glob("forkserver-*.log")
     assert "started Python threads; not serving" in log.read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_tasks_preload_is_imported_once_by_its_server_before_the_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run.preload`` (the contract's UNICRON_PRELOAD): the server imports the named modules
+    before it forks, so each worker finds them imported (by its parent, the server, once), and a
+    task without them gets a server of its own that did not import them."""
+    (tmp_path / "heavy.py").write_text("import os\nIMPORTED_BY = os.getpid()\n")
+    (tmp_path / "worker.py").write_text(
+        "import json, os, sys\nheavy = sys.modules.get('heavy')\n"
+        "print(json.dumps({'by': heavy and heavy.IMPORTED_BY, 'parent': os.getppid()}))\n"
+    )
+    monkeypatch.setattr(warmstart, "PRELOAD", ())  # (torch's imports are not what is shown here)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    async def scenario() -> None:
+        warm = WarmStarts(tmp_path / "servers")
+        for i, extra in enumerate([{"UNICRON_PRELOAD": "heavy,json"}] * 2 + [{}]):
+            worker = await _forked(
+                warm, [PY, str(tmp_path / "worker.py")], {**env, **extra}, tmp_path / f"{i}.log"
+            )
+            assert await worker.wait() == 0
+        await warm.close()
+
+    asyncio.run(scenario())
+    seen = [_seen(tmp_path, str(i)) for i in range(3)]
+    assert seen[0]["by"] == seen[0]["parent"] == seen[1]["by"] == seen[1]["parent"]  # once, by the server
+    assert seen[2]["by"] is None and seen[2]["parent"] != seen[0]["parent"]  # another server, which did not
 
 
 def test_a_server_that_cannot_start_leaves_its_workers_to_new_interpreters(

@@ -115,6 +115,7 @@ class Context:
             faults=self._faults(name) or None,
             joining=joining,
             spare=spare,
+            preload=",".join(spec.run.preload) or None,
         )
         return {**contract.to_env(), **spec.run.env}
 

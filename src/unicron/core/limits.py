@@ -37,6 +37,7 @@ Int = Annotated[int, Field(ge=-MAX_JSON_INT, le=MAX_JSON_INT)]
 MAX_TASKS_PER_SUBMIT = 100  # entries of `tasks:`
 MAX_ENV_KEYS = 256  # variables in a task's run.env
 MAX_ARGS = 1024  # a task's run.program (its argv)
+MAX_PRELOAD = 64  # modules in a task's run.preload
 MAX_FAULTS = 256  # a task's run.faults
 MAX_FAULT_TIMES = 1000  # how often one injected fault strikes (run.faults[].times)
 MAX_TABLE_ROWS = 1024  # a task's throughput table

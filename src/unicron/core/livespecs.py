@@ -4,10 +4,11 @@ and the faults a task may have injected into its workers for tests and demos."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from unicron.core.limits import (
     MAX_ARGS,
@@ -16,6 +17,7 @@ from unicron.core.limits import (
     MAX_FAULTS,
     MAX_FLOPS,
     MAX_JSON_INT,
+    MAX_PRELOAD,
     MAX_TABLE_ROWS,
     MAX_TASKS_PER_SUBMIT,
     MAX_TEXT_CHARS,
@@ -44,6 +46,20 @@ from unicron.core.workerenv import (
 )
 
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def _module_name(name: str) -> str:
+    if not MODULE_NAME.fullmatch(name):
+        raise ValueError(
+            f"{name!r} is not a module's dotted name{FIX_MARK}name an installed module as `import` "
+            "takes it, e.g. transformers or torch.distributed.fsdp"
+        )
+    return name
+
+
+# An importable module's dotted name, as ``import`` takes it (run.preload).
+ModuleName = Annotated[str, Field(max_length=256), AfterValidator(_module_name)]
 
 # The worker contract's keys that a field of ``run:`` gives (``run.env`` may not set them).
 FIELD_KEYS = {
@@ -60,6 +76,7 @@ FIELD_KEYS = {
         "spike_window",
         "on_bad_data",
         "digest_every",
+        "preload",
     )
 }
 
@@ -189,6 +206,14 @@ class RunSpec(SpecBase):
         max_length=MAX_ENV_KEYS,
         description="added to each worker's environment; may set the contract's task keys (e.g. "
         "UNICRON_TRACE_FILE); the agent's rank, world size and node keys always win",
+    )
+    preload: list[ModuleName] = Field(
+        default_factory=list,
+        max_length=MAX_PRELOAD,
+        description="modules the node's fork server imports, beyond torch's, before it forks this "
+        "task's workers: each worker started on a node (at launch, restarted, joining) then skips "
+        "their import; installed modules, named as deep as the program imports them (a "
+        "Transformers Llama: [transformers.models.llama.modeling_llama]; docs/warm-start.md)",
     )
     faults: list[FaultSpec] = Field(
         default_factory=list, max_length=MAX_FAULTS, description="faults to inject, for tests and demos"

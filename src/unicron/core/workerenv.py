@@ -53,6 +53,7 @@ KEYS: dict[str, str] = {
     "position_file": "UNICRON_POSITION_FILE",
     "host_checkpoints": "UNICRON_HOST_CHECKPOINTS",
     "host_checkpoint_root": "UNICRON_HOST_CHECKPOINT_ROOT",
+    "preload": "UNICRON_PRELOAD",
 }
 _FLAGS = ("joining", "spare", "host_checkpoints", "check_finite")
 
@@ -125,6 +126,9 @@ class WorkerEnv(BaseModel):
     position_file: str | None = None  # the board its agent reads its position from (core.position)
     host_checkpoints: bool = True  # keep an in-memory (tmpfs) checkpoint copy per node
     host_checkpoint_root: str | None = None
+    # run.preload, comma-separated: what the node's fork server imports beyond torch before it
+    # forks this task's workers (``control/agent/warmstart.py``).
+    preload: str | None = None
 
     def store_addresses(self) -> str:
         """Where the task's store may be, comma-separated: the address it was launched with

@@ -33,10 +33,15 @@ from unicron.core.workerenv import KEYS
 
 # What a training worker imports before its first step, in the order it imports them: torch's
 # modules only (Unicron's training library installs guards when imported: ``forkserver.py``).
+# A task adds its own (``run.preload``, given to the agent as the contract's PRELOAD key).
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.distributed.checkpoint", "torch.nn.parallel")
+PRELOAD_KEY = KEYS["preload"]
 # Set per launch by the agent and the coordinator (torch's names, the device, the worker
-# contract); read at run time, never at import.
-PER_LAUNCH = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES", *KEYS.values()})
+# contract); read at run time, never at import. Not the task's preload: what a server imported
+# is what it is, so workers of another list get another server.
+PER_LAUNCH = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES", *KEYS.values()}) - {
+    PRELOAD_KEY
+}
 # Environments served warm at once (each server holds its imports in memory); a server with no
 # worker left makes room for another environment.
 MAX_SERVERS = 4
@@ -57,6 +62,12 @@ def server_env(env: dict[str, str]) -> dict[str, str]:
     """The environment a worker's server is started with: the worker's, less what each launch
     sets."""
     return {k: v for k, v in env.items() if k not in PER_LAUNCH}
+
+
+def preloaded(env: dict[str, str]) -> list[str]:
+    """What a server for ``env``'s workers imports: torch's modules, then the task's own."""
+    extra = [m for m in env.get(PRELOAD_KEY, "").split(",") if m]
+    return list(dict.fromkeys([*PRELOAD, *extra]))
 
 
 def environment_key(env: dict[str, str]) -> str:
@@ -103,7 +114,7 @@ class ForkServer:
                 "-m",
                 "unicron.control.agent.forkserver",
                 "--preload",
-                ",".join(PRELOAD),
+                ",".join(preloaded(env)),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=out,
