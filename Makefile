@@ -8,20 +8,31 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-# What is installed is pinned by constraints.txt (pyproject.toml declares ranges). torchft, the
-# peer the benchmarks measure (examples/torchft/): its wheel names torch as a dependency, which pip
-# would fetch as a CUDA build, so it goes in without its dependencies (torch is here; its
-# OpenTelemetry packages are in the torchft extra). pip compiles what it installs on one core
-# (the venv took 88 s here); compiled afterwards on every core it takes 60 s (36 s + 24 s). A
-# module that does not compile is left to compile when imported, as pip leaves it; so are the
-# models of Transformers but Llama's (examples/hf-llama): 2,700 of the 13,600 modules, which
-# nothing here imports (Transformers imports a model's modules when the model is first named).
+# What is installed is exactly constraints.txt (pyproject.toml declares ranges; `make lock`
+# resolves them into it): each package without its dependencies, since the file holds them all,
+# in two pip processes at once (pip installs on one core: 18 s here instead of 38 s resolving
+# '.[dev]' against the file), then Unicron itself (editable), then `pip check` that nothing it
+# needs is missing. torchft, the peer the benchmarks measure (examples/torchft/), is in the file
+# and must go in without its dependencies: its wheel names torch, which pip would fetch as a
+# CUDA build (its OpenTelemetry packages are in the torchft extra). NetfilterQueue is built by
+# `make system`, once apt-get has installed what it builds against. pip compiles nothing; compiled
+# afterwards on every core it takes about 20 s. A module that does not compile is left to
+# compile when imported, as pip leaves it; so are the models of Transformers but Llama's
+# (examples/hf-llama): 2,700 of the 13,600 modules, which nothing here imports (Transformers
+# imports a model's modules when the model is first named).
 PIP := -m pip install -q --disable-pip-version-check
 TORCHFT := torchft-nightly==2026.10.26
+LOCKED := $(VENV)/locked
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
-	$(PY) $(PIP) --no-compile -c constraints.txt -e '.[dev]'
-	$(PY) $(PIP) --no-compile -c constraints.txt --no-deps $(TORCHFT)
+	grep -v -i -e '^#' -e '^netfilterqueue==' -e '^$$' constraints.txt > $(LOCKED).txt
+	awk 'NR % 2' $(LOCKED).txt > $(LOCKED)-1.txt && awk '!(NR % 2)' $(LOCKED).txt > $(LOCKED)-2.txt
+	$(PY) $(PIP) --no-compile --no-deps -r $(LOCKED)-1.txt & \
+	  $(PY) $(PIP) --no-compile --no-deps -r $(LOCKED)-2.txt; second=$$?; wait $$!; first=$$?; \
+	  [ $$first -eq 0 ] && [ $$second -eq 0 ]
+	$(PY) $(PIP) --no-compile --no-deps -e .
+	$(PY) -m pip check --disable-pip-version-check \
+	  || { echo "constraints.txt lacks what pyproject.toml asks for: run make lock"; exit 1; }
 	$(PY) -m compileall -q -j 0 -x '/transformers/models/(?!(auto|llama)/)[^/]+/' \
 	  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
 	touch $(STAMP)
