@@ -11,8 +11,9 @@ venv: $(STAMP)
 # What is installed is exactly constraints.txt (pyproject.toml declares ranges; `make lock`
 # resolves them into it): each package without its dependencies, since the file holds them all,
 # in two pip processes at once (pip installs on one core: 18 s here instead of 38 s resolving
-# '.[dev]' against the file), then Unicron itself (editable), then `pip check` that nothing it
-# needs is missing. torchft, the peer the benchmarks measure (examples/torchft/), is in the file
+# '.[dev]' against the file; their output is shown where one fails: each warns of the other's
+# packages half written as it scans what is installed), then Unicron itself (editable), then
+# `pip check` that nothing it needs is missing. torchft, the peer the benchmarks measure (examples/torchft/), is in the file
 # and must go in without its dependencies: its wheel names torch, which pip would fetch as a
 # CUDA build (its OpenTelemetry packages are in the torchft extra). NetfilterQueue is built by
 # `make system`, once apt-get has installed what it builds against. pip compiles nothing; compiled
@@ -27,8 +28,10 @@ $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	grep -v -i -e '^#' -e '^netfilterqueue==' -e '^$$' constraints.txt > $(LOCKED).txt
 	awk 'NR % 2' $(LOCKED).txt > $(LOCKED)-1.txt && awk '!(NR % 2)' $(LOCKED).txt > $(LOCKED)-2.txt
-	$(PY) $(PIP) --no-compile --no-deps -r $(LOCKED)-1.txt & \
-	  $(PY) $(PIP) --no-compile --no-deps -r $(LOCKED)-2.txt; second=$$?; wait $$!; first=$$?; \
+	@echo "installing constraints.txt's packages (two pip processes at once; each one's output in $(LOCKED)-N.log)"
+	@$(PY) $(PIP) --no-compile --no-deps -r $(LOCKED)-1.txt > $(LOCKED)-1.log 2>&1 & \
+	  $(PY) $(PIP) --no-compile --no-deps -r $(LOCKED)-2.txt > $(LOCKED)-2.log 2>&1; second=$$?; \
+	  wait $$!; first=$$?; [ $$first -eq 0 ] || cat $(LOCKED)-1.log; [ $$second -eq 0 ] || cat $(LOCKED)-2.log; \
 	  [ $$first -eq 0 ] && [ $$second -eq 0 ]
 	$(PY) $(PIP) --no-compile --no-deps -e .
 	$(PY) -m pip check --disable-pip-version-check \
