@@ -28,9 +28,11 @@ import torch
 from pydantic import ValidationError
 
 from bench.chaos import check as chaos_check
+from unicron.control.detect.mends import Mends, names_a_device
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.livespecs import FaultSpec, RunSpec
 from unicron.core.protocol import NumericalReport
+from unicron.core.states import NodeState
 from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
 from unicron.train.checkpoint import load_latest
@@ -276,6 +278,40 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         assert_ends_exact(tmp_path, "diverged", 10)
 
 
+@pytest.mark.timeout(300)
+def test_a_device_whose_replica_keeps_being_mended_is_taken_out_and_the_task_ends_exact(
+    tmp_path: Path,
+) -> None:
+    """One bit of rank 3's parameters flipped after step 4's update and again after step 7's, with
+    the ladder's defaults (isolate_after 2): each time the replicas' check finds it in the next
+    step's sum and mends rank 3 from its peers in place, and the second time its node is taken
+    out as a device fault (its two ranks failed, the other two on in place, nothing relaunched).
+    The task ends where a failure-free run does, every step trained on exactly its batch."""
+    trace = tmp_path / "trace.jsonl"
+    flips = [{"action": "flip_param", "rank": 3, "step": s, "generation": 0} for s in (4, 7)]
+    spec = traced_task(trace, "{2: 1.9e9, 4: 3.5e9}", ITERATIONS, 0.0, f"  faults: {json.dumps(flips)}\n")
+    with LocalCluster(tmp_path / "cluster", nodes=2, slots=2) as cluster:
+        cluster.submit(spec)
+        events, rows = finish_and_settle(cluster, trace)
+        nodes = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
+    story = story_of(events)
+    mended = [r["step"] for r in rows if r["what"] == "replica_repaired" and r["rank"] == 3]
+    assert mended == [5, 8], story
+    *repaired, taken = [e for e in events if e["kind"] == "incident"]
+    assert [e["detail"]["kind"] for e in repaired] == ["replica_repaired"] * 2, story
+    struck = {e["detail"]["index"]: e["node"] for e in events if e["kind"] == "fault_injected"}
+    assert (taken["detail"]["kind"], taken["detail"]["action"], taken["node"]) == (
+        "silent_data_corruption",
+        "reconfigure",
+        struck[1],
+    ), story
+    assert nodes[struck[1]] == "isolated", story
+    assert [e["kind"] for e in events].count("task_launch") == 1, story
+    assert_every_incident_closed(events)
+    assert_ledger_exact(rows, ITERATIONS, frozen=frozenset({2, 3}))
+    assert_ends_exact(tmp_path, "lm", ITERATIONS)
+
+
 def run_to_the_end(cluster: LocalCluster, spec: str, name: str) -> list[dict[str, Any]]:
     """Submit ``spec`` (task ``name``), wait for it to end, check it finished; its events."""
     cluster.submit(spec)
@@ -313,6 +349,45 @@ def test_a_passing_fault_is_an_incident_recovered_in_place_and_changes_nothing(m
     (outcome,) = cluster.events("outcome")
     assert outcome["outcome"] == "recovered" and outcome["downtime_s"] == 0.25
     assert cluster.orders[since:] == [] and cluster.c.store.get_task("lm").generation == generation
+
+
+def test_wrong_numbers_undone_in_the_step_count_against_their_node_within_the_window() -> None:
+    mends = Mends(limit=2, window_s=600.0)
+    assert mends.note("n0", 0.0) is None and mends.note("n1", 10.0) is None
+    assert mends.note("n0", 700.0) is None  # the first is out of the window
+    assert mends.note("n0", 800.0) == 2  # taken out: its count starts again
+    assert mends.note("n0", 801.0) is None and mends.note("n1", 20.0) == 2
+    report = NumericalReport(task="t", generation=1, rank=1, step=2, verdict="transient", ranks=[1], why="")
+    assert names_a_device(report) and names_a_device(report.model_copy(update={"outcome": "repaired"}))
+    assert not names_a_device(report.model_copy(update={"ranks": [1, 2]}))  # no one rank's alone
+    for outcome in ("skipped", "applied"):  # the data's, wherever computed
+        assert not names_a_device(report.model_copy(update={"outcome": outcome}))
+
+
+def test_a_node_whose_ranks_keep_needing_their_numbers_undone_is_taken_out(make: Any) -> None:
+    """isolate_after (2 by default) such faults within the ladder's window, each naming one rank
+    on the node (a transient, then a replica mended): a device fault. The node is taken out as a
+    silent-data-corruption, its ranks failed, the others re-formed in place; nothing relaunched."""
+    cluster = make()
+    generation = cluster.c.store.get_task("lm").generation
+    node, _ = cluster.running[("lm", generation, 1)]
+    cluster.beat(node, numerical(cluster, 1))
+    assert [i["kind"] for i in cluster.events("incident")] == ["numerical_transient"]
+    cluster.clock.now += 30.0
+    repaired = {"step": 5, "verdict": "odd_replica", "outcome": "repaired", "time": cluster.clock.now}
+    cluster.beat(node, numerical(cluster, 1).model_copy(update=repaired))
+    *_, taken = cluster.events("incident")
+    assert (taken["kind"], taken["action"], taken["scope"]) == (
+        "silent_data_corruption",
+        "reconfigure",
+        "node",
+    )
+    assert taken["why"].startswith("its ranks' wrong numbers undone in the step 2 times within 600 s")
+    assert cluster.c.store.node(node).state is NodeState.ISOLATED  # type: ignore[union-attr]
+    there = {r for (_, g, r), (n, _) in cluster.running.items() if g == generation and n == node}
+    task = cluster.c.store.get_task("lm")
+    assert task.generation == generation + 1 and task.workers == 4 - len(there)
+    assert not cluster.c.store.events(kinds=["relaunch"])
 
 
 def test_a_skipped_step_and_an_applied_spike_are_incidents_of_their_own_kinds(make: Any) -> None:

@@ -22,6 +22,7 @@ from unicron.brain.routing import Route, Subject, route
 from unicron.control.context import Context
 from unicron.control.detect import reported
 from unicron.control.detect.detection import Detector, Failing, Judged
+from unicron.control.detect.mends import Mends, names_a_device
 from unicron.control.place.placing import Placer
 from unicron.control.recover.admission import refusal
 from unicron.control.recover.attribution import Attribution, Sign
@@ -77,6 +78,7 @@ class Reports:
         # The passing numerical faults recorded lately (an ordered set: the oldest forgotten).
         self.passing_seen: dict[tuple[str, int, int, int], None] = {}
         self.limits, self.spec = self.ctx.limits, self.ctx.spec
+        self.mends = Mends(self.limits.isolate_after, self.limits.escalation_window_s)
 
     def handle(self, report: WorkerReport, node: str) -> bool:
         """A report from ``node``'s agent about one of its workers, carried out where
@@ -109,11 +111,35 @@ class Reports:
                     if len(self.passing_seen) > PASSING_KEPT:
                         del self.passing_seen[next(iter(self.passing_seen))]
                     reported.passing_fault(self.act, found, node, self.clock())
+                    self._mended_on(found, node)
             case Route.NO_TASK | Route.STALE | Route.NOT_FINAL, _, _:
                 pass
             case current, report_now, TaskRecord() as task:
                 return self._current(current, task, report_now, node)
         return False
+
+    def _mended_on(self, found: NumericalReport, node: str) -> None:
+        """A fault of the device of a rank on ``node``, undone in the step: counted against the
+        node, which is taken out once they reach the limit (``detect/mends.py``)."""
+        if not names_a_device(found):
+            return
+        now = self.clock()
+        count = self.mends.note(node, now)
+        task = self.store.task(found.task)
+        if count is None or task is None:
+            return
+        ranks = frozenset(
+            w.rank for w in self.store.workers(task.name, task.generation, live=True) if w.node == node
+        )
+        if not ranks:
+            return  # none of the task's workers is there now: another failure took them out
+        why = (
+            f"its ranks' wrong numbers undone in the step {count} times within "
+            f"{self.limits.escalation_window_s:g} s (the last: rank {found.rank}, {found.outcome}: "
+            f"{found.why}): a device that keeps computing wrong values"
+        )
+        kind, scope = ErrorKind.SILENT_DATA_CORRUPTION, Scope.NODE
+        self.failing(Failing(task.name, task.generation, kind, node, why, ranks, found.time or now, scope))
 
     def _subject(self, report: WorkerReport, node: str) -> Subject:
         """What the store and the parts know of ``report``'s subject."""

@@ -70,8 +70,8 @@ def passing_fault(act: Applier, report: NumericalReport, node: str, now: float) 
     computed again, right, or whose data was at fault (its update skipped in a task that skips
     it, or, a spike, applied: ``train/numerics.py``): an incident the workers already recovered from in place
     (the tier they carried out: the step reattempted, no process restarted), recorded with its
-    culprit and closed at once. It changes nothing the coordinator decides; not yet counted by
-    the ladder (a node whose rank keeps failing so is found by the cross-check: a device fault)."""
+    culprit and closed at once. It changes nothing of the task; one that blames a device is
+    counted against its node, which repeats take out (``mends.py``)."""
     kind, outcome = OUTCOME_KINDS[report.outcome], report.outcome
     info = TAXONOMY[kind]
     incident = act.record(
