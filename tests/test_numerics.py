@@ -5,7 +5,7 @@ follows (``train/numerics.py``, ``train/spikes.py``).
 The verdicts and the spike's limit as values; then, end to end, one task of 4 gloo workers on two
 nodes: a NaN in one rank's gradients once (a passing fault: the step computed again, nothing
 restarts), then a rank that keeps computing NaN whatever its samples (its device: its node is
-taken out until repaired, the others go on in place), then a spike in one rank's gradients once.
+isolated, the others go on in place), then a spike in one rank's gradients once.
 The task must end with the parameters of a failure-free run and with every step having trained on
 exactly its global batch; each fault is an incident naming its rank and node. A sample that gives
 NaN anywhere fails the task with the verdict, in a second task on the same cluster; in a third,
