@@ -304,7 +304,6 @@ def write_markdown(r: dict[str, Any]) -> None:
             floor=BENCH_SETTINGS["hang_floor_s"],
             isolate_after=Settings().isolate_after,
             window=Settings().escalation_window_s,
-            isolation=Settings().isolation_s,
             mean=t["mean_iteration_s"],
             long_verdict=long_verdict(r[LONG]["unicron"], t[f"{LONG}_s"]),
             ordering=ordering_markdown(),

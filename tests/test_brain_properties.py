@@ -477,7 +477,9 @@ def restored(cluster: Agents, at: float | None = None) -> dict[str, Any]:
         "nodes": [replace(n, last_seen=0.0) for n in c.store.nodes()],
         "workers": [w for t in tasks for w in c.store.workers(t.name)],
         "in_flight": c.generations.in_flight(),
-        "isolated": {n: until for n, until in c.recovery.isolated_until.items() if until > now},
+        "isolated": {
+            n: until for n, until in c.recovery.isolated_until.items() if until is None or until > now
+        },  # (None: until an operator resumes it)
         "spares": sorted(c.placer.spares),
         "storage": dict(c.storage.open),
     }

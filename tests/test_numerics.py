@@ -388,6 +388,17 @@ def test_a_node_whose_ranks_keep_needing_their_numbers_undone_is_taken_out(make:
     task = cluster.c.store.get_task("lm")
     assert task.generation == generation + 1 and task.workers == 4 - len(there)
     assert not cluster.c.store.events(kinds=["relaunch"])
+    # Out until an operator resumes it: no tick brings it back, however late.
+    cluster.clock.now += 100 * cluster.settings.limits.isolation_s
+    cluster.step()
+    assert cluster.c.store.node(node).state is NodeState.ISOLATED  # type: ignore[union-attr]
+    cluster.restart()  # a new leader keeps it out too
+    cluster.step()
+    assert cluster.c.store.node(node).state is NodeState.ISOLATED  # type: ignore[union-attr]
+    cluster.c.resume_node(node)
+    assert cluster.c.store.node(node).state is NodeState.HEALTHY  # type: ignore[union-attr]
+    cluster.step()
+    assert cluster.c.store.node(node).state is NodeState.HEALTHY  # type: ignore[union-attr]
 
 
 def test_a_skipped_step_and_an_applied_spike_are_incidents_of_their_own_kinds(make: Any) -> None:

@@ -133,6 +133,20 @@ def test_reconfigure_takes_the_node_out_and_its_ranks_leave_with_it() -> None:
     assert not any(isinstance(e, StopWorker) for e in response.effects)
 
 
+def test_a_device_that_computed_wrong_values_stays_out_until_an_operator_resumes_it() -> None:
+    """Isolated with no end (``until`` None), whether the ladder isolates it or the tier takes it
+    out: waiting mends no such device. A node of any other kind comes back after isolation_s."""
+    sdc = ErrorKind.SILENT_DATA_CORRUPTION
+    for asked in (decision(Tier.RECONFIGURE, kind=sdc), decision(Tier.RECONFIGURE, isolate=True, kind=sdc)):
+        response = respond(snapshot(), failure({1}), asked, True, anything, LIMITS, NOW)
+        (isolate,) = [e for e in response.effects if isinstance(e, Isolate)]
+        assert (isolate.node, isolate.until) == ("a", None)
+    ecc = decision(Tier.RECONFIGURE, isolate=True, kind=ErrorKind.ECC_ERROR)
+    (isolate,) = [e for e in respond(snapshot(), failure({1}), ecc, True, anything, LIMITS, NOW).effects
+                  if isinstance(e, Isolate)]  # fmt: skip
+    assert isolate.until == NOW + LIMITS.isolation_s
+
+
 def test_reconfigure_with_no_node_to_blame_restarts_from_the_checkpoint() -> None:
     response = respond(
         snapshot(), failure({1}, node=None), decision(Tier.RECONFIGURE), True, anything, LIMITS, NOW
@@ -268,6 +282,7 @@ def test_isolation_and_drain_outlast_a_node_lost_and_back() -> None:
     node = NodeRecord(id=1, name="a", slots=2, gpus=[], host="h", state=NodeState.LOST, last_seen=0.0)
     assert returning_state(node, isolated_until=100.0, now=50.0) is NodeState.ISOLATED
     assert returning_state(node, isolated_until=100.0, now=150.0) is NodeState.HEALTHY
+    assert returning_state(node, isolated_until=None, now=1e12) is NodeState.ISOLATED  # until resumed
     drained = replace(node, drained=True)  # lost while an admin's drain held
     assert returning_state(drained, isolated_until=0.0, now=150.0) is NodeState.DRAINING
     draining = replace(node, state=NodeState.DRAINING, drained=True)

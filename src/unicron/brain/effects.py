@@ -81,11 +81,12 @@ class StopGeneration:
 
 @dataclass(frozen=True)
 class Isolate:
-    """Take a node out of service until ``until``, stopping what runs there."""
+    """Take a node out of service until ``until`` (None: until an operator resumes it, a device
+    that computed wrong values), stopping what runs there."""
 
     node: str
     why: str
-    until: float
+    until: float | None
     grace_s: float
 
 

@@ -29,9 +29,14 @@ from unicron.core import tiers
 from unicron.core.ladder import Decision
 from unicron.core.settings import Settings
 from unicron.core.states import NodeState, TaskState
+from unicron.core.taxonomy import ErrorKind
 from unicron.core.tiers import Escalation, Tier, first_applicable, precondition
 
 TASK_ENDED = "task ended"  # an incident still open when its task ended (finished, cancelled)
+# Kinds whose node stays out until an operator resumes it (``unicron node resume``), not for the
+# isolation period: a device that computed wrong values passes every check of its own between
+# its faults, so waiting mends nothing (issue 55's quarantine).
+UNTIL_RESUMED = frozenset({ErrorKind.SILENT_DATA_CORRUPTION})
 
 
 @dataclass(frozen=True)
@@ -54,18 +59,22 @@ class Response:
     effects: tuple[Effect, ...]
 
 
-def isolation(snapshot: Snapshot, node: str, why: str, now: float, limits: Settings) -> tuple[Effect, ...]:
-    """Take a healthy node out for the isolation period (one that is not healthy stays as it is;
-    none is taken out past the isolation budget: :func:`isolation_spent`)."""
+def isolation(
+    snapshot: Snapshot, node: str, why: str, now: float, limits: Settings, kind: ErrorKind | None = None
+) -> tuple[Effect, ...]:
+    """Take a healthy node out for the isolation period, or, for a device that computed wrong
+    values (``kind``), until an operator resumes it: a time out does not mend it (one that is not
+    healthy stays as it is; none is taken out past the isolation budget: :func:`isolation_spent`)."""
     if snapshot.node_state(node) is not NodeState.HEALTHY or isolation_spent(snapshot, limits, now):
         return ()
-    return (Isolate(node, why, now + limits.isolation_s, limits.failure_stop_grace_s),)
+    until = None if kind in UNTIL_RESUMED else now + limits.isolation_s
+    return (Isolate(node, why, until, limits.failure_stop_grace_s),)
 
 
 def isolation_spent(snapshot: Snapshot, limits: Settings, now: float) -> str | None:
     """Why no more node may be isolated now (None: one may): ``tiers.isolation_spent``. A node
     counts while its isolation runs, also while it is lost (it comes back isolated)."""
-    running = {n for n, until in snapshot.isolated_until.items() if until > now}
+    running = {n for n, until in snapshot.isolated_until.items() if until is None or until > now}
     out = len(running | {n.name for n in snapshot.nodes.values() if n.state is NodeState.ISOLATED})
     return tiers.isolation_spent(out, len(snapshot.nodes), limits.max_isolated_fraction)
 
@@ -124,7 +133,9 @@ def respond(
     name, node = failure.task, failure.node
     isolated: tuple[Effect, ...] = ()
     if decision.isolate_node and node is not None:
-        isolated = isolation(snapshot, node, f"{decision.kind.value} ({decision.why})", now, limits)
+        isolated = isolation(
+            snapshot, node, f"{decision.kind.value} ({decision.why})", now, limits, decision.kind
+        )
     planned: dict[Tier, tuple[Effect, ...]] = {}
 
     def why_not(tier: Tier) -> str | None:
@@ -138,7 +149,7 @@ def respond(
             ):
                 return f"node {node} cannot leave: {spent}"
             why = f"{decision.kind.value}: the cluster is reconfigured without it"
-            leaving = isolation(snapshot, node, why, now, limits)
+            leaving = isolation(snapshot, node, why, now, limits, decision.kind)
         out = {node} if tier is Tier.RECONFIGURE and node is not None else set()
         out |= {e.node for e in leaving if isinstance(e, Isolate)}
         gone = frozenset() if tier is Tier.REATTEMPT else failure.failed

@@ -25,7 +25,7 @@ class Snapshot:
     members: Mapping[str, tuple[WorkerRecord, ...]]  # task -> live workers of its generation
     next_generation: Mapping[str, int]  # task -> a generation number it never used
     # node -> until when its isolation runs (also while it is lost: it comes back isolated)
-    isolated_until: Mapping[str, float] = field(default_factory=dict)
+    isolated_until: Mapping[str, float | None] = field(default_factory=dict)  # None: until resumed
     # The healthy nodes' names: set by the store, which keeps them between node changes; else
     # (a snapshot built or replaced by hand) found from ``nodes`` when first asked.
     healthy_names: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
@@ -47,7 +47,7 @@ class Snapshot:
             return healthy
         return self.healthy_names
 
-    def with_isolations(self, isolated_until: Mapping[str, float]) -> Snapshot:
+    def with_isolations(self, isolated_until: Mapping[str, float | None]) -> Snapshot:
         """The same read with the isolations recovery keeps; the healthy names go with it (the
         nodes are the same; ``dataclasses.replace`` alone would drop them, and every decision
         on the copy found them again from every node)."""

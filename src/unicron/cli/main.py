@@ -321,7 +321,7 @@ def node_drain(
 def node_resume(
     name: str, coordinator: URL = "http://127.0.0.1:8470", token_file: TOKEN_FILE = None, ca: CA = None
 ) -> None:
-    """Put a drained node back in service."""
+    """Put a drained or isolated node back in service (a device fault's node stays out until then)."""
     from unicron.cli.live import Api, node_action
 
     node_action(Api.of(coordinator, token_file, ca), name, "resume")

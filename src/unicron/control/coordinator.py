@@ -234,8 +234,9 @@ class Coordinator:
         self.act.node_out_of_service(name, NodeState.DRAINING, "node_draining", reason=reason)
         self.dirty = True
 
-    def resume_node(self, name: str) -> None:
+    def resume_node(self, name: str) -> None:  # an admin puts a drained or isolated node back
         resumable(name, self.store.node(name))
+        self.recovery.released(name)
         self.act.node_out_of_service(name, NodeState.HEALTHY, "node_resumed")
         self.dirty = True
 

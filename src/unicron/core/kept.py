@@ -103,10 +103,11 @@ class OpenIncidents(Kept):
 
 
 class Isolations(Kept):
-    """Until when each isolated node stays out (``control/recover/recovery.py``)."""
+    """Until when each isolated node stays out (``control/recover/recovery.py``; None: until an
+    operator resumes it)."""
 
     NAME: ClassVar[str] = "isolations"
-    until: dict[str, float] = {}
+    until: dict[str, float | None] = {}
 
 
 class LossesHeld(Kept):

@@ -120,10 +120,11 @@ TAXONOMY: dict[ErrorKind, KindInfo] = {
     # A full, read-only or corrupt checkpoint store: restarting processes cannot mend it, and no
     # node is to blame; repeats fail the task with the reason (Settings.same_fault_limit).
     ErrorKind.STORAGE_ERROR: KindInfo(Severity.SEV2, Tier.RESTART_FAILED, False, Scope.STORAGE),
-    # Not in the paper's table (issue 55). A device that computes wrong values is isolated as a
-    # node with ECC errors is (for ``isolation_s``); its peers go on in place. Data that gives NaN, Inf or a
-    # spike wherever it is computed fails the task with the verdict at once: a restart or another
-    # device would compute the same (Megatron's rerun machine exits likewise).
+    # Not in the paper's table (issue 55). A device that computes wrong values is isolated until
+    # an operator resumes it (``brain/response.py:UNTIL_RESUMED``); its peers go on in place. Data
+    # that gives NaN, Inf or a spike wherever it is computed fails the task with the verdict at
+    # once: a restart or another device would compute the same (Megatron's rerun machine exits
+    # likewise).
     ErrorKind.SILENT_DATA_CORRUPTION: _S1,
     ErrorKind.NUMERICAL_DATA: KindInfo(Severity.SEV2, Tier.FAIL_TASK, False, Scope.TASK),
     # Found and undone inside the step by the ranks themselves (the step computed again in place:

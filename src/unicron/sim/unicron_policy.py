@@ -174,7 +174,9 @@ class UnicronPolicy:
         effects = [e for o in outcomes.values() for e in o.decided.response.effects]
         isolated = [e for e in effects if isinstance(e, Isolate)]
         if isolated and failure.node in sim.healthy:
-            sim.take_out(failure.node, isolated[0].until)
+            # Out until an operator resumes it (a device fault): until the trace's repair is done.
+            until = isolated[0].until
+            sim.take_out(failure.node, sim.now + failure.repair_hours * HOUR if until is None else until)
         for name, o in outcomes.items():
             self.ladder.carried(name, o.tier, sim.now)
             self.carried.append(Carried(sim.now, name, failure.kind, o.decided.asked.tier, o.tier))

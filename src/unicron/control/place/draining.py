@@ -31,24 +31,26 @@ def resumable(name: str, node: NodeRecord | None) -> None:
     """Nothing, or the error that says why ``name`` cannot be resumed."""
     if node is None:
         raise NotFound(f"no node named {name!r}")
-    if node.state is not NodeState.DRAINING:
-        raise Conflict(f"node {name!r} is {node.state.value}, not draining: there is nothing to resume")
+    if node.state not in (NodeState.DRAINING, NodeState.ISOLATED):
+        raise Conflict(
+            f"node {name!r} is {node.state.value}, not draining or isolated: there is nothing to resume"
+        )
 
 
-def returning_state(known: NodeRecord | None, isolated_until: float, now: float) -> NodeState:
+def returning_state(known: NodeRecord | None, isolated_until: float | None, now: float) -> NodeState:
     """The state a node registering (again) takes.
 
     An admin's drain and the ladder's isolation outlast the agent: a node isolated or drained
     stays so when its agent re-registers, and also when it was lost meanwhile (a drained node
     rebooted for its maintenance comes back drained, as Slurm keeps ``state=drain`` across a
     reboot: the node's row keeps the drain, ``records.drained_across``), until resumed or until its
-    isolation runs out."""
+    isolation runs out (``isolated_until`` None: it runs until resumed)."""
     if known is None:
         return NodeState.HEALTHY
     if known.state in (NodeState.ISOLATED, NodeState.DRAINING):
         return known.state
     if known.state is NodeState.LOST and known.drained:
         return NodeState.DRAINING
-    if known.state is NodeState.LOST and now < isolated_until:
+    if known.state is NodeState.LOST and (isolated_until is None or now < isolated_until):
         return NodeState.ISOLATED
     return NodeState.HEALTHY

@@ -76,7 +76,7 @@ class Recovery:
     # (task, generation) -> (since, kind, node): a survivor saw a peer fail; the cause is due
     awaiting: dict[tuple[str, int], tuple[float, ErrorKind, str | None]] = field(default_factory=dict)
     awaiting_ranks: dict[tuple[str, int], set[int]] = field(default_factory=dict)
-    isolated_until: dict[str, float] = field(default_factory=dict)
+    isolated_until: dict[str, float | None] = field(default_factory=dict)  # None: until resumed
     last_incident: dict[str, int] = field(default_factory=dict)  # per task, open or closed
 
     def peer_error(
@@ -464,9 +464,14 @@ class Recovery:
         """The fault library injected a fault in the generation at ``at``: its failure began then."""
         self.faults[key] = at
 
-    def isolated_until_of(self, node: str) -> float:
-        """When the node's isolation ends (0: it is not isolated)."""
+    def isolated_until_of(self, node: str) -> float | None:
+        """When the node's isolation ends (0: it is not isolated; None: when an operator resumes it)."""
         return self.isolated_until.get(node, 0.0)
+
+    def released(self, node: str) -> None:
+        """An operator put the node back in service: its isolation is over."""
+        if self.isolated_until.pop(node, 0.0) != 0.0:
+            self.ctx.act.keep(Isolations(until=self.isolated_until))
 
     def restore_isolations(self, kept: Isolations, isolated: Sequence[str]) -> None:
         """The predecessor's isolations; a node isolated with no end kept (a crash between the
@@ -489,7 +494,7 @@ class Recovery:
         """Nodes whose isolation ran out are back in service; True when any was. (Looked up by
         the isolations' ends, not by reading every node: this runs on every tick.)"""
         over = False
-        for name in [n for n, until in self.isolated_until.items() if now >= until]:
+        for name in [n for n, until in self.isolated_until.items() if until is not None and now >= until]:
             node = self.ctx.store.node(name)
             if node is not None and node.state is NodeState.ISOLATED:
                 self.ctx.act.node_state(node.name, NodeState.HEALTHY)

@@ -416,7 +416,7 @@ def _manage_routes(runtime: Runtime) -> APIRouter:
 
     @router.post("/v1/nodes/{name}/resume")
     async def resume_node(name: str) -> dict[str, str]:
-        """Put a drained node back in service."""
+        """Put a drained or isolated node back in service."""
         runtime.c.resume_node(name)
         await runtime.durable()
         return {"resumed": name}
