@@ -52,6 +52,7 @@ from .test_live_cluster import (
     story_of,
     traced_task,
 )
+from .test_live_drain import cli as node_cli
 
 NONE: frozenset[int] = frozenset()
 
@@ -294,12 +295,14 @@ def test_a_device_whose_replica_keeps_being_mended_is_taken_out_and_the_task_end
         cluster.submit(spec)
         events, rows = finish_and_settle(cluster, trace)
         nodes = {n["name"]: n["state"] for n in cluster.get("/v1/nodes")}
+        struck = {e["detail"]["index"]: e["node"] for e in events if e["kind"] == "fault_injected"}
+        resumed = node_cli(cluster, "resume", struck[1])  # an operator puts it back (it stays out till then)
+        assert resumed.returncode == 0 and f"{struck[1]}: healthy" in resumed.stdout, resumed.stderr
     story = story_of(events)
     mended = [r["step"] for r in rows if r["what"] == "replica_repaired" and r["rank"] == 3]
     assert mended == [5, 8], story
     *repaired, taken = [e for e in events if e["kind"] == "incident"]
     assert [e["detail"]["kind"] for e in repaired] == ["replica_repaired"] * 2, story
-    struck = {e["detail"]["index"]: e["node"] for e in events if e["kind"] == "fault_injected"}
     assert (taken["detail"]["kind"], taken["detail"]["action"], taken["node"]) == (
         "silent_data_corruption",
         "reconfigure",
