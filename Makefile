@@ -13,9 +13,10 @@ venv: $(STAMP)
 # in two pip processes at once (pip installs on one core: 18 s here instead of 38 s resolving
 # '.[dev]' against the file; their output is shown where one fails: each warns of the other's
 # packages half written as it scans what is installed), then Unicron itself (editable), then
-# `pip check` that nothing it needs is missing. torchft, the peer the benchmarks measure (examples/torchft/), is in the file
-# and must go in without its dependencies: its wheel names torch, which pip would fetch as a
-# CUDA build (its OpenTelemetry packages are in the torchft extra). NetfilterQueue is built by
+# `pip check` that nothing it needs is missing. torchft, the peer the benchmarks measure
+# (examples/torchft/), is in the file and must go in without its dependencies: its wheel names
+# torch, which pip would fetch as a CUDA build (its OpenTelemetry packages are in the torchft
+# extra). NetfilterQueue is built by
 # `make system`, once apt-get has installed what it builds against. pip compiles nothing; compiled
 # afterwards on every core it takes about 20 s. A module that does not compile is left to
 # compile when imported, as pip leaves it; so are the models of Transformers but Llama's
