@@ -1,6 +1,7 @@
 """Warm starts through the real stack: a node's workers, first launched and restarted, are forked
-by its agent's fork server (``control/agent/warmstart.py``); with ``--cold-start`` each is a new
-interpreter. Either way the task ends with a failure-free run's parameters and an exact ledger.
+by its agent's fork server (``control/agent/warmstart.py``), itself forked by the local cluster's
+template (``control/agent/template.py``); with ``--cold-start`` each is a new interpreter.
+Either way the task ends with a failure-free run's parameters and an exact ledger.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from unicron.control.launch.localcluster import LocalCluster
+from unicron.control.launch.localcluster import TEMPLATES, LocalCluster
 
 from .test_live_cluster import (
     assert_ends_exact,
@@ -60,9 +61,10 @@ def test_workers_come_from_the_nodes_fork_server_through_a_restart_and_end_exact
     started = {r["pid"] for r in rows if r["what"] == "started"}
     assert len(started) == 4  # two launched, both relaunched
     assert seen.keys() == started
-    if warm:  # one server, the agent's child, forked all four
+    if warm:  # one server, forked for the agent by the cluster's template, forked all four
         ((_, command, grandparent),) = set(seen.values())
-        assert "unicron.control.agent.forkserver" in command and grandparent == agent
+        assert "unicron.control.agent.forkserver (from a template)" in command
+        assert grandparent == TEMPLATES[0].process.pid
     else:
         assert {parent for parent, _, _ in seen.values()} == {agent}
     assert_ledger_exact(latest_generation(rows), iterations, world=2)

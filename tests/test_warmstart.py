@@ -268,7 +268,7 @@ def test_a_server_that_cannot_start_leaves_its_workers_to_new_interpreters(
     here), and the next launch tries a server again."""
     tries: list[int] = []
 
-    async def broken(cls: type, env: dict[str, str], log: Path) -> None:
+    async def broken(cls: type, env: dict[str, str], log: Path, template: Path | None) -> None:
         tries.append(1)
         raise RuntimeError("no server")
 

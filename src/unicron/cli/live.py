@@ -120,6 +120,7 @@ def run_agent(
     metrics_port: int | None = None,
     domain: str | None = None,
     warm_start: bool = True,
+    fork_template: Path | None = None,
 ) -> None:
     from unicron.control.agent.agent import run_agent as start
     from unicron.control.agent.hostaddress import AddressError, NodeAddress, interface_of
@@ -136,7 +137,9 @@ def run_agent(
     except AddressError as exc:
         raise UsageError(str(exc)) from None
     folder = run_dir or Path(f".unicron/agents/{name}")
-    start(url, name, slots, folder, devices, credentials, where, metrics_port, domain, warm_start)
+    start(
+        url, name, slots, folder, devices, credentials, where, metrics_port, domain, warm_start, fork_template
+    )
 
 
 def check_node_size(slots: int, gpus: list[str]) -> None:

@@ -180,6 +180,14 @@ def agent(
             "as a new interpreter",
         ),
     ] = True,
+    fork_template: Annotated[
+        Path | None,
+        typer.Option(
+            help="fork the fork servers from the template server listening at this socket (one "
+            "import of torch for the agents of a local cluster, which starts it; an environment "
+            "it does not serve gets a server of its own)",
+        ),
+    ] = None,
 ) -> None:
     """Run a node agent: register, heartbeat, launch and supervise workers (with an agent token
     issued for this node)."""
@@ -187,7 +195,8 @@ def agent(
     from unicron.control.service.credentials import resolve
 
     credentials = resolve(token_file, ca)
-    run_agent(coordinator, node, slots, run_dir, gpus, credentials, address, metrics_port, domain, warm_start)
+    agent = (coordinator, node, slots, run_dir, gpus, credentials, address, metrics_port, domain)
+    run_agent(*agent, warm_start, fork_template)
 
 
 @app.command()

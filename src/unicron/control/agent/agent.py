@@ -87,6 +87,7 @@ class Agent:
         metrics: AgentMetrics | None = None,
         domain: str | None = None,
         warm_start: bool = True,
+        fork_template: Path | None = None,
     ) -> None:
         self.coordinators = Coordinators.of(coordinator)
         self.domain = domain  # the failure domain it shares with other nodes (``--domain``)
@@ -104,6 +105,7 @@ class Agent:
         )
         # Python workers forked from a server that has imported torch (``warmstart.py``).
         self.supervisor.warm.enabled = warm_start
+        self.supervisor.warm.template = fork_template  # a local cluster's (``template.py``)
         self.interval = 0.5
         self.registered = False
         self.answered_at = time.monotonic()  # the last heartbeat the coordinator answered
@@ -328,6 +330,7 @@ def run_agent(
     metrics_port: int | None = None,
     domain: str | None = None,
     warm_start: bool = True,
+    fork_template: Path | None = None,
 ) -> None:
     """Run the agent until SIGTERM or SIGINT (exit 0), or until its loop fails (exit 1), saying
     what it is, where it reports, and when and why it stops."""
@@ -335,7 +338,17 @@ def run_agent(
 
     async def main() -> str | None:
         agent = Agent(
-            coordinator, node, slots, run_dir, gpus, where, credentials, metrics, domain, warm_start
+            coordinator,
+            node,
+            slots,
+            run_dir,
+            gpus,
+            where,
+            credentials,
+            metrics,
+            domain,
+            warm_start,
+            fork_template,
         )
         lines = started_lines(node, slots, gpus or [], str(agent.coordinators), where, run_dir, warm_start)
         for line in lines:

@@ -26,8 +26,10 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from unicron.control.agent.processes import dies_with_parent
+from unicron.control.agent.template import ask
 from unicron.control.private import private_log
 from unicron.core.workerenv import KEYS
 
@@ -94,10 +96,76 @@ class Forked:
         return self.returncode
 
 
+class ServerProcess(Protocol):
+    """What a fork server's process is to the agent: ``asyncio.subprocess.Process`` for one it
+    started, :class:`Templated` for one a template forked."""
+
+    stdin: asyncio.StreamWriter | None
+    stdout: asyncio.StreamReader | None
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+class Templated:
+    """A server the template forked (``template.py``): not the agent's child, so its end is read
+    from a pidfd, and its code is not known (0, or the SIGKILL the agent sent)."""
+
+    def __init__(self, pid: int, stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader) -> None:
+        self.stdin: asyncio.StreamWriter | None = stdin
+        self.stdout: asyncio.StreamReader | None = stdout
+        self.pidfd = os.pidfd_open(pid)
+        self.ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.killed = False
+        asyncio.get_running_loop().add_reader(self.pidfd, self._ended)
+
+    @classmethod
+    async def ask(cls, template: Path, env: dict[str, str], log: Path) -> Templated:
+        """A server forked by the template at ``template``; OSError where it refuses (its
+        environment differs) or does not answer."""
+        loop = asyncio.get_running_loop()
+        with private_log(log) as out:
+            pid, orders, answers = await asyncio.to_thread(
+                ask, template, env, preloaded(env), out.fileno(), READY_TIMEOUT_S
+            )
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(answers, "rb", 0)
+        )
+        transport, protocol = await loop.connect_write_pipe(
+            lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader()), os.fdopen(orders, "wb", 0)
+        )
+        return cls(pid, asyncio.StreamWriter(transport, protocol, None, loop), reader)
+
+    def _ended(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self.pidfd)
+        os.close(self.pidfd)
+        if not self.ended.done():
+            self.ended.set_result(-signal.SIGKILL if self.killed else 0)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.ended.result() if self.ended.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self.ended)
+
+    def kill(self) -> None:
+        if not self.ended.done():
+            self.killed = True
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+
 class ForkServer:
     """One server process and the workers it forked."""
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, process: ServerProcess) -> None:
         self.process = process
         self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.answers: dict[int, asyncio.Future[Forked]] = {}
@@ -106,7 +174,14 @@ class ForkServer:
         self.reader = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def start(cls, env: dict[str, str], log: Path) -> ForkServer:
+    async def start(cls, env: dict[str, str], log: Path, template: Path | None = None) -> ForkServer:
+        """A server for ``env``'s workers: forked by the ``template`` where there is one and it
+        serves this environment, else started here (OSError if it cannot be)."""
+        if template is not None:
+            try:
+                return cls(await Templated.ask(template, env, log))
+            except OSError as exc:
+                print(f"warm starts: {exc}; this server imports torch itself", file=sys.stderr, flush=True)
         with private_log(log) as out:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -194,9 +269,10 @@ class WarmStarts:
     """The agent's fork servers, by environment (``enabled`` False: every worker starts as a new
     interpreter, ``unicron agent --cold-start``)."""
 
-    def __init__(self, logs: Path, enabled: bool = True) -> None:
+    def __init__(self, logs: Path, enabled: bool = True, template: Path | None = None) -> None:
         self.logs = logs
         self.enabled = enabled
+        self.template = template  # a template server's socket, to fork servers from (``template.py``)
         self.servers: dict[str, asyncio.Task[ForkServer | None]] = {}
         self.retiring: set[asyncio.Task[None]] = set()
 
@@ -254,7 +330,7 @@ class WarmStarts:
     async def _start(self, env: dict[str, str], key: str) -> ForkServer | None:
         self.logs.mkdir(parents=True, exist_ok=True)
         try:
-            server = await ForkServer.start(env, self.logs / f"forkserver-{key}.log")
+            server = await ForkServer.start(env, self.logs / f"forkserver-{key}.log", self.template)
         except OSError:
             return None
         with contextlib.suppress(TimeoutError):

@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 
+from unicron.control.agent.template import Template
+from unicron.control.agent.warmstart import preloaded
 from unicron.control.launch.testhosts import Host, InNamespace, TestHosts
 from unicron.control.private import private_log
 from unicron.control.service.credentials import Credentials, read_token, write_token
@@ -37,6 +39,26 @@ from unicron.core.states import SLOT_HOLDING_PHASES
 from unicron.core.workerenv import host_checkpoint_dir
 
 PORT_TRIES = 3
+# The template this process's clusters fork their agents' fork servers from (``template.py``):
+# one import of torch for all of them, started by the first cluster that needs it and ended with
+# this process. Not for agents on test hosts: a server forked here would be outside their
+# network namespace.
+TEMPLATES: list[Template] = []
+# Variables that may differ between the template and the agents it serves: set by a test runner
+# per test (pytest's name of the test under way), read by no import.
+PER_TEST = ("PYTEST_CURRENT_TEST",)
+
+
+def shared_template() -> Template | None:
+    """This process's template, started if need be; None where it does not serve (the agents'
+    servers then import torch themselves)."""
+    if TEMPLATES and not TEMPLATES[0].serving:
+        TEMPLATES.pop().close()
+    if not TEMPLATES:
+        template = Template(preloaded({}), PER_TEST)
+        atexit.register(template.close)
+        TEMPLATES.append(template)
+    return TEMPLATES[0] if TEMPLATES[0].serving else None
 
 
 def free_port() -> int:
@@ -265,10 +287,16 @@ class LocalCluster:
                 *(["--gpus", ",".join(self.gpus)] if self.gpus else []),
                 *(["--domain", self.domains[name]] if name in self.domains else []),
                 *([] if self.warm_start else ["--cold-start"]),
+                *(["--fork-template", str(t.socket)] if (t := self._template()) is not None else []),
             ],
             self.root / "logs" / f"agent-{name}.log",
             name if self.hosts is not None else None,
         )
+
+    def _template(self) -> Template | None:
+        """The template its agents fork their servers from (``TEMPLATES``); None for agents that
+        start workers as new interpreters, or that run on test hosts."""
+        return shared_template() if self.warm_start and self.hosts is None else None
 
     def cut_link(self, name: str) -> None:
         """Cut ``name``'s network link (test hosts only): its processes run on, unreachable."""

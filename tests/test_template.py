@@ -1,0 +1,153 @@
+"""The template server (``control/agent/template.py``): agents' fork servers forked from one
+process that imported torch once, through real processes (a template that imports nothing, so
+that each test costs a fork, not torch's import)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from unicron.control.agent import warmstart
+from unicron.control.agent.template import Template, differing
+from unicron.control.agent.warmstart import Forked, WarmStarts
+
+from .test_warmstart import BARE_PROBE, PY
+
+# What the xdist worker's C environment may hold beside os.environ (GNU readline's), and pytest's
+# name of the test under way: the template is started from this process as a cluster starts it.
+IGNORED = ("COLUMNS", "LINES", "PYTEST_CURRENT_TEST")
+
+
+@pytest.fixture
+def template(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Template]:
+    monkeypatch.setattr(warmstart, "PRELOAD", ())
+    (tmp_path / "probe.py").write_text(BARE_PROBE)
+    started = Template([], IGNORED)
+    assert started.serving
+    yield started
+    started.close()
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def alive(pid: int) -> bool:
+    """Running (not ended, nor a zombie whose new parent has not reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def ended(pids: list[int], within_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
+def test_an_environment_is_served_where_it_differs_only_in_unicrons_variables_or_those_ignored() -> None:
+    own = {"PATH": "/bin", "OMP_NUM_THREADS": "4", "UNICRON_TASK": "a", "PYTEST_CURRENT_TEST": "x"}
+    assert differing({**own, "UNICRON_TASK": "b", "UNICRON_RANK": "1"}, own) == []
+    assert differing({**own, "PYTEST_CURRENT_TEST": "y"}, own, frozenset({"PYTEST_CURRENT_TEST"})) == []
+    changed = {**own, "OMP_NUM_THREADS": "1", "TORCH_LOGS": "+dynamo"}
+    del changed["PATH"]
+    assert differing(changed, own) == ["OMP_NUM_THREADS", "PATH", "TORCH_LOGS"]
+
+
+@pytest.mark.timeout(120)
+def test_servers_are_forked_by_the_template_and_another_environment_gets_its_own(
+    template: Template, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Two launches in the template's environment (one with Unicron's variables of its own) share
+    a server the template forked; a launch with a variable of its own gets a server this process
+    started, as without a template; each worker runs its program and its code comes back."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    async def scenario() -> dict[str, tuple[int, int]]:
+        warm = WarmStarts(tmp_path / "servers", template=template.socket)
+        seen = {}
+        for name, code, extra in (
+            ("a", 0, {}),
+            ("a2", 3, {"UNICRON_TASK": "t"}),
+            ("b", 4, {"TASK_VAR": "b"}),
+        ):
+            log = tmp_path / f"{name}.log"
+            log.touch()
+            launched = await warm.launch([PY, str(tmp_path / "probe.py"), str(code)], {**env, **extra}, log)
+            assert isinstance(launched, Forked)
+            server = parent_of(launched.pid)
+            seen[name] = (await launched.wait(), parent_of(server))
+        await warm.close()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen == {"a": (0, template.process.pid), "a2": (3, template.process.pid), "b": (4, os.getpid())}
+    first = {n: json.loads((tmp_path / f"{n}.log").read_text().splitlines()[0]) for n in ("a", "a2", "b")}
+    assert first["a"]["parent"] == first["a2"]["parent"] != first["b"]["parent"]
+    assert first["b"]["task_var"] == "b" and first["a2"]["own_group"]
+    assert "the environment differs from the template's in TASK_VAR" in capfd.readouterr().err
+
+
+AGENT = """
+import asyncio, os, sys
+from pathlib import Path
+from unicron.control.agent import warmstart
+warmstart.PRELOAD = ()
+async def main():
+    warm = warmstart.WarmStarts(Path(sys.argv[1]) / "servers", template=Path(sys.argv[2]))
+    log = Path(sys.argv[1]) / "sleeper.log"
+    log.touch()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    worker = await warm.launch([sys.executable, sys.argv[3], "98"], env, log)
+    print(worker.pid, flush=True)
+    await asyncio.sleep(600)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_server_and_its_workers_end_with_the_agent_that_asked_for_it(
+    template: Template, tmp_path: Path
+) -> None:
+    """The server is the template's child, not the agent's: no parent-death signal ends it when
+    the agent is killed, but its watch on the agent does, and its worker dies with it."""
+    agent = subprocess.Popen(
+        [PY, "-c", AGENT, str(tmp_path), str(template.socket), str(tmp_path / "probe.py")],
+        stdout=subprocess.PIPE,
+    )
+    assert agent.stdout is not None
+    worker = int(agent.stdout.readline())
+    server = parent_of(worker)
+    assert parent_of(server) == template.process.pid
+    agent.kill()
+    agent.wait()
+    assert ended([server, worker]), "the server or its worker outlived the agent"
+    assert template.serving  # the template serves on
+
+
+@pytest.mark.timeout(60)
+def test_the_template_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
+    starter = subprocess.Popen(
+        [PY, "-c", "import sys, time\nfrom unicron.control.agent.template import Template\n"
+         "t = Template([])\nprint(t.process.pid, t.folder, flush=True)\ntime.sleep(600)"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert starter.stdout is not None
+    pid, folder = starter.stdout.readline().split()
+    starter.send_signal(signal.SIGKILL)
+    starter.wait()
+    try:
+        assert ended([int(pid)]), "the template outlived its starter"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
