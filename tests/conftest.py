@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.metadata
@@ -156,9 +157,23 @@ CPU_SHOWN = 15
 
 def cpu_used_s() -> float:
     """CPU seconds used so far by this process and by the processes it has reaped (with theirs):
-    a live test's coordinator and agents, and through the agents their workers."""
+    a live test's coordinator and agents, and through the agents their workers; and by the
+    template its clusters fork their agents' servers from, with the servers it reaped (and
+    through them their workers), which this process reaps only when it ends."""
     own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime + templates_cpu_s()
+
+
+def templates_cpu_s() -> float:
+    """The CPU of this process's live templates (``localcluster.TEMPLATES``) and their reaped
+    children: utime, stime, cutime and cstime in /proc/PID/stat."""
+    module = sys.modules.get("unicron.control.launch.localcluster")
+    total = 0.0
+    for template in module.TEMPLATES if module is not None else []:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{template.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -39,7 +39,6 @@ import contextlib
 import json
 import os
 import selectors
-import signal
 import socket
 import struct
 import subprocess
@@ -109,38 +108,58 @@ def serve_agents(
 ) -> Request | None:
     """Answer requests until the process that started the template ends (None). In a forked
     child, the request it is to serve. ``own``: the environment the template imported under
-    (the imports may add to it, as torch's inductor adds its cache's folder)."""
+    (the imports may add to it, as torch's inductor adds its cache's folder). The template
+    reaps the servers it forked, so that their CPU and their workers' counts as its children's,
+    as a server's an agent started counts as the agent's."""
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(starter, selectors.EVENT_READ)
+    servers: dict[int, int] = {}  # pidfd -> pid
     while True:
         for key, _ in selector.select():
             if key.fd == starter:
                 return None
+            if key.fd in servers:
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                os.waitpid(servers.pop(key.fd), 0)
+                continue
             conn, _ = listener.accept()
             with conn:
-                request = read_request(conn)
-                if isinstance(request, Request) and (other := differing(request.env, own, ignored)):
-                    request = f"the environment differs from the template's in {', '.join(other)}"
-                if isinstance(request, str):
-                    conn.send(json.dumps({"refused": request}).encode())
+                request = checked(conn, own, ignored)
+                if request is None:
                     continue
                 pid = os.fork()
                 if pid == 0:
                     selector.close()
-                    listener.close()
-                    os.close(starter)
+                    for fd in (*servers, starter, listener.fileno()):
+                        os.close(fd)
                     return request
                 for fd in (request.orders, request.answers, request.log):
                     os.close(fd)
+                pidfd = os.pidfd_open(pid)
+                servers[pidfd] = pid
+                selector.register(pidfd, selectors.EVENT_READ)
                 conn.send(json.dumps({"pid": pid}).encode())
+
+
+def checked(conn: socket.socket, own: dict[str, str], ignored: frozenset[str]) -> Request | None:
+    """The request on ``conn`` if it is to be served; None where it was refused (and told why)."""
+    request = read_request(conn)
+    if isinstance(request, Request) and (other := differing(request.env, own, ignored)):
+        for fd in (request.orders, request.answers, request.log):
+            os.close(fd)
+        request = f"the environment differs from the template's in {', '.join(other)}"
+    if isinstance(request, str):
+        conn.send(json.dumps({"refused": request}).encode())
+        return None
+    return request
 
 
 def become_server(request: Request) -> forkserver.Order | None:
     """In the forked child: serve the agent as its own server would, until it closes the orders
     and every worker is reaped (None); in a worker forked here, the order it is to become."""
     os.setsid()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (the template leaves its children to the kernel)
     for target in (1, 2):
         os.dup2(request.log, target)
     os.close(request.log)
@@ -181,7 +200,6 @@ def main() -> None:
         return
     if missing:
         print(f"template: could not import {', '.join(missing)}", file=sys.stderr)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its servers are reaped by the kernel
     request = serve_agents(listener, starter, own, ignored)
     if request is None:
         return
