@@ -125,14 +125,15 @@ def serve_agents(
                 os.waitpid(servers.pop(key.fd), 0)
                 continue
             conn, _ = listener.accept()
-            with conn:
+            with conn, contextlib.suppress(OSError):  # (a caller gone mid-request: its own loss)
                 request = checked(conn, own, ignored)
                 if request is None:
                     continue
                 pid = os.fork()
                 if pid == 0:
                     selector.close()
-                    for fd in (*servers, starter, listener.fileno()):
+                    listener.close()
+                    for fd in (*servers, starter):
                         os.close(fd)
                     return request
                 for fd in (request.orders, request.answers, request.log):
@@ -140,7 +141,7 @@ def serve_agents(
                 pidfd = os.pidfd_open(pid)
                 servers[pidfd] = pid
                 selector.register(pidfd, selectors.EVENT_READ)
-                conn.send(json.dumps({"pid": pid}).encode())
+                conn.send(json.dumps({"pid": pid}).encode())  # (gone: its server sees it, and ends)
 
 
 def checked(conn: socket.socket, own: dict[str, str], ignored: frozenset[str]) -> Request | None:
