@@ -16,8 +16,9 @@ Python thread, so forking it is as safe as a DataLoader's forked workers. Nothin
 library is preloaded: it installs guards when imported (``train/porting.py``), which a program
 that never imports it must not meet. The server reaps its children (a pidfd each, no SIGCHLD
 handler) and reports every exit to the agent; the agent signals the workers by pid and process
-group as it does the others. The server dies with the agent (parent-death signal) and its
-workers with it.
+group as it does the others. The server dies with the agent (parent-death signal; one a local
+cluster's template forked, ``template.py``, watches the agent's pidfd instead) and its workers
+with it.
 
 Protocol: JSON lines. The agent writes orders to the server's stdin
 (``{"id", "argv", "env", "cwd", "log"}``); the server answers on its stdout, which it keeps for

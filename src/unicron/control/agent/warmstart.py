@@ -6,13 +6,14 @@ Servers are keyed by the worker's environment less what differs between launches
 devices, the worker contract's variables), because modules read some variables once, when imported: a
 worker never runs on modules imported under another environment.
 
-A server is started by the first launch in its environment, which waits for it: the first
+A server is started by the first launch in its environment (forked by the local cluster's
+template where the agent was given one: ``template.py``), which waits for it: the first
 worker's start costs about what a new interpreter's does (the same imports, made once in the
-server), and every later one there (the node's other slots, restarts, relaunches, newcomers,
-spares) is a fork. A node that runs no worker imports nothing. Where a server cannot start, is
-not ready within ``READY_TIMEOUT_S`` or cannot fork, the worker starts as a new interpreter. A
-server lives until the agent ends, or until another environment needs its place once none of its
-workers runs; its workers die with it.
+server; a fork where a template made them), and every later one there (the node's other slots,
+restarts, relaunches, newcomers, spares) is a fork. A node that runs no worker imports nothing.
+Where a server cannot start, is not ready within ``READY_TIMEOUT_S`` or cannot fork, the worker
+starts as a new interpreter. A server lives until the agent ends, or until another environment
+needs its place once none of its workers runs; its workers die with it.
 """
 
 from __future__ import annotations
