@@ -20,6 +20,7 @@ from unicron.control.agent import warmstart
 from unicron.control.agent.template import Template, differing
 from unicron.control.agent.warmstart import Forked, WarmStarts
 
+from .test_live_warmstart import parent_of
 from .test_warmstart import BARE_PROBE, PY
 
 # What the xdist worker's C environment may hold beside os.environ (GNU readline's), and pytest's
@@ -35,10 +36,6 @@ def template(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Templa
     assert started.serving
     yield started
     started.close()
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def alive(pid: int) -> bool:
