@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from unicron.brain.effects import Record
+from unicron.brain.takeover import store_moved
 from unicron.control.recover.storagewatch import Opened
 from unicron.core.kept import InFlight, LadderCounts, StorageIncidents
 from unicron.core.ladder import Ladder
@@ -20,6 +23,7 @@ from unicron.core.protocol import (
     FaultReport,
     Phase,
     Progress,
+    StopWorkers,
     StorageReport,
     fault_claim_key,
     ready_key,
@@ -28,6 +32,7 @@ from unicron.core.settings import Settings
 from unicron.core.states import NodeState, TaskState
 from unicron.core.taxonomy import ErrorKind
 from unicron.core.tiers import Tier
+from unicron.core.workerenv import KEYS
 
 
 def test_a_store_written_before_new_columns_opens(tmp_path: Path) -> None:
@@ -390,3 +395,47 @@ def test_a_newcomer_that_exits_gives_its_grow_up_at_once(make: Any) -> None:
     assert not cluster.c.generations.growing
     assert len(cluster.events("incident")) == 1  # rank 3's: the newcomer's exit opens none
     assert cluster.c.store.get_task("lm").state is TaskState.RUNNING
+
+
+def test_a_task_whose_store_port_is_taken_at_a_restart_is_relaunched_with_the_new_one(make: Any) -> None:
+    """The coordinator is killed and, before it starts again, another process takes its task's
+    store port: the store is served on another port, which the running workers (looking at the
+    old one) cannot find. The task is relaunched from its checkpoint, its new workers told the new
+    port; no failure is counted, and the event says why."""
+    import socket
+
+    from unicron.control.coordinator import Coordinator
+
+    cluster = make()
+    kept = cluster.c.store.get_task("lm").store_port
+    host = cluster.c.act.rendezvous.host_address
+    cluster.c.shutdown()
+    with socket.socket() as holder:
+        holder.bind((host, kept))
+        holder.listen()
+        cluster.c = Coordinator(cluster.settings, cluster.clock)
+    (moved,) = cluster.events("task_store_moved")
+    task = cluster.c.store.get_task("lm")
+    assert (moved["kept_port"], moved["port"], moved["relaunched"]) == (kept, task.store_port, True)
+    assert task.store_port != kept and task.state is TaskState.RESTARTING and task.failures == 0
+    cluster.step()
+    stopped = {n for n, o in cluster.orders if isinstance(o, StopWorkers) and o.task == "lm"}
+    assert stopped == {"n0", "n1"}
+    for rank in range(4):
+        cluster.exit(rank, code=None, signal=15)
+    for _ in range(3):
+        cluster.step()
+    relaunched = [o for _, o in cluster.launched() if o.generation > 1]
+    assert len(relaunched) == 4
+    assert {o.env[KEYS["store"]].rsplit(":", 1)[1] for o in relaunched} == {str(task.store_port)}
+    assert cluster.c.store.get_task("lm").failures == 0
+
+
+def test_a_moved_store_of_a_task_with_no_workers_is_said_and_nothing_stopped(make: Any) -> None:
+    """A task with no workers running (waiting to be launched again) is launched with the new
+    port anyway: the move is said and nothing is stopped."""
+    cluster = make()
+    waiting = replace(cluster.c.store.get_task("lm"), state=TaskState.WAITING)
+    (said,) = store_moved(waiting, 5000, 5001, grace_s=5.0)
+    assert isinstance(said, Record) and said.kind == "task_store_moved"
+    assert (said.detail["kept_port"], said.detail["port"], said.detail["relaunched"]) == (5000, 5001, False)

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 from unicron.brain.records import TaskRecord
+from unicron.brain.takeover import store_moved
 from unicron.control.act.effects import Applier, Orders
 from unicron.control.act.rendezvous import Rendezvous
 from unicron.control.context import Context, CoordinatorSettings
@@ -152,7 +153,9 @@ class Coordinator:
         self.dirty = True
         self.last_tick: float | None = None  # when the loop last ran (a long gap: it stalled)
         self.forgot_at = -math.inf  # when lost nodes were last looked over (to forget)
-        self.act.host_task_stores()
+        for task, served in self.act.host_task_stores():
+            grace = settings.limits.stop_grace_s
+            self.act.apply(store_moved(task, task.store_port, served, grace), clock())
         self.generations.orphaned_newcomers()
         gpu = settings.cluster.gpu_type()
         live, mtbf = len(self.store.tasks(live_only=True)), settings.cluster.node_mtbf_hours

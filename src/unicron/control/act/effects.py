@@ -35,7 +35,7 @@ from unicron.brain.effects import (
     TaskDown,
     UseSpare,
 )
-from unicron.brain.records import WorkerRecord
+from unicron.brain.records import TaskRecord, WorkerRecord
 from unicron.control.act.happened import Happened
 from unicron.control.act.posting import Posts
 from unicron.control.act.rendezvous import POSTED_PER_TASK, Rendezvous
@@ -304,18 +304,22 @@ class Applier:
         current = Current(generation=generation, launched=launched)
         self.posts.post(task, current_key(task), current.model_dump_json())  # once durable
 
-    def host_task_stores(self) -> None:
+    def host_task_stores(self) -> list[tuple[TaskRecord, int]]:
         """A coordinator starting over a kept store hosts each live task's rendezvous store again
         (its port kept where it can be), posts what it had posted there again (``Posted``), and
         tells its workers the store is new. The new store
         forgot which generation-0 faults were claimed: those the event log shows injected are
-        claimed again, so that none strikes twice."""
+        claimed again, so that none strikes twice. Returns each task (as it was) whose kept port
+        was taken, with the port its store is served on now: its running workers cannot find it
+        there (``brain/takeover.py`` decides what follows)."""
+        moved: list[tuple[TaskRecord, int]] = []
         for task in self._store.tasks(live_only=True):
             if not task.store_port:
                 continue
             port = self.rendezvous.host(task.name, task.store_port)
             if port != task.store_port:
                 self.task_store_port(task.name, port)
+                moved.append((task, port))
             for key, value in (self._store.kept_record(Posted, of=task.name) or Posted()).keys.items():
                 self.rendezvous.set(task.name, key, value)
             self.generation_current(task.name, task.generation)
@@ -323,6 +327,7 @@ class Applier:
                 # (not those of an earlier task of the name, which ended before this one came)
                 if e.detail.get("index") is not None and e.time >= task.submitted:
                     self.rendezvous.claim(task.name, int(e.detail["index"]))
+        return moved
 
     def launch(self, launch: Launch, now: float) -> list[WorkerRecord]:
         added = self._store.add_workers(
