@@ -28,7 +28,7 @@ from unicron.train import checkpoint, connections
 from unicron.train.connections import Opened
 from unicron.train.data import unclaimed_share
 from unicron.train.fingerprint import ReplicasDiverged, as_number, fingerprint, state_tensors, verdict
-from unicron.train.peers import Peers
+from unicron.train.peers import Peers, form_default_group
 from unicron.train.state import TrainState, digest_parts
 
 
@@ -39,7 +39,7 @@ def join(
     store = dist.PrefixStore(f"{task}/g{generation}", base)  # type: ignore[attr-defined]
 
     def form() -> None:
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        form_default_group(backend, store, rank, world_size, timeout)
 
     return connections.opened_by(form)[1]
 

@@ -158,6 +158,23 @@ def end_in_background(holder: list[Any]) -> None:
     threading.Thread(target=holder.clear, name="unicron-group-end", daemon=True).start()
 
 
+def form_default_group(backend: str, store: Any, rank: int, world: int, timeout: timedelta) -> None:
+    """torch.distributed's default group, formed over ``store``. Torch names it (and prefixes its
+    keys in the store) by a counter that each group formed advances and only the default group's
+    destruction resets. A formation that fails (a member lost on the way) leaves the counter
+    advanced with no group to destroy: this rank's next group would be named one ahead of its
+    peers', and each would wait for the others' addresses under its own prefix until the group's
+    timeout. (Seen under load: two survivors of a member killed while their group formed both
+    waited in ``connectFullMesh`` past the recovery's deadline, and the task went back to its
+    checkpoint.) So a failed formation puts the counter back."""
+    try:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    except BaseException:
+        if not dist.is_initialized():
+            dist.distributed_c10d._world.group_count = 0
+        raise
+
+
 def unregister_default_group() -> None:
     """Forget torch.distributed's default group (and every group derived from it) without
     touching it: the caller keeps it alive (``Peers.abandon``) or ends it (``Peers.leave``)."""

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from unicron.train.data import shard, unclaimed_share
 from unicron.train.gradsync import flat_gradients, local, wait_or_abandon, write_back
 from unicron.train.iteration import PeerLostError
-from unicron.train.peers import Peers
+from unicron.train.peers import Peers, form_default_group
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def form_replica(
     prefix = f"{task}/g{generation}/replica{layout.replica}"
     store = dist.PrefixStore(prefix, base)  # type: ignore[attr-defined]
     rank, size = layout.position, layout.size
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    form_default_group(backend, store, rank, size, timeout)
 
 
 def form_peers(base: Any, task: str, generation: int, layout: Layout, timeout: timedelta) -> Peers:
