@@ -21,6 +21,7 @@ from unicron.core.protocol import (
     CheckpointReport,
     ExitReport,
     FaultReport,
+    NumericalReport,
     Phase,
     Progress,
     StopWorkers,
@@ -439,3 +440,28 @@ def test_a_moved_store_of_a_task_with_no_workers_is_said_and_nothing_stopped(mak
     (said,) = store_moved(waiting, 5000, 5001, grace_s=5.0)
     assert isinstance(said, Record) and said.kind == "task_store_moved"
     assert (said.detail["kept_port"], said.detail["port"], said.detail["relaunched"]) == (5000, 5001, False)
+
+
+def test_a_restarted_coordinator_counts_a_nodes_mends_on_from_its_predecessors(make: Any) -> None:
+    """A replica on a node is mended in place (a device fault undone in the step), the
+    coordinator restarts, and it is mended again: the second is the limit's (``isolate_after``
+    2), counted across the restart, and the node is taken out as a faulty device."""
+    cluster = make()
+
+    def mended(step: int) -> None:
+        generation = cluster.c.store.get_task("lm").generation
+        node, _ = cluster.running[("lm", generation, 1)]
+        report = NumericalReport(
+            task="lm", generation=generation, rank=1, step=step, verdict="odd_replica", outcome="repaired",
+            ranks=[1], why="rank 1 holds a state unlike the 3 others'", time=cluster.clock.now, spent_s=0.01,
+        )  # fmt: skip
+        cluster.beat(node, report)
+
+    node, _ = cluster.running[("lm", cluster.c.store.get_task("lm").generation, 1)]
+    mended(3)
+    assert cluster.c.store.node(node).state is NodeState.HEALTHY
+    cluster.restart()
+    cluster.clock.now += 5.0
+    mended(4)
+    (taken,) = [e for e in cluster.events("incident") if e["kind"] == "silent_data_corruption"]
+    assert cluster.c.store.node(node).state is NodeState.ISOLATED, taken

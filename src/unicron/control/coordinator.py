@@ -55,6 +55,7 @@ from unicron.control.store.store import Store
 from unicron.core.access import check_token_id
 from unicron.core.errors import Conflict
 from unicron.core.kept import (
+    DeviceMends,
     FaultSigns,
     InFlight,
     Isolations,
@@ -175,6 +176,7 @@ class Coordinator:
         self.recovery.ladder.restore(self.store.kept_record(LadderCounts) or LadderCounts())
         self.rates.restore(self.store.kept_record(MeasuredRates) or MeasuredRates())
         self.signs.restore(self.store.kept_record(FaultSigns) or FaultSigns())
+        self.reports.mends.restore(self.store.kept_record(DeviceMends) or DeviceMends())
         isolated = [node.name for node in self.store.nodes() if node.state is NodeState.ISOLATED]
         self.recovery.restore_isolations(self.store.kept_record(Isolations) or Isolations(), isolated)
         self.generations.restore(self.store.kept_record(InFlight) or InFlight())

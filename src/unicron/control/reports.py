@@ -125,6 +125,7 @@ class Reports:
             return
         now = self.clock()
         count = self.mends.note(node, now)
+        self.act.keep(self.mends.kept())
         task = self.store.task(found.task)
         if count is None or task is None:
             return

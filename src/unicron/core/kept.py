@@ -64,6 +64,15 @@ class FaultSigns(Kept):
     task_faults: list[tuple[str, ErrorKind, list[float]]] = []
 
 
+class DeviceMends(Kept):
+    """Per node, when wrong numbers of one of its ranks were undone in the step, within the
+    ladder's window (``control/detect/mends.py``): a successor takes a device that keeps
+    computing wrong values out as its predecessor would."""
+
+    NAME: ClassVar[str] = "mends"
+    seen: dict[str, list[float]] = {}
+
+
 class MeasuredRates(Kept):
     """The throughput measured per task and worker count, in use by the planner
     (``control/place/rates.py``)."""

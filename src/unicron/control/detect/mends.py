@@ -11,13 +11,15 @@ out as the cross-check takes out a device it finds wrong (``silent_data_corrupti
 failed, the others going on in place). Faults the data gives (a step skipped, a spike applied) or
 that name no one rank are not counted.
 
-The counts live with the coordinator's process: one that takes over starts them afresh.
+The counts are kept in the store (``core/kept.py:DeviceMends``): a coordinator that takes over
+or restarts goes on counting from its predecessor's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from unicron.core.kept import DeviceMends
 from unicron.core.protocol import NumericalReport
 
 # What was done about wrong numbers that a device (the rank named) may have computed: computed
@@ -48,3 +50,9 @@ class Mends:
             return len(recent)
         self.seen[node] = recent
         return None
+
+    def kept(self) -> DeviceMends:
+        return DeviceMends(seen={node: list(times) for node, times in self.seen.items()})
+
+    def restore(self, kept: DeviceMends) -> None:
+        self.seen = {node: list(times) for node, times in kept.seen.items()}
