@@ -133,6 +133,39 @@ def test_a_forked_server_and_its_workers_end_with_the_agent_that_asked_for_it(
     assert template.serving  # the template serves on
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+@pytest.mark.timeout(120)
+def test_an_agent_in_a_network_namespace_of_its_own_gets_a_server_and_workers_in_it(
+    template: Template, tmp_path: Path
+) -> None:
+    """An agent on a test host runs in a network namespace of its own (here ``unshare --net``):
+    the server the template forks for it enters that namespace, and so does its worker."""
+    agent = subprocess.Popen(
+        [
+            "unshare",
+            "--net",
+            PY,
+            "-c",
+            AGENT,
+            str(tmp_path),
+            str(template.socket),
+            str(tmp_path / "probe.py"),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert agent.stdout is not None
+    try:
+        worker = int(agent.stdout.readline())
+        server = parent_of(worker)
+        assert parent_of(server) == template.process.pid  # forked by the template, not started
+        network = {p: os.readlink(f"/proc/{p}/ns/net") for p in (agent.pid, server, worker)}
+        assert len(set(network.values())) == 1, network
+        assert network[worker] != os.readlink(f"/proc/{template.process.pid}/ns/net")
+    finally:
+        agent.kill()
+        agent.wait()
+
+
 @pytest.mark.timeout(60)
 def test_the_template_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
     starter = subprocess.Popen(

@@ -18,6 +18,11 @@ server it would start. The template forks a child, which becomes that server:
 It ends as soon as the agent ends (it watches the agent's pidfd, where a server the agent
 started has a parent-death signal); its workers die with it by theirs.
 
+A server shares its agent's network: where the agent runs in a network namespace of its own (a
+test host: ``control/launch/testhosts.py``), the forked server enters it before it imports or
+forks anything, so its workers' connections are the host's. Entering another process's network
+namespace takes the privilege that made it: a template not run as root refuses such an agent.
+
 The template imported torch under its own environment, and modules read some variables once,
 when imported. So it serves only a server whose environment is its own, except for Unicron's
 own variables (``UNICRON_*``), which only Unicron's training library reads, and the template
@@ -36,6 +41,7 @@ anything, so a request made meanwhile waits in the socket's backlog, not in an e
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import selectors
@@ -57,6 +63,7 @@ MAX_REQUEST = 1 << 20  # bytes: an environment and a list of modules
 SOCKET_NAME = "template.sock"
 BACKLOG = 64  # requests queued while the template imports (a cluster's agents, at most one each)
 START_WAIT_S = 30.0  # for the template's socket to exist (it binds before importing anything)
+CLONE_NEWNET = 0x40000000  # setns(2): the namespace entered is a network namespace
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,24 @@ def differing(env: dict[str, str], own: dict[str, str], ignored: frozenset[str] 
     and those its starter said no import reads (``ignored``)."""
     keys = {k for k in (*env, *own) if not k.startswith(OWN_PREFIX) and k not in ignored}
     return sorted(k for k in keys if env.get(k) != own.get(k))
+
+
+def network_of(pid: int) -> str:
+    """The network namespace process ``pid`` runs in (``net:[inode]``)."""
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def enter_network_of(pid: int) -> None:
+    """Move this process (single-threaded: a fork server's) into ``pid``'s network namespace."""
+    fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(
+                errno, f"could not enter the network namespace of process {pid}: {os.strerror(errno)}"
+            )
+    finally:
+        os.close(fd)
 
 
 def read_request(conn: socket.socket) -> Request | str:
@@ -147,14 +172,26 @@ def serve_agents(
 def checked(conn: socket.socket, own: dict[str, str], ignored: frozenset[str]) -> Request | None:
     """The request on ``conn`` if it is to be served; None where it was refused (and told why)."""
     request = read_request(conn)
-    if isinstance(request, Request) and (other := differing(request.env, own, ignored)):
+    if isinstance(request, Request) and (why := unservable(request, own, ignored)):
         for fd in (request.orders, request.answers, request.log):
             os.close(fd)
-        request = f"the environment differs from the template's in {', '.join(other)}"
+        request = why
     if isinstance(request, str):
         conn.send(json.dumps({"refused": request}).encode())
         return None
     return request
+
+
+def unservable(request: Request, own: dict[str, str], ignored: frozenset[str]) -> str | None:
+    """Why the template cannot serve ``request`` (None: it can)."""
+    if other := differing(request.env, own, ignored):
+        return f"the environment differs from the template's in {', '.join(other)}"
+    with contextlib.suppress(OSError):  # (the agent gone: its server ends at once)
+        if network_of(request.agent) != network_of(os.getpid()) and os.geteuid() != 0:
+            return (
+                "the agent runs in a network namespace of its own, which only a template run as root enters"
+            )
+    return None
 
 
 def become_server(request: Request) -> forkserver.Order | None:
@@ -166,8 +203,14 @@ def become_server(request: Request) -> forkserver.Order | None:
     os.close(request.log)
     try:
         agent = os.pidfd_open(request.agent)
+        if network_of(request.agent) != network_of(os.getpid()):
+            enter_network_of(request.agent)
     except ProcessLookupError:
         os._exit(0)  # the agent is gone already
+    except OSError as exc:  # (a namespace it may not enter: its workers start as new interpreters)
+        print(f"fork server: {exc}; not serving", file=sys.stderr)
+        forkserver.send(request.answers, {"ready": False, "missing": [], "why": str(exc)})
+        os._exit(0)
     setproctitle.setproctitle(f"{sys.executable} -m unicron.control.agent.forkserver (from a template)")
     os.environ.clear()
     os.environ.update(request.env)

@@ -41,8 +41,7 @@ from unicron.core.workerenv import host_checkpoint_dir
 PORT_TRIES = 3
 # The template this process's clusters fork their agents' fork servers from (``template.py``):
 # one import of torch for all of them, started by the first cluster that needs it and ended with
-# this process. Not for agents on test hosts: a server forked here would be outside their
-# network namespace.
+# this process. An agent on a test host gets a server that enters its host's network namespace.
 TEMPLATES: list[Template] = []
 # Variables that may differ between the template and the agents it serves: set by a test runner
 # per test (pytest's name of the test under way), read by no import.
@@ -295,8 +294,8 @@ class LocalCluster:
 
     def _template(self) -> Template | None:
         """The template its agents fork their servers from (``TEMPLATES``); None for agents that
-        start workers as new interpreters, or that run on test hosts."""
-        return shared_template() if self.warm_start and self.hosts is None else None
+        start workers as new interpreters."""
+        return shared_template() if self.warm_start else None
 
     def cut_link(self, name: str) -> None:
         """Cut ``name``'s network link (test hosts only): its processes run on, unreachable."""
