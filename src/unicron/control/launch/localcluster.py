@@ -46,6 +46,9 @@ TEMPLATES: list[Template] = []
 # Variables that may differ between the template and the agents it serves: set by a test runner
 # per test (pytest's name of the test under way), read by no import.
 PER_TEST = ("PYTEST_CURRENT_TEST",)
+# ... and variables read when a worker forms its groups, not by an import: an agent on a test
+# host names its host's interface for gloo (``control/agent/hostaddress.py``).
+READ_AT_RUN = ("GLOO_SOCKET_IFNAME",)
 
 
 def shared_template() -> Template | None:
@@ -54,7 +57,7 @@ def shared_template() -> Template | None:
     if TEMPLATES and not TEMPLATES[0].serving:
         TEMPLATES.pop().close()
     if not TEMPLATES:
-        template = Template(preloaded({}), PER_TEST)
+        template = Template(preloaded({}), PER_TEST + READ_AT_RUN)
         atexit.register(template.close)
         TEMPLATES.append(template)
     return TEMPLATES[0] if TEMPLATES[0].serving else None
