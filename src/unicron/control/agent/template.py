@@ -90,15 +90,14 @@ def network_of(pid: int) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 
 
-def enter_network_of(pid: int) -> None:
-    """Move this process (single-threaded: a fork server's) into ``pid``'s network namespace."""
-    fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+def enter_network(namespace: str | Path) -> None:
+    """Move the calling thread into the network namespace at ``namespace`` (``/proc/PID/ns/net``,
+    or a named namespace's file): a single-threaded process, such as a fork server, moves whole."""
+    fd = os.open(namespace, os.O_RDONLY)
     try:
         if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
             errno = ctypes.get_errno()
-            raise OSError(
-                errno, f"could not enter the network namespace of process {pid}: {os.strerror(errno)}"
-            )
+            raise OSError(errno, f"could not enter the network namespace {namespace}: {os.strerror(errno)}")
     finally:
         os.close(fd)
 
@@ -204,7 +203,7 @@ def become_server(request: Request) -> forkserver.Order | None:
     try:
         agent = os.pidfd_open(request.agent)
         if network_of(request.agent) != network_of(os.getpid()):
-            enter_network_of(request.agent)
+            enter_network(f"/proc/{request.agent}/ns/net")
     except ProcessLookupError:
         os._exit(0)  # the agent is gone already
     except OSError as exc:  # (a namespace it may not enter: its workers start as new interpreters)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -40,10 +39,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from unicron.control.agent.template import enter_network
+
 SUBNET = "10.231.0"  # a /24 that exists only inside the harness's namespaces
 PREFIX = "unicron-"
 NETNS_DIR = Path("/var/run/netns")
-CLONE_NEWNET = 0x40000000
 INTERFACE = "eth0"  # each host's one interface (a name of its own namespace)
 T = TypeVar("T")
 
@@ -214,12 +214,7 @@ def _enter(namespace: str) -> str:
     """Move the calling thread (only it) into ``namespace``'s network; refuse to go on outside it.
     Returns the namespace's identity (``/proc/thread-self/ns/net``)."""
     before = os.readlink("/proc/thread-self/ns/net")
-    fd = os.open(NETNS_DIR / namespace, os.O_RDONLY)
-    try:
-        if ctypes.CDLL("libc.so.6", use_errno=True).setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns into {namespace} failed")
-    finally:
-        os.close(fd)
+    enter_network(NETNS_DIR / namespace)
     if os.readlink("/proc/thread-self/ns/net") == before:
         raise RuntimeError(f"still outside {namespace} after setns: refusing to connect from here")
     return os.readlink("/proc/thread-self/ns/net")
