@@ -432,6 +432,49 @@ def test_a_task_whose_store_port_is_taken_at_a_restart_is_relaunched_with_the_ne
     assert cluster.c.store.get_task("lm").failures == 0
 
 
+def test_a_recovery_in_place_whose_store_moved_at_a_restart_is_carried_on_from_the_checkpoint(
+    make: Any,
+) -> None:
+    """The coordinator is killed while survivors recover in place, and its task's store port is
+    taken before it starts again: the relaunch that the move decides is the incident's tier from
+    then on (an escalation says so, and why), its in-place deadline is over, and the relaunch's
+    first step closes it. (Its deadline, given afresh at the start, once escalated against the
+    relaunched generation while it started.)"""
+    import socket
+
+    from unicron.control.coordinator import Coordinator
+
+    cluster = make(recovery_deadline_s=10.0)
+    cluster.exit(1)  # rank 1 fails: the others recover in place
+    kept = cluster.c.store.get_task("lm").store_port
+    host = cluster.c.act.rendezvous.host_address
+    cluster.c.shutdown()
+    with socket.socket() as holder:
+        holder.bind((host, kept))
+        holder.listen()
+        cluster.c = Coordinator(cluster.settings, cluster.clock)
+    (escalation,) = cluster.events("escalation")
+    assert (escalation["from_action"], escalation["to_action"]) == (
+        "restart failed processes",
+        "restart from checkpoint",
+    )
+    assert escalation["carried"] and "port" in escalation["why"]
+    (incident,) = cluster.c.recovery.incidents.values()
+    assert incident.deadline is None
+    cluster.step()
+    generation = cluster.c.store.get_task("lm").generation
+    for rank in sorted(r for t, g, r in cluster.running if (t, g) == ("lm", generation)):
+        cluster.exit(rank, code=None, signal=15)  # the stop carried out
+    for _ in range(30):  # past the in-place deadline while the relaunch starts
+        cluster.step()
+    assert len(cluster.events("escalation")) == 1
+    cluster.train(cluster.c.store.get_task("lm").checkpoint_step + 1)
+    (outcome,) = cluster.events("outcome")
+    assert outcome["outcome"] == "recovered"
+    assert outcome["actions"] == ["restart failed processes", "restart from checkpoint"]
+    assert cluster.c.store.get_task("lm").failures == 1  # the worker's fault; the move counts none
+
+
 def test_a_moved_store_of_a_task_with_no_workers_is_said_and_nothing_stopped(make: Any) -> None:
     """A task with no workers running (waiting to be launched again) is launched with the new
     port anyway: the move is said and nothing is stopped."""

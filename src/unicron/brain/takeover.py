@@ -31,10 +31,7 @@ def store_moved(task: TaskRecord, kept: int, served: int, grace_s: float) -> tup
         "port": served,
         "generation": task.generation,
         "relaunched": relaunch,
-        "why": (
-            f"port {kept} was taken on this coordinator's host: its running workers, which look for "
-            f"the store there, cannot reach it on port {served}"
-        )
+        "why": moved_why(kept, served)
         if relaunch
         else f"port {kept} was taken on this coordinator's host; no worker of it runs",
     }
@@ -42,3 +39,11 @@ def store_moved(task: TaskRecord, kept: int, served: int, grace_s: float) -> tup
     if not relaunch:
         return (said,)
     return (said, StopGeneration(task.name, task.generation, grace_s), Stopping(task.name))
+
+
+def moved_why(kept: int, served: int) -> str:
+    """Why a task whose store moved from port ``kept`` to ``served`` is relaunched."""
+    return (
+        f"port {kept} was taken on this coordinator's host: its running workers, which look for "
+        f"the store there, cannot reach it on port {served}"
+    )
