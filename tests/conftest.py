@@ -157,22 +157,28 @@ CPU_SHOWN = 15
 
 def cpu_used_s() -> float:
     """CPU seconds used so far by this process and by the processes it has reaped (with theirs):
-    a live test's coordinator and agents, and through the agents their workers; and by the
-    template its clusters fork their agents' servers from, with the servers it reaped (and
-    through them their workers), which this process reaps only when it ends."""
+    a live test's CLI calls and reference runs; and by the servers it forks from, with the
+    processes they reaped (and through those theirs): the template its clusters fork their agents'
+    servers from, and the fork server its clusters fork their coordinators and agents from
+    (``forked.py``), which this process reaps only when it ends."""
     own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime + templates_cpu_s()
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime + servers_cpu_s()
 
 
-def templates_cpu_s() -> float:
-    """The CPU of this process's live templates (``localcluster.TEMPLATES``) and their reaped
-    children: utime, stime, cutime and cstime in /proc/PID/stat."""
-    module = sys.modules.get("unicron.control.launch.localcluster")
-    total = 0.0
-    for template in module.TEMPLATES if module is not None else []:
+SERVERS = (b"unicron.control.agent.template", b"from multiprocessing.forkserver import main")
+
+
+def servers_cpu_s() -> float:
+    """The CPU of this process's live servers (``SERVERS``) and their reaped children: utime,
+    stime, cutime and cstime in /proc/PID/stat."""
+    total, me = 0.0, os.getpid()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{template.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == me and any(s in (proc / "cmdline").read_bytes() for s in SERVERS):
+                total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
     return total
 
 

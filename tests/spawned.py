@@ -12,13 +12,15 @@ import multiprocessing as mp
 from collections.abc import Callable
 from typing import Any
 
+from unicron.control.launch import forked
+
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "unicron.train"]
 
 
 def _context() -> mp.context.ForkServerContext:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)  # read when the server first starts
-    return ctx
+    # (one server per process, shared with the local clusters' processes: what it imports is read
+    # when it first starts, so both ask for both lists)
+    return forked.context(also=PRELOAD)
 
 
 def run_ranks(target: Callable[..., None], world: int, *args: Any) -> dict[int, Any]:

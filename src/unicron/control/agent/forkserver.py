@@ -176,7 +176,7 @@ def become(order: Order, server: int) -> None:
     libc.prctl(PR_SET_NAME, name)
     os.environ.clear()
     os.environ.update(order.env)
-    _fresh_random_state()
+    fresh_random_state()
     if order.argv[1] == "-m":
         sys.argv = [order.argv[2], *order.argv[3:]]
         sys.path[0] = os.getcwd()
@@ -196,7 +196,7 @@ def _short_name() -> bytes:
         return comm.read().strip()
 
 
-def _fresh_random_state() -> None:
+def fresh_random_state() -> None:
     """What a new process would have: Python's ``random`` is reseeded at fork by itself; torch's
     default generators and NumPy's global one, seeded from entropy when imported, would be the
     server's in every child (``torch.seed`` seeds CUDA's lazily, leaving CUDA uninitialised)."""

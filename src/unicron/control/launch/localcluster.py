@@ -28,6 +28,7 @@ import httpx
 
 from unicron.control.agent.template import Template
 from unicron.control.agent.warmstart import preloaded
+from unicron.control.launch.forked import Forked, Started
 from unicron.control.launch.testhosts import Host, InNamespace, TestHosts
 from unicron.control.private import private_log
 from unicron.control.service.credentials import Credentials, read_token, write_token
@@ -110,10 +111,10 @@ class LocalCluster:
         self.hosts = hosts
         self.store = store
         self._address(port, coordinators)
-        self.coordinators: dict[int, subprocess.Popen[bytes]] = {}
+        self.coordinators: dict[int, Started] = {}
         self.leading = 0  # the coordinator this process's calls reached last
-        self.agents: dict[str, subprocess.Popen[bytes]] = {}
-        self.frozen: list[tuple[subprocess.Popen[bytes], list[int]]] = []
+        self.agents: dict[str, Started] = {}
+        self.frozen: list[tuple[Started, list[int]]] = []
         # The coordinator's secret exists before it starts, so that every party gets its token
         # the way an operator would hand it out: a file per agent, an admin token for us.
         self.secret = load_or_create_secret(root / "coordinator")
@@ -170,8 +171,12 @@ class LocalCluster:
         return self.hosts.command(self.host_of[node] if node else self.coordinator_host, argv)
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, args: list[str], log: Path, node: str | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], log: Path, node: str | None = None) -> Started:
+        """``unicron ARGS`` on ``node``'s host (None: the coordinator's): forked from this
+        process's fork server on loopback (``forked.py``), else started on the test host."""
         with private_log(log) as out:
+            if self.hosts is None:
+                return Forked(args, log)
             return subprocess.Popen(
                 self.command([sys.executable, "-m", "unicron.cli.main", *args], node),
                 stdout=out,
@@ -198,7 +203,7 @@ class LocalCluster:
         return self
 
     @property
-    def coordinator(self) -> subprocess.Popen[bytes] | None:
+    def coordinator(self) -> Started | None:
         """The first coordinator's process (the only one without ``coordinators``)."""
         return self.coordinators.get(0)
 
@@ -309,7 +314,7 @@ class LocalCluster:
         assert self.hosts is not None, "links exist between test hosts: pass hosts=TestHosts(...)"
         self.hosts.heal(self.host_of[name])
 
-    def _signal_node(self, name: str, sig: int) -> tuple[subprocess.Popen[bytes], list[int]]:
+    def _signal_node(self, name: str, sig: int) -> tuple[Started, list[int]]:
         """Send ``sig`` to a node's agent and to each of its live workers' process groups (only
         live ones: an ended worker's pid may since belong to an unrelated process)."""
         agent = self.agents.pop(name)
@@ -448,7 +453,7 @@ def _status(code: int) -> str:
     return f"killed by signal {-code}"
 
 
-def _kill_group(process: subprocess.Popen[bytes], sig: int) -> None:
+def _kill_group(process: Started, sig: int) -> None:
     """Signal the process's group, only while the process is not yet reaped (``poll``): a reaped
     leader's id is free, and may since lead another process group, another test's included."""
     if process.poll() is None:
