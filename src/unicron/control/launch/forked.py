@@ -16,6 +16,11 @@ the starter's working folder as they are at its start, fresh random state, its c
 interpreter would give (a signal as ``-N``, ``SystemExit``'s code, 1 for an exception): the fork
 server reports it.
 
+As with any program that starts processes through ``multiprocessing``, a program that starts a
+local cluster runs its own code under ``if __name__ == "__main__":``: each forked process imports
+the starter's main script (as ``__mp_main__``) before it runs, and one that starts a cluster at
+import fails (exit 1, its error on the starter's output). Unicron's commands and benchmarks do.
+
 The fork server is one per starting process and is shared with whatever else there forks from it
 (the tests' ranks, ``tests/spawned.py``): the modules it imports are those asked for by the
 first to start it. What it imports reads no variable a forked process could need changed: the

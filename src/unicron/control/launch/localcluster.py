@@ -5,6 +5,8 @@ own calls to the coordinator made from inside the coordinator's host.
 
 Used by ``make demo`` and the end-to-end tests. Every process it starts is in its own process
 group and is killed on close (also on Ctrl-C or interpreter exit); workers die with their agent.
+On loopback its coordinators and agents are forked from the standard library's fork server
+(``forked.py``): a program that starts one guards its main code, as ``multiprocessing`` asks.
 """
 
 from __future__ import annotations
