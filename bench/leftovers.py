@@ -26,9 +26,14 @@ from pathlib import Path
 
 MARK_VARIABLE = "UNICRON_RUN_MARK"
 SHM = Path("/dev/shm")
-# Helpers multiprocessing starts for the run's own process, which end with it (a fork server
-# that imported torch for spawned ranks, the resource tracker): not left behind by a test.
-OWN_HELPERS = (b"from multiprocessing.forkserver import", b"from multiprocessing.resource_tracker import")
+# Helpers started for the run's own process, which end with it: multiprocessing's (the fork server
+# its local clusters and spawned ranks fork from, the resource tracker) and the template its local
+# clusters fork their agents' servers from (``localcluster.TEMPLATES``): not left behind by a test.
+OWN_HELPERS = (
+    b"from multiprocessing.forkserver import",
+    b"from multiprocessing.resource_tracker import",
+    b"-m\0unicron.control.agent.template\0",
+)
 
 
 def processes_marked(mark: str, exclude: Collection[int] = ()) -> list[int]:

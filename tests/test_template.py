@@ -11,16 +11,18 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench.leftovers import MARK_VARIABLE, processes_marked
 from unicron.control.agent import warmstart
 from unicron.control.agent.template import Template, differing
 from unicron.control.agent.warmstart import Forked, WarmStarts
 
-from .test_live_warmstart import parent_of
+from .test_live_warmstart import command_of, parent_of
 from .test_warmstart import BARE_PROBE, PY
 
 # What the xdist worker's C environment may hold beside os.environ (GNU readline's), and pytest's
@@ -96,9 +98,51 @@ def test_servers_are_forked_by_the_template_and_another_environment_gets_its_own
     assert "the environment differs from the template's in TASK_VAR" in capfd.readouterr().err
 
 
+@pytest.mark.timeout(120)
+def test_a_server_the_template_forked_and_its_worker_carry_the_runs_mark(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The end-of-run check finds what a run left behind by the mark in each process's initial
+    environment (``bench/leftovers.py``). A server the template forked and a worker forked from
+    it show it, under the commands they show in ps: setproctitle wrote their titles over that
+    memory, and both were invisible to the check."""
+    monkeypatch.setattr(warmstart, "PRELOAD", ())
+    mark = f"test-{uuid.uuid4().hex}"
+    monkeypatch.setenv(MARK_VARIABLE, mark)  # (the template inherits it, as a run's do)
+    (tmp_path / "sleeper.py").write_text("import time\nprint('running', flush=True)\ntime.sleep(120)\n")
+    started = Template([], IGNORED)
+
+    async def scenario() -> tuple[int, int, set[int], dict[int, str]]:
+        warm = WarmStarts(tmp_path / "servers", template=started.socket)
+        log = tmp_path / "sleeper.log"
+        log.touch()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        worker = await warm.launch([PY, str(tmp_path / "sleeper.py")], env, log)
+        assert isinstance(worker, Forked)
+        deadline = time.monotonic() + 60  # (its command is its own once it runs its program)
+        while "running" not in log.read_text() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        server = parent_of(worker.pid)
+        found = set(processes_marked(mark))
+        titles = {pid: command_of(pid) for pid in (worker.pid, server)}
+        os.killpg(worker.pid, signal.SIGKILL)
+        await worker.wait()
+        await warm.close()
+        return worker.pid, server, found, titles
+
+    try:
+        worker, server, found, titles = asyncio.run(scenario())
+    finally:
+        started.close()
+    assert {worker, server} <= found
+    assert titles[worker].rstrip() == f"{PY} {tmp_path / 'sleeper.py'}"
+    assert titles[server].rstrip().endswith("-m unicron.control.agent.forkserver (from a template)")
+
+
 AGENT = """
 import asyncio, os, sys
 from pathlib import Path
+from bench.leftovers import MARK_VARIABLE, processes_marked
 from unicron.control.agent import warmstart
 warmstart.PRELOAD = ()
 async def main():

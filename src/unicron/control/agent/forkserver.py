@@ -47,6 +47,9 @@ import setproctitle
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
+# Room in a server's command line for the commands of the processes forked from it (``retitle``):
+# the arguments that end the command of a server, and of a template that forks servers.
+TITLE_ROOM = ["--title-room", " " * 2048]
 
 
 @dataclass(frozen=True)
@@ -169,10 +172,9 @@ def become(order: Order, server: int) -> None:
     os.close(log)
     os.chdir(order.cwd)
     # ps and /proc/PID/cmdline show the worker's command (as one string), not the server's; the
-    # short name (comm) stays the interpreter's, which setproctitle would overwrite. Before the
-    # environment changes: setproctitle finds the memory it rewrites from the environment's.
+    # short name (comm) stays the interpreter's, which setproctitle would overwrite.
     name = _short_name()
-    setproctitle.setproctitle(" ".join(order.argv))
+    retitle(" ".join(order.argv))
     libc.prctl(PR_SET_NAME, name)
     os.environ.clear()
     os.environ.update(order.env)
@@ -189,6 +191,17 @@ def become(order: Order, server: int) -> None:
         print(f"{sys.executable}: can't open file {os.path.abspath(script)!r}: No such file", file=sys.stderr)
         sys.exit(2)
     runpy.run_path(script, run_name="__main__")
+
+
+def retitle(title: str) -> None:
+    """Show ``title`` as this forked process's command (``ps``, /proc/PID/cmdline), within the
+    memory of the command line it was forked with (``TITLE_ROOM``; a longer title is cut). The
+    memory after it holds the initial environment, which /proc/PID/environ shows: setproctitle
+    would write over it too, and the end-of-run check finds what a run left behind by the mark
+    there (``bench/leftovers.py``): forked workers and servers were invisible to it. Before the
+    environment changes (setproctitle reads its option from it)."""
+    os.environ["SPT_NOENV"] = "1"
+    setproctitle.setproctitle(title)
 
 
 def _short_name() -> bytes:

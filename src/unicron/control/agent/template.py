@@ -54,8 +54,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import setproctitle
-
 from unicron.control.agent import forkserver
 
 OWN_PREFIX = "UNICRON_"  # variables the template may differ in: read by Unicron's library alone
@@ -210,7 +208,7 @@ def become_server(request: Request) -> forkserver.Order | None:
         print(f"fork server: {exc}; not serving", file=sys.stderr)
         forkserver.send(request.answers, {"ready": False, "missing": [], "why": str(exc)})
         os._exit(0)
-    setproctitle.setproctitle(f"{sys.executable} -m unicron.control.agent.forkserver (from a template)")
+    forkserver.retitle(f"{sys.executable} -m unicron.control.agent.forkserver (from a template)")
     os.environ.clear()
     os.environ.update(request.env)
     missing = forkserver.preload(request.preload)
@@ -302,7 +300,7 @@ class Template:
         self.folder = Path(tempfile.mkdtemp(prefix="unicron-template-"))  # (0700)
         self.socket = self.folder / SOCKET_NAME
         argv = [sys.executable, "-u", "-m", __name__, "--socket", str(self.socket)]
-        argv += ["--preload", ",".join(preload), "--ignore", ",".join(ignored)]
+        argv += ["--preload", ",".join(preload), "--ignore", ",".join(ignored), *forkserver.TITLE_ROOM]
         with (self.folder / "template.log").open("ab") as log:
             self.process = subprocess.Popen(
                 argv,

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from unicron.control.agent.forkserver import TITLE_ROOM
 from unicron.control.agent.processes import dies_with_parent
 from unicron.control.agent.template import ask
 from unicron.control.private import private_log
@@ -191,6 +192,7 @@ class ForkServer:
                 "unicron.control.agent.forkserver",
                 "--preload",
                 ",".join(preloaded(env)),
+                *TITLE_ROOM,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=out,

@@ -42,9 +42,7 @@ from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Protocol
 
-import setproctitle
-
-from unicron.control.agent.forkserver import fresh_random_state
+from unicron.control.agent.forkserver import fresh_random_state, retitle
 
 MAIN = "unicron.cli.main"
 # What a coordinator and an agent import before they serve (torch's store and the service; the
@@ -135,8 +133,8 @@ def _run(args: list[str], log: str, env: dict[str, str], cwd: str) -> None:
         os.dup2(fd, target)
     os.close(out)
     os.close(null)
-    # (before the environment changes: setproctitle finds the memory it rewrites from it)
-    setproctitle.setproctitle(" ".join([sys.executable, "-m", MAIN, *args]))
+    # (within the server's own command line, long with its module search path: a longer one is cut)
+    retitle(" ".join([sys.executable, "-m", MAIN, *args]))
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
