@@ -166,20 +166,35 @@ def cpu_used_s() -> float:
 
 
 SERVERS = (b"unicron.control.agent.template", b"from multiprocessing.forkserver import main")
+FOUND_SERVERS: set[int] = set()  # (found once: /proc is read again only until both are found)
 
 
 def servers_cpu_s() -> float:
     """The CPU of this process's live servers (``SERVERS``) and their reaped children: utime,
     stime, cutime and cstime in /proc/PID/stat."""
-    total, me = 0.0, os.getpid()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+    if len(FOUND_SERVERS) < len(SERVERS):
+        FOUND_SERVERS.update(servers())
+    total = 0.0
+    for pid in list(FOUND_SERVERS):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended (a template that stopped serving is replaced)
+            FOUND_SERVERS.discard(pid)
             continue
-        with contextlib.suppress(OSError):
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == me and any(s in (proc / "cmdline").read_bytes() for s in SERVERS):
-                total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def servers() -> list[int]:
+    """This process's children that are ``SERVERS``."""
+    found, me = [], os.getpid()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if parent == me and any(s in (proc / "cmdline").read_bytes() for s in SERVERS):
+                    found.append(int(proc.name))
+    return found
 
 
 @pytest.hookimpl(tryfirst=True)

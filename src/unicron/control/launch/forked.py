@@ -34,7 +34,6 @@ import importlib
 import itertools
 import multiprocessing as mp
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -100,13 +99,6 @@ class Forked:
         if code is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         return code
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def inherited_environment() -> dict[str, str]:

@@ -459,8 +459,13 @@ def _kill_group(process: Started, sig: int) -> None:
     """Signal the process's group, only while the process is not yet reaped (``poll``): a reaped
     leader's id is free, and may since lead another process group, another test's included."""
     if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
             os.killpg(process.pid, sig)
+        except ProcessLookupError:  # a forked one before its setsid: in no group of its own yet
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, sig)
+        except PermissionError:
+            pass
     if sig == signal.SIGKILL:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(5)
