@@ -398,23 +398,30 @@ def test_a_newcomer_that_exits_gives_its_grow_up_at_once(make: Any) -> None:
     assert cluster.c.store.get_task("lm").state is TaskState.RUNNING
 
 
-def test_a_task_whose_store_port_is_taken_at_a_restart_is_relaunched_with_the_new_one(make: Any) -> None:
-    """The coordinator is killed and, before it starts again, another process takes its task's
-    store port: the store is served on another port, which the running workers (looking at the
-    old one) cannot find. The task is relaunched from its checkpoint, its new workers told the new
-    port; no failure is counted, and the event says why."""
+def restart_with_the_store_port_taken(cluster: Any) -> int:
+    """The coordinator is killed, and another process holds task lm's store port while it starts
+    again; returns that (kept) port."""
     import socket
 
     from unicron.control.coordinator import Coordinator
 
-    cluster = make()
-    kept = cluster.c.store.get_task("lm").store_port
+    kept: int = cluster.c.store.get_task("lm").store_port
     host = cluster.c.act.rendezvous.host_address
     cluster.c.shutdown()
     with socket.socket() as holder:
         holder.bind((host, kept))
         holder.listen()
         cluster.c = Coordinator(cluster.settings, cluster.clock)
+    return kept
+
+
+def test_a_task_whose_store_port_is_taken_at_a_restart_is_relaunched_with_the_new_one(make: Any) -> None:
+    """The coordinator is killed and, before it starts again, another process takes its task's
+    store port: the store is served on another port, which the running workers (looking at the
+    old one) cannot find. The task is relaunched from its checkpoint, its new workers told the new
+    port; no failure is counted, and the event says why."""
+    cluster = make()
+    kept = restart_with_the_store_port_taken(cluster)
     (moved,) = cluster.events("task_store_moved")
     task = cluster.c.store.get_task("lm")
     assert (moved["kept_port"], moved["port"], moved["relaunched"]) == (kept, task.store_port, True)
@@ -440,25 +447,15 @@ def test_a_recovery_in_place_whose_store_moved_at_a_restart_is_carried_on_from_t
     then on (an escalation says so, and why), its in-place deadline is over, and the relaunch's
     first step closes it. (Its deadline, given afresh at the start, once escalated against the
     relaunched generation while it started.)"""
-    import socket
-
-    from unicron.control.coordinator import Coordinator
-
     cluster = make(recovery_deadline_s=10.0)
     cluster.exit(1)  # rank 1 fails: the others recover in place
-    kept = cluster.c.store.get_task("lm").store_port
-    host = cluster.c.act.rendezvous.host_address
-    cluster.c.shutdown()
-    with socket.socket() as holder:
-        holder.bind((host, kept))
-        holder.listen()
-        cluster.c = Coordinator(cluster.settings, cluster.clock)
+    kept = restart_with_the_store_port_taken(cluster)
     (escalation,) = cluster.events("escalation")
     assert (escalation["from_action"], escalation["to_action"]) == (
         "restart failed processes",
         "restart from checkpoint",
     )
-    assert escalation["carried"] and "port" in escalation["why"]
+    assert escalation["carried"] and f"port {kept} was taken" in escalation["why"]
     (incident,) = cluster.c.recovery.incidents.values()
     assert incident.deadline is None
     cluster.step()
