@@ -9,27 +9,20 @@ reach the coordinator instead of stopping at the token check."""
 from __future__ import annotations
 
 import os
-import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 
-from unicron.control.coordinator import CoordinatorSettings
-from unicron.control.launch.localcluster import free_port
-from unicron.control.service.service import create_app
+from unicron.control.launch.localcluster import LocalCluster
 from unicron.control.service.tokens import issue
-from unicron.control.store.secret import load_or_create_secret
 from unicron.core.access import Role
 from unicron.core.errors import UsageError
 
-# Per operation. Derandomized: make test sees the same ~1,700 requests every run (a fuzzer's luck
+# Per operation. Derandomized: make test sees the same cases every run (a fuzzer's luck
 # must not decide CI); UNICRON_FUZZ_EXAMPLES=N with UNICRON_FUZZ_RANDOM=1 searches further.
 EXAMPLES = int(os.environ.get("UNICRON_FUZZ_EXAMPLES", "150"))
 RANDOM = os.environ.get("UNICRON_FUZZ_RANDOM") == "1"
@@ -56,19 +49,13 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    root: Path = tmp_path_factory.mktemp("fuzz")
-    app = create_app(CoordinatorSettings(state_dir=root / "state", checkpoint_root=root / "ckpt"))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started, "the coordinator did not start"
-    yield Served(f"http://127.0.0.1:{port}", load_or_create_secret(root / "state"))
-    server.should_exit = True
-    thread.join(10)
+    """A coordinator in a process of its own on a loopback port (a local cluster of no nodes).
+    Served from a thread of this process instead, it failed one case in eight runs of this file:
+    pytest's assertion rewriting of a module schemathesis imports late raised "SystemError: AST
+    constructor recursion depth mismatch" (CPython 3.11.7 here; cpython issue 106905) while the
+    service's thread ran beside it."""
+    with LocalCluster(tmp_path_factory.mktemp("fuzz"), nodes=0) as cluster:
+        yield Served(cluster.url, cluster.secret)
 
 
 def excluded(case: schemathesis.Case) -> list[Any]:
@@ -91,31 +78,65 @@ CONFORMANCE = [
 ]
 
 
-def test_no_server_error_and_no_answer_outside_the_schema(served: Served) -> None:
-    api = schemathesis.openapi.from_url(f"{served.url}/openapi.json", headers=served.admin)
+# Every operation of the schema (the schema itself is served outside it), each fuzzed by a test of
+# its own: a failure names its operation, and the tests share the run's processes (together they
+# took 63 s as one). test_every_operation_is_fuzzed checks that these are the schema's.
+OPERATIONS = [
+    ("GET", "/health"),
+    ("GET", "/v1/tasks"),
+    ("POST", "/v1/tasks"),
+    ("GET", "/v1/tasks/{name}"),
+    ("DELETE", "/v1/tasks/{name}"),
+    ("GET", "/v1/tasks/{name}/logs"),
+    ("GET", "/v1/nodes"),
+    ("DELETE", "/v1/nodes/{name}"),
+    ("POST", "/v1/nodes/{name}/drain"),
+    ("POST", "/v1/nodes/{name}/resume"),
+    ("GET", "/v1/node-losses"),
+    ("POST", "/v1/node-losses"),
+    ("POST", "/v1/tokens/revoked"),
+    ("GET", "/v1/workers"),
+    ("GET", "/v1/events"),
+    ("GET", "/v1/incidents"),
+    ("GET", "/v1/dashboard"),
+    ("POST", "/v1/agents/register"),
+    ("POST", "/v1/agents/heartbeat"),
+    ("GET", "/v1/agents/{node}/orders"),
+    ("POST", "/v1/agents/{node}/logs"),
+]
+
+
+def schema_of(served: Served) -> Any:
+    return schemathesis.openapi.from_url(f"{served.url}/openapi.json", headers=served.admin)
+
+
+def test_every_operation_is_fuzzed_with_every_conformance_check(served: Served) -> None:
+    api = schema_of(served)
     operations = [result.ok() for result in api.get_all_operations()]
-    assert len(operations) >= 11  # every route (the schema itself is served outside it)
+    assert sorted((op.method.upper(), op.path) for op in operations) == sorted(OPERATIONS)
     for operation in operations:
         checks = api.config.checks_config_for(operation=operation, phase=None)
         assert all(checks.get_by_name(name=check.__name__).enabled for check in CONFORMANCE)
-    for operation in operations:
-
-        @given(case=operation.as_strategy())
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-            derandomize=not RANDOM,
-        )
-        def fuzz(case: schemathesis.Case) -> None:
-            if case.path.endswith("/orders"):
-                case.query = {**(case.query or {}), "wait": 0}  # a long poll would only add waiting
-            # In the case (not the call) so that schemathesis' ignored-auth check can take it away.
-            case.headers = {**(case.headers or {}), **served.headers_for(case)}
-            case.call_and_validate(base_url=served.url, excluded_checks=excluded(case))
-
-        fuzz()
 
 
-def test_the_coordinator_survived_the_fuzzing(served: Served) -> None:
+@pytest.mark.parametrize(("method", "path"), OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
+def test_no_server_error_and_no_answer_outside_the_schema(served: Served, method: str, path: str) -> None:
+    operation = schema_of(served)[path][method]
+
+    @given(case=operation.as_strategy())
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=not RANDOM,
+    )
+    def fuzz(case: schemathesis.Case) -> None:
+        if case.path.endswith("/orders"):
+            case.query = {**(case.query or {}), "wait": 0}  # a long poll would only add waiting
+        # In the case (not the call) so that schemathesis' ignored-auth check can take it away.
+        case.headers = {**(case.headers or {}), **served.headers_for(case)}
+        case.call_and_validate(base_url=served.url, excluded_checks=excluded(case))
+
+    fuzz()
+    # and the coordinator survived it
     assert httpx.get(f"{served.url}/health", headers=served.admin).json() == {"status": "ok"}
