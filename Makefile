@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lock test lint system browser bytecode demo bench soak docs clean
+.PHONY: venv lock test lint system browser bytecode imports demo bench soak docs clean
 , := ,
 
 venv: $(STAMP)
@@ -16,12 +16,9 @@ venv: $(STAMP)
 # `pip check` that nothing it needs is missing. torchft, the peer the benchmarks measure
 # (examples/torchft/), is in the file and must go in without its dependencies: its wheel names
 # torch, which pip would fetch as a CUDA build (its OpenTelemetry packages are in the torchft
-# extra). NetfilterQueue is built by
-# `make system`, once apt-get has installed what it builds against. pip compiles nothing; compiled
-# afterwards on every core it takes about 20 s. A module that does not compile is left to
-# compile when imported, as pip leaves it; so are the models of Transformers but Llama's
-# (examples/hf-llama): 2,700 of the 13,600 modules, which nothing here imports (Transformers
-# imports a model's modules when the model is first named).
+# extra). NetfilterQueue is built by `make system`, once apt-get has installed what it builds
+# against. pip compiles nothing: what the tests and the demo import is compiled before they run
+# (`bytecode`, `test`, `imports`).
 PIP := -m pip install -q --disable-pip-version-check
 TORCHFT := torchft-nightly==2026.10.26
 LOCKED := $(VENV)/locked
@@ -37,8 +34,6 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) $(PIP) --no-compile --no-deps -e .
 	$(PY) -m pip check --disable-pip-version-check \
 	  || { echo "constraints.txt lacks what pyproject.toml asks for: run make lock"; exit 1; }
-	$(PY) -m compileall -q -j 0 -x '/transformers/models/(?!(auto|llama)/)[^/]+/' \
-	  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null || true
 	touch $(STAMP)
 
 # constraints.txt written again: pyproject.toml's ranges resolved afresh in a new virtual
@@ -104,20 +99,35 @@ browser:
 bytecode: $(STAMP)
 	@$(PY) -m compileall -q src examples bench tests harness >/dev/null
 
+# The installed packages' bytecode is written by importing what a run will import, with
+# PYTHONDONTWRITEBYTECODE lifted for that one process: a quarter of the 11,000 modules, where
+# compiling them all took 29 s of both cores here. For the demo and the benchmarks, what a
+# cluster's processes import: its coordinator and agents, and the library in its workers.
+RUNTIME_MODULES := torch.distributed unicron.cli.main unicron.cli.live unicron.control.service.service \
+	unicron.control.agent.agent unicron.train
+imports: bytecode
+	@PYTHONDONTWRITEBYTECODE= $(PY) -c 'import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]' \
+	  $(RUNTIME_MODULES)
+
 # Three processes run the tests (pytest-xdist) on this project's two cores: the live tests wait
 # on their workers' steps and deadlines as well as compute, and two at once left the cores idle a
 # quarter of the run (1,125 s of CPU in 747 s; three: 10:30 against 12:27, the same commit,
 # 2026-12-04). Each process is handed the next test as it takes one up (one queued behind the one
 # it runs), in the order tests/conftest.py sets (the longest first).
 # TEST_PROCESSES=1 runs them one after another.
-# The linters run beside the tests: alone they keep one core busy for about 20 s (mypy) while
-# the other idles. What they say is shown after the tests, and either failing fails `make test`;
+# Before them, one process collects the tests with PYTHONDONTWRITEBYTECODE lifted: it writes the
+# bytecode of every module the tests import, and pytest's of the tests and its plugins, whose
+# asserts it rewrites (without it each test process compiled them again: 16 s to collect instead
+# of 9 here). Where collecting fails, the run after it says why.
+# The linters run beside that collection, on the other core: alone they keep one core busy for
+# about 20 s (mypy). What they say is shown after the tests, and either failing fails `make test`;
 # `make lint` runs them alone.
 TEST_PROCESSES ?= 3
 LINT_LOG := .unicron/lint.log
 test: system bytecode
 	@mkdir -p $(dir $(LINT_LOG))
 	@$(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & linting=$$!; \
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -q --collect-only -p no:cacheprovider >/dev/null 2>&1; \
 	$(VENV)/bin/pytest -q $(if $(filter 1,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist load --maxschedchunk 1); \
 	tested=$$?; wait $$linting; linted=$$?; cat $(LINT_LOG); \
 	[ $$linted -eq 0 ] || echo "make test: the linters failed (above)"; \
@@ -125,17 +135,17 @@ test: system bytecode
 
 # The demo's run writes docs/live-cluster.md's demo section and its figures (bench/demo_docs.py).
 DEMO_RUN := .unicron/demo
-demo: $(STAMP) browser bytecode
+demo: $(STAMP) browser imports
 	rm -rf $(DEMO_RUN)
 	$(VENV)/bin/unicron demo --root $(DEMO_RUN)
 	$(PY) -m bench.demo_docs $(DEMO_RUN)
 
-bench: $(STAMP) bytecode
+bench: $(STAMP) imports
 	$(PY) -m bench.run
 
 # The 15-minute chaos soak alone (`make bench` runs it too; `make test` runs a short one):
 # docs/bench/chaos.json and docs/reliability.md.
-soak: $(STAMP) bytecode
+soak: $(STAMP) imports
 	$(PY) -m bench.chaos
 
 docs: $(STAMP)
