@@ -314,7 +314,7 @@ def test_a_host_delays_packets_on_demand() -> None:
 @NEEDS_DELAY
 @pytest.mark.timeout(480)
 def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path: Path) -> None:
-    """A tenth of the packets to and from one host lost at random while 30 steps train: TCP
+    """A tenth of the packets to and from one host lost at random while 20 steps train: TCP
     retransmits (timeouts backing off from 200 ms), heartbeats (every 0.5 s, a 2.5 s deadline)
     still arrive, so no node is declared lost. Then every packet of another host waits 20 ms for
     15 steps (each collective's round trips through it 40 ms longer): slower steps, nothing
@@ -322,7 +322,7 @@ def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path
     collective at a tenth lost may stall for long (once, 215 s with every rank waiting in it):
     past its graces (~25 s with the one renewal this test sets) it is reattempted in place, which
     restarts no process; so the only incident allowed is such a reattempt."""
-    trace, iterations = tmp_path / "trace.jsonl", 160
+    trace, iterations = tmp_path / "trace.jsonl", 120  # (the failure-free run other tests compare with)
     spec = traced_task(trace, "{2: 1.9e9, 3: 2.7e9}", iterations, 0.1)
     # One renewal of the grace, not three: a stall past it is reattempted after ~25 s, not ~50 s
     # (the suite's time), and one renewal still covers six failed tries of a segment in a row.
@@ -331,7 +331,7 @@ def test_training_goes_on_exact_through_packet_loss_and_delay_on_a_host(tmp_path
         lossy, slow = cluster.host_of["node-1"], cluster.host_of["node-2"]
         hosts.lose(lossy, 10)
         began = cluster.task("lm")["step"]
-        cluster.wait(lambda: cluster.task("lm")["step"] >= began + 30, 240, "30 steps through the loss")
+        cluster.wait(lambda: cluster.task("lm")["step"] >= began + 20, 240, "20 steps through the loss")
         hosts.lose(lossy, 0)
         hosts.delay(slow, 20)
         began = cluster.task("lm")["step"]
