@@ -50,7 +50,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A coordinator in a process of its own on a loopback port (a local cluster of no nodes).
-    Served from a thread of this process instead, it failed one case in eight runs of this file:
+    Served from a thread of this process instead, it failed twice in 15 runs of this file:
     pytest's assertion rewriting of a module schemathesis imports late raised "SystemError: AST
     constructor recursion depth mismatch" (CPython 3.11.7 here; cpython issue 106905) while the
     service's thread ran beside it."""
