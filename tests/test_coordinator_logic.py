@@ -407,6 +407,33 @@ def test_a_failure_during_a_grow_stops_only_the_newcomers(make: Any) -> None:
     assert cluster.c.store.get_task("lm").workers == 2  # the two survivors go on in place
 
 
+def test_a_grows_newcomer_left_without_the_members_is_relaunched_from_the_checkpoint(make: Any) -> None:
+    """The grow let rank 3 in (generation 3); the members fail one by one before it trained a
+    step, so it never took their state. While a member survives it takes the state from it; when
+    none does the task restarts from its checkpoint, recorded so, not as an in-place recovery of
+    a newcomer that would train on from its checkpoint with nothing recorded lost."""
+    cluster = make()
+    growth = cluster.regrow(2)
+    store = cluster.c.store
+    joining = [w.rank for w in store.workers("lm", growth.generation, live=True) if w.joining]
+    assert joining == growth.newcomers == [3]
+    for _ in range(3):
+        cluster.exit(0)
+        cluster.step()
+    assert [e["survivors"] for e in cluster.events("in_process_recovery")][1:] == [[1, 2, 3], [1, 2]]
+    assert cluster.c.store.get_task("lm").state is TaskState.RESTARTING
+    assert cluster.events("response")[-1]["action"] == "restart from checkpoint"
+    assert "no survivor holds the task's state" in cluster.events("escalation")[0]["why"]
+    for _ in range(100):
+        if store.get_task("lm").launched_generation > 1:
+            break
+        cluster.step()
+    task = store.get_task("lm")
+    launched = store.workers("lm", task.generation, live=True)
+    assert task.launched_generation == task.generation and task.redo_until == 2  # steps 1-2 again
+    assert len(launched) == task.workers and not any(w.joining for w in launched)
+
+
 def test_a_task_that_ends_during_a_grow_stops_its_newcomers_and_frees_their_slots(make: Any) -> None:
     """The task's own stop reaches its current generation, not a grow's: its newcomers' rows held
     their slots until the launch time-out (in the soak a plan waited two minutes for one)."""

@@ -181,6 +181,21 @@ def test_no_usable_size_of_survivors_restarts_from_the_checkpoint_and_says_why()
     assert all("no usable size" in e.why for e in response.escalations)
 
 
+def test_survivors_that_joined_and_never_took_the_state_restart_from_the_checkpoint() -> None:
+    """Rank 0 alone held the state; a grow let ranks 1-3 in, and they take it from rank 0 as the
+    generation trains its first step. Rank 0 fails first: going on in place, they would train
+    on from their checkpoint with nothing recorded lost (seen in a soak: 18 steps trained again
+    as an in-place recovery). With rank 0 alive, they take it from rank 0 as before."""
+    newcomers = tuple(replace(w, joining=True) for w in snapshot().live("lm")[1:])
+    grown = replace(snapshot(), members={"lm": (snapshot().live("lm")[0], *newcomers)})
+    response = respond(grown, failure({0}), decision(), True, anything, LIMITS, NOW)
+    assert response.tier is Tier.FROM_CHECKPOINT and response.effects == RESTART
+    assert all("no survivor holds the task's state" in e.why for e in response.escalations)
+    kept = respond(grown, failure({3}, "b"), decision(), True, anything, LIMITS, NOW)
+    (switch,) = [e for e in kept.effects if isinstance(e, Switch)]
+    assert kept.tier is Tier.RESTART_FAILED and switch.membership.ranks == {0: 0, 1: 1, 2: 2}
+
+
 def test_unknown_failed_ranks_or_a_restart_policy_restart_the_generation() -> None:
     for failed, may_stay, why in [(None, True, "not known"), ({1}, False, "run.recovery: restart")]:
         response = respond(snapshot(), failure(failed), decision(), may_stay, anything, LIMITS, NOW)

@@ -179,6 +179,29 @@ def test_a_generation_switches_in_one_commit_and_a_spare_takes_a_newcomers_place
     assert reopen().worker("a", 0, 0).state is WorkerPhase.USED  # type: ignore[union-attr]
 
 
+def test_a_grows_newcomers_are_joining_until_their_generation_trains_a_step(reopen: Opener) -> None:
+    """A grow's newcomers (new processes or a spare) hold none of the task's state until the
+    generation they joined trains its first step: kept across a restart and a re-forming."""
+    store = reopen()
+    store.node_registered("n1", 4, [], "h", NodeState.HEALTHY, now=1.0)
+    store.add_task("a", "{}", 1.0)
+    store.task_launched("a", 1, 1, 0, now=2.0)
+    store.add_workers("a", 1, {"n1": 1}, 0, WorkerPhase.RUNNING, now=2.0)
+    store.add_workers("a", 0, {"n1": 1}, 0, WorkerPhase.SPARE, now=2.0)
+    store.add_workers("a", 2, {"n1": 1}, 1, WorkerPhase.LAUNCHING, now=3.0, joining=True)
+    store.spare_used("a", 0, generation=2, rank=2, node="n1", local=3, now=3.0)
+    (member,) = store.workers("a", 1)
+    store.switch_generation("a", 1, 2, [(member, 0)], now=4.0)
+    assert [(w.rank, w.joining) for w in reopen().snapshot().live("a")] == [(0, False), (1, True), (2, True)]
+    newcomers = reopen().workers("a", 2)[1:]
+    store.switch_generation("a", 2, 3, [(member, 0), (newcomers[0], 1)], now=5.0)  # rank 2 failed
+    assert [w.joining for w in reopen().workers("a", 3)] == [False, True]
+    assert store.count_iteration("a", 3, 1, step=7, samples=8, flop=1.0)  # (rank 0's step counts)
+    assert [w.joining for w in reopen().workers("a", 3)] == [False, True]
+    assert store.count_iteration("a", 3, 0, step=7, samples=8, flop=1.0)
+    assert [w.joining for w in reopen().workers("a", 3)] == [False, False]
+
+
 def test_a_lost_node_loses_its_workers_and_a_removed_node_is_gone(reopen: Opener) -> None:
     store = reopen()
     for i, name in enumerate(["n1", "n2"]):

@@ -16,7 +16,8 @@ from unicron.core.states import TaskState, WorkerPhase
 
 @dataclass(frozen=True)
 class Launch:
-    """Start workers of a generation: ``placement`` node -> count, ranks from ``first_rank``."""
+    """Start workers of a generation: ``placement`` node -> count, ranks from ``first_rank``
+    (``joining``: a grow's newcomers, which take their state from its live members)."""
 
     task: str
     generation: int
@@ -26,6 +27,7 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     phase: WorkerPhase = WorkerPhase.LAUNCHING
+    joining: bool = False
 
 
 @dataclass(frozen=True)

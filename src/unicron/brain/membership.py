@@ -65,6 +65,11 @@ def survivors(
     if keep == 0:
         return f"{len(alive)} survivor(s), no usable size"
     kept = alive[:keep]
+    if not whole_replicas([w for w in kept if not w.joining], replica_size):
+        # Newcomers take the state from a live member as the generation trains its first step:
+        # without one they would go on from their checkpoint, steps lost while none is recorded.
+        newcomers = sorted(w.rank for w in kept)
+        return f"no survivor holds the task's state (rank(s) {newcomers} joined and had not taken it yet)"
     gone = set(failed) | {w.rank for w in live if w.node not in healthy}
     membership = Membership(
         generation=generation,
@@ -162,7 +167,7 @@ def grow(
         "spares_used": list(spares_used),
         "reason": reason,
     }
-    launched = Launch(name, generation, world, started, len(live) + len(used), argv, env)
+    launched = Launch(name, generation, world, started, len(live) + len(used), argv, env, joining=True)
     effects: tuple[Effect, ...] = (*renamed, launched, Record("task_grow", name, None, detail))
     return Grow(Growth(generation, membership, newcomers, now), effects, spares_used)
 

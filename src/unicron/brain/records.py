@@ -104,10 +104,15 @@ class WorkerRecord:
     exit_code: int | None
     exit_signal: int | None
     launched: float
+    # A newcomer let in by a grow that has not yet taken the live members' state: it holds only
+    # what it loaded from a checkpoint until its generation trains a step (it takes the state
+    # from them first). Survivors made only of such workers cannot go on in place.
+    joining: bool = False
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> WorkerRecord:
-        return cls(**{**dict(row), "state": WorkerPhase(row["state"])})
+        joining = bool(row.get("joining", False))  # (SQLite: 0 or 1)
+        return cls(**{**dict(row), "state": WorkerPhase(row["state"]), "joining": joining})
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -118,7 +123,7 @@ class WorkerRecord:
         a generation's switch ends a row per worker, hundreds in a large task, on the loop.)"""
         return WorkerRecord(
             self.task, self.generation, self.rank, self.node, self.local_rank, to, self.pid,
-            self.exit_code, self.exit_signal, self.launched,
+            self.exit_code, self.exit_signal, self.launched, self.joining,
         )  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:

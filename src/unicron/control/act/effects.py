@@ -331,7 +331,13 @@ class Applier:
 
     def launch(self, launch: Launch, now: float) -> list[WorkerRecord]:
         added = self._store.add_workers(
-            launch.task, launch.generation, launch.placement, launch.first_rank, launch.phase, now
+            launch.task,
+            launch.generation,
+            launch.placement,
+            launch.first_rank,
+            launch.phase,
+            now,
+            launch.joining,
         )
         for w in added:
             self.orders.add(

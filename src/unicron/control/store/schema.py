@@ -90,6 +90,7 @@ ADDED_COLUMNS = (
     ("nodes", "probe_port", "INTEGER NOT NULL DEFAULT 0"),
     ("nodes", "domain", "TEXT"),
     ("nodes", "drained", "INTEGER NOT NULL DEFAULT 0"),
+    ("workers", "joining", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 

@@ -282,12 +282,17 @@ class Store:
     ) -> bool:
         """Count a rank's completed step once: False (nothing counted) for a report seen before.
         A step trained again after a restart from a checkpoint (up to ``redo_until``) is not
-        progress: it adds nothing to the samples and FLOP achieved (the WAF)."""
+        progress: it adds nothing to the samples and FLOP achieved (the WAF). The generation's
+        first step (rank 0's first) was trained by every member from one state: its newcomers
+        hold it now (``WorkerRecord.joining``)."""
         with self._lock:
             key = (name, generation, rank)
             if (seen := self._counted.get(key)) is not None and seen >= step:
                 return False
             batch = Batch(counted={key: step})
+            if rank == 0 and seen is None:
+                joined = self.workers(name, generation, live=True)
+                batch.workers = [replace(w, joining=False) for w in joined if w.joining]
             if (task := self.task(name)) is not None:
                 progress = step > task.redo_until
                 batch.tasks.append(
@@ -435,9 +440,11 @@ class Store:
         first_rank: int,
         phase: WorkerPhase,
         now: float,
+        joining: bool = False,
     ) -> list[WorkerRecord]:
         """Record workers for ``placement`` (node -> count), ranks from ``first_rank`` on, each on
-        a local slot (device) that no worker or spare of any task holds on its node."""
+        a local slot (device) that no worker or spare of any task holds on its node (``joining``:
+        a grow's newcomers, ``WorkerRecord.joining``)."""
         with self._lock:
             added: list[WorkerRecord] = []
             rank = first_rank
@@ -445,7 +452,9 @@ class Store:
                 taken = {w.local_rank for w in self.holding_on(node)}
                 for local in [i for i in range(len(taken) + count) if i not in taken][:count]:
                     added.append(
-                        WorkerRecord(task, generation, rank, node, local, phase, None, None, None, now)
+                        WorkerRecord(
+                            task, generation, rank, node, local, phase, None, None, None, now, joining
+                        )
                     )
                     rank += 1
             self._commit(Batch(workers=added))
@@ -497,7 +506,17 @@ class Store:
             batch = Batch(workers=self._ended(self.workers(task, old, live=True), WorkerPhase.MOVED))
             batch.workers += [
                 WorkerRecord(
-                    task, new, rank, w.node, w.local_rank, WorkerPhase.RUNNING, w.pid, None, None, now
+                    task,
+                    new,
+                    rank,
+                    w.node,
+                    w.local_rank,
+                    WorkerPhase.RUNNING,
+                    w.pid,
+                    None,
+                    None,
+                    now,
+                    w.joining,
                 )
                 for w, rank in kept
             ]
@@ -516,7 +535,7 @@ class Store:
             ])  # fmt: skip
             batch.workers.append(
                 WorkerRecord(
-                    task, generation, rank, node, local, WorkerPhase.LAUNCHING, None, None, None, now
+                    task, generation, rank, node, local, WorkerPhase.LAUNCHING, None, None, None, now, True
                 )
             )
             self._commit(batch)
