@@ -64,13 +64,46 @@ def test_what_a_process_resumed_from_a_checkpoint_trains_again_is_rolled_back() 
     first = [event("started", 1, pid=1)] + [line(1, s, pid=1) for s in (1, 2, 3, 4)]
     relaunch = [event("started", 2, pid=7), event("resumed", 3, pid=7, step=2), line(3, 3, 7), line(3, 4, 7)]
     newcomer = [event("started", 4, pid=9), event("resumed", 4, pid=9, step=0)]
-    rows = first + relaunch + newcomer + [event("state_from_replica", 4, pid=9), line(4, 5, 7), line(4, 5, 9)]
+    rows = (
+        first
+        + relaunch
+        + newcomer
+        + [event("state_from_replica", 4, pid=9, step=4), line(4, 5, 7), line(4, 5, 9)]
+    )
     kept = [(r["generation"], r["step"]) for r in surviving_rows(rows)]
     assert kept == [(1, 1), (1, 2), (3, 3), (3, 4), (4, 5), (4, 5)]
     alone = first + newcomer + [line(5, 1, 9), line(5, 2, 9)]  # generation 1 was declared failed
     assert [(r["generation"], r["step"]) for r in surviving_rows(alone)] == [(5, 1), (5, 2)]
     afresh = [*first, event("started", 6, pid=11), line(6, 1, 11)]  # no checkpoint to resume from
     assert [(r["generation"], r["step"]) for r in surviving_rows(afresh)] == [(6, 1)]
+
+
+def test_steps_trained_again_by_members_that_then_take_a_newer_replicas_state_are_rolled_back() -> None:
+    """Process 1 trains steps 1-4 and is lost; 5 and 6 go on from the checkpoint of step 1 and
+    train steps 2-3 again; newcomer 8 loads step 4 from its node's memory, and 5 and 6 take its
+    state (seen in a soak): steps 2-4 are generation 1's, not generation 2's."""
+
+    def line(generation: int, step: int, pid: int, rank: int) -> dict[str, object]:
+        return {
+            "what": "samples",
+            "generation": generation,
+            "step": step,
+            "ids": [step],
+            "pid": pid,
+            "rank": rank,
+        }
+
+    def event(what: str, generation: int, pid: int, step: int, **more: int) -> dict[str, object]:
+        return {"what": what, "generation": generation, "pid": pid, "step": step, **more}
+
+    rows = [line(1, s, 1, 0) for s in (1, 2, 3, 4)]
+    rows += [event("resumed", 2, 5, 1), event("resumed", 2, 6, 1)]
+    rows += [line(2, s, pid, rank) for s in (2, 3) for pid, rank in ((5, 0), (6, 1))]
+    rows += [event("resumed", 3, 8, 4), event("state_from_replica", 3, 5, 4, source=2)]
+    rows += [event("state_from_replica", 3, 6, 4, source=2), event("ledger", 3, 8, 5, rank=2)]
+    rows += [line(3, 5, pid, rank) for pid, rank in ((5, 0), (6, 1), (8, 2))]
+    kept = [(r["generation"], r["step"]) for r in surviving_rows(rows)]
+    assert kept == [(1, 1), (1, 2), (1, 3), (1, 4), (3, 5), (3, 5), (3, 5)]
 
 
 @pytest.mark.timeout(900)

@@ -81,22 +81,53 @@ def same_state(got: dict[str, Any] | None, want: dict[str, Any]) -> bool:
     return bool(got["extras"] == want["extras"])
 
 
+@dataclass(frozen=True)
+class Trained:
+    """A training state's history, newest step first: ``step`` trained by ``generation`` on top
+    of ``before`` (steps below it). Shared between the states that hold it, never copied."""
+
+    step: int
+    generation: int
+    before: Trained | None
+
+
+def upto(state: Trained | None, step: int) -> Trained | None:
+    """``state`` as it was at ``step`` (what a checkpoint of that step holds)."""
+    while state is not None and state.step > step:
+        state = state.before
+    return state
+
+
 def surviving_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ledger lines whose training is in the final state. A process that started from a
-    checkpoint of step R (0: none) and never took a live replica's state instead (a launch's
-    member, or a newcomer left as the only member) trains the steps after R again, from its
-    first line's generation on: the lines of earlier generations after R were rolled back. That
-    generation may be later than its launch (renamed in place after a failure in its first steps)."""
-    samples = [r for r in rows if r["what"] == "samples"]
-    replaced = {r["pid"] for r in rows if r["what"] == "state_from_replica"}
-    started = {r["pid"] for r in rows if r["what"] == "started"} - replaced
-    for pid in started:
-        base = max((r["step"] for r in rows if r["what"] == "resumed" and r["pid"] == pid), default=0)
-        own = [x["generation"] for x in samples if x["pid"] == pid]
-        if own:
-            first = min(own)
-            samples = [x for x in samples if x["generation"] >= first or x["step"] <= base]
-    return samples
+    """The ledger lines whose training is in the final state, found by following each process's
+    state through the trace: a step it trains goes on top of what it holds; a checkpoint of step
+    R it resumes from holds what the newest training of step R held; a live replica's state it
+    takes is that replica's (the rank named ``source`` in its generation), up to the step taken.
+    The final state is that of the process that trained last; its steps name the generations
+    whose lines count, so steps trained again from a checkpoint, or by a process that then took
+    a newer state from a replica, are rolled back."""
+    pid_of = {(r["generation"], r["rank"]): r["pid"] for r in rows if "rank" in r and "pid" in r}
+    held: dict[int | None, Trained | None] = {}  # pid -> its state
+    newest: dict[int, Trained] = {}  # step -> the state of its newest training
+    last: int | None = None
+    for r in rows:
+        what, pid = r["what"], r.get("pid")
+        if what == "samples":
+            held[pid] = newest[r["step"]] = Trained(
+                r["step"], r["generation"], upto(held.get(pid), r["step"] - 1)
+            )
+            last = pid
+        elif what == "resumed":
+            held[pid] = upto(newest.get(r["step"]), r["step"])
+        elif what == "state_from_replica":
+            source = pid_of.get((r["generation"], r.get("source")))
+            taken = held.get(source) if source not in (None, pid) else newest.get(r["step"])
+            held[pid] = upto(taken, r["step"])
+    kept, state = set(), held.get(last)
+    while state is not None:
+        kept.add((state.generation, state.step))
+        state = state.before
+    return [r for r in rows if r["what"] == "samples" and (r["generation"], r["step"]) in kept]
 
 
 @dataclass(frozen=True)
