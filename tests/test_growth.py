@@ -67,7 +67,7 @@ def test_a_grow_renames_its_spares_first_and_starts_processes_for_the_rest() -> 
     decided = grow(task(), live, 6, {"c": 3}, [(1000, "c", 1)], launch, "the plan", NOW)
     spare, started, record = decided.effects
     assert spare == UseSpare("lm", 1000, "c", 1, 6, 4, 7)
-    assert started == Launch("lm", 6, 7, {"c": 2}, 5, ["python", "train.py"], {"WORLD": "7"})
+    assert started == Launch("lm", 6, 7, {"c": 2}, 5, ["python", "train.py"], {"WORLD": "7"}, joining=True)
     assert isinstance(record, Record) and record.kind == "task_grow"
     assert record.detail["spares_used"] == [1000] and record.detail["new_processes"] == {"c": 2}
     assert decided.spares_used == (1000,) and programs == [7]
