@@ -26,6 +26,7 @@ from unicron.core.protocol import (
     Progress,
     StopWorkers,
     StorageReport,
+    StoreMoved,
     fault_claim_key,
     ready_key,
 )
@@ -415,71 +416,54 @@ def restart_with_the_store_port_taken(cluster: Any) -> int:
     return kept
 
 
-def test_a_task_whose_store_port_is_taken_at_a_restart_is_relaunched_with_the_new_one(make: Any) -> None:
+def test_a_task_whose_store_port_is_taken_at_a_restart_is_told_the_new_one_and_goes_on(make: Any) -> None:
     """The coordinator is killed and, before it starts again, another process takes its task's
-    store port: the store is served on another port, which the running workers (looking at the
-    old one) cannot find. The task is relaunched from its checkpoint, its new workers told the new
-    port; no failure is counted, and the event says why."""
+    store port: the store is served on another port. The nodes of the task's workers are told
+    (their agents write it where the workers look), nothing is stopped or relaunched, no failure
+    is counted, and a worker launched later is given the new port."""
     cluster = make()
     kept = restart_with_the_store_port_taken(cluster)
     (moved,) = cluster.events("task_store_moved")
     task = cluster.c.store.get_task("lm")
-    assert (moved["kept_port"], moved["port"], moved["relaunched"]) == (kept, task.store_port, True)
-    assert task.store_port != kept and task.state is TaskState.RESTARTING and task.failures == 0
+    assert (moved["kept_port"], moved["port"], moved["told"]) == (kept, task.store_port, ["n0", "n1"])
+    assert task.store_port != kept and task.state is TaskState.RUNNING and task.failures == 0
     cluster.step()
-    stopped = {n for n, o in cluster.orders if isinstance(o, StopWorkers) and o.task == "lm"}
-    assert stopped == {"n0", "n1"}
-    for rank in range(4):
-        cluster.exit(rank, code=None, signal=15)
+    address = f"{cluster.c.act.rendezvous.host_address}:{task.store_port}"
+    told = {(n, o.moved_from, o.address) for n, o in cluster.orders if isinstance(o, StoreMoved)}
+    assert told == {("n0", kept, address), ("n1", kept, address)}
+    assert not [o for _, o in cluster.orders if isinstance(o, StopWorkers) and o.task == "lm"]
+    cluster.exit(3)  # recovered in place, then grown back with a new process
+    cluster.train(2)
     for _ in range(3):
         cluster.step()
-    relaunched = [o for _, o in cluster.launched() if o.generation > 1]
-    assert len(relaunched) == 4
-    assert {o.env[KEYS["store"]].rsplit(":", 1)[1] for o in relaunched} == {str(task.store_port)}
-    assert cluster.c.store.get_task("lm").failures == 0
+    (newcomer,) = [o for _, o in cluster.launched() if o.generation > 1]
+    assert newcomer.env[KEYS["store"]] == address
+    assert len(cluster.events("task_launch")) == 1  # never relaunched
 
 
-def test_a_recovery_in_place_whose_store_moved_at_a_restart_is_carried_on_from_the_checkpoint(
-    make: Any,
-) -> None:
+def test_a_recovery_in_place_whose_store_moved_at_a_restart_goes_on_in_place(make: Any) -> None:
     """The coordinator is killed while survivors recover in place, and its task's store port is
-    taken before it starts again: the relaunch that the move decides is the incident's tier from
-    then on (an escalation says so, and why), its in-place deadline is over, and the relaunch's
-    first step closes it. (Its deadline, given afresh at the start, once escalated against the
-    relaunched generation while it started.)"""
+    taken before it starts again: the workers are told where the store went, and the recovery
+    goes on in place; its first step closes the incident, under the tier it began with."""
     cluster = make(recovery_deadline_s=10.0)
     cluster.exit(1)  # rank 1 fails: the others recover in place
-    kept = restart_with_the_store_port_taken(cluster)
-    (escalation,) = cluster.events("escalation")
-    assert (escalation["from_action"], escalation["to_action"]) == (
-        "restart failed processes",
-        "restart from checkpoint",
-    )
-    assert escalation["carried"] and f"port {kept} was taken" in escalation["why"]
-    (incident,) = cluster.c.recovery.incidents.values()
-    assert incident.deadline is None
+    restart_with_the_store_port_taken(cluster)
+    assert cluster.events("escalation") == []
     cluster.step()
-    generation = cluster.c.store.get_task("lm").generation
-    for rank in sorted(r for t, g, r in cluster.running if (t, g) == ("lm", generation)):
-        cluster.exit(rank, code=None, signal=15)  # the stop carried out
-    for _ in range(30):  # past the in-place deadline while the relaunch starts
-        cluster.step()
-    assert len(cluster.events("escalation")) == 1
-    cluster.train(cluster.c.store.get_task("lm").checkpoint_step + 1)
+    cluster.train(2)
     (outcome,) = cluster.events("outcome")
-    assert outcome["outcome"] == "recovered"
-    assert outcome["actions"] == ["restart failed processes", "restart from checkpoint"]
+    assert outcome["outcome"] == "recovered" and outcome["actions"] == ["restart failed processes"]
     assert cluster.c.store.get_task("lm").failures == 1  # the worker's fault; the move counts none
 
 
-def test_a_moved_store_of_a_task_with_no_workers_is_said_and_nothing_stopped(make: Any) -> None:
-    """A task with no workers running (waiting to be launched again) is launched with the new
-    port anyway: the move is said and nothing is stopped."""
+def test_a_moved_store_of_a_task_with_no_workers_is_said_and_nobody_told(make: Any) -> None:
+    """A task with no workers (waiting to be launched again) is launched with the new port: the
+    move is said, and no node is told."""
     cluster = make()
     waiting = replace(cluster.c.store.get_task("lm"), state=TaskState.WAITING)
-    (said,) = store_moved(waiting, 5000, 5001, grace_s=5.0)
+    (said,) = store_moved(waiting, 5000, "10.0.0.1:5001", nodes=())
     assert isinstance(said, Record) and said.kind == "task_store_moved"
-    assert (said.detail["kept_port"], said.detail["port"], said.detail["relaunched"]) == (5000, 5001, False)
+    assert (said.detail["kept_port"], said.detail["port"], said.detail["told"]) == (5000, 5001, [])
 
 
 def test_a_restarted_coordinator_counts_a_nodes_mends_on_from_its_predecessors(make: Any) -> None:

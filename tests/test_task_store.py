@@ -20,9 +20,20 @@ from typing import Any
 import torch.distributed as dist
 
 from unicron.control.act.rendezvous import Rendezvous
-from unicron.core.protocol import Current, Membership, current_key, membership_key, ready_key
+from unicron.control.agent.backlog import Backlog
+from unicron.control.agent.supervisor import Supervisor
+from unicron.core.protocol import (
+    Current,
+    LaunchWorker,
+    Membership,
+    StoreMoved,
+    current_key,
+    membership_key,
+    ready_key,
+)
 from unicron.core.signing import derive, sign
-from unicron.core.workerenv import WorkerEnv
+from unicron.core.workerenv import KEYS, WorkerEnv
+from unicron.train import storeaddress
 from unicron.train.taskstore import TaskStore
 
 TIMEOUT = timedelta(seconds=20)
@@ -202,6 +213,43 @@ def test_after_a_takeover_a_member_finds_the_store_on_the_new_leaders_host() -> 
         )
         assert waiting.result(timeout=30).generation == 5
     again.close_all()
+
+
+def test_a_member_follows_its_agents_word_to_a_store_that_moved_port(tmp_path: Path) -> None:
+    """The coordinator starts over while another process holds the task's store port: the store
+    is served on another port. The member finds it once its agent wrote where (the agent's own
+    code, as the coordinator's ``StoreMoved`` order makes it do), and only for a move from the
+    port it was launched with: a file of an earlier task of the name is no word of its."""
+    import socket
+
+    old = Served()
+    agent = Supervisor("n0", tmp_path, tmp_path / "agent.sock", Backlog(), store_hosts=[])
+    contract = agent._worker_env(
+        LaunchWorker(task="lm", generation=1, rank=0, world_size=1, local_rank=0, argv=[])
+    )
+    store_file = contract[KEYS["store_file"]]
+    launched = f"127.0.0.1:{old.port}"
+    agent.store_moved(StoreMoved(task="lm", moved_from=old.port + 1, address="127.0.0.1:1"))  # not its port
+    assert storeaddress.current(launched, store_file) == [launched]
+    member = TaskStore(launched, "lm", derive(SECRET, "lm"), TIMEOUT, reconnect_s=0.2, store_file=store_file)
+    assert not member.membership_changed(3)
+    old.rendezvous.close_all()
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (its old connections wait)
+        holder.bind(("127.0.0.1", old.port))
+        holder.listen()
+        new = Rendezvous("127.0.0.1", SECRET)
+        port = new.host("lm", old.port)
+    assert port != old.port
+    posted = Membership(generation=4, world_size=1, ranks={0: 0})
+    new.set("lm", membership_key("lm", 3), posted.model_dump_json())
+    agent.store_moved(StoreMoved(task="lm", moved_from=old.port, address=f"127.0.0.1:{port}"))
+    deadline = time.monotonic() + 20
+    while not member.membership_changed(3):  # "no change" while it reconnects in a thread
+        assert time.monotonic() < deadline, "the member never found the store where it moved"
+        time.sleep(0.1)
+    assert member.address == f"127.0.0.1:{port}" and member.posted(3).world_size == 1
+    new.close_all()
 
 
 def test_what_the_coordinator_posted_is_put_back_after_a_deletion_or_a_replay() -> None:

@@ -144,6 +144,17 @@ class HostStore:
 
 
 @dataclass(frozen=True)
+class TellStore:
+    """Tell ``nodes`` (where the task's workers and spares are) that its store moved from port
+    ``moved_from`` to ``address``: their agents write it where the workers look."""
+
+    task: str
+    moved_from: int
+    address: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Launched:
     """A generation of ``workers`` launched from a checkpoint is the task's current one; its
     workers find the task's store on ``port``."""
@@ -167,5 +178,6 @@ Effect = (
     | EndWorkers
     | Stopping
     | HostStore
+    | TellStore
     | Launched
 )

@@ -23,9 +23,8 @@ import math
 import time
 from collections.abc import Callable
 
-from unicron.brain.effects import StopGeneration
 from unicron.brain.records import TaskRecord
-from unicron.brain.takeover import moved_why, store_moved
+from unicron.brain.takeover import store_moved
 from unicron.control.act.effects import Applier, Orders
 from unicron.control.act.rendezvous import Rendezvous
 from unicron.control.context import Context, CoordinatorSettings
@@ -156,10 +155,9 @@ class Coordinator:
         self.last_tick: float | None = None  # when the loop last ran (a long gap: it stalled)
         self.forgot_at = -math.inf  # when lost nodes were last looked over (to forget)
         for task, served in self.act.host_task_stores():
-            effects = store_moved(task, task.store_port, served, settings.limits.stop_grace_s)
-            self.act.apply(effects, clock())
-            if any(isinstance(e, StopGeneration) for e in effects):
-                self.recovery.relaunched(task.name, moved_why(task.store_port, served))
+            nodes = {w.node for w in self.store.workers(task.name) if w.state in SLOT_HOLDING_PHASES}
+            address = f"{self.act.rendezvous.host_address}:{served}"
+            self.act.apply(store_moved(task, task.store_port, address, nodes), clock())
         self.generations.orphaned_newcomers()
         gpu = settings.cluster.gpu_type()
         live, mtbf = len(self.store.tasks(live_only=True)), settings.cluster.node_mtbf_hours

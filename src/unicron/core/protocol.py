@@ -382,6 +382,21 @@ class ForgetTask(_Message):
     host_checkpoint_root: str | None = None
 
 
+STORE_ADDRESS_PATTERN = r"^[^\s,]{1,253}:[0-9]{1,5}$"  # host:port, no list
+
+
+class StoreMoved(_Message):
+    """The task's rendezvous store is served at ``address`` now, not on port ``moved_from``
+    where the task's workers on this node were told: a coordinator that started over found that
+    port taken. The agent writes both where those workers look when their store stops answering
+    (``WorkerEnv.store_file``); a worker follows it only from the port it knows."""
+
+    type: Literal["store_moved"] = "store_moved"
+    task: str = Field(pattern=NAME_PATTERN)
+    moved_from: int = Field(ge=1, le=65535)
+    address: str = Field(pattern=STORE_ADDRESS_PATTERN)
+
+
 # At most this much of a worker's log is read per request (``control/agent/logfiles.py``): the
 # agent's answer carries it base64-encoded (4/3 of it) within a request body's limit.
 LOG_CHUNK_BYTES = 512 * 1024
@@ -419,7 +434,7 @@ class LogChunk(_Message):
 
 
 Order = Annotated[
-    LaunchWorker | StopWorkers | RenameWorkers | ForgetTask | DumpStacks | ReadLog,
+    LaunchWorker | StopWorkers | RenameWorkers | ForgetTask | DumpStacks | ReadLog | StoreMoved,
     Field(discriminator="type"),
 ]
 

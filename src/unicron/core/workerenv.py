@@ -28,6 +28,7 @@ KEYS: dict[str, str] = {
     "store": "UNICRON_STORE",
     "store_key": "UNICRON_STORE_KEY",
     "store_hosts": "UNICRON_STORE_HOSTS",
+    "store_file": "UNICRON_STORE_FILE",
     "checkpoint_dir": "UNICRON_CHECKPOINT_DIR",
     "iterations": "UNICRON_ITERATIONS",
     "checkpoint_every": "UNICRON_CHECKPOINT_EVERY",
@@ -99,6 +100,10 @@ class WorkerEnv(BaseModel):
     # Every coordinator's host, comma-separated (the agent's --coordinator list): one that takes
     # over serves the task's store on the same port on its own host.
     store_hosts: str | None = None
+    # Where the worker's agent writes the store's host:port when the coordinator serves it where
+    # the worker was not told (a coordinator that started over found its port taken): read
+    # first whenever the store stops answering (``train/storeaddress.py``).
+    store_file: str | None = None
     checkpoint_dir: str | None = None
     iterations: int = 0
     checkpoint_every: int = 0

@@ -56,6 +56,7 @@ from typing import Any
 from unicron.core.protocol import Current, Membership, current_key, membership_key
 from unicron.core.signing import opened
 from unicron.core.workerenv import addresses
+from unicron.train import storeaddress
 from unicron.train.asking import Asker, Unanswered
 
 MAX_HOPS = 64  # far more changes of membership than can pass between two checkpoints
@@ -176,6 +177,7 @@ class Fence:
     timeout_s: float
     where: Callable[[], tuple[int, int, int]]
     worst: Callable[[int], int]
+    store_file: str | None = None  # where its agent says the store moved (``storeaddress.py``)
     confirmed_at: int | None = None  # the step whose commit was last confirmed (both tiers use it)
     asker: Asker = field(init=False)
 
@@ -207,9 +209,10 @@ class Fence:
 
     def _read(self) -> Standing:
         generation, rank, _ = self.where()
+        address = ",".join(storeaddress.current(self.address, self.store_file))
         try:
             return self.asker.ask(
-                lambda: read_standing(self.address, self.task, self.key, generation, rank, self.timeout_s)
+                lambda: read_standing(address, self.task, self.key, generation, rank, self.timeout_s)
             )
         except Unanswered:
             return Standing.UNKNOWN

@@ -110,6 +110,7 @@ class Session:
             limits.commit_confirm_s,
             lambda: (self.generation, self.rank, self.step),
             self.groups.replica_worst,
+            contract.store_file,
         )
         self.channel = ReportChannel(contract.agent_socket)
         faults = [FaultSpec.model_validate(f) for f in contract.faults or []]
@@ -165,7 +166,9 @@ class Session:
             if not self.contract.store_key:
                 raise RuntimeError("UNICRON_STORE_KEY is not set: run workers through a Unicron agent")
             key, reconnect_s = self.contract.store_key, self.limits.store_reconnect_s
-            self.store = TaskStore(self.store_address, self.task, key, self.timeout, reconnect_s)
+            self.store = TaskStore(
+                self.store_address, self.task, key, self.timeout, reconnect_s, self.contract.store_file
+            )
             self.faults.claim = self.store.claim
             joining = self.contract.joining
             if self.contract.spare:

@@ -34,6 +34,7 @@ from unicron.core.workerenv import addresses
 from unicron.train.asking import Asker
 from unicron.train.fencing import served
 from unicron.train.iteration import StopRequested
+from unicron.train.storeaddress import told
 
 # A membership check the store does not answer within this is taken as "no change" (``asking.py``:
 # a paused coordinator answers nothing; on a working one the check takes a round trip, well under
@@ -46,10 +47,20 @@ READY_AGAIN_S = 1.0  # a newcomer waiting for its group says it is ready again t
 
 
 class TaskStore:
-    def __init__(self, address: str, task: str, key: str, timeout: timedelta, reconnect_s: float) -> None:
+    def __init__(
+        self,
+        address: str,
+        task: str,
+        key: str,
+        timeout: timedelta,
+        reconnect_s: float,
+        store_file: str | None = None,
+    ) -> None:
         """``address``: comma-separated, the one the worker was launched with first, then where
-        another coordinator would serve the store once it leads (``WorkerEnv.store_addresses``)."""
+        another coordinator would serve the store once it leads (``WorkerEnv.store_addresses``).
+        ``store_file``: where its agent says the store moved (``storeaddress.py``)."""
         self.addresses = addresses(address)
+        self.store_file = store_file
         self.address = self.addresses[0]  # the one that served last
         self.task, self.timeout, self.reconnect_s = task, timeout, reconnect_s
         self.key = key
@@ -119,16 +130,19 @@ class TaskStore:
             return False
 
     def _reconnect(self) -> None:
-        """The last address that served first, then the others: after a takeover the store is
-        served by the new leader, on its host."""
-        start = self.addresses.index(self.address)
-        for address in self.addresses[start:] + self.addresses[:start]:
+        """Where its agent says the store moved, if it did; then the last address that served,
+        then the others: after a takeover the store is served by the new leader, on its host."""
+        start = self.addresses.index(self.address) if self.address in self.addresses else 0
+        candidates = self.addresses[start:] + self.addresses[:start]
+        moved = told(self.store_file, self.addresses)
+        for address in ([moved] if moved is not None else []) + [a for a in candidates if a != moved]:
             if not served(address, 1.0):
                 continue  # a coordinator that does not lead keeps the port closed: next
             with contextlib.suppress(Exception):
                 raw = self._connect(timedelta(seconds=2), address)
                 raw.set_timeout(self.timeout)
                 self.raw, self.address = raw, address
+                self.link.what = f"the rendezvous store at {address}"  # (what the next lines name)
                 return
 
     def abandons_step(self, generation: int) -> bool:

@@ -33,6 +33,7 @@ from unicron.brain.effects import (
     StopWorker,
     Switch,
     TaskDown,
+    TellStore,
     UseSpare,
 )
 from unicron.brain.records import TaskRecord, WorkerRecord
@@ -52,6 +53,7 @@ from unicron.core.protocol import (
     Registration,
     RenameWorkers,
     StopWorkers,
+    StoreMoved,
     current_key,
     membership_key,
     spare_key,
@@ -196,6 +198,9 @@ class Applier:
                 case HostStore(task, port):
                     if (served := self.rendezvous.host(task, port)) != port:
                         self.task_store_port(task, served)
+                case TellStore(task, moved_from, address, nodes):
+                    for node in nodes:
+                        self.orders.add(node, StoreMoved(task=task, moved_from=moved_from, address=address))
                 case Launched(task, generation, workers, port):
                     self.task_launched(task, generation, workers, port, now)
 
@@ -310,8 +315,8 @@ class Applier:
         tells its workers the store is new. The new store
         forgot which generation-0 faults were claimed: those the event log shows injected are
         claimed again, so that none strikes twice. Returns each task (as it was) whose kept port
-        was taken, with the port its store is served on now: its running workers cannot find it
-        there (``brain/takeover.py`` decides what follows)."""
+        was taken, with the port its store is served on now, where its running workers do not
+        look for it (``brain/takeover.py`` decides what follows: they are told)."""
         moved: list[tuple[TaskRecord, int]] = []
         for task in self._store.tasks(live_only=True):
             if not task.store_port:

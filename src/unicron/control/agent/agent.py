@@ -56,6 +56,7 @@ from unicron.core.protocol import (
     Registration,
     RegistrationReply,
     RenameWorkers,
+    StoreMoved,
 )
 from unicron.core.reachability import Reachability, describe
 
@@ -216,6 +217,8 @@ class Agent:
                     self.supervisor.forget_task(order)
                 elif isinstance(order, DumpStacks):
                     self.supervisor.dump_stacks(order)
+                elif isinstance(order, StoreMoved):
+                    self.supervisor.store_moved(order)
                 elif isinstance(order, ReadLog):
                     self._spawn(self._answer_log(order))
                 else:

@@ -52,6 +52,7 @@ from unicron.core.protocol import (
     LaunchWorker,
     RenameWorkers,
     StopWorkers,
+    StoreMoved,
     WorkerReport,
     WorkerState,
 )
@@ -168,6 +169,7 @@ class Supervisor:
                 "agent_socket": str(self.socket_path),
                 "agent_pid": os.getpid(),
                 "store_hosts": ",".join(self.store_hosts),
+                "store_file": str(self._store_file(order.task)),
                 "stack_file": str(self._log_path(order).with_suffix(".stacks")),
                 "position_file": str(self._log_path(order).with_suffix(".position")),
             }
@@ -285,8 +287,23 @@ class Supervisor:
             path.parent.rmdir()
         live = any(task == order.task and not w.exited for (task, _, _), w in self.workers.items())
         self.forgotten.pop(order.task, None)
+        with contextlib.suppress(OSError):
+            self._store_file(order.task).unlink()  # (a task of the name submitted again starts afresh)
         if live:
             self.forgotten[order.task] = order
+
+    def _store_file(self, task: str) -> Path:
+        """Where the task's workers here read where its store moved (``WorkerEnv.store_file``)."""
+        return self.run_dir / "stores" / task
+
+    def store_moved(self, order: StoreMoved) -> None:
+        """Tell the task's workers here where its store is served now: written whole (a worker
+        reading it meanwhile reads the old address or the new, never half of one)."""
+        path = self._store_file(order.task)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        written = path.with_name(f".{order.task}.{os.getpid()}")
+        written.write_text(f"{order.moved_from} {order.address}")
+        os.replace(written, path)
 
     def rename(self, order: RenameWorkers) -> None:
         for rank, new_rank in order.ranks.items():

@@ -346,23 +346,6 @@ class Recovery:
             incident.stuck_nodes |= {w.node for w in stuck}
         self._carry_out(task, incident, response, now)
 
-    def relaunched(self, name: str, why: str) -> None:
-        """The task is being relaunched from its checkpoint for no fault of its own (its store
-        moved at this coordinator's start, ``brain/takeover.py``): an incident it was recovering
-        from in place is carried on by the relaunch (an escalation says so, and ``why``), and
-        its in-place deadline is over; the relaunch's first step closes it. Nothing is counted
-        on the ladder: the relaunch is not the fault's doing."""
-        task = self.ctx.store.get_task(name)
-        changed = False
-        for (t, _), incident in self.incidents.items():
-            if t == name and incident.tier.in_place:
-                step = Escalation(incident.tier, Tier.FROM_CHECKPOINT, why)
-                self._record_escalation(task, incident, step, carried=True)
-                incident.deadline = None
-                changed = True
-        if changed:
-            self._keep_incidents(name)
-
     def _record_escalation(
         self, task: TaskRecord, incident: Incident, step: Escalation, carried: bool
     ) -> None:
