@@ -67,5 +67,6 @@ def test_workers_come_from_the_nodes_fork_server_through_a_restart_and_end_exact
         assert grandparent == TEMPLATES[0].process.pid
     else:
         assert {parent for parent, _, _ in seen.values()} == {agent}
-    assert_ledger_exact(latest_generation(rows), iterations, world=2)
+    # (rank 1 may be killed between its step's all-reduce and its ledger line: that share unwritten)
+    assert_ledger_exact(latest_generation(rows), iterations, frozen=frozenset({1}), world=2)
     assert_ends_exact(tmp_path, "lm", iterations)
