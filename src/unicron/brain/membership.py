@@ -68,7 +68,7 @@ def survivors(
     if not whole_replicas([w for w in kept if not w.joining], replica_size):
         # Newcomers take the state from a live member as the generation trains its first step:
         # without one they would go on from their checkpoint, steps lost while none is recorded.
-        newcomers = sorted(w.rank for w in kept)
+        newcomers = sorted(w.rank for w in kept if w.joining)
         return f"no survivor holds the task's state (rank(s) {newcomers} joined and had not taken it yet)"
     gone = set(failed) | {w.rank for w in live if w.node not in healthy}
     membership = Membership(
