@@ -88,7 +88,9 @@ def silent_nodes(
         heard = node.last_seen if node.last_seen >= fresh_from else listening_since + AGENT_RETRY_CAP_S
         heard = max(heard, node.last_seen)
         silent = now - heard  # (what the loss records: its last heartbeat is when the fault began)
-        if node.state is not NodeState.LOST and silent - late_since(heard) > deadline_s:
+        # (the lateness only lessens a silence: asked of a node past its deadline alone)
+        past = silent > deadline_s and node.state is not NodeState.LOST
+        if past and silent - late_since(heard) > deadline_s:
             out.append((node.name, silent))
     return out
 

@@ -84,6 +84,11 @@ class Placer:
     # A plan whose launches or grows wait for slots that processes still hold (``slots.py``):
     # the coordinator carries it out again until they are gone (``carry_out_held``).
     held: HeldPlan | None = None
+    # task -> (its members as a snapshot had them, how many on each node): counted again only
+    # when its members change (a snapshot keeps a task's tuple until then, ``Store._part``).
+    _spread: dict[str, tuple[tuple[WorkerRecord, ...], Counter[str]]] = field(
+        default_factory=dict, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.allocator = Allocator(happened=self.ctx.act.happened)
@@ -104,12 +109,13 @@ class Placer:
         live = list(snapshot.tasks.values())
         for task in live:
             if task.state.active:
-                # Counted per node first (in C: a task's ~160 workers at 2,048 nodes, every plan)
-                on = Counter(w.node for w in snapshot.live(task.name))
+                on = self._members_on(task.name, snapshot.live(task.name))
                 on.update(w.node for w in self._newcomers(task.name))
                 for node, count in on.items():
                     if node in ids:
                         assignment.setdefault(ids[node], {})[task.name] = count
+        for ended in self._spread.keys() - snapshot.tasks.keys():
+            del self._spread[ended]
         specs = [self.ctx.spec(t.name) for t in live]
         hardware = self.ctx.settings.cluster
         gpu = hardware.gpu_type()
@@ -128,6 +134,14 @@ class Placer:
             next_node=max(names, default=0) + 1,
         )
         return state, names
+
+    def _members_on(self, name: str, members: tuple[WorkerRecord, ...]) -> Counter[str]:
+        """How many of ``members`` are on each node (a copy: the caller adds to it)."""
+        kept = self._spread.get(name)
+        if kept is None or kept[0] is not members:
+            kept = (members, Counter(w.node for w in members))  # (counted in C)
+            self._spread[name] = kept
+        return kept[1].copy()
 
     def _newcomers(self, name: str) -> list[WorkerRecord]:
         """The live newcomers of the task's grow under way, if it has one."""
