@@ -32,7 +32,7 @@ from unicron.core.protocol import (
     ready_key,
 )
 from unicron.core.signing import derive, sign
-from unicron.core.workerenv import KEYS, WorkerEnv
+from unicron.core.workerenv import KEYS, STORE_MOVES_KEPT, WorkerEnv
 from unicron.train import storeaddress
 from unicron.train.taskstore import TaskStore
 
@@ -250,6 +250,30 @@ def test_a_member_follows_its_agents_word_to_a_store_that_moved_port(tmp_path: P
         time.sleep(0.1)
     assert member.address == f"127.0.0.1:{port}" and member.posted(3).world_size == 1
     new.close_all()
+
+
+def test_a_member_that_missed_a_move_follows_the_moves_after_it(tmp_path: Path) -> None:
+    """Two restarts of the coordinator, each with the store's port taken, before the member's
+    store stopped answering: its agent keeps every move (its own code writes the file), and the
+    member follows them from a port it was launched with, in order; another store's move (an
+    earlier task of the name) is passed over, and a move back to a port used before is followed."""
+    agent = Supervisor("n0", tmp_path, tmp_path / "agent.sock", Backlog(), store_hosts=[])
+    contract = agent._worker_env(
+        LaunchWorker(task="lm", generation=1, rank=0, world_size=1, local_rank=0, argv=[])
+    )
+    store_file, launched = contract[KEYS["store_file"]], "127.0.0.1:5000,10.0.0.2:5000"
+
+    def moved(moved_from: int, address: str) -> list[str]:
+        agent.store_moved(StoreMoved(task="lm", moved_from=moved_from, address=address))
+        return storeaddress.current(launched, store_file)
+
+    assert moved(7000, "127.0.0.1:7001") == ["127.0.0.1:5000", "10.0.0.2:5000"]  # not its store
+    assert moved(5000, "127.0.0.1:5001")[0] == "127.0.0.1:5001"
+    assert moved(5001, "10.0.0.2:5002") == ["10.0.0.2:5002", "127.0.0.1:5000", "10.0.0.2:5000"]
+    assert moved(5002, "127.0.0.1:5000") == ["127.0.0.1:5000", "10.0.0.2:5000"]  # back where it was
+    for i in range(2 * STORE_MOVES_KEPT):
+        agent.store_moved(StoreMoved(task="lm", moved_from=6000 + i, address=f"127.0.0.1:{6001 + i}"))
+    assert len(Path(store_file).read_text().splitlines()) == STORE_MOVES_KEPT  # the newest kept
 
 
 def test_what_the_coordinator_posted_is_put_back_after_a_deletion_or_a_replay() -> None:

@@ -388,8 +388,9 @@ STORE_ADDRESS_PATTERN = r"^[^\s,]{1,253}:[0-9]{1,5}$"  # host:port, no list
 class StoreMoved(_Message):
     """The task's rendezvous store is served at ``address`` now, not on port ``moved_from``
     where the task's workers on this node were told: a coordinator that started over found that
-    port taken. The agent writes both where those workers look when their store stops answering
-    (``WorkerEnv.store_file``); a worker follows it only from the port it knows."""
+    port taken. The agent adds both, after the store's earlier moves, where those workers look
+    when their store stops answering (``WorkerEnv.store_file``); a worker follows the moves in
+    order from the port it was launched with."""
 
     type: Literal["store_moved"] = "store_moved"
     task: str = Field(pattern=NAME_PATTERN)

@@ -85,6 +85,9 @@ SpikeFactor = Annotated[
 ]
 
 
+STORE_MOVES_KEPT = 64  # the moves of a task's store its agents keep (one per coordinator restart at most)
+
+
 class WorkerEnv(BaseModel):
     """What a worker is told about itself. Defaults are those of a world of one."""
 
@@ -100,9 +103,10 @@ class WorkerEnv(BaseModel):
     # Every coordinator's host, comma-separated (the agent's --coordinator list): one that takes
     # over serves the task's store on the same port on its own host.
     store_hosts: str | None = None
-    # Where the worker's agent writes the store's host:port when the coordinator serves it where
-    # the worker was not told (a coordinator that started over found its port taken): read
-    # first whenever the store stops answering (``train/storeaddress.py``).
+    # Where the worker's agent writes the store's moves (``<old port> <host:port>`` a line, the
+    # last STORE_MOVES_KEPT) when the coordinator serves it where the worker was not told (one
+    # that started over found its port taken): read first whenever the store stops answering
+    # (``train/storeaddress.py``).
     store_file: str | None = None
     checkpoint_dir: str | None = None
     iterations: int = 0

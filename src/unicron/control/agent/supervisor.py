@@ -56,7 +56,7 @@ from unicron.core.protocol import (
     WorkerReport,
     WorkerState,
 )
-from unicron.core.workerenv import WorkerEnv, host_checkpoint_dir
+from unicron.core.workerenv import STORE_MOVES_KEPT, WorkerEnv, host_checkpoint_dir
 
 
 @dataclass
@@ -297,12 +297,19 @@ class Supervisor:
         return self.run_dir / "stores" / task
 
     def store_moved(self, order: StoreMoved) -> None:
-        """Tell the task's workers here where its store is served now: written whole (a worker
-        reading it meanwhile reads the old address or the new, never half of one)."""
+        """Tell the task's workers here where its store is served now: a line added after the
+        moves before it (a worker that missed one follows them all: ``train/storeaddress.py``),
+        the file written whole (a worker reading it meanwhile reads it before the move or after,
+        never half of it)."""
         path = self._store_file(order.task)
         path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            earlier = path.read_text().splitlines()
+        except FileNotFoundError:
+            earlier = []
+        moves = [*earlier, f"{order.moved_from} {order.address}"][-STORE_MOVES_KEPT:]
         written = path.with_name(f".{order.task}.{os.getpid()}")
-        written.write_text(f"{order.moved_from} {order.address}")
+        written.write_text("\n".join(moves) + "\n")
         os.replace(written, path)
 
     def rename(self, order: RenameWorkers) -> None:
