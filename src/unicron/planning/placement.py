@@ -12,6 +12,7 @@ first.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 
 Assignment = dict[int, dict[str, int]]
@@ -60,39 +61,112 @@ class _Scattered(Exception):
 
 
 class _Layout:
-    """A placement being built: who is where, with running totals (a task's workers placed, a
-    node's slots used) kept as workers are taken off and put on: summing them afresh was most of
-    a placement's time at 2,048 nodes."""
+    """A placement being built: who is where, with running totals (a task's workers placed and
+    on which nodes, a node's slots used, the nodes empty and full) kept as workers are taken off
+    and put on. Only nodes holding workers are written: at 2,048 nodes, reading every node for
+    every task (its own, the free ones) was most of a placement's time, and a placement is made
+    at every plan the coordinator carries out and at every event the simulator replays."""
 
-    def __init__(self, result: Assignment, gpus_per_node: int) -> None:
-        self.result, self.size = result, gpus_per_node
-        self.used = {n: sum(r.values()) for n, r in result.items()}
-        self.totals: dict[str, int] = {}
-        for r in result.values():
-            for t, g in r.items():
+    def __init__(self, nodes: Sequence[int], gpus_per_node: int, kept: Assignment) -> None:
+        """``kept``: the workers that stay, by node (nodes in service, none empty, no zero)."""
+        self.nodes, self.size, self.in_service = nodes, gpus_per_node, set(nodes)
+        self.result = kept  # node -> task -> workers (nodes that held some)
+        self.used = {n: sum(r.values()) for n, r in kept.items()}  # node -> slots used
+        self.full = {n for n, u in self.used.items() if u >= gpus_per_node}  # no free slot
+        self.empty = self.in_service.difference(kept)  # no worker
+        self.totals: dict[str, int] = {}  # task -> workers placed
+        self.where: dict[str, dict[int, int]] = {}  # task -> node -> workers (the same counts)
+        for n, row in kept.items():
+            for t, g in row.items():
                 self.totals[t] = self.totals.get(t, 0) + g
+                self.where.setdefault(t, {})[n] = g
+        self._order: dict[int, int] | None = None  # node -> its place in ``nodes``, once asked
+        self._empties: list[tuple[int, int]] | None = None  # (place, node) of nodes once empty
 
     def placed(self, task: str) -> int:
         return self.totals.get(task, 0)
 
+    def on(self, task: str) -> dict[int, int]:
+        """Where ``task`` has workers (node -> how many)."""
+        return self.where.setdefault(task, {})
+
     def free(self, node: int) -> int:
-        return self.size - self.used[node]
+        return self.size - self.used.get(node, 0)
 
     def put(self, node: int, task: str, gpus: int) -> int:
         """Put up to ``gpus`` more of ``task`` on ``node``; how many were put."""
         gpus = max(gpus, 0)
         if gpus:
-            self.result[node][task] = self.result[node].get(task, 0) + gpus
+            on = self.result.setdefault(node, {})
+            on[task] = on.get(task, 0) + gpus
+            self.on(task)[node] = on[task]
             self.totals[task] = self.totals.get(task, 0) + gpus
-            self.used[node] += gpus
+            self.used[node] = self.used.get(node, 0) + gpus
+            self.empty.discard(node)
+            if self.used[node] >= self.size:
+                self.full.add(node)
         return gpus
 
     def take(self, node: int, task: str, gpus: int) -> None:
-        self.result[node][task] -= gpus
+        on = self.result[node]
+        on[task] -= gpus
         self.totals[task] -= gpus
         self.used[node] -= gpus
-        if self.result[node][task] == 0:
-            del self.result[node][task]
+        self.full.discard(node)
+        if self.used[node] == 0:
+            self.empty.add(node)
+            if self._empties is not None:
+                heapq.heappush(self._empties, (self.order()[node], node))
+        where = self.on(task)
+        if on[task] == 0:
+            del on[task]
+            del where[node]
+        else:
+            where[node] = on[task]
+
+    def order(self) -> dict[int, int]:
+        """node -> its place in ``nodes``."""
+        if self._order is None:
+            self._order = {n: i for i, n in enumerate(self.nodes)}
+        return self._order
+
+    def first_empty(self) -> int | None:
+        """The first node in the order of ``nodes`` that holds no worker (a heap of them, made
+        when first asked: a task after task takes whole nodes from the front)."""
+        if self._empties is None:
+            order = self.order()
+            self._empties = [(order[n], n) for n in self.empty]
+            heapq.heapify(self._empties)
+        while self._empties and self._empties[0][1] not in self.empty:
+            heapq.heappop(self._empties)  # (filled since it was pushed)
+        return self._empties[0][1] if self._empties else None
+
+    def ordered(self) -> Assignment:
+        """The placement, its nodes in the order of ``nodes``, those holding nothing left out."""
+        if len(self.result) * 8 > len(self.nodes):  # (most nodes: read in order, not sorted)
+            return {n: r for n in self.nodes if (r := self.result.get(n))}
+        return {n: r for n in sorted(self.result, key=self.order().__getitem__) if (r := self.result[n])}
+
+
+def _kept(
+    counts: Mapping[str, int],
+    nodes: Sequence[int],
+    previous: Mapping[int, Mapping[str, int]],
+    units: Mapping[str, int],
+) -> Assignment:
+    """The workers of ``previous`` that may stay: on nodes in service, of tasks still placed, in
+    whole units. A node's row is copied whole where all of it stays (the usual case)."""
+    in_service, placed = set(nodes), {t for t, c in counts.items() if c > 0}
+    single = {t for t in placed if units[t] == 1}
+    kept: Assignment = {}
+    for n, held in previous.items():  # (nodes out of service are no longer in ``nodes``)
+        if n not in in_service or not held:
+            continue
+        if held.keys() <= single and min(held.values()) > 0:
+            kept[n] = dict(held)
+        elif row := {t: _whole(g, units[t]) for t, g in held.items() if t in placed and g >= units[t]}:
+            kept[n] = row
+    return kept
 
 
 def _place(
@@ -102,52 +176,44 @@ def _place(
     previous: Mapping[int, Mapping[str, int]],
     units: Mapping[str, int],
 ) -> Assignment:
-    kept: Assignment = {n: {} for n in nodes}
-    for n, held in previous.items():  # (nodes out of service are no longer in ``nodes``)
-        if n in kept:
-            kept[n] = {
-                t: _whole(g, units[t]) for t, g in held.items() if counts.get(t, 0) > 0 and g >= units[t]
-            }
-    layout = _Layout(kept, gpus_per_node)
+    layout = _Layout(nodes, gpus_per_node, _kept(counts, nodes, previous, units))
     for task in sorted(counts):  # surplus workers leave the nodes where the task has the fewest
         surplus = layout.placed(task) - counts[task]
         if surplus <= 0:
             continue
-        for node in sorted((n for n in nodes if kept[n].get(task)), key=lambda n: (kept[n][task], -n)):
+        on = layout.on(task)
+        for node in sorted(on, key=lambda n: (on[n], -n)):
             if surplus <= 0:
                 break
-            take = min(surplus, kept[node][task])
+            take = min(surplus, on[node])
             layout.take(node, task, take)
             surplus -= take
     # Largest units first (first-fit decreasing, which packs units that divide each other and the
     # node size without waste), then the tasks that need the most.
     growing = sorted(counts, key=lambda t: (-units[t], -(counts[t] - layout.placed(t)), t))
     for task in growing:
-        if _grow(layout, nodes, task, counts[task] - layout.placed(task), units[task]) > 0:
+        if _grow(layout, task, counts[task] - layout.placed(task), units[task]) > 0:
             if max(units.values(), default=1) == 1:
                 raise AssertionError("placement ran out of GPUs although the total fits")
             raise _Scattered
-    return {n: r for n, r in kept.items() if r}
+    return layout.ordered()
 
 
-def _grow(layout: _Layout, nodes: Sequence[int], task: str, need: int, unit: int) -> int:
+def _grow(layout: _Layout, task: str, need: int, unit: int) -> int:
     """Put ``need`` more workers of ``task``: beside its own, then on whole free nodes, then
     wherever most is free; what could not be put."""
     if need <= 0:
         return 0
-    result, size = layout.result, layout.size
-    own = sorted((n for n in nodes if result[n].get(task)), key=lambda n: (-result[n][task], n))
-    for node in own:
+    size, on = layout.size, layout.on(task)
+    for node in sorted(on.keys() - layout.full, key=lambda n: (-on[n], n)):  # (a full node takes none)
         if need <= 0:
             break
         need -= layout.put(node, task, _whole(min(need, layout.free(node)), unit))
-    if need >= size:
-        for node in [n for n in nodes if layout.free(n) == size]:
-            if need < size:
-                break
-            need -= layout.put(node, task, size)
+    while need >= size and (empty := layout.first_empty()) is not None:
+        need -= layout.put(empty, task, size)
     if need > 0:
-        for node in sorted(nodes, key=lambda n: (-layout.free(n), n)):
+        with_room = layout.in_service - layout.full
+        for node in sorted(with_room, key=lambda n: (-layout.free(n), n)):
             if need <= 0:
                 break
             need -= layout.put(node, task, _whole(min(need, layout.free(node)), unit))
