@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone
 from unicron.core.specs import ClusterSpec, TaskSpec, parse_cluster, parse_tasks
-from unicron.planning.placement import place
+from unicron.planning.placement import Assignment, node_unit, place
 from unicron.planning.planner import (
     ClusterState,
     feasible_allocations,
@@ -162,3 +162,55 @@ def test_placement_keeps_workers_in_place() -> None:
     assert after.get(1, {}).get("a", 0) + after.get(3, {}).get("a", 0) == 0
     with pytest.raises(ValueError):
         place({"a": 40}, [0, 1], 8, {})
+
+
+@st.composite
+def placements(draw: st.DrawFn) -> tuple[dict[str, int], list[int], int, Assignment, dict[str, int] | None]:
+    """A placement's inputs: counts that fit, nodes in any order, a previous assignment over
+    some of them and some out of service, and sometimes replicas of several workers (sizes the
+    task file allows: dividing the node or spanning whole nodes; each task's count then in
+    whole units, as the planner gives them)."""
+    size = draw(st.sampled_from([1, 2, 4, 8]))
+    nodes = draw(st.lists(st.integers(0, 60), min_size=1, max_size=24, unique=True))
+    tasks = [f"t{i}" for i in range(draw(st.integers(1, 5)))]
+    sizes = draw(st.none() | st.fixed_dictionaries({t: st.sampled_from([1, 2, 4, 8, 16]) for t in tasks}))
+    units = {t: node_unit((sizes or {}).get(t, 1), size) for t in tasks}  # (the planner's counts are whole)
+    counts = {t: units[t] * draw(st.integers(0, len(nodes) * size // units[t])) for t in tasks}
+    while sum(counts.values()) > len(nodes) * size:
+        biggest = max(counts, key=counts.__getitem__)
+        counts[biggest] -= units[biggest]
+    previous: Assignment = {}
+    for node in draw(st.lists(st.sampled_from([*nodes, 61, 62]), unique=True)):
+        free, row = size, {}
+        for task in draw(st.lists(st.sampled_from(tasks), unique=True)):
+            if free:
+                row[task] = draw(st.integers(1, free))
+                free -= row[task]
+        previous[node] = row
+    return counts, nodes, size, previous, sizes
+
+
+@given(placements())
+@settings(max_examples=300, deadline=None)
+def test_a_placement_gives_each_task_its_count_in_whole_units_keeping_what_may_stay(
+    inputs: tuple[dict[str, int], list[int], int, Assignment, dict[str, int] | None],
+) -> None:
+    """What any placement keeps to: each task gets its count, in whole units on each node, on
+    nodes in service within their slots, the nodes in the order given; a task of single workers
+    keeps every worker it had on a node still in service, up to its count. (Replica sizes that
+    divide the node or span whole nodes, as the task file allows, always pack: whole units
+    that divide each other, largest first.)"""
+    counts, nodes, size, previous, sizes = inputs
+    after = place(counts, nodes, size, previous, sizes)
+    assert list(after) == [n for n in nodes if n in after]
+    for node, row in after.items():
+        assert row and all(g > 0 for g in row.values()) and sum(row.values()) <= size
+        for task, g in row.items():
+            assert g % node_unit((sizes or {}).get(task, 1), size) == 0, (node, task, g)
+    placed = {t: sum(r.get(t, 0) for r in after.values()) for t in counts}
+    assert placed == counts
+    if sizes is None:
+        for task, count in counts.items():
+            had = sum(r.get(task, 0) for n, r in previous.items() if n in nodes)
+            kept = sum(min(r.get(task, 0), after.get(n, {}).get(task, 0)) for n, r in previous.items())
+            assert kept == min(had, count), (task, had, kept, count)
