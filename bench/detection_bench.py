@@ -302,8 +302,6 @@ def write_markdown(r: dict[str, Any]) -> None:
             pg=TUNED_PG_TIMEOUT_S,
             default_pg=DEFAULT_GLOO_TIMEOUT_S / 60,
             floor=BENCH_SETTINGS["hang_floor_s"],
-            isolate_after=Settings().isolate_after,
-            window=Settings().escalation_window_s,
             mean=t["mean_iteration_s"],
             long_verdict=long_verdict(r[LONG]["unicron"], t[f"{LONG}_s"]),
             ordering=ordering_markdown(),

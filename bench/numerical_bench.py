@@ -18,8 +18,10 @@ that gives NaN on any rank; (a third) a bit flipped in one of 2 replicas: for ea
 struck, the step it was found in, the ranks named, what was done, and whether the task ended
 with the state of a failure-free run.
 
-Writes docs/bench/numerical.json and its section of docs/performance.md
-(``python -m bench.numerical_bench [--runs N] [--workers 1 2 4]``; run by ``make bench``).
+Writes docs/bench/numerical.json, its section of docs/performance.md and docs/numerical-faults.md
+(from ``templates/numerical-faults.md``, with the checks' defaults read from the task file's
+model and the coordinator's settings) (``python -m bench.numerical_bench [--runs N] [--workers 1 2
+4]``, or ``--docs`` for the pages alone; run by ``make bench``).
 """
 
 from __future__ import annotations
@@ -44,10 +46,13 @@ from bench.decide_bench import write_section
 from bench.overhead_bench import MODELS, WARMUP, unicron
 from bench.overhead_verdict import judged
 from unicron.control.launch.localcluster import LocalCluster
+from unicron.core.livespecs import RunSpec
+from unicron.core.settings import Settings
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream
 from unicron.train.fingerprint import fingerprint
-from unicron.train.numerics import norm
+from unicron.train.numerics import REPEAT_STEPS, norm
+from unicron.train.spikes import MIN_JUDGED
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gpt-10m"
@@ -250,16 +255,50 @@ def section(r: dict[str, Any]) -> str:
     )
 
 
+RUN_SETTINGS = ("check_finite", "spike_factor", "spike_window", "on_bad_data", "digest_every")
+LADDER_SETTINGS = ("isolate_after", "escalation_window_s")
+
+
+def defaults_markdown() -> str:
+    """The numerical checks' settings with their defaults and meanings, from the task file's
+    model and the coordinator's ``Settings``, and the rung's fixed bounds."""
+    run, limits = RunSpec.model_fields, Settings()
+    rows = [f"| `run.{name}` | {run[name].default} | {run[name].description} |" for name in RUN_SETTINGS]
+    rows += [
+        f"| `{name}` | {getattr(limits, name):g} | {Settings.model_fields[name].description} |"
+        for name in LADDER_SETTINGS
+    ]
+    rows += [
+        f"| (fixed) | {MIN_JUDGED} | gradient norms known before a spike is judged: a task's (or a "
+        "relaunch's) first steps are tested for NaN and Inf only (`train/spikes.py`) |",
+        f"| (fixed) | {REPEAT_STEPS} | steps within which a rank named in a passing fault gets no second "
+        "chance, and a second step whose data is at fault is not skipped (`train/numerics.py`) |",
+    ]
+    return "\n".join(["| setting | default | meaning |", "|---|---|---|", *rows])
+
+
 def write_docs(r: dict[str, Any]) -> None:
+    """Its section of docs/performance.md, and docs/numerical-faults.md from its template."""
     heading = "The numerical checks: the gradient sum's test and the replicas' check"
     write_section(section(r), MARKERS, heading)
+    template = (Path(__file__).parent / "templates" / "numerical-faults.md").read_text()
+    limits = Settings()
+    page = template.format(
+        defaults=defaults_markdown(),
+        isolate_after=limits.isolate_after,
+        window=limits.escalation_window_s,
+        figures=section(r),
+    )
+    (ROOT / "docs" / "numerical-faults.md").write_text(page)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     ap.add_argument("--runs", type=int, default=RUNS)
     ap.add_argument("--workers", type=int, nargs="+", default=list(WORKERS))
-    ap.add_argument("--docs-only", action="store_true", help="rewrite the page's section from the JSON")
+    ap.add_argument(
+        "--docs-only", "--docs", action="store_true", help="rewrite the pages from the JSON (a text change)"
+    )
     ap.add_argument("--faults-only", action="store_true", help="the faults' run again; the cost rows kept")
     ap.add_argument("--cost-only", action="store_true", help="the --workers rows again; the others kept")
     args = ap.parse_args(argv)

@@ -4,7 +4,7 @@ passages of docs/detection.md and docs/multi-host.md, and five metrics of
 docs/observability.md, once were). Each benchmark's ``--docs`` mode writes its page again from
 its last figures (``docs/bench/*.json``), here into a copy of ``bench/``, ``docs/`` and ``harness/``.
 
-Checked: the six pages a benchmark writes alone from its own JSON. Not here: performance.md
+Checked: the seven pages a benchmark writes alone from its own JSON. Not here: performance.md
 (two benchmarks write it in turn: the overhead's page, then the decisions' section), gpu.md
 (written from a device run's output folder), and live-cluster.md, reference.md, reliability.md
 and simulation.md (written from a demo, a chaos soak or a simulation run, not from a JSON kept
@@ -27,6 +27,7 @@ PAGES = {
     "checkpoint_bench": "checkpointing.md",
     "recovery_bench": "recovery.md",
     "scale_bench": "scale.md",
+    "numerical_bench": "numerical-faults.md",
 }
 
 

@@ -222,13 +222,13 @@ class RunSpec(SpecBase):
         default=True,
         description="test each step's gradient sum for NaN and Inf, and its norm for a spike "
         "(spike_factor), before the optimizer applies it; a sum that is wrong is never applied: the "
-        "step is computed again, the culprit rank and whose fault it is are found (docs/detection.md)",
+        "step is computed again, the culprit rank and whose fault it is are found (docs/numerical-faults.md)",
     )
     spike_factor: SpikeFactor = Field(
         default=SPIKE_FACTOR,
         description="with check_finite: a gradient sum whose norm is over this many times the median "
         "of the last spike_window steps' is a spike, computed again and cross-checked as a sum that "
-        "is not finite (docs/detection.md); 2 or more, or 0: no spike test",
+        "is not finite (docs/numerical-faults.md); 2 or more, or 0: no spike test",
     )
     spike_window: int = Field(
         default=SPIKE_WINDOW,
@@ -241,7 +241,7 @@ class RunSpec(SpecBase):
         description="with check_finite, a step whose samples give a wrong sum wherever they are "
         "computed: fail ends the task with the verdict where the sum is not finite (a spike, what "
         "the data gives, is applied); skip skips the step's update (no optimizer step, its samples "
-        "recorded as skipped) and goes on, but not twice within 100 steps (docs/detection.md)",
+        "recorded as skipped) and goes on, but not twice within 100 steps (docs/numerical-faults.md)",
     )
     digest_every: int = Field(
         default=DIGEST_EVERY,
@@ -251,7 +251,7 @@ class RunSpec(SpecBase):
         "they enter the step's gradient sum (and their whole state before each checkpoint); nothing "
         "of a sum they differ in is applied: a replica alone in its state takes the others' in place "
         "where they were alike the step before, else the task goes back to its checkpoint "
-        "(docs/detection.md); 0: never. Not with replica_size over 1",
+        "(docs/numerical-faults.md); 0: never. Not with replica_size over 1",
     )
     recovery: Literal["in_process", "restart"] = Field(
         default="in_process",
