@@ -5,7 +5,8 @@ follows (``train/numerics.py``, ``train/spikes.py``).
 The verdicts and the spike's limit as values; then, end to end, one task of 4 gloo workers on two
 nodes: a NaN in one rank's gradients once (a passing fault: the step computed again, nothing
 restarts), then a rank that keeps computing NaN whatever its samples (its device: its node is
-isolated, the others go on in place), then a spike in one rank's gradients once.
+isolated, the others go on in place), then a bit flipped in a value of one rank's gradients once
+(the exponent's high bit), then a spike in one rank's gradients once.
 The task must end with the parameters of a failure-free run and with every step having trained on
 exactly its global batch; each fault is an incident naming its rank and node. A sample that gives
 NaN anywhere fails the task with the verdict, in a second task on the same cluster; in a third,
@@ -37,6 +38,7 @@ from unicron.core.taxonomy import TAXONOMY, ErrorKind
 from unicron.core.tiers import Tier
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream
+from unicron.train.faults import FaultInjector
 from unicron.train.numerics import REPEAT_STEPS, Outcome, Verdict, judge, norm, repeated, rotated
 from unicron.train.numericstep import may_skip, named_again_lately, outcome_of
 from unicron.train.spikes import MIN_JUDGED, SpikeWatch
@@ -165,6 +167,24 @@ def test_a_spike_factor_inside_a_healthy_steps_variation_is_refused_with_the_fix
         FaultSpec.model_validate({"action": "spike_grad", "rank": 1, "step": 3, "factor": 1})
 
 
+def test_a_bit_flipped_in_a_gradient_strikes_the_gradient_sent_first_as_often_as_told() -> None:
+    """``flip_grad`` flips one bit of the first value of the gradient sent first (the last
+    parameter's), in the first ``times`` computations of its step: here the exponent's high bit
+    of a float64, which makes 0.5 into 2 to the 1,023 (about 9e307: its square is infinite)."""
+    fault = FaultSpec.model_validate({"action": "flip_grad", "rank": 0, "step": 4, "bit": 62, "times": 2})
+    sent: list[Any] = []
+    injector = FaultInjector([fault], 0, 1, sent.append, "lm")
+    first, last = (torch.nn.Parameter(torch.zeros(2, dtype=torch.float64)) for _ in range(2))
+    first.grad = torch.tensor([0.25, 0.25], dtype=torch.float64)
+    injector.step_started(4)
+    for computation, struck in ((1, True), (2, True), (3, False)):  # (the step computed again, twice)
+        last.grad = torch.tensor([0.5, -0.5], dtype=torch.float64)
+        injector.poison(4, [0], [first, last])
+        assert last.grad.tolist() == [2.0**1023 if struck else 0.5, -0.5], computation
+        assert first.grad.tolist() == [0.25, 0.25]
+    assert len(sent) == 1  # announced once
+
+
 ITERATIONS = 40
 FAULTS = [
     {"action": "nan_grad", "rank": 1, "step": 6, "generation": 0},  # once: a passing fault
@@ -174,6 +194,8 @@ FAULTS = [
     {"action": "flip_param", "rank": 3, "step": 10, "generation": 0},
     {"action": "flip_param", "rank": 3, "step": 12, "generation": 0},
     {"action": "nan_grad", "rank": 2, "step": 14, "generation": 0, "times": 5},  # a faulty device
+    # Once, on one of the two left: the exponent's high bit of a value of its gradient flipped.
+    {"action": "flip_grad", "rank": 0, "step": 24, "generation": 0, "bit": 62},
     # Once, on one of the two left: a spike (the generation they went on in has known the 10
     # norms a spike is judged against since about step 16).
     {"action": "spike_grad", "rank": 1, "step": 32, "generation": 0},
@@ -203,6 +225,9 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         assert {(r["step"], r["verdict"], tuple(r["ranks"])) for r in verdicts} >= {(6, "transient", (1,))}
         # The faulty device: named in step 14, its node taken out, the others on in place.
         assert (14, "device", (2,)) in {(r["step"], r["verdict"], tuple(r["ranks"])) for r in verdicts}
+        # The flipped bit (its value's square infinite): found in the step it struck, computed
+        # again, gone.
+        assert (24, "transient", (0,)) in {(r["step"], r["verdict"], tuple(r["ranks"])) for r in verdicts}
         # The spike: found in the step it struck, computed again, gone.
         spike = {
             (r["verdict"], tuple(r["ranks"]), r["why"].split(":")[0]) for r in verdicts if r["step"] == 32
@@ -210,9 +235,11 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         assert spike == {("transient", (1,), "a spike in the gradient sum")}, verdicts
         incidents = [e for e in events if e["kind"] == "incident"]
         rejected = [e for e in cluster.get("/v1/events") if e["kind"] == "report_rejected"]
-        assert len(incidents) == 5, f"{story}\nreports rejected (all tasks): {rejected}"
-        passing, flipped, flipped_again, incident, spiked = incidents
-        assert spiked["detail"]["kind"] == "numerical_transient" and spiked["detail"]["culprit"] == 1
+        assert len(incidents) == 6, f"{story}\nreports rejected (all tasks): {rejected}"
+        passing, flipped, flipped_again, incident, bit_flipped, spiked = incidents
+        for transient, culprit in ((bit_flipped, 0), (spiked, 1)):
+            assert transient["detail"]["kind"] == "numerical_transient", story
+            assert transient["detail"]["culprit"] == culprit, story
         struck = {e["detail"]["index"]: e["node"] for e in events if e["kind"] == "fault_injected"}
         # The flipped replica: found before step 10's checkpoint (before step 11 computed), then in
         # step 13's sum (before anything of it was applied: its share computed again), mended from

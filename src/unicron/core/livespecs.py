@@ -87,7 +87,7 @@ NOT_FAILURES = CORRUPTIONS | {"late_stop"}
 # Faults in the gradient sum, found and handled in the step by the workers (``train/numerics.py``):
 # a passing one never reaches the coordinator, so its time must not start a later failure's clock;
 # a verdict that does is timed from its own report.
-NUMERICAL = frozenset({"nan_grad", "spike_grad", "nan_sample", "flip_param"})
+NUMERICAL = frozenset({"nan_grad", "spike_grad", "flip_grad", "nan_sample", "flip_param"})
 
 
 class FaultSpec(SpecBase):
@@ -115,6 +115,7 @@ class FaultSpec(SpecBase):
         "hang_at_exit",
         "nan_grad",
         "spike_grad",
+        "flip_grad",
         "nan_sample",
         "flip_param",
     ] = Field(description="what happens; unicron/train/faults.py describes each")
@@ -143,8 +144,9 @@ class FaultSpec(SpecBase):
         default=1,
         ge=1,
         le=MAX_FAULT_TIMES,
-        description="for nan_grad and spike_grad: how many computations of the step it strikes on the "
-        "rank (1: a passing fault; 2 or more: a device that keeps computing wrong, whatever its samples)",
+        description="for nan_grad, spike_grad and flip_grad: how many computations of the step it "
+        "strikes on the rank (1: a passing fault; 2 or more: a device that keeps computing wrong, "
+        "whatever its samples)",
     )
     factor: float = Field(
         default=1e4,
@@ -165,8 +167,9 @@ class FaultSpec(SpecBase):
         default=0,
         ge=0,
         le=63,
-        description="for flip_param: the bit of the first parameter's first value it flips, counted "
-        "from the lowest (0: a change no test of a norm sees; past the value's width: taken modulo it)",
+        description="for flip_param: the bit of the first parameter's first value it flips; for "
+        "flip_grad: of the first value of the rank's gradient sent first; counted from the lowest (0: a "
+        "change no test of a norm sees; past the value's width: taken modulo it)",
     )
 
 

@@ -44,6 +44,9 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
 - ``spike_grad``: as ``nan_grad``, but this rank's gradient is multiplied by ``factor`` (finite:
   a flipped exponent bit multiplies a value by a power of two), a spike in the sum's norm
   (``train/spikes.py``) once the step has enough steps before it to judge.
+- ``flip_grad``: as ``nan_grad``, but bit ``bit`` of the first value of this rank's gradient is
+  flipped (a bit flipped in its memory or on its way: an exponent's high bit makes the value
+  huge or infinite, a low one a change no norm sees);
 - ``nan_sample``: a NaN in the gradients of whichever rank computes sample ``sample`` in
   ``step``, every time (data that gives NaN: a bad sample); ``rank`` and ``generation`` unused.
 - ``flip_param``: after the optimizer's update of ``step``, flip bit ``bit`` of this rank's first
@@ -79,7 +82,8 @@ if TYPE_CHECKING:
 AT_EVENTS = frozenset(
     {"corrupt_transfer", "stall_rejoin", "kill_in_agree", "kill_in_transfer", "late_stop", "hang_at_exit"}
 )
-IN_SUM = frozenset({"nan_grad", "spike_grad"})  # on the way into each gradient sum of the step (``poison``)
+# On the way into each gradient sum of the step (``poison``):
+IN_SUM = frozenset({"nan_grad", "spike_grad", "flip_grad"})
 AT_REDUCE = frozenset({"stall_before_reduce", "kill_in_backward"})  # on the way into the all-reduce
 # Injected further into the step they are due at than its start:
 LATER_IN_STEP = frozenset({"stall", "spin", "kill_after_reduce", "slow_save", "flip_param"})
@@ -265,7 +269,8 @@ class FaultInjector:
         """On the way into a gradient sum of ``step`` (after this rank's micro-batches, or in the
         last backward before its first bucket is sent), having computed the samples ``computed``:
         ``nan_grad`` and ``nan_sample`` put a NaN into a gradient of the first bucket sent,
-        ``spike_grad`` multiplies that gradient by its factor."""
+        ``spike_grad`` multiplies that gradient by its factor, ``flip_grad`` flips a bit of its
+        first value."""
         due = [f for f in self._pending if f.action in IN_SUM]
         due += [
             f for f in self.all_faults if f.action == "nan_sample" and f.step == step and f.sample in computed
@@ -284,6 +289,8 @@ class FaultInjector:
             self._struck[index] = struck + 1
             if fault.action == "spike_grad":
                 grad.mul_(fault.factor)
+            elif fault.action == "flip_grad":
+                flip_bit(grad.reshape(-1)[:1], fault.bit)
             else:
                 grad.view(-1)[0] = float("nan")
 
@@ -293,16 +300,7 @@ class FaultInjector:
         for fault in [f for f in self._pending if f.action == "flip_param"]:
             self._pending.remove(fault)
             self.announce(fault, step)
-            import torch  # (imported where it is used: this module is the agent's too)
-
-            first = params[0].detach().reshape(-1)[:1]  # (a view: the parameter's own storage)
-            same_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-            bits = first.view(same_width[first.element_size()])
-            width = 8 * first.element_size()
-            bit = fault.bit % width
-            # The mask as the signed integer of the same width (the top bit is negative).
-            mask = (1 << bit) - (1 << width if bit == width - 1 else 0)
-            bits.bitwise_xor_(mask)
+            flip_bit(params[0].detach().reshape(-1)[:1], fault.bit)  # (a view: the parameter's own storage)
 
     def before_reduce(self, step: int) -> None:
         """On the way into the gradient all-reduce, once per step: in the last backward before
@@ -314,6 +312,20 @@ class FaultInjector:
                 os.kill(os.getpid(), signal.SIGKILL)
             else:
                 time.sleep(fault.seconds)
+
+
+def flip_bit(value: torch.Tensor, bit: int) -> None:
+    """Flip bit ``bit`` (from the lowest; modulo the width) of the one-element view ``value``, in
+    place: the tensor it views changes."""
+    import torch  # (imported where it is used: this module is the agent's too)
+
+    same_width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    bits = value.view(same_width[value.element_size()])
+    width = 8 * value.element_size()
+    bit %= width
+    # The mask as the signed integer of the same width (the top bit is negative).
+    mask = (1 << bit) - (1 << width if bit == width - 1 else 0)
+    bits.bitwise_xor_(mask)
 
 
 def _spin(seconds: float) -> None:
