@@ -13,7 +13,8 @@ NaN anywhere fails the task with the verdict, in a second task on the same clust
 which skips bad data (``run.on_bad_data: skip``), the step is skipped and the task goes on to the
 state of one process that skips it too. A bit flipped in one of the first task's 4 replicas is
 mended in place from the others; in a fourth task, of 2 replicas, one flipped sends the task back
-to its checkpoint (nothing tells which replica is right), and it ends exact.
+to its checkpoint (nothing tells which replica is right), a spike three steps later is judged by
+the window of gradient norms the checkpoint holds, and it ends exact.
 """
 
 from __future__ import annotations
@@ -142,6 +143,23 @@ def test_a_spike_is_judged_against_the_median_of_the_last_norms_applied() -> Non
     assert off.limit() is None
 
 
+def test_a_watch_resumed_from_a_checkpoints_window_judges_as_the_run_that_saved_it() -> None:
+    """A relaunch starts with the window its checkpoint holds (``SPIKE_NORMS``): the same limit
+    as the run that saved it, from the first step; a longer window saved keeps its newest."""
+    saved = SpikeWatch(window=20, factor=10)
+    for value in range(30):
+        saved.applied(1.0 + value % 3)
+    relaunched = SpikeWatch(window=20, factor=10)
+    relaunched.resumed(list(saved.norms))
+    assert relaunched.limit() == saved.limit() == 20.0 and list(relaunched.norms) == list(saved.norms)
+    shorter = SpikeWatch(window=10, factor=10)
+    shorter.resumed([5.0] * 10 + [1.0] * 10)  # (the newest 10 kept)
+    assert shorter.limit() == 10.0 and sorted(shorter.norms) == shorter.ordered
+    fresh = SpikeWatch(window=20, factor=10)
+    fresh.resumed([1.0] * (MIN_JUDGED - 1))  # (a checkpoint written before enough steps: not judged)
+    assert fresh.limit() is None
+
+
 def test_bad_data_is_skipped_only_where_the_task_says_so_and_not_twice_lately() -> None:
     def loop(skips: bool, skipped: tuple[int, int] | None) -> Any:
         return SimpleNamespace(skips=skips, skipped=skipped, session=SimpleNamespace(generation=3))
@@ -213,9 +231,17 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
     skipping = f"  on_bad_data: skip\n  faults: {json.dumps(bad_sample)}\n"
     skips = traced_task(skip_trace, "{2: 1.9e9}", 10, 0.0, skipping, name="skips")
     diverged_trace = tmp_path / "diverged.jsonl"
-    flip = [{"action": "flip_param", "rank": 1, "step": 7, "generation": 0}]
+    # A replica flipped after step 17 (found in step 18's sum: relaunched from step 15's
+    # checkpoint), then a spike in step 20, which the relaunch judges by the window of gradient
+    # norms its checkpoint holds (the steps of the run before it: ``spikes.py``).
+    flip = [
+        {"action": "flip_param", "rank": 1, "step": 17, "generation": 0},
+        {"action": "spike_grad", "rank": 1, "step": 20, "generation": 0},
+    ]
     faults = f"  faults: {json.dumps(flip)}\n"
-    diverging = traced_task(diverged_trace, "{2: 1.9e9}", 10, 0.0, faults, "diverged", checkpoint_every=5)
+    diverging = traced_task(
+        diverged_trace, "{2: 1.9e9}", ITERATIONS, 0.0, faults, "diverged", checkpoint_every=15
+    )
     with LocalCluster(tmp_path / "cluster", nodes=2, slots=2, settings={"isolate_after": 100}) as cluster:
         cluster.submit(spec)
         events, rows = finish_and_settle(cluster, trace)
@@ -292,18 +318,22 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         assert_same_state(final, alone)
 
         # Two replicas that differ: nothing tells which is right, so the task goes back to its
-        # newest checkpoint (written once they agreed), and ends as a failure-free run does.
+        # newest checkpoint (written once they agreed), and ends as a failure-free run does; the
+        # spike three steps into the relaunch is found in its step and computed again.
         diverged_events = run_to_the_end(cluster, diverging, "diverged")
-        (relaunched,) = [e for e in diverged_events if e["kind"] == "incident"]
+        relaunched, spiked = [e for e in diverged_events if e["kind"] == "incident"]
         assert relaunched["detail"]["kind"] == "replicas_diverged", story_of(diverged_events)
         assert relaunched["detail"]["action"] == "restart from checkpoint"
+        assert spiked["detail"]["kind"] == "numerical_transient" and spiked["detail"]["culprit"] == 1
         rows = read_trace(diverged_trace)
         found = {(r["step"], tuple(r["odd"])) for r in rows if r["what"] == "replicas_diverged"}
-        assert found == {(8, (0, 1))}, found  # found in the next step's sum, on both ranks
-        assert {r["step"] for r in rows if r["what"] == "resumed"} == {5}
-        ledger = chaos_check.ledger(rows, 10)
-        assert ledger.ok and ledger.steps_exact == 10, ledger
-        assert_ends_exact(tmp_path, "diverged", 10)
+        assert found == {(18, (0, 1))}, found  # found in the next step's sum, on both ranks
+        assert {r["step"] for r in rows if r["what"] == "resumed"} == {15}
+        spikes = {(r["step"], r["verdict"], tuple(r["ranks"])) for r in rows if r["what"] == "numerical"}
+        assert spikes == {(20, "transient", (1,))}, spikes
+        ledger = chaos_check.ledger(rows, ITERATIONS)
+        assert ledger.ok and ledger.steps_exact == ITERATIONS, ledger
+        assert_ends_exact(tmp_path, "diverged", ITERATIONS)
 
 
 @pytest.mark.timeout(300)

@@ -26,6 +26,7 @@ from unicron.core.protocol import CheckpointReport, Phase, StorageReport, Storag
 from unicron.train import checkpoint
 from unicron.train.fencing import CommitRefused, Standing
 from unicron.train.persisting import Persisting
+from unicron.train.spikes import SPIKE_NORMS
 from unicron.train.state import TrainState
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class Saving:
         step = session.step
         session.progress.at(step, Phase.CHECKPOINT)
         session.faults.saving(step)
-        state = checkpoint.state_of(train, step, **self._where())
+        state = checkpoint.state_of(train, step, **self._where(), **self._spike_window())
         confirm = session.fence.confirm
         if host is not None:
             self.persisting.attempt(
@@ -147,6 +148,12 @@ class Saving:
             return
         write = lambda: shardedcheckpoint.save(directory, step, state, commit, confirm=confirm)  # noqa: E731
         self._persist(write, final, step)
+
+    def _spike_window(self) -> dict[str, list[float]]:
+        """The step's window of gradient norms (``spikes.py``), where its sums are judged: a
+        relaunch from this checkpoint judges spikes from its first step."""
+        running = self.session.running
+        return {SPIKE_NORMS: list(running.spikes.norms)} if running is not None and running.checks_sum else {}
 
     def _where(self) -> dict[str, Any]:
         session = self.session

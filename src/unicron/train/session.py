@@ -48,6 +48,7 @@ from unicron.train.peers import Peers
 from unicron.train.progress import ProgressReporter
 from unicron.train.rowdigest import layout_digest
 from unicron.train.saving import Saving
+from unicron.train.spikes import SPIKE_NORMS
 from unicron.train.state import Stateful, TrainState, check_registrable
 from unicron.train.steploop import Loader, StepLoop
 from unicron.train.taskstore import TaskStore
@@ -122,6 +123,7 @@ class Session:
         self.agreed_step = 0  # the step at which the members last agreed on one state (``_agree``)
         self.data: StepData | None = None
         self.running: StepLoop | None = None  # the `session.steps(...)` loop in progress
+        self.spike_norms: list[float] = []  # the window of the checkpoint resumed from (``spikes.py``)
         self.digest: str | None = None  # the final parameters' digest, once the steps ran out
         self.store: TaskStore | None = None
         self.progress = ProgressReporter(contract.position_file, contract.stack_file, lambda: self.generation)
@@ -322,6 +324,7 @@ class Session:
         found = self._load_checkpoint(train)
         if found is not None:
             self.step = int(found.state["step"])
+            self.spike_norms = [float(n) for n in found.state.get(SPIKE_NORMS, [])]
             self.trace("resumed", step=self.step, source=found.source, skipped=len(found.skipped))
             self.channel.send(found.report(self.task, self.generation, self.rank))
         if self.groups.peers is not None:

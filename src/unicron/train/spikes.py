@@ -19,8 +19,11 @@ largest loss seen), far outside a healthy step's variation (``run.spike_factor``
 Every rank must take the same branch, so every rank judges a step by the same limit: each
 offers its own in the all-reduce that carries the step's metrics, and the limit is the mean of
 those offered (``StepLoop``). Ranks that applied the same sums offer the same; a newcomer, whose
-window is empty, offers none and judges as its peers do. Only where no rank knows ``MIN_JUDGED``
-norms (a task's first steps, or a relaunch from its checkpoint) is no spike judged.
+window is empty, offers none and judges as its peers do. A checkpoint holds the window of the
+step it saves (``SPIKE_NORMS``), and a worker that resumes from it starts with that window, so a
+relaunch judges spikes from its first step as the run before it did; only where no rank knows
+``MIN_JUDGED`` norms (a task's first steps, or a checkpoint written before it knew them) is no
+spike judged.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 from unicron.core.workerenv import SPIKE_FACTOR, SPIKE_WINDOW
 
 MIN_JUDGED = 10  # norms known before a spike is judged (run.spike_window's least)
+SPIKE_NORMS = "spike_norms"  # a checkpoint's window of gradient norms (``Saving``, ``Session``)
 
 
 @dataclass
@@ -51,6 +55,13 @@ class SpikeWatch:
             return None
         median = (self.ordered[(n - 1) // 2] + self.ordered[n // 2]) / 2
         return self.factor * median if median > 0 else None
+
+    def resumed(self, norms: list[float]) -> None:
+        """Start from a checkpoint's window (oldest first): the last ``window`` of them."""
+        self.norms.clear()
+        self.ordered.clear()
+        for norm in norms[-self.window :] if self.window else []:
+            self.applied(float(norm))
 
     def applied(self, norm: float) -> None:
         """A sum with this ``norm`` is applied (finite, and no spike)."""

@@ -124,6 +124,7 @@ class StepLoop:
         contract = session.contract
         self.checks_sum = contract.check_finite and not session.groups.replicated
         self.spikes = SpikeWatch(contract.spike_window, contract.spike_factor)
+        self.spikes.resumed(session.spike_norms)  # (a checkpoint's: judged from the first step)
         self.spike_limit: float | None = None  # the limit the step's last sum was judged by
         self.judging_spikes = True  # (not when a spike the data gives is applied: ``numericstep``)
         self.computed: list[int] = []  # the samples whose gradients this rank holds in the step
