@@ -42,7 +42,7 @@ from unicron.train.data import DataStream
 from unicron.train.faults import FaultInjector
 from unicron.train.numerics import REPEAT_STEPS, Outcome, Verdict, judge, norm, repeated, rotated
 from unicron.train.numericstep import may_skip, named_again_lately, outcome_of
-from unicron.train.spikes import MIN_JUDGED, SpikeWatch
+from unicron.train.spikes import MIN_JUDGED, SPIKE_NORMS, SpikeWatch
 
 from .test_live_cluster import (
     MODEL,
@@ -514,6 +514,24 @@ def test_one_process_applies_a_spike_it_computes_every_time_as_it_would_without_
     assert (verdict["step"], verdict["verdict"], verdict["outcome"]) == (15, "unresolved", "applied")
     assert verdict["why"].startswith("a spike in the gradient sum"), verdict
     assert_same_state(tested, untested)
+
+
+def test_a_run_resumed_from_a_final_state_judges_spikes_from_its_first_step(tmp_path: Path) -> None:
+    """A worker stopped at a step boundary (for a relaunch, a resize, the task's end) saves its
+    final state once its step loop has ended: that checkpoint holds the loop's window of gradient
+    norms too, so a run resumed from it judges a spike two steps in (one process: applied, as the
+    same run without the test would, with its verdict)."""
+    out, trace = tmp_path / "checkpoints", tmp_path / "resumed.jsonl"
+    chaos_check.reference(out, 12, extra=MODEL)  # (its last checkpoint: the final state of step 12)
+    final = load_latest(out)
+    assert final is not None and len(final[SPIKE_NORMS]) == 12
+    struck = [{"action": "spike_grad", "rank": 0, "step": 14, "generation": 0, "times": 2, "factor": 1e3}]
+    contract = {"UNICRON_FAULTS": json.dumps(struck), "UNICRON_TRACE_FILE": str(trace)}
+    chaos_check.reference(out, 16, extra=MODEL, env=contract)
+    rows = read_trace(trace)
+    assert [r["step"] for r in rows if r["what"] == "resumed"] == [12]
+    (verdict,) = [r for r in rows if r["what"] == "numerical"]
+    assert (verdict["step"], verdict["verdict"], verdict["outcome"]) == (14, "unresolved", "applied")
 
 
 def named_again(flagged: frozenset[int], passing: dict[int, tuple[int, int]], world: int = 4) -> bool:

@@ -150,10 +150,15 @@ class Saving:
         self._persist(write, final, step)
 
     def _spike_window(self) -> dict[str, list[float]]:
-        """The step's window of gradient norms (``spikes.py``), where its sums are judged: a
-        relaunch from this checkpoint judges spikes from its first step."""
-        running = self.session.running
-        return {SPIKE_NORMS: list(running.spikes.norms)} if running is not None and running.checks_sum else {}
+        """The step's window of gradient norms (``spikes.py``), where its sums are judged: the
+        step loop's, or the one it left (the final state, saved once it ended); a relaunch from
+        this checkpoint judges spikes from its first step."""
+        session = self.session
+        if session.running is not None:
+            norms = list(session.running.spikes.norms) if session.running.checks_sum else []
+        else:
+            norms = session.spike_norms
+        return {SPIKE_NORMS: norms} if norms else {}
 
     def _where(self) -> dict[str, Any]:
         session = self.session

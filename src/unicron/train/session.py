@@ -123,7 +123,9 @@ class Session:
         self.agreed_step = 0  # the step at which the members last agreed on one state (``_agree``)
         self.data: StepData | None = None
         self.running: StepLoop | None = None  # the `session.steps(...)` loop in progress
-        self.spike_norms: list[float] = []  # the window of the checkpoint resumed from (``spikes.py``)
+        # The window of gradient norms (``spikes.py``) of the checkpoint resumed from, then of the
+        # step loop once it ended: what the checkpoints it writes hold.
+        self.spike_norms: list[float] = []
         self.digest: str | None = None  # the final parameters' digest, once the steps ran out
         self.store: TaskStore | None = None
         self.progress = ProgressReporter(contract.position_file, contract.stack_file, lambda: self.generation)
@@ -313,6 +315,9 @@ class Session:
         finally:
             loop.close()
             self.running = None
+            # (the final state, saved below, holds it too: a worker stopped at a boundary for a
+            # relaunch saves the state the relaunch resumes from there)
+            self.spike_norms = list(loop.spikes.norms) if loop.checks_sum else []
         self.digest = self._finish(model, optimizer, export)
 
     def _resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
