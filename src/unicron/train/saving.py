@@ -154,10 +154,7 @@ class Saving:
         step loop's, or the one it left (the final state, saved once it ended); a relaunch from
         this checkpoint judges spikes from its first step."""
         session = self.session
-        if session.running is not None:
-            norms = list(session.running.spikes.norms) if session.running.checks_sum else []
-        else:
-            norms = session.spike_norms
+        norms = session.running.spike_window() if session.running is not None else session.spike_norms
         return {SPIKE_NORMS: norms} if norms else {}
 
     def _where(self) -> dict[str, Any]:

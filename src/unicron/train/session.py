@@ -317,7 +317,7 @@ class Session:
             self.running = None
             # (the final state, saved below, holds it too: a worker stopped at a boundary for a
             # relaunch saves the state the relaunch resumes from there)
-            self.spike_norms = list(loop.spikes.norms) if loop.checks_sum else []
+            self.spike_norms = loop.spike_window()
         self.digest = self._finish(model, optimizer, export)
 
     def _resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

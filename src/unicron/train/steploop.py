@@ -394,6 +394,11 @@ class StepLoop:
     def _offers_limit(self) -> bool:
         return self.checking and self.spikes.factor != 0
 
+    def spike_window(self) -> list[float]:
+        """The gradient norms a spike is judged by now (``spikes.py``), oldest first: what a
+        checkpoint holds for a relaunch; none where the sums are not judged."""
+        return list(self.spikes.norms) if self.checks_sum else []
+
     def _offer(self, sums: torch.Tensor | None) -> torch.Tensor | None:
         """The metrics' sums (float64) with, appended, to be summed with them: this rank's spike
         limit and a count (``spikes.py``: every rank judges by the mean of the limits offered),
