@@ -86,7 +86,7 @@ def _node(cluster: LocalCluster, fault: Strike) -> str | None:
     if fault.kind == "node_freeze":
         cluster.freeze_node(node)
         cluster.wait(lambda: _state(cluster, node) == "lost", LOST_WITHIN_S, f"{node} to be declared lost")
-        _end_frozen(cluster)
+        cluster.reboot_frozen()
     elif fault.kind == "node_loss":
         cluster.kill_node(node)
     else:  # agent_kill: the agent alone (its workers die with it)
@@ -101,16 +101,3 @@ def _node(cluster: LocalCluster, fault: Strike) -> str | None:
 
 def _state(cluster: LocalCluster, node: str) -> str:
     return str(next((n["state"] for n in cluster.get("/v1/nodes") if n["name"] == node), "unknown"))
-
-
-def _end_frozen(cluster: LocalCluster) -> None:
-    """The frozen machine is rebooted: its stopped processes die (a test host cannot thaw
-    processes whose node was declared lost without fencing, issue 15)."""
-    for agent, pids in cluster.frozen:
-        for pid in [agent.pid, *pids]:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-        agent.wait(10)
-    cluster.frozen.clear()
