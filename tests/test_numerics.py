@@ -40,9 +40,11 @@ from unicron.core.tiers import Tier
 from unicron.train.checkpoint import load_latest
 from unicron.train.data import DataStream
 from unicron.train.faults import FaultInjector
-from unicron.train.numerics import REPEAT_STEPS, Outcome, Verdict, judge, norm, repeated, rotated
+from unicron.train.metric import Metric
+from unicron.train.numerics import REPEAT_STEPS, Outcome, Verdict, WrongSum, judge, norm, repeated, rotated
 from unicron.train.numericstep import may_skip, named_again_lately, outcome_of
-from unicron.train.spikes import MIN_JUDGED, SPIKE_NORMS, SpikeWatch
+from unicron.train.spikes import MIN_JUDGED, SpikeWatch
+from unicron.train.sumtest import GRADIENT, SPIKE_WINDOWS, SumTest
 
 from .test_live_cluster import (
     MODEL,
@@ -133,7 +135,9 @@ def test_a_spike_is_judged_against_the_median_of_the_last_norms_applied() -> Non
     assert watch.limit() == 20.0
     for _ in range(9):
         watch.applied(500.0)  # nine large norms let through: the median stays
-    assert watch.limit() == 20.0 and "10 x the median of the recent norms" in watch.why(600, 20)
+    assert watch.limit() == 20.0 and "10 x the median of its recent values" in watch.why(
+        600, 20, "gradient norm"
+    )
     for value in range(30):
         watch.applied(1.0 + value % 2)  # the window is the last 20: ten 1s and ten 2s
     assert watch.limit() == 15.0 and sorted(watch.norms) == watch.ordered
@@ -144,7 +148,7 @@ def test_a_spike_is_judged_against_the_median_of_the_last_norms_applied() -> Non
 
 
 def test_a_watch_resumed_from_a_checkpoints_window_judges_as_the_run_that_saved_it() -> None:
-    """A relaunch starts with the window its checkpoint holds (``SPIKE_NORMS``): the same limit
+    """A relaunch starts with the window its checkpoint holds (``SPIKE_WINDOWS``): the same limit
     as the run that saved it, from the first step; a longer window saved keeps its newest."""
     saved = SpikeWatch(window=20, factor=10)
     for value in range(30):
@@ -197,10 +201,63 @@ def test_a_bit_flipped_in_a_gradient_strikes_the_gradient_sent_first_as_often_as
     injector.step_started(4)
     for computation, struck in ((1, True), (2, True), (3, False)):  # (the step computed again, twice)
         last.grad = torch.tensor([0.5, -0.5], dtype=torch.float64)
-        injector.poison(4, [0], [first, last])
+        injector.poison(4, [0], [first, last], [])
         assert last.grad.tolist() == [2.0**1023 if struck else 0.5, -0.5], computation
         assert first.grad.tolist() == [0.25, 0.25]
     assert len(sent) == 1  # announced once
+
+
+def test_a_checked_metric_is_judged_with_the_gradients_and_its_own_share_names_the_rank() -> None:
+    """``session.metric("loss", checked=True)``: its value (the sum over the ranks, over the step's
+    samples) is judged as the gradient norm is (not finite, or over ``factor`` x the median of its
+    window, by the mean of the limits the ranks offer), a metric not checked is not; one wrong
+    joins no window; a rank's own share over the limit alone is wrong; the windows resume."""
+    tokens, loss = Metric("tokens"), Metric("loss", checked=True)
+    test = SumTest(20, 10.0, [tokens, loss], {})
+    assert test.offer() == [0.0] * 4 and test.offered == 4  # (too few values known: none offered)
+    for _ in range(MIN_JUDGED):
+        test.agree([0.0] * 4)
+        test.judge(1.0, test.values([1e9, 32.0], 16), spikes=True)  # (the tokens: never judged)
+    assert test.offer() == [10.0, 1.0, 20.0, 1.0]
+    test.agree([20.0, 2.0, 40.0, 2.0])  # (two ranks' offers, summed)
+    assert test.limits == {GRADIENT: 10.0, "loss": 20.0}
+    with pytest.raises(WrongSum, match="a spike in the step's loss: loss 50") as spike:
+        test.judge(1.0, {"loss": 50.0}, spikes=True)
+    assert spike.value.spike
+    with pytest.raises(WrongSum, match="the step's loss is not finite") as nan:
+        test.judge(1.0, {"loss": math.nan}, spikes=False)
+    assert not nan.value.spike
+    assert {name: len(w) for name, w in test.windows().items()} == {GRADIENT: 10, "loss": 10}
+    test.judge(1.0, {"loss": 50.0}, spikes=False)  # (taken: a spike the data gives)
+    assert test.windows()["loss"][-1] == 50.0
+    for total, wrong in ((16 * 2.0, False), (16 * 30.0, True), (math.nan, True)):
+        loss.total = total
+        assert test.own_wrong(1.0, 16) is wrong, total
+    assert test.own_wrong(math.inf, 16)
+    resumed = SumTest(20, 10.0, [tokens, loss], test.windows())
+    assert resumed.offer() == test.offer() and resumed.windows() == test.windows()
+    assert SumTest(20, 0.0, [loss], {}).offer() == []  # (spikes not judged: no limit offered)
+
+
+def test_a_fault_in_the_loss_strikes_the_checked_metrics_only_and_needs_one() -> None:
+    """``spike_loss`` multiplies this rank's sums of the checked metrics (not the gradients) in the
+    first ``times`` computations of its step; a program with no checked metric is told so."""
+    spike = FaultSpec.model_validate({"action": "spike_loss", "rank": 0, "step": 4, "factor": 100})
+    injector = FaultInjector([spike], 0, 1, lambda _: None, "lm")
+    tokens, loss = Metric("tokens"), Metric("loss", checked=True)
+    param = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    injector.step_started(4)
+    for struck in (True, False):
+        tokens.total, loss.total, param.grad = 3.0, 2.0, torch.ones(2, dtype=torch.float64)
+        injector.poison(4, [0], [param], [loss])
+        assert (loss.total, tokens.total, param.grad.tolist()) == (200.0 if struck else 2.0, 3.0, [1.0, 1.0])
+    nan = FaultSpec.model_validate({"action": "nan_loss", "rank": 0, "step": 4})
+    unchecked = FaultInjector([nan], 0, 1, lambda _: None, "lm")
+    unchecked.step_started(4)
+    with pytest.raises(
+        RuntimeError, match=r"declares none: declare its loss with session.metric\('loss', checked=True\)"
+    ):
+        unchecked.poison(4, [0], [param], [])
 
 
 ITERATIONS = 40
@@ -233,10 +290,13 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
     diverged_trace = tmp_path / "diverged.jsonl"
     # A replica flipped after step 17 (found in step 18's sum: relaunched from step 15's
     # checkpoint), then a spike in step 20, which the relaunch judges by the window of gradient
-    # norms its checkpoint holds (the steps of the run before it: ``spikes.py``).
+    # norms its checkpoint holds (the steps of the run before it: ``sumtest.py``), then one in the
+    # loss of step 30.
     flip = [
         {"action": "flip_param", "rank": 1, "step": 17, "generation": 0},
         {"action": "spike_grad", "rank": 1, "step": 20, "generation": 0},
+        # A spike in the other rank's loss alone (the example's loss is a checked metric).
+        {"action": "spike_loss", "rank": 0, "step": 30, "generation": 0},
     ]
     faults = f"  faults: {json.dumps(flip)}\n"
     diverging = traced_task(
@@ -321,16 +381,24 @@ def test_a_nan_is_never_applied_its_rank_found_and_a_faulty_device_taken_out(tmp
         # newest checkpoint (written once they agreed), and ends as a failure-free run does; the
         # spike three steps into the relaunch is found in its step and computed again.
         diverged_events = run_to_the_end(cluster, diverging, "diverged")
-        relaunched, spiked = [e for e in diverged_events if e["kind"] == "incident"]
+        relaunched, spiked, loss_spiked = [e for e in diverged_events if e["kind"] == "incident"]
         assert relaunched["detail"]["kind"] == "replicas_diverged", story_of(diverged_events)
         assert relaunched["detail"]["action"] == "restart from checkpoint"
         assert spiked["detail"]["kind"] == "numerical_transient" and spiked["detail"]["culprit"] == 1
+        assert (loss_spiked["detail"]["kind"], loss_spiked["detail"]["culprit"]) == ("numerical_transient", 0)
         rows = read_trace(diverged_trace)
         found = {(r["step"], tuple(r["odd"])) for r in rows if r["what"] == "replicas_diverged"}
         assert found == {(18, (0, 1))}, found  # found in the next step's sum, on both ranks
         assert {r["step"] for r in rows if r["what"] == "resumed"} == {15}
-        spikes = {(r["step"], r["verdict"], tuple(r["ranks"])) for r in rows if r["what"] == "numerical"}
-        assert spikes == {(20, "transient", (1,))}, spikes
+        spikes = {
+            (r["step"], r["verdict"], tuple(r["ranks"]), r["why"].split(":")[0])
+            for r in rows
+            if r["what"] == "numerical"
+        }
+        assert spikes == {
+            (20, "transient", (1,), "a spike in the gradient sum"),
+            (30, "transient", (0,), "a spike in the step's loss"),
+        }, spikes
         ledger = chaos_check.ledger(rows, ITERATIONS)
         assert ledger.ok and ledger.steps_exact == ITERATIONS, ledger
         assert_ends_exact(tmp_path, "diverged", ITERATIONS)
@@ -516,6 +584,29 @@ def test_one_process_applies_a_spike_it_computes_every_time_as_it_would_without_
     assert_same_state(tested, untested)
 
 
+def test_a_loss_not_finite_or_a_spike_alone_is_found_in_its_step_and_computed_again(tmp_path: Path) -> None:
+    """The example's loss is a checked metric: a spike in it (its gradients right) and a NaN in
+    it are each found in the step they strike, the rank named, the step computed again, and the
+    run ends with the state of a run without them (one process)."""
+    struck = [
+        {"action": "spike_loss", "rank": 0, "step": 15, "generation": 0, "factor": 1e3},
+        {"action": "nan_loss", "rank": 0, "step": 17, "generation": 0},
+    ]
+    trace = tmp_path / "loss.jsonl"
+    contract = {"UNICRON_FAULTS": json.dumps(struck), "UNICRON_TRACE_FILE": str(trace)}
+    tested = chaos_check.reference(tmp_path / "on", 20, extra=MODEL, env=contract)
+    found = [r for r in read_trace(trace) if r["what"] == "numerical"]
+    assert [(r["step"], r["verdict"], r["ranks"], r["outcome"]) for r in found] == [
+        (15, "transient", [0], "recomputed"),
+        (17, "transient", [0], "recomputed"),
+    ], found
+    assert found[0]["why"].startswith("a spike in the step's loss: loss ")
+    assert found[1]["why"].startswith("the step's loss is not finite")
+    assert_same_state(tested, chaos_check.reference(tmp_path / "off", 20, extra=MODEL))
+    final = load_latest(tmp_path / "on")
+    assert final is not None and sorted(final[SPIKE_WINDOWS]) == [GRADIENT, "loss"]
+
+
 def test_a_run_resumed_from_a_final_state_judges_spikes_from_its_first_step(tmp_path: Path) -> None:
     """A worker stopped at a step boundary (for a relaunch, a resize, the task's end) saves its
     final state once its step loop has ended: that checkpoint holds the loop's window of gradient
@@ -524,7 +615,7 @@ def test_a_run_resumed_from_a_final_state_judges_spikes_from_its_first_step(tmp_
     out, trace = tmp_path / "checkpoints", tmp_path / "resumed.jsonl"
     chaos_check.reference(out, 12, extra=MODEL)  # (its last checkpoint: the final state of step 12)
     final = load_latest(out)
-    assert final is not None and len(final[SPIKE_NORMS]) == 12
+    assert final is not None and len(final[SPIKE_WINDOWS][GRADIENT]) == 12
     struck = [{"action": "spike_grad", "rank": 0, "step": 14, "generation": 0, "times": 2, "factor": 1e3}]
     contract = {"UNICRON_FAULTS": json.dumps(struck), "UNICRON_TRACE_FILE": str(trace)}
     chaos_check.reference(out, 16, extra=MODEL, env=contract)

@@ -22,6 +22,7 @@ from unicron.train.membership import newest_state, unlike
 from unicron.train.replicacheck import OFFERED, StateUnlike, alike, offer
 from unicron.train.replicastep import ReplicaStep
 from unicron.train.steploop import StepLoop
+from unicron.train.sumtest import SumTest
 
 SAME_WIDTH = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -189,7 +190,7 @@ def test_the_sums_norm_is_taken_only_where_it_is_tested() -> None:
     (mine,) = check.offer(torch.device("cpu"))
     loop = SimpleNamespace(
         _offers_limit=lambda: False, replicas=check, it=SimpleNamespace(step=1), checking=False,
-        spike_limit=None,
+        tests=SumTest(10, 10.0, [], {}),
     )  # fmt: skip
 
     def unread() -> float:

@@ -105,6 +105,10 @@ def train(
         # The corpus (a tensor of sequences) is the dataset; the session deals its samples to the
         # ranks as DistributedSampler would, seeded per epoch, in micro-batches of micro_batch.
         loader = session.loader(corpus, args.global_batch, batch_size=args.micro_batch, seed=args.seed)
+        # The step's loss, averaged over its global batch, and checked with the gradient sum before
+        # the step is applied: not finite, or a spike, and the numerical rung runs. (Metrics are
+        # not yet reduced within replicas of several ranks.)
+        losses = session.metric("loss", checked=True) if session.replica_size == 1 else None
         for _ in session.steps(model, optimizer, pretrained=export):
             # The loader yields this rank's micro-batches and ends once the gradients are reduced;
             # after a peer fails it yields the micro-batches the survivors take over.
@@ -112,6 +116,8 @@ def train(
                 with torch.autocast(session.device.type, torch.float16, enabled=args.fp16):
                     loss = loss_of(model, batch.to(session.device))
                 scaler.scale(loss).backward()
+                if losses is not None:
+                    losses.add(loss)
                 if args.device_seconds_per_sample:
                     time.sleep(args.device_seconds_per_sample * len(batch))
             if args.clip:

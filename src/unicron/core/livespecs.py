@@ -87,7 +87,9 @@ NOT_FAILURES = CORRUPTIONS | {"late_stop"}
 # Faults in the gradient sum, found and handled in the step by the workers (``train/numerics.py``):
 # a passing one never reaches the coordinator, so its time must not start a later failure's clock;
 # a verdict that does is timed from its own report.
-NUMERICAL = frozenset({"nan_grad", "spike_grad", "flip_grad", "nan_sample", "flip_param"})
+NUMERICAL = frozenset(
+    {"nan_grad", "spike_grad", "flip_grad", "nan_sample", "flip_param", "nan_loss", "spike_loss"}
+)
 
 
 class FaultSpec(SpecBase):
@@ -118,6 +120,8 @@ class FaultSpec(SpecBase):
         "flip_grad",
         "nan_sample",
         "flip_param",
+        "nan_loss",
+        "spike_loss",
     ] = Field(description="what happens; unicron/train/faults.py describes each")
     rank: int = Field(ge=0, le=MAX_WORKERS, description="the rank it strikes (in the generation it strikes)")
     step: Steps = Field(description="injected when this step starts")
@@ -144,17 +148,17 @@ class FaultSpec(SpecBase):
         default=1,
         ge=1,
         le=MAX_FAULT_TIMES,
-        description="for nan_grad, spike_grad and flip_grad: how many computations of the step it "
-        "strikes on the rank (1: a passing fault; 2 or more: a device that keeps computing wrong, "
-        "whatever its samples)",
+        description="for nan_grad, spike_grad, flip_grad, nan_loss and spike_loss: how many computations "
+        "of the step it strikes on the rank (1: a passing fault; 2 or more: a device that keeps "
+        "computing wrong, whatever its samples)",
     )
     factor: float = Field(
         default=1e4,
         ge=2,
         le=1e30,
         allow_inf_nan=False,
-        description="for spike_grad: what it multiplies the rank's gradient by (a flipped exponent bit "
-        "multiplies a value by a power of two)",
+        description="for spike_grad and spike_loss: what it multiplies the rank's gradient (its loss) "
+        "by (a flipped exponent bit multiplies a value by a power of two)",
     )
     sample: int = Field(
         default=0,

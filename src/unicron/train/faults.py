@@ -47,6 +47,10 @@ Faults come from the task's spec (``run.faults``), handed to workers in ``UNICRO
 - ``flip_grad``: as ``nan_grad``, but bit ``bit`` of the first value of this rank's gradient is
   flipped (a bit flipped in its memory or on its way: an exponent's high bit makes the value
   huge or infinite, a low one a change no norm sees);
+- ``nan_loss``, ``spike_loss``: as ``nan_grad`` and ``spike_grad``, but in this rank's sum of
+  the step's checked metrics (``session.metric(name, checked=True)``, the loss: its value a NaN,
+  or multiplied by ``factor``), its gradients untouched (a loss computed wrong where the backward
+  never reads it). A program that declares no checked metric is told so, and the fault refused.
 - ``nan_sample``: a NaN in the gradients of whichever rank computes sample ``sample`` in
   ``step``, every time (data that gives NaN: a bad sample); ``rank`` and ``generation`` unused.
 - ``flip_param``: after the optimizer's update of ``step``, flip bit ``bit`` of this rank's first
@@ -65,6 +69,7 @@ Each injection first sends a FaultReport with the time, so detection latency can
 from __future__ import annotations
 
 import builtins
+import math
 import os
 import signal
 import time
@@ -78,13 +83,21 @@ from unicron.core.protocol import FaultReport
 if TYPE_CHECKING:
     import torch
 
+    from unicron.train.metric import Metric
+
 # Injected at an event, not a step:
 AT_EVENTS = frozenset(
     {"corrupt_transfer", "stall_rejoin", "kill_in_agree", "kill_in_transfer", "late_stop", "hang_at_exit"}
 )
 # On the way into each gradient sum of the step (``poison``):
-IN_SUM = frozenset({"nan_grad", "spike_grad", "flip_grad"})
+IN_SUM = frozenset({"nan_grad", "spike_grad", "flip_grad", "nan_loss", "spike_loss"})
+IN_METRICS = frozenset({"nan_loss", "spike_loss"})  # in the checked metrics' sums, not the gradients'
 AT_REDUCE = frozenset({"stall_before_reduce", "kill_in_backward"})  # on the way into the all-reduce
+NO_CHECKED_METRIC = (
+    "the fault {action} at step {step} strikes the step's checked metrics, and the program declares "
+    "none: declare its loss with session.metric('loss', checked=True), or inject nan_grad or "
+    "spike_grad instead"
+)
 # Injected further into the step they are due at than its start:
 LATER_IN_STEP = frozenset({"stall", "spin", "kill_after_reduce", "slow_save", "flip_param"})
 
@@ -265,21 +278,26 @@ class FaultInjector:
             self.announce(fault, step)
             time.sleep(fault.seconds)
 
-    def poison(self, step: int, computed: Sequence[int], params: Sequence[torch.Tensor]) -> None:
+    def poison(
+        self, step: int, computed: Sequence[int], params: Sequence[torch.Tensor], checked: Sequence[Metric]
+    ) -> None:
         """On the way into a gradient sum of ``step`` (after this rank's micro-batches, or in the
         last backward before its first bucket is sent), having computed the samples ``computed``:
         ``nan_grad`` and ``nan_sample`` put a NaN into a gradient of the first bucket sent,
         ``spike_grad`` multiplies that gradient by its factor, ``flip_grad`` flips a bit of its
-        first value."""
+        first value; ``nan_loss`` and ``spike_loss`` do the same to the sums of the ``checked``
+        metrics."""
         due = [f for f in self._pending if f.action in IN_SUM]
         due += [
             f for f in self.all_faults if f.action == "nan_sample" and f.step == step and f.sample in computed
         ]
         # The last parameter's gradient: in the first bucket sent (``gradsync.Buckets``).
         grad = next((p.grad for p in reversed(params) if p.grad is not None), None)
-        if grad is None:
-            return  # nothing computed to put it in
         for fault in due:
+            if fault.action in IN_METRICS and not checked:
+                raise RuntimeError(NO_CHECKED_METRIC.format(action=fault.action, step=step))
+            if grad is None and fault.action not in IN_METRICS:
+                continue  # nothing computed to put it in
             index = self.all_faults.index(fault)
             struck = self._struck.get(index, 0)
             if fault.action in IN_SUM and struck >= fault.times:
@@ -287,12 +305,12 @@ class FaultInjector:
             if struck == 0:
                 self.announce(fault, step)
             self._struck[index] = struck + 1
-            if fault.action == "spike_grad":
-                grad.mul_(fault.factor)
-            elif fault.action == "flip_grad":
-                flip_bit(grad.reshape(-1)[:1], fault.bit)
+            if fault.action in IN_METRICS:
+                for metric in checked:
+                    metric.total = metric.total * (fault.factor if fault.action == "spike_loss" else math.nan)
             else:
-                grad.view(-1)[0] = float("nan")
+                assert grad is not None  # (passed over above)
+                _strike_gradient(grad, fault)
 
     def updated(self, step: int, params: Sequence[torch.Tensor]) -> None:
         """After the optimizer's update of ``step`` (the user's ``optimizer.step()`` returned):
@@ -312,6 +330,16 @@ class FaultInjector:
                 os.kill(os.getpid(), signal.SIGKILL)
             else:
                 time.sleep(fault.seconds)
+
+
+def _strike_gradient(grad: torch.Tensor, fault: FaultSpec) -> None:
+    """``fault`` (in the sum, on the gradients) done to ``grad``."""
+    if fault.action == "spike_grad":
+        grad.mul_(fault.factor)
+    elif fault.action == "flip_grad":
+        flip_bit(grad.reshape(-1)[:1], fault.bit)
+    else:
+        grad.view(-1)[0] = float("nan")
 
 
 def flip_bit(value: torch.Tensor, bit: int) -> None:

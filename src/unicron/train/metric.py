@@ -16,6 +16,10 @@ wait forever on a worker that failed. So the session reduces it with the gradien
         ...
         print(step, losses.value)             # the step's mean over its global batch
 
+``session.metric("loss", checked=True)`` also tests the value before the step is applied: not
+finite, or a spike against its recent values, and the step goes through the numerical rung as a
+wrong gradient sum does (``sumtest.py``).
+
 Each micro-batch's value counts by its number of samples, and the sum over the workers is
 divided by the step's samples, as the gradients are weighted: so ``value`` is the mean over the
 step's samples of what each sample contributed, at any world size and after any recovery (the
@@ -56,8 +60,11 @@ class Metric:
     """What ``session.metric(name)`` returns: ``add`` each micro-batch's value inside the
     loop, read ``value`` after it (see the module)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, checked: bool = False) -> None:
         self.name = name
+        # Its value tested with the step's gradient sum (``sumtest.py``): not finite, or a spike,
+        # and the step is not applied (the numerical rung runs, as for the gradients).
+        self.checked = checked
         self.guard: LoopGuard | None = None  # the running loop's, while there is one
         self.total: torch.Tensor | float = 0.0  # this worker's sum of value x samples, this step
         self.added_in = -1  # the micro-batch last added
@@ -97,6 +104,10 @@ class Metric:
     def void(self) -> None:
         """What this worker added is void (recovery copied state that does not hold it)."""
         self.total, self.added_in = 0.0, -1
+
+    def own_total(self) -> float:
+        """This worker's sum of value x samples in the step (a device sync on a GPU)."""
+        return float(self.total)
 
     def sum_here(self, device: torch.device) -> torch.Tensor:
         return torch.as_tensor(self.total, dtype=torch.float64).to(device).reshape(1)

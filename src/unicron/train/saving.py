@@ -26,8 +26,8 @@ from unicron.core.protocol import CheckpointReport, Phase, StorageReport, Storag
 from unicron.train import checkpoint
 from unicron.train.fencing import CommitRefused, Standing
 from unicron.train.persisting import Persisting
-from unicron.train.spikes import SPIKE_NORMS
 from unicron.train.state import TrainState
+from unicron.train.sumtest import SPIKE_WINDOWS
 
 if TYPE_CHECKING:
     from unicron.train.backgroundsave import BackgroundSave
@@ -104,7 +104,7 @@ class Saving:
         step = session.step
         session.progress.at(step, Phase.CHECKPOINT)
         session.faults.saving(step)
-        state = checkpoint.state_of(train, step, **self._where(), **self._spike_window())
+        state = checkpoint.state_of(train, step, **self._where(), **self._spike_windows())
         confirm = session.fence.confirm
         if host is not None:
             self.persisting.attempt(
@@ -149,13 +149,13 @@ class Saving:
         write = lambda: shardedcheckpoint.save(directory, step, state, commit, confirm=confirm)  # noqa: E731
         self._persist(write, final, step)
 
-    def _spike_window(self) -> dict[str, list[float]]:
-        """The step's window of gradient norms (``spikes.py``), where its sums are judged: the
-        step loop's, or the one it left (the final state, saved once it ended); a relaunch from
-        this checkpoint judges spikes from its first step."""
+    def _spike_windows(self) -> dict[str, dict[str, list[float]]]:
+        """The step's windows of the values its sums are judged by (``sumtest.py``), where they
+        are judged: the step loop's, or the ones it left (the final state, saved once it ended);
+        a relaunch from this checkpoint judges spikes from its first step."""
         session = self.session
-        norms = session.running.spike_window() if session.running is not None else session.spike_norms
-        return {SPIKE_NORMS: norms} if norms else {}
+        windows = session.running.spike_windows() if session.running is not None else session.spike_windows
+        return {SPIKE_WINDOWS: windows} if windows else {}
 
     def _where(self) -> dict[str, Any]:
         session = self.session

@@ -48,9 +48,9 @@ from unicron.train.peers import Peers
 from unicron.train.progress import ProgressReporter
 from unicron.train.rowdigest import layout_digest
 from unicron.train.saving import Saving
-from unicron.train.spikes import SPIKE_NORMS
 from unicron.train.state import Stateful, TrainState, check_registrable
 from unicron.train.steploop import Loader, StepLoop
+from unicron.train.sumtest import SPIKE_WINDOWS
 from unicron.train.taskstore import TaskStore
 from unicron.train.tracefile import TraceFile
 
@@ -125,7 +125,7 @@ class Session:
         self.running: StepLoop | None = None  # the `session.steps(...)` loop in progress
         # The window of gradient norms (``spikes.py``) of the checkpoint resumed from, then of the
         # step loop once it ended: what the checkpoints it writes hold.
-        self.spike_norms: list[float] = []
+        self.spike_windows: dict[str, list[float]] = {}
         self.digest: str | None = None  # the final parameters' digest, once the steps ran out
         self.store: TaskStore | None = None
         self.progress = ProgressReporter(contract.position_file, contract.stack_file, lambda: self.generation)
@@ -240,11 +240,12 @@ class Session:
         checkpoint.check_plain(name, obj.state_dict())
         self.extras[name] = obj
 
-    def metric(self, name: str) -> Metric:
+    def metric(self, name: str, checked: bool = False) -> Metric:
         """A value averaged over each step's global batch, the same on every worker at any world
         size (``metric.py``): ``add`` each micro-batch's value (its loss) inside ``for batch in
         loader:``, read ``value`` after the loop. Declare it before ``steps``, on every worker:
-        its sums are reduced with the gradients."""
+        its sums are reduced with the gradients. ``checked``: the value is tested with the
+        gradient sum, before the step is applied (``sumtest.py``: not finite, or a spike)."""
         if self._resumed:
             raise RuntimeError(f"session.metric({name!r}) in session.steps(...): declare it before")
         if self.replica_size > 1:
@@ -256,7 +257,7 @@ class Session:
         if not name.isidentifier() or any(m.name == name for m in self.metrics):
             taken = sorted(m.name for m in self.metrics)
             raise ValueError(f"session.metric: {name!r} must be a new identifier (taken: {taken})")
-        self.metrics.append(Metric(name))
+        self.metrics.append(Metric(name, checked))
         return self.metrics[-1]
 
     def loader(
@@ -317,7 +318,7 @@ class Session:
             self.running = None
             # (the final state, saved below, holds it too: a worker stopped at a boundary for a
             # relaunch saves the state the relaunch resumes from there)
-            self.spike_norms = loop.spike_window()
+            self.spike_windows = loop.spike_windows()
         self.digest = self._finish(model, optimizer, export)
 
     def _resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -329,7 +330,8 @@ class Session:
         found = self._load_checkpoint(train)
         if found is not None:
             self.step = int(found.state["step"])
-            self.spike_norms = [float(n) for n in found.state.get(SPIKE_NORMS, [])]
+            windows = found.state.get(SPIKE_WINDOWS, {})
+            self.spike_windows = {str(k): [float(v) for v in values] for k, values in windows.items()}
             self.trace("resumed", step=self.step, source=found.source, skipped=len(found.skipped))
             self.channel.send(found.report(self.task, self.generation, self.rank))
         if self.groups.peers is not None:

@@ -16,14 +16,8 @@ drifts as training goes (warm-up, decay) while one odd step cannot move its medi
 largest loss seen), far outside a healthy step's variation (``run.spike_factor`` and
 ``run.spike_window`` change them). Nothing is judged before ``MIN_JUDGED`` norms are known.
 
-Every rank must take the same branch, so every rank judges a step by the same limit: each
-offers its own in the all-reduce that carries the step's metrics, and the limit is the mean of
-those offered (``StepLoop``). Ranks that applied the same sums offer the same; a newcomer, whose
-window is empty, offers none and judges as its peers do. A checkpoint holds the window of the
-step it saves (``SPIKE_NORMS``), and a worker that resumes from it starts with that window, so a
-relaunch judges spikes from its first step as the run before it did; only where no rank knows
-``MIN_JUDGED`` norms (a task's first steps, or a checkpoint written before it knew them) is no
-spike judged.
+The same statistic judges a checked metric's value (the loss): ``sumtest.py``, which also says
+how every rank comes to judge by the same limit and how a relaunch resumes the window.
 """
 
 from __future__ import annotations
@@ -35,7 +29,6 @@ from dataclasses import dataclass, field
 from unicron.core.workerenv import SPIKE_FACTOR, SPIKE_WINDOW
 
 MIN_JUDGED = 10  # norms known before a spike is judged (run.spike_window's least)
-SPIKE_NORMS = "spike_norms"  # a checkpoint's window of gradient norms (``Saving``, ``Session``)
 
 
 @dataclass
@@ -70,8 +63,6 @@ class SpikeWatch:
         self.norms.append(norm)
         bisect.insort(self.ordered, norm)
 
-    def why(self, norm: float, limit: float) -> str:
-        """What a spike's report says of it."""
-        return (
-            f"gradient norm {norm:.4g}, over {limit:.4g} ({self.factor:g} x the median of the recent norms)"
-        )
+    def why(self, value: float, limit: float, what: str) -> str:
+        """What a spike's report says of it (``what``: the gradient norm, a metric's name)."""
+        return f"{what} {value:.4g}, over {limit:.4g} ({self.factor:g} x the median of its recent values)"

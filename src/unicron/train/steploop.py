@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import math
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -48,8 +47,8 @@ from unicron.train.numerics import WrongSum
 from unicron.train.peers import Peers
 from unicron.train.replicacheck import StateUnlike
 from unicron.train.replicastep import ReplicaStep
-from unicron.train.spikes import SpikeWatch
 from unicron.train.state import step_schedulers
+from unicron.train.sumtest import SumTest
 
 if TYPE_CHECKING:
     from unicron.train.session import Session
@@ -119,13 +118,12 @@ class StepLoop:
         self.guard = LoopGuard(model, optimizer, session.extras, self.sharded)
         self.metrics = session.metrics
         # The step's gradient sum is tested before it is applied (``numerics.py``): finite, and no
-        # spike in its norm (``spikes.py``); not yet for replicas of several ranks, whose sums go
-        # through ``replicas.py``.
+        # spike in its norm or in a checked metric's value (``sumtest.py``); not yet for replicas
+        # of several ranks, whose sums go through ``replicas.py``.
         contract = session.contract
         self.checks_sum = contract.check_finite and not session.groups.replicated
-        self.spikes = SpikeWatch(contract.spike_window, contract.spike_factor)
-        self.spikes.resumed(session.spike_norms)  # (a checkpoint's: judged from the first step)
-        self.spike_limit: float | None = None  # the limit the step's last sum was judged by
+        windows = session.spike_windows  # (a checkpoint's: judged from the first step)
+        self.tests = SumTest(contract.spike_window, contract.spike_factor, self.metrics, windows)
         self.judging_spikes = True  # (not when a spike the data gives is applied: ``numericstep``)
         self.computed: list[int] = []  # the samples whose gradients this rank holds in the step
         self.passing: dict[int, tuple[int, int]] = {}  # rank -> (generation, step): its last passing fault
@@ -365,7 +363,7 @@ class StepLoop:
         self.session.faults.before_reduce(step)
         if not self.poisoned:
             self.poisoned = True
-            self.session.faults.poison(step, self.computed, self.params)
+            self.session.faults.poison(step, self.computed, self.params, self.tests.checked_metrics)
 
     def recompute(self, step: int, ids: list[int]) -> Iterator[Any]:
         """This rank's gradients of the step void, then the samples ``ids`` computed again by the
@@ -385,51 +383,49 @@ class StepLoop:
             self.judging_spikes = True
 
     def own_wrong(self) -> bool:
-        """Whether this rank's own gradients (not yet written over by a sum), as its share of the
-        sum, are wrong: not finite, or alone over the limit the last sum was judged by."""
+        """Whether this rank's own share of the sum (its gradients, not yet written over by a
+        sum, and its checked metrics' sums) is wrong: not finite, or alone over the limit the
+        last sum was judged by (``sumtest.py``)."""
         own = numerics.gradients_norm(self.params) * self.scale
-        limit = self.spike_limit
-        return not math.isfinite(own) or (limit is not None and own > limit)
+        return self.tests.own_wrong(own, self._samples())
+
+    def _samples(self) -> int:
+        """The step's samples, over which its metrics' sums are averaged."""
+        return len(self.data.stream.batch(self.it.step))
 
     def _offers_limit(self) -> bool:
-        return self.checking and self.spikes.factor != 0
+        return self.checking and self.tests.judges_spikes
 
-    def spike_window(self) -> list[float]:
-        """The gradient norms a spike is judged by now (``spikes.py``), oldest first: what a
-        checkpoint holds for a relaunch; none where the sums are not judged."""
-        return list(self.spikes.norms) if self.checks_sum else []
+    def spike_windows(self) -> dict[str, list[float]]:
+        """The values spikes are judged by now (``sumtest.py``), oldest first: what a checkpoint
+        holds for a relaunch; none where the sums are not judged."""
+        return self.tests.windows() if self.checks_sum else {}
 
     def _offer(self, sums: torch.Tensor | None) -> torch.Tensor | None:
         """The metrics' sums (float64) with, appended, to be summed with them: this rank's spike
-        limit and a count (``spikes.py``: every rank judges by the mean of the limits offered),
-        and its parameters' fingerprint where compared (``replicacheck.offer``)."""
+        limits (``sumtest.py``: every rank judges by the mean of the limits offered), and its
+        parameters' fingerprint where compared (``replicacheck.offer``)."""
         parts = [] if sums is None else [sums]
         if self._offers_limit():
-            limit = self.spikes.limit()
-            mine = [0.0, 0.0] if limit is None else [limit, 1.0]
-            parts.append(torch.tensor(mine, dtype=torch.float64, device=self.session.device))
+            parts.append(torch.tensor(self.tests.offer(), dtype=torch.float64, device=self.session.device))
         parts += self.replicas.offer(self.session.device)
         return torch.cat(parts) if parts else None
 
     def _check_sum(self, offered: torch.Tensor | None, norm_of: Callable[[], float]) -> None:
         """The tests of the step's gradient sum, before it is written back (``norm_of``: its norm,
         taken only where it is tested;
-        ``offered``: what ``_offer`` appended, summed over the ranks): the replicas' parameters
-        unlike in it (``StateUnlike``); one not finite, or a spike (``WrongSum``). One applied
-        joins this rank's window."""
-        limits = 2 if self._offers_limit() else 0
-        tail = [] if offered is None else offered[len(offered) - limits - self.replicas.offered :].tolist()
-        total, count = tail[:2] if limits else [0.0, 0.0]
-        self.spike_limit = total / count if count > 0 else None  # (first: the rung judges shares by it)
+        ``offered``: what ``_offer`` made, summed over the ranks): the replicas' parameters
+        unlike in it (``StateUnlike``); its norm or a checked metric's value not finite, or a
+        spike (``WrongSum``). Each applied joins its window."""
+        limits = self.tests.offered if self._offers_limit() else 0
+        summed = [] if offered is None else offered.tolist()
+        tail = summed[len(summed) - limits - self.replicas.offered :]
+        self.tests.agree(tail[:limits])  # (first: the rung judges shares by them)
         self.replicas.judge(tail[limits:], self.it.step)
         if not self.checking:
             return
-        norm = norm_of()
-        if not math.isfinite(norm):
-            raise WrongSum("the gradient sum is not finite")
-        if self.judging_spikes and self.spike_limit is not None and norm > self.spike_limit:
-            raise WrongSum(f"a spike in the gradient sum: {self.spikes.why(norm, self.spike_limit)}", True)
-        self.spikes.applied(norm)
+        values = self.tests.values(summed, self._samples())
+        self.tests.judge(norm_of(), values, spikes=self.judging_spikes)
 
     def _discard(self) -> None:
         """What this rank accumulated in the step is void: computed again."""
