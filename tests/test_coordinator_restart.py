@@ -264,6 +264,16 @@ def test_a_restored_ladder_escalates_as_the_original_would() -> None:
         "t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0
     )
     assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 4.0).tier is Tier.RESTART_FAILED
+    # A history shares the ladder's lists: the counts after it (more, or a task's cleared) leave
+    # it as it was when taken (the journal's writer dumps it later).
+    kept = original.history()
+    as_taken = kept.model_dump_json()
+    decision = original.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0)
+    original.count(decision.counted)
+    original.carried("t", decision.tier, 3.0)
+    assert original.history().model_dump_json() != as_taken == kept.model_dump_json()
+    original.forget("t")
+    assert kept.model_dump_json() == as_taken
 
 
 def test_a_member_that_missed_a_grow_before_a_restart_follows_it_and_may_commit(make: Any) -> None:

@@ -354,12 +354,23 @@ def test_a_records_state_is_its_one_field_that_a_row_turns_into_a_plain_value() 
         assert enums == ["state"], (kind.__name__, enums)
 
 
-def test_a_worker_in_another_phase_keeps_every_other_field() -> None:
-    """``WorkerRecord.in_state`` builds the record field by field (faster than ``replace``): every
-    field but the phase is kept, and a field added to the record without it fails here."""
+def test_a_worker_made_from_another_equals_replaces_and_stays_frozen() -> None:
+    """``WorkerRecord.in_state``, ``in_generation`` and ``as_rank`` copy the record's fields
+    without the dataclass's set-up: equal to ``replace``'s (so a field added to the record is
+    kept), as hashable, as frozen, the original unchanged."""
     values = {f.name: f"v{i}" for i, f in enumerate(dataclasses.fields(WorkerRecord))}
-    worker = WorkerRecord(**{**values, "state": WorkerPhase.RUNNING})
-    assert worker.in_state(WorkerPhase.MOVED) == dataclasses.replace(worker, state=WorkerPhase.MOVED)
+    worker = WorkerRecord(**{**values, "state": WorkerPhase.LOST})
+    running = {"state": WorkerPhase.RUNNING, "exit_code": None, "exit_signal": None}
+    moved = dataclasses.replace(worker, generation=4, rank=7, launched=9.0, **running)
+    for made, expected in (
+        (worker.in_state(WorkerPhase.MOVED), dataclasses.replace(worker, state=WorkerPhase.MOVED)),
+        (worker.in_generation(4, 7, 9.0), moved),
+        (worker.as_rank(5, 1), dataclasses.replace(worker, rank=5, local_rank=1)),
+    ):
+        assert made == expected != worker and hash(made) == hash(expected)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.rank = 8  # type: ignore[misc]
+    assert worker == WorkerRecord(**{**values, "state": WorkerPhase.LOST})
 
 
 def test_the_healthy_names_are_found_again_only_when_a_node_changes_state(reopen: Opener) -> None:

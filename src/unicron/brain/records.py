@@ -13,6 +13,8 @@ from typing import Any
 
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 
+_NEW = object.__new__  # (``WorkerRecord._copy``)
+
 
 @dataclass(frozen=True)
 class TaskRecord:
@@ -119,12 +121,35 @@ class WorkerRecord:
         return (self.task, self.generation, self.rank)
 
     def in_state(self, to: WorkerPhase) -> WorkerRecord:
-        """The same worker in phase ``to``. (``dataclasses.replace`` looks the fields up each call:
-        a generation's switch ends a row per worker, hundreds in a large task, on the loop.)"""
-        return WorkerRecord(
-            self.task, self.generation, self.rank, self.node, self.local_rank, to, self.pid,
-            self.exit_code, self.exit_signal, self.launched, self.joining,
+        """The same worker in phase ``to``."""
+        made = self._copy()
+        made.__dict__["state"] = to
+        return made
+
+    def in_generation(self, generation: int, rank: int, now: float) -> WorkerRecord:
+        """The same process running as ``rank`` of ``generation`` from ``now`` (a switch in place)."""
+        made = self._copy()
+        made.__dict__.update(
+            generation=generation, rank=rank, state=WorkerPhase.RUNNING, exit_code=None, exit_signal=None,
+            launched=now,
         )  # fmt: skip
+        return made
+
+    def as_rank(self, rank: int, local_rank: int) -> WorkerRecord:
+        """The same worker as ``rank`` on local slot ``local_rank``."""
+        made = self._copy()
+        made.__dict__.update(rank=rank, local_rank=local_rank)
+        return made
+
+    def _copy(self) -> WorkerRecord:
+        """A copy made without the frozen dataclass's guarded set-up (a checked assignment per
+        field, three times the time): a generation's switch makes two rows per worker, hundreds
+        in a large task, on the coordinator's loop, and a simulated 16,384-GPU task's view holds
+        16,384 of them at each failure. ``tests/test_store.py`` checks that the methods that
+        change a copy make what ``replace`` makes."""
+        made = _NEW(WorkerRecord)
+        made.__dict__.update(self.__dict__)
+        return made
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "state": self.state.value}

@@ -73,13 +73,15 @@ class Ladder:
         """What the ladder counts (the coordinator keeps it across a restart). Built without
         validation: the counts are typed already, and validating every task's at each incident
         was the first function by its own time in the decide bench's profile (a burst across
-        100 tasks; 5% of the profiled time)."""
+        100 tasks; 5% of the profiled time). It shares the ladder's lists, which the ladder
+        never changes in place (each count makes a new one): copying every task's and node's at
+        each incident was the next."""
         return LadderCounts.model_construct(
-            actions={t: list(taken) for t, taken in self.actions.items()},
-            node_errors={n: list(e) for n, e in self.node_errors.items()},
-            failures={t: list(times) for t, times in self.failures.items()},
-            same=[(t, k, list(times)) for (t, k), times in self.same.items()],
-            decided=[(t, k, list(times)) for (t, k), times in self.decided.items()],
+            actions=dict(self.actions),
+            node_errors=dict(self.node_errors),
+            failures=dict(self.failures),
+            same=[(t, k, times) for (t, k), times in self.same.items()],
+            decided=[(t, k, times) for (t, k), times in self.decided.items()],
         )
 
     def restore(self, history: LadderCounts) -> None:

@@ -52,21 +52,13 @@ def running_task(name: str, workers: int) -> TaskRecord:
 
 def members_of(task: str, first: int, node: str, count: int) -> list[WorkerRecord]:
     """``count`` running workers of ``task`` on ``node``, ranks from ``first``: records equal to
-    ``WorkerRecord(...)``'s, made from one made so without the frozen dataclass's guarded
-    set-up (ten checked assignments each): a view of a 16,384-GPU task holds 16,384 of them at
-    each failure, and that set-up was most of such a scenario's time. ``tests/test_same_brain.py``
-    checks that they are equal."""
+    ``WorkerRecord(...)``'s, made from one made so (``WorkerRecord.as_rank``): a view of a 16,384-GPU
+    task holds 16,384 of them at each failure, and their set-up was most of such a scenario's
+    time. ``tests/test_same_brain.py`` checks that they are equal."""
     if count <= 0:
         return []
     like = WorkerRecord(task, GENERATION, first, node, 0, WorkerPhase.RUNNING, None, None, None, 0.0)
-    made = [like]
-    for local in range(1, count):
-        record = object.__new__(WorkerRecord)
-        fields = record.__dict__
-        fields.update(like.__dict__)
-        fields["rank"], fields["local_rank"] = first + local, local
-        made.append(record)
-    return made
+    return [like] + [like.as_rank(first + local, local) for local in range(1, count)]
 
 
 BLOCKS_KEPT = 1 << 16  # member blocks kept for reuse (a 2,048-node task's are 2,048)

@@ -88,8 +88,7 @@ class Store:
         # the whole snapshot's nodes, and sorting every task's members again for it (16,384
         # rows at 2,048 nodes) was most of a node loss's tick.
         self._parts: dict[str, tuple[int, tuple[WorkerRecord, ...], int]] = {}
-        for w in loaded.workers:
-            self._hold(w)
+        self._hold(loaded.workers)
         self._counted = dict(loaded.counted)
         self._kept = dict(loaded.kept)
         self._next_node_id = max((n.id for n in loaded.nodes), default=0) + 1
@@ -117,8 +116,7 @@ class Store:
             self._nodes[n.name] = n
         if batch.removed_nodes:
             self._healthy = None
-        for w in batch.workers:
-            self._hold(w)
+        self._hold(batch.workers)
         self._counted.update(batch.counted)
         self._kept.update(batch.kept)
         for name in batch.dropped:
@@ -399,20 +397,33 @@ class Store:
     def worker(self, task: str, generation: int, rank: int) -> WorkerRecord | None:
         return self._workers.get(task, {}).get((generation, rank))
 
-    def _hold(self, w: WorkerRecord) -> None:
-        task, generation, rank = w.task, w.generation, w.rank
-        key, holds = (task, generation, rank), w.state in _HOLDING
-        self._parts.pop(task, None)
-        self._workers.setdefault(task, {})[(generation, rank)] = w
-        self._generations.setdefault(task, {}).setdefault(generation, {})[rank] = w
-        before = self._holding.get(key)
-        if before is not None and (before.node != w.node or not holds):
-            del self._holding_on[before.node][key]
-        if holds:
-            self._holding[key] = w
-            self._holding_on.setdefault(w.node, {})[key] = w
-        elif before is not None:
-            del self._holding[key]
+    def _hold(self, rows: Iterable[WorkerRecord]) -> None:
+        """Hold ``rows`` in memory and in the indexes of slot-holding rows; a task's snapshot
+        part is read again. Rows come grouped by task and generation (a switch's are hundreds):
+        each group's tables are looked up once."""
+        task: str | None = None
+        generation: int | None = None
+        task_rows: dict[tuple[int, int], WorkerRecord] = {}
+        generation_rows: dict[int, WorkerRecord] = {}
+        for w in rows:
+            if w.task != task:
+                task, generation = w.task, None
+                self._parts.pop(task, None)
+                task_rows = self._workers.setdefault(task, {})
+            if w.generation != generation:
+                generation = w.generation
+                generation_rows = self._generations.setdefault(w.task, {}).setdefault(generation, {})
+            task_rows[(generation, w.rank)] = w
+            generation_rows[w.rank] = w
+            key, holds = (w.task, generation, w.rank), w.state in _HOLDING
+            before = self._holding.get(key)
+            if before is not None and (before.node != w.node or not holds):
+                del self._holding_on[before.node][key]
+            if holds:
+                self._holding[key] = w
+                self._holding_on.setdefault(w.node, {})[key] = w
+            elif before is not None:
+                del self._holding[key]
 
     def workers_in(self, phases: Iterable[WorkerPhase]) -> list[WorkerRecord]:
         """Rows in ``phases``, slot-holding ones only: read from their index, not every row."""
@@ -520,23 +531,10 @@ class Store:
         """Survivors ``kept`` (each with its new rank) form generation ``new``: their rows of ``old``
         become moved, each gets a running row in ``new``, and the task follows, in one commit."""
         with self._lock:
-            batch = Batch(workers=self._ended(self.workers(task, old, live=True), WorkerPhase.MOVED))
-            batch.workers += [
-                WorkerRecord(
-                    task,
-                    new,
-                    rank,
-                    w.node,
-                    w.local_rank,
-                    WorkerPhase.RUNNING,
-                    w.pid,
-                    None,
-                    None,
-                    now,
-                    w.joining,
-                )
-                for w, rank in kept
-            ]
+            # (in the order held, not sorted by rank: a batch's rows need none)
+            members = self._generations.get(task, {}).get(old, {}).values()
+            batch = Batch(workers=self._ended([w for w in members if w.state.live], WorkerPhase.MOVED))
+            batch.workers += [w.in_generation(new, rank, now) for w, rank in kept]
             if (record := self.task(task)) is not None:
                 batch.tasks.append(replace(record, generation=new, workers=len(kept)))
             self._commit(batch)
