@@ -414,6 +414,26 @@ def test_a_snapshot_reads_again_only_the_tasks_whose_rows_changed(reopen: Opener
     assert fourth.next_generation == {"a": 3, "b": 2} and fourth.live("b") is first.live("b")
 
 
+def test_a_generations_rows_are_sorted_again_only_after_one_of_them_changes(reopen: Opener) -> None:
+    """``workers(task, generation)`` keeps each generation's rows by rank (all, and the live
+    ones) until a row of that generation changes: a tick's checks read them for every task."""
+    store = reopen()
+    store.node_registered("n1", 4, [], "h", NodeState.HEALTHY, now=1.0)
+    store.add_task("a", "{}", 1.0)
+    store.add_workers("a", 1, {"n1": 3}, 0, WorkerPhase.RUNNING, now=2.0)
+    store.add_workers("a", 2, {"n1": 1}, 0, WorkerPhase.LAUNCHING, now=2.0)
+    first = store.workers("a", 1)
+    assert [w.rank for w in first] == [0, 1, 2] and first == store.workers("a", 1, live=True)
+    first.clear()  # (a copy: the kept one is not the caller's)
+    assert len(store.workers("a", 1)) == 3
+    store.worker_phase(("a", 2, 0), WorkerPhase.RUNNING)  # another generation's row
+    assert [w.rank for w in store.workers("a", 1, live=True)] == [0, 1, 2]
+    store.worker_phase(("a", 1, 1), WorkerPhase.FAILED, code=1)
+    assert [w.rank for w in store.workers("a", 1, live=True)] == [0, 2]
+    assert [(w.rank, w.state) for w in store.workers("a", 1)][1] == (1, WorkerPhase.FAILED)
+    assert [w.state for w in reopen().workers("a", 1)] == [w.state for w in store.workers("a", 1)]
+
+
 def test_a_whole_snapshot_is_read_again_only_after_a_change(reopen: Opener) -> None:
     """A plan's tick reads the whole cluster several times with nothing changed between: the
     same snapshot is given back; any change (a worker's phase, a node heard, a task moved) makes

@@ -286,8 +286,8 @@ class Detector:
             return None  # the coordinator just stalled: the agents' reports are still on their way
         workers = self.ctx.store.workers(task.name, task.generation)
         limits = self.ctx.limits
-        late = [w for w in workers if now - w.launched > limits.launch_timeout_s]
-        stale = [w for w in late if w.state is WorkerPhase.LAUNCHING]
+        launching, timeout = WorkerPhase.LAUNCHING, limits.launch_timeout_s
+        stale = [w for w in workers if w.state is launching and now - w.launched > timeout]
         if stale:
             why = f"{len(stale)} worker(s) never started"
             return Failing(task.name, task.generation, ErrorKind.EXITED_ABNORMALLY, None, why)
