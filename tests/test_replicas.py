@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from unicron.brain.effects import StopWorker, Switch
-from unicron.brain.membership import planned_shrink, survivors
+from unicron.brain.membership import planned_shrink, survivors, whole_replicas
 from unicron.brain.response import Failure, respond
 from unicron.core.errors import Conflict, SpecError
 from unicron.core.livespecs import parse_live_tasks, replica_misfit
@@ -83,6 +83,15 @@ def test_a_failed_rank_takes_its_whole_replica_out_and_the_others_go_on() -> Non
     plain = respond(snapshot(), failure, decision(), True, even, LIMITS, NOW)
     (switch,) = [e for e in plain.effects if isinstance(e, Switch)]
     assert switch.membership.ranks == {0: 0, 2: 1}
+
+
+def test_only_the_members_of_whole_replicas_are_kept_in_their_order() -> None:
+    """Replicas of 2: ranks 0-1, 2-3, 4-5; whatever order the members come in."""
+    members = [worker(r, "a") for r in (5, 0, 2, 1, 3)]  # (replica 2 lacks rank 4)
+    assert [w.rank for w in whole_replicas(members, 2)] == [0, 2, 1, 3]
+    whole = [worker(r, "a") for r in (3, 2, 1, 0)]
+    assert whole_replicas(whole, 2) == whole and whole_replicas(whole, 2) is not whole
+    assert whole_replicas(members, 1) == members and whole_replicas([], 4) == []
 
 
 def test_no_whole_replica_left_is_no_recovery_in_place() -> None:

@@ -41,9 +41,17 @@ class Shrink:
 
 def whole_replicas(kept: Sequence[WorkerRecord], size: int) -> list[WorkerRecord]:
     """Those of ``kept`` whose replica (ranks ``r * size`` to ``r * size + size - 1`` of their
-    generation) is kept whole: a sharded replica is useless without any one of its shards."""
-    counts = Counter(w.rank // size for w in kept)
-    return [w for w in kept if counts[w.rank // size] == size]
+    generation) is kept whole: a sharded replica is useless without any one of its shards.
+    ``kept``: members of one generation (a rank each), so no replica counts more than ``size``,
+    and all are whole when their number is ``size`` times that of the replicas: the usual case,
+    at every failure of a 16,384-GPU task, answered without a second pass."""
+    if size == 1:  # (each its own replica)
+        return list(kept)
+    replicas = [w.rank // size for w in kept]
+    counts = Counter(replicas)
+    if len(counts) * size == len(replicas):
+        return list(kept)
+    return [w for w, replica in zip(kept, replicas, strict=True) if counts[replica] == size]
 
 
 def survivors(

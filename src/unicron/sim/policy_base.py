@@ -60,7 +60,7 @@ def gpus_of(sim: Simulation, name: str) -> int:
 def held(sim: Simulation, name: str) -> int:
     """GPUs the task holds in the placement (its running count may be lower while newcomers
     start or a failed group heals)."""
-    return sum(t.get(name, 0) for t in sim.assignment.values())
+    return sim.held(name)
 
 
 def allocation(
