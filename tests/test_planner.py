@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from unicron.core.events import NodeBack, NodeLost, PlanEvent, TaskDone
 from unicron.core.specs import ClusterSpec, TaskSpec, parse_cluster, parse_tasks
-from unicron.planning.placement import Assignment, node_unit, place
+from unicron.planning.placement import Assignment, CarriedPlacement, node_unit, place
 from unicron.planning.planner import (
     ClusterState,
     feasible_allocations,
@@ -214,3 +214,44 @@ def test_a_placement_gives_each_task_its_count_in_whole_units_keeping_what_may_s
             had = sum(r.get(task, 0) for n, r in previous.items() if n in nodes)
             kept = sum(min(r.get(task, 0), after.get(n, {}).get(task, 0)) for n, r in previous.items())
             assert kept == min(had, count), (task, had, kept, count)
+
+
+@st.composite
+def placement_events(draw: st.DrawFn) -> tuple[int, int, list[tuple[str, int, dict[str, int]]]]:
+    """A cluster (nodes, slots) and events as the simulator has them: a node taken out of
+    service (its row dropped), a node back, new counts (fitting what is in service)."""
+    nodes, size = draw(st.integers(1, 24)), draw(st.sampled_from([1, 2, 4, 8]))
+    events = []
+    for _ in range(draw(st.integers(1, 25))):
+        kind = draw(st.sampled_from(["out", "back", "counts", "counts"]))
+        node = draw(st.integers(0, nodes - 1))
+        counts = {t: draw(st.integers(0, nodes * size)) for t in ("a", "b", "c")[: draw(st.integers(1, 3))]}
+        events.append((kind, node, counts))
+    return nodes, size, events
+
+
+@given(placement_events())
+@settings(max_examples=300, deadline=None)
+def test_a_carried_placement_gives_what_a_placement_afresh_gives(
+    inputs: tuple[int, int, list[tuple[str, int, dict[str, int]]]],
+) -> None:
+    """The simulator's ``CarriedPlacement`` (the last layout carried on) places as ``place``
+    does from the same previous placement, after each event of a sequence: the same nodes in
+    the same order, the same tasks in each row in the same order."""
+    nodes, size, events = inputs
+    healthy, carried, assignment = set(range(nodes)), CarriedPlacement(), {}
+    for kind, node, wanted in events:
+        if kind == "out" and len(healthy) > 1:
+            healthy.discard(node)
+            assignment.pop(node, None)
+        elif kind == "back":
+            healthy.add(node)
+        left, counts = len(healthy) * size, {}
+        for task, count in wanted.items():  # (what is in service holds them all)
+            counts[task] = min(count, left)
+            left -= counts[task]
+        expected = place(counts, sorted(healthy), size, {n: dict(r) for n, r in assignment.items()})
+        assignment = carried.place(counts, sorted(healthy), size, assignment)
+        assert [(n, list(r.items())) for n, r in assignment.items()] == [
+            (n, list(r.items())) for n, r in expected.items()
+        ]

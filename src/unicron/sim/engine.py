@@ -29,7 +29,7 @@ import numpy as np
 
 from unicron.core.specs import ClusterSpec, TaskSpec
 from unicron.core.taxonomy import TAXONOMY
-from unicron.planning.placement import Assignment, place
+from unicron.planning.placement import Assignment, CarriedPlacement
 from unicron.planning.planner import ClusterState, plan
 from unicron.planning.throughput import AnalyticCurve, ThroughputCurve, curve_for
 from unicron.sim.traces import Failure
@@ -111,6 +111,7 @@ class Simulation:
         self.healthy: set[int] = set(range(cluster.nodes))
         self.assignment: Assignment = {}  # changed only by set_allocation and take_out
         self._held = {t.name: 0 for t in tasks}  # task -> GPUs in the assignment, kept with it
+        self._placing = CarriedPlacement()  # (its rows are the assignment's: changed by nothing else)
         self.tasks = {t.name: TaskRun(t) for t in tasks}
         gpu = cluster.gpu_type()
         self.reference = {t.name: curve_for(t, gpu, cluster.gpus_per_node) for t in tasks}
@@ -223,7 +224,8 @@ class Simulation:
         # assignment is a placement's, less nodes taken out), so it is not made again: a quarter
         # of a 16,384-GPU scenario's events answer so, and each placement reads every node.
         if counts != held or not self.healthy.issuperset(self.assignment):
-            self.assignment = place(counts, sorted(self.healthy), self.cluster.gpus_per_node, self.assignment)
+            nodes, gpus_per_node = sorted(self.healthy), self.cluster.gpus_per_node
+            self.assignment = self._placing.place(counts, nodes, gpus_per_node, self.assignment)
             self._held = counts  # (a placement gives each task its count)
         for name, run in self.tasks.items():
             if counts[name] != held[name] or run.gpus > counts[name]:
