@@ -276,8 +276,9 @@ def defaults_markdown() -> str:
         for name in LADDER_SETTINGS
     ]
     rows += [
-        f"| (fixed) | {MIN_JUDGED} | gradient norms known before a spike is judged: a task's (or a "
-        "relaunch's) first steps are tested for NaN and Inf only (`train/spikes.py`) |",
+        f"| (fixed) | {MIN_JUDGED} | values known (gradient norms, a checked metric's) before a spike is "
+        "judged: a task's first steps are tested for NaN and Inf only (a relaunch resumes its "
+        "checkpoint's windows: `train/sumtest.py`) |",
         f"| (fixed) | {REPEAT_STEPS} | steps within which a rank named in a passing fault gets no second "
         "chance, and a second step whose data is at fault is not skipped (`train/numerics.py`) |",
     ]

@@ -228,20 +228,24 @@ class RunSpec(SpecBase):
     check_finite: bool = Field(
         default=True,
         description="test each step's gradient sum for NaN and Inf, and its norm for a spike "
-        "(spike_factor), before the optimizer applies it; a sum that is wrong is never applied: the "
-        "step is computed again, the culprit rank and whose fault it is are found (docs/numerical-faults.md)",
+        "(spike_factor), and so the value of each metric the program declares checked (its loss: "
+        "session.metric(name, checked=True)), before the optimizer applies it; a sum that is wrong is "
+        "never applied: the step is computed again, the culprit rank and whose fault it is are found "
+        "(docs/numerical-faults.md)",
     )
     spike_factor: SpikeFactor = Field(
         default=SPIKE_FACTOR,
-        description="with check_finite: a gradient sum whose norm is over this many times the median "
-        "of the last spike_window steps' is a spike, computed again and cross-checked as a sum that "
-        "is not finite (docs/numerical-faults.md); 2 or more, or 0: no spike test",
+        description="with check_finite: a gradient sum whose norm (or a checked metric, the loss, whose "
+        "value) is over this many times the median of the last spike_window steps' is a spike, "
+        "computed again and cross-checked as a sum that is not finite (docs/numerical-faults.md); 2 or "
+        "more, or 0: no spike test",
     )
     spike_window: int = Field(
         default=SPIKE_WINDOW,
         ge=SPIKE_WINDOWS[0],
         le=SPIKE_WINDOWS[1],
-        description="how many of the last steps' gradient norms the spike's median is taken over",
+        description="how many of the last steps' gradient norms (checked metrics' values) the spike's "
+        "median is taken over",
     )
     on_bad_data: Literal["fail", "skip"] = Field(
         default="fail",
