@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from unicron.core.errors import SpecError
 from unicron.core.specs import ClusterSpec, TaskSpec
 from unicron.core.taxonomy import ErrorKind
+from unicron.planning.placement import place
 from unicron.sim.engine import Simulation
 from unicron.sim.measured import TORCHFT
 from unicron.sim.policies import MegatronPolicy, MegatronSettings, UnicronSettings, make_policy
@@ -218,3 +221,41 @@ def test_the_simulated_ladder_isolates_a_node_as_the_coordinator_does() -> None:
     assert healthy_after(2, isolation_hours=24) == {0, 1}
     assert healthy_after(3, isolation_hours=24) == {1}
     assert healthy_after(3) == {0, 1}  # out for the coordinator's isolation_s, back hours before the end
+
+
+def test_the_engines_placement_and_held_counts_are_what_a_placement_afresh_gives() -> None:
+    """The engine places only where a count changed or a node left, carries its placement on
+    (``CarriedPlacement``) and keeps each task's GPUs held as it goes: after every change, the
+    assignment is ``place``'s from the one before, and the held counts are its sums."""
+    checked: list[str] = []
+
+    class Checked(Simulation):
+        def set_allocation(self, counts: Mapping[str, int]) -> None:
+            before = {n: dict(r) for n, r in self.assignment.items()}
+            super().set_allocation(counts)
+            wanted = {t: counts.get(t, 0) for t in self.tasks}
+            fresh = place(wanted, sorted(self.healthy), self.cluster.gpus_per_node, before)
+            assert [(n, list(r.items())) for n, r in self.assignment.items()] == [
+                (n, list(r.items())) for n, r in fresh.items()
+            ]
+            self.check_held()
+
+        def take_out(self, node: int, until: float) -> dict[str, int]:
+            lost = super().take_out(node, until)
+            self.check_held()
+            return lost
+
+        def check_held(self) -> None:
+            for task in self.tasks:
+                assert self.held(task) == sum(r.get(task, 0) for r in self.assignment.values())
+            checked.append("ok")
+
+    tasks = [
+        TaskSpec(name="a", weight=1, throughput={8: RATE, 16: 1.9 * RATE, 24: 2.6 * RATE}),
+        TaskSpec(name="b", weight=2, throughput={8: RATE, 16: 1.5 * RATE}),
+    ]
+    cluster = ClusterSpec(nodes=4, gpus_per_node=8, gpu="A100", node_mtbf_hours=20)
+    failures = [Failure(float(h), h % 4, ErrorKind.NODE_LOST, 3.0) for h in range(1, 40, 3)]
+    for name in ("unicron", "megatron", "torchft"):
+        Checked(cluster, tasks, failures, make_policy(name, {}), 48.0, samples=20).run()
+    assert len(checked) > 30

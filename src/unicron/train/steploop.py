@@ -387,7 +387,7 @@ class StepLoop:
         sum, and its checked metrics' sums) is wrong: not finite, or alone over the limit the
         last sum was judged by (``sumtest.py``)."""
         own = numerics.gradients_norm(self.params) * self.scale
-        return self.tests.own_wrong(own, self._samples())
+        return self.tests.own_wrong(own, self._samples() if self.tests.checked else 1)
 
     def _samples(self) -> int:
         """The step's samples, over which its metrics' sums are averaged."""
@@ -424,7 +424,8 @@ class StepLoop:
         self.replicas.judge(tail[limits:], self.it.step)
         if not self.checking:
             return
-        values = self.tests.values(summed, self._samples())
+        # (the step's samples read only where a checked metric is averaged over them)
+        values = self.tests.values(summed, self._samples()) if self.tests.checked else {}
         self.tests.judge(norm_of(), values, spikes=self.judging_spikes)
 
     def _discard(self) -> None:
