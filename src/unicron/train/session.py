@@ -123,8 +123,9 @@ class Session:
         self.agreed_step = 0  # the step at which the members last agreed on one state (``_agree``)
         self.data: StepData | None = None
         self.running: StepLoop | None = None  # the `session.steps(...)` loop in progress
-        # The window of gradient norms (``spikes.py``) of the checkpoint resumed from, then of the
-        # step loop once it ended: what the checkpoints it writes hold.
+        # The windows of the values spikes are judged by (``sumtest.py``: the gradient norm's, each
+        # checked metric's) of the checkpoint resumed from, then of the step loop once it ended:
+        # what the checkpoints it writes hold.
         self.spike_windows: dict[str, list[float]] = {}
         self.digest: str | None = None  # the final parameters' digest, once the steps ran out
         self.store: TaskStore | None = None
