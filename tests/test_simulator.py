@@ -115,6 +115,29 @@ def test_unicron_recovers_a_failed_process_in_place_and_grows_back() -> None:
     assert restarting.waf_flop < unicron.waf_flop
 
 
+def test_a_spare_node_takes_a_lost_ones_place_within_what_the_cluster_holds() -> None:
+    """A task run below its plan (two of its three nodes lost, one back) loses its last node: the
+    free node takes that node's place, and no policy asks for more GPUs than are healthy (each
+    asked for the planned 24 of 16 and failed)."""
+    task = TaskSpec(name="a", weight=1.0, throughput={8: RATE, 16: 1.8 * RATE, 24: 2.5 * RATE})
+    failures = [
+        Failure(1.0, 0, ErrorKind.NODE_LOST, 10.0),
+        Failure(2.0, 1, ErrorKind.NODE_LOST, 1.0),
+        Failure(4.0, 2, ErrorKind.NODE_LOST, 10.0),
+    ]
+    held: dict[str, list[int]] = {}
+
+    class Watched(Simulation):
+        def set_allocation(self, counts: Mapping[str, int]) -> None:
+            super().set_allocation(counts)
+            held.setdefault(self.policy.name, []).append(self.held("a"))
+
+    cluster = ClusterSpec(nodes=3, gpus_per_node=8, gpu="A100", node_mtbf_hours=1000)
+    for name in ("megatron", "oobleck", "varuna", "torchft", "unicron"):
+        Watched(cluster, [task], failures, make_policy(name, {}), 12.0, samples=20).run()
+    assert held["megatron"][-1] == 8  # node 1, back at 3 h, in node 2's place at 4 h
+
+
 def test_megatron_wait_mode_waits_for_repair() -> None:
     failures = [Failure(1.0, 1, ErrorKind.NVLINK_ERROR, 2.0)]
     waiting = run("megatron", failures, nodes=2, on_node_loss="wait")

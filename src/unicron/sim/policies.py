@@ -25,6 +25,7 @@ from unicron.sim.policy_base import (
     allocation,
     held,
     iteration_s,
+    replaced,
 )
 from unicron.sim.traces import Failure
 from unicron.sim.unicron_policy import UnicronPolicy, UnicronSettings
@@ -115,8 +116,8 @@ class MegatronPolicy:
                 sim.pause(name, [(detect, "detection"), *self._restart()])
                 continue
             survivors = run.gpus  # the engine already removed the lost workers
-            if sim.free_gpus() >= lost:  # a spare takes the lost node's place
-                sim.set_allocation(allocation(sim, {name: run.nominal}))
+            if (size := replaced(sim, run, survivors, lost)) is not None:  # a spare takes its place
+                sim.set_allocation(allocation(sim, {name: size}))
                 sim.pause(name, [(detect, "detection"), *self._restart()])
             elif self.s.on_node_loss == "shrink":
                 budget = survivors + sim.free_gpus()
@@ -246,8 +247,9 @@ class ElasticPolicy:
             lost_work = self.s.checkpoint_interval_s / 2 if numerical else self._lost_work(sim, run)
             restart = self.s.failure_pause_s + (self.s.heal_s if numerical else 0.0)  # (torchft: all heal)
             sim.pause(name, [(detect, "detection"), (restart, "restart"), (lost_work, "lost_work")])
-            if node_out and sim.free_gpus() >= lost:
-                sim.set_allocation(allocation(sim, {name: run.nominal}, held))
+            size = replaced(sim, run, held(sim, name), lost) if node_out else None
+            if size is not None:
+                sim.set_allocation(allocation(sim, {name: size}, held))
             elif node_out:
                 sim.set_allocation(allocation(sim, {name: run.gpus}, held))
 
@@ -263,8 +265,9 @@ class ElasticPolicy:
         # Both cost the whole task; only then does it go on without the failed group.
         stall = detect + self._lost_work(sim, run)
         sim.pause(name, [(detect, "detection"), (stall - detect, "lost_work")])
-        if node_out and sim.free_gpus() >= lost:
-            sim.set_allocation(allocation(sim, {name: run.nominal}, held))
+        size = replaced(sim, run, held(sim, name), lost) if node_out else None
+        if size is not None:
+            sim.set_allocation(allocation(sim, {name: size}, held))
             node_out = False  # the group restarts on a spare node
         effective = max(held(sim, name) + (lost if node_out else 0) - group, 0)
 

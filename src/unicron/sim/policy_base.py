@@ -74,3 +74,14 @@ def iteration_s(sim: Simulation, run: TaskRun) -> float:
     points = sim.reference[run.spec.name].evaluate(np.array([max(run.gpus, run.nominal)], dtype=np.int64))
     value = float(points.iteration_s[0])
     return value if math.isfinite(value) else 0.0
+
+
+def replaced(sim: Simulation, run: TaskRun, holds: int, lost: int) -> int | None:
+    """The GPUs a task that lost ``lost`` and holds ``holds`` runs on once free GPUs (a spare
+    node) take the lost ones' place: its planned size where enough are free, else its size
+    before the loss (it may have run below its plan since an earlier loss); None where fewer
+    than ``lost`` are free."""
+    free = sim.free_gpus()
+    if free >= run.nominal - holds:
+        return run.nominal
+    return holds + lost if free >= lost else None
