@@ -84,6 +84,29 @@ def simulate(
     )
 
 
+trace_app = typer.Typer(help="Failure traces for `unicron simulate --trace`.", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
+
+
+@trace_app.command("convert")
+def trace_convert(
+    source: Annotated[
+        Path, typer.Argument(help="a public dataset's fault file (InfiniteHBD: fault_trace.json)")
+    ],
+    fmt: Annotated[
+        str, typer.Option("--format", help="the dataset's format: infinitehbd (docs/simulation.md)")
+    ] = "infinitehbd",
+    out: Annotated[
+        Path | None, typer.Option(help="write the trace (CSV) here, not to standard output")
+    ] = None,
+) -> None:
+    """Convert a public fault dataset into a trace for `unicron simulate --trace` (CSV rows of
+    time_hours,node,kind,repair_hours); what was converted, and how to replay it, on stderr."""
+    from unicron.cli.simulate_view import run_convert
+
+    run_convert(source, fmt, out)
+
+
 URL = Annotated[str, typer.Option("--coordinator", envvar="UNICRON_COORDINATOR", help="coordinator URL")]
 TOKEN_FILE = Annotated[
     Path | None,

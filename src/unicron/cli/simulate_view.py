@@ -15,6 +15,7 @@ from unicron.cli.console import console as make_console
 from unicron.cli.files import read_text
 from unicron.core.errors import UsageError
 from unicron.core.extras import require
+from unicron.sim.public_traces import convert
 from unicron.sim.report import (
     CAUSE_COLUMNS,
     COLUMNS,
@@ -107,3 +108,25 @@ def run_simulate(
     for note in summary_notes(report):
         console.print(note, markup=False, highlight=False)
     console.print(f"simulated in {report.seconds:.2f} s" + (f"; plot: {plot_path}" if plot_path else ""))
+
+
+def run_convert(source: Path, fmt: str, out: Path | None) -> None:
+    """``unicron trace convert``: the dataset's faults as a trace, and a summary on stderr."""
+    converted = convert(read_text(source), str(source), fmt)
+    text = to_csv(converted.failures)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+    notes = []
+    if converted.open_at_end:
+        notes.append(f"{converted.open_at_end} still open at its end, out until its last event")
+    if converted.ends_without_start:
+        notes.append(f"{converted.ends_without_start} ends without a start left out")
+    print(
+        f"{len(converted.failures)} faults of {converted.nodes} nodes over {converted.days:.1f} days"
+        + (f" ({'; '.join(notes)})" if notes else "")
+        + f". Replay it on a scenario of at least {converted.nodes} nodes: unicron simulate SCENARIO"
+        f" --trace {out or 'TRACE.csv'} --span-trace",
+        file=sys.stderr,
+    )
