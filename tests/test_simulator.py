@@ -57,6 +57,24 @@ def test_megatron_crash_costs_detection_restart_and_recompute() -> None:
     assert total == pytest.approx(result.ideal_flop)
 
 
+def test_a_failure_during_a_restart_starts_it_over() -> None:
+    """A second crash 6 minutes into the first one's restart: the restart begins again from the
+    second (its detection, resubmission, set-up and the checkpoint's redone half interval), and
+    what the first had left to do is neither done nor charged (queued after it, the two restarts
+    took 78 minutes of a task that was down 45; at high failure rates they compounded past the
+    time between failures)."""
+    s = MegatronSettings()
+    result = run(
+        "megatron", [Failure(1.0, 0, ErrorKind.CUDA_ERROR, 0.0), Failure(1.1, 0, ErrorKind.CUDA_ERROR, 0.0)]
+    )
+    weighted = 2.0 * RATE
+    first = 0.1 * 3600  # (detection, then 300 s of the restart)
+    again = s.exit_detection_s + s.resubmit_s + s.setup_s + s.checkpoint_interval_s / 2
+    assert sum(result.lost_flop.values()) == pytest.approx(weighted * (first + again))
+    assert result.lost_flop["detection"] == pytest.approx(weighted * 2 * s.exit_detection_s)
+    assert result.lost_flop["lost_work"] == pytest.approx(weighted * s.checkpoint_interval_s / 2)
+
+
 def test_megatron_hang_waits_for_the_collective_timeout() -> None:
     result = run("megatron", [Failure(1.0, 0, ErrorKind.TASK_HANG, 0.0)])
     assert result.lost_flop["detection"] == pytest.approx(

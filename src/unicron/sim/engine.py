@@ -205,7 +205,10 @@ class Simulation:
         self.schedule(at, "call", action)
 
     def pause(self, task: str, parts: list[tuple[float, str]], replace: bool = False) -> None:
-        """Take a task down for consecutive (seconds, cause) parts, after any current downtime."""
+        """Take a task down for consecutive (seconds, cause) parts, after any current downtime;
+        ``replace``: from now, what was still to come of it dropped. A failure's recovery
+        replaces (a failure during a restart starts it over: what the first had left to do is
+        not done, so not charged); a plan's change (a grow, a rejoin) queues after it."""
         run = self.tasks[task]
         if replace:
             run.segments = [(e, c) for e, c in run.segments if e <= self.now]

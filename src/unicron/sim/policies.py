@@ -113,20 +113,20 @@ class MegatronPolicy:
         for name, lost in hit.items():
             run = sim.tasks[name]
             if not node_out:
-                sim.pause(name, [(detect, "detection"), *self._restart()])
+                sim.pause(name, [(detect, "detection"), *self._restart()], replace=True)
                 continue
             survivors = run.gpus  # the engine already removed the lost workers
             if (size := replaced(sim, run, survivors, lost)) is not None:  # a spare takes its place
                 sim.set_allocation(allocation(sim, {name: size}))
-                sim.pause(name, [(detect, "detection"), *self._restart()])
+                sim.pause(name, [(detect, "detection"), *self._restart()], replace=True)
             elif self.s.on_node_loss == "shrink":
                 budget = survivors + sim.free_gpus()
                 smaller = sim.largest_usable(name, budget)
                 sim.set_allocation(allocation(sim, {name: smaller}))
-                sim.pause(name, [(detect, "detection"), *self._restart()])
+                sim.pause(name, [(detect, "detection"), *self._restart()], replace=True)
             else:
                 run.waiting_rate = sim.potential(run, run.nominal) * survivors / max(run.nominal, 1)
-                sim.pause(name, [(detect, "detection"), (math.inf, "repair_wait")])
+                sim.pause(name, [(detect, "detection"), (math.inf, "repair_wait")], replace=True)
 
     def on_repair(self, sim: Simulation, node: int) -> None:
         for name, run in sorted(sim.tasks.items(), key=lambda kv: kv[1].gpus - kv[1].nominal):
@@ -246,7 +246,8 @@ class ElasticPolicy:
                 continue
             lost_work = self.s.checkpoint_interval_s / 2 if numerical else self._lost_work(sim, run)
             restart = self.s.failure_pause_s + (self.s.heal_s if numerical else 0.0)  # (torchft: all heal)
-            sim.pause(name, [(detect, "detection"), (restart, "restart"), (lost_work, "lost_work")])
+            parts = [(detect, "detection"), (restart, "restart"), (lost_work, "lost_work")]
+            sim.pause(name, parts, replace=True)
             size = replaced(sim, run, held(sim, name), lost) if node_out else None
             if size is not None:
                 sim.set_allocation(allocation(sim, {name: size}, held))
@@ -264,7 +265,7 @@ class ElasticPolicy:
         # Survivors stall until the quorum drops the failed group; the step in flight is lost.
         # Both cost the whole task; only then does it go on without the failed group.
         stall = detect + self._lost_work(sim, run)
-        sim.pause(name, [(detect, "detection"), (stall - detect, "lost_work")])
+        sim.pause(name, [(detect, "detection"), (stall - detect, "lost_work")], replace=True)
         size = replaced(sim, run, held(sim, name), lost) if node_out else None
         if size is not None:
             sim.set_allocation(allocation(sim, {name: size}, held))

@@ -187,7 +187,7 @@ class UnicronPolicy:
             run = sim.tasks[name]
             if o.tier is Tier.REATTEMPT:
                 detect = self.detection_s(sim, failure.kind, run)
-                sim.pause(name, [(detect, "detection"), (self._rebuild_s(sim), "restart")])
+                sim.pause(name, [(detect, "detection"), (self._rebuild_s(sim), "restart")], replace=True)
             else:  # restart failed in place, or from the checkpoint, as decided
                 self._recover(sim, name, o, failure.kind, self.regrowing.get(name, run.gpus))
 
@@ -292,7 +292,8 @@ class UnicronPolicy:
             return
         share = (before - keep) / before
         lost = sim.cluster.planner.transition.lost_iteration_fraction * iteration_s(sim, run) * share
-        sim.pause(name, [(detect, "detection"), (self._rebuild_s(sim), "restart"), (lost, "lost_work")])
+        parts = [(detect, "detection"), (self._rebuild_s(sim), "restart"), (lost, "lost_work")]
+        sim.pause(name, parts, replace=True)  # (a recovery under way starts over)
         if keep < target:
             self._grow(sim, name, keep, target)
 
@@ -351,6 +352,7 @@ class UnicronPolicy:
                 (float(parts.setup[0] + parts.state[0]), "restart"),
                 (float(parts.lost_work[0]), "lost_work"),
             ],
+            replace=failed,  # (a failure's relaunch starts over what was under way)
         )
 
     # ------------------------------------------------------------------ small parts
