@@ -85,8 +85,11 @@ def test_servers_are_forked_by_the_template_and_another_environment_gets_its_own
             log.touch()
             launched = await warm.launch([PY, str(tmp_path / "probe.py"), str(code)], {**env, **extra}, log)
             assert isinstance(launched, Forked)
-            server = parent_of(launched.pid)
-            seen[name] = (await launched.wait(), parent_of(server))
+            returned = await launched.wait()
+            # The server, as the worker read its parent (the worker may be gone before this process
+            # reads its /proc entry); the server runs until ``close``.
+            server = json.loads(log.read_text().splitlines()[0])["parent"]
+            seen[name] = (returned, parent_of(server))
         await warm.close()
         return seen
 
