@@ -53,6 +53,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench.sections import write_section
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
 from unicron.control.detect.nodewatch import SWEEPS_PER_INTERVAL
 from unicron.control.place.allocator import Decided
@@ -900,27 +901,8 @@ def section(r: dict[str, Any]) -> str:
     return f"{textwrap.fill(intro, 98)}\n\n{table}\n|---|---|---|---|---|---|---|\n{rows}\n\n{bullets}\n"
 
 
-MARKERS = ("<!-- decide_bench -->", "<!-- /decide_bench -->")
-
-
 def write_docs(r: dict[str, Any], page: Path = ROOT / "docs" / "performance.md") -> None:
-    write_section(section(r), MARKERS, "Decisions at scale", page)
-
-
-def write_section(
-    text: str, markers: tuple[str, str], heading: str, page: Path = ROOT / "docs" / "performance.md"
-) -> None:
-    """A benchmark's section of ``page``, between its markers (``bench/templates/performance.md``
-    holds them, so the overhead benchmark's rewrite of the page keeps its place); appended under
-    ``heading`` if missing."""
-    old = page.read_text()
-    start, end = markers
-    body = f"{start}\n{text}{end}"
-    if start in old and end in old:
-        old = old[: old.index(start)] + body + old[old.index(end) + len(end) :]
-    else:
-        old = old.rstrip("\n") + f"\n\n## {heading}\n\n{body}\n"
-    page.write_text(old)
+    write_section(section(r), "decide_bench", "Decisions at scale", page)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -43,9 +43,9 @@ from typing import Any
 import torch
 
 from bench.chaos import check as chaos_check
-from bench.decide_bench import write_section
 from bench.overhead_bench import MODELS, WARMUP, unicron
 from bench.overhead_verdict import judged
+from bench.sections import write_section
 from unicron.control.launch.localcluster import LocalCluster
 from unicron.core.livespecs import RunSpec
 from unicron.core.settings import Settings
@@ -61,7 +61,6 @@ TARGET = 1.01  # issue 55: the step with the test at most 1% slower than without
 WORKERS, RUNS = (1, 2, 4), 5  # per side in each cell (the overhead benchmark's minimum to judge)
 TRAIN = ROOT / "examples" / "tinygpt" / "train.py"
 ITERATIONS = 30
-MARKERS = ("<!-- numerical_bench -->", "<!-- /numerical_bench -->")
 
 
 def cell(root: Path, workers: int, runs: int) -> dict[str, Any]:
@@ -129,6 +128,13 @@ FAULTS = [
     # (the generation the survivors go on in knows the 10 norms a spike is judged by from ~24)
     {"action": "spike_grad", "rank": 1, "step": 28, "generation": 0},
 ]
+# The loss alone wrong, its gradients right (the trainer declares its loss checked), in a task of
+# two of its own: lm's ranks are each named once in each of its generations already, and a rank
+# named again within REPEAT_STEPS is cross-checked at once (a passing fault would read "device").
+LOSS_FAULTS = [
+    {"action": "nan_loss", "rank": 0, "step": 5, "generation": 0},
+    {"action": "spike_loss", "rank": 1, "step": 15, "generation": 0},  # (10 losses judged by then)
+]
 
 
 def spec(
@@ -147,10 +153,11 @@ def faults_run(root: Path) -> list[dict[str, Any]]:
     stream = DataStream(chaos_check.GLOBAL_BATCH, chaos_check.MICRO_BATCH, chaos_check.DATASET)
     bad = [{"action": "nan_sample", "rank": 0, "step": 3, "sample": stream.batch(3)[5]}]
     flip = [{"action": "flip_param", "rank": 1, "step": 7, "generation": 0}]  # (one of 2 replicas)
-    traces = {t: root / f"{t}.jsonl" for t in ("lm", "bad", "diverged")}
+    traces = {t: root / f"{t}.jsonl" for t in ("lm", "bad", "diverged", "loss")}
     references = {
         "lm": chaos_check.reference(root / "reference", ITERATIONS),
         "diverged": chaos_check.reference(root / "reference-10", 10),
+        "loss": chaos_check.reference(root / "reference-20", 20),
     }
     # Each fault is seen on its own: with the ladder's default (isolate_after 2), the two mends of
     # rank 3's replica take its node out before the faulty device's step (a node counted out by
@@ -161,6 +168,7 @@ def faults_run(root: Path) -> list[dict[str, Any]]:
             ("lm", "{2: 1.9e9, 4: 3.5e9}", ITERATIONS, FAULTS, 10),
             ("bad", "{2: 1.9e9}", 10, bad, 10),
             ("diverged", "{2: 1.9e9}", 10, flip, 5),
+            ("loss", "{2: 1.9e9}", 20, LOSS_FAULTS, 10),
         ):
             cluster.submit(spec(task, traces[task], table, iterations, faults, every))
             cluster.wait(functools.partial(ended, cluster, task), 600, f"{task} to end")
@@ -171,7 +179,7 @@ def faults_run(root: Path) -> list[dict[str, Any]]:
         for t, want in references.items()
     }
     found = []
-    for task, faults in (("lm", FAULTS), ("bad", bad), ("diverged", flip)):
+    for task, faults in (("lm", FAULTS), ("bad", bad), ("diverged", flip), ("loss", LOSS_FAULTS)):
         rows = [json.loads(line) for line in traces[task].read_text().splitlines()]
         verdicts = [r for r in rows if r["what"] == "numerical"] + replica_verdicts(rows)
         for fault in faults:
@@ -288,7 +296,7 @@ def defaults_markdown() -> str:
 def write_docs(r: dict[str, Any]) -> None:
     """Its section of docs/performance.md, and docs/numerical-faults.md from its template."""
     heading = "The numerical checks: the gradient sum's test and the replicas' check"
-    write_section(section(r), MARKERS, heading)
+    write_section(section(r), "numerical_bench", heading, ROOT / "docs" / "performance.md")
     template = (Path(__file__).parent / "templates" / "numerical-faults.md").read_text()
     limits = Settings()
     page = template.format(

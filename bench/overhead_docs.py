@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.overhead_verdict import MIN_PAIRS, TARGET, judged, spread
 from bench.pinning import plan, threads
+from bench.sections import kept_sections
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHFT_VERSION = "torchft-nightly 2026.10.26"  # the Makefile's pin
@@ -200,22 +201,11 @@ def write_markdown(r: dict[str, Any]) -> None:
                 peer=peer_summary(r["rows"]),
                 control=control_text(r["rows"]),
             ),
+            SECTIONS,
         )
     )
 
 
 # Sections other benchmarks write into the page after it (``bench/decide_bench.py``,
-# ``bench/numerical_bench.py``), between ``<!-- NAME -->`` and ``<!-- /NAME -->``: a rewrite of the
-# page alone keeps what they measured.
+# ``bench/numerical_bench.py``): a rewrite of the page alone keeps what they measured.
 SECTIONS = ("decide_bench", "numerical_bench")
-
-
-def kept_sections(page: Path, text: str) -> str:
-    """``text`` (the page anew) with the ``SECTIONS`` the page now holds carried over."""
-    old = page.read_text() if page.is_file() else ""
-    for name in SECTIONS:
-        start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
-        if start in old and end in old and start in text and end in text:
-            measured = old[old.index(start) : old.index(end)]
-            text = text[: text.index(start)] + measured + text[text.index(end) :]
-    return text

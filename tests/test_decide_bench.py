@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from bench import decide_bench
+from bench.sections import kept_sections, markers
 
 KEYS = {"nodes", "tasks", "failures", "decision_p50_s", "decision_p99_s", "burst_s", "machine", "date"}
 
@@ -88,7 +89,7 @@ def test_page_section(tmp_path: Path) -> None:
             }
         ],
     }
-    start, end = decide_bench.MARKERS
+    start, end = markers("decide_bench")
     page = tmp_path / "performance.md"
     page.write_text(f"# Performance\n\n{start}\nold figures\n{end}\n\nafter\n")
     decide_bench.write_docs(figures, page)
@@ -111,11 +112,11 @@ def test_page_section(tmp_path: Path) -> None:
 def test_the_overhead_pages_rewrite_keeps_the_decisions_section(tmp_path: Path) -> None:
     """The overhead benchmark writes docs/performance.md anew from its template, which holds the
     decisions' markers empty: run alone, it keeps the section the decide benchmark wrote there."""
-    from bench.overhead_docs import kept_sections
+    from bench.overhead_docs import SECTIONS
 
-    start, end = decide_bench.MARKERS
+    start, end = markers("decide_bench")
     page = tmp_path / "performance.md"
     page.write_text(f"# Old\n\n{start}\nmeasured figures\n{end}\n")
     anew = f"# New\n\n{start}\nNot measured in this run.\n{end}\n\nafter\n"
-    assert kept_sections(page, anew) == f"# New\n\n{start}\nmeasured figures\n{end}\n\nafter\n"
-    assert kept_sections(tmp_path / "missing.md", anew) == anew  # no page yet: the template's
+    assert kept_sections(page, anew, SECTIONS) == f"# New\n\n{start}\nmeasured figures\n{end}\n\nafter\n"
+    assert kept_sections(tmp_path / "missing.md", anew, SECTIONS) == anew  # no page yet: the template's
