@@ -18,6 +18,7 @@ from bench import (
     reference_docs,
     scale_bench,
     simulation_docs,
+    sweep_bench,
     throughput_docs,
     warmstart_bench,
 )
@@ -81,6 +82,8 @@ def run_all() -> None:
     # detection, heal and per-step cost from what they measured with torchft.
     sim = simulation_docs.main()
     print(json.dumps({k: v for k, v in sim.items() if k != "results"}, indent=2))
+    swept = sweep_bench.main([])  # after it: Unicron against the baselines over MTBF, size and tasks
+    print(json.dumps({"cells": len(swept["rows"]), "seconds": swept["seconds"]}))
     watched = observe_bench.main()  # what a scrape and a dashboard cost the same training
     print(json.dumps({k: watched[k] for k in ("quiet_step_s", "watched_step_s", "ratio")}, indent=2))
     scale = scale_bench.main()  # N simulated agents against each store backend

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from bench.sections import kept_sections
 from unicron.cli.files import read_text
 from unicron.core.taxonomy import TAXONOMY
 from unicron.sim import interruptions
@@ -202,7 +203,8 @@ def main() -> dict[str, object]:
         n_b=len(reports["trace-b"].failures),
         n_l=len(reports["llama3"].failures),
     )
-    (docs / "simulation.md").write_text(text)
+    page = docs / "simulation.md"
+    page.write_text(kept_sections(page, text, ("sweep_bench",)))  # (bench/sweep_bench.py's)
     return bench
 
 
