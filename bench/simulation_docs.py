@@ -150,20 +150,39 @@ def ours(reports: dict[str, SimulationReport], policy: str) -> str:
     return f"{low}x" if low == high else f"{low}-{high}x"
 
 
+TIMED_RUNS = 3  # each scenario simulated this many times; its wall time is the slowest's
+
+
+def timed_runs(name: str) -> tuple[SimulationReport, list[float]]:
+    """The scenario's report (every run gives the same) and each run's wall time."""
+    seconds, report = [], None
+    for _ in range(TIMED_RUNS):
+        started = time.perf_counter()
+        report = run(name)
+        seconds.append(round(time.perf_counter() - started, 4))
+    assert report is not None
+    return report, seconds
+
+
 def main() -> dict[str, object]:
     docs = ROOT / "docs"
     (docs / "bench").mkdir(parents=True, exist_ok=True)
-    reports, timings = {}, {}
+    reports, runs = {}, {}
     for name in SCENARIOS:
-        started = time.perf_counter()
-        reports[name] = run(name)
-        timings[name] = time.perf_counter() - started
+        reports[name], runs[name] = timed_runs(name)
         plot(reports[name], docs / f"sim-{name}.png")
+    timings = {name: max(seconds) for name, seconds in runs.items()}  # (judged by the slowest)
     waiting = run("trace-b", {"megatron": {"on_node_loss": "wait"}})
     bench = {
         "scenario_7d_128gpu_s": max(timings["trace-a"], timings["trace-b"]),
         "scenario_54d_16384gpu_s": timings["llama3"],
         "seconds": timings,
+        "seconds_runs": runs,
+        "targets": {"scenario_7d_128gpu_s": 1.0, "scenario_54d_16384gpu_s": 10.0},
+        "met": {
+            "scenario_7d_128gpu_s": timings["trace-a"] < 1.0 and timings["trace-b"] < 1.0,
+            "scenario_54d_16384gpu_s": timings["llama3"] < 10.0,
+        },
         "failures": {n: len(r.failures) for n, r in reports.items()},
         "results": {n: to_json(r) for n, r in reports.items()},
     }
@@ -199,6 +218,10 @@ def main() -> dict[str, object]:
         t_a=timings["trace-a"],
         t_b=timings["trace-b"],
         t_l=timings["llama3"],
+        runs_a=", ".join(f"{t:.2f}" for t in runs["trace-a"]),
+        runs_b=", ".join(f"{t:.2f}" for t in runs["trace-b"]),
+        runs_l=", ".join(f"{t:.1f}" for t in runs["llama3"]),
+        timed=TIMED_RUNS,
         n_a=len(reports["trace-a"].failures),
         n_b=len(reports["trace-b"].failures),
         n_l=len(reports["llama3"].failures),

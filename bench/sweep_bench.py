@@ -346,7 +346,8 @@ def section(r: dict[str, Any]) -> str:
         "the tasks' sizes and weights, Megatron-LM's restart cost and checkpoint interval in its runs "
         "(ours: the breakdown in docs/design.md and an assumed 30 min), and whether its jobs waited "
         "for repairs or restarted on fewer nodes (ours restart on fewer, `on_node_loss: shrink`).",
-        f"{len(r['rows'])} cells in {r['seconds']:,.0f} s on this machine (the longest, "
+        f"{len(r['rows'])} cells in {r['seconds']:,.0f} s on this machine, in one run (a time, not a "
+        "target: the cells' figures are the simulation's, the same on every run; the longest, "
         f"{longest['gpus']:,} GPUs, {longest['tasks']} tasks, MTBF {longest['mtbf_hours']:,.0f} h, "
         f"{longest['failures']:,} failures: {longest['simulate_s']:,.0f} s).",
     ]
