@@ -5,7 +5,6 @@ fault claims, the ladder, measured rates, spares), an old store's schema, and a 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,8 +13,8 @@ from typing import Any
 from unicron.brain.effects import Record
 from unicron.brain.takeover import store_moved
 from unicron.control.recover.storagewatch import Opened
-from unicron.core.kept import InFlight, LadderCounts, StorageIncidents
-from unicron.core.ladder import Ladder
+from unicron.core.kept import InFlight, NodeErrors, StorageIncidents, TaskLadder
+from unicron.core.ladder import Counted, Ladder
 from unicron.core.protocol import (
     AGENT_RETRY_CAP_S,
     CheckpointReport,
@@ -258,22 +257,40 @@ def test_a_restored_ladder_escalates_as_the_original_would() -> None:
         assert decision.tier is Tier.REATTEMPT
         original.count(decision.counted)
         original.carried("t", Tier.REATTEMPT, at)
+    original.count(Counted("u", ErrorKind.CUDA_ERROR, 2.5, "n1", same=False))  # another task's, on n1
+    # As kept: a record of each task and each node whose counts changed, through JSON.
+    tasks, nodes = original.changed()
+    assert (tasks, nodes) == (["t", "u"], ["n1"]) and original.changed() == ([], [])
+    kept_tasks = {
+        t: TaskLadder.model_validate_json(r.model_dump_json())
+        for t in tasks
+        if (r := original.task_record(t))
+    }
+    kept_nodes = {
+        n: NodeErrors.model_validate_json(r.model_dump_json())
+        for n in nodes
+        if (r := original.node_record(n))
+    }
     copy = Ladder(settings)
-    copy.restore(LadderCounts.model_validate(json.loads(original.history().model_dump_json())))  # as kept
+    copy.restore(kept_tasks, kept_nodes)
+    assert copy.history() == original.history()
     assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0) == original.decide(
         "t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0
     )
     assert copy.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 4.0).tier is Tier.RESTART_FAILED
-    # A history shares the ladder's lists: the counts after it (more, or a task's cleared) leave
-    # it as it was when taken (the journal's writer dumps it later).
-    kept = original.history()
-    as_taken = kept.model_dump_json()
+    # A record shares the ladder's lists: the counts after it (more, or a task's cleared) leave
+    # it as it was when taken.
+    record = original.task_record("t")
+    assert record is not None
+    as_taken = record.model_dump_json()
     decision = original.decide("t", ErrorKind.OTHER_NETWORK_ERROR, "n1", 3.0)
     original.count(decision.counted)
     original.carried("t", decision.tier, 3.0)
-    assert original.history().model_dump_json() != as_taken == kept.model_dump_json()
+    assert original.changed() == (["t"], [])  # (a SEV3 kind: no node blamed)
+    assert original.task_record("t") != record and record.model_dump_json() == as_taken
     original.forget("t")
-    assert kept.model_dump_json() == as_taken
+    assert record.model_dump_json() == as_taken
+    assert original.changed() == (["t"], []) and original.task_record("t") is None  # (its record dropped)
 
 
 def test_a_member_that_missed_a_grow_before_a_restart_follows_it_and_may_commit(make: Any) -> None:

@@ -59,13 +59,14 @@ from unicron.core.kept import (
     FaultSigns,
     InFlight,
     Isolations,
-    LadderCounts,
     LossesHeld,
     MeasuredRates,
+    NodeErrors,
     RevokedToken,
     RevokedTokens,
     StepTimes,
     StorageIncidents,
+    TaskLadder,
 )
 from unicron.core.ladder import Ladder
 from unicron.core.livespecs import LiveTaskSpec, replica_misfit
@@ -174,9 +175,11 @@ class Coordinator:
     def _restore_kept(self) -> None:
         """What decides behaviour and is not a row of its own: kept by the parts, restored here
         (from the previous coordinator's store, or empty on a first start)."""
-        self.recovery.ladder.restore(self.store.kept_record(LadderCounts) or LadderCounts())
+        tasks, nodes = [t.name for t in self.store.tasks()], [n.name for n in self.store.nodes()]
+        ladder = self.recovery.ladder
+        ladder.restore(self.store.kept_records(TaskLadder, tasks), self.store.kept_records(NodeErrors, nodes))
         self.rates.restore(self.store.kept_record(MeasuredRates) or MeasuredRates())
-        self.signs.restore(self.store.kept_record(FaultSigns) or FaultSigns())
+        self.signs.restore(self.store.kept_records(FaultSigns, tasks))
         self.reports.mends.restore(self.store.kept_record(DeviceMends) or DeviceMends())
         isolated = [node.name for node in self.store.nodes() if node.state is NodeState.ISOLATED]
         self.recovery.restore_isolations(self.store.kept_record(Isolations) or Isolations(), isolated)
@@ -268,7 +271,7 @@ class Coordinator:
         self.ctx.act.rendezvous.close(name)
         self.recovery.forget(name)
         self.recovery.ladder.forget(name)
-        self.act.keep(self.recovery.ladder.history())
+        self.act.keep_ladder(self.recovery.ladder)
         self.detector.forget(name)
         self.storage.forget(name)
         self.generations.task_ended(name)

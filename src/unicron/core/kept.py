@@ -44,10 +44,12 @@ def read_kept(kind: type[K], raw: Any) -> K | None:
         ) from exc
 
 
-class LadderCounts(Kept):
-    """What the severity ladder counts (``core/ladder.py``), within its window."""
+class LadderCounts(BaseModel):
+    """Everything the severity ladder counts (``core/ladder.py``), within its window: what it is
+    equal to after a restore. Kept as a record per task (:class:`TaskLadder`) and per node
+    (:class:`NodeErrors`), so that an incident rewrites only its own task's and node's."""
 
-    NAME: ClassVar[str] = "ladder"
+    model_config = ConfigDict(frozen=True, extra="forbid")
     actions: dict[str, list[tuple[float, Tier]]] = {}  # task -> when each tier was carried out
     node_errors: dict[str, list[tuple[float, str, ErrorKind]]] = {}  # node -> (when, task, kind)
     failures: dict[str, list[float]] = {}  # task -> when it failed
@@ -55,13 +57,33 @@ class LadderCounts(Kept):
     decided: list[tuple[str, ErrorKind, list[float]]] = []  # (task, kind) -> when each incident was
 
 
+class TaskLadder(Kept):
+    """What the severity ladder counts of one task (kept ``of`` it): the tiers carried out, its
+    failures, and per kind the same task or storage fault and each incident decided."""
+
+    NAME: ClassVar[str] = "ladder"
+    actions: list[tuple[float, Tier]] = []
+    failures: list[float] = []
+    same: list[tuple[ErrorKind, list[float]]] = []
+    decided: list[tuple[ErrorKind, list[float]]] = []
+
+
+class NodeErrors(Kept):
+    """The errors the severity ladder counted against one node (kept ``of`` it), towards its
+    isolation: (when, task, kind)."""
+
+    NAME: ClassVar[str] = "node_errors"
+    errors: list[tuple[float, str, ErrorKind]] = []
+
+
 class FaultSigns(Kept):
-    """The recent signs of faults per task and the faults found to be a task's own
-    (``control/recover/recovery.py``): a successor attributes the next sign as its predecessor would."""
+    """One task's recent signs of faults and the kinds found to be its own (kept ``of`` it;
+    ``control/recover/attribution.py``): a successor attributes the next sign as its
+    predecessor would."""
 
     NAME: ClassVar[str] = "signs"
-    recent: dict[str, list[tuple[float, ErrorKind, str | None, int | None]]] = {}  # time, kind, node, gen
-    task_faults: list[tuple[str, ErrorKind, list[float]]] = []
+    recent: list[tuple[float, ErrorKind, str | None, int | None]] = []  # time, kind, node, generation
+    task_faults: list[tuple[ErrorKind, list[float]]] = []
 
 
 class DeviceMends(Kept):

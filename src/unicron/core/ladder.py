@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from unicron.core.kept import LadderCounts
+from unicron.core.kept import LadderCounts, NodeErrors, TaskLadder
 from unicron.core.settings import Settings
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope, Severity
 from unicron.core.tiers import Tier
@@ -69,42 +69,73 @@ class Ladder:
     # later to be the task's own fault counts as the same fault once, by its time
     decided: dict[tuple[str, ErrorKind], list[float]] = field(default_factory=dict)
 
+    # What changed since :meth:`changed` last said: the tasks and nodes whose records the
+    # coordinator keeps again (a record each, so an incident rewrites only its own task's and
+    # node's, not every task's counts: the decide bench's burst across 100 tasks).
+    _touched: set[str] = field(default_factory=set, repr=False, compare=False)
+    _touched_nodes: set[str] = field(default_factory=set, repr=False, compare=False)
+
     def history(self) -> LadderCounts:
-        """What the ladder counts (the coordinator keeps it across a restart). Built without
-        validation: the counts are typed already, and validating every task's at each incident
-        was the first function by its own time in the decide bench's profile (a burst across
-        100 tasks; 5% of the profiled time). It shares the ladder's lists, which the ladder
-        never changes in place (each count makes a new one): copying every task's and node's at
-        each incident was the next."""
+        """Everything the ladder counts, as one value (what a restore must give back). Built
+        without validation: the counts are typed already; it shares the ladder's lists, which
+        the ladder never changes in place (each count makes a new one)."""
         return LadderCounts.model_construct(
             actions=dict(self.actions),
             node_errors=dict(self.node_errors),
             failures=dict(self.failures),
-            same=[(t, k, times) for (t, k), times in self.same.items()],
-            decided=[(t, k, times) for (t, k), times in self.decided.items()],
-        )
+            same=sorted((t, k, times) for (t, k), times in self.same.items()),
+            decided=sorted((t, k, times) for (t, k), times in self.decided.items()),
+        )  # (sorted: the order counted in is not what a restore, task by task, gives back)
 
-    def restore(self, history: LadderCounts) -> None:
-        """Count again what ``history`` (from :meth:`history`) counted."""
-        self.actions = {t: list(taken) for t, taken in history.actions.items()}
-        self.node_errors = {n: list(e) for n, e in history.node_errors.items()}
-        self.failures = {t: list(times) for t, times in history.failures.items()}
-        self.same = {(t, k): list(times) for t, k, times in history.same}
-        self.decided = {(t, k): list(times) for t, k, times in history.decided}
+    def changed(self) -> tuple[list[str], list[str]]:
+        """The tasks and the nodes whose counts changed since the last call (sorted), to keep."""
+        tasks, nodes = sorted(self._touched), sorted(self._touched_nodes)
+        self._touched, self._touched_nodes = set(), set()
+        return tasks, nodes
+
+    def task_record(self, task: str) -> TaskLadder | None:
+        """What the ladder counts of ``task``, to keep (None: nothing)."""
+        same = [(k, times) for (t, k), times in self.same.items() if t == task]
+        decided = [(k, times) for (t, k), times in self.decided.items() if t == task]
+        actions, failures = self.actions.get(task, []), self.failures.get(task, [])
+        if not (same or decided or actions or failures):
+            return None
+        return TaskLadder.model_construct(actions=actions, failures=failures, same=same, decided=decided)
+
+    def node_record(self, node: str) -> NodeErrors | None:
+        """The errors counted against ``node``, to keep (None: none)."""
+        errors = self.node_errors.get(node)
+        return NodeErrors.model_construct(errors=errors) if errors else None
+
+    def restore(self, tasks: dict[str, TaskLadder], nodes: dict[str, NodeErrors]) -> None:
+        """Count again what the kept records counted (each task's, each node's)."""
+        self.actions = {t: list(r.actions) for t, r in tasks.items() if r.actions}
+        self.failures = {t: list(r.failures) for t, r in tasks.items() if r.failures}
+        self.same = {(t, k): list(times) for t, r in tasks.items() for k, times in r.same}
+        self.decided = {(t, k): list(times) for t, r in tasks.items() for k, times in r.decided}
+        self.node_errors = {n: list(r.errors) for n, r in nodes.items() if r.errors}
 
     def reattribute(self, task: str, kind: ErrorKind, now: float) -> None:
         """``task``'s fault of ``kind`` turned out to be its own (it struck several nodes alike):
         take back the node errors counted for it, and count the incidents decided for it within
         the window as the same task fault, each once (an incident decided as the task's own is
         counted already)."""
-        for node, errors in self.node_errors.items():
-            self.node_errors[node] = [e for e in errors if (e[1], e[2]) != (task, kind)]
+        for node, errors in list(self.node_errors.items()):
+            kept = [e for e in errors if (e[1], e[2]) != (task, kind)]
+            if len(kept) != len(errors):
+                self._touched_nodes.add(node)
+                if kept:
+                    self.node_errors[node] = kept
+                else:
+                    del self.node_errors[node]  # (as a restore holds it: no record, no entry)
+        self._touched.add(task)
         key = (task, kind)
         counted = set(self._recent(self.same.get(key, []), now))
         self.same[key] = sorted(counted | set(self._recent(self.decided.get(key, []), now)))
 
     def forget(self, task: str) -> None:
         """The task ended: its history no longer decides anything."""
+        self._touched.add(task)
         self.actions.pop(task, None)
         self.failures.pop(task, None)
         for key in [k for k in self.same if k[0] == task]:
@@ -166,12 +197,14 @@ class Ladder:
         if counted is None:
             return
         task, kind, now = counted.task, counted.kind, counted.at
+        self._touched.add(task)
         self.decided[(task, kind)] = [*self._recent(self.decided.get((task, kind), []), now), now]
         self.failures[task] = [*self._recent(self.failures.get(task, []), now), now]
         if counted.same:
             self.same[(task, kind)] = sorted({*self._recent(self.same.get((task, kind), []), now), now})
         if counted.node is not None:
             self.node_errors[counted.node] = [*self._recent_errors(counted.node, now), (now, task, kind)]
+            self._touched_nodes.add(counted.node)
 
     def carried(self, task: str, tier: Tier, now: float) -> None:
         """``tier`` was carried out for ``task`` (asked for, or reached by escalation): what the
@@ -179,3 +212,4 @@ class Ladder:
         window = self.settings.escalation_window_s
         recent = [(t, a) for t, a in self.actions.get(task, []) if now - t <= window]
         self.actions[task] = [*recent, (now, tier)]
+        self._touched.add(task)

@@ -42,7 +42,8 @@ from unicron.control.act.posting import Posts
 from unicron.control.act.rendezvous import POSTED_PER_TASK, Rendezvous
 from unicron.control.store.store import Store
 from unicron.core.events import TaskDone
-from unicron.core.kept import Posted
+from unicron.core.kept import Kept, NodeErrors, Posted, TaskLadder, kept_name
+from unicron.core.ladder import Ladder
 from unicron.core.protocol import (
     SPARE_GENERATION,
     Current,
@@ -157,6 +158,22 @@ class Applier:
         self.close_store = store.close
         self._put_back_due = 0.0
         self._put_back: dict[str, PutBack] = {}  # task -> values put back not yet recorded
+
+    def keep_of(self, kind: type[Kept], record: Kept | None, of: str) -> None:
+        """Keep ``record`` as the one of ``kind`` of the task or node ``of``; None: keep none."""
+        if record is not None:
+            self._store.keep_record(record, of=of)
+        elif self._store.kept(kept_name(kind, of)) is not None:
+            self._store.drop_record(kind, of=of)
+
+    def keep_ladder(self, ladder: Ladder) -> None:
+        """Keep what the ladder counted since it was last kept: the record of each task and node
+        whose counts changed (an incident's own; a task ended: its record dropped)."""
+        tasks, nodes = ladder.changed()
+        for task in tasks:
+            self.keep_of(TaskLadder, ladder.task_record(task), task)
+        for node in nodes:
+            self.keep_of(NodeErrors, ladder.node_record(node), node)
 
     def record(self, what: str, task: str | None = None, node: str | None = None, **detail: Any) -> int:
         """Record an event; then tell the listeners (the metrics). Returns the event's id."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 from unicron.brain.effects import HostStore, Launch
 from unicron.brain.records import TaskRecord, WorkerRecord
@@ -32,11 +33,15 @@ from unicron.control.place.spares import choose, in_the_way, seated, spare_gains
 from unicron.control.recover.generations import Generations
 from unicron.control.store.store import PLAN_EVENT
 from unicron.core.events import TasksArrived, listed, named
+from unicron.core.gpus import GpuType
+from unicron.core.livespecs import LiveTaskSpec
 from unicron.core.protocol import SPARE_GENERATION
 from unicron.core.states import NodeState, TaskState, WorkerPhase
 from unicron.planning.placement import Assignment
 from unicron.planning.planner import ClusterState, Plan
 from unicron.planning.throughput import ThroughputCurve, curves_for
+
+_NODE_OF = attrgetter("node")  # (a worker's node, read in C: a plan counts every member's)
 
 
 def stranded(snapshot: Snapshot) -> bool:
@@ -89,6 +94,10 @@ class Placer:
     _spread: dict[str, tuple[tuple[WorkerRecord, ...], Counter[str]]] = field(
         default_factory=dict, repr=False
     )
+    # The tasks' throughput curves and what they were computed from (``_curves``).
+    _curves_of: tuple[tuple[LiveTaskSpec, ...], GpuType, int, int, dict[str, ThroughputCurve]] | None = field(
+        default=None, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.allocator = Allocator(happened=self.ctx.act.happened)
@@ -119,9 +128,7 @@ class Placer:
         specs = [self.ctx.spec(t.name) for t in live]
         hardware = self.ctx.settings.cluster
         gpu = hardware.gpu_type()
-        measured = {s.name: self.rates.measured(s.name) for s in specs}
-        samples = {s.name: self.rates.measured_samples(s.name) for s in specs}  # no FLOPs per sample
-        curves: dict[str, ThroughputCurve] = curves_for(specs, gpu, slots, measured, samples)
+        curves = self._curves(specs, gpu, slots)
         state = ClusterState(
             slots,
             gpu,
@@ -135,11 +142,28 @@ class Placer:
         )
         return state, names
 
+    def _curves(self, specs: list[LiveTaskSpec], gpu: GpuType, slots: int) -> dict[str, ThroughputCurve]:
+        """Every task's throughput curve, computed again only when the tasks' specs, the GPU, the
+        node's slots or the measurements change (at 100 tasks, a tenth of a node loss's plan)."""
+        kept = self._curves_of
+        if (
+            kept is not None
+            and kept[1:4] == (gpu, slots, self.rates.version)
+            and len(kept[0]) == len(specs)
+            and all(a is b for a, b in zip(kept[0], specs, strict=True))
+        ):
+            return kept[4]
+        measured = {s.name: self.rates.measured(s.name) for s in specs}
+        samples = {s.name: self.rates.measured_samples(s.name) for s in specs}  # no FLOPs per sample
+        curves = curves_for(specs, gpu, slots, measured, samples)
+        self._curves_of = (tuple(specs), gpu, slots, self.rates.version, curves)
+        return curves
+
     def _members_on(self, name: str, members: tuple[WorkerRecord, ...]) -> Counter[str]:
         """How many of ``members`` are on each node (a copy: the caller adds to it)."""
         kept = self._spread.get(name)
         if kept is None or kept[0] is not members:
-            kept = (members, Counter(w.node for w in members))  # (counted in C)
+            kept = (members, Counter(map(_NODE_OF, members)))  # (counted in C)
             self._spread[name] = kept
         return kept[1].copy()
 

@@ -4,8 +4,9 @@ A fault is attributed to its scope first (a worker, its node, the task itself or
 storage), so that only worker and node faults count against a node (towards its isolation). The
 same worker fault striking the task on two nodes at once is the task's own: its counts against
 nodes are taken back (``Ladder.reattribute``), and the same kind stays the task's within the
-escalation window. The signs are kept (``core/kept.py:FaultSigns``), so that a successor
-attributes the next sign as this coordinator would.
+escalation window. Each task's signs are kept (``core/kept.py:FaultSigns``, a record per task: a
+sign rewrites only its own task's), so that a successor attributes the next sign as this
+coordinator would.
 """
 
 from __future__ import annotations
@@ -68,27 +69,28 @@ class Attribution:
             if scope is Scope.TASK and not sticky:
                 # The same fault on another node: the earlier incidents of its kind were the task's.
                 self.ladder.reattribute(name, kind, now)
-                self.ctx.act.keep(self.ladder.history())
+                self.ctx.act.keep_ladder(self.ladder)
         if scope is Scope.TASK or sticky:
             self.task_faults[(name, kind)] = [*sticky, now]
             scope = Scope.TASK
-        self.ctx.act.keep(self.kept())
+        self.ctx.act.keep_of(FaultSigns, self.kept(name), name)
         return scope
 
-    def kept(self) -> FaultSigns:
-        """The recent signs and the task-attributed faults, to keep."""
-        return FaultSigns(
-            recent={
-                n: [(s.time, s.kind, s.node, s.generation) for s in signs] for n, signs in self.recent.items()
-            },
-            task_faults=[(n, k, times) for (n, k), times in self.task_faults.items()],
-        )
+    def kept(self, name: str) -> FaultSigns | None:
+        """The task's recent signs and the kinds found to be its own, to keep (None: none)."""
+        recent = [(s.time, s.kind, s.node, s.generation) for s in self.recent.get(name, [])]
+        faults = [(k, times) for (n, k), times in self.task_faults.items() if n == name]
+        return FaultSigns(recent=recent, task_faults=faults) if recent or faults else None
 
-    def restore(self, kept: FaultSigns) -> None:
-        self.recent = {n: [Sign(*s) for s in signs] for n, signs in kept.recent.items()}
-        self.task_faults = {(n, k): list(times) for n, k, times in kept.task_faults}
+    def restore(self, kept: dict[str, FaultSigns]) -> None:
+        """Attribute again as the kept records (each task's) say."""
+        self.recent = {n: [Sign(*s) for s in signs.recent] for n, signs in kept.items() if signs.recent}
+        self.task_faults = {
+            (n, k): list(times) for n, signs in kept.items() for k, times in signs.task_faults
+        }
 
     def forget(self, name: str) -> None:
         """The task ended: its signs no longer attribute anything."""
         self.recent.pop(name, None)
         self.task_faults = {k: v for k, v in self.task_faults.items() if k[0] != name}
+        self.ctx.act.keep_of(FaultSigns, None, name)

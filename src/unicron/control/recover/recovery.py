@@ -136,7 +136,7 @@ class Recovery:
             self.generations.cancel_growth(name)
             self.ladder.count(decided.asked.counted)
             self.ladder.carried(name, decided.response.tier, now)
-            self.ctx.act.keep(self.ladder.history())
+            self.ctx.act.keep_ladder(self.ladder)
             incident = self._open(task, seen, decided, seen_at, seen_as, detail)
             for step in decided.response.escalations:  # the tiers asked for that could not apply, and why
                 self._record_escalation(task, incident, step, carried=False)
@@ -181,7 +181,7 @@ class Recovery:
             self._record_escalation(task, incident, step, carried=i == len(response.escalations) - 1)
         if response.escalations:
             self.ladder.carried(task.name, response.tier, now)
-            self.ctx.act.keep(self.ladder.history())
+            self.ctx.act.keep_ladder(self.ladder)
         self._carry_out(task, incident, response, now)
 
     def _carry_out(
@@ -341,7 +341,7 @@ class Recovery:
         for i, step in enumerate(response.escalations):
             self._record_escalation(task, incident, step, carried=i == len(response.escalations) - 1)
         self.ladder.carried(name, response.tier, now)
-        self.ctx.act.keep(self.ladder.history())
+        self.ctx.act.keep_ladder(self.ladder)
         if response.tier.in_place:
             incident.stuck_nodes |= {w.node for w in stuck}
         self._carry_out(task, incident, response, now)

@@ -588,6 +588,11 @@ class Store:
         node), validated; None: none kept."""
         return read_kept(kind, self.kept(kept_name(kind, of)))
 
+    def kept_records(self, kind: type[K], of: Iterable[str]) -> dict[str, K]:
+        """The typed records of ``kind`` kept for each of the tasks or nodes ``of`` that has one."""
+        found = {name: self.kept_record(kind, of=name) for name in of}
+        return {name: record for name, record in found.items() if record is not None}
+
     def keep_record(self, record: Kept, of: str | None = None) -> None:
         """Keep a typed record under its name, replacing the one kept there."""
         self.keep(kept_name(type(record), of), record.model_dump(mode="json"))
