@@ -19,10 +19,22 @@ def test_a_full_collection_first_then_freezes_and_a_full_one_each_period() -> No
     assert policy.due(3700.0) is GcStep.FULL  # an hour since the last full collection
 
 
+def test_a_full_collection_comes_sooner_once_the_peak_memory_has_doubled() -> None:
+    """Cycles frozen with what is alive wait for a full collection: once the process's peak
+    memory is twice what it was after the last one, it is due (whatever the time), so such
+    garbage cannot pile up for an hour."""
+    policy = GcPolicy(freeze_every_s=0.1, full_every_s=3600.0, full_growth=2.0)
+    policy.frozen_at = policy.full_at = 100.0
+    policy.memory_after_full = 50_000
+    assert policy.due(100.2, memory=100_000) is GcStep.FREEZE
+    assert policy.due(100.2, memory=100_001) is GcStep.FULL
+
+
 def test_a_step_freezes_what_is_alive_and_a_full_one_unfreezes_first() -> None:
     policy = GcPolicy(freeze_every_s=5.0, full_every_s=3600.0)
     try:
         assert policy.step(0.0) is GcStep.FULL and gc.get_freeze_count() > 0
+        assert policy.memory_after_full > 0  # what the next full collection is due by
         kept = [[i] for i in range(1000)]  # made after the freeze
         frozen = gc.get_freeze_count()
         assert policy.step(1.0) is GcStep.NOTHING and gc.get_freeze_count() == frozen

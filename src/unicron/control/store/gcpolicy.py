@@ -9,18 +9,27 @@ pauses were the heartbeat latency's 99th percentile.
 
 So, as large Python services do (``gc.freeze``, Python 3.7+): once serving, and then every
 ``freeze_every_s``, the objects alive are moved out of the collector's sight; collections then
-scan only what was made since. Every second: with the heartbeat cadence of a large cluster
-(``core/cadence.py``) the long polls live several seconds, and frozen every 5 s the objects made
-since filled the oldest generation again and its collections were the p99 once more (2,048
-agents: 0.16 s; frozen every second, 0.05 s). A frozen object that is released is still freed at once by
-reference counting; only a reference cycle among frozen objects waits, for the full collection
-run every ``full_every_s`` (unfreeze, collect everything, freeze again: one pause an hour).
+scan only what was made since. Every tick (0.1 s): frozen every 5 s, the objects made since
+filled the oldest generation again and its collections were the p99 once more (2,048 agents:
+0.16 s; frozen every second, 0.05 s); and in the decide bench's burst (``bench/decide_bench.py``:
+100 failures in a second, each re-forming a generation of 160 workers, hundreds of rows),
+frozen every second, a collection of the oldest generation still took 40-80 ms of a crash's
+decision, the second-slowest of the hundred; frozen every tick, none did. A frozen object
+that is released is still freed at once by reference counting; only a reference cycle among
+frozen objects waits, for the next full collection (unfreeze, collect everything, freeze again):
+every ``full_every_s``, or sooner once the process's peak memory has grown ``full_growth`` times
+over since the last (a cycle made and dropped every tick cannot pile up for an hour). Memory, not
+the frozen objects: counting them walks them all (``gc.get_freeze_count``: 95 ms at 500,000 in
+the decide bench, every tick), reading the peak is one system call. The decide
+bench's burst made no cyclic garbage at all (the collector found none); a service's connections
+make some (uvicorn's protocols, asyncio's futures), which this bounds.
 """
 
 from __future__ import annotations
 
 import enum
 import gc
+import resource
 from dataclasses import dataclass
 
 
@@ -30,28 +39,36 @@ class GcStep(enum.Enum):
     FULL = "full"  # unfreeze, collect every generation, freeze again
 
 
+def peak_memory() -> int:
+    """The process's peak resident memory so far (KiB on Linux): one system call."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 @dataclass
 class GcPolicy:
-    freeze_every_s: float = 1.0  # gc.freeze is cheap (it moves a list); see above
+    freeze_every_s: float = 0.1  # gc.freeze is cheap (it moves a list); see above
     full_every_s: float = 3600.0
+    full_growth: float = 2.0  # peak memory this many times that after the last full: one now
     frozen_at: float | None = None
     full_at: float | None = None
+    memory_after_full: int = 0  # the peak memory after the last full collection
 
-    def due(self, now: float) -> GcStep:
-        """What to do at ``now`` (monotonic seconds); pure."""
+    def due(self, now: float, memory: int = 0) -> GcStep:
+        """What to do at ``now`` (monotonic seconds) with ``memory`` the peak so far; pure."""
         if self.full_at is None or self.frozen_at is None:
             return GcStep.FULL  # the first: what start-up made (imports, the loaded state)
-        if now - self.full_at >= self.full_every_s:
+        if now - self.full_at >= self.full_every_s or memory > self.full_growth * self.memory_after_full:
             return GcStep.FULL
         return GcStep.FREEZE if now - self.frozen_at >= self.freeze_every_s else GcStep.NOTHING
 
     def step(self, now: float) -> GcStep:
         """Do what is due."""
-        what = self.due(now)
+        what = self.due(now, peak_memory())
         if what is GcStep.FULL:
             gc.unfreeze()
             gc.collect()
             self.full_at = now
+            self.memory_after_full = peak_memory()
         if what is not GcStep.NOTHING:
             gc.freeze()
             self.frozen_at = now
