@@ -92,7 +92,7 @@ def in_place(
     are killed (a raising or hung process may linger); the rest of their replicas leave. A
     string says why that is not possible."""
     task = snapshot.task(name)
-    healthy = snapshot.healthy() - set(out)
+    healthy = snapshot.healthy() - set(out) if out else snapshot.healthy()  # (copied only if need be)
     live = snapshot.live(name)
     shrink = survivors(live, failed, healthy, usable, snapshot.next_generation[name], replica_size)
     if isinstance(shrink, str):

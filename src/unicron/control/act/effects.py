@@ -406,7 +406,11 @@ class Applier:
         for w, rank in kept:
             renamed[w.node, w.generation][w.rank] = rank
         for (node, generation), ranks in renamed.items():  # one order per node
-            order = RenameWorkers(task=switch.task, generation=generation, new_generation=new, ranks=ranks)
+            # Built unvalidated: its values are the membership's, validated as it was made (a
+            # validation per node was a tenth of a switch of 160 workers on 20 nodes).
+            order = RenameWorkers.model_construct(
+                task=switch.task, generation=generation, new_generation=new, ranks=ranks
+            )
             self.orders.add(node, order)
         payload = switch.membership.model_dump_json()
         self._post(switch.task, membership_key(switch.task, switch.old), payload)

@@ -284,17 +284,19 @@ class Detector:
         hung in it is found as soon after its peers are ready however slow the start was."""
         if now < self.judging_from:
             return None  # the coordinator just stalled: the agents' reports are still on their way
-        workers = self.ctx.store.workers(task.name, task.generation)
-        limits = self.ctx.limits
-        launching, timeout = WorkerPhase.LAUNCHING, limits.launch_timeout_s
-        stale = [w for w in workers if w.state is launching and now - w.launched > timeout]
+        limits, store = self.ctx.limits, self.ctx.store
+        timeout = limits.launch_timeout_s
+        stale = [w for w in store.launching(task.name, task.generation) if now - w.launched > timeout]
         if stale:
             why = f"{len(stale)} worker(s) never started"
             return Failing(task.name, task.generation, ErrorKind.EXITED_ABNORMALLY, None, why)
         key = (task.name, task.generation)
         handled = self.handled.has_incident(key) or self.handled.awaiting_cause(key) or key in self.checks
-        if task.launched_generation != task.generation or handled or not workers:
+        if task.launched_generation != task.generation or handled:
             return None  # an in-place generation: its incident's deadline covers it
+        workers = store.workers(task.name, task.generation)
+        if not workers:
+            return None
         if not all(w.state is WorkerPhase.RUNNING for w in workers):
             return None
         # The late step is the one after the checkpoint the launch resumed from (the task's own
