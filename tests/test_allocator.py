@@ -265,6 +265,39 @@ def test_a_plan_names_each_event_once_whichever_table_answers_it(allocator: Allo
     assert (decided.source, decided.event, decided.events) == ("table", None, (NodeLost(2),))
 
 
+def test_a_node_lost_while_the_next_table_is_built_is_answered_by_the_one_before(
+    allocator: Allocator,
+) -> None:
+    """A recovery re-formed alpha on fewer workers (no cluster event), its plan was decided and
+    the next table is being built for the state it leads to: a node lost meanwhile is answered
+    by the table before (the same cluster: its plan for the loss, laid over the workers as they
+    are), not solved (in a burst of crashes a table is nearly always being built)."""
+    state = demo_state()
+    settle(allocator, state)
+    alpha_node = next(n for n, a in state.assignment.items() if "alpha" in a)
+    shrunk = replace(
+        state,
+        assignment={
+            n: {t: c - (t == "alpha" and n == alpha_node) for t, c in a.items()}
+            for n, a in state.assignment.items()
+        },
+    )
+    planned = decide(allocator, shrunk, 0)
+    assert planned.source == "table" and planned.event is None
+    gate = threading.Event()
+    allocator._builder = lambda s: (gate.wait(10), build(s))[1]
+    # The next table, held back: of the state the plan leads to (here alpha left as it is).
+    allocator.refresh(shrunk, replace(planned, layout=shrunk.assignment), 0)
+    assert allocator.in_background()
+    lost = next(n for n, a in state.assignment.items() if "gamma" in a)
+    allocator.happened.note(NodeLost(lost))
+    decided = decide(allocator, after_loss(shrunk, lost), 0)
+    assert (decided.source, decided.event, decided.events) == ("table", NodeLost(lost), (NodeLost(lost),))
+    assert "the table before the one being built" in decided.why
+    assert decided.plan.allocation() == plan(state, NodeLost(lost)).allocation()
+    gate.set()
+
+
 def test_a_table_that_failed_to_build_is_built_again(allocator: Allocator) -> None:
     state = demo_state()
 

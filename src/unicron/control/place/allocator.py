@@ -366,6 +366,13 @@ class Allocator:
             if self.table is not None and self.table_version != curves_version == self._building_version:
                 # Only the measurements changed: answer from the previous ones' table meanwhile.
                 return self.table, "the table of the previous measurements (the new one is being built)"
+            if self.table is not None and self.table_version == curves_version:
+                # A table follows every plan, and plans follow every recovery: in a burst of
+                # crashes one is nearly always being built, and a node lost meanwhile was solved
+                # (every loss in the decide bench). The table before it answers what it holds,
+                # as it answers after any recovery (the cluster checked, the plan laid out anew
+                # over the workers as they are); more events since it than one are solved.
+                return self.table, "the table before the one being built"
             return None, "the plan table is still being built"
         if self.table is None:
             return None, "no plan table yet"
