@@ -298,6 +298,45 @@ def test_a_node_lost_while_the_next_table_is_built_is_answered_by_the_one_before
     gate.set()
 
 
+def test_a_name_submitted_again_while_tables_are_built_is_not_answered_by_the_table_before(
+    allocator: Allocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """delta's first run arrived (answered by the table built for its arrival) and was cancelled;
+    submitted again with another spec while the next tables are being built, it is another task:
+    the table before, which knows it by name only, does not answer its arrival (the review found
+    run 1's plan given to run 2)."""
+    from unicron.control.place import allocator as module
+    from unicron.planning.plantable import build_arrivals
+
+    state = demo_state()
+    settle(allocator, state)
+
+    def states(spec: TaskSpec) -> tuple[ClusterState, ClusterState]:
+        curves = {**state.curves, "delta": curve_for(spec, state.gpu, 2)}
+        queued = replace(state, arriving=((spec,),), curves=curves)
+        return queued, replace(state, tasks=(*state.tasks, spec), curves=curves)
+
+    queued, arrived = states(TaskSpec(name="delta", weight=5, throughput={2: 2.0e9}))
+    allocator.rebuild(queued, 0)
+    allocator.happened.note(TasksArrived(("delta",)))
+    allocator.wait()
+    first = decide(allocator, arrived, 0)
+    gate = threading.Event()
+    allocator._builder = lambda s: (gate.wait(10), build(s))[1]
+    monkeypatch.setattr(module, "build_arrivals", lambda s: (gate.wait(10), build_arrivals(s))[1])
+    allocator.refresh(arrived, first, 0)  # the next full table, held back
+    allocator.happened.note(TaskDone("delta"))  # run 1 cancelled
+    again = TaskSpec(name="delta", weight=5, throughput={4: 8.0e9}, min_workers=4)
+    queued, arrived = states(again)
+    allocator.rebuild(replace(queued, assignment=state.assignment), 0)  # its arrival's table, held back
+    allocator.happened.note(TasksArrived(("delta",)))
+    assert allocator.decide(arrived, 0) is None  # solved, not looked up
+    gate.set()
+    decided = decide(allocator, arrived, 0)
+    assert decided.plan.allocation() == plan(queued, TasksArrived(("delta",))).allocation()
+    assert decided.plan.allocation()["delta"] == 4
+
+
 def test_a_table_that_failed_to_build_is_built_again(allocator: Allocator) -> None:
     state = demo_state()
 

@@ -681,6 +681,8 @@ def test_a_peer_error_of_a_generation_left_behind_starts_no_recovery(make: Any) 
 def test_a_node_lost_long_enough_is_forgotten_and_one_holding_workers_is_not(make: Any) -> None:
     from unicron.brain.records import NodeRecord
     from unicron.control.place.removal import forgettable
+    from unicron.core.kept import NodeErrors
+    from unicron.core.ladder import Counted
 
     cluster = make(heartbeat_deadline_s=2.0, forget_lost_node_s=30.0)
     for _ in range(40):  # n1 goes silent: lost after 2 s, forgotten 30 s after it was last heard
@@ -690,6 +692,10 @@ def test_a_node_lost_long_enough_is_forgotten_and_one_holding_workers_is_not(mak
         if cluster.c.store.node("n1") is None:
             break
     assert cluster.c.store.node("n1") is not None  # lost, still listed
+    ladder = cluster.c.recovery.ladder  # an error counted against n1, kept as its record
+    ladder.count(Counted("lm", ErrorKind.CUDA_ERROR, cluster.clock.now, "n1", same=False))
+    cluster.c.act.keep_ladder(ladder)
+    assert cluster.c.store.kept_record(NodeErrors, of="n1") is not None
     for _ in range(30):
         cluster.clock.now += 0.5
         cluster.beat("n0")
@@ -697,6 +703,9 @@ def test_a_node_lost_long_enough_is_forgotten_and_one_holding_workers_is_not(mak
     assert cluster.c.store.node("n1") is None and cluster.c.store.node("n0") is not None
     (removed,) = [e for e in cluster.c.store.events(kinds=["node_removed"])]
     assert removed.node == "n1" and "forget_lost_node_s" in removed.detail["why"]
+    # Its errors forgotten with it, the record too: a successor restores the errors of the nodes
+    # it knows, so one that registers again starts afresh under either coordinator.
+    assert "n1" not in ladder.node_errors and cluster.c.store.kept_record(NodeErrors, of="n1") is None
 
     lost = NodeRecord(1, "gone", 1, [], "h", NodeState.LOST, last_seen=0.0)
     holding = NodeRecord(2, "holding", 1, [], "h", NodeState.LOST, last_seen=0.0)

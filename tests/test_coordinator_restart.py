@@ -13,7 +13,7 @@ from typing import Any
 from unicron.brain.effects import Record
 from unicron.brain.takeover import store_moved
 from unicron.control.recover.storagewatch import Opened
-from unicron.core.kept import InFlight, NodeErrors, StorageIncidents, TaskLadder
+from unicron.core.kept import FaultSigns, InFlight, NodeErrors, StorageIncidents, TaskLadder
 from unicron.core.ladder import Counted, Ladder
 from unicron.core.protocol import (
     AGENT_RETRY_CAP_S,
@@ -140,6 +140,23 @@ def test_a_stalled_coordinator_loses_no_node_and_finds_no_hang(make: Any) -> Non
         cluster.beat("n0")
         cluster.c.tick()
     assert cluster.c.store.node("n1").state is NodeState.LOST  # type: ignore[union-attr]
+
+
+def test_an_ended_tasks_counts_left_by_a_stop_before_its_release_are_dropped_not_restored(make: Any) -> None:
+    """A coordinator that stopped between a task's end and its release left the task's ladder
+    counts and signs kept: a successor drops them rather than restoring them (a name submitted
+    again is another task, which must not inherit its counts)."""
+    cluster = make()
+    cluster.exit(1)  # counted by the ladder, its signs noted
+    cluster.step()
+    assert cluster.c.cancel("lm")  # ended and released: its records dropped
+    assert cluster.c.store.kept_record(TaskLadder, of="lm") is None
+    cluster.c.act.keep(TaskLadder(failures=[cluster.clock.now]), of="lm")  # as if left by a stop
+    cluster.c.act.keep(FaultSigns(recent=[(cluster.clock.now, ErrorKind.CUDA_ERROR, "n1", 1)]), of="lm")
+    cluster.restart()
+    assert cluster.c.store.kept_record(TaskLadder, of="lm") is None
+    assert cluster.c.store.kept_record(FaultSigns, of="lm") is None
+    assert "lm" not in cluster.c.recovery.ladder.failures and "lm" not in cluster.c.signs.recent
 
 
 def test_a_restarted_coordinator_keeps_the_ladder_the_measured_rates_and_the_spares(make: Any) -> None:

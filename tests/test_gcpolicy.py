@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 
-from unicron.control.store.gcpolicy import GcPolicy, GcStep
+from unicron.control.store.gcpolicy import GcPolicy, GcStep, resident_memory
 
 
 def test_a_full_collection_first_then_freezes_and_a_full_one_each_period() -> None:
@@ -19,8 +19,8 @@ def test_a_full_collection_first_then_freezes_and_a_full_one_each_period() -> No
     assert policy.due(3700.0) is GcStep.FULL  # an hour since the last full collection
 
 
-def test_a_full_collection_comes_sooner_once_the_peak_memory_has_doubled() -> None:
-    """Cycles frozen with what is alive wait for a full collection: once the process's peak
+def test_a_full_collection_comes_sooner_once_the_resident_memory_has_doubled() -> None:
+    """Cycles frozen with what is alive wait for a full collection: once the process's resident
     memory is twice what it was after the last one, it is due (whatever the time), so such
     garbage cannot pile up for an hour."""
     policy = GcPolicy(freeze_every_s=0.1, full_every_s=3600.0, full_growth=2.0)
@@ -42,3 +42,13 @@ def test_a_step_freezes_what_is_alive_and_a_full_one_unfreezes_first() -> None:
         assert policy.step(3600.0) is GcStep.FULL and (policy.full_at, policy.frozen_at) == (3600.0, 3600.0)
     finally:
         gc.unfreeze()
+
+
+def test_the_resident_memory_is_the_processs_now_not_its_peak() -> None:
+    """What the rule reads follows the memory both ways (the peak, ``ru_maxrss``, never falls:
+    after each full collection the next would have waited for twice the garbage's peak)."""
+    before = resident_memory()
+    held = bytearray(64 * 1024 * 1024)  # (written: resident)
+    grown = resident_memory()
+    del held
+    assert grown - before >= 48 * 1024 * 1024 and resident_memory() < grown - 48 * 1024 * 1024

@@ -175,7 +175,13 @@ class Coordinator:
     def _restore_kept(self) -> None:
         """What decides behaviour and is not a row of its own: kept by the parts, restored here
         (from the previous coordinator's store, or empty on a first start)."""
-        tasks, nodes = [t.name for t in self.store.tasks()], [n.name for n in self.store.nodes()]
+        tasks = [t.name for t in self.store.tasks(live_only=True)]
+        nodes = [n.name for n in self.store.nodes()]
+        for ended in (t.name for t in self.store.tasks() if not t.state.live):
+            # (left when the coordinator stopped between a task's end and its release: a name
+            # submitted again is another task, which must not inherit its counts)
+            self.act.keep_of(TaskLadder, None, ended)
+            self.act.keep_of(FaultSigns, None, ended)
         ladder = self.recovery.ladder
         ladder.restore(self.store.kept_records(TaskLadder, tasks), self.store.kept_records(NodeErrors, nodes))
         self.rates.restore(self.store.kept_record(MeasuredRates) or MeasuredRates())
@@ -236,7 +242,7 @@ class Coordinator:
 
     def remove_node(self, name: str) -> None:  # an admin forgets a lost node (a stale registration)
         removable(name, self.store.node(name), self.store.held_slots().get(name, {}))
-        self.act.remove_node(name)
+        self._remove_node(name, "an admin removed it")
 
     def drain_node(self, name: str, reason: str) -> None:  # an admin takes a node out (place/draining.py)
         drainable(name, self.store.node(name))
@@ -477,8 +483,15 @@ class Coordinator:
         self.forgot_at, after_s = now, self.limits.forget_lost_node_s
         old = forgettable(self.store.nodes(), self.store.held_slots, now, after_s)
         for name in old:
-            self.act.remove_node(name, why=f"lost for over {after_s:g} s (forget_lost_node_s)")
+            self._remove_node(name, f"lost for over {after_s:g} s (forget_lost_node_s)")
         return bool(old)
+
+    def _remove_node(self, name: str, why: str) -> None:
+        """Forget a node, and the errors counted against it: a successor restores the errors of
+        the nodes it knows, so a node that registers again starts afresh under either."""
+        self.act.remove_node(name, why=why)
+        self.recovery.ladder.forget_node(name)
+        self.act.keep_ladder(self.recovery.ladder)
 
     def _keep_step_times(self, now: float) -> None:
         """The step times that judge hangs, kept every ``KEEP_STEP_TIMES_S`` when they changed: a

@@ -143,6 +143,11 @@ class Ladder:
         for key in [k for k in self.decided if k[0] == task]:
             del self.decided[key]
 
+    def forget_node(self, node: str) -> None:
+        """The node was removed: the errors counted against it no longer decide anything."""
+        if self.node_errors.pop(node, None) is not None:
+            self._touched_nodes.add(node)
+
     def _recent(self, times: list[float], now: float) -> list[float]:
         return [t for t in times if now - t <= self.settings.escalation_window_s]
 

@@ -40,6 +40,9 @@ from unicron.planning.placement import Assignment, place
 from unicron.planning.planner import ClusterState, Plan, plan, restated
 from unicron.planning.plantable import PlanTable, build, build_arrivals
 
+# Why a plan came from the table before the one being built (``_ready_table``).
+BEFORE = "the table before the one being built"
+
 
 @dataclass(frozen=True)
 class Decided:
@@ -197,7 +200,12 @@ class Allocator:
         told = self.happened.since(self.table_after)  # what the table must answer
         if table is not None:
             try:
-                answer = self._answer(table, state, None if told is None else net(told))
+                events = None if told is None else net(told)
+                answer: tuple[Plan, PlanEvent | None, str] | str = (
+                    f"{why}: a submission is answered by the table built for it"
+                    if why == BEFORE and any(isinstance(e, TasksArrived) for e in events or ())
+                    else self._answer(table, state, events)
+                )
             except Exception as exc:  # a table is an optimisation: a fault in its answer is solved
                 # around, and said (before, it escaped the plan, whose events no plan answered
                 # again: a task stayed unplanned; seen with a finished task left in a table's plan)
@@ -366,13 +374,15 @@ class Allocator:
             if self.table is not None and self.table_version != curves_version == self._building_version:
                 # Only the measurements changed: answer from the previous ones' table meanwhile.
                 return self.table, "the table of the previous measurements (the new one is being built)"
-            if self.table is not None and self.table_version == curves_version:
+            if self.table is not None and self.table_version == curves_version and not self._wake:
                 # A table follows every plan, and plans follow every recovery: in a burst of
                 # crashes one is nearly always being built, and a node lost meanwhile was solved
                 # (every loss in the decide bench). The table before it answers what it holds,
                 # as it answers after any recovery (the cluster checked, the plan laid out anew
-                # over the workers as they are); more events since it than one are solved.
-                return self.table, "the table before the one being built"
+                # over the workers as they are); more events since it than one are solved. Not
+                # while a table for new inputs is built (``rebuild``: a submission): a name
+                # submitted again is another task, which the table before knows by its name only.
+                return self.table, BEFORE
             return None, "the plan table is still being built"
         if self.table is None:
             return None, "no plan table yet"

@@ -17,12 +17,15 @@ frozen every second, a collection of the oldest generation still took 40-80 ms o
 decision, the second-slowest of the hundred; frozen every tick, none did. A frozen object
 that is released is still freed at once by reference counting; only a reference cycle among
 frozen objects waits, for the next full collection (unfreeze, collect everything, freeze again):
-every ``full_every_s``, or sooner once the process's peak memory has grown ``full_growth`` times
-over since the last (a cycle made and dropped every tick cannot pile up for an hour). Memory, not
-the frozen objects: counting them walks them all (``gc.get_freeze_count``: 95 ms at 500,000 in
-the decide bench, every tick), reading the peak is one system call. The decide
-bench's burst made no cyclic garbage at all (the collector found none); a service's connections
-make some (uvicorn's protocols, asyncio's futures), which this bounds.
+every ``full_every_s``, or sooner once the process's resident memory has grown ``full_growth``
+times over since the last (a cycle made and dropped every tick cannot pile up for an hour).
+Memory, not the frozen objects: counting them walks them all (``gc.get_freeze_count``: 95 ms at
+500,000 in the decide bench, every tick); the resident size is one small read of
+``/proc/self/statm``. (Not the peak, ``ru_maxrss``: it never goes down, so after each full
+collection the next would wait for twice the memory the garbage had reached.) The decide bench's
+burst made no cyclic garbage at all (the collector found none); a service's connections make
+some (uvicorn's protocols, asyncio's futures), which this bounds. A legitimate growth (a cluster
+registering) is collected in full once per doubling.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import enum
 import gc
 import resource
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class GcStep(enum.Enum):
@@ -39,22 +43,26 @@ class GcStep(enum.Enum):
     FULL = "full"  # unfreeze, collect every generation, freeze again
 
 
-def peak_memory() -> int:
-    """The process's peak resident memory so far (KiB on Linux): one system call."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+STATM = Path("/proc/self/statm")  # (Linux: sizes in pages; the second, resident)
+PAGE = resource.getpagesize()
+
+
+def resident_memory() -> int:
+    """The process's resident memory now, in bytes."""
+    return int(STATM.read_text().split()[1]) * PAGE
 
 
 @dataclass
 class GcPolicy:
     freeze_every_s: float = 0.1  # gc.freeze is cheap (it moves a list); see above
     full_every_s: float = 3600.0
-    full_growth: float = 2.0  # peak memory this many times that after the last full: one now
+    full_growth: float = 2.0  # resident memory this many times that after the last full: one now
     frozen_at: float | None = None
     full_at: float | None = None
-    memory_after_full: int = 0  # the peak memory after the last full collection
+    memory_after_full: int = 0  # the resident memory after the last full collection (bytes)
 
     def due(self, now: float, memory: int = 0) -> GcStep:
-        """What to do at ``now`` (monotonic seconds) with ``memory`` the peak so far; pure."""
+        """What to do at ``now`` (monotonic seconds) with ``memory`` resident; pure."""
         if self.full_at is None or self.frozen_at is None:
             return GcStep.FULL  # the first: what start-up made (imports, the loaded state)
         if now - self.full_at >= self.full_every_s or memory > self.full_growth * self.memory_after_full:
@@ -63,12 +71,12 @@ class GcPolicy:
 
     def step(self, now: float) -> GcStep:
         """Do what is due."""
-        what = self.due(now, peak_memory())
+        what = self.due(now, resident_memory())
         if what is GcStep.FULL:
             gc.unfreeze()
             gc.collect()
             self.full_at = now
-            self.memory_after_full = peak_memory()
+            self.memory_after_full = resident_memory()
         if what is not GcStep.NOTHING:
             gc.freeze()
             self.frozen_at = now
