@@ -472,7 +472,7 @@ def restored(cluster: Agents, at: float | None = None) -> dict[str, Any]:
             k: (i.id, i.kind, i.detected, list(i.tiers), i.generation, i.formed, sorted(i.stuck_nodes))
             for k, i in c.recovery.incidents.items()
         },
-        "ladder": c.recovery.ladder.history(),
+        "ladder": c.recovery.ladder,  # (its counts: the old coordinator is not stepped again)
         "tasks": tasks,
         "nodes": [replace(n, last_seen=0.0) for n in c.store.nodes()],
         "workers": [w for t in tasks for w in c.store.workers(t.name)],

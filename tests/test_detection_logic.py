@@ -8,7 +8,6 @@ import pytest
 from pydantic import ValidationError
 
 from unicron.control.detect.monitor import TaskMonitor
-from unicron.core.kept import LadderCounts
 from unicron.core.ladder import Counted, Decision, Ladder
 from unicron.core.settings import Settings
 from unicron.core.taxonomy import ErrorKind, Scope
@@ -71,7 +70,7 @@ def test_the_ladder_decides_without_counting_and_counts_what_it_is_given() -> No
     ladder counts that when told to (the coordinator, once it carries the decision out)."""
     ladder = Ladder(Settings(isolate_after=2, task_failure_limit=3, same_fault_limit=2))
     first = ladder.decide("t", ErrorKind.CUDA_ERROR, "n1", 1.0)
-    assert ladder.decide("t", ErrorKind.CUDA_ERROR, "n1", 1.0) == first and ladder.history() == LadderCounts()
+    assert ladder.decide("t", ErrorKind.CUDA_ERROR, "n1", 1.0) == first and ladder == Ladder(ladder.settings)
     assert first.counted == Counted("t", ErrorKind.CUDA_ERROR, 1.0, "n1", same=False)
     ladder.count(first.counted)
     second = ladder.decide("t", ErrorKind.CUDA_ERROR, "n1", 2.0)
@@ -79,10 +78,10 @@ def test_the_ladder_decides_without_counting_and_counts_what_it_is_given() -> No
     task_fault = ladder.decide("t", ErrorKind.CUDA_ERROR, "n1", 2.0, Scope.TASK)
     assert task_fault.counted == Counted("t", ErrorKind.CUDA_ERROR, 2.0, None, same=True)  # no node blamed
     ladder.count(task_fault.counted)
-    assert ladder.history().node_errors == {"n1": [(1.0, "t", ErrorKind.CUDA_ERROR)]}
+    assert ladder.node_errors == {"n1": [(1.0, "t", ErrorKind.CUDA_ERROR)]}
     assert ladder.decide("t", ErrorKind.CUDA_ERROR, "n2", 3.0, Scope.TASK).fail_task  # the 3rd failure
     ladder.count(None)  # (a decision that counts nothing: an incident widened)
-    assert ladder.history().failures == {"t": [1.0, 2.0]}
+    assert ladder.failures == {"t": [1.0, 2.0]}
 
 
 def test_the_ladder_counts_only_tiers_carried_out() -> None:

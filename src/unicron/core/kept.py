@@ -44,19 +44,6 @@ def read_kept(kind: type[K], raw: Any) -> K | None:
         ) from exc
 
 
-class LadderCounts(BaseModel):
-    """Everything the severity ladder counts (``core/ladder.py``), within its window: what it is
-    equal to after a restore. Kept as a record per task (:class:`TaskLadder`) and per node
-    (:class:`NodeErrors`), so that an incident rewrites only its own task's and node's."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    actions: dict[str, list[tuple[float, Tier]]] = {}  # task -> when each tier was carried out
-    node_errors: dict[str, list[tuple[float, str, ErrorKind]]] = {}  # node -> (when, task, kind)
-    failures: dict[str, list[float]] = {}  # task -> when it failed
-    same: list[tuple[str, ErrorKind, list[float]]] = []  # (task, kind) -> when it recurred
-    decided: list[tuple[str, ErrorKind, list[float]]] = []  # (task, kind) -> when each incident was
-
-
 class TaskLadder(Kept):
     """What the severity ladder counts of one task (kept ``of`` it): the tiers carried out, its
     failures, and per kind the same task or storage fault and each incident decided."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from unicron.core.kept import LadderCounts, NodeErrors, TaskLadder
+from unicron.core.kept import NodeErrors, TaskLadder
 from unicron.core.settings import Settings
 from unicron.core.taxonomy import TAXONOMY, ErrorKind, Scope, Severity
 from unicron.core.tiers import Tier
@@ -74,18 +74,6 @@ class Ladder:
     # node's, not every task's counts: the decide bench's burst across 100 tasks).
     _touched: set[str] = field(default_factory=set, repr=False, compare=False)
     _touched_nodes: set[str] = field(default_factory=set, repr=False, compare=False)
-
-    def history(self) -> LadderCounts:
-        """Everything the ladder counts, as one value (what a restore must give back). Built
-        without validation: the counts are typed already; it shares the ladder's lists, which
-        the ladder never changes in place (each count makes a new one)."""
-        return LadderCounts.model_construct(
-            actions=dict(self.actions),
-            node_errors=dict(self.node_errors),
-            failures=dict(self.failures),
-            same=sorted((t, k, times) for (t, k), times in self.same.items()),
-            decided=sorted((t, k, times) for (t, k), times in self.decided.items()),
-        )  # (sorted: the order counted in is not what a restore, task by task, gives back)
 
     def changed(self) -> tuple[list[str], list[str]]:
         """The tasks and the nodes whose counts changed since the last call (sorted), to keep."""
