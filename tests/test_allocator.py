@@ -11,7 +11,8 @@ import pytest
 
 from unicron.control.act.happened import Happened, net
 from unicron.control.coordinator import Coordinator, CoordinatorSettings
-from unicron.control.place.allocator import MAX_RESTARTS, Allocator, Decided, laid_out
+from unicron.control.place import allocator as allocator_module
+from unicron.control.place.allocator import MAX_RESTARTS, Allocator, Decided, laid_out, same_workers
 from unicron.control.place.rates import RateMeter
 from unicron.core.events import NodeBack, NodeLost, TaskDone, TasksArrived, named
 from unicron.core.gpus import lookup_gpu
@@ -418,6 +419,50 @@ def test_a_solve_runs_off_the_loop_and_its_plan_is_laid_over_the_workers_as_they
     assert decided.why.startswith("2 events at once") and decided.waited_s >= decided.seconds > 0
     assert decided.plan.allocation() == plan(both).allocation()
     assert decided.layout == laid_out(decided.plan, now)
+
+
+def test_a_solved_plan_is_laid_out_beside_its_solve_unless_the_workers_moved_meanwhile(
+    allocator: Allocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The layout of a solved plan is made on the planner's thread with the solve (at 2,048 nodes
+    a layout is milliseconds of the loop): used as made where the workers are where they were
+    when it was asked for, made again on the loop where a recovery moved them since."""
+    threads: list[str] = []
+
+    def watched(chosen: Plan, state: ClusterState) -> dict[int, dict[str, int]]:
+        threads.append(threading.current_thread().name)
+        return laid_out(chosen, state)
+
+    monkeypatch.setattr(allocator_module, "laid_out", watched)
+    both, gate, _ = two_lost_with_solves_held(allocator)
+    threads.clear()  # (the first plan's, before the table)
+    gate.set()
+    decided = decide(allocator, both, 0)
+    assert decided.layout == laid_out(decided.plan, both)
+    assert len(threads) == 1 and threads[0].startswith("plan-solve")
+    allocator.happened.note(NodeLost(2))
+    three = after_loss(both, 2)
+    assert allocator.decide(three, 0) is None
+    allocator.wait()
+    moved = {n: dict(a) for n, a in three.assignment.items()}
+    node, name = next((n, t) for n, a in moved.items() for t, c in a.items() if c)
+    moved[node][name] -= 1  # a worker failed meanwhile: its survivors re-formed in place
+    now = replace(three, assignment=moved)
+    decided = allocator.decide(now, 0)
+    assert decided is not None and decided.layout == laid_out(decided.plan, now)
+    assert threads[1].startswith("plan-solve") and threads[2] == threading.current_thread().name
+
+
+def test_workers_are_compared_as_counts_on_nodes_less_what_an_event_took() -> None:
+    """What the allocator reads to tell whether a recovery moved workers: rows and counts of
+    none are none, a lost node's row and a finished task's counts are taken away first."""
+    before = {0: {"a": 2}, 1: {"a": 1, "b": 1}, 2: {"b": 2}}
+    assert same_workers({0: {"a": 2, "c": 0}, 1: {"b": 1, "a": 1}, 2: {"b": 2}, 3: {}}, before)
+    assert not same_workers({0: {"a": 2}, 1: {"a": 1, "b": 1}, 2: {"b": 1}}, before)
+    assert same_workers({0: {"a": 2}, 1: {"a": 1, "b": 1}}, before, lost=2)
+    assert not same_workers({0: {"a": 2}, 1: {"a": 1, "b": 1}}, before)
+    assert same_workers({0: {"a": 2}, 1: {"a": 1}}, before, done="b")
+    assert not same_workers({0: {"a": 2}, 1: {"a": 1}, 2: {"b": 2}}, before, done="b")
 
 
 def test_a_solve_for_a_cluster_gone_by_is_solved_again_for_the_cluster_as_it_is(allocator: Allocator) -> None:

@@ -414,6 +414,26 @@ def test_a_snapshot_reads_again_only_the_tasks_whose_rows_changed(reopen: Opener
     assert fourth.next_generation == {"a": 3, "b": 2} and fourth.live("b") is first.live("b")
 
 
+def test_a_snapshot_counts_each_tasks_members_on_each_node_as_it_reads_them(reopen: Opener) -> None:
+    """A snapshot says how many of a task's members are on each node (the planner's view reads
+    it for every task), the same mapping until one of the task's rows changes; a snapshot built
+    by hand counts them when asked."""
+    store = reopen()
+    for node in ("n1", "n2"):
+        store.node_registered(node, 4, [], "h", NodeState.HEALTHY, now=1.0)
+    for name in ("a", "b"):
+        store.add_task(name, "{}", 1.0)
+        store.add_workers(name, 1, {"n1": 2, "n2": 1}, 0, WorkerPhase.RUNNING, now=2.0)
+        store.task_membership(name, 1, 3)
+    first = store.snapshot()
+    assert first.spread("a") == {"n1": 2, "n2": 1} == first.spread("b")
+    store.worker_phase(("a", 1, 0), WorkerPhase.FAILED, code=1)
+    second = store.snapshot()
+    assert second.spread("a") == {"n1": 1, "n2": 1} and second.spread("b") is first.spread("b")
+    by_hand = dataclasses.replace(second, spreads={})
+    assert by_hand.spread("a") == second.spread("a") and by_hand.spread("gone") == {}
+
+
 def test_a_generations_rows_are_sorted_again_only_after_one_of_them_changes(reopen: Opener) -> None:
     """``workers(task, generation)`` keeps each generation's rows by rank (all, and the live
     ones) until a row of that generation changes: a tick's checks read them for every task."""

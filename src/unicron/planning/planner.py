@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -410,9 +410,9 @@ def restated(chosen: Plan, state: ClusterState) -> Plan:
     if not moved:
         return chosen
     now = [_from_now(d, state) if d.task in moved else d for d in chosen.decisions]
-    unsaid = [replace(d, reason="") for d in now if d.task in names]
-    said = {d.task: d for d in _explain(unsaid, _situation(state, None), chosen.capacity_gpus, state)}
-    return replace(chosen, decisions=tuple(said[d.task] if d.task in moved else d for d in now))
+    among = [d for d in now if d.task in names]
+    said = {d.task: d for d in _explain(among, _situation(state, None), chosen.capacity_gpus, state, moved)}
+    return replace(chosen, decisions=tuple(said.get(d.task, d) for d in now))
 
 
 def _from_now(decision: Decision, state: ClusterState) -> Decision:
@@ -447,15 +447,22 @@ def score_allocation(state: ClusterState, event: PlanEvent | None, allocation: M
 
 
 def _explain(
-    decisions: list[Decision], sit: _Situation, capacity: int, state: ClusterState
+    decisions: list[Decision],
+    sit: _Situation,
+    capacity: int,
+    state: ClusterState,
+    only: Collection[str] | None = None,
 ) -> list[Decision]:
-    """A short reason for each decision, in the terms a user reasons in."""
+    """A short reason for each decision (``only``: for those of these tasks, the others left out),
+    in the terms a user reasons in, each said among all ``decisions``."""
     # Who the freed GPUs serve: tasks that end with more workers than survived the event.
     gainers = [d.task for d in decisions if d.after > sit.survivors.get(d.task, 0)]
     used = sum(d.after for d in decisions)
     specs = {t.name: t for t in state.known_tasks}
     out = []
     for d in decisions:
+        if only is not None and d.task not in only:
+            continue
         lost = sit.current.get(d.task, 0) - sit.survivors.get(d.task, 0)
         off = f"moves {lost} GPUs off the drained node" if sit.drained else f"lost {lost} GPUs with the node"
         if d.task in sit.finished:

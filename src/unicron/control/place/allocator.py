@@ -66,7 +66,7 @@ class Solving:
     curves_version: int
     why: str
     asked: float  # perf_counter when it was first asked for (before any restart)
-    future: Future[tuple[Plan, float]]  # the plan and the solve's own time
+    future: Future[Solved]  # the plan, the solve's own time, its layout over ``state``
     restarts: int = 0  # started again for a cluster that changed meanwhile
     told: bool = False  # :meth:`Allocator.poll` said it is done
 
@@ -88,30 +88,92 @@ def gone_by(solving: Solving, state: ClusterState, curves_version: int) -> bool:
     )
 
 
-def timed(solve: Callable[[ClusterState], Plan], state: ClusterState) -> tuple[Plan, float]:
-    """``solve(state)``, and how long it took (on the solver's thread)."""
+@dataclass(frozen=True)
+class Solved:
+    """A solve's plan, how long it took, and its layout over the workers it was solved for."""
+
+    plan: Plan
+    seconds: float
+    layout: Assignment
+
+
+def timed(solve: Callable[[ClusterState], Plan], state: ClusterState) -> Solved:
+    """``solve(state)``, how long it took, and the plan laid out over ``state``'s workers (on the
+    solver's thread: at 2,048 nodes a layout is a few milliseconds the loop need not spend where
+    the workers are still where they were when the solve was asked for)."""
     started = time.perf_counter()
-    return solve(state), time.perf_counter() - started
+    solved = solve(state)
+    return Solved(solved, time.perf_counter() - started, laid_out(solved, state))
 
 
-def _state_key(state: ClusterState) -> tuple[object, ...]:
-    return (
-        state.healthy,
-        tuple(t.name for t in state.tasks),
-        repr(sorted(_normal(state.assignment).items())),
-        tuple(tuple(t.name for t in group) for group in state.arriving),
-    )
+@dataclass(frozen=True)
+class Asked:
+    """The state the last table was asked for, as a key: its nodes in service, tasks and
+    submissions by name, where their workers are (without empty rows), and its measurements'
+    version. (Its own copy of the workers: a state's rows are not the key's to keep.)"""
+
+    healthy: tuple[int, ...]
+    tasks: tuple[str, ...]
+    arriving: tuple[tuple[str, ...], ...]
+    curves_version: int
+    workers: Assignment
+
+    @classmethod
+    def of(cls, state: ClusterState, curves_version: int) -> Asked:
+        arriving = tuple(tuple(t.name for t in group) for group in state.arriving)
+        tasks = tuple(t.name for t in state.tasks)
+        return cls(state.healthy, tasks, arriving, curves_version, _normal(state.assignment))
+
+    def holds(self, state: ClusterState, curves_version: int | None = None) -> bool:
+        """Whether ``state`` is the one asked for (with ``curves_version``; None: any), the
+        cheap parts compared first: the workers' places are read only if all else is the same
+        (at 2,048 nodes they were most of a plan's decision)."""
+        return (
+            (curves_version is None or curves_version == self.curves_version)
+            and self.healthy == state.healthy
+            and self.tasks == tuple(t.name for t in state.tasks)
+            and self.arriving == tuple(tuple(t.name for t in group) for group in state.arriving)
+            and same_workers(state.assignment, self.workers)
+        )
 
 
-def rebalancing(refreshed_for: tuple[object, ...] | None, state: ClusterState) -> bool:
-    """Whether ``state`` is the one the last table was asked for (``refreshed_for``: its key and
-    measurements' version): nothing happened but new measurements. (Worked out only for a plan
-    returned: the key reads every worker's place, ~10 ms at 2,048 nodes.)"""
-    return refreshed_for is not None and refreshed_for[:-1] == _state_key(state)
+def rebalancing(refreshed_for: Asked | None, state: ClusterState) -> bool:
+    """Whether ``state`` is the one the last table was asked for (``refreshed_for``): nothing
+    happened but new measurements."""
+    return refreshed_for is not None and refreshed_for.holds(state)
 
 
 def _normal(assignment: Mapping[int, Mapping[str, int]]) -> dict[int, dict[str, int]]:
     return {n: {t: c for t, c in per.items() if c} for n, per in assignment.items() if any(per.values())}
+
+
+_NO_ROW: Mapping[str, int] = {}
+
+
+def same_workers(
+    now: Mapping[int, Mapping[str, int]],
+    before: Mapping[int, Mapping[str, int]],
+    lost: int | None = None,
+    done: str | None = None,
+) -> bool:
+    """Whether the workers ``now`` are those ``before`` less those of node ``lost`` and of task
+    ``done`` (empty rows and zero counts are none): compared row by row, each row made without
+    its zeros only where the two differ (the usual rows have none), and in C where nothing is
+    taken away and they are equal."""
+    if lost is None and done is None and now == before:
+        return True
+    for node in now.keys() | before.keys():
+        row_now = now.get(node, _NO_ROW)
+        row_before = _NO_ROW if node == lost else before.get(node, _NO_ROW)
+        if row_now == row_before and (done is None or done not in row_before):
+            continue
+        if _row(row_now, None) != _row(row_before, done):
+            return False
+    return True
+
+
+def _row(row: Mapping[str, int], done: str | None) -> dict[str, int]:
+    return {t: c for t, c in row.items() if c and t != done}
 
 
 def unexplained(before: ClusterState, after: ClusterState, event: PlanEvent | None) -> str | None:
@@ -141,14 +203,9 @@ def unexplained(before: ClusterState, after: ClusterState, event: PlanEvent | No
 def moved_beyond(before: ClusterState, after: ClusterState, event: PlanEvent | None) -> bool:
     """Whether the workers changed beyond what ``event`` (None: nothing) itself took away (a
     recovery moved them: survivors re-formed, a task stopped to relaunch)."""
-    expected = _normal(before.assignment)
-    if isinstance(event, NodeLost):
-        expected.pop(event.node, None)
-    elif isinstance(event, TaskDone):
-        expected = _normal(
-            {n: {t: c for t, c in per.items() if t != event.task} for n, per in expected.items()}
-        )
-    return _normal(after.assignment) != expected
+    lost = event.node if isinstance(event, NodeLost) else None
+    done = event.task if isinstance(event, TaskDone) else None
+    return not same_workers(after.assignment, before.assignment, lost, done)
 
 
 def laid_out(chosen: Plan, state: ClusterState) -> Assignment:
@@ -180,7 +237,7 @@ class Allocator:
         self._building: Future[PlanTable] | None = None
         self._building_version = -1
         self._building_after = 0  # the last event the state of the table being built had seen
-        self._refreshed_for: tuple[object, ...] | None = None
+        self._refreshed_for: Asked | None = None
         self._wake = False  # the build under way was asked for by new inputs: plan once it is ready
         self.table: PlanTable | None = None
         self.table_version = -1  # the curves version the table was built with
@@ -224,15 +281,15 @@ class Allocator:
         solved = self._solved(state, curves_version, why)
         if solved is None:
             return None
-        best, solving, seconds = solved
+        done, solving = solved
         rebalance = rebalancing(refreshed_for, state)
         self.counts["solved"] += 1
         waited = time.perf_counter() - solving.asked
-        layout = laid_out(best, state)
         events = self._newly_answered()
         return Decided(
-            best, layout, "solved", None, solving.why, seconds, rebalance, events, waited, solving.restarts
-        )
+            done.plan, done.layout, "solved", None, solving.why, done.seconds, rebalance, events, waited,
+            solving.restarts,
+        )  # fmt: skip
 
     def unanswered(self) -> bool:
         """Whether cluster events happened that no plan answered yet."""
@@ -247,21 +304,19 @@ class Allocator:
         self.answered = self.happened.last
         return () if unanswered is None else net(unanswered)
 
-    def _solved(
-        self, state: ClusterState, curves_version: int, why: str
-    ) -> tuple[Plan, Solving, float] | None:
-        """The background solve's plan for ``state`` (its solve time), once it is done; None
-        while it is not (a solve is started for ``state`` if none is under way for its cluster).
-        A plan solved for the same nodes, tasks and measurements is the plan now, said from the
-        workers as they are (a recovery may have moved them meanwhile)."""
+    def _solved(self, state: ClusterState, curves_version: int, why: str) -> tuple[Solved, Solving] | None:
+        """The background solve's plan for ``state`` and its layout over ``state``'s workers,
+        once it is done; None while it is not (a solve is started for ``state`` if none is under
+        way for its cluster). A plan solved for the same nodes, tasks and measurements is the plan
+        now, said from the workers as they are and laid out over them, where a recovery moved
+        them meanwhile (else as laid out beside the solve)."""
         solving = self.solving
         if solving is not None and gone_by(solving, state, curves_version):
             self._drop_solving()  # solved for a cluster gone by: again, as first asked
             restarts = solving.restarts + 1
             if restarts >= MAX_RESTARTS:
-                best, seconds = timed(self._solve, state)
                 said = f"{solving.why}; the cluster changed during {restarts} solves: solved on the loop"
-                return best, replace(solving, why=said, restarts=restarts), seconds
+                return timed(self._solve, state), replace(solving, why=said, restarts=restarts)
             self._start_solve(state, curves_version, solving.why, solving.asked, restarts)
             return None
         if solving is None:
@@ -271,12 +326,13 @@ class Allocator:
             return None
         self.solving = None
         try:
-            best, seconds = solving.future.result()
+            solved = solving.future.result()
         except Exception:  # the planner's own fault: solved again here, so that it is raised
-            best, seconds = timed(self._solve, state)
+            return timed(self._solve, state), solving
         if moved_beyond(solving.state, state, None):
-            best = restated(best, state)
-        return best, solving, seconds
+            best = restated(solved.plan, state)
+            solved = replace(solved, plan=best, layout=laid_out(best, state))
+        return solved, solving
 
     def _start_solve(
         self, state: ClusterState, curves_version: int, why: str, asked: float, restarts: int = 0
@@ -330,8 +386,7 @@ class Allocator:
     def _start(
         self, state: ClusterState, curves_version: int, wake: bool, arrivals_only: bool = False
     ) -> None:
-        key = (*_state_key(state), curves_version)
-        if key == self._refreshed_for:
+        if self._refreshed_for is not None and self._refreshed_for.holds(state, curves_version):
             # The table (built or being built) is of this state already: the events so far led
             # to it (a plan answered them), so it answers the ones after.
             if self._building is not None:
@@ -339,7 +394,7 @@ class Allocator:
             else:
                 self.table_after = self.happened.last
             return
-        self._refreshed_for = key
+        self._refreshed_for = Asked.of(state, curves_version)
         if self._building is not None:
             self._building.cancel()
         self._building = self._pool.submit(build_arrivals if arrivals_only else self._builder, state)

@@ -11,8 +11,8 @@ live replicas), else by a restart from the checkpoint. Idle slots hold hot spare
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from operator import attrgetter
 
 from unicron.brain.effects import HostStore, Launch
 from unicron.brain.records import TaskRecord, WorkerRecord
@@ -36,12 +36,14 @@ from unicron.core.events import TasksArrived, listed, named
 from unicron.core.gpus import GpuType
 from unicron.core.livespecs import LiveTaskSpec
 from unicron.core.protocol import SPARE_GENERATION
-from unicron.core.states import NodeState, TaskState, WorkerPhase
+from unicron.core.states import TaskState, WorkerPhase
 from unicron.planning.placement import Assignment
 from unicron.planning.planner import ClusterState, Plan
 from unicron.planning.throughput import ThroughputCurve, curves_for
 
-_NODE_OF = attrgetter("node")  # (a worker's node, read in C: a plan counts every member's)
+# Where a task's workers are: its members on each node as a snapshot had them, its newcomers'
+# nodes, the nodes in service (name -> id) they were said by id for, and so said.
+_Spread = tuple[Mapping[str, int], tuple[str, ...], dict[str, int], dict[int, int]]
 
 
 def stranded(snapshot: Snapshot) -> bool:
@@ -89,10 +91,11 @@ class Placer:
     # A plan whose launches or grows wait for slots that processes still hold (``slots.py``):
     # the coordinator carries it out again until they are gone (``carry_out_held``).
     held: HeldPlan | None = None
-    # task -> (its members as a snapshot had them, how many on each node): counted again only
-    # when its members change (a snapshot keeps a task's tuple until then, ``Store._part``).
-    _spread: dict[str, tuple[tuple[WorkerRecord, ...], Counter[str]]] = field(
-        default_factory=dict, repr=False
+    # task -> where its workers are (``_held_on``).
+    _spread: dict[str, _Spread] = field(default_factory=dict, repr=False)
+    # The nodes in service as a snapshot named them, and their ids both ways (``_in_service``).
+    _service: tuple[frozenset[str], dict[int, str], dict[str, int], tuple[int, ...]] | None = field(
+        default=None, repr=False
     )
     # The tasks' throughput curves and what they were computed from (``_curves``).
     _curves_of: tuple[tuple[LiveTaskSpec, ...], GpuType, int, int, dict[str, ThroughputCurve]] | None = field(
@@ -107,22 +110,22 @@ class Placer:
         workers are: their members, and the newcomers of a grow under way (the plan that grew
         the task gave them their slots: without them, a plan decided before they join sees the
         task short by them, solves the table's state again, and may give their slots away)."""
-        nodes = [n for n in snapshot.nodes.values() if n.state is NodeState.HEALTHY]
-        names = {n.id: n.name for n in nodes}
-        ids = {n.name: n.id for n in nodes}
+        names, ids, healthy = self._in_service(snapshot)
         # A node's slots, from a lost one when none is in service: the table built then plans
         # the node's return, which with 1 slot gave a task of 2 or 4 none (it never relaunched).
-        known = nodes or list(snapshot.nodes.values())
-        slots = known[0].slots if known else 1
+        some = next(iter(names.values()), None) or next(iter(snapshot.nodes), None)
+        slots = snapshot.nodes[some].slots if some is not None else 1
         assignment: dict[int, dict[str, int]] = {}
         live = list(snapshot.tasks.values())
         for task in live:
             if task.state.active:
-                on = self._members_on(task.name, snapshot.live(task.name))
-                on.update(w.node for w in self._newcomers(task.name))
-                for node, count in on.items():
-                    if node in ids:
-                        assignment.setdefault(ids[node], {})[task.name] = count
+                name = task.name
+                for node, count in self._held_on(name, snapshot.spread(name), ids).items():
+                    row = assignment.get(node)
+                    if row is None:
+                        assignment[node] = {name: count}
+                    else:
+                        row[name] = count
         for ended in self._spread.keys() - snapshot.tasks.keys():
             del self._spread[ended]
         specs = [self.ctx.spec(t.name) for t in live]
@@ -134,7 +137,7 @@ class Placer:
             gpu,
             hardware.node_mtbf_hours,
             hardware.planner,
-            tuple(sorted(names)),
+            healthy,
             assignment,
             tuple(specs),
             curves,
@@ -159,13 +162,31 @@ class Placer:
         self._curves_of = (tuple(specs), gpu, slots, self.rates.version, curves)
         return curves
 
-    def _members_on(self, name: str, members: tuple[WorkerRecord, ...]) -> Counter[str]:
-        """How many of ``members`` are on each node (a copy: the caller adds to it)."""
+    def _in_service(self, snapshot: Snapshot) -> tuple[dict[int, str], dict[str, int], tuple[int, ...]]:
+        """The nodes in service: id -> name, name -> id, the ids in order; read again only when
+        the set of them changes (the store keeps it until a node's state does)."""
+        in_service = snapshot.healthy()
+        kept = self._service
+        if kept is None or kept[0] is not in_service:
+            names = {snapshot.nodes[name].id: name for name in in_service}
+            kept = (in_service, names, {name: i for i, name in names.items()}, tuple(sorted(names)))
+            self._service = kept
+        return kept[1], kept[2], kept[3]
+
+    def _held_on(self, name: str, spread: Mapping[str, int], ids: dict[str, int]) -> dict[int, int]:
+        """How many of the task's workers (``spread``: its members on each node, and the
+        newcomers of its grow under way) are on each node in service, by id (the caller does not
+        change it): said again only when one of them or the nodes in service change (the store
+        gives a task's members' spread anew only when one of them changes)."""
+        newcomers = tuple(w.node for w in self._newcomers(name))
         kept = self._spread.get(name)
-        if kept is None or kept[0] is not members:
-            kept = (members, Counter(map(_NODE_OF, members)))  # (counted in C)
-            self._spread[name] = kept
-        return kept[1].copy()
+        if kept is not None and kept[0] is spread and kept[1] == newcomers and kept[2] is ids:
+            return kept[3]
+        on = Counter(spread)
+        on.update(newcomers)
+        held = {ids[node]: count for node, count in on.items() if node in ids}
+        self._spread[name] = (spread, newcomers, ids, held)
+        return held
 
     def _newcomers(self, name: str) -> list[WorkerRecord]:
         """The live newcomers of the task's grow under way, if it has one."""

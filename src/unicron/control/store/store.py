@@ -19,8 +19,9 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from operator import attrgetter
 from typing import Any
 
 from unicron.brain.records import (
@@ -51,6 +52,11 @@ from unicron.core.states import (
 )
 
 _HOLDING = frozenset(SLOT_HOLDING_PHASES)
+_NODE_OF = attrgetter("node")  # (a row's node, read in C)
+# A generation's rows by rank: all, the live ones, the launching ones; its live ones on each node.
+_Ranked = tuple[
+    tuple[WorkerRecord, ...], tuple[WorkerRecord, ...], tuple[WorkerRecord, ...], Mapping[str, int]
+]
 PLAN_EVENT = "plan"  # the planner's answer, recorded by ``control/place/placing.py``
 
 
@@ -87,14 +93,14 @@ class Store:
         # it never used), read again only after a row of the task changes: a heartbeat changes
         # the whole snapshot's nodes, and sorting every task's members again for it (16,384
         # rows at 2,048 nodes) was most of a node loss's tick.
-        self._parts: dict[str, tuple[int, tuple[WorkerRecord, ...], int]] = {}
+        self._parts: dict[str, tuple[int, tuple[WorkerRecord, ...], int, Mapping[str, int]]] = {}
         # Each generation's rows by rank, all and live ones, read again only after one of its rows
         # changes: the checks of every tick (a start's, a hang's) and each report's admission
         # read a generation's rows, and sorting 160 of them each time for 100 tasks was a tenth
         # of a tick at 2,048 nodes.
         # (All of them, the live ones, the launching ones: a tick checks every starting task's
         # launches, which at 100 tasks of 160 rows each was a sixth of a tick.)
-        self._ranked: dict[tuple[str, int], tuple[tuple[WorkerRecord, ...], ...]] = {}
+        self._ranked: dict[tuple[str, int], _Ranked] = {}
         self._hold(loaded.workers)
         self._counted = dict(loaded.counted)
         self._kept = dict(loaded.kept)
@@ -145,19 +151,23 @@ class Store:
                 nodes=dict(self._nodes),
                 members={name: part[1] for name, part in parts.items()},
                 next_generation={name: part[2] for name, part in parts.items()},
+                spreads={name: part[3] for name, part in parts.items()},
             )
             object.__setattr__(snapshot, "healthy_names", self._healthy_names())
             if only is None:
                 self._whole = (self._version, snapshot)
             return snapshot
 
-    def _part(self, task: TaskRecord) -> tuple[int, tuple[WorkerRecord, ...], int]:
-        """``task``'s part of a snapshot, kept until one of its rows changes (``_hold``) or it
-        moves to another generation."""
+    def _part(self, task: TaskRecord) -> tuple[int, tuple[WorkerRecord, ...], int, Mapping[str, int]]:
+        """``task``'s part of a snapshot (its generation, live members, next generation, members
+        on each node), kept until one of its rows changes (``_hold``) or it moves to another
+        generation."""
         part = self._parts.get(task.name)
         if part is None or part[0] != task.generation:
-            members = tuple(self.workers(task.name, task.generation, live=True))
-            part = (task.generation, members, max(task.generation, self.max_generation(task.name)) + 1)
+            with self._lock:
+                _, members, _, spread = self._ranks(task.name, task.generation)
+            following = max(task.generation, self.max_generation(task.name)) + 1
+            part = (task.generation, members, following, spread)
             self._parts[task.name] = part
         return part
 
@@ -396,7 +406,8 @@ class Store:
     def workers(self, task: str, generation: int | None = None, live: bool = False) -> list[WorkerRecord]:
         with self._lock:
             if generation is not None:
-                return list(self._ranks(task, generation)[1 if live else 0])
+                every, alive, _, _ = self._ranks(task, generation)
+                return list(alive if live else every)
             found = [w for w in self._workers.get(task, {}).values() if not live or w.state.live]
         return sorted(found, key=lambda w: (w.generation, w.rank))
 
@@ -405,15 +416,17 @@ class Store:
         with self._lock:
             return self._ranks(task, generation)[2]
 
-    def _ranks(self, task: str, generation: int) -> tuple[tuple[WorkerRecord, ...], ...]:
-        """The generation's rows by rank: all, the live ones, the launching ones (read again
-        only after one of them changes)."""
+    def _ranks(self, task: str, generation: int) -> _Ranked:
+        """The generation's rows by rank: all, the live ones, the launching ones, and how many
+        live ones on each node (read again only after one of them changes; counted as they are
+        read: at 100 tasks of 160, reading them all again for a plan was its costliest part)."""
         ranked = self._ranked.get((task, generation))
         if ranked is None:
             rows = tuple(w for _, w in sorted(self._generations.get(task, {}).get(generation, {}).items()))
             live = tuple(w for w in rows if w.state.live)
             launching = tuple(w for w in live if w.state is WorkerPhase.LAUNCHING)
-            ranked = self._ranked[task, generation] = (rows, live, launching)
+            spread = Counter(map(_NODE_OF, live))
+            ranked = self._ranked[task, generation] = (rows, live, launching, spread)
         return ranked
 
     def worker(self, task: str, generation: int, rank: int) -> WorkerRecord | None:
