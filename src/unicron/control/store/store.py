@@ -11,6 +11,7 @@ raises :class:`IllegalTransition` and writes nothing.
 A node's ``last_seen`` is the one field kept in memory only between its other changes: writing
 every heartbeat (four thousand a second at 2,048 agents) would load the backend for nothing,
 since a coordinator that starts gives every node a full deadline anyway (``silent_nodes``).
+The workers' rows are held with the indexes they are read by (``workerrows.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from operator import attrgetter
 from typing import Any
 
 from unicron.brain.records import (
@@ -32,9 +32,10 @@ from unicron.brain.records import (
     drained_across,
 )
 from unicron.brain.snapshot import Snapshot
-from unicron.control.store.backend import Backend, WorkerKey
+from unicron.control.store.backend import Backend
 from unicron.control.store.batch import Batch
 from unicron.control.store.journal import Journal
+from unicron.control.store.workerrows import WorkerRows
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.kept import K, Kept, kept_name, read_kept
 from unicron.core.states import (
@@ -51,12 +52,6 @@ from unicron.core.states import (
     sources,
 )
 
-_HOLDING = frozenset(SLOT_HOLDING_PHASES)
-_NODE_OF = attrgetter("node")  # (a row's node, read in C)
-# A generation's rows by rank: all, the live ones, the launching ones; its live ones on each node.
-_Ranked = tuple[
-    tuple[WorkerRecord, ...], tuple[WorkerRecord, ...], tuple[WorkerRecord, ...], Mapping[str, int]
-]
 PLAN_EVENT = "plan"  # the planner's answer, recorded by ``control/place/placing.py``
 
 
@@ -80,27 +75,12 @@ class Store:
         self._next_event = loaded.last_event_id + 1
         self._tasks = {t.name: t for t in sorted(loaded.tasks, key=lambda t: t.submitted)}
         self._nodes = {n.name: n for n in sorted(loaded.nodes, key=lambda n: n.id)}
-        self._workers: dict[str, dict[tuple[int, int], WorkerRecord]] = {}
-        # The same rows by task and generation (rank -> row): a generation's members are read on
-        # every decision, and a task's rows of all its generations grow with every recovery.
-        self._generations: dict[str, dict[int, dict[int, WorkerRecord]]] = {}
-        # The rows holding a slot, by key (slot checks read them; ``_workers`` keeps every row),
-        # and by node: a launch's free devices and a lost node's workers are read per node, and
-        # reading all 16,384 rows of a large cluster for each was most of a node loss's time.
-        self._holding: dict[WorkerKey, WorkerRecord] = {}
-        self._holding_on: dict[str, dict[WorkerKey, WorkerRecord]] = {}
+        self._rows = WorkerRows()
         # Each task's part of a snapshot (its generation, the live members of it, a generation
         # it never used), read again only after a row of the task changes: a heartbeat changes
         # the whole snapshot's nodes, and sorting every task's members again for it (16,384
         # rows at 2,048 nodes) was most of a node loss's tick.
         self._parts: dict[str, tuple[int, tuple[WorkerRecord, ...], int, Mapping[str, int]]] = {}
-        # Each generation's rows by rank, all and live ones, read again only after one of its rows
-        # changes: the checks of every tick (a start's, a hang's) and each report's admission
-        # read a generation's rows, and sorting 160 of them each time for 100 tasks was a tenth
-        # of a tick at 2,048 nodes.
-        # (All of them, the live ones, the launching ones: a tick checks every starting task's
-        # launches, which at 100 tasks of 160 rows each was a sixth of a tick.)
-        self._ranked: dict[tuple[str, int], _Ranked] = {}
         self._hold(loaded.workers)
         self._counted = dict(loaded.counted)
         self._kept = dict(loaded.kept)
@@ -165,9 +145,9 @@ class Store:
         part = self._parts.get(task.name)
         if part is None or part[0] != task.generation:
             with self._lock:
-                _, members, _, spread = self._ranks(task.name, task.generation)
+                ranked = self._rows.ranked(task.name, task.generation)
             following = max(task.generation, self.max_generation(task.name)) + 1
-            part = (task.generation, members, following, spread)
+            part = (task.generation, ranked.live, following, ranked.spread)
             self._parts[task.name] = part
         return part
 
@@ -406,72 +386,33 @@ class Store:
     def workers(self, task: str, generation: int | None = None, live: bool = False) -> list[WorkerRecord]:
         with self._lock:
             if generation is not None:
-                every, alive, _, _ = self._ranks(task, generation)
-                return list(alive if live else every)
-            found = [w for w in self._workers.get(task, {}).values() if not live or w.state.live]
+                ranked = self._rows.ranked(task, generation)
+                return list(ranked.live if live else ranked.rows)
+            found = self._rows.of_task(task, live)
         return sorted(found, key=lambda w: (w.generation, w.rank))
 
     def launching(self, task: str, generation: int) -> tuple[WorkerRecord, ...]:
         """The generation's rows still launching (ordered, not yet seen running), by rank."""
         with self._lock:
-            return self._ranks(task, generation)[2]
-
-    def _ranks(self, task: str, generation: int) -> _Ranked:
-        """The generation's rows by rank: all, the live ones, the launching ones, and how many
-        live ones on each node (read again only after one of them changes; counted as they are
-        read: at 100 tasks of 160, reading them all again for a plan was its costliest part)."""
-        ranked = self._ranked.get((task, generation))
-        if ranked is None:
-            rows = tuple(w for _, w in sorted(self._generations.get(task, {}).get(generation, {}).items()))
-            live = tuple(w for w in rows if w.state.live)
-            launching = tuple(w for w in live if w.state is WorkerPhase.LAUNCHING)
-            spread = Counter(map(_NODE_OF, live))
-            ranked = self._ranked[task, generation] = (rows, live, launching, spread)
-        return ranked
+            return self._rows.ranked(task, generation).launching
 
     def worker(self, task: str, generation: int, rank: int) -> WorkerRecord | None:
-        return self._workers.get(task, {}).get((generation, rank))
+        return self._rows.row(task, generation, rank)
 
     def _hold(self, rows: Iterable[WorkerRecord]) -> None:
-        """Hold ``rows`` in memory and in the indexes of slot-holding rows; a task's snapshot
-        part is read again. Rows come grouped by task and generation (a switch's are hundreds):
-        each group's tables are looked up once."""
-        task: str | None = None
-        generation: int | None = None
-        task_rows: dict[tuple[int, int], WorkerRecord] = {}
-        generation_rows: dict[int, WorkerRecord] = {}
-        for w in rows:
-            if w.task != task:
-                task, generation = w.task, None
-                self._parts.pop(task, None)
-                task_rows = self._workers.setdefault(task, {})
-            if w.generation != generation:
-                generation = w.generation
-                self._ranked.pop((task, generation), None)
-                generation_rows = self._generations.setdefault(w.task, {}).setdefault(generation, {})
-            task_rows[(generation, w.rank)] = w
-            generation_rows[w.rank] = w
-            key, holds = (w.task, generation, w.rank), w.state in _HOLDING
-            before = self._holding.get(key)
-            if before is not None and (before.node != w.node or not holds):
-                del self._holding_on[before.node][key]
-            if holds:
-                self._holding[key] = w
-                self._holding_on.setdefault(w.node, {})[key] = w
-            elif before is not None:
-                del self._holding[key]
+        """Hold ``rows``; each task they are of has its snapshot part read again."""
+        for task in self._rows.hold(rows):
+            self._parts.pop(task, None)
 
     def workers_in(self, phases: Iterable[WorkerPhase]) -> list[WorkerRecord]:
         """Rows in ``phases``, slot-holding ones only: read from their index, not every row."""
-        wanted = set(phases)
-        assert wanted <= set(SLOT_HOLDING_PHASES), f"{wanted} hold no slot: read the task's rows"
         with self._lock:
-            return [w for w in self._holding.values() if w.state in wanted]
+            return self._rows.holding(phases)
 
     def holding_on(self, node: str) -> list[WorkerRecord]:
         """The rows holding a slot on ``node`` (any task's workers, spares), from their index."""
         with self._lock:
-            return list(self._holding_on.get(node, {}).values())
+            return self._rows.holding_on(node)
 
     def live_workers_on(self, node: str) -> list[WorkerRecord]:
         live = set(LIVE_WORKER_PHASES)
@@ -490,11 +431,11 @@ class Store:
 
     def max_generation(self, task: str) -> int:
         with self._lock:
-            return max(self._generations.get(task, {}), default=0)
+            return self._rows.max_generation(task)
 
     def max_rank(self, task: str, generation: int) -> int | None:
         with self._lock:
-            return max(self._generations.get(task, {}).get(generation, {}), default=None)
+            return self._rows.max_rank(task, generation)
 
     def add_workers(
         self,
@@ -568,7 +509,7 @@ class Store:
         become moved, each gets a running row in ``new``, and the task follows, in one commit."""
         with self._lock:
             # (in the order held, not sorted by rank: a batch's rows need none)
-            members = self._generations.get(task, {}).get(old, {}).values()
+            members = self._rows.of_generation(task, old)
             batch = Batch(workers=self._ended([w for w in members if w.state.live], WorkerPhase.MOVED))
             batch.workers += [w.in_generation(new, rank, now) for w, rank in kept]
             if (record := self.task(task)) is not None:
