@@ -85,7 +85,13 @@ def test_page_section(tmp_path: Path) -> None:
                         "waited_s": 0.15,
                     },
                 ],
-                "setup_s": {"register_s": 0.1, "plan_table_s": 0.2, "launch_s": 0.3, "first_step_s": 0.4},
+                "setup_s": {
+                    "register_s": 0.1,
+                    "plan_table_s": 0.2,
+                    "launch_s": 0.3,
+                    "first_step_s": 0.4,
+                    "setup_flush_s": 0.5,
+                },
             }
         ],
     }
