@@ -294,14 +294,17 @@ def table_ready(c: Coordinator, times: dict[str, float], key: str) -> None:
             raise TableTooSlow(f"{key}: over {BUILD_LIMIT_S:g} s") from exc
 
 
+SETTLE_S = 60.0  # how long the set-up's writes and posts may take to be done (about 0.5 s)
+
+
 def settled(c: Coordinator, times: dict[str, float]) -> None:
     """The set-up's rows written and its memberships posted before the burst (a cluster that has
     trained a while has none pending; at 2,048 nodes the set-up leaves about half a second of
     writes to the journal's thread, which would run beside the burst's first decisions)."""
     assert c.journal is not None
     with stopwatch(times, "setup_flush_s"):
-        c.journal.flush()
-        c.act.posts.drain(60.0)
+        if not (c.journal.flush(SETTLE_S) and c.act.posts.drain(SETTLE_S)):
+            raise RuntimeError(f"the set-up's writes and posts were not done within {SETTLE_S:g} s")
 
 
 def train(agents: Agents, step: int) -> None:

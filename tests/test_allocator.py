@@ -453,6 +453,27 @@ def test_a_solved_plan_is_laid_out_beside_its_solve_unless_the_workers_moved_mea
     assert threads[1].startswith("plan-solve") and threads[2] == threading.current_thread().name
 
 
+def test_a_solved_plan_that_could_not_be_laid_out_beside_its_solve_is_laid_out_on_the_loop(
+    allocator: Allocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A layout that fails beside the solve is not taken for the planner's fault (solved again):
+    the plan is laid out on the loop, where any plan's layout raises what it raises."""
+    solves: list[str] = []
+
+    def fails_off_the_loop(chosen: Plan, state: ClusterState) -> dict[int, dict[str, int]]:
+        if threading.current_thread() is not threading.main_thread():
+            raise ValueError("cannot place")
+        return laid_out(chosen, state)
+
+    both, gate, _ = two_lost_with_solves_held(allocator)
+    held = allocator._solve
+    allocator._solve = lambda s: (solves.append(threading.current_thread().name), held(s))[1]
+    monkeypatch.setattr(allocator_module, "laid_out", fails_off_the_loop)
+    gate.set()
+    decided = decide(allocator, both, 0)
+    assert decided.layout == laid_out(decided.plan, both) and len(solves) == 1
+
+
 def test_workers_are_compared_as_counts_on_nodes_less_what_an_event_took() -> None:
     """What the allocator reads to tell whether a recovery moved workers: rows and counts of
     none are none, a lost node's row and a finished task's counts are taken away first."""

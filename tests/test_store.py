@@ -432,6 +432,8 @@ def test_a_snapshot_counts_each_tasks_members_on_each_node_as_it_reads_them(reop
     assert second.spread("a") == {"n1": 1, "n2": 1} and second.spread("b") is first.spread("b")
     by_hand = dataclasses.replace(second, spreads={})
     assert by_hand.spread("a") == second.spread("a") and by_hand.spread("gone") == {}
+    fewer = dataclasses.replace(second, members={**second.members, "b": second.live("b")[:1]})
+    assert fewer.spread("b") == {"n1": 1} and fewer.spread("a") is second.spread("a")
 
 
 def test_a_generations_rows_are_sorted_again_only_after_one_of_them_changes(reopen: Opener) -> None:

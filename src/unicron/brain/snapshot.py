@@ -27,9 +27,12 @@ class Snapshot:
     next_generation: Mapping[str, int]  # task -> a generation number it never used
     # node -> until when its isolation runs (also while it is lost: it comes back isolated)
     isolated_until: Mapping[str, float | None] = field(default_factory=dict)  # None: until resumed
-    # task -> how many of its members are on each node: given by the store, which counts them as
-    # it reads them (the same mapping until one of them changes); else counted when asked.
-    spreads: Mapping[str, Mapping[str, int]] = field(default_factory=dict, repr=False, compare=False)
+    # task -> (its members, how many of them on each node): given by the store, which counts them
+    # as it reads them (the same mapping until one of them changes); used while the members are
+    # those it was counted from (a copy given other members counts them when asked).
+    spreads: Mapping[str, tuple[tuple[WorkerRecord, ...], Mapping[str, int]]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
     # The healthy nodes' names: set by the store, which keeps them between node changes; else
     # (a snapshot built or replaced by hand) found from ``nodes`` when first asked.
     healthy_names: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
@@ -44,8 +47,8 @@ class Snapshot:
 
     def spread(self, name: str) -> Mapping[str, int]:
         """How many of the task's members are on each node."""
-        given = self.spreads.get(name)
-        return given if given is not None else Counter(w.node for w in self.live(name))
+        given, members = self.spreads.get(name), self.live(name)
+        return given[1] if given is not None and given[0] is members else Counter(w.node for w in members)
 
     def healthy(self) -> frozenset[str]:
         """The healthy nodes, read once (deciders ask many times a decision; at 2,048 nodes

@@ -94,7 +94,7 @@ class Solved:
 
     plan: Plan
     seconds: float
-    layout: Assignment
+    layout: Assignment | None  # None: it could not be laid out (the loop lays it out, and says why)
 
 
 def timed(solve: Callable[[ClusterState], Plan], state: ClusterState) -> Solved:
@@ -103,7 +103,12 @@ def timed(solve: Callable[[ClusterState], Plan], state: ClusterState) -> Solved:
     the workers are still where they were when the solve was asked for)."""
     started = time.perf_counter()
     solved = solve(state)
-    return Solved(solved, time.perf_counter() - started, laid_out(solved, state))
+    seconds = time.perf_counter() - started
+    try:
+        layout: Assignment | None = laid_out(solved, state)
+    except ValueError:  # (raised where a plan is carried out: on the loop, as for any plan)
+        layout = None
+    return Solved(solved, seconds, layout)
 
 
 @dataclass(frozen=True)
@@ -281,15 +286,14 @@ class Allocator:
         solved = self._solved(state, curves_version, why)
         if solved is None:
             return None
-        done, solving = solved
+        best, layout, seconds, solving = solved
         rebalance = rebalancing(refreshed_for, state)
         self.counts["solved"] += 1
         waited = time.perf_counter() - solving.asked
         events = self._newly_answered()
         return Decided(
-            done.plan, done.layout, "solved", None, solving.why, done.seconds, rebalance, events, waited,
-            solving.restarts,
-        )  # fmt: skip
+            best, layout, "solved", None, solving.why, seconds, rebalance, events, waited, solving.restarts
+        )
 
     def unanswered(self) -> bool:
         """Whether cluster events happened that no plan answered yet."""
@@ -304,19 +308,23 @@ class Allocator:
         self.answered = self.happened.last
         return () if unanswered is None else net(unanswered)
 
-    def _solved(self, state: ClusterState, curves_version: int, why: str) -> tuple[Solved, Solving] | None:
-        """The background solve's plan for ``state`` and its layout over ``state``'s workers,
-        once it is done; None while it is not (a solve is started for ``state`` if none is under
-        way for its cluster). A plan solved for the same nodes, tasks and measurements is the plan
-        now, said from the workers as they are and laid out over them, where a recovery moved
-        them meanwhile (else as laid out beside the solve)."""
+    def _solved(
+        self, state: ClusterState, curves_version: int, why: str
+    ) -> tuple[Plan, Assignment, float, Solving] | None:
+        """The background solve's plan for ``state``, its layout over ``state``'s workers and the
+        solve's time, once it is done; None while it is not (a solve is started for ``state`` if
+        none is under way for its cluster). A plan solved for the same nodes, tasks and
+        measurements is the plan now, said from the workers as they are and laid out over them,
+        where a recovery moved them meanwhile (else as laid out beside the solve)."""
         solving = self.solving
         if solving is not None and gone_by(solving, state, curves_version):
             self._drop_solving()  # solved for a cluster gone by: again, as first asked
             restarts = solving.restarts + 1
             if restarts >= MAX_RESTARTS:
                 said = f"{solving.why}; the cluster changed during {restarts} solves: solved on the loop"
-                return timed(self._solve, state), replace(solving, why=said, restarts=restarts)
+                return self._laid(
+                    timed(self._solve, state), state, replace(solving, why=said, restarts=restarts)
+                )
             self._start_solve(state, curves_version, solving.why, solving.asked, restarts)
             return None
         if solving is None:
@@ -328,11 +336,19 @@ class Allocator:
         try:
             solved = solving.future.result()
         except Exception:  # the planner's own fault: solved again here, so that it is raised
-            return timed(self._solve, state), solving
+            return self._laid(timed(self._solve, state), state, solving)
         if moved_beyond(solving.state, state, None):
-            best = restated(solved.plan, state)
-            solved = replace(solved, plan=best, layout=laid_out(best, state))
-        return solved, solving
+            solved = replace(solved, plan=restated(solved.plan, state), layout=None)
+        return self._laid(solved, state, solving)
+
+    @staticmethod
+    def _laid(
+        solved: Solved, state: ClusterState, solving: Solving
+    ) -> tuple[Plan, Assignment, float, Solving]:
+        """The solved plan with its layout: as made beside the solve, else made here over the
+        workers as they are (raising here, on the loop, where it cannot be laid out)."""
+        layout = solved.layout if solved.layout is not None else laid_out(solved.plan, state)
+        return solved.plan, layout, solved.seconds, solving
 
     def _start_solve(
         self, state: ClusterState, curves_version: int, why: str, asked: float, restarts: int = 0

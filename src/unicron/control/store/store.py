@@ -131,7 +131,7 @@ class Store:
                 nodes=dict(self._nodes),
                 members={name: part[1] for name, part in parts.items()},
                 next_generation={name: part[2] for name, part in parts.items()},
-                spreads={name: part[3] for name, part in parts.items()},
+                spreads={name: (part[1], part[3]) for name, part in parts.items()},
             )
             object.__setattr__(snapshot, "healthy_names", self._healthy_names())
             if only is None:
