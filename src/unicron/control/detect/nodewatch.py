@@ -12,6 +12,7 @@ the loss rate (``silence.py`` judges which). What holds losses back is shown to 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -122,6 +123,9 @@ class NodeWatch:
     _holding: Holding = field(default=Holding(False, None, (), 0), repr=False)  # as of the last look
     swept_at: float = -math.inf  # when the nodes were last looked over for silence
     lag: tuple[float, float] = (-math.inf, 0.0)  # (when, what) the heartbeats' waits last said
+    # (the store's node changes it was read at, the nodes in service, their domains, each
+    # domain's count): ``_in_service``
+    _service: tuple[int, int, dict[str, str], Counter[str]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.silence = SilenceJudge(self.ctx.limits)
@@ -164,22 +168,23 @@ class NodeWatch:
         if now - self.swept_at < self._sweep_every(now) and now >= self.swept_at:
             return []
         self.swept_at = now
-        nodes = self.ctx.store.nodes()
-        in_service = sum(n.state is not NodeState.LOST for n in nodes)
+        in_service, domains, members = self._in_service()
         self.ctx.pace.nodes_in_service(in_service, now)
         deadline = self.ctx.pace.judged(now).deadline_s
         self.delays.cap_s = self.delays.window_s = deadline
         since, late = self.listening_since, self.lateness.since
-        past = silent_nodes(nodes, now, since, deadline, late)
         # A rising silence (``silence.py``): counted only while a node is past its deadline.
         quiet_s = max(QUIET_SHARE * deadline, QUIET_INTERVALS * self.ctx.pace.judged(now).interval_s)
-        quiet = len(silent_nodes(nodes, now, since, quiet_s, late)) if past and quiet_s < deadline else 0
-        domains = {n.name: n.domain for n in nodes if n.domain and n.state is not NodeState.LOST}
+        # (a node is silent no longer than since it was last heard: only those unheard for the
+        # shorter of the two can be either)
+        unheard = self.ctx.store.unheard_since(now - min(deadline, quiet_s))
+        past = silent_nodes(unheard, now, since, deadline, late)
+        quiet = len(silent_nodes(unheard, now, since, quiet_s, late)) if past and quiet_s < deadline else 0
         lag, alarm = self.lag[1], self.silence  # (the heartbeats' waits: ``late``)
         holding = alarm.alarm_since is not None and alarm.alarm_why == BEHIND
         behind = lag >= BEHIND_SHARE * deadline or (holding and lag >= CAUGHT_UP_SHARE * deadline)
         grace_s = AGENT_RETRY_CAP_S + deadline
-        verdict = self.silence.judge(past, in_service, now, domains, grace_s, behind, quiet)
+        verdict = self.silence.judge(past, in_service, now, domains, grace_s, behind, quiet, members)
         self._domain_alarms(verdict)
         act = self.ctx.act
         if verdict.alarm_began:
@@ -204,6 +209,18 @@ class NodeWatch:
         self.held = set(verdict.held)
         self._holding = Holding(False, alarm_held, tuple(sorted(verdict.domains_held)), len(self.held))
         return [Silent(name, s, self.lateness.since(now - s), deadline) for name, s in verdict.lost]
+
+    def _in_service(self) -> tuple[int, dict[str, str], Counter[str]]:
+        """How many nodes are in service (not lost), the failure domain of each that named one,
+        and how many each domain has: read from every node only after a node changed (added,
+        removed, another state or domain)."""
+        changes = self.ctx.store.node_changes
+        if self._service is None or self._service[0] != changes:
+            nodes = self.ctx.store.nodes()
+            domains = {n.name: n.domain for n in nodes if n.domain and n.state is not NodeState.LOST}
+            in_service = sum(n.state is not NodeState.LOST for n in nodes)
+            self._service = (changes, in_service, domains, Counter(domains.values()))
+        return self._service[1:]
 
     def _domain_alarms(self, verdict: Verdict) -> None:
         """A failure domain partly silent, and heard again: recorded (``silence.py``)."""

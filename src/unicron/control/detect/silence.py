@@ -213,13 +213,15 @@ class SilenceJudge:
         grace_s: float = 0.0,
         behind: bool = False,
         quiet: int = 0,
+        members: Mapping[str, int] | None = None,
     ) -> Verdict:
         """``silent``: nodes past their deadline (not yet lost); ``in_service``: nodes not lost;
         ``domains``: the failure domain of each node in service that named one; ``grace_s``: how
         long the nodes of a domain heard again may still be silent (a restart's grace);
         ``behind``: the coordinator's heartbeat lag is ``BEHIND_SHARE`` of a deadline or more;
         ``quiet``: the nodes in service unheard for ``QUIET_SHARE`` of a deadline (a rising
-        silence), ``silent`` among them."""
+        silence), ``silent`` among them; ``members``: how many nodes in service each domain has
+        (counted from ``domains`` when not given)."""
         limits = self.limits
         counted = self._mass(len(silent), in_service)
         rising = not counted and not behind and bool(silent) and self._share(quiet, in_service)
@@ -234,7 +236,7 @@ class SilenceJudge:
         elif self.alarm_since is not None:
             ended, self.alarm_since = now - self.alarm_since, None
         holding = self.alarm_since is not None and now - self.alarm_since < limits.mass_silence_hold_s
-        part = self._domains(silent, domains or {}, now, grace_s)
+        part = self._domains(silent, domains or {}, now, grace_s, members)
         if holding or self.by_hand or ended is not None:  # (ended: the detector may give a grace)
             held = [name for name, _ in silent]
             grace = ended is None or not self.alarm_rising
@@ -252,12 +254,17 @@ class SilenceJudge:
         return self.alarm_why if self.alarm_since is not None else None
 
     def _domains(
-        self, silent: list[tuple[str, float]], domains: Mapping[str, str], now: float, grace_s: float
+        self,
+        silent: list[tuple[str, float]],
+        domains: Mapping[str, str],
+        now: float,
+        grace_s: float,
+        members: Mapping[str, int] | None = None,
     ) -> tuple[tuple[tuple[str, int, int], ...], tuple[tuple[str, float], ...], frozenset[str]]:
         """The domains partly silent now (their alarms begun and ended) and the domains whose
         silent nodes are held: partly silent for less than ``mass_silence_hold_s``, or heard
         again less than ``grace_s`` ago."""
-        members = collections.Counter(domains.values())
+        members = collections.Counter(domains.values() if members is None else members)
         quiet = collections.Counter(domains[name] for name, _ in silent if name in domains)
         partly = {d for d, n in quiet.items() if n < members[d] and self._mass(n, members[d])}
         began = tuple((d, quiet[d], members[d]) for d in sorted(partly - set(self.domain_alarms)))

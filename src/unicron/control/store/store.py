@@ -35,6 +35,7 @@ from unicron.brain.snapshot import Snapshot
 from unicron.control.store.backend import Backend
 from unicron.control.store.batch import Batch
 from unicron.control.store.journal import Journal
+from unicron.control.store.unheard import Unheard
 from unicron.control.store.workerrows import WorkerRows
 from unicron.core.errors import Conflict, NotFound
 from unicron.core.kept import K, Kept, kept_name, read_kept
@@ -86,6 +87,10 @@ class Store:
         self._kept = dict(loaded.kept)
         self._next_node_id = max((n.id for n in loaded.nodes), default=0) + 1
         self._healthy: frozenset[str] | None = None  # the healthy nodes' names, until a node changes
+        # Counts every node added or removed and every change of a node's state or domain (what
+        # the silence sweep reads of every node: it reads them again only after one).
+        self.node_changes = 0
+        self._unheard = Unheard(self._nodes)  # the nodes by when they were last heard
         # Every change to what is held counts one (a heartbeat's ``last_seen`` too): a snapshot
         # of the whole cluster is read again only after one (a plan's tick read three alike, at
         # 100 tasks the members of all of them each time). A snapshot is never changed.
@@ -106,9 +111,14 @@ class Store:
             before = self._nodes.get(n.name)
             if before is None or before.state is not n.state:  # (a node heard only changes its times)
                 self._healthy = None
+            if before is None or before.state is not n.state or before.domain != n.domain:
+                self.node_changes += 1
             self._nodes[n.name] = n
+            if before is None or before.last_seen != n.last_seen:
+                self._unheard.heard(n.name, n.last_seen, self._nodes)
         if batch.removed_nodes:
             self._healthy = None
+            self.node_changes += 1
         self._hold(batch.workers)
         self._counted.update(batch.counted)
         self._kept.update(batch.kept)
@@ -116,6 +126,7 @@ class Store:
             self._kept.pop(name, None)
         for name in batch.removed_nodes:
             self._nodes.pop(name, None)
+            self._unheard.forget(name)
 
     def snapshot(self, only: str | None = None) -> Snapshot:
         """Live tasks (``only``: that one alone), nodes and each live task's current members, in
@@ -325,6 +336,11 @@ class Store:
         with self._lock:
             return list(self._nodes.values())
 
+    def unheard_since(self, cutoff: float) -> list[NodeRecord]:
+        """The nodes last heard before ``cutoff`` (by id), found without reading every node."""
+        with self._lock:
+            return self._unheard.since(cutoff, self._nodes)
+
     def another_node(self, name: str) -> NodeRecord | None:
         """Any node but ``name`` (the first registered), without a pass over them all."""
         with self._lock:
@@ -368,6 +384,7 @@ class Store:
         with self._lock:
             if (node := self.node(name)) is not None:
                 self._nodes[name] = replace(node, last_seen=now)
+                self._unheard.heard(name, now, self._nodes)
                 self._version += 1
 
     def remove_node(self, name: str) -> None:
