@@ -387,8 +387,11 @@ def test_the_healthy_names_are_found_again_only_when_a_node_changes_state(reopen
     assert store.snapshot().healthy() is first.healthy()  # not found again
     copy = first.with_isolations({"n2": 9.0})
     assert copy.isolated_until == {"n2": 9.0} and copy.healthy_names is first.healthy_names
+    changes = store.node_changes
     store.node_state("n1", NodeState.LOST)
-    assert store.snapshot().healthy() == {"n2"}
+    assert store.snapshot().healthy() == {"n2"} and store.node_changes == changes + 1
+    store.node_registered("n2", 2, [], "h1", NodeState.HEALTHY, now=4.0, probe_port=7001, domain="rack")
+    assert store.node_changes == changes + 2  # a domain named: the sweep reads the nodes again
 
 
 def test_a_snapshot_reads_again_only_the_tasks_whose_rows_changed(reopen: Opener) -> None:

@@ -94,7 +94,7 @@ class Solved:
 
     plan: Plan
     seconds: float
-    layout: Assignment | None  # None: it could not be laid out (the loop lays it out, and says why)
+    layout: Assignment | None  # None: it could not be laid out (the loop lays it out, raising there)
 
 
 def timed(solve: Callable[[ClusterState], Plan], state: ClusterState) -> Solved:

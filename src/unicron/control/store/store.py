@@ -86,10 +86,11 @@ class Store:
         self._counted = dict(loaded.counted)
         self._kept = dict(loaded.kept)
         self._next_node_id = max((n.id for n in loaded.nodes), default=0) + 1
-        self._healthy: frozenset[str] | None = None  # the healthy nodes' names, until a node changes
-        # Counts every node added or removed and every change of a node's state or domain (what
-        # the silence sweep reads of every node: it reads them again only after one).
+        # Counts every node added or removed and every change of a node's state or domain: what
+        # is read of every node (the healthy ones' names, the silence sweep's nodes in service
+        # and their domains) is read again only after one (a heartbeat changes only its times).
         self.node_changes = 0
+        self._healthy: tuple[int, frozenset[str]] | None = None  # (at node_changes, the names)
         self._unheard = Unheard(self._nodes)  # the nodes by when they were last heard
         # Every change to what is held counts one (a heartbeat's ``last_seen`` too): a snapshot
         # of the whole cluster is read again only after one (a plan's tick read three alike, at
@@ -109,15 +110,12 @@ class Store:
             self._tasks[t.name] = t
         for n in batch.nodes:
             before = self._nodes.get(n.name)
-            if before is None or before.state is not n.state:  # (a node heard only changes its times)
-                self._healthy = None
             if before is None or before.state is not n.state or before.domain != n.domain:
                 self.node_changes += 1
             self._nodes[n.name] = n
             if before is None or before.last_seen != n.last_seen:
                 self._unheard.heard(n.name, n.last_seen, self._nodes)
         if batch.removed_nodes:
-            self._healthy = None
             self.node_changes += 1
         self._hold(batch.workers)
         self._counted.update(batch.counted)
@@ -165,9 +163,10 @@ class Store:
     def _healthy_names(self) -> frozenset[str]:
         """Read once between node changes (a heartbeat changes only a node's ``last_seen``): at
         2,048 nodes, finding them took a tenth of a crash's decision."""
-        if self._healthy is None:
-            self._healthy = frozenset(n.name for n in self._nodes.values() if n.state is NodeState.HEALTHY)
-        return self._healthy
+        if self._healthy is None or self._healthy[0] != self.node_changes:
+            healthy = frozenset(n.name for n in self._nodes.values() if n.state is NodeState.HEALTHY)
+            self._healthy = (self.node_changes, healthy)
+        return self._healthy[1]
 
     # ------------------------------------------------------------ tasks
     def task(self, name: str) -> TaskRecord | None:
